@@ -1,0 +1,532 @@
+// Package config reads onceflow's settings from the environment and command-line flags,
+// applies the documented defaults and validates every value.
+//
+// Every setting has an environment variable (ONCEFLOW_CLAIM_IDLE) and a flag of the same
+// meaning (--claim-idle); a flag that is set wins over the variable, and the variable wins
+// over the default. An empty variable counts as unset. The first invalid value stops
+// loading with an *Error that names the variable or flag and the value, for example
+//
+//	invalid ONCEFLOW_CLAIM_IDLE="abc": time: invalid duration "abc"
+//
+// Secrets (API keys, provider keys, passwords inside URLs) are never printed: Config
+// implements slog.LogValuer and String with them redacted.
+package config
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/mail"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Config holds every setting of the onceflow service. The zero value is not useful;
+// obtain one from Defaults or from a Loader.
+type Config struct {
+	// RedisURL is the Redis server (redis:// or rediss://). Default: redis://127.0.0.1:6379/0.
+	RedisURL string
+	// DatabaseURL is the PostgreSQL server.
+	// Default: postgres://onceflow@127.0.0.1:5432/onceflow?sslmode=disable.
+	DatabaseURL string
+	// Prefix starts every Redis key, followed by a colon. Default: onceflow.
+	Prefix string
+	// HTTPAddr is the API's listen address. Default: 127.0.0.1:8080.
+	HTTPAddr string
+	// APIKeys maps each API key to its tenant. Default: none (serve refuses to start).
+	APIKeys map[string]string
+
+	// LLM selects the model provider: openai, anthropic or fake. Default: fake.
+	LLM string
+	// LLMBaseURL overrides the provider's endpoint. Default: the provider's own.
+	LLMBaseURL string
+	// LLMModel is the model name. Default: gpt-4.1-mini.
+	LLMModel string
+	// OpenAIAPIKey and AnthropicAPIKey are provider credentials. Default: none.
+	OpenAIAPIKey, AnthropicAPIKey string
+	// LLMTimeout is the wall-clock limit of one model call, capped by the job budget.
+	// Default: 20s.
+	LLMTimeout time.Duration
+	// LLMMaxAttempts is the number of model calls per delivery, the first included.
+	// Default: 4.
+	LLMMaxAttempts int
+
+	// Sender selects how outbox rows are delivered: webhook, smtp or log. Default: log.
+	Sender string
+	// WebhookURL receives outbox rows when Sender is webhook.
+	WebhookURL string
+	// SMTPURL (smtp://user:pass@host:port) and SMTPFrom configure Sender smtp.
+	SMTPURL, SMTPFrom string
+
+	// WorkerConcurrency is the number of jobs in flight per worker process. Default: 64.
+	WorkerConcurrency int
+	// ClaimIdle is the idle time after which another worker may reclaim a message.
+	// Default: 2m.
+	ClaimIdle time.Duration
+	// MaxDeliveries is the number of deliveries before a message is dead-lettered.
+	// Default: 5.
+	MaxDeliveries int
+	// LockTTL is the lifetime of an idempotency in-progress marker. Default: 30s.
+	LockTTL time.Duration
+	// ResultTTL is how long a stored idempotent response is replayed. Default: 24h.
+	ResultTTL time.Duration
+	// JobBudget is the deadline of one delivery, across attempts and sleeps. Default: 60s.
+	JobBudget time.Duration
+	// LedgerLease is how long an llm_calls row stays owned by an attempt that stopped
+	// renewing it. Default: 15s.
+	LedgerLease time.Duration
+	// RelayInterval is the relay's poll interval when idle. Default: 250ms.
+	RelayInterval time.Duration
+	// RelayLease is how long a claimed outbox batch stays claimed. Default: 30s.
+	RelayLease time.Duration
+	// RelayMaxAttempts is the number of send attempts before an outbox row is exhausted.
+	// Default: 10.
+	RelayMaxAttempts int
+	// OutboxRetention is how long sent outbox rows are kept. Default: 168h (7 days).
+	OutboxRetention time.Duration
+	// ShutdownTimeout bounds how long SIGTERM waits for in-flight work. Default: 30s.
+	ShutdownTimeout time.Duration
+	// MetricsAddr is an extra /metrics listener for work and relay; empty means none.
+	MetricsAddr string
+	// GatewayAddr is the listen address of onceflow gateway. Default: 127.0.0.1:8090.
+	GatewayAddr string
+	// AuditMaxAge is how old an unsent or exhausted outbox row may be before audit
+	// reports it. Default: 10m.
+	AuditMaxAge time.Duration
+	// LogFormat is json or text. Default: json.
+	LogFormat string
+
+	raw map[string]string // the resolved text of every setting, by variable name
+}
+
+// Error reports one invalid setting. Name is the variable (ONCEFLOW_CLAIM_IDLE) or the
+// flag (--claim-idle) the value came from.
+type Error struct {
+	Name  string
+	Value string // redacted when the setting is a secret
+	Err   error
+}
+
+func (e *Error) Error() string {
+	return fmt.Sprintf("invalid %s=%q: %v", e.Name, e.Value, e.Err)
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// setting describes one configuration value: where it comes from and how it is parsed.
+type setting struct {
+	env    string // ONCEFLOW_CLAIM_IDLE
+	def    string // default, in the same syntax as the variable
+	usage  string
+	secret bool
+	parse  func(c *Config, v string) error
+}
+
+// Flag returns the flag name of a setting: the variable without ONCEFLOW_, lower case,
+// underscores as dashes (ONCEFLOW_CLAIM_IDLE is --claim-idle, OPENAI_API_KEY is
+// --openai-api-key).
+func (s setting) flag() string {
+	return strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(s.env, "ONCEFLOW_")), "_", "-")
+}
+
+var settings = []setting{
+	{env: "ONCEFLOW_REDIS_URL", def: "redis://127.0.0.1:6379/0", usage: "Redis URL (redis:// or rediss://)", parse: func(c *Config, v string) error {
+		return parseURL(&c.RedisURL, v, "redis", "rediss", "unix")
+	}},
+	{env: "ONCEFLOW_DATABASE_URL", def: "postgres://onceflow@127.0.0.1:5432/onceflow?sslmode=disable", usage: "PostgreSQL URL", parse: func(c *Config, v string) error {
+		return parseURL(&c.DatabaseURL, v, "postgres", "postgresql")
+	}},
+	{env: "ONCEFLOW_PREFIX", def: "onceflow", usage: "prefix of every Redis key", parse: func(c *Config, v string) error {
+		if strings.ContainsAny(v, "{}: \t\r\n") {
+			return errors.New("must not contain braces, colons or whitespace")
+		}
+		c.Prefix = v
+		return nil
+	}},
+	{env: "ONCEFLOW_HTTP_ADDR", def: "127.0.0.1:8080", usage: "API listen address", parse: func(c *Config, v string) error {
+		return parseAddr(&c.HTTPAddr, v)
+	}},
+	{env: "ONCEFLOW_API_KEYS", usage: "comma-separated TENANT:KEY pairs", secret: true, parse: parseAPIKeys},
+	{env: "ONCEFLOW_LLM", def: "fake", usage: "model provider: openai, anthropic or fake", parse: func(c *Config, v string) error {
+		return parseEnum(&c.LLM, v, "openai", "anthropic", "fake")
+	}},
+	{env: "ONCEFLOW_LLM_BASE_URL", usage: "model provider endpoint (default: the provider's)", parse: func(c *Config, v string) error {
+		if v == "" {
+			return nil
+		}
+		return parseURL(&c.LLMBaseURL, v, "http", "https")
+	}},
+	{env: "ONCEFLOW_LLM_MODEL", def: "gpt-4.1-mini", usage: "model name", parse: func(c *Config, v string) error {
+		if v == "" {
+			return errors.New("must not be empty")
+		}
+		c.LLMModel = v
+		return nil
+	}},
+	{env: "OPENAI_API_KEY", usage: "OpenAI credentials", secret: true, parse: func(c *Config, v string) error {
+		c.OpenAIAPIKey = v
+		return nil
+	}},
+	{env: "ANTHROPIC_API_KEY", usage: "Anthropic credentials", secret: true, parse: func(c *Config, v string) error {
+		c.AnthropicAPIKey = v
+		return nil
+	}},
+	{env: "ONCEFLOW_LLM_TIMEOUT", def: "20s", usage: "wall-clock limit of one model call", parse: func(c *Config, v string) error {
+		return parseDuration(&c.LLMTimeout, v)
+	}},
+	{env: "ONCEFLOW_LLM_MAX_ATTEMPTS", def: "4", usage: "model calls per delivery, the first included", parse: func(c *Config, v string) error {
+		return parseInt(&c.LLMMaxAttempts, v, 1, 100)
+	}},
+	{env: "ONCEFLOW_SENDER", def: "log", usage: "outbox sender: webhook, smtp or log", parse: func(c *Config, v string) error {
+		return parseEnum(&c.Sender, v, "webhook", "smtp", "log")
+	}},
+	{env: "ONCEFLOW_WEBHOOK_URL", usage: "webhook receiving outbox rows (sender webhook)", secret: true, parse: func(c *Config, v string) error {
+		if v == "" {
+			return nil
+		}
+		return parseURL(&c.WebhookURL, v, "http", "https")
+	}},
+	{env: "ONCEFLOW_SMTP_URL", usage: "smtp://user:pass@host:port (sender smtp)", secret: true, parse: func(c *Config, v string) error {
+		if v == "" {
+			return nil
+		}
+		return parseURL(&c.SMTPURL, v, "smtp", "smtps")
+	}},
+	{env: "ONCEFLOW_SMTP_FROM", usage: "sender address of emails (sender smtp)", parse: func(c *Config, v string) error {
+		if v == "" {
+			return nil
+		}
+		if _, err := mail.ParseAddress(v); err != nil {
+			return err
+		}
+		c.SMTPFrom = v
+		return nil
+	}},
+	{env: "ONCEFLOW_WORKER_CONCURRENCY", def: "64", usage: "jobs in flight per worker process", parse: func(c *Config, v string) error {
+		return parseInt(&c.WorkerConcurrency, v, 1, 100_000)
+	}},
+	{env: "ONCEFLOW_CLAIM_IDLE", def: "2m", usage: "idle time after which another worker may reclaim a message", parse: func(c *Config, v string) error {
+		return parseDuration(&c.ClaimIdle, v)
+	}},
+	{env: "ONCEFLOW_MAX_DELIVERIES", def: "5", usage: "deliveries before a message is dead-lettered", parse: func(c *Config, v string) error {
+		return parseInt(&c.MaxDeliveries, v, 1, 1000)
+	}},
+	{env: "ONCEFLOW_LOCK_TTL", def: "30s", usage: "idempotency in-progress marker lifetime", parse: func(c *Config, v string) error {
+		return parseDuration(&c.LockTTL, v)
+	}},
+	{env: "ONCEFLOW_RESULT_TTL", def: "24h", usage: "how long a stored idempotent response is replayed", parse: func(c *Config, v string) error {
+		return parseDuration(&c.ResultTTL, v)
+	}},
+	{env: "ONCEFLOW_JOB_BUDGET", def: "60s", usage: "deadline of one delivery, across attempts and sleeps", parse: func(c *Config, v string) error {
+		return parseDuration(&c.JobBudget, v)
+	}},
+	{env: "ONCEFLOW_LEDGER_LEASE", def: "15s", usage: "how long an llm_calls row stays owned by a silent attempt", parse: func(c *Config, v string) error {
+		return parseDuration(&c.LedgerLease, v)
+	}},
+	{env: "ONCEFLOW_RELAY_INTERVAL", def: "250ms", usage: "relay poll interval when idle", parse: func(c *Config, v string) error {
+		return parseDuration(&c.RelayInterval, v)
+	}},
+	{env: "ONCEFLOW_RELAY_LEASE", def: "30s", usage: "how long a claimed outbox batch stays claimed", parse: func(c *Config, v string) error {
+		return parseDuration(&c.RelayLease, v)
+	}},
+	{env: "ONCEFLOW_RELAY_MAX_ATTEMPTS", def: "10", usage: "send attempts before an outbox row is exhausted", parse: func(c *Config, v string) error {
+		return parseInt(&c.RelayMaxAttempts, v, 1, 1000)
+	}},
+	{env: "ONCEFLOW_OUTBOX_RETENTION", def: "168h", usage: "how long sent outbox rows are kept", parse: func(c *Config, v string) error {
+		return parseDuration(&c.OutboxRetention, v)
+	}},
+	{env: "ONCEFLOW_SHUTDOWN_TIMEOUT", def: "30s", usage: "how long SIGTERM waits for in-flight work", parse: func(c *Config, v string) error {
+		return parseDuration(&c.ShutdownTimeout, v)
+	}},
+	{env: "ONCEFLOW_METRICS_ADDR", usage: "extra /metrics listener of work and relay (empty: none)", parse: func(c *Config, v string) error {
+		if v == "" {
+			return nil
+		}
+		return parseAddr(&c.MetricsAddr, v)
+	}},
+	{env: "ONCEFLOW_GATEWAY_ADDR", def: "127.0.0.1:8090", usage: "listen address of onceflow gateway", parse: func(c *Config, v string) error {
+		return parseAddr(&c.GatewayAddr, v)
+	}},
+	{env: "ONCEFLOW_AUDIT_MAX_AGE", def: "10m", usage: "age at which audit reports an unsent or exhausted outbox row", parse: func(c *Config, v string) error {
+		return parseDuration(&c.AuditMaxAge, v)
+	}},
+	{env: "ONCEFLOW_LOG_FORMAT", def: "json", usage: "log format: json or text", parse: func(c *Config, v string) error {
+		return parseEnum(&c.LogFormat, v, "json", "text")
+	}},
+}
+
+// Defaults returns the configuration with every documented default applied.
+func Defaults() *Config {
+	c := &Config{raw: make(map[string]string, len(settings))}
+	for _, s := range settings {
+		if err := s.parse(c, s.def); err != nil {
+			panic(fmt.Sprintf("config: default of %s: %v", s.env, err)) // a bug in this file
+		}
+		c.raw[s.env] = s.def
+	}
+	return c
+}
+
+// Loader resolves a Config from defaults, the environment and the flags it registered.
+type Loader struct {
+	fs    *flag.FlagSet
+	flags map[string]*string
+}
+
+// Register adds one string flag per setting to fs and returns the Loader that reads
+// them. Call Load after fs.Parse.
+func Register(fs *flag.FlagSet) *Loader {
+	l := &Loader{fs: fs, flags: make(map[string]*string, len(settings))}
+	for _, s := range settings {
+		usage := fmt.Sprintf("%s (env %s", s.usage, s.env)
+		if s.def != "" {
+			usage += ", default " + s.def
+		}
+		usage += ")"
+		l.flags[s.env] = fs.String(s.flag(), "", usage)
+	}
+	return l
+}
+
+// Load resolves every setting: a flag set on the command line wins over the variable
+// from getenv, which wins over the default. It returns the first invalid value as an
+// *Error, then any inconsistency between settings.
+func (l *Loader) Load(getenv func(string) string) (*Config, error) {
+	set := map[string]bool{}
+	l.fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	c := Defaults()
+	for _, s := range settings {
+		v, name := s.def, s.env
+		if e := getenv(s.env); e != "" {
+			v = e
+		}
+		if set[s.flag()] {
+			v, name = *l.flags[s.env], "--"+s.flag()
+		}
+		if err := s.parse(c, v); err != nil {
+			shown := v
+			if s.secret || strings.Contains(v, "://") {
+				shown = redactValue(v)
+			}
+			return nil, &Error{Name: name, Value: shown, Err: err}
+		}
+		c.raw[s.env] = v
+	}
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// validate checks settings that depend on each other.
+func (c *Config) validate() error {
+	switch {
+	case c.Sender == "webhook" && c.WebhookURL == "":
+		return &Error{Name: "ONCEFLOW_WEBHOOK_URL", Err: errors.New("required when ONCEFLOW_SENDER=webhook")}
+	case c.Sender == "smtp" && c.SMTPURL == "":
+		return &Error{Name: "ONCEFLOW_SMTP_URL", Err: errors.New("required when ONCEFLOW_SENDER=smtp")}
+	case c.Sender == "smtp" && c.SMTPFrom == "":
+		return &Error{Name: "ONCEFLOW_SMTP_FROM", Err: errors.New("required when ONCEFLOW_SENDER=smtp")}
+	}
+	return nil
+}
+
+// RequireAPIKeys reports an *Error when no API key is configured; serve calls it.
+func (c *Config) RequireAPIKeys() error {
+	if len(c.APIKeys) == 0 {
+		return &Error{Name: "ONCEFLOW_API_KEYS", Err: errors.New("at least one TENANT:KEY pair is required")}
+	}
+	return nil
+}
+
+// Tenants returns the configured tenants, sorted.
+func (c *Config) Tenants() []string {
+	var ts []string
+	for _, t := range c.APIKeys {
+		if !slices.Contains(ts, t) {
+			ts = append(ts, t)
+		}
+	}
+	slices.Sort(ts)
+	return ts
+}
+
+// Redacted returns every setting as NAME=value pairs in the documented order, with
+// secrets replaced: API keys show only their tenants, provider keys show "[redacted]",
+// URLs lose their passwords.
+func (c *Config) Redacted() [][2]string {
+	out := make([][2]string, 0, len(settings))
+	for _, s := range settings {
+		out = append(out, [2]string{s.env, c.shown(s)})
+	}
+	return out
+}
+
+// shown renders one setting of c for humans, secrets redacted.
+func (c *Config) shown(s setting) string {
+	v := c.raw[s.env]
+	switch {
+	case v == "":
+		return ""
+	case s.env == "ONCEFLOW_API_KEYS":
+		return "tenants " + strings.Join(c.Tenants(), ",") + " [keys redacted]"
+	case s.secret:
+		return redactValue(v)
+	case strings.Contains(v, "://"):
+		return RedactURL(v)
+	}
+	return v
+}
+
+// String renders the configuration one NAME=value per line, secrets redacted.
+func (c *Config) String() string {
+	var b strings.Builder
+	for _, kv := range c.Redacted() {
+		fmt.Fprintf(&b, "%s=%s\n", kv[0], kv[1])
+	}
+	return b.String()
+}
+
+// LogValue renders the configuration for log/slog, secrets redacted.
+func (c *Config) LogValue() slog.Value {
+	attrs := make([]slog.Attr, 0, len(settings))
+	for _, kv := range c.Redacted() {
+		if kv[1] != "" {
+			attrs = append(attrs, slog.String(kv[0], kv[1]))
+		}
+	}
+	return slog.GroupValue(attrs...)
+}
+
+// RedactURL returns u with any password replaced by "xxxxx"; strings that do not parse
+// as URLs are returned as "[redacted]" since they may hold anything.
+func RedactURL(u string) string {
+	if u == "" {
+		return ""
+	}
+	p, err := url.Parse(u)
+	if err != nil {
+		return "[redacted]"
+	}
+	return p.Redacted()
+}
+
+// redactValue hides a secret: URLs keep scheme, host and path (password and query
+// hidden), anything else becomes "[redacted]".
+func redactValue(v string) string {
+	if v == "" {
+		return ""
+	}
+	if strings.Contains(v, "://") {
+		p, err := url.Parse(v)
+		if err != nil {
+			return "[redacted]"
+		}
+		if p.RawQuery != "" {
+			p.RawQuery = "[redacted]"
+		}
+		return p.Redacted()
+	}
+	return "[redacted]"
+}
+
+func parseURL(dst *string, v string, schemes ...string) error {
+	u, err := url.Parse(v)
+	if err != nil {
+		return errors.New("not a URL") // url errors echo the value, which may hold a password
+	}
+	if !slices.Contains(schemes, u.Scheme) {
+		return fmt.Errorf("scheme must be one of %s", strings.Join(schemes, ", "))
+	}
+	if u.Host == "" && u.Scheme != "unix" {
+		return errors.New("missing host")
+	}
+	*dst = v
+	return nil
+}
+
+func parseAddr(dst *string, v string) error {
+	if _, port, err := net.SplitHostPort(v); err != nil {
+		return err
+	} else if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+		return fmt.Errorf("invalid port %q", port)
+	}
+	*dst = v
+	return nil
+}
+
+func parseEnum(dst *string, v string, allowed ...string) error {
+	if !slices.Contains(allowed, v) {
+		return fmt.Errorf("want one of %s", strings.Join(allowed, ", "))
+	}
+	*dst = v
+	return nil
+}
+
+func parseDuration(dst *time.Duration, v string) error {
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		return err
+	}
+	if d <= 0 {
+		return errors.New("must be positive")
+	}
+	*dst = d
+	return nil
+}
+
+func parseInt(dst *int, v string, lo, hi int) error {
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		return errors.New("not an integer")
+	}
+	if n < lo || n > hi {
+		return fmt.Errorf("must be between %d and %d", lo, hi)
+	}
+	*dst = n
+	return nil
+}
+
+// parseAPIKeys reads "tenant:key,tenant:key". A key may map to only one tenant; tenants
+// are 1 to 64 characters of [A-Za-z0-9._-]; keys are at least 16 printable characters.
+func parseAPIKeys(c *Config, v string) error {
+	keys := map[string]string{}
+	if v == "" {
+		c.APIKeys = keys
+		return nil
+	}
+	for i, pair := range strings.Split(v, ",") {
+		tenant, key, ok := strings.Cut(strings.TrimSpace(pair), ":")
+		switch {
+		case !ok:
+			return fmt.Errorf("pair %d: want TENANT:KEY", i+1)
+		case !validTenant(tenant):
+			return fmt.Errorf("pair %d: tenant must be 1-64 characters of A-Z a-z 0-9 . _ -", i+1)
+		case len(key) < 16 || strings.ContainsFunc(key, func(r rune) bool { return r <= ' ' || r > '~' }):
+			return fmt.Errorf("pair %d (tenant %s): key must be at least 16 printable characters", i+1, tenant)
+		}
+		if other, dup := keys[key]; dup && other != tenant {
+			return fmt.Errorf("pair %d: the same key is given to tenants %s and %s", i+1, other, tenant)
+		}
+		keys[key] = tenant
+	}
+	c.APIKeys = keys
+	return nil
+}
+
+func validTenant(t string) bool {
+	if len(t) == 0 || len(t) > 64 {
+		return false
+	}
+	for _, r := range t {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-') {
+			return false
+		}
+	}
+	return true
+}

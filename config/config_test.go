@@ -1,0 +1,234 @@
+package config
+
+import (
+	"errors"
+	"flag"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+// load runs a Loader over args and an environment given as a map.
+func load(t *testing.T, env map[string]string, args ...string) (*Config, error) {
+	t.Helper()
+	fs := flag.NewFlagSet("test", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	l := Register(fs)
+	if err := fs.Parse(args); err != nil {
+		t.Fatalf("parse flags: %v", err)
+	}
+	return l.Load(func(k string) string { return env[k] })
+}
+
+func TestDefaultsMatchContract(t *testing.T) {
+	c, err := load(t, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checks := []struct {
+		name      string
+		got, want any
+	}{
+		{"RedisURL", c.RedisURL, "redis://127.0.0.1:6379/0"},
+		{"DatabaseURL", c.DatabaseURL, "postgres://onceflow@127.0.0.1:5432/onceflow?sslmode=disable"},
+		{"Prefix", c.Prefix, "onceflow"},
+		{"HTTPAddr", c.HTTPAddr, "127.0.0.1:8080"},
+		{"LLM", c.LLM, "fake"},
+		{"LLMModel", c.LLMModel, "gpt-4.1-mini"},
+		{"Sender", c.Sender, "log"},
+		{"WorkerConcurrency", c.WorkerConcurrency, 64},
+		{"ClaimIdle", c.ClaimIdle, 2 * time.Minute},
+		{"MaxDeliveries", c.MaxDeliveries, 5},
+		{"LockTTL", c.LockTTL, 30 * time.Second},
+		{"ResultTTL", c.ResultTTL, 24 * time.Hour},
+		{"JobBudget", c.JobBudget, 60 * time.Second},
+		{"LLMTimeout", c.LLMTimeout, 20 * time.Second},
+		{"LedgerLease", c.LedgerLease, 15 * time.Second},
+		{"RelayInterval", c.RelayInterval, 250 * time.Millisecond},
+		{"RelayLease", c.RelayLease, 30 * time.Second},
+		{"ShutdownTimeout", c.ShutdownTimeout, 30 * time.Second},
+		{"MetricsAddr", c.MetricsAddr, ""},
+		{"GatewayAddr", c.GatewayAddr, "127.0.0.1:8090"},
+		{"AuditMaxAge", c.AuditMaxAge, 10 * time.Minute},
+		{"LogFormat", c.LogFormat, "json"},
+		{"APIKeys", len(c.APIKeys), 0},
+	}
+	for _, ch := range checks {
+		if ch.got != ch.want {
+			t.Errorf("%s = %v, want %v", ch.name, ch.got, ch.want)
+		}
+	}
+}
+
+func TestPrecedenceFlagOverEnvOverDefault(t *testing.T) {
+	c, err := load(t, map[string]string{"ONCEFLOW_CLAIM_IDLE": "5m", "ONCEFLOW_MAX_DELIVERIES": "7"}, "--claim-idle", "90s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.ClaimIdle != 90*time.Second {
+		t.Errorf("ClaimIdle = %v, want the flag's 90s", c.ClaimIdle)
+	}
+	if c.MaxDeliveries != 7 {
+		t.Errorf("MaxDeliveries = %d, want the variable's 7", c.MaxDeliveries)
+	}
+	if c.LockTTL != 30*time.Second {
+		t.Errorf("LockTTL = %v, want the default 30s", c.LockTTL)
+	}
+}
+
+func TestInvalidValuesNameTheirSource(t *testing.T) {
+	cases := []struct {
+		env     map[string]string
+		args    []string
+		wantMsg string
+	}{
+		{map[string]string{"ONCEFLOW_CLAIM_IDLE": "abc"}, nil, `invalid ONCEFLOW_CLAIM_IDLE="abc": time: invalid duration "abc"`},
+		{nil, []string{"--claim-idle", "abc"}, `invalid --claim-idle="abc"`},
+		{map[string]string{"ONCEFLOW_CLAIM_IDLE": "-1s"}, nil, `invalid ONCEFLOW_CLAIM_IDLE="-1s": must be positive`},
+		{map[string]string{"ONCEFLOW_WORKER_CONCURRENCY": "0"}, nil, `invalid ONCEFLOW_WORKER_CONCURRENCY="0": must be between 1 and 100000`},
+		{map[string]string{"ONCEFLOW_MAX_DELIVERIES": "five"}, nil, `invalid ONCEFLOW_MAX_DELIVERIES="five": not an integer`},
+		{map[string]string{"ONCEFLOW_LLM": "gemini"}, nil, `invalid ONCEFLOW_LLM="gemini": want one of openai, anthropic, fake`},
+		{map[string]string{"ONCEFLOW_SENDER": "pigeon"}, nil, `invalid ONCEFLOW_SENDER="pigeon"`},
+		{map[string]string{"ONCEFLOW_LOG_FORMAT": "xml"}, nil, `invalid ONCEFLOW_LOG_FORMAT="xml"`},
+		{map[string]string{"ONCEFLOW_REDIS_URL": "http://x"}, nil, `invalid ONCEFLOW_REDIS_URL="http://x": scheme must be one of redis, rediss, unix`},
+		{map[string]string{"ONCEFLOW_DATABASE_URL": "mysql://x/db"}, nil, `invalid ONCEFLOW_DATABASE_URL`},
+		{map[string]string{"ONCEFLOW_HTTP_ADDR": "8080"}, nil, `invalid ONCEFLOW_HTTP_ADDR="8080"`},
+		{map[string]string{"ONCEFLOW_HTTP_ADDR": "127.0.0.1:99999"}, nil, `invalid ONCEFLOW_HTTP_ADDR="127.0.0.1:99999": invalid port`},
+		{map[string]string{"ONCEFLOW_PREFIX": "a:b"}, nil, `invalid ONCEFLOW_PREFIX="a:b"`},
+		{map[string]string{"ONCEFLOW_PREFIX": "{a}"}, nil, `invalid ONCEFLOW_PREFIX="{a}"`},
+		{map[string]string{"ONCEFLOW_SENDER": "webhook"}, nil, `invalid ONCEFLOW_WEBHOOK_URL="": required when ONCEFLOW_SENDER=webhook`},
+		{map[string]string{"ONCEFLOW_SENDER": "smtp", "ONCEFLOW_SMTP_URL": "smtp://h:25"}, nil, `invalid ONCEFLOW_SMTP_FROM="": required`},
+		{map[string]string{"ONCEFLOW_SMTP_FROM": "not an address"}, nil, `invalid ONCEFLOW_SMTP_FROM`},
+		{map[string]string{"ONCEFLOW_API_KEYS": "acme"}, nil, `pair 1: want TENANT:KEY`},
+		{map[string]string{"ONCEFLOW_API_KEYS": "acme:short"}, nil, `key must be at least 16 printable characters`},
+		{map[string]string{"ONCEFLOW_API_KEYS": "ac me:0123456789abcdef"}, nil, `tenant must be`},
+		{map[string]string{"ONCEFLOW_API_KEYS": "a:0123456789abcdef,b:0123456789abcdef"}, nil, `the same key is given to tenants a and b`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.wantMsg, func(t *testing.T) {
+			_, err := load(t, tc.env, tc.args...)
+			if err == nil {
+				t.Fatal("no error")
+			}
+			var ce *Error
+			if !errors.As(err, &ce) {
+				t.Fatalf("error %v is not a *config.Error", err)
+			}
+			if !strings.Contains(err.Error(), tc.wantMsg) {
+				t.Fatalf("error %q does not contain %q", err, tc.wantMsg)
+			}
+		})
+	}
+}
+
+func TestEmptyVariableMeansDefault(t *testing.T) {
+	c, err := load(t, map[string]string{"ONCEFLOW_CLAIM_IDLE": ""})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.ClaimIdle != 2*time.Minute {
+		t.Fatalf("ClaimIdle = %v, want default", c.ClaimIdle)
+	}
+}
+
+func TestAPIKeysGiveTenants(t *testing.T) {
+	c, err := load(t, map[string]string{"ONCEFLOW_API_KEYS": "acme:key-acme-0123456789, globex:key-globex-0123456789,acme:key-acme-second-0123"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"key-acme-0123456789": "acme", "key-globex-0123456789": "globex", "key-acme-second-0123": "acme"}
+	if len(c.APIKeys) != len(want) {
+		t.Fatalf("APIKeys = %v", c.APIKeys)
+	}
+	for k, tenant := range want {
+		if c.APIKeys[k] != tenant {
+			t.Errorf("key %s -> %q, want %q", k, c.APIKeys[k], tenant)
+		}
+	}
+	if got := strings.Join(c.Tenants(), ","); got != "acme,globex" {
+		t.Errorf("Tenants = %s", got)
+	}
+	if err := c.RequireAPIKeys(); err != nil {
+		t.Errorf("RequireAPIKeys: %v", err)
+	}
+	empty, _ := load(t, nil)
+	if err := empty.RequireAPIKeys(); err == nil || !strings.Contains(err.Error(), "ONCEFLOW_API_KEYS") {
+		t.Errorf("RequireAPIKeys without keys = %v", err)
+	}
+}
+
+func TestSecretsNeverPrinted(t *testing.T) {
+	secrets := []string{"key-acme-0123456789", "sk-openai-secret", "sk-ant-secret", "pgpassword", "redispassword", "smtppassword", "hooktoken"}
+	c, err := load(t, map[string]string{
+		"ONCEFLOW_API_KEYS":     "acme:key-acme-0123456789",
+		"OPENAI_API_KEY":        "sk-openai-secret",
+		"ANTHROPIC_API_KEY":     "sk-ant-secret",
+		"ONCEFLOW_DATABASE_URL": "postgres://u:pgpassword@db:5432/x?sslmode=disable",
+		"ONCEFLOW_REDIS_URL":    "redis://:redispassword@cache:6379/0",
+		"ONCEFLOW_SENDER":       "smtp",
+		"ONCEFLOW_SMTP_URL":     "smtp://mailer:smtppassword@mail:587",
+		"ONCEFLOW_SMTP_FROM":    "noreply@example.com",
+		"ONCEFLOW_WEBHOOK_URL":  "https://hooks.example.com/x?token=hooktoken",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logged strings.Builder
+	slog.New(slog.NewJSONHandler(&logged, nil)).Info("config", "config", c)
+	slog.New(slog.NewTextHandler(&logged, nil)).Info("config", "config", c)
+	for _, out := range []string{c.String(), logged.String()} {
+		for _, s := range secrets {
+			if strings.Contains(out, s) {
+				t.Errorf("secret %q printed in:\n%s", s, out)
+			}
+		}
+		for _, keep := range []string{"tenants acme", "db:5432", "cache:6379", "hooks.example.com", "mail:587"} {
+			if !strings.Contains(out, keep) {
+				t.Errorf("%q missing from:\n%s", keep, out)
+			}
+		}
+	}
+	// An invalid secret is not echoed in the error either.
+	_, err = load(t, map[string]string{"ONCEFLOW_API_KEYS": "acme:supersecretbutshort\x01"})
+	if err == nil || strings.Contains(err.Error(), "supersecret") {
+		t.Errorf("error leaks the key: %v", err)
+	}
+	_, err = load(t, map[string]string{"ONCEFLOW_DATABASE_URL": "postgres://u:pgpassword@db:notaport/x"})
+	if err == nil || strings.Contains(err.Error(), "pgpassword") {
+		t.Errorf("error leaks the password: %v", err)
+	}
+}
+
+func TestEveryFlagMatchesItsVariable(t *testing.T) {
+	fs := flag.NewFlagSet("test", flag.ContinueOnError)
+	Register(fs)
+	for _, s := range settings {
+		f := fs.Lookup(s.flag())
+		if f == nil {
+			t.Errorf("no flag for %s", s.env)
+			continue
+		}
+		if !strings.Contains(f.Usage, s.env) {
+			t.Errorf("flag --%s usage does not name %s", s.flag(), s.env)
+		}
+	}
+	if fs.Lookup("claim-idle") == nil || fs.Lookup("redis-url") == nil || fs.Lookup("openai-api-key") == nil {
+		t.Error("documented flag names missing")
+	}
+}
+
+// The README's configuration table is the user's reference: every setting must be in it.
+func TestReadmeDocumentsEverySetting(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range settings {
+		if !strings.Contains(string(readme), "`"+s.env+"`") {
+			t.Errorf("README.md does not document %s", s.env)
+		}
+	}
+}

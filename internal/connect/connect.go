@@ -1,0 +1,100 @@
+// Package connect opens onceflow's connections to Redis and PostgreSQL with the settings
+// every role shares. It is the only place that decides client-level timeouts and retries.
+package connect
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
+)
+
+// Redis client defaults. Each can be overridden in the URL (dial_timeout, read_timeout,
+// write_timeout, pool_size, max_retries, ...), which go-redis parses.
+const (
+	// DefaultRedisDialTimeout bounds connecting, so a stopped Redis fails fast.
+	DefaultRedisDialTimeout = 2 * time.Second
+	// DefaultRedisIOTimeout bounds one read or write when the context has no deadline.
+	DefaultRedisIOTimeout = 3 * time.Second
+	// DefaultPostgresConnectTimeout bounds connecting unless connect_timeout is in the URL.
+	DefaultPostgresConnectTimeout = 3 * time.Second
+	// DefaultPostgresMaxConns is the pool size unless pool_max_conns is in the URL.
+	DefaultPostgresMaxConns = 32
+)
+
+// Redis returns a go-redis client for url. It does not connect: the first command does,
+// so a process can start while Redis is down and report it through /readyz.
+//
+// Settings chosen on purpose:
+//   - ContextTimeoutEnabled: a context deadline bounds socket I/O, so a hung Redis cannot
+//     hold a request past its deadline.
+//   - MaxRetries -1 unless the URL says otherwise: go-redis would otherwise re-send a
+//     command after a network error, and for XADD or a Lua script that may run it twice.
+//     onceflow's callers decide what to retry (the worker loop backs off, the API answers
+//     503), so one layer owns the policy.
+//   - Maintenance notifications off (a Redis 8 feature).
+//   - DialerRetries 1: a refused connection is reported after one quick retry rather than
+//     five, which keeps /readyz and the 503 path fast while Redis is down.
+func Redis(url string) (*redis.Client, error) {
+	opt, err := RedisOptions(url)
+	if err != nil {
+		return nil, err
+	}
+	return redis.NewClient(opt), nil
+}
+
+// RedisOptions parses url into go-redis options with onceflow's defaults applied.
+func RedisOptions(url string) (*redis.Options, error) {
+	opt, err := redis.ParseURL(url)
+	if err != nil {
+		return nil, fmt.Errorf("parse redis url: %w", errors.New(strings.ReplaceAll(err.Error(), url, "...")))
+	}
+	opt.ContextTimeoutEnabled = true
+	if !strings.Contains(url, "max_retries=") {
+		opt.MaxRetries = -1
+	}
+	if !strings.Contains(url, "dial_timeout=") {
+		opt.DialTimeout = DefaultRedisDialTimeout
+	}
+	if !strings.Contains(url, "read_timeout=") {
+		opt.ReadTimeout = DefaultRedisIOTimeout
+	}
+	if !strings.Contains(url, "write_timeout=") {
+		opt.WriteTimeout = DefaultRedisIOTimeout
+	}
+	opt.DialerRetries = 1
+	// Maintenance notifications are a Redis 8 / Redis Cloud feature; on Redis 7 the
+	// handshake command only fails and costs a round trip per connection.
+	opt.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
+	return opt, nil
+}
+
+// Postgres returns a pgx pool for url. Like Redis it connects lazily, so a process can
+// start while PostgreSQL is down. Tracer, when not nil, observes every query (see
+// internal/roundtrip).
+func Postgres(ctx context.Context, url string, tracer pgx.QueryTracer) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("parse database url: %w", err) // pgconn redacts the password
+	}
+	if !strings.Contains(url, "pool_max_conns") {
+		cfg.MaxConns = DefaultPostgresMaxConns
+	}
+	if tracer != nil {
+		cfg.ConnConfig.Tracer = tracer
+	}
+	if cfg.ConnConfig.ConnectTimeout == 0 {
+		cfg.ConnConfig.ConnectTimeout = DefaultPostgresConnectTimeout
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("open postgres pool: %w", err)
+	}
+	return pool, nil
+}

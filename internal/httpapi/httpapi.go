@@ -1,0 +1,240 @@
+// Package httpapi is the HTTP side of `onceflow serve`: routing, the health and
+// readiness endpoints, /metrics, request metrics, JSON errors and the server lifecycle.
+// Feature packages add their routes with Handle.
+package httpapi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/onceflow/onceflow/internal/metrics"
+)
+
+// DefaultReadyTimeout bounds each dependency check of /readyz.
+const DefaultReadyTimeout = time.Second
+
+// Check reports whether a dependency answers; a nil error means ready.
+type Check func(ctx context.Context) error
+
+// Config configures a Server.
+type Config struct {
+	// Logger receives request errors. Default: slog.Default().
+	Logger *slog.Logger
+	// Registry is both where the server registers its metrics and what /metrics serves.
+	// Default: a new registry.
+	Registry *prometheus.Registry
+	// Checks are the dependencies /readyz reports, by name ("redis", "postgres").
+	Checks map[string]Check
+	// ReadyTimeout bounds each check. Default: DefaultReadyTimeout.
+	ReadyTimeout time.Duration
+}
+
+// Server routes onceflow's HTTP API. It is an http.Handler; use Handle to add routes
+// before serving.
+type Server struct {
+	cfg     Config
+	log     *slog.Logger
+	mux     *http.ServeMux
+	metrics *httpMetrics
+}
+
+// New returns a Server with /healthz, /readyz and /metrics routed.
+func New(cfg Config) *Server {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Registry == nil {
+		cfg.Registry = prometheus.NewRegistry()
+	}
+	if cfg.ReadyTimeout <= 0 {
+		cfg.ReadyTimeout = DefaultReadyTimeout
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger, mux: http.NewServeMux(), metrics: newHTTPMetrics(cfg.Registry)}
+	s.Handle("GET /healthz", "/healthz", http.HandlerFunc(s.healthz))
+	s.Handle("GET /readyz", "/readyz", http.HandlerFunc(s.readyz))
+	s.Handle("GET /metrics", "/metrics", promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{Registry: cfg.Registry}))
+	return s
+}
+
+// Handle routes pattern (net/http syntax, "POST /v1/summaries") to h and counts its
+// requests under the label route, which must be a fixed string such as
+// "/v1/summaries/{job_id}" so label values stay bounded.
+func (s *Server) Handle(pattern, route string, h http.Handler) {
+	s.mux.Handle(pattern, s.metrics.instrument(route, h))
+}
+
+// ServeHTTP implements http.Handler.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+// healthz answers 200 while the process lives; it touches no dependency.
+func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
+	WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+// readyz checks every dependency in parallel, each within ReadyTimeout, and answers 200
+// when all answer, else 503 naming the ones that did not.
+func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+	type result struct {
+		name string
+		err  error
+	}
+	results := make(chan result, len(s.cfg.Checks))
+	var wg sync.WaitGroup
+	for name, check := range s.cfg.Checks {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(r.Context(), s.cfg.ReadyTimeout)
+			defer cancel()
+			results <- result{name, check(ctx)}
+		})
+	}
+	wg.Wait()
+	close(results)
+	checks := map[string]string{}
+	status, code := "ok", http.StatusOK
+	for res := range results {
+		if res.err != nil {
+			checks[res.name] = "unavailable: " + res.err.Error()
+			status, code = "unavailable", http.StatusServiceUnavailable
+			continue
+		}
+		checks[res.name] = "ok"
+	}
+	WriteJSON(w, code, map[string]any{"status": status, "checks": checks})
+}
+
+// WriteJSON writes v as a JSON response with the given status.
+func WriteJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// WriteError writes the JSON error body every onceflow error uses: {"detail": "..."}.
+func WriteError(w http.ResponseWriter, status int, detail string) {
+	WriteJSON(w, status, map[string]string{"detail": detail})
+}
+
+// httpMetrics counts requests by route and status code.
+type httpMetrics struct {
+	requests *prometheus.CounterVec
+	duration *prometheus.HistogramVec
+}
+
+func newHTTPMetrics(reg prometheus.Registerer) *httpMetrics {
+	return &httpMetrics{
+		requests: metrics.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: metrics.Namespace, Subsystem: "http", Name: "requests_total",
+			Help: "HTTP requests answered, by route and status code.",
+		}, []string{"route", "code"})),
+		duration: metrics.Register(reg, prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: metrics.Namespace, Subsystem: "http", Name: "request_duration_seconds",
+			Help:    "Time to answer an HTTP request, by route.",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
+		}, []string{"route"})),
+	}
+}
+
+func (m *httpMetrics) instrument(route string, h http.Handler) http.Handler {
+	duration := m.duration.WithLabelValues(route)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		sw := &statusWriter{ResponseWriter: w}
+		defer func() {
+			code := sw.status
+			p := recover()
+			if code == 0 && p != nil {
+				code = http.StatusInternalServerError // net/http answers a panic with 500
+			} else if code == 0 {
+				code = http.StatusOK // nothing written: net/http sends 200
+			}
+			m.requests.WithLabelValues(route, strconv.Itoa(code)).Inc()
+			duration.Observe(time.Since(start).Seconds())
+			if p != nil {
+				panic(p)
+			}
+		}()
+		h.ServeHTTP(sw, r)
+	})
+}
+
+// statusWriter remembers the status code a handler wrote.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the underlying writer (Flush, deadlines).
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// Serve serves h on addr until ctx is cancelled, then shuts down gracefully: it stops
+// accepting, lets in-flight requests finish within shutdownTimeout and closes what is
+// left. ready, when not nil, receives the bound address once listening (useful with
+// port 0). It returns nil after a clean shutdown.
+func Serve(ctx context.Context, addr string, h http.Handler, shutdownTimeout time.Duration, log *slog.Logger, ready func(net.Addr)) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", addr, err)
+	}
+	return ServeListener(ctx, ln, h, shutdownTimeout, log, ready)
+}
+
+// ServeListener is Serve on a listener the caller opened.
+func ServeListener(ctx context.Context, ln net.Listener, h http.Handler, shutdownTimeout time.Duration, log *slog.Logger, ready func(net.Addr)) error {
+	if log == nil {
+		log = slog.Default()
+	}
+	srv := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+	}
+	if ready != nil {
+		ready(ln.Addr())
+	}
+	log.InfoContext(ctx, "http listening", "addr", ln.Addr().String())
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serve http: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownTimeout)
+	defer cancel()
+	log.InfoContext(ctx, "http draining", "timeout", shutdownTimeout)
+	if err := srv.Shutdown(sctx); err != nil {
+		_ = srv.Close()
+		return fmt.Errorf("shut down http: %w", err)
+	}
+	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("serve http: %w", err)
+	}
+	return nil
+}

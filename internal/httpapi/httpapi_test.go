@@ -1,0 +1,85 @@
+package httpapi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+func TestReadyzNamesTheDependencyThatIsDown(t *testing.T) {
+	s := New(Config{Checks: map[string]Check{
+		"redis":    func(context.Context) error { return errors.New("connection refused") },
+		"postgres": func(context.Context) error { return nil },
+	}})
+	rec := httptest.NewRecorder()
+	s.ServeHTTP(rec, httptest.NewRequest("GET", "/readyz", nil))
+	if rec.Code != http.StatusServiceUnavailable {
+		t.Fatalf("code %d", rec.Code)
+	}
+	var body struct {
+		Status string            `json:"status"`
+		Checks map[string]string `json:"checks"`
+	}
+	if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
+		t.Fatal(err)
+	}
+	if body.Status != "unavailable" || body.Checks["redis"] != "unavailable: connection refused" || body.Checks["postgres"] != "ok" {
+		t.Fatalf("body %+v", body)
+	}
+}
+
+func TestReadyzTimesOutAHungCheck(t *testing.T) {
+	s := New(Config{ReadyTimeout: 50 * time.Millisecond, Checks: map[string]Check{
+		"redis": func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() },
+	}})
+	rec := httptest.NewRecorder()
+	start := time.Now()
+	s.ServeHTTP(rec, httptest.NewRequest("GET", "/readyz", nil))
+	if rec.Code != http.StatusServiceUnavailable || !strings.Contains(rec.Body.String(), "deadline exceeded") {
+		t.Fatalf("code %d body %s", rec.Code, rec.Body)
+	}
+	if time.Since(start) > 5*time.Second {
+		t.Fatalf("a hung check held /readyz for %v", time.Since(start))
+	}
+}
+
+func TestRequestsCountedByRouteAndCode(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	s := New(Config{Registry: reg})
+	s.Handle("POST /things/{id}", "/things/{id}", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.PathValue("id") {
+		case "bad":
+			WriteError(w, http.StatusBadRequest, "bad thing")
+		case "boom":
+			panic("boom")
+		default:
+			w.WriteHeader(http.StatusAccepted)
+		}
+	}))
+	for _, id := range []string{"a", "b", "bad"} {
+		s.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("POST", "/things/"+id, nil))
+	}
+	func() {
+		defer func() { _ = recover() }()
+		s.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("POST", "/things/boom", nil))
+	}()
+	for code, want := range map[string]float64{"202": 2, "400": 1, "500": 1} {
+		got := testutil.ToFloat64(s.metrics.requests.WithLabelValues("/things/{id}", code))
+		if got != want {
+			t.Errorf("requests{code=%s} = %v, want %v", code, got, want)
+		}
+	}
+	rec := httptest.NewRecorder()
+	s.ServeHTTP(rec, httptest.NewRequest("POST", "/things/bad", nil))
+	if rec.Header().Get("Content-Type") != "application/json" || strings.TrimSpace(rec.Body.String()) != `{"detail":"bad thing"}` {
+		t.Errorf("error response %q %q", rec.Header().Get("Content-Type"), rec.Body)
+	}
+}

@@ -1,0 +1,196 @@
+package testenv
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+var (
+	buildOnce sync.Once
+	buildPath string
+	buildErr  error
+)
+
+// Binary builds ./cmd/onceflow once per test binary and returns its path, for tests that
+// run real processes (kill -9, signals, concurrent migrate).
+func Binary(t testing.TB) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		_, file, _, _ := runtime.Caller(0)
+		root := filepath.Join(filepath.Dir(file), "..", "..")
+		dir, err := os.MkdirTemp("", "onceflow-bin-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		buildPath = filepath.Join(dir, "onceflow")
+		cmd := exec.Command("go", "build", "-o", buildPath, "./cmd/onceflow")
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("go build ./cmd/onceflow: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return buildPath
+}
+
+// Process is a subprocess of a test, with its stderr (the JSON log) captured.
+type Process struct {
+	t    testing.TB
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error // set before done closes
+
+	mu     sync.Mutex
+	stderr bytes.Buffer
+	stdout bytes.Buffer
+	lines  []map[string]any
+}
+
+// Start runs bin with args and env (added to a minimal environment) and returns at once.
+// The process is killed at cleanup if still running.
+func Start(t testing.TB, bin string, env []string, args ...string) *Process {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.TempDir()}, env...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	p := &Process{t: t, cmd: cmd, done: make(chan struct{})}
+	errPipe, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout = &lockedWriter{mu: &p.mu, w: &p.stdout}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", bin, err)
+	}
+	go func() {
+		sc := bufio.NewScanner(errPipe)
+		sc.Buffer(make([]byte, 64*1024), 1<<20)
+		for sc.Scan() {
+			line := sc.Bytes()
+			p.mu.Lock()
+			p.stderr.Write(line)
+			p.stderr.WriteByte('\n')
+			var m map[string]any
+			if json.Unmarshal(line, &m) == nil {
+				p.lines = append(p.lines, m)
+			}
+			p.mu.Unlock()
+		}
+		p.err = cmd.Wait()
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-p.done:
+		default:
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			<-p.done
+		}
+		if t.Failed() {
+			t.Logf("%s %s stderr:\n%s", filepath.Base(bin), strings.Join(args, " "), p.Stderr())
+		}
+	})
+	return p
+}
+
+// Pid returns the process id.
+func (p *Process) Pid() int { return p.cmd.Process.Pid }
+
+// Signal sends sig to the process.
+func (p *Process) Signal(sig syscall.Signal) {
+	_ = p.cmd.Process.Signal(sig)
+}
+
+// Kill sends SIGKILL (kill -9) and waits for the process to be gone.
+func (p *Process) Kill() {
+	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+	<-p.done
+}
+
+// Wait waits up to timeout for the process to exit and returns its exit code, failing the
+// test when it does not exit.
+func (p *Process) Wait(timeout time.Duration) int {
+	p.t.Helper()
+	select {
+	case <-p.done:
+	case <-time.After(timeout):
+		p.t.Fatalf("process %d did not exit within %v; stderr:\n%s", p.Pid(), timeout, p.Stderr())
+	}
+	return p.cmd.ProcessState.ExitCode()
+}
+
+// Exited reports whether the process has exited.
+func (p *Process) Exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Stderr returns everything the process wrote to stderr so far.
+func (p *Process) Stderr() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.stderr.String()
+}
+
+// Stdout returns everything the process wrote to stdout so far.
+func (p *Process) Stdout() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.stdout.String()
+}
+
+// WaitLog waits until the process logs a JSON line whose "msg" is msg and returns it.
+func (p *Process) WaitLog(ctx context.Context, msg string) map[string]any {
+	p.t.Helper()
+	exited := false
+	for {
+		p.mu.Lock()
+		for _, l := range p.lines {
+			if l["msg"] == msg {
+				p.mu.Unlock()
+				return l
+			}
+		}
+		p.mu.Unlock()
+		if exited {
+			p.t.Fatalf("process exited before logging %q; stderr:\n%s", msg, p.Stderr())
+		}
+		select {
+		case <-ctx.Done():
+			p.t.Fatalf("no log line %q: %v; stderr:\n%s", msg, ctx.Err(), p.Stderr())
+		case <-p.done:
+			exited = true // look once more: the last lines arrive before done closes
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  *bytes.Buffer
+}
+
+func (l *lockedWriter) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(b)
+}

@@ -1,0 +1,162 @@
+// Package testenv gives tests real Redis and PostgreSQL, isolated per test.
+//
+// Redis and Postgres use the shared servers named by ONCEFLOW_REDIS_URL and
+// ONCEFLOW_DATABASE_URL (`make test` starts them with scripts/dev-services and exports
+// both). Each test gets its own Redis key prefix and its own PostgreSQL schema, both
+// removed in t.Cleanup, so packages can test in parallel against the same servers.
+// When a variable is unset the test fails, telling the reader to run `make test`: a
+// suite that silently skips its real-service tests proves nothing.
+//
+// Tests that stop or kill a server use PrivateRedis or PrivatePostgres, which start a
+// server of their own on a free port.
+package testenv
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"net/url"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/onceflow/onceflow/internal/connect"
+	"github.com/onceflow/onceflow/migrations"
+)
+
+// RedisURL returns ONCEFLOW_REDIS_URL or fails the test.
+func RedisURL(t testing.TB) string {
+	t.Helper()
+	return mustGetenv(t, "ONCEFLOW_REDIS_URL")
+}
+
+// DatabaseURL returns ONCEFLOW_DATABASE_URL or fails the test.
+func DatabaseURL(t testing.TB) string {
+	t.Helper()
+	return mustGetenv(t, "ONCEFLOW_DATABASE_URL")
+}
+
+func mustGetenv(t testing.TB, name string) string {
+	t.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		t.Fatalf("%s is not set: run the tests with `make test`, which starts Redis and PostgreSQL (scripts/dev-services up) and exports it", name)
+	}
+	return v
+}
+
+// Prefix returns a Redis key prefix unique to this test run (no colon, no braces).
+func Prefix(t testing.TB) string {
+	t.Helper()
+	return "oft" + randomHex(6)
+}
+
+// Redis returns a client of the shared test Redis and a key prefix of this test's own.
+// At cleanup every key under the prefix is deleted and the client closed.
+func Redis(t testing.TB) (*redis.Client, string) {
+	t.Helper()
+	c, err := connect.Redis(RedisURL(t))
+	if err != nil {
+		t.Fatalf("redis: %v", err)
+	}
+	prefix := Prefix(t)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		DeleteKeys(ctx, c, prefix)
+		_ = c.Close()
+	})
+	return c, prefix
+}
+
+// DeleteKeys removes every key that starts with prefix and a colon.
+func DeleteKeys(ctx context.Context, c *redis.Client, prefix string) {
+	iter := c.Scan(ctx, 0, prefix+":*", 1000).Iterator()
+	var batch []string
+	for iter.Next(ctx) {
+		batch = append(batch, iter.Val())
+		if len(batch) == 500 {
+			c.Unlink(ctx, batch...)
+			batch = batch[:0]
+		}
+	}
+	if len(batch) > 0 {
+		c.Unlink(ctx, batch...)
+	}
+}
+
+// Postgres creates a schema of this test's own on the shared test PostgreSQL, applies
+// onceflow's migrations to it and returns a pool whose search_path selects it, with the
+// URL that does the same (for subprocesses and code that opens its own connections).
+// The schema is dropped at cleanup.
+func Postgres(t testing.TB) (*pgxpool.Pool, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	dsn := EmptySchema(t)
+	if _, err := migrations.Up(ctx, dsn, discardLogger()); err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+	pool, err := connect.Postgres(ctx, dsn, nil)
+	if err != nil {
+		t.Fatalf("postgres pool: %v", err)
+	}
+	t.Cleanup(pool.Close) // runs before the schema is dropped (cleanups run last-in first-out)
+	return pool, dsn
+}
+
+// EmptySchema creates an empty schema of this test's own on the shared test PostgreSQL
+// and returns a URL whose search_path selects it. The schema is dropped at cleanup.
+func EmptySchema(t testing.TB) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	base := DatabaseURL(t)
+	schema := "t_" + randomHex(6)
+	admin, err := pgx.Connect(ctx, base)
+	if err != nil {
+		t.Fatalf("postgres: %v", err)
+	}
+	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+		t.Fatalf("create schema: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		c, err := pgx.Connect(ctx, base)
+		if err != nil {
+			t.Errorf("drop schema %s: %v", schema, err)
+			return
+		}
+		defer c.Close(ctx)
+		if _, err := c.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE"); err != nil {
+			t.Errorf("drop schema %s: %v", schema, err)
+		}
+	})
+	return WithSearchPath(t, base, schema)
+}
+
+// WithSearchPath returns dsn with its search_path set to schema.
+func WithSearchPath(t testing.TB, dsn, schema string) string {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatalf("parse database url: %v", err)
+	}
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return strings.ToLower(hex.EncodeToString(b))
+}
