@@ -1,0 +1,70 @@
+package httpapi
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"net/http"
+	"strings"
+)
+
+// Authenticator maps bearer API keys to tenants. The tenant of a request comes only from
+// its key, never from a header the client chooses.
+type Authenticator struct {
+	keys []apiKey
+}
+
+type apiKey struct {
+	digest [sha256.Size]byte
+	tenant string
+}
+
+// NewAuthenticator returns an Authenticator for keys, a map from API key to tenant.
+func NewAuthenticator(keys map[string]string) *Authenticator {
+	a := &Authenticator{}
+	for k, tenant := range keys {
+		a.keys = append(a.keys, apiKey{sha256.Sum256([]byte(k)), tenant})
+	}
+	return a
+}
+
+// Tenant returns the tenant whose key the request carries in `Authorization: Bearer KEY`,
+// or false. Every configured key is compared, in constant time over digests of equal
+// length, so neither the position of a match nor the key's length shows in the timing.
+func (a *Authenticator) Tenant(r *http.Request) (string, bool) {
+	h := r.Header.Get("Authorization")
+	scheme, key, ok := strings.Cut(h, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") || key == "" {
+		return "", false
+	}
+	d := sha256.Sum256([]byte(strings.TrimSpace(key)))
+	tenant, found := "", 0
+	for _, k := range a.keys {
+		if subtle.ConstantTimeCompare(d[:], k.digest[:]) == 1 {
+			tenant, found = k.tenant, 1
+		}
+	}
+	return tenant, found == 1
+}
+
+// Require wraps h so that only requests with a known API key reach it; the tenant is
+// put in the request's context (see TenantFrom). Others get 401.
+func (a *Authenticator) Require(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tenant, ok := a.Tenant(r)
+		if !ok {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="onceflow"`)
+			WriteError(w, http.StatusUnauthorized, "missing or unknown API key (Authorization: Bearer KEY)")
+			return
+		}
+		h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), tenantKey{}, tenant)))
+	})
+}
+
+type tenantKey struct{}
+
+// TenantFrom returns the tenant Require put in ctx.
+func TenantFrom(ctx context.Context) (string, bool) {
+	t, ok := ctx.Value(tenantKey{}).(string)
+	return t, ok && t != ""
+}
