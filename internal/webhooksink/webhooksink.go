@@ -91,6 +91,13 @@ func (s *Sink) FailNext(n int) {
 	s.mu.Unlock()
 }
 
+// SetLatency changes the delay of the answers to come.
+func (s *Sink) SetLatency(d time.Duration) {
+	s.mu.Lock()
+	s.opts.Latency = d
+	s.mu.Unlock()
+}
+
 // ServeHTTP records a POST, or answers GET with the Stats as JSON (GET with
 // ?deliveries=1 adds every delivery).
 func (s *Sink) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -135,9 +142,10 @@ func (s *Sink) post(w http.ResponseWriter, r *http.Request) {
 			s.missingKey++
 		}
 	}
+	latency := s.opts.Latency
 	s.mu.Unlock()
-	if s.opts.Latency > 0 {
-		t := time.NewTimer(s.opts.Latency)
+	if latency > 0 {
+		t := time.NewTimer(latency)
 		select {
 		case <-t.C:
 		case <-r.Context().Done():
