@@ -12,8 +12,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/onceflow/onceflow/internal/connect"
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/internal/webhooksink"
+	"github.com/onceflow/onceflow/migrations"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/outbox/pgoutbox"
 	"github.com/onceflow/onceflow/outbox/webhook"
@@ -457,4 +459,53 @@ func metric(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	}
 	t.Fatalf("metric %s not registered", name)
 	return 0
+}
+
+// A relay outlives a PostgreSQL restart: passes fail while it is down, and the relay
+// drains what was committed before and after once it is back.
+func TestRelaySurvivesAPostgresRestart(t *testing.T) {
+	t.Parallel()
+	pg := testenv.PrivatePostgres(t)
+	url := testenv.PostgresURLOf(pg) + "&connect_timeout=1"
+	ctx, cancel := context.WithCancel(ctxT(t))
+	defer cancel()
+	if _, err := migrations.Up(ctx, url, testenv.Logger(t)); err != nil {
+		t.Fatal(err)
+	}
+	pool, err := connect.Postgres(ctx, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	e := newEnv(t, 0, webhooksink.Options{})
+	e.pool, e.store = pool, pgoutbox.New(pool)
+	insert := func(from, to int) {
+		e.exec(t, `INSERT INTO outbox (topic, dedupe_key, payload)
+			SELECT 't', 'k-' || g, '{}' FROM generate_series($1::int, $2::int) g`, from, to)
+	}
+	insert(1, 5)
+	r := e.relay(t, outbox.Config{PollInterval: 20 * time.Millisecond})
+	done := make(chan struct{})
+	go func() { _ = r.Run(ctx); close(done) }()
+	waitSent := func(n int) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for e.sink.Stats().DistinctKeys < n {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d of %d rows delivered", e.sink.Stats().DistinctKeys, n)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	waitSent(5)
+	pg.Stop()
+	time.Sleep(300 * time.Millisecond) // a few failing passes
+	pg.Start()
+	insert(6, 10)
+	waitSent(10)
+	cancel()
+	<-done
+	if st := e.sink.Stats(); st.Deliveries != 10 || len(st.Duplicates) != 0 {
+		t.Fatalf("sink %+v, want each of 10 rows once", st)
+	}
 }

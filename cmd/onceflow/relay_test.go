@@ -141,8 +141,23 @@ func TestRelaySIGTERMFinishesInFlightSendsAndReleasesTheRest(t *testing.T) {
 	srv := httptest.NewServer(sink)
 	t.Cleanup(srv.Close)
 	p := testenv.Start(t, testenv.Binary(t), relayEnv(dsn, srv.URL, "ONCEFLOW_RELAY_BATCH_SIZE=20",
-		"ONCEFLOW_RELAY_CONCURRENCY=2", "ONCEFLOW_SHUTDOWN_TIMEOUT=10s"), "relay")
+		"ONCEFLOW_RELAY_CONCURRENCY=2", "ONCEFLOW_SHUTDOWN_TIMEOUT=10s", "ONCEFLOW_METRICS_ADDR=127.0.0.1:0"), "relay")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	metricsURL := "http://" + fmt.Sprint(p.WaitLog(ctx, "http listening")["addr"]) + "/metrics"
 	waitFor(t, 30*time.Second, "deliveries", func() bool { return sink.Stats().Deliveries >= 3 })
+	resp, err := http.Get(metricsURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{"onceflow_outbox_sent_total ", `onceflow_outbox_send_failures_total{class="permanent"} 0`,
+		"onceflow_outbox_claimed_batches_total 1", "onceflow_outbox_oldest_unsent_age_seconds ", "onceflow_build_info{"} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
 	p.Signal(syscall.SIGTERM)
 	if code := p.Wait(30 * time.Second); code != 0 {
 		t.Fatalf("exit %d after SIGTERM", code)
