@@ -72,7 +72,7 @@ func outboxList(ctx context.Context, e *env, args []string) error {
 	fmt.Fprintln(w, "ID\tSTATE\tATTEMPTS\tTOPIC\tDEDUPE_KEY\tCREATED\tLAST_ERROR")
 	for _, r := range rows {
 		fmt.Fprintf(w, "%d\t%s\t%d\t%s\t%s\t%s\t%s\n", r.ID, r.State, r.Attempts, r.Topic, r.DedupeKey,
-			r.CreatedAt.UTC().Format(time.RFC3339), oneLine(r.LastError, 80))
+			r.CreatedAt.UTC().Format(time.RFC3339), outboxCell(r.LastError, 80))
 	}
 	return w.Flush()
 }
@@ -120,8 +120,8 @@ func outboxRetry(ctx context.Context, e *env, args []string) error {
 	return errors.Join(failed...)
 }
 
-// oneLine shortens s to one line of at most n characters for a table cell.
-func oneLine(s string, n int) string {
+// outboxCell shortens s to one line of at most n characters for a table cell.
+func outboxCell(s string, n int) string {
 	s = strings.Join(strings.Fields(s), " ")
 	if len(s) > n {
 		return s[:n] + "…"

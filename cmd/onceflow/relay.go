@@ -25,7 +25,7 @@ func runRelay(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	sender, err := newSender(cfg, log)
+	sender, err := newOutboxSender(cfg, log)
 	if err != nil {
 		return err
 	}
@@ -74,9 +74,9 @@ func relayConfig(cfg *config.Config, log *slog.Logger, reg prometheus.Registerer
 	}
 }
 
-// newSender builds the outbox sender ONCEFLOW_SENDER selects: webhook
+// newOutboxSender builds the outbox sender ONCEFLOW_SENDER selects: webhook
 // (ONCEFLOW_WEBHOOK_URL), smtp (ONCEFLOW_SMTP_URL, ONCEFLOW_SMTP_FROM) or log.
-func newSender(cfg *config.Config, log *slog.Logger) (outbox.Sender, error) {
+func newOutboxSender(cfg *config.Config, log *slog.Logger) (outbox.Sender, error) {
 	switch cfg.Sender {
 	case "webhook":
 		s, err := webhook.New(webhook.Config{URL: cfg.WebhookURL})

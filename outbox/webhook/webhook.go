@@ -99,6 +99,9 @@ type body struct {
 // cannot fix, any other error for failures a later attempt may fix. It returns when ctx
 // is done or Timeout has passed.
 func (s *Sender) Send(ctx context.Context, m outbox.Message) error {
+	if strings.ContainsFunc(m.DedupeKey, func(r rune) bool { return r < ' ' && r != '\t' || r == 0x7f }) {
+		return outbox.Permanent(errors.New("dedupe key holds control characters: it cannot be an Idempotency-Key header"))
+	}
 	payload := m.Payload
 	if len(payload) == 0 {
 		payload = json.RawMessage("null")

@@ -134,6 +134,21 @@ func TestTimeoutsAndConnectionErrorsAreRetryable(t *testing.T) {
 	}
 }
 
+func TestADedupeKeyThatCannotBeAHeaderIsPermanent(t *testing.T) {
+	t.Parallel()
+	sink := webhooksink.New(webhooksink.Options{})
+	srv := httptest.NewServer(sink)
+	defer srv.Close()
+	m := msg
+	m.DedupeKey = "summary_ready:1\r\nX-Injected: 1"
+	if err := newSender(t, srv.URL, 0).Send(context.Background(), m); !outbox.IsPermanent(err) {
+		t.Fatalf("err %v, want permanent", err)
+	}
+	if sink.Stats().Deliveries != 0 {
+		t.Fatal("delivered anyway")
+	}
+}
+
 func TestNewRejectsBadURLs(t *testing.T) {
 	t.Parallel()
 	for _, u := range []string{"", "ftp://x/y", "http://", "::"} {
