@@ -87,6 +87,11 @@ type Config struct {
 	// RelayMaxAttempts is the number of send attempts before an outbox row is exhausted.
 	// Default: 10.
 	RelayMaxAttempts int
+	// RelayBatchSize is the number of outbox rows a relay claims at once. Default: 100.
+	RelayBatchSize int
+	// RelayConcurrency is the number of sends in flight within a relay's batch.
+	// Default: 16.
+	RelayConcurrency int
 	// OutboxRetention is how long sent outbox rows are kept. Default: 168h (7 days).
 	OutboxRetention time.Duration
 	// ShutdownTimeout bounds how long SIGTERM waits for in-flight work. Default: 30s.
@@ -236,6 +241,12 @@ var settings = []setting{
 	}},
 	{env: "ONCEFLOW_RELAY_MAX_ATTEMPTS", def: "10", usage: "send attempts before an outbox row is exhausted", parse: func(c *Config, v string) error {
 		return parseInt(&c.RelayMaxAttempts, v, 1, 1000)
+	}},
+	{env: "ONCEFLOW_RELAY_BATCH_SIZE", def: "100", usage: "outbox rows a relay claims at once", parse: func(c *Config, v string) error {
+		return parseInt(&c.RelayBatchSize, v, 1, 10_000)
+	}},
+	{env: "ONCEFLOW_RELAY_CONCURRENCY", def: "16", usage: "sends in flight within a relay's batch", parse: func(c *Config, v string) error {
+		return parseInt(&c.RelayConcurrency, v, 1, 1000)
 	}},
 	{env: "ONCEFLOW_OUTBOX_RETENTION", def: "168h", usage: "how long sent outbox rows are kept", parse: func(c *Config, v string) error {
 		return parseDuration(&c.OutboxRetention, v)

@@ -31,7 +31,10 @@ func commands() []command {
 	return []command{
 		{"migrate", "create or upgrade the PostgreSQL schema (safe to run twice and concurrently)", runMigrate},
 		{"serve", "run the HTTP API", runServe},
+		{"relay", "run the outbox relay (run several: they never send the same row at once)", runRelay},
+		{"outbox", "list [--failed] [--json] | retry ID|--all: inspect outbox rows, reset exhausted ones", runOutbox},
 		{"version", "print the version", runVersion},
+		{"webhook-sink", "", runWebhookSink}, // hidden: a test and demo webhook receiver
 	}
 }
 
@@ -55,6 +58,9 @@ func run(ctx context.Context, args []string, e *env) error {
 func printUsage(w io.Writer) {
 	fmt.Fprintln(w, "usage: onceflow COMMAND [flags]\n\ncommands:")
 	for _, c := range commands() {
+		if c.summary == "" {
+			continue // hidden command
+		}
 		fmt.Fprintf(w, "  %-10s %s\n", c.name, c.summary)
 	}
 	fmt.Fprintln(w, "\nRun `onceflow COMMAND -h` for a command's flags. Every setting is also an environment variable (see README).")

@@ -1,0 +1,96 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/onceflow/onceflow/config"
+	"github.com/onceflow/onceflow/internal/connect"
+	"github.com/onceflow/onceflow/internal/httpapi"
+	"github.com/onceflow/onceflow/outbox"
+	"github.com/onceflow/onceflow/outbox/pgoutbox"
+	"github.com/onceflow/onceflow/outbox/smtp"
+	"github.com/onceflow/onceflow/outbox/webhook"
+)
+
+// runRelay drains the outbox until SIGINT/SIGTERM, then lets the sends in flight finish
+// within ONCEFLOW_SHUTDOWN_TIMEOUT, marks what was sent and releases the rest.
+func runRelay(ctx context.Context, e *env, args []string) error {
+	fs := flags(e, "relay", "")
+	cfg, log, err := load(e, fs, config.Register(fs), args)
+	if err != nil {
+		return err
+	}
+	sender, err := newOutboxSender(cfg, log)
+	if err != nil {
+		return err
+	}
+	pool, err := connect.Postgres(ctx, cfg.DatabaseURL, nil)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	reg := newRegistry()
+	relay, err := outbox.NewRelay(pgoutbox.New(pool), sender, relayConfig(cfg, log, reg))
+	if err != nil {
+		return &config.Error{Name: "relay settings", Err: err}
+	}
+	log.InfoContext(ctx, "starting relay", "name", relay.Name(), "config", cfg)
+	var wg sync.WaitGroup
+	if cfg.MetricsAddr != "" {
+		api := httpapi.New(httpapi.Config{Logger: log, Registry: reg,
+			Checks: map[string]httpapi.Check{"postgres": pool.Ping}})
+		wg.Go(func() {
+			if err := httpapi.Serve(ctx, cfg.MetricsAddr, api, cfg.ShutdownTimeout, log, nil); err != nil {
+				log.ErrorContext(ctx, "metrics listener failed", "err", err)
+			}
+		})
+	}
+	err = relay.Run(ctx)
+	wg.Wait()
+	if err != nil {
+		return fmt.Errorf("relay: %w", err)
+	}
+	log.InfoContext(ctx, "relay stopped")
+	return nil
+}
+
+// relayConfig maps the service settings onto the relay library's configuration.
+func relayConfig(cfg *config.Config, log *slog.Logger, reg prometheus.Registerer) outbox.Config {
+	return outbox.Config{
+		BatchSize:       cfg.RelayBatchSize,
+		Concurrency:     cfg.RelayConcurrency,
+		PollInterval:    cfg.RelayInterval,
+		Lease:           cfg.RelayLease,
+		MaxAttempts:     cfg.RelayMaxAttempts,
+		Retention:       cfg.OutboxRetention,
+		ShutdownTimeout: cfg.ShutdownTimeout,
+		Logger:          log,
+		Registerer:      reg,
+	}
+}
+
+// newOutboxSender builds the outbox sender ONCEFLOW_SENDER selects: webhook
+// (ONCEFLOW_WEBHOOK_URL), smtp (ONCEFLOW_SMTP_URL, ONCEFLOW_SMTP_FROM) or log.
+func newOutboxSender(cfg *config.Config, log *slog.Logger) (outbox.Sender, error) {
+	switch cfg.Sender {
+	case "webhook":
+		s, err := webhook.New(webhook.Config{URL: cfg.WebhookURL})
+		if err != nil {
+			return nil, &config.Error{Name: "ONCEFLOW_WEBHOOK_URL", Value: config.RedactURL(cfg.WebhookURL), Err: err}
+		}
+		return s, nil
+	case "smtp":
+		s, err := smtp.New(smtp.Config{URL: cfg.SMTPURL, From: cfg.SMTPFrom})
+		if err != nil {
+			return nil, &config.Error{Name: "ONCEFLOW_SMTP_URL", Value: config.RedactURL(cfg.SMTPURL), Err: err}
+		}
+		return s, nil
+	default:
+		return outbox.LogSender{Logger: log}, nil
+	}
+}

@@ -1,0 +1,104 @@
+package outbox
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestBackoffFullJitterBounds(t *testing.T) {
+	base, cap := time.Second, time.Minute
+	cases := []struct {
+		attempt int
+		ceiling time.Duration
+	}{{0, time.Second}, {1, time.Second}, {2, 2 * time.Second}, {3, 4 * time.Second}, {6, 32 * time.Second},
+		{7, time.Minute}, {63, time.Minute}, {1000, time.Minute}}
+	for _, c := range cases {
+		if got := Backoff(c.attempt, base, cap, 0); got != 0 {
+			t.Errorf("attempt %d, r=0: %v, want 0 (full jitter starts at zero)", c.attempt, got)
+		}
+		hi := Backoff(c.attempt, base, cap, 0.999999999)
+		if hi > c.ceiling || hi < c.ceiling*99/100 {
+			t.Errorf("attempt %d, r→1: %v, want just under %v", c.attempt, hi, c.ceiling)
+		}
+		if mid := Backoff(c.attempt, base, cap, 0.5); mid != c.ceiling/2 {
+			t.Errorf("attempt %d, r=0.5: %v, want %v", c.attempt, mid, c.ceiling/2)
+		}
+	}
+	if got := Backoff(3, base, cap, 7); got > 4*time.Second {
+		t.Errorf("r out of range not clamped: %v", got)
+	}
+}
+
+func TestPermanentAndRetryAfterAreFoundThroughWrapping(t *testing.T) {
+	base := errors.New("bad request")
+	p := fmt.Errorf("send: %w", Permanent(base))
+	if !IsPermanent(p) || !errors.Is(p, ErrPermanent) || !errors.Is(p, base) || p.Error() != "send: bad request" {
+		t.Fatalf("Permanent wrapped: %v", p)
+	}
+	if IsPermanent(base) || Permanent(nil) != nil {
+		t.Fatal("plain error permanent, or Permanent(nil) not nil")
+	}
+	ra := fmt.Errorf("send: %w", RetryAfter(base, 3*time.Second))
+	if d, ok := RetryAfterOf(ra); !ok || d != 3*time.Second || !errors.Is(ra, base) {
+		t.Fatalf("RetryAfterOf = %v %v", d, ok)
+	}
+	if _, ok := RetryAfterOf(base); ok {
+		t.Fatal("RetryAfterOf found a delay in a plain error")
+	}
+	if RetryAfter(base, 0) != base || RetryAfter(nil, time.Second) != nil {
+		t.Fatal("RetryAfter with no delay or no error must return err unchanged")
+	}
+}
+
+func TestClassOf(t *testing.T) {
+	ctx := context.Background()
+	expired, cancel := context.WithTimeout(ctx, -time.Second)
+	defer cancel()
+	for _, c := range []struct {
+		ctx  context.Context
+		err  error
+		want string
+	}{
+		{ctx, Permanent(errors.New("400")), classPermanent},
+		{ctx, fmt.Errorf("post: %w", context.DeadlineExceeded), classTimeout},
+		{expired, errors.New("anything after the deadline"), classTimeout},
+		{ctx, errors.New("503"), classRetryable},
+	} {
+		if got := classOf(c.ctx, c.err); got != c.want {
+			t.Errorf("classOf(%v) = %s, want %s", c.err, got, c.want)
+		}
+	}
+}
+
+func TestLogSenderRedactsSecretLookingFields(t *testing.T) {
+	var buf bytes.Buffer
+	s := LogSender{Logger: slog.New(slog.NewJSONHandler(&buf, nil))}
+	err := s.Send(context.Background(), Message{ID: 7, Topic: "email.summary_ready", DedupeKey: "summary_ready:j1",
+		Payload: json.RawMessage(`{"to":"a@example.com","api_key":"sk-live-123","nested":{"Password":"hunter2","ok":1},"list":[{"token":"t0k"}]}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := buf.String()
+	for _, secret := range []string{"sk-live-123", "hunter2", "t0k"} {
+		if strings.Contains(out, secret) {
+			t.Errorf("log line leaks %q: %s", secret, out)
+		}
+	}
+	for _, keep := range []string{"summary_ready:j1", "a@example.com", `\"ok\":1`, "email.summary_ready"} {
+		if !strings.Contains(out, keep) {
+			t.Errorf("log line lacks %q: %s", keep, out)
+		}
+	}
+	buf.Reset()
+	_ = s.Send(context.Background(), Message{Payload: json.RawMessage(`not json`)})
+	if !strings.Contains(buf.String(), "unparseable payload") {
+		t.Errorf("bad payload logged as %s", buf.String())
+	}
+}

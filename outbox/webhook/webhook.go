@@ -1,0 +1,185 @@
+// Package webhook is an outbox.Sender that POSTs each message to a URL, as CONTRACT
+// section 8 describes: JSON {"topic", "dedupe_key", "payload"} with the dedupe key as
+// the Idempotency-Key header, so a receiver that honours the header applies a
+// redelivered row once.
+//
+// Outcomes: 2xx is sent. 408, 409, 429, 5xx, timeouts and connection errors are
+// retried later with backoff, after the Retry-After the receiver sent when there is one.
+// Any other status is permanent: the row is exhausted without more tries.
+package webhook
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/onceflow/onceflow/outbox"
+)
+
+// DefaultTimeout bounds one send unless Config.Timeout says otherwise.
+const DefaultTimeout = 10 * time.Second
+
+// Config configures a Sender.
+type Config struct {
+	// URL receives the POSTs (http or https). Required.
+	URL string
+	// Timeout bounds one send, response included. Default: 10s.
+	Timeout time.Duration
+	// Client sends the requests. Default: a client of its own with the transport's
+	// defaults and no redirects followed (a redirected POST would lose its body).
+	Client *http.Client
+}
+
+// Sender POSTs outbox messages to a webhook. It is safe for concurrent use.
+type Sender struct {
+	url     string
+	timeout time.Duration
+	client  *http.Client
+}
+
+var _ outbox.Sender = (*Sender)(nil)
+
+// New returns a Sender for cfg, or an error when the URL is missing or not http(s).
+func New(cfg Config) (*Sender, error) {
+	u, err := url.Parse(cfg.URL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, errors.New("webhook sender: URL must be an http or https URL")
+	}
+	if cfg.Timeout < 0 {
+		return nil, errors.New("webhook sender: Timeout must not be negative")
+	}
+	s := &Sender{url: cfg.URL, timeout: cfg.Timeout, client: cfg.Client}
+	if s.timeout == 0 {
+		s.timeout = DefaultTimeout
+	}
+	if s.client == nil {
+		s.client = &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	}
+	return s, nil
+}
+
+// StatusError is a non-2xx answer. It is wrapped with outbox.Permanent when the status
+// is not worth retrying, and carries the receiver's Retry-After when there was one.
+type StatusError struct {
+	Status int
+	// Wait is the parsed Retry-After header, zero when absent or invalid.
+	Wait time.Duration
+	// Body is the start of the response body, for the row's last_error.
+	Body string
+}
+
+func (e *StatusError) Error() string {
+	msg := fmt.Sprintf("webhook answered %d %s", e.Status, http.StatusText(e.Status))
+	if e.Body != "" {
+		msg += ": " + e.Body
+	}
+	return msg
+}
+
+// RetryAfter returns the receiver's Retry-After; the relay uses it as the delay.
+func (e *StatusError) RetryAfter() time.Duration { return e.Wait }
+
+// body is the JSON document POSTed for each message.
+type body struct {
+	Topic     string          `json:"topic"`
+	DedupeKey string          `json:"dedupe_key"`
+	Payload   json.RawMessage `json:"payload"`
+}
+
+// Send POSTs m with Idempotency-Key m.DedupeKey (and traceparent when the row has one)
+// and classifies the answer: nil for 2xx, a permanent error for statuses retrying
+// cannot fix, any other error for failures a later attempt may fix. It returns when ctx
+// is done or Timeout has passed.
+func (s *Sender) Send(ctx context.Context, m outbox.Message) error {
+	if strings.ContainsFunc(m.DedupeKey, func(r rune) bool { return r < ' ' && r != '\t' || r == 0x7f }) {
+		return outbox.Permanent(errors.New("dedupe key holds control characters: it cannot be an Idempotency-Key header"))
+	}
+	payload := m.Payload
+	if len(payload) == 0 {
+		payload = json.RawMessage("null")
+	}
+	b, err := json.Marshal(body{Topic: m.Topic, DedupeKey: m.DedupeKey, Payload: payload})
+	if err != nil {
+		return outbox.Permanent(fmt.Errorf("encode webhook body: %w", err))
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.url, bytes.NewReader(b))
+	if err != nil {
+		return outbox.Permanent(fmt.Errorf("build webhook request: %w", err))
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", m.DedupeKey)
+	if m.Traceparent != "" {
+		req.Header.Set("Traceparent", m.Traceparent)
+	}
+	resp, err := s.client.Do(req)
+	if err != nil {
+		// Timeouts and connection errors: the receiver may or may not have the message;
+		// the same key goes out again later. The URL may hold a token: keep it out.
+		return fmt.Errorf("webhook post: %w", stripURL(err))
+	}
+	defer resp.Body.Close()
+	snippet, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10)) // let the connection be reused
+	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
+		return nil
+	}
+	serr := &StatusError{Status: resp.StatusCode, Body: strings.TrimSpace(string(snippet)),
+		Wait: ParseRetryAfter(resp.Header.Get("Retry-After"), time.Now())}
+	if !retryableStatus(resp.StatusCode) {
+		return outbox.Permanent(serr)
+	}
+	return serr
+}
+
+// retryableStatus is the one place that decides which HTTP statuses are worth another
+// attempt: 408, 409, 429 and every 5xx (the set the OpenAI SDK and seed 000 use).
+// Everything else that is not 2xx is permanent.
+func retryableStatus(code int) bool {
+	return code == http.StatusRequestTimeout || code == http.StatusConflict ||
+		code == http.StatusTooManyRequests || code >= 500
+}
+
+// ParseRetryAfter reads a Retry-After header value: delay-seconds or an HTTP date
+// (RFC 9110 section 10.2.3), relative to now. It returns 0 for an empty, malformed,
+// negative or past value.
+func ParseRetryAfter(v string, now time.Time) time.Duration {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return 0
+	}
+	if v[0] >= '0' && v[0] <= '9' {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n <= 0 {
+			return 0
+		}
+		const maxSecs = int64(100 * 365 * 24 * 3600) // beyond this, time.Duration overflows soon
+		return time.Duration(min(n, maxSecs)) * time.Second
+	}
+	t, err := http.ParseTime(v)
+	if err != nil {
+		return 0
+	}
+	if d := t.Sub(now); d > 0 {
+		return d
+	}
+	return 0
+}
+
+// stripURL removes the request URL from a *url.Error, which would otherwise print it.
+func stripURL(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return fmt.Errorf("%s: %w", ue.Op, ue.Err)
+	}
+	return err
+}
