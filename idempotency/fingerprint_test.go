@@ -22,7 +22,7 @@ func TestCanonicalJSON(t *testing.T) {
 		}
 	}
 	different := []string{
-		`{"n":[1,2.5,{"a":null,"z":true}],"notify":"a@example.com","text":"hello"}`, // 2.5 is not 2.50
+		`{"n":[1,2.5,{"a":null,"z":true}],"notify":"a@example.com","text":"hello"}`,  // 2.5 is not 2.50
 		`{"n":[2.50,1,{"a":null,"z":true}],"notify":"a@example.com","text":"hello"}`, // order of an array matters
 		`{"n":[1,2.50,{"a":null,"z":true}],"notify":"a@example.com","text":"hello "}`,
 	}
