@@ -410,9 +410,12 @@ func NewToken() string {
 var bufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 
 // recorder buffers a handler's response so it can be stored before the client sees it.
-// Past limit bytes it streams to the client instead (streamed).
+// Past limit bytes it streams to the client instead (streamed). The handler writes its
+// headers into a copy of w's, which reaches w only with the response, so that a failed
+// handler's headers (Location, cookies) never go out with the middleware's 500.
 type recorder struct {
 	w        http.ResponseWriter
+	header   http.Header
 	code     int
 	buf      *bytes.Buffer
 	limit    int
@@ -422,7 +425,11 @@ type recorder struct {
 func newRecorder(w http.ResponseWriter, limit int) *recorder {
 	buf := bufPool.Get().(*bytes.Buffer)
 	buf.Reset()
-	return &recorder{w: w, buf: buf, limit: limit}
+	h := w.Header().Clone()
+	if h == nil {
+		h = http.Header{}
+	}
+	return &recorder{w: w, header: h, buf: buf, limit: limit}
 }
 
 func (rc *recorder) free() {
@@ -432,10 +439,24 @@ func (rc *recorder) free() {
 	rc.buf = nil
 }
 
-func (rc *recorder) Header() http.Header { return rc.w.Header() }
+func (rc *recorder) Header() http.Header { return rc.header }
+
+// commitHeader makes the handler's headers w's.
+func (rc *recorder) commitHeader() {
+	dst := rc.w.Header()
+	for k := range dst {
+		if _, ok := rc.header[k]; !ok {
+			delete(dst, k)
+		}
+	}
+	for k, vs := range rc.header {
+		dst[k] = vs
+	}
+}
 
 func (rc *recorder) WriteHeader(code int) {
 	if code >= 100 && code < 200 && code != http.StatusSwitchingProtocols {
+		rc.commitHeader()
 		rc.w.WriteHeader(code) // informational (103 Early Hints): pass through
 		return
 	}
@@ -456,6 +477,7 @@ func (rc *recorder) Write(p []byte) (int, error) {
 	}
 	rc.streamed = true
 	rc.sniff()
+	rc.commitHeader()
 	rc.w.WriteHeader(rc.code)
 	if _, err := rc.w.Write(rc.buf.Bytes()); err != nil {
 		return 0, err
@@ -473,7 +495,7 @@ func (rc *recorder) status() int {
 // sniff sets Content-Type the way net/http would, so that the stored response carries
 // the same type the client saw.
 func (rc *recorder) sniff() {
-	h := rc.w.Header()
+	h := rc.header
 	if _, ok := h["Content-Type"]; !ok && rc.buf.Len() > 0 && h.Get("Content-Encoding") == "" {
 		h.Set("Content-Type", http.DetectContentType(rc.buf.Bytes()))
 	}
@@ -485,7 +507,7 @@ func (rc *recorder) response(allowed map[string]bool) *Response {
 		rc.sniff()
 	}
 	resp := &Response{Status: rc.status(), Header: http.Header{}, Truncated: rc.streamed}
-	for k, vs := range rc.w.Header() {
+	for k, vs := range rc.header {
 		if allowed[k] {
 			resp.Header[k] = append([]string(nil), vs...)
 		}
@@ -502,7 +524,8 @@ func (rc *recorder) flush() {
 		return
 	}
 	rc.sniff()
-	rc.w.Header().Set("Content-Length", strconv.Itoa(rc.buf.Len()))
+	rc.header.Set("Content-Length", strconv.Itoa(rc.buf.Len()))
+	rc.commitHeader()
 	rc.w.WriteHeader(rc.status())
 	_, _ = rc.w.Write(rc.buf.Bytes())
 }
