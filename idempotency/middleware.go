@@ -354,7 +354,7 @@ func (m *Middleware) Respond(w http.ResponseWriter, r *http.Request, resp *Respo
 		writeDetail(w, http.StatusUnauthorized, "authentication required")
 	case errors.Is(err, ErrBodyTooLarge):
 		m.metrics.count(outcomeTooLarge)
-		writeDetail(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body is over the limit of %d bytes", m.cfg.MaxBodyBytes))
+		writeDetail(w, http.StatusRequestEntityTooLarge, err.Error()) // names the limit ReadBody applied
 	case errors.Is(err, ErrInProgress):
 		m.metrics.count(outcomeConflict)
 		w.Header().Set("Retry-After", m.retry)
