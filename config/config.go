@@ -75,6 +75,12 @@ type Config struct {
 	LockTTL time.Duration
 	// ResultTTL is how long a stored idempotent response is replayed. Default: 24h.
 	ResultTTL time.Duration
+	// IdempotencyTimeout bounds each idempotency store call; a claim that runs out is
+	// answered 503. Default: 500ms.
+	IdempotencyTimeout time.Duration
+	// IdempotencyResponseLimit is the largest response body stored for replay, in bytes;
+	// larger responses are stored without their body. Default: 65536.
+	IdempotencyResponseLimit int
 	// JobBudget is the deadline of one delivery, across attempts and sleeps. Default: 60s.
 	JobBudget time.Duration
 	// LedgerLease is how long an llm_calls row stays owned by an attempt that stopped
@@ -226,6 +232,12 @@ var settings = []setting{
 	}},
 	{env: "ONCEFLOW_RESULT_TTL", def: "24h", usage: "how long a stored idempotent response is replayed", parse: func(c *Config, v string) error {
 		return parseDuration(&c.ResultTTL, v)
+	}},
+	{env: "ONCEFLOW_IDEMPOTENCY_TIMEOUT", def: "500ms", usage: "bound of each idempotency store call (slower: 503)", parse: func(c *Config, v string) error {
+		return parseDuration(&c.IdempotencyTimeout, v)
+	}},
+	{env: "ONCEFLOW_IDEMPOTENCY_RESPONSE_LIMIT", def: "65536", usage: "largest response body stored for replay, in bytes", parse: func(c *Config, v string) error {
+		return parseInt(&c.IdempotencyResponseLimit, v, 1, 16<<20)
 	}},
 	{env: "ONCEFLOW_JOB_BUDGET", def: "60s", usage: "deadline of one delivery, across attempts and sleeps", parse: func(c *Config, v string) error {
 		return parseDuration(&c.JobBudget, v)

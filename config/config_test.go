@@ -44,6 +44,8 @@ func TestDefaultsMatchContract(t *testing.T) {
 		{"MaxDeliveries", c.MaxDeliveries, 5},
 		{"LockTTL", c.LockTTL, 30 * time.Second},
 		{"ResultTTL", c.ResultTTL, 24 * time.Hour},
+		{"IdempotencyTimeout", c.IdempotencyTimeout, 500 * time.Millisecond},
+		{"IdempotencyResponseLimit", c.IdempotencyResponseLimit, 65536},
 		{"JobBudget", c.JobBudget, 60 * time.Second},
 		{"LLMTimeout", c.LLMTimeout, 20 * time.Second},
 		{"LedgerLease", c.LedgerLease, 15 * time.Second},

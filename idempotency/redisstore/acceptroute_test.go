@@ -1,0 +1,93 @@
+package redisstore
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"mime"
+	"net/http"
+	"net/mail"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+
+	"github.com/onceflow/onceflow/idempotency"
+)
+
+// acceptRoute is what the summaries route does on the single-round-trip path, as the
+// tests and the benchmark need it: authenticate, parse the key, check the content type,
+// read and strictly validate the body, re-encode it as the canonical form, derive the
+// job id from the scope (UUIDv5), and call Accept with the queue's entry format.
+type acceptRoute struct {
+	mw      *idempotency.Middleware
+	store   *Store
+	stream  string
+	prefix  string
+	ns      uuid.UUID
+	timeout time.Duration
+}
+
+type summaryRequest struct {
+	Text   string `json:"text"`
+	Notify string `json:"notify"`
+}
+
+func (a *acceptRoute) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	key, err := idempotency.KeyFromRequest(r.Header)
+	if err != nil {
+		a.mw.Respond(w, r, nil, false, err)
+		return
+	}
+	scope, err := a.mw.Scope(r, key)
+	if err != nil {
+		a.mw.Respond(w, r, nil, false, err)
+		return
+	}
+	if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt != "application/json" {
+		http.Error(w, `{"detail":"Content-Type must be application/json"}`, http.StatusUnsupportedMediaType)
+		return
+	}
+	body, err := idempotency.ReadBody(r, 1<<20)
+	if err != nil {
+		a.mw.Respond(w, r, nil, false, err)
+		return
+	}
+	var req summaryRequest
+	dec := json.NewDecoder(strings.NewReader(string(body)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		a.mw.Respond(w, r, nil, false, &idempotency.RequestError{Err: fmt.Errorf("invalid body: %w", err)})
+		return
+	}
+	if n := utf8.RuneCountInString(req.Text); n < 1 || n > 100_000 {
+		a.mw.Respond(w, r, nil, false, &idempotency.RequestError{Err: errors.New("text must be 1 to 100000 characters")})
+		return
+	}
+	if _, err := mail.ParseAddress(req.Notify); err != nil {
+		a.mw.Respond(w, r, nil, false, &idempotency.RequestError{Err: errors.New("notify must be an email address")})
+		return
+	}
+	canonical, _ := json.Marshal(req) // the validated, re-encoded body
+	fp := idempotency.Fingerprint(canonical)
+	jobID := uuid.NewSHA1(a.ns, scope.Encode()).String()
+	resp := &idempotency.Response{
+		Status: http.StatusAccepted,
+		Header: http.Header{"Content-Type": {"application/json"}, "Location": {"/v1/summaries/" + jobID}},
+		Body:   []byte(`{"job_id":"` + jobID + `","status":"queued"}`),
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), a.timeout)
+	defer cancel()
+	stored, replayed, err := a.store.Accept(ctx, scope, fp, resp, Enqueue{
+		Stream: a.stream,
+		Fields: []any{"v", "1", "job_id", jobID, "tenant", scope.Tenant, "payload", string(canonical),
+			"enqueued_at", strconv.FormatInt(time.Now().UnixMilli(), 10), "traceparent", ""},
+		IndexKey:    a.prefix + ":{summaries}:job:" + jobID,
+		IndexFields: []any{"tenant", scope.Tenant},
+		IndexTTL:    24 * time.Hour,
+	})
+	a.mw.Respond(w, r, stored, replayed, err)
+}

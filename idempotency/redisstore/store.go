@@ -1,0 +1,244 @@
+// Package redisstore is the Redis implementation of idempotency.Store, plus Accept: the
+// single-round-trip path that checks a key, enqueues a job and stores the response in one
+// Lua script.
+//
+// Keys (every key starts with the configured prefix and a colon, and never contains the
+// client's key, only the SHA-256 of its scope):
+//
+//	<prefix>:idem:<sha256(scope)>          generic records (Config.HashTag empty)
+//	<prefix>:{<tag>}:idem:<sha256(scope)>  generic records with Config.HashTag, and Accept's
+//	                                       records, <tag> being the stream's hash tag
+//
+// Every script names all the keys it touches in KEYS and those keys share one hash slot,
+// so the store works on Redis Cluster (pass a *redis.ClusterClient). Redis 7.0 or later
+// is required (SET NX GET, script shebangs).
+package redisstore
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/onceflow/onceflow/idempotency"
+)
+
+// Defaults of Config.
+const (
+	DefaultPrefix         = "onceflow"
+	DefaultResultTTL      = idempotency.DefaultResultTTL
+	DefaultCleanupTimeout = 2 * time.Second
+)
+
+// Config configures a Store.
+type Config struct {
+	// Prefix starts every key, followed by a colon. It must not contain braces.
+	// Default: "onceflow".
+	Prefix string
+	// HashTag, when set, puts generic records in the hash slot of {HashTag}
+	// (<prefix>:{HashTag}:idem:<hash>): set it to the tag of a route's stream to make
+	// generic and Accept records of that route the same keys. Default: empty.
+	HashTag string
+	// ResultTTL is how long Accept keeps a response. (Claim and Complete take their TTLs
+	// per call from the middleware.) Default: 24h.
+	ResultTTL time.Duration
+	// CleanupTimeout bounds the background release of a marker whose SET timed out (it
+	// may have been applied). Default: 2s.
+	CleanupTimeout time.Duration
+	// Logger receives cleanup failures. Default: slog.Default().
+	Logger *slog.Logger
+}
+
+// Store keeps idempotency records in Redis. It is safe for concurrent use.
+type Store struct {
+	rdb redis.UniversalClient
+	cfg Config
+	log *slog.Logger
+}
+
+var _ idempotency.Store = (*Store)(nil)
+
+// New returns a Store on rdb, which should come from internal/connect (no client-side
+// retries: a retried script could run twice). It returns an error for an invalid Config.
+func New(rdb redis.UniversalClient, cfg Config) (*Store, error) {
+	cfg.Prefix = cmp.Or(cfg.Prefix, DefaultPrefix)
+	cfg.ResultTTL = cmp.Or(cfg.ResultTTL, DefaultResultTTL)
+	cfg.CleanupTimeout = cmp.Or(cfg.CleanupTimeout, DefaultCleanupTimeout)
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	switch {
+	case rdb == nil:
+		return nil, errors.New("redisstore: nil redis client")
+	case strings.ContainsAny(cfg.Prefix, "{}"):
+		return nil, fmt.Errorf("redisstore: prefix %q must not contain braces", cfg.Prefix)
+	case strings.ContainsAny(cfg.HashTag, "{}"):
+		return nil, fmt.Errorf("redisstore: hash tag %q must not contain braces", cfg.HashTag)
+	case cfg.ResultTTL < time.Millisecond || cfg.CleanupTimeout < 0:
+		return nil, errors.New("redisstore: ResultTTL must be at least 1ms")
+	}
+	return &Store{rdb: rdb, cfg: cfg, log: cfg.Logger}, nil
+}
+
+// Key returns the Redis key of scope's generic record.
+func (s *Store) Key(scope idempotency.Scope) string {
+	return s.key(s.cfg.HashTag, scope)
+}
+
+func (s *Store) key(tag string, scope idempotency.Scope) string {
+	if tag == "" {
+		return s.cfg.Prefix + ":idem:" + scope.Hash()
+	}
+	return s.cfg.Prefix + ":{" + tag + "}:idem:" + scope.Hash()
+}
+
+// LoadScripts loads every script into Redis's script cache, so that the first call of
+// each costs one round trip (EVALSHA) rather than two (EVALSHA, NOSCRIPT, EVAL). It is
+// optional: scripts load themselves on first use.
+func (s *Store) LoadScripts(ctx context.Context) error {
+	for _, sc := range []*redis.Script{completeScript, releaseScript, acceptScript} {
+		if err := sc.Load(ctx, s.rdb).Err(); err != nil {
+			return fmt.Errorf("load idempotency scripts: %w", err)
+		}
+	}
+	return nil
+}
+
+// Claim implements idempotency.Store in one round trip: SET key marker NX PX lockTTL GET
+// both takes a free key and, when the key is taken, returns its record, atomically (so
+// there is no window in which the key vanishes between a failed SET and a GET).
+//
+// When the SET fails without an answer from Redis (a timeout or cancellation) it may
+// still have been applied; Claim then deletes the marker in the background, guarded by
+// its token, within CleanupTimeout, so that a failed claim does not block the key for
+// the lock TTL. If Redis stays unreachable that cleanup fails too and the marker, if it
+// exists, expires after lockTTL.
+func (s *Store) Claim(ctx context.Context, scope idempotency.Scope, fp string, lockTTL time.Duration) (*idempotency.Lock, *idempotency.Response, error) {
+	if err := checkFingerprint(fp); err != nil {
+		return nil, nil, err
+	}
+	if lockTTL < time.Millisecond {
+		return nil, nil, errors.New("redisstore: lock TTL must be at least 1ms")
+	}
+	lock := &idempotency.Lock{Scope: scope, Fingerprint: fp, Token: idempotency.NewToken()}
+	key := s.Key(scope)
+	marker := encodeMarker(fp, lock.Token)
+	old, err := s.rdb.SetArgs(ctx, key, marker, redis.SetArgs{Mode: "NX", TTL: lockTTL, Get: true}).Result()
+	switch {
+	case errors.Is(err, redis.Nil):
+		return lock, nil, nil
+	case err != nil:
+		if maybeApplied(err) {
+			go s.cleanup(context.WithoutCancel(ctx), key, marker)
+		}
+		return nil, nil, fmt.Errorf("claim idempotency key: %w", err)
+	}
+	rec, err := decodeRecord(old)
+	if err != nil {
+		return nil, nil, fmt.Errorf("claim idempotency key %s: %w", key, err)
+	}
+	if rec.fingerprint != fp {
+		return nil, nil, idempotency.ErrKeyReused
+	}
+	if rec.state != stateDone {
+		return nil, nil, idempotency.ErrInProgress
+	}
+	return nil, rec.resp, nil
+}
+
+// maybeApplied reports whether a command that failed with err may still have run on the
+// server: no reply was read (timeout, cancellation, broken connection). A Redis error
+// reply, a refused connection or an exhausted pool mean it did not.
+func maybeApplied(err error) bool {
+	var rerr redis.Error
+	if errors.As(err, &rerr) || errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrClosed) {
+		return false
+	}
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return false
+	}
+	return true
+}
+
+func (s *Store) cleanup(ctx context.Context, key, marker string) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.CleanupTimeout)
+	defer cancel()
+	if err := releaseScript.Run(ctx, s.rdb, []string{key}, marker).Err(); err != nil {
+		s.log.WarnContext(ctx, "idempotency claim cleanup failed; the marker, if set, expires with the lock TTL", "error", err)
+	}
+}
+
+// completeScript replaces the caller's in-progress marker with the final record.
+//
+//	KEYS[1] the record key
+//	ARGV[1] the caller's in-progress marker (exact value)
+//	ARGV[2] the final record
+//	ARGV[3] the result TTL in milliseconds
+//	returns 1 when replaced, 0 when the key no longer holds the marker
+//
+// Invariant: only the request holding the marker writes a result, so a request that
+// overran its lock TTL cannot overwrite the result of a newer request that took the key
+// after the marker expired.
+var completeScript = redis.NewScript(`#!lua
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  return 1
+end
+return 0
+`)
+
+// releaseScript deletes the caller's in-progress marker.
+//
+//	KEYS[1] the record key
+//	ARGV[1] the caller's in-progress marker (exact value)
+//	returns 1 when deleted, 0 when the key no longer holds the marker
+//
+// Invariant: a request only ever deletes its own marker, never a newer request's marker
+// or a stored result.
+var releaseScript = redis.NewScript(`#!lua
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+return 0
+`)
+
+// Complete implements idempotency.Store: one round trip (EVALSHA of completeScript).
+func (s *Store) Complete(ctx context.Context, lock *idempotency.Lock, resp *idempotency.Response, resultTTL time.Duration) error {
+	if resultTTL < time.Millisecond {
+		return errors.New("redisstore: result TTL must be at least 1ms")
+	}
+	done, err := encodeDone(lock.Fingerprint, resp)
+	if err != nil {
+		return err
+	}
+	ok, err := completeScript.Run(ctx, s.rdb, []string{s.Key(lock.Scope)},
+		encodeMarker(lock.Fingerprint, lock.Token), done, resultTTL.Milliseconds()).Int()
+	if err != nil {
+		return fmt.Errorf("complete idempotency key: %w", err)
+	}
+	if ok == 0 {
+		return idempotency.ErrLockLost
+	}
+	return nil
+}
+
+// Release implements idempotency.Store: one round trip (EVALSHA of releaseScript).
+func (s *Store) Release(ctx context.Context, lock *idempotency.Lock) error {
+	ok, err := releaseScript.Run(ctx, s.rdb, []string{s.Key(lock.Scope)},
+		encodeMarker(lock.Fingerprint, lock.Token)).Int()
+	if err != nil {
+		return fmt.Errorf("release idempotency key: %w", err)
+	}
+	if ok == 0 {
+		return idempotency.ErrLockLost
+	}
+	return nil
+}
