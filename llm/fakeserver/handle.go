@@ -309,7 +309,12 @@ func (s *Server) send(ctx context.Context, w http.ResponseWriter, rec *recorded,
 			if _, err := w.Write(body[i : i+1]); err != nil {
 				panic(http.ErrAbortHandler)
 			}
-			_ = rc.Flush()
+			if rc.Flush() != nil {
+				panic(http.ErrAbortHandler)
+			}
+			s.mu.Lock()
+			s.stats.DrippedBytes++
+			s.mu.Unlock()
 		}
 	case FaultDrop:
 		cut := len(body) / 2

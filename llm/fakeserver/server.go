@@ -208,6 +208,8 @@ type Stats struct {
 	ByFault map[string]int64 `json:"by_fault"`
 	// ByEndpoint counts requests per endpoint ("chat_completions", "messages").
 	ByEndpoint map[string]int64 `json:"by_endpoint"`
+	// DrippedBytes counts the bytes sent by dripping answers.
+	DrippedBytes int64 `json:"dripped_bytes"`
 	// Replayed counts answers replayed for a repeated Idempotency-Key.
 	Replayed int64 `json:"replayed"`
 	// InFlight is the number of requests being answered now.
