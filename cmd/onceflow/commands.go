@@ -31,6 +31,7 @@ func commands() []command {
 	return []command{
 		{"migrate", "create or upgrade the PostgreSQL schema (safe to run twice and concurrently)", runMigrate},
 		{"serve", "run the HTTP API", runServe},
+		{"fake-llm", "serve a fake OpenAI-compatible model with injectable faults (demos and tests)", runFakeLLM},
 		{"version", "print the version", runVersion},
 	}
 }
