@@ -25,6 +25,11 @@ func fakeLLM(t *testing.T, cfg fakeserver.Config) (*fakeserver.Server, string, *
 	if err != nil {
 		t.Fatal(err)
 	}
+	return fakeLLMFromServer(t, s)
+}
+
+func fakeLLMFromServer(t testing.TB, s *fakeserver.Server) (*fakeserver.Server, string, *openai.Client) {
+	t.Helper()
 	ts := httptest.NewServer(s)
 	t.Cleanup(func() { s.Close(); ts.Close() })
 	base := ts.URL + "/v1"
