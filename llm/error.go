@@ -104,6 +104,8 @@ func NewAPIError(provider string, status int, h http.Header, body []byte, now ti
 	return e
 }
 
+// Error renders the provider, status, type/code, message (left out for 401 and 403)
+// and request id on one line.
 func (e *APIError) Error() string {
 	var b strings.Builder
 	b.WriteString(cmpOr(e.Provider, "llm"))

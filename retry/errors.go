@@ -49,6 +49,7 @@ type DeadlineExceededError struct {
 	Err error
 }
 
+// Error describes the stop and the last error.
 func (e *DeadlineExceededError) Error() string {
 	msg := fmt.Sprintf("retry: delivery deadline exceeded after %d attempts (%v left)", e.Attempts, e.Remaining.Round(time.Millisecond))
 	if e.Err != nil {
@@ -73,6 +74,7 @@ type AttemptTimeoutError struct {
 	Err error
 }
 
+// Error names the limit and the call's error.
 func (e *AttemptTimeoutError) Error() string {
 	return fmt.Sprintf("retry: attempt timed out after %v: %v", e.Limit, e.Err)
 }
@@ -93,6 +95,7 @@ type ExhaustedError struct {
 	Err error
 }
 
+// Error names the attempts and the last error.
 func (e *ExhaustedError) Error() string {
 	return fmt.Sprintf("retry: gave up after %d attempts: %v", e.Attempts, e.Err)
 }
@@ -121,6 +124,7 @@ func NewStatusError(status int, h http.Header, now time.Time) *StatusError {
 	return e
 }
 
+// Error is "HTTP <status> <text>".
 func (e *StatusError) Error() string {
 	return fmt.Sprintf("HTTP %d %s", e.Status, http.StatusText(e.Status))
 }
