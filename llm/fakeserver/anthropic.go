@@ -179,6 +179,11 @@ func (anthropicDialect) writeError(w http.ResponseWriter, e apiError) {
 	writeJSON(w, e.status, map[string]any{"type": "error", "error": inner})
 }
 
+// errorEvent is the event Anthropic sends when a stream fails mid-generation.
+func (anthropicDialect) errorEvent() []byte {
+	return []byte("event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n")
+}
+
 type anUsage struct {
 	InputTokens  int `json:"input_tokens"`
 	OutputTokens int `json:"output_tokens"`

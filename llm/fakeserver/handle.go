@@ -31,6 +31,10 @@ const (
 	// FaultMalformed answers 200 with a JSON body cut short: a provider bug that no
 	// retry fixes.
 	FaultMalformed FaultKind = "malformed"
+	// FaultStreamError ends a stream halfway with the provider's error event
+	// (server_error for OpenAI, overloaded_error for Anthropic), as providers do when
+	// they fail mid-generation; a plain answer is sent normally.
+	FaultStreamError FaultKind = "stream_error"
 )
 
 // Fault is one scripted fault. Header, when set, is added to the answer (for example
@@ -100,6 +104,7 @@ type dialect interface {
 	parse(body []byte) (*chatRequest, *apiError)
 	errorOf(k errKind, detail string, req *chatRequest) apiError
 	writeError(w http.ResponseWriter, e apiError)
+	errorEvent() []byte
 	render(req *chatRequest, c completion) *recorded
 }
 
@@ -187,7 +192,7 @@ func (s *Server) model(w http.ResponseWriter, r *http.Request, d dialect) {
 	if replayed {
 		w.Header().Set("Idempotent-Replayed", "true")
 	}
-	s.send(ctx, w, rec, fault.Kind)
+	s.send(ctx, w, rec, fault.Kind, d)
 }
 
 // answer returns the answer to req, produced in Config.Latency: the first answer to a
@@ -289,7 +294,7 @@ func (s *Server) nextFault() Fault {
 }
 
 // send writes rec, normally or with a write fault (drip, drop).
-func (s *Server) send(ctx context.Context, w http.ResponseWriter, rec *recorded, kind FaultKind) {
+func (s *Server) send(ctx context.Context, w http.ResponseWriter, rec *recorded, kind FaultKind, d dialect) {
 	for k, vs := range rec.header {
 		w.Header()[k] = vs
 	}
@@ -316,6 +321,16 @@ func (s *Server) send(ctx context.Context, w http.ResponseWriter, rec *recorded,
 			s.stats.DrippedBytes++
 			s.mu.Unlock()
 		}
+	case FaultStreamError:
+		if rec.sse {
+			w.WriteHeader(http.StatusOK)
+			_, _ = w.Write(body[:halfEvents(body)])
+			_, _ = w.Write(d.errorEvent())
+			_ = rc.Flush()
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write(body)
 	case FaultDrop:
 		cut := len(body) / 2
 		if rec.sse {

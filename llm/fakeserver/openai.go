@@ -199,6 +199,11 @@ func (openaiDialect) writeError(w http.ResponseWriter, e apiError) {
 	writeJSON(w, e.status, map[string]body{"error": b})
 }
 
+// errorEvent is the event OpenAI sends when a stream fails mid-generation.
+func (openaiDialect) errorEvent() []byte {
+	return []byte(`data: {"error":{"message":"The server had an error while processing your request. Sorry about that!","type":"server_error","param":null,"code":null}}` + "\n\n")
+}
+
 type oaUsage struct {
 	PromptTokens     int `json:"prompt_tokens"`
 	CompletionTokens int `json:"completion_tokens"`

@@ -289,3 +289,24 @@ func TestSDKRetriesAreOff(t *testing.T) {
 		t.Fatalf("stats %+v: the SDK retried on its own", st)
 	}
 }
+
+func TestErrorEventMidStreamIsAnAPIErrorAndRetried(t *testing.T) {
+	t.Parallel()
+	s, base, c := fakeLLM(t, fakeserver.Config{})
+	s.Script(fakeserver.Fault{Kind: fakeserver.FaultStreamError})
+	var retries []retry.Retry
+	p := retry.Policy{Clock: retrytest.NewClock(t0), OnRetry: func(r retry.Retry) { retries = append(retries, r) }}
+	resp, err := retry.Do(context.Background(), p, retry.After(time.Minute), func(ctx context.Context) (*llm.Response, error) {
+		return llm.Collect(c.Stream(ctx, summarise("")))
+	})
+	if err != nil || resp.FinishReason != llm.FinishStop {
+		t.Fatalf("Do: %+v %v", resp, err)
+	}
+	var apiErr *llm.APIError
+	if len(retries) != 1 || !errors.As(retries[0].Err, &apiErr) || apiErr.Type != "server_error" || apiErr.StatusCode != 200 || retries[0].Class != retry.ClassServerError {
+		t.Fatalf("retries %+v", retries)
+	}
+	if st := stats(t, base); st.Requests != 2 {
+		t.Fatalf("stats %+v", st)
+	}
+}
