@@ -33,6 +33,7 @@ func commands() []command {
 		{"serve", "run the HTTP API", runServe},
 		{"relay", "run the outbox relay (run several: they never send the same row at once)", runRelay},
 		{"outbox", "list [--failed] [--json] | retry ID|--all: inspect outbox rows, reset exhausted ones", runOutbox},
+		{"fake-llm", "serve a fake OpenAI-compatible model with injectable faults (demos and tests)", runFakeLLM},
 		{"version", "print the version", runVersion},
 		{"webhook-sink", "", runWebhookSink}, // hidden: a test and demo webhook receiver
 	}

@@ -1,0 +1,441 @@
+package fakeserver
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/onceflow/onceflow/llm"
+	"github.com/onceflow/onceflow/llm/fake"
+)
+
+// FaultKind names an injected fault.
+type FaultKind string
+
+// The faults Script accepts; the names are also the keys of Stats.ByFault.
+const (
+	FaultNone  FaultKind = ""
+	Fault429   FaultKind = "fail_429"
+	Fault503   FaultKind = "fail_503"
+	FaultQuota FaultKind = "fail_quota"
+	FaultHang  FaultKind = "hang"
+	FaultDrip  FaultKind = "drip"
+	FaultDrop  FaultKind = "drop_stream"
+	// FaultMalformed answers 200 with a JSON body cut short: a provider bug that no
+	// retry fixes.
+	FaultMalformed FaultKind = "malformed"
+	// FaultStreamError ends a stream halfway with the provider's error event
+	// (server_error for OpenAI, overloaded_error for Anthropic), as providers do when
+	// they fail mid-generation; a plain answer is sent normally.
+	FaultStreamError FaultKind = "stream_error"
+)
+
+// Fault is one scripted fault. Header, when set, is added to the answer (for example
+// a Retry-After as an HTTP-date, retry-after-ms, or x-should-retry) and replaces the
+// default Retry-After of a 429.
+type Fault struct {
+	Kind   FaultKind
+	Header http.Header
+}
+
+// chatRequest is a parsed model request, whichever the dialect.
+type chatRequest struct {
+	Model        string
+	Messages     []llm.Message
+	Temperature  *float64
+	MaxTokens    int
+	Tools        []llm.Tool
+	Stream       bool
+	IncludeUsage bool
+}
+
+func (r *chatRequest) inputChars() int {
+	n := 0
+	for _, m := range r.Messages {
+		n += utf8.RuneCountInString(m.Content)
+	}
+	return n
+}
+
+// completion is a generated answer, before a dialect renders it.
+type completion struct {
+	ID       string
+	Created  int64
+	Model    string
+	Content  string
+	Tool     *llm.ToolCall
+	InTokens int
+	OutToken int
+}
+
+// apiError is an error answer, rendered by a dialect.
+type apiError struct {
+	status                    int
+	typ, code, param, message string
+	header                    http.Header
+}
+
+// The error answers a dialect knows how to shape.
+type errKind int
+
+const (
+	errRateLimit errKind = iota
+	errQuota
+	errOverloaded
+	errContextLength
+	errInvalid
+	errConflict
+	errTooLarge
+)
+
+// dialect is one provider's wire format.
+type dialect interface {
+	endpoint() string
+	requestIDHeader() string
+	idPrefix() string
+	toolIDPrefix() string
+	parse(body []byte) (*chatRequest, *apiError)
+	errorOf(k errKind, detail string, req *chatRequest) apiError
+	writeError(w http.ResponseWriter, e apiError)
+	errorEvent() []byte
+	render(req *chatRequest, c completion) *recorded
+}
+
+// model answers one request to a model endpoint.
+func (s *Server) model(w http.ResponseWriter, r *http.Request, d dialect) {
+	key := r.Header.Get("Idempotency-Key")
+	s.mu.Lock()
+	s.stats.Requests++
+	s.stats.ByEndpoint[d.endpoint()]++
+	if key != "" {
+		s.stats.ByIdempotencyKey[key]++
+	}
+	s.stats.InFlight++
+	requestID := "req_" + s.randHex(32)
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.stats.InFlight--
+		s.mu.Unlock()
+	}()
+
+	sw := &statusWriter{ResponseWriter: w, s: s}
+	w = sw
+	w.Header().Set(d.requestIDHeader(), requestID)
+	ctx := r.Context()
+
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	if err != nil {
+		var mb *http.MaxBytesError
+		if errors.As(err, &mb) {
+			d.writeError(w, d.errorOf(errTooLarge, "", nil))
+			return
+		}
+		panic(http.ErrAbortHandler) // the client went away mid-body
+	}
+	req, perr := d.parse(body)
+	if perr != nil {
+		d.writeError(w, *perr)
+		return
+	}
+
+	fault := s.nextFault()
+	s.log.DebugContext(ctx, "fake-llm request", "endpoint", d.endpoint(), "model", req.Model, "stream", req.Stream, "fault", string(fault.Kind))
+	switch fault.Kind {
+	case FaultHang:
+		s.wait(ctx, -1)
+		panic(http.ErrAbortHandler) // never answer: close the connection once released
+	case Fault429, Fault503, FaultQuota:
+		kind := map[FaultKind]errKind{Fault429: errRateLimit, Fault503: errOverloaded, FaultQuota: errQuota}[fault.Kind]
+		e := d.errorOf(kind, strconv.Itoa(int(s.cfg.RetryAfter.Round(time.Second)/time.Second)), req)
+		for k, vs := range fault.Header {
+			if strings.EqualFold(k, "Retry-After") && e.header != nil {
+				e.header.Del("Retry-After")
+			}
+			for _, v := range vs {
+				w.Header().Add(k, v)
+			}
+		}
+		d.writeError(w, e)
+		return
+	case FaultMalformed:
+		b := []byte(`{"id":"broken","object":"chat.completion","choices":[{"index":0,"message":{"role":"assis`)
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write(b)
+		return
+	}
+	if s.cfg.MaxInputChars > 0 && req.inputChars() > s.cfg.MaxInputChars {
+		d.writeError(w, d.errorOf(errContextLength, fmt.Sprintf("%d|%d", s.cfg.MaxInputChars, req.inputChars()), req))
+		return
+	}
+
+	rec, replayed, alive := s.answer(ctx, req, d, key)
+	if !alive {
+		panic(http.ErrAbortHandler) // the client left while the answer was being produced
+	}
+	if rec == nil {
+		d.writeError(w, d.errorOf(errConflict, "", req))
+		return
+	}
+	for k, vs := range fault.Header {
+		w.Header()[k] = vs
+	}
+	if replayed {
+		w.Header().Set("Idempotent-Replayed", "true")
+	}
+	s.send(ctx, w, rec, fault.Kind, d)
+}
+
+// answer returns the answer to req, produced in Config.Latency: the first answer to a
+// repeated key when HonourIdempotency is on (replayed true; no latency), or a new one.
+// rec is nil when another request with the same key is still being answered; alive is
+// false when the client left (or Close was called) during the latency.
+func (s *Server) answer(ctx context.Context, req *chatRequest, d dialect, key string) (rec *recorded, replayed, alive bool) {
+	produce := func() *recorded {
+		if s.cfg.Latency > 0 && !s.wait(ctx, s.cfg.Latency) {
+			return nil
+		}
+		return d.render(req, s.generate(req, d))
+	}
+	if !s.cfg.HonourIdempotency || key == "" {
+		rec = produce()
+		return rec, false, rec != nil
+	}
+	ck := d.endpoint() + "|" + strconv.FormatBool(req.Stream) + "|" + key
+	s.mu.Lock()
+	if prev, ok := s.replays[ck]; ok {
+		if prev != nil {
+			s.stats.Replayed++
+		}
+		s.mu.Unlock()
+		return prev, prev != nil, true
+	}
+	s.replays[ck] = nil // reserved while we answer: a repeat now gets 409
+	s.mu.Unlock()
+	rec = produce()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if rec == nil {
+		delete(s.replays, ck)
+		return nil, false, false
+	}
+	s.replays[ck] = rec // recorded once produced, even if sending it fails
+	return rec, false, true
+}
+
+// generate produces a fresh answer to req.
+func (s *Server) generate(req *chatRequest, d dialect) completion {
+	prompt := fake.Prompt(req.Messages)
+	s.mu.Lock()
+	c := completion{ID: d.idPrefix() + s.randAlnum(24), Created: time.Now().Unix(), Model: req.Model}
+	var sample, toolID string
+	if req.Temperature != nil && *req.Temperature > 0 {
+		sample = s.randAlnum(8)
+	}
+	if len(req.Tools) > 0 && s.cfg.ToolCallIDs == ToolCallIDsRandom {
+		toolID = d.toolIDPrefix() + s.randAlnum(24)
+	}
+	s.mu.Unlock()
+
+	if len(req.Tools) > 0 {
+		t := req.Tools[0]
+		if toolID == "" { // stable: derived from the request
+			h := fake.RequestHash(&llm.Request{Model: req.Model, Messages: req.Messages, Tools: req.Tools, Temperature: req.Temperature, MaxTokens: req.MaxTokens})
+			toolID = d.toolIDPrefix() + h[:24]
+		}
+		c.Tool = &llm.ToolCall{ID: toolID, Name: t.Name, Arguments: fake.ToolArguments(t.Parameters, prompt)}
+	} else {
+		c.Content = fake.Summary(prompt)
+		if sample != "" {
+			c.Content += " [sample " + sample + "]"
+		}
+	}
+	c.InTokens = (req.inputChars() + 3) / 4
+	out := c.Content
+	if c.Tool != nil {
+		out = c.Tool.Name + c.Tool.Arguments
+	}
+	c.OutToken = fake.EstimateTokens(out)
+	return c
+}
+
+// nextFault takes the next scripted fault, or draws one from the probabilities.
+func (s *Server) nextFault() Fault {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var f Fault
+	if len(s.script) > 0 {
+		f, s.script = s.script[0], s.script[1:]
+	} else {
+		for _, c := range []struct {
+			p    float64
+			kind FaultKind
+		}{{s.cfg.Hang, FaultHang}, {s.cfg.Fail429, Fault429}, {s.cfg.Fail503, Fault503}, {s.cfg.FailQuota, FaultQuota},
+			{s.cfg.Drip, FaultDrip}, {s.cfg.DropStream, FaultDrop}} {
+			if c.p > 0 && s.rng.Float64() < c.p {
+				f.Kind = c.kind
+				break
+			}
+		}
+	}
+	if f.Kind != FaultNone {
+		s.stats.ByFault[string(f.Kind)]++
+	}
+	return f
+}
+
+// send writes rec, normally or with a write fault (drip, drop).
+func (s *Server) send(ctx context.Context, w http.ResponseWriter, rec *recorded, kind FaultKind, d dialect) {
+	for k, vs := range rec.header {
+		w.Header()[k] = vs
+	}
+	body := rec.body
+	if !rec.sse {
+		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	}
+	rc := http.NewResponseController(w)
+	switch kind {
+	case FaultDrip:
+		w.WriteHeader(http.StatusOK)
+		_ = rc.Flush()
+		for i := range body {
+			if !s.wait(ctx, s.cfg.DripInterval) {
+				panic(http.ErrAbortHandler)
+			}
+			if _, err := w.Write(body[i : i+1]); err != nil {
+				panic(http.ErrAbortHandler)
+			}
+			if rc.Flush() != nil {
+				panic(http.ErrAbortHandler)
+			}
+			s.mu.Lock()
+			s.stats.DrippedBytes++
+			s.mu.Unlock()
+		}
+	case FaultStreamError:
+		if rec.sse {
+			w.WriteHeader(http.StatusOK)
+			_, _ = w.Write(body[:halfEvents(body)])
+			_, _ = w.Write(d.errorEvent())
+			_ = rc.Flush()
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write(body)
+	case FaultDrop:
+		cut := len(body) / 2
+		if rec.sse {
+			cut = halfEvents(body)
+		}
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write(body[:cut])
+		_ = rc.Flush()
+		panic(http.ErrAbortHandler) // close the connection halfway
+	default:
+		w.WriteHeader(http.StatusOK)
+		if !rec.sse {
+			_, _ = w.Write(body)
+			return
+		}
+		for len(body) > 0 {
+			i := bytes.Index(body, []byte("\n\n"))
+			if i < 0 {
+				i = len(body) - 2
+			}
+			if _, err := w.Write(body[:i+2]); err != nil {
+				return
+			}
+			_ = rc.Flush()
+			body = body[i+2:]
+		}
+	}
+}
+
+// halfEvents returns the offset just after the middle event of an SSE body.
+func halfEvents(body []byte) int {
+	n := bytes.Count(body, []byte("\n\n"))
+	off := 0
+	for range max(n/2, 1) {
+		i := bytes.Index(body[off:], []byte("\n\n"))
+		if i < 0 {
+			break
+		}
+		off += i + 2
+	}
+	return off
+}
+
+// wait sleeps for d (forever when d < 0) and reports whether it slept fully: false when
+// the client went away or Close was called.
+func (s *Server) wait(ctx context.Context, d time.Duration) bool {
+	var timer <-chan time.Time
+	if d >= 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		timer = t.C
+	}
+	select {
+	case <-ctx.Done():
+		return false
+	case <-s.stop.Done():
+		return false
+	case <-timer:
+		return true
+	}
+}
+
+const alnum = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+
+// randAlnum and randHex draw from s.rng; s.mu must be held.
+func (s *Server) randAlnum(n int) string {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = alnum[s.rng.IntN(len(alnum))]
+	}
+	return string(b)
+}
+
+func (s *Server) randHex(n int) string {
+	const hexdig = "0123456789abcdef"
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = hexdig[s.rng.IntN(16)]
+	}
+	return string(b)
+}
+
+// statusWriter counts the status of every answer in Stats.ByStatus.
+type statusWriter struct {
+	http.ResponseWriter
+	s     *Server
+	wrote bool
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if !w.wrote {
+		w.wrote = true
+		w.s.mu.Lock()
+		w.s.stats.ByStatus[strconv.Itoa(code)]++
+		w.s.mu.Unlock()
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if !w.wrote {
+		w.WriteHeader(http.StatusOK)
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach Flush.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

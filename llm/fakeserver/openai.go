@@ -1,0 +1,340 @@
+package fakeserver
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/onceflow/onceflow/llm"
+	"github.com/onceflow/onceflow/llm/fake"
+)
+
+// openaiDialect is OpenAI's Chat Completions wire format.
+type openaiDialect struct{}
+
+func (openaiDialect) endpoint() string        { return "chat_completions" }
+func (openaiDialect) requestIDHeader() string { return "X-Request-Id" }
+func (openaiDialect) idPrefix() string        { return "chatcmpl-" }
+func (openaiDialect) toolIDPrefix() string    { return "call_" }
+
+type oaRequest struct {
+	Model               string      `json:"model"`
+	Messages            []oaMessage `json:"messages"`
+	Temperature         *float64    `json:"temperature"`
+	MaxTokens           *int        `json:"max_tokens"`
+	MaxCompletionTokens *int        `json:"max_completion_tokens"`
+	Tools               []oaTool    `json:"tools"`
+	Stream              bool        `json:"stream"`
+	StreamOptions       *struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+}
+
+type oaMessage struct {
+	Role       string          `json:"role"`
+	Content    json.RawMessage `json:"content"`
+	ToolCallID string          `json:"tool_call_id"`
+	ToolCalls  []struct {
+		ID       string `json:"id"`
+		Function struct {
+			Name      string `json:"name"`
+			Arguments string `json:"arguments"`
+		} `json:"function"`
+	} `json:"tool_calls"`
+}
+
+type oaTool struct {
+	Type     string `json:"type"`
+	Function struct {
+		Name        string          `json:"name"`
+		Description string          `json:"description"`
+		Parameters  json.RawMessage `json:"parameters"`
+	} `json:"function"`
+}
+
+func (d openaiDialect) parse(body []byte) (*chatRequest, *apiError) {
+	invalid := func(param, format string, args ...any) *apiError {
+		e := d.errorOf(errInvalid, fmt.Sprintf(format, args...), nil)
+		e.param = param
+		return &e
+	}
+	var in oaRequest
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if err := dec.Decode(&in); err != nil {
+		return nil, invalid("", "We could not parse the JSON body of your request. (%s)", cleanErr(err))
+	}
+	if in.Model == "" {
+		return nil, invalid("model", "you must provide a model parameter")
+	}
+	if len(in.Messages) == 0 {
+		return nil, invalid("messages", "[] is too short - 'messages'")
+	}
+	if in.Temperature != nil && (*in.Temperature < 0 || *in.Temperature > 2) {
+		return nil, invalid("temperature", "%v is not between 0 and 2 - 'temperature'", *in.Temperature)
+	}
+	req := &chatRequest{Model: in.Model, Temperature: in.Temperature, Stream: in.Stream}
+	if in.StreamOptions != nil {
+		req.IncludeUsage = in.StreamOptions.IncludeUsage
+	}
+	for _, p := range []*int{in.MaxTokens, in.MaxCompletionTokens} {
+		if p != nil {
+			if *p < 1 {
+				return nil, invalid("max_tokens", "%d is less than the minimum of 1 - 'max_tokens'", *p)
+			}
+			req.MaxTokens = *p
+		}
+	}
+	for i, m := range in.Messages {
+		role := llm.Role(m.Role)
+		switch m.Role {
+		case "system", "developer":
+			role = llm.RoleSystem
+		case "user", "assistant", "tool":
+		default:
+			return nil, invalid(fmt.Sprintf("messages[%d].role", i), "'%s' is not one of ['system', 'assistant', 'user', 'tool', 'developer'] - 'messages.%d.role'", truncateStr(m.Role, 40), i)
+		}
+		text, ok := contentText(m.Content)
+		if !ok {
+			return nil, invalid(fmt.Sprintf("messages[%d].content", i), "Invalid type for 'messages[%d].content': expected a string or an array of content parts.", i)
+		}
+		msg := llm.Message{Role: role, Content: text, ToolCallID: m.ToolCallID}
+		for _, tc := range m.ToolCalls {
+			msg.ToolCalls = append(msg.ToolCalls, llm.ToolCall{ID: tc.ID, Name: tc.Function.Name, Arguments: tc.Function.Arguments})
+		}
+		req.Messages = append(req.Messages, msg)
+	}
+	for i, t := range in.Tools {
+		if t.Function.Name == "" {
+			return nil, invalid(fmt.Sprintf("tools[%d].function.name", i), "Missing required parameter: 'tools[%d].function.name'.", i)
+		}
+		req.Tools = append(req.Tools, llm.Tool{Name: t.Function.Name, Description: t.Function.Description, Parameters: t.Function.Parameters})
+	}
+	return req, nil
+}
+
+// contentText reads a message content: a string, null, or an array of parts whose
+// text parts are joined.
+func contentText(raw json.RawMessage) (string, bool) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || string(raw) == "null" {
+		return "", true
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s, true
+	}
+	var parts []struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}
+	if json.Unmarshal(raw, &parts) != nil {
+		return "", false
+	}
+	var b strings.Builder
+	for _, p := range parts {
+		if p.Type == "text" {
+			b.WriteString(p.Text)
+		}
+	}
+	return b.String(), true
+}
+
+func (d openaiDialect) errorOf(k errKind, detail string, req *chatRequest) apiError {
+	model := "gpt-4.1-mini"
+	if req != nil {
+		model = req.Model
+	}
+	switch k {
+	case errRateLimit:
+		h := http.Header{}
+		h.Set("Retry-After", detail)
+		h.Set("X-Ratelimit-Limit-Requests", "60")
+		h.Set("X-Ratelimit-Remaining-Requests", "0")
+		h.Set("X-Ratelimit-Reset-Requests", detail+"s")
+		return apiError{status: http.StatusTooManyRequests, typ: "requests", code: "rate_limit_exceeded", header: h,
+			message: fmt.Sprintf("Rate limit reached for %s in organization org-onceflowfake on requests per min (RPM): Limit 60, Used 60, Requested 1. Please try again in %ss.", truncateStr(model, 64), detail)}
+	case errQuota:
+		return apiError{status: http.StatusTooManyRequests, typ: "insufficient_quota", code: "insufficient_quota",
+			message: "You exceeded your current quota, please check your plan and billing details."}
+	case errOverloaded:
+		return apiError{status: http.StatusServiceUnavailable, typ: "server_error",
+			message: "The server is overloaded or not ready yet."}
+	case errContextLength:
+		limit, got, _ := strings.Cut(detail, "|")
+		return apiError{status: http.StatusBadRequest, typ: "invalid_request_error", code: "context_length_exceeded", param: "messages",
+			message: fmt.Sprintf("This model's maximum context length is %s characters. However, your messages resulted in %s characters. Please reduce the length of the messages.", limit, got)}
+	case errConflict:
+		h := http.Header{}
+		h.Set("Retry-After", "1")
+		return apiError{status: http.StatusConflict, typ: "invalid_request_error", code: "idempotency_key_in_use", header: h,
+			message: "Another request with this Idempotency-Key is still in progress."}
+	case errTooLarge:
+		return apiError{status: http.StatusRequestEntityTooLarge, typ: "invalid_request_error",
+			message: fmt.Sprintf("Request body exceeds %d bytes.", MaxBodyBytes)}
+	}
+	return apiError{status: http.StatusBadRequest, typ: "invalid_request_error", message: detail}
+}
+
+func (openaiDialect) writeError(w http.ResponseWriter, e apiError) {
+	type body struct {
+		Message string  `json:"message"`
+		Type    string  `json:"type"`
+		Param   *string `json:"param"`
+		Code    *string `json:"code"`
+	}
+	b := body{Message: e.message, Type: e.typ}
+	if e.param != "" {
+		b.Param = &e.param
+	}
+	if e.code != "" {
+		b.Code = &e.code
+	}
+	for k, vs := range e.header {
+		w.Header()[k] = vs
+	}
+	writeJSON(w, e.status, map[string]body{"error": b})
+}
+
+// errorEvent is the event OpenAI sends when a stream fails mid-generation.
+func (openaiDialect) errorEvent() []byte {
+	return []byte(`data: {"error":{"message":"The server had an error while processing your request. Sorry about that!","type":"server_error","param":null,"code":null}}` + "\n\n")
+}
+
+type oaUsage struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+	TotalTokens      int `json:"total_tokens"`
+}
+
+type oaFunction struct {
+	Name      string `json:"name,omitempty"`
+	Arguments string `json:"arguments"`
+}
+
+type oaToolCall struct {
+	Index    *int       `json:"index,omitempty"`
+	ID       string     `json:"id,omitempty"`
+	Type     string     `json:"type,omitempty"`
+	Function oaFunction `json:"function"`
+}
+
+func (openaiDialect) render(req *chatRequest, c completion) *recorded {
+	finish := llm.FinishStop
+	if c.Tool != nil {
+		finish = llm.FinishToolCalls
+	}
+	usage := oaUsage{c.InTokens, c.OutToken, c.InTokens + c.OutToken}
+	h := http.Header{}
+	h.Set("Openai-Processing-Ms", "1")
+	h.Set("Openai-Version", "2020-10-01")
+	if !req.Stream {
+		type message struct {
+			Role        string       `json:"role"`
+			Content     *string      `json:"content"`
+			Refusal     *string      `json:"refusal"`
+			ToolCalls   []oaToolCall `json:"tool_calls,omitempty"`
+			Annotations []any        `json:"annotations"`
+		}
+		type choice struct {
+			Index        int     `json:"index"`
+			Message      message `json:"message"`
+			Logprobs     any     `json:"logprobs"`
+			FinishReason string  `json:"finish_reason"`
+		}
+		msg := message{Role: "assistant", Annotations: []any{}}
+		if c.Tool != nil {
+			msg.ToolCalls = []oaToolCall{{ID: c.Tool.ID, Type: "function", Function: oaFunction{c.Tool.Name, c.Tool.Arguments}}}
+		} else {
+			msg.Content = &c.Content
+		}
+		body, _ := json.Marshal(struct {
+			ID                string   `json:"id"`
+			Object            string   `json:"object"`
+			Created           int64    `json:"created"`
+			Model             string   `json:"model"`
+			Choices           []choice `json:"choices"`
+			Usage             oaUsage  `json:"usage"`
+			ServiceTier       string   `json:"service_tier"`
+			SystemFingerprint string   `json:"system_fingerprint"`
+		}{c.ID, "chat.completion", c.Created, c.Model, []choice{{Message: msg, FinishReason: finish}}, usage, "default", "fp_onceflow"})
+		h.Set("Content-Type", "application/json")
+		return &recorded{header: h, body: body}
+	}
+
+	type delta struct {
+		Role      string       `json:"role,omitempty"`
+		Content   *string      `json:"content,omitempty"`
+		ToolCalls []oaToolCall `json:"tool_calls,omitempty"`
+	}
+	type choice struct {
+		Index        int     `json:"index"`
+		Delta        delta   `json:"delta"`
+		Logprobs     any     `json:"logprobs"`
+		FinishReason *string `json:"finish_reason"`
+	}
+	type chunk struct {
+		ID                string   `json:"id"`
+		Object            string   `json:"object"`
+		Created           int64    `json:"created"`
+		Model             string   `json:"model"`
+		SystemFingerprint string   `json:"system_fingerprint"`
+		Choices           []choice `json:"choices"`
+		Usage             *oaUsage `json:"usage,omitempty"`
+	}
+	var buf bytes.Buffer
+	event := func(ch []choice, u *oaUsage) {
+		b, _ := json.Marshal(chunk{c.ID, "chat.completion.chunk", c.Created, c.Model, "fp_onceflow", ch, u})
+		buf.WriteString("data: ")
+		buf.Write(b)
+		buf.WriteString("\n\n")
+	}
+	empty := ""
+	event([]choice{{Delta: delta{Role: "assistant", Content: &empty}}}, nil)
+	if c.Tool != nil {
+		zero := 0
+		event([]choice{{Delta: delta{ToolCalls: []oaToolCall{{Index: &zero, ID: c.Tool.ID, Type: "function", Function: oaFunction{Name: c.Tool.Name}}}}}}, nil)
+		for _, piece := range splitRunes(c.Tool.Arguments, 12) {
+			event([]choice{{Delta: delta{ToolCalls: []oaToolCall{{Index: &zero, Function: oaFunction{Arguments: piece}}}}}}, nil)
+		}
+	} else {
+		for _, piece := range fake.SplitWords(c.Content) {
+			event([]choice{{Delta: delta{Content: &piece}}}, nil)
+		}
+	}
+	event([]choice{{Delta: delta{}, FinishReason: &finish}}, nil)
+	if req.IncludeUsage {
+		event([]choice{}, &usage)
+	}
+	buf.WriteString("data: [DONE]\n\n")
+	h.Set("Content-Type", "text/event-stream; charset=utf-8")
+	h.Set("Cache-Control", "no-cache")
+	return &recorded{header: h, body: buf.Bytes(), sse: true}
+}
+
+// splitRunes cuts s into pieces of about n bytes on rune boundaries.
+func splitRunes(s string, n int) []string {
+	var out []string
+	for len(s) > 0 {
+		cut := min(n, len(s))
+		for cut < len(s) && !utf8.RuneStart(s[cut]) {
+			cut++
+		}
+		out = append(out, s[:cut])
+		s = s[cut:]
+	}
+	return out
+}
+
+func truncateStr(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
+}
+
+// cleanErr renders a JSON decoding error without echoing large input.
+func cleanErr(err error) string { return truncateStr(strconv.Quote(err.Error()), 200) }

@@ -1,0 +1,302 @@
+// Package fakeserver is a model server for demos and tests: it speaks OpenAI's Chat
+// Completions wire format (POST /v1/chat/completions, plain and server-sent events,
+// GET /v1/models) and Anthropic's Messages format (POST /v1/messages, plain and
+// events) with faults injected at will, and reports what it received on GET /stats.
+// `onceflow fake-llm` serves it; tests start it in-process with httptest.
+//
+// Answers are deterministic for a given prompt: the summary of package fake (a tag
+// derived from the prompt and its first words), or, when the request carries tools, a
+// call to the first tool with deterministic arguments. A request with a temperature
+// above 0 models sampling: its content also ends with a random sample tag. Ids are
+// fresh for every response unless HonourIdempotency replays the first response to a
+// repeated Idempotency-Key.
+//
+// Faults, each a probability from 0 to 1 drawn per request in this order: Hang (never
+// answers until the client goes away), Fail429 (429 with Retry-After and a
+// provider-shaped rate-limit body), Fail503 (503 server_error; 529 overloaded_error on
+// the Anthropic endpoint), FailQuota (429 insufficient_quota, which must not be
+// retried), Drip (the whole answer one byte per DripInterval) and DropStream (the
+// connection closes halfway through the answer: a stream after half its events, a
+// plain answer after half its bytes). Script queues exact faults for the next requests
+// ahead of the probabilities, for tests. Every request counts in /stats, faulted or
+// not.
+package fakeserver
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// Tool-call id modes for Config.ToolCallIDs.
+const (
+	// ToolCallIDsRandom gives every tool call a fresh id, as real providers do.
+	ToolCallIDsRandom = "random"
+	// ToolCallIDsStable derives the id from the request, so a repeated request gets
+	// the same id.
+	ToolCallIDsStable = "stable"
+)
+
+// Defaults of Config's fields.
+const (
+	DefaultRetryAfter   = time.Second
+	DefaultDripInterval = time.Second
+	// MaxBodyBytes bounds a request body; larger ones get 413.
+	MaxBodyBytes = 10 << 20
+)
+
+// DefaultModels are the models GET /v1/models lists.
+var DefaultModels = []string{"gpt-4.1-mini", "gpt-4.1", "gpt-4o-mini", "claude-sonnet-4-5", "claude-haiku-4-5"}
+
+// Config configures a Server. The zero value answers every request correctly at once.
+type Config struct {
+	// Latency is the time to produce an answer (error faults answer at once). Default: 0.
+	Latency time.Duration
+	// Fail429, Fail503, FailQuota, Hang, Drip and DropStream are fault probabilities
+	// in [0, 1] (see the package documentation). Default: 0.
+	Fail429, Fail503, FailQuota, Hang, Drip, DropStream float64
+	// RetryAfter is the Retry-After of a 429 (and of Anthropic's 529), sent in whole
+	// seconds. Default: 1s.
+	RetryAfter time.Duration
+	// MaxInputChars, when positive, makes requests whose messages (system included)
+	// hold more characters answer 400 context_length_exceeded. Default: 0 (no limit).
+	MaxInputChars int
+	// HonourIdempotency replays the first successful response to a repeated
+	// Idempotency-Key (same id, same content, Idempotent-Replayed: true); a repeat
+	// while the first is still being answered gets 409. Default: false (keys are
+	// counted but ignored, like most providers).
+	HonourIdempotency bool
+	// ToolCallIDs is ToolCallIDsRandom or ToolCallIDsStable. Default: random.
+	ToolCallIDs string
+	// Seed seeds the random source of faults, ids and samples; 0 picks a random seed.
+	Seed uint64
+	// DripInterval is the pause between two bytes of a dripped answer. Default: 1s.
+	DripInterval time.Duration
+	// Models are listed by GET /v1/models. Default: DefaultModels.
+	Models []string
+	// Logger receives one debug line per request; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// Validate reports the first invalid field.
+func (c Config) Validate() error {
+	for name, p := range map[string]float64{"fail-429": c.Fail429, "fail-503": c.Fail503, "fail-quota": c.FailQuota,
+		"hang": c.Hang, "drip": c.Drip, "drop-stream": c.DropStream} {
+		if !(p >= 0 && p <= 1) {
+			return fmt.Errorf("%s probability %v is not between 0 and 1", name, p)
+		}
+	}
+	switch {
+	case c.Latency < 0:
+		return errors.New("latency must not be negative")
+	case c.RetryAfter < 0:
+		return errors.New("retry-after must not be negative")
+	case c.MaxInputChars < 0:
+		return errors.New("max-input-chars must not be negative")
+	case c.DripInterval < 0:
+		return errors.New("drip interval must not be negative")
+	case c.ToolCallIDs != "" && c.ToolCallIDs != ToolCallIDsRandom && c.ToolCallIDs != ToolCallIDsStable:
+		return fmt.Errorf("tool-call-ids %q: want stable or random", c.ToolCallIDs)
+	}
+	return nil
+}
+
+// Server is the fake model server, an http.Handler safe for concurrent use.
+type Server struct {
+	cfg  Config
+	log  *slog.Logger
+	mux  *http.ServeMux
+	stop context.Context // done when Close is called
+	quit context.CancelFunc
+
+	mu     sync.Mutex
+	rng    *rand.Rand
+	script []Fault
+	stats  Stats
+	// replays holds, per endpoint, stream mode and Idempotency-Key, the first answer
+	// (nil while it is being produced).
+	replays map[string]*recorded
+}
+
+// recorded is an answer kept for replay.
+type recorded struct {
+	header http.Header
+	body   []byte
+	sse    bool
+}
+
+// New returns a Server, or the first invalid field of cfg.
+func New(cfg Config) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.RetryAfter == 0 {
+		cfg.RetryAfter = DefaultRetryAfter
+	}
+	if cfg.DripInterval == 0 {
+		cfg.DripInterval = DefaultDripInterval
+	}
+	if cfg.ToolCallIDs == "" {
+		cfg.ToolCallIDs = ToolCallIDsRandom
+	}
+	if len(cfg.Models) == 0 {
+		cfg.Models = DefaultModels
+	}
+	seed := cfg.Seed
+	if seed == 0 {
+		seed = rand.Uint64() | 1
+	}
+	s := &Server{
+		cfg:     cfg,
+		log:     cfg.Logger,
+		mux:     http.NewServeMux(),
+		rng:     rand.New(rand.NewPCG(seed, seed^0x5851f42d4c957f2d)),
+		replays: map[string]*recorded{},
+		stats:   newStats(),
+	}
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	s.stop, s.quit = context.WithCancel(context.Background())
+	s.mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.model(w, r, openaiDialect{}) })
+	s.mux.HandleFunc("POST /v1/messages", func(w http.ResponseWriter, r *http.Request) { s.model(w, r, anthropicDialect{}) })
+	s.mux.HandleFunc("GET /v1/models", s.models)
+	s.mux.HandleFunc("GET /stats", s.statsHandler)
+	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		openaiDialect{}.writeError(w, apiError{status: http.StatusNotFound, typ: "invalid_request_error", code: "unknown_url",
+			message: fmt.Sprintf("Unknown request URL: %s %s.", r.Method, r.URL.Path)})
+	})
+	return s, nil
+}
+
+// ServeHTTP implements http.Handler.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+// Close releases every hung, delayed or dripping request (their connections are
+// closed without an answer) and makes later faulted requests end at once. Serving
+// goes on; Close only lets an http.Server or httptest.Server shut down promptly.
+func (s *Server) Close() { s.quit() }
+
+// Script queues faults for the next requests to the model endpoints, in order, ahead
+// of the configured probabilities; Fault{} (FaultNone) lets a request through.
+func (s *Server) Script(faults ...Fault) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.script = append(s.script, faults...)
+}
+
+// Stats is what GET /stats reports.
+type Stats struct {
+	// Requests counts requests to the model endpoints, faulted or not, on arrival.
+	Requests int64 `json:"requests"`
+	// ByStatus counts answers by HTTP status ("200", "429"); a hung request has none.
+	ByStatus map[string]int64 `json:"by_status"`
+	// ByIdempotencyKey counts requests per Idempotency-Key header value.
+	ByIdempotencyKey map[string]int64 `json:"by_idempotency_key"`
+	// ByFault counts injected faults by kind (fail_429, hang, drip, ...).
+	ByFault map[string]int64 `json:"by_fault"`
+	// ByEndpoint counts requests per endpoint ("chat_completions", "messages").
+	ByEndpoint map[string]int64 `json:"by_endpoint"`
+	// DrippedBytes counts the bytes sent by dripping answers.
+	DrippedBytes int64 `json:"dripped_bytes"`
+	// Replayed counts answers replayed for a repeated Idempotency-Key.
+	Replayed int64 `json:"replayed"`
+	// InFlight is the number of requests being answered now.
+	InFlight int64 `json:"in_flight"`
+}
+
+func newStats() Stats {
+	return Stats{ByStatus: map[string]int64{}, ByIdempotencyKey: map[string]int64{}, ByFault: map[string]int64{}, ByEndpoint: map[string]int64{}}
+}
+
+// Stats returns a copy of the counters.
+func (s *Server) Stats() Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := s.stats
+	c.ByStatus, c.ByIdempotencyKey, c.ByFault, c.ByEndpoint = clone(c.ByStatus), clone(c.ByIdempotencyKey), clone(c.ByFault), clone(c.ByEndpoint)
+	return c
+}
+
+func clone(m map[string]int64) map[string]int64 {
+	out := make(map[string]int64, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}
+
+func (s *Server) statsHandler(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, s.Stats())
+}
+
+// FetchStats reads GET /stats of the server at baseURL (with or without a trailing
+// /v1), using client (nil: http.DefaultClient).
+func FetchStats(ctx context.Context, client *http.Client, baseURL string) (Stats, error) {
+	if client == nil {
+		client = http.DefaultClient
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, rootURL(baseURL)+"/stats", nil)
+	if err != nil {
+		return Stats{}, err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return Stats{}, fmt.Errorf("fetch stats: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return Stats{}, fmt.Errorf("fetch stats: HTTP %d", resp.StatusCode)
+	}
+	var st Stats
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 16<<20)).Decode(&st); err != nil {
+		return Stats{}, fmt.Errorf("fetch stats: %w", err)
+	}
+	return st, nil
+}
+
+func rootURL(base string) string {
+	for len(base) > 0 && base[len(base)-1] == '/' {
+		base = base[:len(base)-1]
+	}
+	if len(base) >= 3 && base[len(base)-3:] == "/v1" {
+		base = base[:len(base)-3]
+	}
+	return base
+}
+
+func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
+	type model struct {
+		ID      string `json:"id"`
+		Object  string `json:"object"`
+		Created int64  `json:"created"`
+		OwnedBy string `json:"owned_by"`
+	}
+	list := struct {
+		Object string  `json:"object"`
+		Data   []model `json:"data"`
+	}{Object: "list"}
+	for _, m := range s.cfg.Models {
+		list.Data = append(list.Data, model{ID: m, Object: "model", Created: 1735689600, OwnedBy: "onceflow-fake"})
+	}
+	writeJSON(w, http.StatusOK, list)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, _ := json.Marshal(v)
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	w.WriteHeader(status)
+	_, _ = w.Write(b)
+}

@@ -1,0 +1,151 @@
+package retry
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+)
+
+var (
+	// ErrDeadlineExceeded is matched (errors.Is) by every *DeadlineExceededError: the
+	// delivery's budget ran out. It is never retried in-process; the queue redelivers
+	// the message with a fresh budget.
+	ErrDeadlineExceeded = errors.New("retry: delivery deadline exceeded")
+
+	// errPermanent marks errors wrapped by Permanent.
+	errPermanent = errors.New("permanent")
+)
+
+// Permanent marks err as not retryable, whatever its kind: Classify returns a permanent
+// ClassPermanent verdict and Do returns it after one attempt. The result unwraps to err,
+// so errors.Is and errors.As still find what err holds. Permanent(nil) is nil.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &permanentError{err}
+}
+
+// IsPermanent reports whether err was marked with Permanent.
+func IsPermanent(err error) bool { return errors.Is(err, errPermanent) }
+
+type permanentError struct{ err error }
+
+func (p *permanentError) Error() string        { return p.err.Error() }
+func (p *permanentError) Unwrap() error        { return p.err }
+func (p *permanentError) Is(target error) bool { return target == errPermanent }
+
+// DeadlineExceededError reports that the delivery's Deadline left less than one useful
+// attempt (Policy.MinAttempt), before an attempt or before a sleep, or that the
+// caller's context deadline passed. It matches ErrDeadlineExceeded and unwraps to the
+// last attempt's error, if any.
+type DeadlineExceededError struct {
+	// Remaining is what was left of the deadline when Do stopped (may be negative).
+	Remaining time.Duration
+	// Attempts is the number of attempts made.
+	Attempts int
+	// Err is the last attempt's error; nil when no attempt was made.
+	Err error
+}
+
+// Error describes the stop and the last error.
+func (e *DeadlineExceededError) Error() string {
+	msg := fmt.Sprintf("retry: delivery deadline exceeded after %d attempts (%v left)", e.Attempts, e.Remaining.Round(time.Millisecond))
+	if e.Err != nil {
+		msg += ": last error: " + e.Err.Error()
+	}
+	return msg
+}
+
+// Is makes errors.Is(err, ErrDeadlineExceeded) true.
+func (e *DeadlineExceededError) Is(target error) bool { return target == ErrDeadlineExceeded }
+
+// Unwrap returns the last attempt's error.
+func (e *DeadlineExceededError) Unwrap() error { return e.Err }
+
+// AttemptTimeoutError reports that one attempt ran past its per-call timeout, the
+// wall-clock limit Do puts on every call. It is retryable (ClassTimeout) and unwraps to
+// the error the call returned (usually one wrapping context.DeadlineExceeded).
+type AttemptTimeoutError struct {
+	// Limit is the timeout the attempt ran under: min(PerCallTimeout, deadline left).
+	Limit time.Duration
+	// Err is what the call returned.
+	Err error
+}
+
+// Error names the limit and the call's error.
+func (e *AttemptTimeoutError) Error() string {
+	return fmt.Sprintf("retry: attempt timed out after %v: %v", e.Limit, e.Err)
+}
+
+// Unwrap returns the call's error.
+func (e *AttemptTimeoutError) Unwrap() error { return e.Err }
+
+// Timeout reports true, like a net.Error timeout.
+func (e *AttemptTimeoutError) Timeout() bool { return true }
+
+// ExhaustedError reports that every one of Policy.MaxAttempts attempts failed with a
+// retryable error. It unwraps to the last error, so Classify and Transient still see a
+// retryable failure and the queue redelivers it.
+type ExhaustedError struct {
+	// Attempts is the number of attempts made.
+	Attempts int
+	// Err is the last attempt's error.
+	Err error
+}
+
+// Error names the attempts and the last error.
+func (e *ExhaustedError) Error() string {
+	return fmt.Sprintf("retry: gave up after %d attempts: %v", e.Attempts, e.Err)
+}
+
+// Unwrap returns the last attempt's error.
+func (e *ExhaustedError) Unwrap() error { return e.Err }
+
+// StatusError is an HTTP error response reduced to what classification needs. HTTP
+// clients that are not provider SDKs (the outbox's webhook sender) return it for a
+// non-2xx answer so that Classify sees the status, Retry-After and x-should-retry.
+type StatusError struct {
+	// Status is the HTTP status code.
+	Status int
+	// After is the parsed Retry-After (see RetryAfterFromHeader), valid when HasAfter.
+	After    time.Duration
+	HasAfter bool
+	// Should is the x-should-retry verdict ("true" or "false"), empty when absent.
+	Should string
+}
+
+// NewStatusError builds a StatusError from a response's status and headers; now is the
+// instant used to turn an HTTP-date Retry-After into a duration.
+func NewStatusError(status int, h http.Header, now time.Time) *StatusError {
+	e := &StatusError{Status: status, Should: h.Get("X-Should-Retry")}
+	e.After, e.HasAfter = RetryAfterFromHeader(h, now)
+	return e
+}
+
+// Error is "HTTP <status> <text>".
+func (e *StatusError) Error() string {
+	return fmt.Sprintf("HTTP %d %s", e.Status, http.StatusText(e.Status))
+}
+
+// HTTPStatus implements HTTPStatuser.
+func (e *StatusError) HTTPStatus() int { return e.Status }
+
+// RetryAfter implements RetryAfterer.
+func (e *StatusError) RetryAfter() (time.Duration, bool) { return e.After, e.HasAfter }
+
+// ShouldRetry implements ShouldRetrier.
+func (e *StatusError) ShouldRetry() (bool, bool) { return ParseShouldRetry(e.Should) }
+
+// ParseShouldRetry reads an x-should-retry header value: "true" or "false" (any case,
+// surrounding spaces ignored); anything else counts as absent.
+func ParseShouldRetry(v string) (retry bool, ok bool) {
+	switch {
+	case equalFoldTrim(v, "true"):
+		return true, true
+	case equalFoldTrim(v, "false"):
+		return false, true
+	}
+	return false, false
+}
