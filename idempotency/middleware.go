@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -389,9 +390,11 @@ func WriteResponse(w http.ResponseWriter, resp *Response, replayed bool) {
 }
 
 func writeDetail(w http.ResponseWriter, status int, detail string) {
-	b := make([]byte, 0, len(detail)+16)
+	// Details may quote client input (a field name, say): encode them as JSON, never as Go.
+	q, _ := json.Marshal(detail)
+	b := make([]byte, 0, len(q)+13)
 	b = append(b, `{"detail":`...)
-	b = strconv.AppendQuote(b, detail) // details are ASCII: a JSON string too
+	b = append(b, q...)
 	b = append(b, "}\n"...)
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
