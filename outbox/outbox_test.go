@@ -12,30 +12,6 @@ import (
 	"time"
 )
 
-func TestBackoffFullJitterBounds(t *testing.T) {
-	base, cap := time.Second, time.Minute
-	cases := []struct {
-		attempt int
-		ceiling time.Duration
-	}{{0, time.Second}, {1, time.Second}, {2, 2 * time.Second}, {3, 4 * time.Second}, {6, 32 * time.Second},
-		{7, time.Minute}, {63, time.Minute}, {1000, time.Minute}}
-	for _, c := range cases {
-		if got := Backoff(c.attempt, base, cap, 0); got != 0 {
-			t.Errorf("attempt %d, r=0: %v, want 0 (full jitter starts at zero)", c.attempt, got)
-		}
-		hi := Backoff(c.attempt, base, cap, 0.999999999)
-		if hi > c.ceiling || hi < c.ceiling*99/100 {
-			t.Errorf("attempt %d, r→1: %v, want just under %v", c.attempt, hi, c.ceiling)
-		}
-		if mid := Backoff(c.attempt, base, cap, 0.5); mid != c.ceiling/2 {
-			t.Errorf("attempt %d, r=0.5: %v, want %v", c.attempt, mid, c.ceiling/2)
-		}
-	}
-	if got := Backoff(3, base, cap, 7); got > 4*time.Second {
-		t.Errorf("r out of range not clamped: %v", got)
-	}
-}
-
 func TestPermanentAndRetryAfterAreFoundThroughWrapping(t *testing.T) {
 	base := errors.New("bad request")
 	p := fmt.Errorf("send: %w", Permanent(base))

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	mrand "math/rand/v2"
 	"net"
 	"os"
 	"slices"
@@ -18,6 +17,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/onceflow/onceflow/retry"
 )
 
 // Defaults of Config.
@@ -387,7 +388,7 @@ func (r *Relay) sendOne(ctx context.Context, m Message) (out outcome, f Failure)
 		ID:      m.ID,
 		Error:   truncate(err.Error(), maxErrorLen),
 		Exhaust: class == classPermanent || attempt >= r.cfg.MaxAttempts,
-		Delay:   Backoff(attempt, r.cfg.BackoffBase, r.cfg.BackoffCap, mrand.Float64()),
+		Delay:   retry.FullJitter(nil, r.cfg.BackoffBase, r.cfg.BackoffCap, attempt-1),
 	}
 	if d, ok := RetryAfterOf(err); ok {
 		f.Delay = min(d, r.cfg.MaxRetryAfter)

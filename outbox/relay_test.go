@@ -137,7 +137,9 @@ func TestSendThenDieBeforeMarkSendsAgainWithTheSameKeyAfterTheLease(t *testing.T
 	t.Parallel()
 	e := newEnv(t, 1, webhooksink.Options{})
 	ctx := ctxT(t)
-	lease := time.Second
+	// Long enough that the dying relay's pass (a send and three failed settle tries,
+	// about 0.6s) ends well inside it on a loaded machine.
+	lease := 4 * time.Second
 	dying := e.relayWith(t, crashAfterSend{e.store}, e.sender, outbox.Config{Name: "dying", Lease: lease})
 	if _, err := dying.Pass(ctx); err == nil {
 		t.Fatal("pass with a crashing settle reported no error")

@@ -17,11 +17,11 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/onceflow/onceflow/outbox"
+	"github.com/onceflow/onceflow/retry"
 )
 
 // DefaultTimeout bounds one send unless Config.Timeout says otherwise.
@@ -133,46 +133,14 @@ func (s *Sender) Send(ctx context.Context, m outbox.Message) error {
 	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
 		return nil
 	}
-	serr := &StatusError{Status: resp.StatusCode, Body: strings.TrimSpace(string(snippet)),
-		Wait: ParseRetryAfter(resp.Header.Get("Retry-After"), time.Now())}
-	if !retryableStatus(resp.StatusCode) {
+	wait, _ := retry.RetryAfterFromHeader(resp.Header, time.Now())
+	serr := &StatusError{Status: resp.StatusCode, Body: strings.TrimSpace(string(snippet)), Wait: wait}
+	// One classification for the whole project: 408, 409, 429 and 5xx are worth another
+	// attempt, any other status is permanent (retry.ClassifyStatus).
+	if !retry.ClassifyStatus(resp.StatusCode).Retryable {
 		return outbox.Permanent(serr)
 	}
 	return serr
-}
-
-// retryableStatus is the one place that decides which HTTP statuses are worth another
-// attempt: 408, 409, 429 and every 5xx (the set the OpenAI SDK and seed 000 use).
-// Everything else that is not 2xx is permanent.
-func retryableStatus(code int) bool {
-	return code == http.StatusRequestTimeout || code == http.StatusConflict ||
-		code == http.StatusTooManyRequests || code >= 500
-}
-
-// ParseRetryAfter reads a Retry-After header value: delay-seconds or an HTTP date
-// (RFC 9110 section 10.2.3), relative to now. It returns 0 for an empty, malformed,
-// negative or past value.
-func ParseRetryAfter(v string, now time.Time) time.Duration {
-	v = strings.TrimSpace(v)
-	if v == "" {
-		return 0
-	}
-	if v[0] >= '0' && v[0] <= '9' {
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil || n <= 0 {
-			return 0
-		}
-		const maxSecs = int64(100 * 365 * 24 * 3600) // beyond this, time.Duration overflows soon
-		return time.Duration(min(n, maxSecs)) * time.Second
-	}
-	t, err := http.ParseTime(v)
-	if err != nil {
-		return 0
-	}
-	if d := t.Sub(now); d > 0 {
-		return d
-	}
-	return 0
 }
 
 // stripURL removes the request URL from a *url.Error, which would otherwise print it.

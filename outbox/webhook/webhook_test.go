@@ -158,37 +158,3 @@ func TestNewRejectsBadURLs(t *testing.T) {
 	}
 }
 
-func TestParseRetryAfter(t *testing.T) {
-	t.Parallel()
-	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	for v, want := range map[string]time.Duration{
-		"":                              0,
-		"0":                             0,
-		"-5":                            0,
-		"30":                            30 * time.Second,
-		" 30 ":                          30 * time.Second,
-		"1.5":                           0,
-		"abc":                           0,
-		"Fri, 02 Jan 2026 03:05:05 GMT": time.Minute,
-		"Fri, 02 Jan 2026 03:00:00 GMT": 0, // in the past
-		"99999999999999999999":          0, // overflows int64
-	} {
-		if got := webhook.ParseRetryAfter(v, now); got != want {
-			t.Errorf("ParseRetryAfter(%q) = %v, want %v", v, got, want)
-		}
-	}
-}
-
-// Retry-After comes from the receiver: any text must parse to a non-negative delay
-// without panicking.
-func FuzzParseRetryAfter(f *testing.F) {
-	for _, s := range []string{"", "0", "30", "-1", "1e9", "Fri, 02 Jan 2026 03:05:05 GMT", "Monday, 02-Jan-06 15:04:05 MST", "9223372036854775807", "Mon Jan  2 15:04:05 2006"} {
-		f.Add(s)
-	}
-	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	f.Fuzz(func(t *testing.T, v string) {
-		if d := webhook.ParseRetryAfter(v, now); d < 0 {
-			t.Fatalf("ParseRetryAfter(%q) = %v < 0", v, d)
-		}
-	})
-}
