@@ -217,3 +217,15 @@ func (h *cmdCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 		return next(ctx, cmds)
 	}
 }
+
+func readArgs(keys Keys, consumer string, n int64) *redis.XReadGroupArgs {
+	return &redis.XReadGroupArgs{Group: DefaultGroup, Consumer: consumer, Streams: []string{keys.Stream(), ">"}, Count: n}
+}
+
+func claimArgs(keys Keys, consumer string, ids ...string) *redis.XClaimArgs {
+	return &redis.XClaimArgs{Stream: keys.Stream(), Group: DefaultGroup, Consumer: consumer, Messages: ids}
+}
+
+func pendingArgs(keys Keys) *redis.XPendingExtArgs {
+	return &redis.XPendingExtArgs{Stream: keys.Stream(), Group: DefaultGroup, Start: "-", End: "+", Count: 1000}
+}

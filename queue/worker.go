@@ -637,7 +637,7 @@ func (w *Worker) renewChunk(ctx context.Context, ids []string) {
 	for _, id := range lost {
 		if w.isInFlight(id) { // else it finished and was acknowledged meanwhile
 			w.m.leasesLost.Inc()
-			w.log.Warn("lease lost: another worker reclaimed an entry this worker is still running; both runs may complete", "entry", id)
+			w.log.Warn("lease lost: an entry this worker is still running is no longer pending to it (another worker reclaimed or acknowledged it); both runs may complete", "entry", id)
 		}
 	}
 	for _, id := range deleted {
