@@ -158,7 +158,7 @@ func ParseDeadLetter(id string, fields map[string]any) DeadLetter {
 	}
 	d.Deliveries, _ = strconv.ParseInt(str(deadDeliveries), 10, 64)
 	if ms, err := strconv.ParseInt(str(deadFailedAt), 10, 64); err == nil {
-		d.FailedAt = time.UnixMilli(ms)
+		d.FailedAt = time.UnixMilli(ms).UTC()
 	}
 	if raw := str(deadRaw); raw != "" {
 		d.Raw = json.RawMessage(raw)
