@@ -87,29 +87,32 @@ func (m Message) Validate() error {
 // no other field may be, "v" must be FormatVersion and each value must be valid (see
 // Message). Its errors wrap ErrMalformed and say what was wrong.
 func ParseMessage(fields map[string]any) (Message, error) {
-	str := make(map[string]string, len(fields))
-	for k, v := range fields {
+	var vals [6]string // in messageFields order
+	for i, f := range messageFields {
+		v, ok := fields[f]
+		if !ok {
+			if i == 0 {
+				return Message{}, malformedf("missing field %q", f)
+			}
+			continue // reported below, after the version check
+		}
 		s, ok := v.(string)
 		if !ok {
-			return Message{}, malformedf("field %q is a %T, not a string", clip(k), v)
+			return Message{}, malformedf("field %q is a %T, not a string", f, v)
 		}
-		str[k] = s
+		vals[i] = s
+		if i == 0 && s != FormatVersion {
+			return Message{}, malformedf("unknown version %q", clip(s))
+		}
 	}
-	v, ok := str[fieldVersion]
-	if !ok {
-		return Message{}, malformedf("missing field %q", fieldVersion)
-	}
-	if v != FormatVersion {
-		return Message{}, malformedf("unknown version %q", clip(v))
-	}
-	for _, f := range messageFields {
-		if _, ok := str[f]; !ok {
+	for _, f := range messageFields[1:] {
+		if _, ok := fields[f]; !ok {
 			return Message{}, malformedf("missing field %q", f)
 		}
 	}
-	if len(str) != len(messageFields) {
+	if len(fields) != len(messageFields) {
 		var extra []string
-		for k := range str {
+		for k := range fields {
 			if !slices.Contains(messageFields, k) {
 				extra = append(extra, clip(k))
 			}
@@ -117,16 +120,17 @@ func ParseMessage(fields map[string]any) (Message, error) {
 		slices.Sort(extra)
 		return Message{}, malformedf("unknown field(s) %s", strings.Join(extra, ", "))
 	}
-	ms, err := strconv.ParseInt(str[fieldEnqueuedAt], 10, 64)
-	if err != nil || ms <= 0 || str[fieldEnqueuedAt] != strconv.FormatInt(ms, 10) {
-		return Message{}, malformedf("enqueued_at %q is not a positive Unix millisecond time", clip(str[fieldEnqueuedAt]))
+	at := vals[4]
+	ms, err := strconv.ParseInt(at, 10, 64)
+	if err != nil || ms <= 0 || at[0] == '0' || at[0] == '+' {
+		return Message{}, malformedf("enqueued_at %q is not a positive Unix millisecond time", clip(at))
 	}
 	m := Message{
-		JobID:       str[fieldJobID],
-		Tenant:      str[fieldTenant],
-		Payload:     json.RawMessage(str[fieldPayload]),
+		JobID:       vals[1],
+		Tenant:      vals[2],
+		Payload:     json.RawMessage(vals[3]),
 		EnqueuedAt:  time.UnixMilli(ms),
-		TraceParent: str[fieldTraceParent],
+		TraceParent: vals[5],
 	}
 	if err := m.Validate(); err != nil {
 		return Message{}, err
@@ -191,7 +195,7 @@ func validTraceParent(s string) bool {
 	}
 	trace, parent, flags := s[3:35], s[36:52], s[53:55]
 	if !hexOnly(trace) || !hexOnly(parent) || !hexOnly(flags) ||
-		trace == strings.Repeat("0", 32) || parent == strings.Repeat("0", 16) {
+		trace == "00000000000000000000000000000000" || parent == "0000000000000000" {
 		return false
 	}
 	if s[0:2] == "00" {

@@ -30,6 +30,7 @@ const (
 	DefaultBlock           = time.Second
 	DefaultShutdownTimeout = 30 * time.Second
 	DefaultAckBatch        = 512
+	DefaultAckLinger       = 500 * time.Microsecond
 	DefaultTrimInterval    = time.Minute
 	DefaultConsumerMaxIdle = time.Hour
 	DefaultStatsInterval   = 15 * time.Second
@@ -81,8 +82,9 @@ type WorkerConfig struct {
 	// AckBatch is the most ids one XACK carries. Default: 512.
 	AckBatch int
 	// AckLinger is how long the acknowledger waits for more finished jobs before sending
-	// a batch that is not full. Default: 0 (a batch is whatever finished while the
-	// previous XACK was on the wire).
+	// a batch that is not full; a longer linger means fewer XACK round trips, and on a
+	// crash that many more finished jobs redelivered. Negative sends each batch as soon
+	// as the previous XACK returned. Default: 500µs.
 	AckLinger time.Duration
 	// TrimInterval is how often the worker trims acknowledged entries and deletes idle
 	// consumers. Negative disables both. Default: 1m.
@@ -114,6 +116,7 @@ func (c WorkerConfig) withDefaults() WorkerConfig {
 	c.RenewInterval = cmp.Or(c.RenewInterval, c.ClaimIdle/3)
 	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, DefaultShutdownTimeout)
 	c.AckBatch = cmp.Or(c.AckBatch, DefaultAckBatch)
+	c.AckLinger = cmp.Or(c.AckLinger, DefaultAckLinger)
 	c.TrimInterval = cmp.Or(c.TrimInterval, DefaultTrimInterval)
 	c.ConsumerMaxIdle = cmp.Or(c.ConsumerMaxIdle, DefaultConsumerMaxIdle)
 	c.StatsInterval = cmp.Or(c.StatsInterval, DefaultStatsInterval)
@@ -146,8 +149,6 @@ func (c WorkerConfig) validate() error {
 		return fmt.Errorf("queue: ShutdownTimeout %v must be positive", c.ShutdownTimeout)
 	case c.AckBatch < 1:
 		return fmt.Errorf("queue: AckBatch %d must be at least 1", c.AckBatch)
-	case c.AckLinger < 0:
-		return fmt.Errorf("queue: AckLinger %v must not be negative", c.AckLinger)
 	case c.StatsInterval <= 0:
 		return fmt.Errorf("queue: StatsInterval %v must be positive", c.StatsInterval)
 	case strings.ContainsAny(c.Group, " \t\r\n") || strings.ContainsAny(c.Consumer, " \t\r\n"):
@@ -294,12 +295,14 @@ func (w *Worker) createGroup(ctx context.Context) bool {
 // readLoop reads and dispatches messages until ctx is cancelled.
 func (w *Worker) readLoop(ctx, hctx context.Context) {
 	var b backoff
+	backlog := false
 	for {
-		n := w.acquire(ctx)
+		n := w.acquire(ctx, backlog)
 		if n == 0 {
 			return
 		}
 		batch, err := w.fetch(ctx, n)
+		backlog = len(batch) == n
 		w.release(n - len(batch))
 		for _, d := range batch {
 			w.dispatch(hctx, d)
@@ -316,22 +319,47 @@ func (w *Worker) readLoop(ctx, hctx context.Context) {
 }
 
 // acquire waits for a free slot and takes every free slot; it returns how many it took,
-// 0 when ctx was cancelled.
-func (w *Worker) acquire(ctx context.Context) int {
+// 0 when ctx was cancelled. When the last read was full (a backlog is waiting) and some
+// slots are still busy, it waits up to batchWait for them, so that a busy worker reads in
+// large batches instead of spending a round trip on every few messages.
+func (w *Worker) acquire(ctx context.Context, backlog bool) int {
 	select {
 	case w.slots <- struct{}{}:
 	case <-ctx.Done():
 		return 0
 	}
-	n := 1
+	n := 1 + w.takeFree()
+	if !backlog || n == w.cfg.Concurrency {
+		return n
+	}
+	t := time.NewTimer(batchWait)
+	defer t.Stop()
+	for n < w.cfg.Concurrency {
+		select {
+		case w.slots <- struct{}{}:
+			n += 1 + w.takeFree()
+		case <-t.C:
+			return n
+		case <-ctx.Done():
+			return n
+		}
+	}
+	return n
+}
+
+// batchWait bounds how long acquire waits for busy slots when a backlog waits.
+const batchWait = time.Millisecond
+
+// takeFree takes every slot free right now and returns how many.
+func (w *Worker) takeFree() int {
+	n := 0
 	for {
 		select {
 		case w.slots <- struct{}{}:
 			n++
-			continue
 		default:
+			return n
 		}
-		return n
 	}
 }
 
