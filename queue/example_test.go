@@ -81,7 +81,8 @@ func ExampleReplay() {
 			return queue.Permanent(fmt.Errorf("400 context_length_exceeded"))
 		})})
 	wctx, cancel := context.WithCancel(ctx)
-	go w.Run(wctx)
+	stopped := make(chan error)
+	go func() { stopped <- w.Run(wctx) }()
 	for {
 		if dead, _, _ := queue.ListDead(ctx, rdb, keys, "", 10); len(dead) == 1 {
 			break
@@ -89,6 +90,7 @@ func ExampleReplay() {
 		time.Sleep(10 * time.Millisecond)
 	}
 	cancel()
+	<-stopped // the worker is gone: the replayed job stays queued
 
 	dead, _, err := queue.ListDead(ctx, rdb, keys, "", 100)
 	if err != nil {
