@@ -234,11 +234,11 @@ func (w *Worker) Run(ctx context.Context) error {
 	if !w.started.CompareAndSwap(false, true) {
 		return ErrWorkerStarted
 	}
+	go w.acks.run()
+	defer w.acks.close() // idempotent; on the normal path it already ran below
 	if !w.createGroup(ctx) {
-		w.acks.close()
 		return nil
 	}
-	go w.acks.run()
 	w.log.InfoContext(ctx, "worker started", "concurrency", w.cfg.Concurrency, "claim_idle", w.cfg.ClaimIdle,
 		"max_deliveries", w.cfg.MaxDeliveries, "renew_interval", w.cfg.RenewInterval)
 

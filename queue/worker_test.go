@@ -15,7 +15,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/onceflow/onceflow/internal/connect"
 	"github.com/onceflow/onceflow/internal/roundtrip"
+	"github.com/onceflow/onceflow/internal/testenv"
 )
 
 // Seed 000: a consumer dies right after XREADGROUP. Its message is not claimable before
@@ -588,5 +590,46 @@ func TestCreateGroupIsIdempotent(t *testing.T) {
 	err := rdb.XGroupCreate(ctx, keys.Stream(), "g", "0").Err()
 	if !isBusyGroup(err) || isBusyGroup(errors.New("BUSYGROUP lookalike")) || isBusyGroup(nil) {
 		t.Errorf("isBusyGroup misclassifies %v", err)
+	}
+}
+
+// A worker started while Redis is unreachable keeps retrying and still stops cleanly.
+func TestRunWithRedisDownStopsOnCancel(t *testing.T) {
+	t.Parallel()
+	rdb, err := connect.Redis(fmt.Sprintf("redis://127.0.0.1:%d/0", testenv.FreePort(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.Close()
+	r := start(t, WorkerConfig{Redis: rdb, Keys: Keys{Prefix: "p", Queue: "q"}, Handler: HandlerFunc(func(context.Context, *Job) error { return nil })})
+	time.Sleep(300 * time.Millisecond)
+	r.stop(t)
+}
+
+// The worker rides out a Redis restart: it logs, backs off and carries on.
+func TestWorkerSurvivesRedisRestart(t *testing.T) {
+	t.Parallel()
+	srv := testenv.PrivateRedis(t)
+	rdb, err := connect.Redis(testenv.RedisURLOf(srv))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.Close()
+	keys := Keys{Prefix: "restart", Queue: "summaries"}
+	var runs counter
+	reg := prometheus.NewRegistry()
+	start(t, WorkerConfig{Redis: rdb, Keys: keys, Registerer: reg, Handler: HandlerFunc(func(_ context.Context, j *Job) error {
+		runs.inc(j.JobID)
+		return nil
+	})})
+	enqueue(t, rdb, keys, message(1, nil))
+	waitFor(t, 10*time.Second, "the first job", func() bool { return runs.get(jobID(1)) == 1 })
+	srv.Stop()
+	waitFor(t, 10*time.Second, "a counted read error", func() bool { return metricValue(t, reg, "onceflow_queue_redis_errors_total", "op", "read") > 0 })
+	srv.Start()
+	enqueue(t, rdb, keys, message(2, nil))
+	waitFor(t, 20*time.Second, "a job after the restart", func() bool { return runs.get(jobID(2)) == 1 })
+	if runs.get(jobID(1)) != 1 {
+		t.Errorf("job 1 ran %d times", runs.get(jobID(1)))
 	}
 }
