@@ -253,7 +253,20 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	background.Go(func() { w.maintainLoop(ctx) })
 
-	w.readLoop(ctx, hctx)
+	// A fixed pool of Concurrency goroutines runs the handlers: no goroutine start (and
+	// stack growth) per job. A delivery is only sent while its slot is held, so the
+	// buffered channel never blocks the read loop.
+	jobs := make(chan delivery, w.cfg.Concurrency)
+	for range w.cfg.Concurrency {
+		w.handlers.Go(func() {
+			for d := range jobs {
+				w.process(hctx, d)
+				w.release(1)
+			}
+		})
+	}
+	w.readLoop(ctx, jobs)
+	close(jobs)
 
 	n := w.inFlightCount()
 	w.log.Info("worker stopping: waiting for in-flight jobs", "in_flight", n, "timeout", w.cfg.ShutdownTimeout)
@@ -292,8 +305,8 @@ func (w *Worker) createGroup(ctx context.Context) bool {
 	}
 }
 
-// readLoop reads and dispatches messages until ctx is cancelled.
-func (w *Worker) readLoop(ctx, hctx context.Context) {
+// readLoop reads messages and hands them to the handler pool until ctx is cancelled.
+func (w *Worker) readLoop(ctx context.Context, jobs chan<- delivery) {
 	var b backoff
 	backlog := false
 	for {
@@ -305,7 +318,11 @@ func (w *Worker) readLoop(ctx, hctx context.Context) {
 		backlog = len(batch) == n
 		w.release(n - len(batch))
 		for _, d := range batch {
-			w.dispatch(hctx, d)
+			w.m.deliveries.Inc()
+			if d.deliveries > 1 {
+				w.m.redeliveries.Inc()
+			}
+			jobs <- d
 		}
 		if err != nil {
 			w.log.Warn("reading the queue failed; retrying", "err", err)
@@ -509,20 +526,6 @@ func (w *Worker) deliveryCounts(ctx context.Context, msgs []redis.XMessage) (map
 		}
 		start = "(" + res[len(res)-1].ID
 	}
-}
-
-// dispatch runs d in its own goroutine; the slot it holds is released when done.
-func (w *Worker) dispatch(hctx context.Context, d delivery) {
-	w.m.deliveries.Inc()
-	if d.deliveries > 1 {
-		w.m.redeliveries.Inc()
-	}
-	w.handlers.Add(1)
-	go func() {
-		defer w.handlers.Done()
-		defer w.release(1)
-		w.process(hctx, d)
-	}()
 }
 
 // process decides the fate of one delivery.
