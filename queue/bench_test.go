@@ -3,6 +3,8 @@ package queue
 import (
 	"context"
 	"fmt"
+	"io"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -24,6 +26,9 @@ import (
 // then with a Worker at Concurrency n and a no-op handler (from Run to the last XACK,
 // so group creation, the first reclaim scan and starting the handler pool count). It
 // reports both rates, their ratio and the consumer's Redis round trips per job.
+
+// discard drops the worker's logs, which would otherwise interleave with the figures.
+var discard = slog.New(slog.NewTextHandler(io.Discard, nil))
 
 // prefill adds n well-formed messages to keys' stream with pipelined XADDs.
 func prefill(b *testing.B, rdb *redis.Client, keys Keys, n int) {
@@ -118,7 +123,7 @@ func workerDrain(b *testing.B, n, concurrency int) (time.Duration, int64) {
 	acks := &ackWatch{n: int64(n), done: make(chan struct{})}
 	c.AddHook(acks)
 	w, err := NewWorker(WorkerConfig{Redis: c, Keys: keys, Concurrency: concurrency, Block: 20 * time.Millisecond,
-		Logger: testenv.Logger(b), Handler: HandlerFunc(func(context.Context, *Job) error { return nil })})
+		Logger: discard, Handler: HandlerFunc(func(context.Context, *Job) error { return nil })})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -204,7 +209,7 @@ func BenchmarkEndToEnd(b *testing.B) {
 	c, _ := consumerClient(b)
 	var handled atomic.Int64
 	all := make(chan struct{})
-	w, err := NewWorker(WorkerConfig{Redis: c, Keys: keys, Concurrency: 64, Block: 20 * time.Millisecond, Logger: testenv.Logger(b),
+	w, err := NewWorker(WorkerConfig{Redis: c, Keys: keys, Concurrency: 64, Block: 20 * time.Millisecond, Logger: discard,
 		Handler: HandlerFunc(func(context.Context, *Job) error {
 			if handled.Add(1) == int64(b.N) {
 				close(all)
