@@ -188,3 +188,30 @@ func TestReadStats(t *testing.T) {
 		t.Errorf("stats %+v", s)
 	}
 }
+
+func TestStalePending(t *testing.T) {
+	t.Parallel()
+	rdb, keys := setup(t)
+	ctx := context.Background()
+	if got, err := StalePending(ctx, rdb, keys, DefaultGroup, 0, 10); err != nil || len(got) != 0 {
+		t.Fatalf("stale entries of a missing queue: %v %v", got, err)
+	}
+	ids := enqueue(t, rdb, keys, message(1, nil), message(2, nil))
+	if err := CreateGroup(ctx, rdb, keys, DefaultGroup); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.XReadGroup(ctx, readArgs(keys, "old", 1)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if err := rdb.XReadGroup(ctx, readArgs(keys, "new", 1)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := StalePending(ctx, rdb, keys, DefaultGroup, 200*time.Millisecond, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got[0].ID != ids[0] || got[0].Consumer != "old" || got[0].Deliveries != 1 || got[0].Idle < 200*time.Millisecond {
+		t.Errorf("stale entries %+v, want only %s of old", got, ids[0])
+	}
+}
