@@ -24,7 +24,7 @@ import (
 // BenchmarkWorkerVsRaw drains b.N pre-filled messages twice, in the same run: first with
 // a raw go-redis loop (XREADGROUP COUNT n, then one XACK for the batch) as the ceiling,
 // then with a Worker at Concurrency n and a no-op handler (from Run to the last XACK,
-// so group creation, the first reclaim scan and starting the handler pool count). It
+// so group creation, the first reclaim scan and starting handler goroutines count). It
 // reports both rates, their ratio and the consumer's Redis round trips per job.
 
 // discard drops the worker's logs, which would otherwise interleave with the figures.

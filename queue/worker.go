@@ -189,6 +189,9 @@ type Worker struct {
 	m    *workerMetrics
 
 	slots    chan struct{} // one token per busy slot
+	jobs     chan delivery // to idle handler goroutines
+	idle     atomic.Int64  // handler goroutines waiting on jobs, minus jobs sent
+	spawned  atomic.Int64  // handler goroutines started
 	handlers sync.WaitGroup
 	acks     *acker
 	started  atomic.Bool
@@ -213,6 +216,7 @@ func NewWorker(cfg WorkerConfig) (*Worker, error) {
 	return &Worker{
 		cfg: cfg, keys: cfg.Keys, rdb: cfg.Redis, log: log, m: m,
 		slots:    make(chan struct{}, cfg.Concurrency),
+		jobs:     make(chan delivery, cfg.Concurrency),
 		acks:     newAcker(cfg.Redis, cfg.Keys, cfg.Group, cfg.AckBatch, cfg.AckLinger, log, m),
 		inFlight: make(map[string]struct{}),
 		cursor:   "0-0",
@@ -253,20 +257,8 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	background.Go(func() { w.maintainLoop(ctx) })
 
-	// A fixed pool of Concurrency goroutines runs the handlers: no goroutine start (and
-	// stack growth) per job. A delivery is only sent while its slot is held, so the
-	// buffered channel never blocks the read loop.
-	jobs := make(chan delivery, w.cfg.Concurrency)
-	for range w.cfg.Concurrency {
-		w.handlers.Go(func() {
-			for d := range jobs {
-				w.process(hctx, d)
-				w.release(1)
-			}
-		})
-	}
-	w.readLoop(ctx, jobs)
-	close(jobs)
+	w.readLoop(ctx, hctx)
+	close(w.jobs)
 
 	n := w.inFlightCount()
 	w.log.Info("worker stopping: waiting for in-flight jobs", "in_flight", n, "timeout", w.cfg.ShutdownTimeout)
@@ -305,8 +297,8 @@ func (w *Worker) createGroup(ctx context.Context) bool {
 	}
 }
 
-// readLoop reads messages and hands them to the handler pool until ctx is cancelled.
-func (w *Worker) readLoop(ctx context.Context, jobs chan<- delivery) {
+// readLoop reads messages and hands them to handler goroutines until ctx is cancelled.
+func (w *Worker) readLoop(ctx, hctx context.Context) {
 	var b backoff
 	backlog := false
 	for {
@@ -322,7 +314,7 @@ func (w *Worker) readLoop(ctx context.Context, jobs chan<- delivery) {
 			if d.deliveries > 1 {
 				w.m.redeliveries.Inc()
 			}
-			jobs <- d
+			w.dispatch(hctx, d)
 		}
 		if err != nil {
 			w.log.Warn("reading the queue failed; retrying", "err", err)
@@ -526,6 +518,33 @@ func (w *Worker) deliveryCounts(ctx context.Context, msgs []redis.XMessage) (map
 		}
 		start = "(" + res[len(res)-1].ID
 	}
+}
+
+// dispatch hands d to an idle handler goroutine, or starts one. The goroutines stay for
+// the next jobs (no goroutine start and stack growth per job), so there are as many as
+// the peak number of jobs run at once, at most Concurrency. idle counts goroutines
+// waiting for a job minus jobs already sent to them; a delivery is only dispatched while
+// its slot is held, so w.jobs (buffered Concurrency) never blocks.
+func (w *Worker) dispatch(hctx context.Context, d delivery) {
+	if w.idle.Add(-1) >= 0 {
+		w.jobs <- d
+		return
+	}
+	w.idle.Add(1)
+	w.spawned.Add(1)
+	w.handlers.Go(func() {
+		for {
+			w.process(hctx, d)
+			// Idle before the slot is free: whoever takes the slot finds this
+			// goroutine waiting, so there are never more goroutines than slots.
+			w.idle.Add(1)
+			w.release(1)
+			var ok bool
+			if d, ok = <-w.jobs; !ok {
+				return
+			}
+		}
+	})
 }
 
 // process decides the fate of one delivery.

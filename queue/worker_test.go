@@ -329,7 +329,7 @@ func TestThousandJobsRunConcurrently(t *testing.T) {
 	}
 	wg.Wait()
 	began := time.Now()
-	start(t, WorkerConfig{Redis: rdb, Keys: keys, Concurrency: concurrency, Handler: handler})
+	w := start(t, WorkerConfig{Redis: rdb, Keys: keys, Concurrency: concurrency, Handler: handler})
 	select {
 	case <-done:
 	case <-time.After(60 * time.Second):
@@ -344,6 +344,9 @@ func TestThousandJobsRunConcurrently(t *testing.T) {
 	}
 	if p := peak.Load(); p > concurrency {
 		t.Errorf("peak concurrency %d above %d", p, concurrency)
+	}
+	if n := w.spawned.Load(); n > concurrency {
+		t.Errorf("%d handler goroutines started for Concurrency %d", n, concurrency)
 	}
 	for i := range jobs {
 		if n := runs.get(jobID(i)); n != 1 {
@@ -375,6 +378,9 @@ func TestBatchedRoundTripsPerJob(t *testing.T) {
 	})})
 	waitFor(t, 30*time.Second, "all jobs", func() bool { return n.Load() == jobs })
 	w.stop(t) // flushes the last acks
+	if g := w.spawned.Load(); g > 64 {
+		t.Errorf("%d handler goroutines started for Concurrency 64", g)
+	}
 	if p := pendingIDs(t, rdb, keys, DefaultGroup); len(p) != 0 {
 		t.Fatalf("%d still pending", len(p))
 	}
