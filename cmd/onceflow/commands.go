@@ -31,6 +31,8 @@ func commands() []command {
 	return []command{
 		{"migrate", "create or upgrade the PostgreSQL schema (safe to run twice and concurrently)", runMigrate},
 		{"serve", "run the HTTP API", runServe},
+		{"work", "run a Redis Streams worker (run several, on several machines)", runWork},
+		{"dlq", "list, replay or purge dead-lettered jobs: dlq list | replay ID|--all | purge ID|--all", runDLQ},
 		{"relay", "run the outbox relay (run several: they never send the same row at once)", runRelay},
 		{"outbox", "list [--failed] [--json] | retry ID|--all: inspect outbox rows, reset exhausted ones", runOutbox},
 		{"fake-llm", "serve a fake OpenAI-compatible model with injectable faults (demos and tests)", runFakeLLM},

@@ -1,0 +1,331 @@
+package queue
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Fields a dead-letter record adds to the message it holds.
+const (
+	deadReason     = "reason"
+	deadDeliveries = "deliveries"
+	deadOriginalID = "original_id"
+	deadFailedAt   = "failed_at"
+	deadRaw        = "raw" // malformed messages only: their fields as a JSON object
+)
+
+// Dead-letter reasons are "malformed: ...", "permanent: ..." or "exceeded N deliveries";
+// these are their bounded metric labels.
+const (
+	reasonMalformed     = "malformed"
+	reasonPermanent     = "permanent"
+	reasonMaxDeliveries = "max_deliveries"
+)
+
+// DeadLetter is one entry of the dead-letter stream: a job that will not be retried
+// until an operator replays it.
+type DeadLetter struct {
+	// ID is the dead-letter stream entry id.
+	ID string `json:"dead_id"`
+	// JobID and Tenant are the job's, when the message had them (a malformed message may
+	// not).
+	JobID  string `json:"job_id"`
+	Tenant string `json:"tenant"`
+	// Reason says why: "malformed: ...", "permanent: ..." or "exceeded N deliveries".
+	Reason string `json:"reason"`
+	// Deliveries is the entry's delivery count when it was dead-lettered.
+	Deliveries int64 `json:"deliveries"`
+	// OriginalID is the job stream entry id the message had.
+	OriginalID string `json:"original_id"`
+	// FailedAt is when it was dead-lettered.
+	FailedAt time.Time `json:"failed_at"`
+	// Message is the job as it was enqueued; nil when the message was malformed, in
+	// which case Raw holds its fields as a JSON object.
+	Message *Message        `json:"message,omitempty"`
+	Raw     json.RawMessage `json:"raw,omitempty"`
+}
+
+// ErrDeadLetterNotFound is returned by Replay and Purge when the dead-letter entry does
+// not exist (any more): already replayed or purged, or a wrong id.
+var ErrDeadLetterNotFound = errors.New("dead letter not found")
+
+// MarshalJSON renders the message with its payload as JSON and its time in RFC 3339.
+func (m Message) MarshalJSON() ([]byte, error) {
+	return json.Marshal(struct {
+		JobID       string          `json:"job_id"`
+		Tenant      string          `json:"tenant"`
+		Payload     json.RawMessage `json:"payload"`
+		EnqueuedAt  time.Time       `json:"enqueued_at"`
+		TraceParent string          `json:"traceparent,omitempty"`
+	}{m.JobID, m.Tenant, m.Payload, m.EnqueuedAt.UTC(), m.TraceParent})
+}
+
+// deadLetterScript moves one pending entry to the dead-letter stream.
+//
+//	KEYS[1]  the stream
+//	KEYS[2]  the dead-letter stream
+//	KEYS[3]  the job index (absent when the message has no valid job id)
+//	ARGV[1]  consumer group
+//	ARGV[2]  consumer that must own the entry
+//	ARGV[3]  entry id
+//	ARGV[4]  reason
+//	ARGV[5]  failed_at, Unix milliseconds
+//	ARGV[6]  tenant, or "" when unknown
+//	ARGV[7:] the dead-letter record's field/value list; the script appends "deliveries"
+//	         with the entry's delivery count from the PEL
+//
+// Returns the dead-letter entry id, or nil when the entry is no longer pending to
+// ARGV[2] (acknowledged, or reclaimed by another consumer whose run now decides).
+// Invariant: XADD to the dead-letter stream, XACK and the index's state=failed happen
+// together or not at all, and only the entry's current owner moves it, so one entry
+// never yields two dead letters. The index loses its TTL: it must outlive the record it
+// points to (Purge gives it one back).
+var deadLetterScript = redis.NewScript(`
+local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1, ARGV[2])
+if #p == 0 then return false end
+local rec = {}
+for i = 7, #ARGV do rec[#rec + 1] = ARGV[i] end
+rec[#rec + 1] = 'deliveries'
+rec[#rec + 1] = tostring(p[1][4])
+local dead = redis.call('XADD', KEYS[2], '*', unpack(rec))
+redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
+if KEYS[3] then
+  redis.call('HSET', KEYS[3], 'state', 'failed', 'reason', ARGV[4], 'dead_id', dead, 'failed_at', ARGV[5])
+  if ARGV[6] ~= '' then redis.call('HSETNX', KEYS[3], 'tenant', ARGV[6]) end
+  redis.call('PERSIST', KEYS[3])
+end
+return dead
+`)
+
+// deadLetter moves entry id (pending to consumer) to the dead-letter stream. msg is the
+// parsed message, or nil when fields were malformed. It reports ok=false when the entry
+// was no longer this consumer's.
+func deadLetter(ctx context.Context, rdb redis.Scripter, keys Keys, group, consumer, id string, fields map[string]any, msg *Message, reason string, now time.Time) (deadID string, ok bool, err error) {
+	ms := strconv.FormatInt(now.UnixMilli(), 10)
+	var rec []any
+	var jobID, tenant string
+	if msg != nil {
+		rec = msg.Values()
+		jobID, tenant = msg.JobID, msg.Tenant
+	} else {
+		raw, err := json.Marshal(fields)
+		if err != nil { // values are strings from Redis, so this does not happen
+			raw = []byte(`{}`)
+		}
+		if s, _ := fields[fieldJobID].(string); ValidJobID(s) {
+			jobID = s
+			rec = append(rec, fieldJobID, s)
+		}
+		if s, _ := fields[fieldTenant].(string); validTenant(s) {
+			tenant = s
+			rec = append(rec, fieldTenant, s)
+		}
+		rec = append(rec, deadRaw, string(raw))
+	}
+	rec = append(rec, deadReason, reason, deadOriginalID, id, deadFailedAt, ms)
+	keyList := []string{keys.Stream(), keys.Dead()}
+	if jobID != "" {
+		keyList = append(keyList, keys.Job(jobID))
+	}
+	args := append([]any{group, consumer, id, reason, ms, tenant}, rec...)
+	deadID, err = deadLetterScript.Run(ctx, rdb, keyList, args...).Text()
+	if errors.Is(err, redis.Nil) {
+		return "", false, nil
+	}
+	if err != nil {
+		return "", false, fmt.Errorf("dead-letter entry %s: %w", id, err)
+	}
+	return deadID, true, nil
+}
+
+// ParseDeadLetter decodes one dead-letter stream entry. It does not fail: a record it
+// cannot fully read keeps what it could, with Message nil and Raw holding its fields, so
+// listing never hides an entry.
+func ParseDeadLetter(id string, fields map[string]any) DeadLetter {
+	str := func(k string) string { s, _ := fields[k].(string); return s }
+	d := DeadLetter{
+		ID:         id,
+		JobID:      str(fieldJobID),
+		Tenant:     str(fieldTenant),
+		Reason:     str(deadReason),
+		OriginalID: str(deadOriginalID),
+	}
+	d.Deliveries, _ = strconv.ParseInt(str(deadDeliveries), 10, 64)
+	if ms, err := strconv.ParseInt(str(deadFailedAt), 10, 64); err == nil {
+		d.FailedAt = time.UnixMilli(ms).UTC()
+	}
+	if raw := str(deadRaw); raw != "" {
+		d.Raw = json.RawMessage(raw)
+		if !json.Valid(d.Raw) {
+			d.Raw, _ = json.Marshal(raw)
+		}
+		return d
+	}
+	msgFields := make(map[string]any, len(messageFields))
+	for _, f := range messageFields {
+		if v, ok := fields[f]; ok {
+			msgFields[f] = v
+		}
+	}
+	m, err := ParseMessage(msgFields)
+	if err != nil {
+		d.Raw, _ = json.Marshal(fields)
+		return d
+	}
+	d.Message = &m
+	return d
+}
+
+// ListDead returns up to count dead letters, oldest first, starting at the entry id
+// start ("-" or "" for the beginning), and the start of the next page, "" when there is
+// none. One round trip; safe for concurrent use.
+func ListDead(ctx context.Context, rdb redis.Cmdable, keys Keys, start string, count int64) ([]DeadLetter, string, error) {
+	if start == "" {
+		start = "-"
+	}
+	if count <= 0 {
+		count = 100
+	}
+	msgs, err := rdb.XRangeN(ctx, keys.Dead(), start, "+", count).Result()
+	if err != nil {
+		return nil, "", fmt.Errorf("list dead letters: %w", err)
+	}
+	out := make([]DeadLetter, 0, len(msgs))
+	for _, m := range msgs {
+		out = append(out, ParseDeadLetter(m.ID, m.Values))
+	}
+	next := ""
+	if int64(len(msgs)) == count {
+		next = "(" + msgs[len(msgs)-1].ID
+	}
+	return out, next, nil
+}
+
+// FindDead returns every dead letter of jobID, oldest first, by scanning the dead-letter
+// stream. Safe for concurrent use.
+func FindDead(ctx context.Context, rdb redis.Cmdable, keys Keys, jobID string) ([]DeadLetter, error) {
+	var out []DeadLetter
+	for start := "-"; start != ""; {
+		page, next, err := ListDead(ctx, rdb, keys, start, 500)
+		if err != nil {
+			return nil, err
+		}
+		for _, d := range page {
+			if d.JobID == jobID {
+				out = append(out, d)
+			}
+		}
+		start = next
+	}
+	return out, nil
+}
+
+// getDead reads one dead-letter entry.
+func getDead(ctx context.Context, rdb redis.Cmdable, keys Keys, deadID string) (DeadLetter, error) {
+	msgs, err := rdb.XRangeN(ctx, keys.Dead(), deadID, deadID, 1).Result()
+	if err != nil {
+		return DeadLetter{}, fmt.Errorf("read dead letter %s: %w", deadID, err)
+	}
+	if len(msgs) == 0 {
+		return DeadLetter{}, fmt.Errorf("%w: %s", ErrDeadLetterNotFound, deadID)
+	}
+	return ParseDeadLetter(msgs[0].ID, msgs[0].Values), nil
+}
+
+// replayScript re-enqueues a dead letter and removes it.
+//
+//	KEYS[1]  the stream
+//	KEYS[2]  the dead-letter stream
+//	KEYS[3]  the job index
+//	ARGV[1]  dead-letter entry id
+//	ARGV[2]  index TTL in milliseconds
+//	ARGV[3]  tenant
+//	ARGV[4:] the new entry's field/value list (Message.Values)
+//
+// Returns the new entry id, or nil when the dead letter no longer exists. Invariant: the
+// job is back in the stream exactly when its dead letter is gone (so two concurrent
+// replays enqueue it once), and its index says queued again, with a TTL.
+var replayScript = redis.NewScript(`
+if #redis.call('XRANGE', KEYS[2], ARGV[1], ARGV[1]) == 0 then return false end
+local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 4))
+redis.call('XDEL', KEYS[2], ARGV[1])
+redis.call('HDEL', KEYS[3], 'reason', 'dead_id', 'failed_at')
+redis.call('HSET', KEYS[3], 'state', 'queued', 'tenant', ARGV[3])
+redis.call('PEXPIRE', KEYS[3], ARGV[2])
+return id
+`)
+
+// Replay puts the dead letter deadID back on the queue with the same job id (and
+// payload, tenant and trace context; enqueued_at becomes now), removes it from the
+// dead-letter stream and marks the job queued again with an index TTL of ttl, in one
+// atomic script. It returns the new stream entry id. A dead letter that does not exist
+// (already replayed or purged) gives an error wrapping ErrDeadLetterNotFound; a malformed
+// one cannot be replayed (an error wrapping ErrMalformed) and should be purged. Safe for
+// concurrent use: of two concurrent replays of one entry, one succeeds.
+func Replay(ctx context.Context, rdb redis.Cmdable, keys Keys, deadID string, ttl time.Duration) (string, error) {
+	d, err := getDead(ctx, rdb, keys, deadID)
+	if err != nil {
+		return "", err
+	}
+	if d.Message == nil {
+		return "", fmt.Errorf("replay %s: %w: cannot replay a malformed message (%s); purge it", deadID, ErrMalformed, d.Reason)
+	}
+	m := *d.Message
+	m.EnqueuedAt = time.Now()
+	args := append([]any{deadID, ttl.Milliseconds(), m.Tenant}, m.Values()...)
+	id, err := replayScript.Run(ctx, rdb, []string{keys.Stream(), keys.Dead(), keys.Job(m.JobID)}, args...).Text()
+	if errors.Is(err, redis.Nil) {
+		return "", fmt.Errorf("%w: %s", ErrDeadLetterNotFound, deadID)
+	}
+	if err != nil {
+		return "", fmt.Errorf("replay %s: %w", deadID, err)
+	}
+	return id, nil
+}
+
+// purgeScript deletes a dead letter.
+//
+//	KEYS[1]  the dead-letter stream
+//	KEYS[2]  the job index (absent when the record has no valid job id)
+//	ARGV[1]  dead-letter entry id
+//	ARGV[2]  index TTL in milliseconds
+//
+// Returns 1 when deleted, 0 when it did not exist. Invariant: an index that pointed at
+// the deleted entry stops pointing at it and gets a TTL back, so it does not outlive it
+// by more than ARGV[2]; the job stays failed until then.
+var purgeScript = redis.NewScript(`
+if redis.call('XDEL', KEYS[1], ARGV[1]) == 0 then return 0 end
+if KEYS[2] and redis.call('HGET', KEYS[2], 'dead_id') == ARGV[1] then
+  redis.call('HDEL', KEYS[2], 'dead_id')
+  redis.call('PEXPIRE', KEYS[2], ARGV[2])
+end
+return 1
+`)
+
+// Purge deletes the dead letter deadID for good. The job index stays "failed" for ttl
+// more, then expires. A dead letter that does not exist gives an error wrapping
+// ErrDeadLetterNotFound. Safe for concurrent use.
+func Purge(ctx context.Context, rdb redis.Cmdable, keys Keys, deadID string, ttl time.Duration) error {
+	d, err := getDead(ctx, rdb, keys, deadID)
+	if err != nil {
+		return err
+	}
+	keyList := []string{keys.Dead()}
+	if ValidJobID(d.JobID) {
+		keyList = append(keyList, keys.Job(d.JobID))
+	}
+	n, err := purgeScript.Run(ctx, rdb, keyList, deadID, ttl.Milliseconds()).Int()
+	if err != nil {
+		return fmt.Errorf("purge %s: %w", deadID, err)
+	}
+	if n == 0 {
+		return fmt.Errorf("%w: %s", ErrDeadLetterNotFound, deadID)
+	}
+	return nil
+}

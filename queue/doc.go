@@ -1,0 +1,45 @@
+// Package queue is an at-least-once job queue on Redis Streams consumer groups: Enqueue
+// adds a job, a Worker runs jobs with a bounded number in flight, and jobs that cannot
+// succeed end in a dead-letter stream that an operator lists, replays or purges.
+//
+// # Failure model
+//
+// Every delivery may be repeated: a worker can finish a job and die before its XACK, or
+// a slow worker can lose its message to another after ClaimIdle. Handlers must therefore
+// be idempotent (the job id, derived by the caller, is the deduplication key). What the
+// queue guarantees is that no job is lost: a message stays in the consumer group's
+// pending entries list (PEL) until a handler succeeded or it was moved to the dead-letter
+// stream, and the move is atomic.
+//
+// # How a Worker runs
+//
+// One loop per Worker:
+//
+//  1. wait for at least one free slot (at most Concurrency handlers run at once);
+//  2. XAUTOCLAIM entries idle longer than ClaimIdle (keeping the cursor between calls;
+//     entries Redis reports as deleted while pending are logged and counted);
+//  3. XREADGROUP ">" with COUNT = the remaining free slots and a finite BLOCK, so the
+//     worker never holds more messages than it can run;
+//  4. one XPENDING range call for the delivery counts of the reclaimed entries (a new
+//     entry read with ">" has been delivered exactly once);
+//  5. each job runs in its own goroutine. A nil error is acknowledged through a batching
+//     acknowledger (many ids per XACK); an error wrapping ErrPermanent, a malformed
+//     message or a delivery count above MaxDeliveries moves the entry to the dead-letter
+//     stream (XADD dead + XACK + the job index, in one atomic script); any other error
+//     or a panic leaves the entry pending, to be reclaimed after ClaimIdle.
+//
+// Beside the loop, a lease renewer resets the idle time of the worker's in-flight
+// entries (XCLAIM to itself with JUSTID, which does not count as a delivery) every
+// RenewInterval, so a slow but live worker keeps its messages; a maintenance goroutine
+// trims acknowledged entries (XTRIM MINID below the oldest entry any group still needs),
+// deletes consumers idle for long with nothing pending, and samples gauges.
+//
+// docs/queue.md explains the design in full: keys, the wire format, delivery counts and
+// lease renewal, trimming, consumer hygiene and the dead-letter record.
+//
+// # Keys
+//
+// All keys of one queue share a Redis Cluster hash tag: for prefix P and queue Q the
+// stream is P:{Q}:stream, the dead-letter stream P:{Q}:dead and the job index of job J
+// P:{Q}:job:J (see Keys).
+package queue

@@ -1,0 +1,235 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// trimScript removes the entries every consumer group is done with.
+//
+//	KEYS[1]  the stream
+//
+// Returns {entries removed, the MINID threshold used ("" when nothing was trimmed)}.
+// The threshold is the smallest, over all groups, of the oldest pending id (a group with
+// pending entries) or the id just after the last delivered one (a group with none), so
+// that XTRIM MINID keeps every entry some group still has pending or has not read yet.
+// Reading the groups and trimming in one script means no entry can become pending or a
+// group appear between the two. A stream without groups is left alone.
+var trimScript = redis.NewScript(`
+if redis.call('EXISTS', KEYS[1]) == 0 then return {0, ''} end
+local groups = redis.call('XINFO', 'GROUPS', KEYS[1])
+if #groups == 0 then return {0, ''} end
+local best_ms, best_seq
+local function consider(ms, seq)
+  if best_ms == nil or ms < best_ms or (ms == best_ms and seq < best_seq) then
+    best_ms, best_seq = ms, seq
+  end
+end
+for _, g in ipairs(groups) do
+  local info = {}
+  for i = 1, #g, 2 do info[g[i]] = g[i + 1] end
+  if info['pending'] > 0 then
+    local summary = redis.call('XPENDING', KEYS[1], info['name'])
+    local ms, seq = string.match(summary[2], '^(%d+)-(%d+)$')
+    consider(tonumber(ms), tonumber(seq))
+  else
+    local ms, seq = string.match(info['last-delivered-id'], '^(%d+)-(%d+)$')
+    consider(tonumber(ms), tonumber(seq) + 1)
+  end
+end
+local threshold = string.format('%d-%d', best_ms, best_seq)
+return {redis.call('XTRIM', KEYS[1], 'MINID', threshold), threshold}
+`)
+
+// Trim removes from keys.Stream() every entry that all consumer groups have
+// acknowledged, never one that is pending or not yet delivered to some group (unlike
+// MAXLEN trimming, which can delete pending entries). It returns the number of entries
+// removed. One round trip; safe for concurrent use and to run from several workers.
+func Trim(ctx context.Context, rdb redis.Scripter, keys Keys) (int64, error) {
+	res, err := trimScript.Run(ctx, rdb, []string{keys.Stream()}).Slice()
+	if err != nil {
+		return 0, fmt.Errorf("trim %s: %w", keys.Stream(), err)
+	}
+	n, _ := res[0].(int64)
+	return n, nil
+}
+
+// deleteConsumersScript deletes the idle consumers of a group that hold nothing.
+//
+//	KEYS[1]  the stream
+//	ARGV[1]  consumer group
+//	ARGV[2]  consumer never to delete (the caller)
+//	ARGV[3]  idle threshold in milliseconds
+//
+// Returns the names deleted. Invariant: XGROUP DELCONSUMER drops a consumer's pending
+// entries from the PEL, losing them; the script deletes only consumers with 0 pending,
+// checked in the same atomic step, so no pending entry is ever lost this way.
+var deleteConsumersScript = redis.NewScript(`
+local deleted = {}
+for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])) do
+  local info = {}
+  for i = 1, #c, 2 do info[c[i]] = c[i + 1] end
+  if info['name'] ~= ARGV[2] and info['pending'] == 0 and info['idle'] > tonumber(ARGV[3]) then
+    redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], info['name'])
+    deleted[#deleted + 1] = info['name']
+  end
+end
+return deleted
+`)
+
+// DeleteIdleConsumers deletes the consumers of group that have no pending entries and
+// have been idle longer than maxIdle, except keep (the caller's own name), and returns
+// their names. A consumer with pending entries is never deleted. One round trip; safe
+// for concurrent use.
+func DeleteIdleConsumers(ctx context.Context, rdb redis.Scripter, keys Keys, group, keep string, maxIdle time.Duration) ([]string, error) {
+	names, err := deleteConsumersScript.Run(ctx, rdb, []string{keys.Stream()}, group, keep, maxIdle.Milliseconds()).StringSlice()
+	if err != nil {
+		return nil, fmt.Errorf("delete idle consumers of %s: %w", group, err)
+	}
+	return names, nil
+}
+
+// renewScript resets the idle time of entries the caller still owns.
+//
+//	KEYS[1]  the stream
+//	ARGV[1]  consumer group
+//	ARGV[2]  consumer (the caller)
+//	ARGV[3:] entry ids
+//
+// Returns {ids owned by another consumer or no longer pending, ids deleted from the
+// stream while pending}. XCLAIM with JUSTID and min-idle-time 0 resets the idle time
+// without incrementing the delivery counter. Invariant: only entries still pending to
+// ARGV[2] are claimed; a plain XCLAIM would take back an entry another worker reclaimed
+// after a pause of ours, and both would run it at once.
+var renewScript = redis.NewScript(`
+local owned, lost = {}, {}
+for i = 3, #ARGV do
+  if #redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1, ARGV[2]) == 1 then
+    owned[#owned + 1] = ARGV[i]
+  else
+    lost[#lost + 1] = ARGV[i]
+  end
+end
+local deleted = {}
+if #owned > 0 then
+  local args = {KEYS[1], ARGV[1], ARGV[2], 0}
+  for _, id in ipairs(owned) do args[#args + 1] = id end
+  args[#args + 1] = 'JUSTID'
+  local claimed = {}
+  for _, id in ipairs(redis.call('XCLAIM', unpack(args))) do claimed[id] = true end
+  for _, id in ipairs(owned) do
+    if not claimed[id] then deleted[#deleted + 1] = id end
+  end
+end
+return {lost, deleted}
+`)
+
+// renew runs renewScript for ids (at most renewChunk per call).
+func renew(ctx context.Context, rdb redis.Scripter, keys Keys, group, consumer string, ids []string) (lost, deleted []string, err error) {
+	args := make([]any, 0, 2+len(ids))
+	args = append(args, group, consumer)
+	for _, id := range ids {
+		args = append(args, id)
+	}
+	res, err := renewScript.Run(ctx, rdb, []string{keys.Stream()}, args...).Slice()
+	if err != nil {
+		return nil, nil, fmt.Errorf("renew leases: %w", err)
+	}
+	strs := func(v any) []string {
+		l, _ := v.([]any)
+		out := make([]string, 0, len(l))
+		for _, x := range l {
+			if s, ok := x.(string); ok {
+				out = append(out, s)
+			}
+		}
+		return out
+	}
+	return strs(res[0]), strs(res[1]), nil
+}
+
+// renewChunk bounds the ids per renewal script call (Lua's unpack has a stack limit).
+const renewChunk = 1000
+
+// Stats describes a queue at one moment.
+type Stats struct {
+	// Length is the number of entries in the stream.
+	Length int64 `json:"length"`
+	// Pending is the number of entries delivered to the group and not acknowledged.
+	Pending int64 `json:"pending"`
+	// OldestPendingIdle is the idle time of the pending entry with the lowest id (the
+	// longest waiting one, unless it was reclaimed or renewed), 0 when none is pending.
+	OldestPendingIdle time.Duration `json:"oldest_pending_idle"`
+	// Dead is the number of entries in the dead-letter stream.
+	Dead int64 `json:"dead"`
+}
+
+// ReadStats reads Stats for group in one round trip (a pipeline of XLEN, XPENDING and
+// XLEN). A missing stream or group counts as empty. Safe for concurrent use.
+func ReadStats(ctx context.Context, rdb redis.Cmdable, keys Keys, group string) (Stats, error) {
+	pipe := rdb.Pipeline()
+	length := pipe.XLen(ctx, keys.Stream())
+	summary := pipe.XPending(ctx, keys.Stream(), group)
+	oldest := pipe.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: keys.Stream(), Group: group, Start: "-", End: "+", Count: 1})
+	dead := pipe.XLen(ctx, keys.Dead())
+	_, _ = pipe.Exec(ctx)
+	var s Stats
+	var err error
+	s.Length, err = length.Result()
+	if err != nil {
+		return Stats{}, fmt.Errorf("read queue stats: %w", err)
+	}
+	if s.Dead, err = dead.Result(); err != nil {
+		return Stats{}, fmt.Errorf("read queue stats: %w", err)
+	}
+	sum, err := summary.Result()
+	if err != nil && !isNoGroup(err) && !errors.Is(err, redis.Nil) {
+		return Stats{}, fmt.Errorf("read queue stats: %w", err)
+	}
+	if sum != nil {
+		s.Pending = sum.Count
+	}
+	if o, err := oldest.Result(); err == nil && len(o) > 0 {
+		s.OldestPendingIdle = o[0].Idle
+	}
+	return s, nil
+}
+
+// PendingEntry is one entry of a consumer group's pending entries list.
+type PendingEntry struct {
+	// ID is the stream entry id.
+	ID string `json:"id"`
+	// Consumer owns the entry.
+	Consumer string `json:"consumer"`
+	// Idle is the time since it was last delivered, claimed or renewed.
+	Idle time.Duration `json:"idle"`
+	// Deliveries is its delivery count.
+	Deliveries int64 `json:"deliveries"`
+}
+
+// StalePending returns up to count entries of group that have been pending for at least
+// idle without a delivery, claim or lease renewal (XPENDING ... IDLE), lowest id first.
+// With workers running, an entry stays pending longer than about ClaimIdle plus the
+// claim interval only when nothing reclaims it, so `onceflow audit` reports entries
+// idle for twice ClaimIdle. A missing stream or group has none. One round trip; safe for
+// concurrent use.
+func StalePending(ctx context.Context, rdb redis.Cmdable, keys Keys, group string, idle time.Duration, count int64) ([]PendingEntry, error) {
+	res, err := rdb.XPendingExt(ctx, &redis.XPendingExtArgs{
+		Stream: keys.Stream(), Group: group, Idle: idle, Start: "-", End: "+", Count: count,
+	}).Result()
+	if isNoGroup(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read stale pending entries: %w", err)
+	}
+	out := make([]PendingEntry, 0, len(res))
+	for _, p := range res {
+		out = append(out, PendingEntry{ID: p.ID, Consumer: p.Consumer, Idle: p.Idle, Deliveries: p.RetryCount})
+	}
+	return out, nil
+}

@@ -1,0 +1,848 @@
+package queue
+
+import (
+	"cmp"
+	"context"
+	crand "crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+)
+
+// Worker defaults; see WorkerConfig.
+const (
+	DefaultGroup           = "workers"
+	DefaultConcurrency     = 64
+	DefaultClaimIdle       = 2 * time.Minute
+	DefaultMaxDeliveries   = 5
+	DefaultBlock           = time.Second
+	DefaultShutdownTimeout = 30 * time.Second
+	DefaultAckBatch        = 512
+	DefaultAckLinger       = 500 * time.Microsecond
+	DefaultTrimInterval    = time.Minute
+	DefaultConsumerMaxIdle = time.Hour
+	DefaultStatsInterval   = 15 * time.Second
+)
+
+// WorkerConfig configures a Worker. Redis, Keys and Handler are required; every other
+// field has a default, applied by NewWorker.
+type WorkerConfig struct {
+	// Redis is the client the worker uses (a *redis.Client or *redis.ClusterClient). Its
+	// pool must allow a few connections at once: the read loop, the acknowledger, the
+	// lease renewer, maintenance and dead-lettering handlers each hold one while busy.
+	Redis redis.UniversalClient
+	// Keys names the queue.
+	Keys Keys
+	// Handler runs the jobs.
+	Handler Handler
+
+	// Group is the consumer group, created (idempotently) when Run starts.
+	// Default: DefaultGroup ("workers").
+	Group string
+	// Consumer is this worker's name in the group; it must be unique among the workers
+	// of a group. Default: ConsumerName() (host, pid and a random suffix).
+	Consumer string
+	// Concurrency is the most handlers that run at once; the worker never reads more
+	// messages than it has free slots. Default: 64.
+	Concurrency int
+	// ClaimIdle is how long an entry must have been idle (not delivered, claimed or
+	// renewed) before a worker reclaims it: the time in which a dead worker's jobs, and a
+	// failed run's, are retried. Default: 2m.
+	ClaimIdle time.Duration
+	// MaxDeliveries is the most deliveries of one entry that run the handler; the next
+	// one dead-letters it with the reason "exceeded N deliveries". Default: 5.
+	MaxDeliveries int
+	// Block is how long one XREADGROUP waits for new messages; it bounds how late the
+	// worker notices cancellation. Default: 1s.
+	Block time.Duration
+	// ClaimInterval is how often the worker looks for entries to reclaim when its last
+	// XAUTOCLAIM scan reached the end of the pending list (while a scan is under way it
+	// continues on every loop). Default: ClaimIdle/4, at most 1s.
+	ClaimInterval time.Duration
+	// RenewInterval is how often the idle time of in-flight entries is reset, so that a
+	// run longer than ClaimIdle keeps its entry. Negative disables renewal (then ClaimIdle
+	// must exceed the slowest run, or slow runs are reclaimed and run twice).
+	// Default: ClaimIdle/3. It must be shorter than ClaimIdle.
+	RenewInterval time.Duration
+	// ShutdownTimeout is how long Run waits, once its context is cancelled, for running
+	// handlers before it cancels their context. Default: 30s.
+	ShutdownTimeout time.Duration
+	// AckBatch is the most ids one XACK carries. Default: 512.
+	AckBatch int
+	// AckLinger is how long the acknowledger waits for more finished jobs before sending
+	// a batch that is not full; a longer linger means fewer XACK round trips, and on a
+	// crash that many more finished jobs redelivered. Negative sends each batch as soon
+	// as the previous XACK returned. Default: 500µs.
+	AckLinger time.Duration
+	// TrimInterval is how often the worker trims acknowledged entries and deletes idle
+	// consumers. Negative disables both. Default: 1m.
+	TrimInterval time.Duration
+	// ConsumerMaxIdle is how long a consumer with no pending entries may stay idle before
+	// maintenance deletes it from the group. Negative disables deletion. Default: 1h.
+	ConsumerMaxIdle time.Duration
+	// StatsInterval is how often the stream length, pending count, oldest pending idle
+	// time and dead-letter count gauges are sampled (only when Registerer is set).
+	// Default: 15s.
+	StatsInterval time.Duration
+
+	// Logger receives the worker's logs. Default: slog.Default().
+	Logger *slog.Logger
+	// Registerer receives the worker's metrics (onceflow_queue_*). Default: nil, not
+	// exported.
+	Registerer prometheus.Registerer
+}
+
+// withDefaults returns c with every zero field set to its default.
+func (c WorkerConfig) withDefaults() WorkerConfig {
+	c.Group = cmp.Or(c.Group, DefaultGroup)
+	c.Consumer = cmp.Or(c.Consumer, ConsumerName())
+	c.Concurrency = cmp.Or(c.Concurrency, DefaultConcurrency)
+	c.ClaimIdle = cmp.Or(c.ClaimIdle, DefaultClaimIdle)
+	c.MaxDeliveries = cmp.Or(c.MaxDeliveries, DefaultMaxDeliveries)
+	c.Block = cmp.Or(c.Block, DefaultBlock)
+	c.ClaimInterval = cmp.Or(c.ClaimInterval, min(c.ClaimIdle/4, time.Second))
+	c.RenewInterval = cmp.Or(c.RenewInterval, c.ClaimIdle/3)
+	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, DefaultShutdownTimeout)
+	c.AckBatch = cmp.Or(c.AckBatch, DefaultAckBatch)
+	c.AckLinger = cmp.Or(c.AckLinger, DefaultAckLinger)
+	c.TrimInterval = cmp.Or(c.TrimInterval, DefaultTrimInterval)
+	c.ConsumerMaxIdle = cmp.Or(c.ConsumerMaxIdle, DefaultConsumerMaxIdle)
+	c.StatsInterval = cmp.Or(c.StatsInterval, DefaultStatsInterval)
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// validate reports the first invalid setting of a config with defaults applied.
+func (c WorkerConfig) validate() error {
+	switch {
+	case c.Redis == nil:
+		return errors.New("queue: WorkerConfig.Redis is required")
+	case c.Handler == nil:
+		return errors.New("queue: WorkerConfig.Handler is required")
+	case c.Concurrency < 1:
+		return fmt.Errorf("queue: Concurrency %d must be at least 1", c.Concurrency)
+	case c.ClaimIdle < time.Millisecond:
+		return fmt.Errorf("queue: ClaimIdle %v must be at least 1ms", c.ClaimIdle)
+	case c.MaxDeliveries < 1:
+		return fmt.Errorf("queue: MaxDeliveries %d must be at least 1", c.MaxDeliveries)
+	case c.Block < time.Millisecond:
+		return fmt.Errorf("queue: Block %v must be at least 1ms", c.Block)
+	case c.ClaimInterval <= 0:
+		return fmt.Errorf("queue: ClaimInterval %v must be positive", c.ClaimInterval)
+	case c.RenewInterval >= c.ClaimIdle:
+		return fmt.Errorf("queue: RenewInterval %v must be shorter than ClaimIdle %v (or negative to disable renewal)", c.RenewInterval, c.ClaimIdle)
+	case c.ShutdownTimeout <= 0:
+		return fmt.Errorf("queue: ShutdownTimeout %v must be positive", c.ShutdownTimeout)
+	case c.AckBatch < 1:
+		return fmt.Errorf("queue: AckBatch %d must be at least 1", c.AckBatch)
+	case c.StatsInterval <= 0:
+		return fmt.Errorf("queue: StatsInterval %v must be positive", c.StatsInterval)
+	case strings.ContainsAny(c.Group, " \t\r\n") || strings.ContainsAny(c.Consumer, " \t\r\n"):
+		return fmt.Errorf("queue: group %q and consumer %q must not contain whitespace", c.Group, c.Consumer)
+	}
+	return c.Keys.Validate()
+}
+
+// ConsumerName returns a consumer name unique to this process and call:
+// host-pid-random, for example "web-3-41237-9f2c61d0".
+func ConsumerName() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "host"
+	}
+	host = strings.Map(func(r rune) rune {
+		if r <= ' ' || r > '~' {
+			return '_'
+		}
+		return r
+	}, host)
+	b := make([]byte, 4)
+	_, _ = crand.Read(b)
+	return fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b))
+}
+
+// ErrWorkerStarted is returned by a second call of Worker.Run.
+var ErrWorkerStarted = errors.New("queue: worker already started")
+
+// Worker runs the jobs of one queue with up to Concurrency handlers at once; see the
+// package documentation for its loop. Create it with NewWorker and call Run once. Its
+// methods are safe for concurrent use.
+type Worker struct {
+	cfg  WorkerConfig
+	keys Keys
+	rdb  redis.UniversalClient
+	log  *slog.Logger
+	m    *workerMetrics
+
+	slots    chan struct{} // one token per busy slot
+	jobs     chan delivery // to idle handler goroutines
+	idle     atomic.Int64  // handler goroutines waiting on jobs, minus jobs sent
+	spawned  atomic.Int64  // handler goroutines started
+	handlers sync.WaitGroup
+	acks     *acker
+	started  atomic.Bool
+
+	mu       sync.Mutex
+	inFlight map[string]struct{} // entries whose handler runs
+
+	// Owned by the read loop.
+	cursor   string    // XAUTOCLAIM cursor
+	lastScan time.Time // when the last XAUTOCLAIM scan reached the end
+}
+
+// NewWorker checks cfg, applies its defaults and returns a Worker ready to Run. It
+// returns an error naming the first invalid setting. It does not touch Redis.
+func NewWorker(cfg WorkerConfig) (*Worker, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	log := cfg.Logger.With("queue", cfg.Keys.Queue, "consumer", cfg.Consumer)
+	m := newWorkerMetrics(cfg.Registerer, cfg.Keys.Queue)
+	return &Worker{
+		cfg: cfg, keys: cfg.Keys, rdb: cfg.Redis, log: log, m: m,
+		slots:    make(chan struct{}, cfg.Concurrency),
+		jobs:     make(chan delivery, cfg.Concurrency),
+		acks:     newAcker(cfg.Redis, cfg.Keys, cfg.Group, cfg.AckBatch, cfg.AckLinger, log, m),
+		inFlight: make(map[string]struct{}),
+		cursor:   "0-0",
+	}, nil
+}
+
+// Consumer returns the worker's consumer name.
+func (w *Worker) Consumer() string { return w.cfg.Consumer }
+
+// Run creates the consumer group if needed and runs jobs until ctx is cancelled, then
+// shuts down: it stops reading, waits up to ShutdownTimeout for running handlers (then
+// cancels their context and waits a little more), acknowledges the jobs that finished,
+// stops renewing leases and returns nil. Unfinished jobs are never acknowledged: they
+// stay pending and another worker reclaims them after ClaimIdle.
+//
+// Redis errors do not stop Run: it logs them, counts them and retries with backoff.
+// Run may be called once; a second call returns ErrWorkerStarted.
+func (w *Worker) Run(ctx context.Context) error {
+	if !w.started.CompareAndSwap(false, true) {
+		return ErrWorkerStarted
+	}
+	go w.acks.run()
+	defer w.acks.close() // idempotent; on the normal path it already ran below
+	if !w.createGroup(ctx) {
+		return nil
+	}
+	w.log.InfoContext(ctx, "worker started", "concurrency", w.cfg.Concurrency, "claim_idle", w.cfg.ClaimIdle,
+		"max_deliveries", w.cfg.MaxDeliveries, "renew_interval", w.cfg.RenewInterval)
+
+	// Handlers and the renewer outlive ctx: they stop after the drain, not at the signal.
+	hctx, cancelHandlers := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelHandlers()
+	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopBG()
+	var background sync.WaitGroup
+	if w.cfg.RenewInterval > 0 {
+		background.Go(func() { w.renewLoop(bg) })
+	}
+	background.Go(func() { w.maintainLoop(ctx) })
+
+	w.readLoop(ctx, hctx)
+	close(w.jobs)
+
+	n := w.inFlightCount()
+	w.log.Info("worker stopping: waiting for in-flight jobs", "in_flight", n, "timeout", w.cfg.ShutdownTimeout)
+	if !waitTimeout(&w.handlers, w.cfg.ShutdownTimeout) {
+		w.log.Warn("shutdown timeout: cancelling in-flight jobs, which stay pending", "in_flight", w.inFlightCount())
+		cancelHandlers()
+		grace := min(w.cfg.ShutdownTimeout, 5*time.Second)
+		if !waitTimeout(&w.handlers, grace) {
+			w.log.Error("handlers ignored cancellation; abandoning them, their entries stay pending", "in_flight", w.inFlightCount())
+		}
+	}
+	stopBG()
+	w.acks.close()
+	background.Wait()
+	w.log.Info("worker stopped")
+	return nil
+}
+
+// createGroup creates the consumer group, retrying with backoff until it succeeds
+// (true) or ctx is cancelled (false).
+func (w *Worker) createGroup(ctx context.Context) bool {
+	var b backoff
+	for {
+		err := CreateGroup(ctx, w.rdb, w.keys, w.cfg.Group)
+		if err == nil {
+			return true
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		w.m.redisError("group")
+		w.log.Warn("cannot create consumer group; retrying", "err", err)
+		if !b.sleep(ctx) {
+			return false
+		}
+	}
+}
+
+// readLoop reads messages and hands them to handler goroutines until ctx is cancelled.
+func (w *Worker) readLoop(ctx, hctx context.Context) {
+	var b backoff
+	backlog := false
+	for {
+		n := w.acquire(ctx, backlog)
+		if n == 0 {
+			return
+		}
+		batch, err := w.fetch(ctx, n)
+		backlog = len(batch) == n
+		w.release(n - len(batch))
+		for _, d := range batch {
+			w.m.deliveries.Inc()
+			if d.deliveries > 1 {
+				w.m.redeliveries.Inc()
+			}
+			w.dispatch(hctx, d)
+		}
+		if err != nil {
+			w.log.Warn("reading the queue failed; retrying", "err", err)
+			if !b.sleep(ctx) {
+				return
+			}
+			continue
+		}
+		b.reset()
+	}
+}
+
+// acquire waits for a free slot and takes every free slot; it returns how many it took,
+// 0 when ctx was cancelled. When the last read was full (a backlog is waiting) and some
+// slots are still busy, it waits up to batchWait for them, so that a busy worker reads in
+// large batches instead of spending a round trip on every few messages.
+func (w *Worker) acquire(ctx context.Context, backlog bool) int {
+	select {
+	case w.slots <- struct{}{}:
+	case <-ctx.Done():
+		return 0
+	}
+	n := 1 + w.takeFree()
+	if !backlog || n == w.cfg.Concurrency {
+		return n
+	}
+	t := time.NewTimer(batchWait)
+	defer t.Stop()
+	for n < w.cfg.Concurrency {
+		select {
+		case w.slots <- struct{}{}:
+			n += 1 + w.takeFree()
+		case <-t.C:
+			return n
+		case <-ctx.Done():
+			return n
+		}
+	}
+	return n
+}
+
+// batchWait bounds how long acquire waits for busy slots when a backlog waits.
+const batchWait = time.Millisecond
+
+// takeFree takes every slot free right now and returns how many.
+func (w *Worker) takeFree() int {
+	n := 0
+	for {
+		select {
+		case w.slots <- struct{}{}:
+			n++
+		default:
+			return n
+		}
+	}
+}
+
+func (w *Worker) release(n int) {
+	for range n {
+		<-w.slots
+	}
+}
+
+// delivery is one entry handed to the worker.
+type delivery struct {
+	id         string
+	fields     map[string]any
+	deliveries int64
+}
+
+// fetch returns up to n deliveries: reclaimed entries first (when a reclaim scan is
+// due), then new ones. It returns what it got even with an error.
+func (w *Worker) fetch(ctx context.Context, n int) ([]delivery, error) {
+	// A read in progress completes even if ctx is cancelled meanwhile: the entries it
+	// returns are pending to this consumer, and are run within the shutdown timeout.
+	rctx := context.WithoutCancel(ctx)
+	var out []delivery
+	if w.cursor != "0-0" || time.Since(w.lastScan) >= w.cfg.ClaimInterval {
+		claimed, err := w.reclaim(rctx, n)
+		if err != nil {
+			return nil, err
+		}
+		out = claimed
+	}
+	rest := n - len(out)
+	if rest == 0 || ctx.Err() != nil {
+		return out, nil
+	}
+	block := w.cfg.Block
+	if len(out) > 0 {
+		block = -1 // jobs are waiting: do not block
+	}
+	res, err := w.rdb.XReadGroup(rctx, &redis.XReadGroupArgs{
+		Group: w.cfg.Group, Consumer: w.cfg.Consumer, Streams: []string{w.keys.Stream(), ">"},
+		Count: int64(rest), Block: block,
+	}).Result()
+	if errors.Is(err, redis.Nil) {
+		return out, nil
+	}
+	if err != nil {
+		w.m.redisError("read")
+		if isNoGroup(err) {
+			w.createGroup(ctx)
+		}
+		return out, fmt.Errorf("read new messages: %w", err)
+	}
+	for _, s := range res {
+		for _, m := range s.Messages {
+			out = append(out, delivery{id: m.ID, fields: m.Values, deliveries: 1})
+		}
+	}
+	return out, nil
+}
+
+// reclaim runs one XAUTOCLAIM step for up to n entries and reads their delivery counts
+// with one XPENDING range call.
+func (w *Worker) reclaim(ctx context.Context, n int) ([]delivery, error) {
+	msgs, cursor, deleted, err := w.rdb.XAutoClaimWithDeleted(ctx, &redis.XAutoClaimArgs{
+		Stream: w.keys.Stream(), Group: w.cfg.Group, Consumer: w.cfg.Consumer,
+		MinIdle: w.cfg.ClaimIdle, Start: w.cursor, Count: int64(n),
+	}).Result()
+	if err != nil {
+		w.m.redisError("reclaim")
+		if isNoGroup(err) {
+			w.createGroup(ctx)
+		}
+		return nil, fmt.Errorf("reclaim idle messages: %w", err)
+	}
+	w.cursor = cursor
+	if cursor == "0-0" {
+		w.lastScan = time.Now()
+	}
+	for _, id := range deleted {
+		w.m.deletedPending.Inc()
+		w.log.Error("a pending entry was deleted from the stream before it was acknowledged (XDEL or MAXLEN trimming outside the worker); its job is lost", "entry", id)
+	}
+	if len(msgs) == 0 {
+		return nil, nil
+	}
+	w.m.reclaimed.Add(float64(len(msgs)))
+	var claimed []redis.XMessage
+	for _, m := range msgs {
+		if w.isInFlight(m.ID) {
+			// Our own run of it is still going (renewal off or late): do not start a second.
+			w.log.Warn("reclaimed an entry this worker is still running; not running it twice", "entry", m.ID)
+			continue
+		}
+		claimed = append(claimed, m)
+	}
+	if len(claimed) == 0 {
+		return nil, nil
+	}
+	counts, err := w.deliveryCounts(ctx, claimed)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]delivery, 0, len(claimed))
+	for _, m := range claimed {
+		c, ok := counts[m.ID]
+		if !ok {
+			w.log.Warn("reclaimed entry is no longer pending to this worker; skipping it", "entry", m.ID)
+			continue
+		}
+		out = append(out, delivery{id: m.ID, fields: m.Values, deliveries: c})
+	}
+	return out, nil
+}
+
+// deliveryCounts reads the delivery counts of msgs with one XPENDING range call over
+// their ids, limited to this consumer (more calls only if other entries of ours in that
+// range fill the reply).
+func (w *Worker) deliveryCounts(ctx context.Context, msgs []redis.XMessage) (map[string]int64, error) {
+	want := make(map[string]bool, len(msgs))
+	lo, hi := msgs[0].ID, msgs[0].ID
+	for _, m := range msgs {
+		want[m.ID] = true
+		if compareIDs(m.ID, lo) < 0 {
+			lo = m.ID
+		}
+		if compareIDs(m.ID, hi) > 0 {
+			hi = m.ID
+		}
+	}
+	count := int64(len(msgs) + w.inFlightCount() + 16)
+	counts := make(map[string]int64, len(msgs))
+	for start := lo; ; {
+		res, err := w.rdb.XPendingExt(ctx, &redis.XPendingExtArgs{
+			Stream: w.keys.Stream(), Group: w.cfg.Group, Start: start, End: hi, Count: count, Consumer: w.cfg.Consumer,
+		}).Result()
+		if err != nil {
+			w.m.redisError("pending")
+			return nil, fmt.Errorf("read delivery counts: %w", err)
+		}
+		for _, p := range res {
+			if want[p.ID] {
+				counts[p.ID] = p.RetryCount
+			}
+		}
+		if int64(len(res)) < count || len(counts) == len(want) {
+			return counts, nil
+		}
+		start = "(" + res[len(res)-1].ID
+	}
+}
+
+// dispatch hands d to an idle handler goroutine, or starts one. The goroutines stay for
+// the next jobs (no goroutine start and stack growth per job), so there are as many as
+// the peak number of jobs run at once, at most Concurrency. idle counts goroutines
+// waiting for a job minus jobs already sent to them; a delivery is only dispatched while
+// its slot is held, so w.jobs (buffered Concurrency) never blocks.
+func (w *Worker) dispatch(hctx context.Context, d delivery) {
+	if w.idle.Add(-1) >= 0 {
+		w.jobs <- d
+		return
+	}
+	w.idle.Add(1)
+	w.spawned.Add(1)
+	w.handlers.Go(func() {
+		for {
+			w.process(hctx, d)
+			// Idle before the slot is free: whoever takes the slot finds this
+			// goroutine waiting, so there are never more goroutines than slots.
+			w.idle.Add(1)
+			w.release(1)
+			var ok bool
+			if d, ok = <-w.jobs; !ok {
+				return
+			}
+		}
+	})
+}
+
+// process decides the fate of one delivery.
+func (w *Worker) process(ctx context.Context, d delivery) {
+	msg, err := ParseMessage(d.fields)
+	if err != nil {
+		detail := strings.TrimPrefix(err.Error(), ErrMalformed.Error()+": ")
+		w.bury(d, nil, reasonMalformed, "malformed: "+detail)
+		return
+	}
+	if d.deliveries > int64(w.cfg.MaxDeliveries) {
+		w.bury(d, &msg, reasonMaxDeliveries, fmt.Sprintf("exceeded %d deliveries", w.cfg.MaxDeliveries))
+		return
+	}
+	job := &Job{Message: msg, ID: d.id, Deliveries: d.deliveries}
+	w.track(d.id)
+	outcome, err := w.run(ctx, job)
+	w.untrack(d.id)
+	switch outcome {
+	case outcomeOK:
+		if !w.acks.add(d.id) {
+			w.log.Warn("job finished after shutdown; it stays pending and will run again", "job_id", job.JobID, "entry", d.id)
+		}
+	case outcomePermanent:
+		w.bury(d, &msg, reasonPermanent, "permanent: "+err.Error())
+	default:
+		w.log.Warn("job failed; it stays pending and is retried after ClaimIdle", "job_id", job.JobID, "entry", d.id,
+			"deliveries", d.deliveries, "max_deliveries", w.cfg.MaxDeliveries, "err", err)
+	}
+}
+
+// run calls the handler, turning a panic into an error.
+func (w *Worker) run(ctx context.Context, job *Job) (outcome string, err error) {
+	start := time.Now()
+	w.m.inFlight.Inc()
+	defer func() {
+		if p := recover(); p != nil {
+			outcome, err = outcomePanic, fmt.Errorf("handler panic: %v", p)
+			w.log.Error("job handler panicked; the job stays pending", "job_id", job.JobID, "entry", job.ID,
+				"panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+		}
+		w.m.inFlight.Dec()
+		w.m.handlerDuration[outcome].Observe(time.Since(start).Seconds())
+	}()
+	err = w.cfg.Handler.Handle(ctx, job)
+	switch {
+	case err == nil:
+		return outcomeOK, nil
+	case errors.Is(err, ErrPermanent):
+		return outcomePermanent, err
+	default:
+		return outcomeError, err
+	}
+}
+
+// bury moves d to the dead-letter stream. On a Redis error the entry stays pending and
+// is buried on a later delivery.
+func (w *Worker) bury(d delivery, msg *Message, label, reason string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	deadID, ok, err := deadLetter(ctx, w.rdb, w.keys, w.cfg.Group, w.cfg.Consumer, d.id, d.fields, msg, reason, time.Now())
+	jobID, _ := d.fields[fieldJobID].(string)
+	switch {
+	case err != nil:
+		w.m.redisError("dead_letter")
+		w.log.Error("dead-lettering failed; the entry stays pending and is retried after ClaimIdle", "job_id", clip(jobID), "entry", d.id, "reason", reason, "err", err)
+	case !ok:
+		w.log.Warn("not dead-lettering an entry another worker now owns", "job_id", clip(jobID), "entry", d.id, "reason", reason)
+	default:
+		w.m.deadLettered[label].Inc()
+		w.log.Warn("job dead-lettered", "job_id", clip(jobID), "entry", d.id, "dead_id", deadID, "deliveries", d.deliveries, "reason", reason)
+	}
+}
+
+func (w *Worker) track(id string) {
+	w.mu.Lock()
+	w.inFlight[id] = struct{}{}
+	w.mu.Unlock()
+}
+
+func (w *Worker) untrack(id string) {
+	w.mu.Lock()
+	delete(w.inFlight, id)
+	w.mu.Unlock()
+}
+
+func (w *Worker) isInFlight(id string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	_, ok := w.inFlight[id]
+	return ok
+}
+
+func (w *Worker) inFlightCount() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.inFlight)
+}
+
+func (w *Worker) inFlightIDs() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	ids := make([]string, 0, len(w.inFlight))
+	for id := range w.inFlight {
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+// renewLoop resets the idle time of in-flight entries every RenewInterval until ctx is
+// cancelled.
+func (w *Worker) renewLoop(ctx context.Context) {
+	t := time.NewTicker(w.cfg.RenewInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		ids := w.inFlightIDs()
+		for len(ids) > 0 {
+			chunk := ids[:min(len(ids), renewChunk)]
+			ids = ids[len(chunk):]
+			w.renewChunk(ctx, chunk)
+		}
+	}
+}
+
+func (w *Worker) renewChunk(ctx context.Context, ids []string) {
+	rctx, cancel := context.WithTimeout(ctx, w.cfg.RenewInterval)
+	defer cancel()
+	lost, deleted, err := renew(rctx, w.rdb, w.keys, w.cfg.Group, w.cfg.Consumer, ids)
+	if err != nil {
+		w.m.redisError("renew")
+		w.log.Warn("lease renewal failed", "entries", len(ids), "err", err)
+		return
+	}
+	w.m.leaseRenewals.Add(float64(len(ids) - len(lost) - len(deleted)))
+	for _, id := range lost {
+		if w.isInFlight(id) { // else it finished and was acknowledged meanwhile
+			w.m.leasesLost.Inc()
+			w.log.Warn("lease lost: an entry this worker is still running is no longer pending to it (another worker reclaimed or acknowledged it); both runs may complete", "entry", id)
+		}
+	}
+	for _, id := range deleted {
+		w.m.deletedPending.Inc()
+		w.log.Error("an in-flight entry was deleted from the stream (XDEL or MAXLEN trimming outside the worker)", "entry", id)
+	}
+}
+
+// maintainLoop trims the stream, deletes idle consumers and samples gauges until ctx is
+// cancelled. The first run of each comes after a random part of its interval, so
+// workers started together do not act in step.
+func (w *Worker) maintainLoop(ctx context.Context) {
+	var trim, stats <-chan time.Time
+	if w.cfg.TrimInterval > 0 {
+		t := newJitterTicker(w.cfg.TrimInterval)
+		defer t.Stop()
+		trim = t.C
+	}
+	if w.cfg.Registerer != nil {
+		t := newJitterTicker(w.cfg.StatsInterval)
+		defer t.Stop()
+		stats = t.C
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-trim:
+			w.maintain(ctx)
+		case <-stats:
+			w.sample(ctx)
+		}
+	}
+}
+
+// maintain trims acknowledged entries and deletes idle consumers.
+func (w *Worker) maintain(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	n, err := Trim(ctx, w.rdb, w.keys)
+	if err != nil {
+		w.m.redisError("trim")
+		w.log.Warn("trim failed", "err", err)
+	} else if n > 0 {
+		w.m.trimmed.Add(float64(n))
+		w.log.Debug("trimmed acknowledged entries", "entries", n)
+	}
+	if w.cfg.ConsumerMaxIdle < 0 {
+		return
+	}
+	names, err := DeleteIdleConsumers(ctx, w.rdb, w.keys, w.cfg.Group, w.cfg.Consumer, w.cfg.ConsumerMaxIdle)
+	if err != nil {
+		w.m.redisError("consumers")
+		w.log.Warn("deleting idle consumers failed", "err", err)
+		return
+	}
+	w.m.consumersDeleted.Add(float64(len(names)))
+	for _, n := range names {
+		w.log.Info("deleted idle consumer with no pending entries", "deleted", n, "idle_over", w.cfg.ConsumerMaxIdle)
+	}
+}
+
+// sample sets the stream gauges.
+func (w *Worker) sample(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	s, err := ReadStats(ctx, w.rdb, w.keys, w.cfg.Group)
+	if err != nil {
+		w.m.redisError("stats")
+		w.log.Debug("sampling queue stats failed", "err", err)
+		return
+	}
+	w.m.streamLength.Set(float64(s.Length))
+	w.m.pending.Set(float64(s.Pending))
+	w.m.oldestPendingIdle.Set(s.OldestPendingIdle.Seconds())
+	w.m.deadLetters.Set(float64(s.Dead))
+}
+
+// jitterTicker ticks every d, the first time after a random fraction of d.
+type jitterTicker struct {
+	C    <-chan time.Time
+	stop chan struct{}
+}
+
+func newJitterTicker(d time.Duration) *jitterTicker {
+	c := make(chan time.Time, 1)
+	t := &jitterTicker{C: c, stop: make(chan struct{})}
+	go func() {
+		timer := time.NewTimer(time.Duration(rand.Int64N(int64(d))) + 1)
+		defer timer.Stop()
+		for {
+			select {
+			case <-t.stop:
+				return
+			case now := <-timer.C:
+				select {
+				case c <- now:
+				default:
+				}
+				timer.Reset(d)
+			}
+		}
+	}()
+	return t
+}
+
+func (t *jitterTicker) Stop() { close(t.stop) }
+
+// backoff sleeps 100ms, 200ms, ... up to 5s, with jitter, between failed attempts.
+type backoff struct{ n int }
+
+func (b *backoff) reset() { b.n = 0 }
+
+// sleep waits for the next backoff step; it reports false when ctx was cancelled.
+func (b *backoff) sleep(ctx context.Context) bool {
+	d := min(100*time.Millisecond<<min(b.n, 6), 5*time.Second)
+	b.n++
+	d = d/2 + time.Duration(rand.Int64N(int64(d/2)+1))
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// waitTimeout waits for wg up to d and reports whether it finished.
+func waitTimeout(wg *sync.WaitGroup, d time.Duration) bool {
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-done:
+		return true
+	case <-t.C:
+		return false
+	}
+}
+
+// compareIDs orders two stream ids (ms-seq).
+func compareIDs(a, b string) int {
+	am, as := splitID(a)
+	bm, bs := splitID(b)
+	if c := cmp.Compare(am, bm); c != 0 {
+		return c
+	}
+	return cmp.Compare(as, bs)
+}
+
+func splitID(id string) (ms, seq uint64) {
+	m, q, _ := strings.Cut(id, "-")
+	ms, _ = strconv.ParseUint(m, 10, 64)
+	seq, _ = strconv.ParseUint(q, 10, 64)
+	return ms, seq
+}
