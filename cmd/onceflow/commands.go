@@ -33,6 +33,8 @@ func commands() []command {
 		{"serve", "run the HTTP API", runServe},
 		{"work", "run a Redis Streams worker (run several, on several machines)", runWork},
 		{"dlq", "list, replay or purge dead-lettered jobs: dlq list | replay ID|--all | purge ID|--all", runDLQ},
+		{"run", "run serve, work and relay in one process", runRun},
+		{"audit", "check the pipeline's invariants on live data and print counts (exit 4 on a violation)", runAudit},
 		{"relay", "run the outbox relay (run several: they never send the same row at once)", runRelay},
 		{"outbox", "list [--failed] [--json] | retry ID|--all: inspect outbox rows, reset exhausted ones", runOutbox},
 		{"fake-llm", "serve a fake OpenAI-compatible model with injectable faults (demos and tests)", runFakeLLM},

@@ -4,15 +4,11 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/onceflow/onceflow/config"
-	"github.com/onceflow/onceflow/internal/connect"
-	"github.com/onceflow/onceflow/internal/httpapi"
 	"github.com/onceflow/onceflow/outbox"
-	"github.com/onceflow/onceflow/outbox/pgoutbox"
 	"github.com/onceflow/onceflow/outbox/smtp"
 	"github.com/onceflow/onceflow/outbox/webhook"
 )
@@ -25,34 +21,17 @@ func runRelay(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	sender, err := newOutboxSender(cfg, log)
+	d, err := newDeps(ctx, cfg, log, false, true)
 	if err != nil {
 		return err
 	}
-	pool, err := connect.Postgres(ctx, cfg.DatabaseURL, nil)
+	defer d.Close()
+	relay, err := d.buildRelay()
 	if err != nil {
 		return err
-	}
-	defer pool.Close()
-	reg := newRegistry()
-	relay, err := outbox.NewRelay(pgoutbox.New(pool), sender, relayConfig(cfg, log, reg))
-	if err != nil {
-		return &config.Error{Name: "relay settings", Err: err}
 	}
 	log.InfoContext(ctx, "starting relay", "name", relay.Name(), "config", cfg)
-	var wg sync.WaitGroup
-	if cfg.MetricsAddr != "" {
-		api := httpapi.New(httpapi.Config{Logger: log, Registry: reg,
-			Checks: map[string]httpapi.Check{"postgres": pool.Ping}})
-		wg.Go(func() {
-			if err := httpapi.Serve(ctx, cfg.MetricsAddr, api, cfg.ShutdownTimeout, log, nil); err != nil {
-				log.ErrorContext(ctx, "metrics listener failed", "err", err)
-			}
-		})
-	}
-	err = relay.Run(ctx)
-	wg.Wait()
-	if err != nil {
+	if err := runAll(ctx, d, d.httpServer(), cfg.MetricsAddr, relay.Run); err != nil {
 		return fmt.Errorf("relay: %w", err)
 	}
 	log.InfoContext(ctx, "relay stopped")

@@ -5,8 +5,6 @@ import (
 	"fmt"
 
 	"github.com/onceflow/onceflow/config"
-	"github.com/onceflow/onceflow/internal/connect"
-	"github.com/onceflow/onceflow/internal/httpapi"
 )
 
 // runServe runs the HTTP API until SIGINT/SIGTERM, then drains in-flight requests within
@@ -20,26 +18,17 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	if err := cfg.RequireAPIKeys(); err != nil {
 		return err
 	}
+	d, err := newDeps(ctx, cfg, log, true, true)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	s := d.httpServer()
+	if err := d.buildAPI(s); err != nil {
+		return err
+	}
 	log.InfoContext(ctx, "starting serve", "config", cfg)
-	rdb, err := connect.Redis(cfg.RedisURL)
-	if err != nil {
-		return err
-	}
-	defer rdb.Close()
-	pool, err := connect.Postgres(ctx, cfg.DatabaseURL, nil)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	api := httpapi.New(httpapi.Config{
-		Logger:   log,
-		Registry: newRegistry(),
-		Checks: map[string]httpapi.Check{
-			"redis":    func(ctx context.Context) error { return rdb.Ping(ctx).Err() },
-			"postgres": pool.Ping,
-		},
-	})
-	if err := httpapi.Serve(ctx, cfg.HTTPAddr, api, cfg.ShutdownTimeout, log, nil); err != nil {
+	if err := runAll(ctx, d, s, cfg.HTTPAddr); err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
 	log.InfoContext(ctx, "serve stopped")

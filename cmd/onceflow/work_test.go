@@ -16,6 +16,7 @@ import (
 
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/queue"
+	"github.com/onceflow/onceflow/summaries"
 )
 
 // workEnv returns the environment of a `work` process on the shared test Redis under a
@@ -24,7 +25,7 @@ func workEnv(t *testing.T, extra ...string) ([]string, *redis.Client, queue.Keys
 	t.Helper()
 	rdb, prefix := testenv.Redis(t)
 	env := append([]string{"ONCEFLOW_REDIS_URL=" + testenv.RedisURL(t), "ONCEFLOW_PREFIX=" + prefix, "ONCEFLOW_SHUTDOWN_TIMEOUT=5s"}, extra...)
-	return env, rdb, queue.Keys{Prefix: prefix, Queue: serviceQueue}
+	return env, rdb, queue.Keys{Prefix: prefix, Queue: summaries.QueueName}
 }
 
 func startWork(t *testing.T, env []string, args ...string) *testenv.Process {

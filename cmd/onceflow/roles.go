@@ -1,0 +1,207 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/onceflow/onceflow/config"
+	"github.com/onceflow/onceflow/idempotency"
+	"github.com/onceflow/onceflow/idempotency/redisstore"
+	"github.com/onceflow/onceflow/internal/connect"
+	"github.com/onceflow/onceflow/internal/httpapi"
+	"github.com/onceflow/onceflow/llm"
+	"github.com/onceflow/onceflow/llm/anthropic"
+	"github.com/onceflow/onceflow/llm/fake"
+	"github.com/onceflow/onceflow/llm/llmmetrics"
+	"github.com/onceflow/onceflow/llm/openai"
+	"github.com/onceflow/onceflow/outbox"
+	"github.com/onceflow/onceflow/outbox/pgoutbox"
+	"github.com/onceflow/onceflow/queue"
+	"github.com/onceflow/onceflow/retry"
+	"github.com/onceflow/onceflow/summaries"
+)
+
+// deps are the connections and the metrics registry the roles of one process share:
+// `onceflow run` builds one set for serve, work and relay, so all their metrics appear on
+// one /metrics.
+type deps struct {
+	cfg  *config.Config
+	log  *slog.Logger
+	reg  *prometheus.Registry
+	rdb  *redis.Client
+	pool *pgxpool.Pool
+}
+
+// newDeps opens the clients a process needs (they connect lazily, so a process starts
+// while a store is down and reports it through /readyz). Close releases them.
+func newDeps(ctx context.Context, cfg *config.Config, log *slog.Logger, redisToo, postgresToo bool) (*deps, error) {
+	d := &deps{cfg: cfg, log: log, reg: newRegistry()}
+	if redisToo {
+		rdb, err := connect.Redis(cfg.RedisURL)
+		if err != nil {
+			return nil, &config.Error{Name: "ONCEFLOW_REDIS_URL", Value: config.RedactURL(cfg.RedisURL), Err: err}
+		}
+		d.rdb = rdb
+	}
+	if postgresToo {
+		pool, err := connect.Postgres(ctx, cfg.DatabaseURL, nil)
+		if err != nil {
+			d.Close()
+			return nil, &config.Error{Name: "ONCEFLOW_DATABASE_URL", Value: config.RedactURL(cfg.DatabaseURL), Err: err}
+		}
+		d.pool = pool
+	}
+	return d, nil
+}
+
+// Close releases the clients.
+func (d *deps) Close() {
+	if d.rdb != nil {
+		_ = d.rdb.Close()
+	}
+	if d.pool != nil {
+		d.pool.Close()
+	}
+}
+
+// checks returns the readiness checks of the stores d holds.
+func (d *deps) checks() map[string]httpapi.Check {
+	c := map[string]httpapi.Check{}
+	if d.rdb != nil {
+		c["redis"] = func(ctx context.Context) error { return d.rdb.Ping(ctx).Err() }
+	}
+	if d.pool != nil {
+		c["postgres"] = d.pool.Ping
+	}
+	return c
+}
+
+// keys names the service's queue under ONCEFLOW_PREFIX.
+func (d *deps) keys() queue.Keys { return serviceKeys(d.cfg) }
+
+// serviceKeys names the service's queue, summaries, under ONCEFLOW_PREFIX.
+func serviceKeys(cfg *config.Config) queue.Keys {
+	return queue.Keys{Prefix: cfg.Prefix, Queue: summaries.QueueName}
+}
+
+// httpServer returns the health, readiness and metrics endpoints over d's stores; the
+// API adds its routes to it, work and relay serve it on ONCEFLOW_METRICS_ADDR.
+func (d *deps) httpServer() *httpapi.Server {
+	return httpapi.New(httpapi.Config{Logger: d.log, Registry: d.reg, Checks: d.checks()})
+}
+
+// buildAPI adds the summaries routes to s: bearer-key authentication, then the
+// single-round-trip idempotent accept and the status read.
+func (d *deps) buildAPI(s *httpapi.Server) error {
+	if err := d.cfg.RequireAPIKeys(); err != nil {
+		return err
+	}
+	store, err := redisstore.New(d.rdb, redisstore.Config{
+		Prefix:    d.cfg.Prefix,
+		ResultTTL: d.cfg.ResultTTL,
+		Logger:    d.log,
+	})
+	if err != nil {
+		return err
+	}
+	mw, err := idempotency.New(idempotency.Config{
+		Store: store,
+		Tenant: func(r *http.Request) (string, error) {
+			if t, ok := httpapi.TenantFrom(r.Context()); ok {
+				return t, nil
+			}
+			return "", idempotency.ErrUnauthenticated
+		},
+		LockTTL:          d.cfg.LockTTL,
+		ResultTTL:        d.cfg.ResultTTL,
+		StoreTimeout:     d.cfg.IdempotencyTimeout,
+		MaxResponseBytes: d.cfg.IdempotencyResponseLimit,
+		Logger:           d.log,
+		Registerer:       d.reg,
+	})
+	if err != nil {
+		return err
+	}
+	api, err := summaries.NewAPI(summaries.APIConfig{
+		Redis: d.rdb, DB: d.pool, Keys: d.keys(), Idempotency: mw, Store: store,
+		ResultTTL: d.cfg.ResultTTL, Timeout: d.cfg.IdempotencyTimeout, Logger: d.log,
+	})
+	if err != nil {
+		return err
+	}
+	api.Register(s, httpapi.NewAuthenticator(d.cfg.APIKeys))
+	return nil
+}
+
+// buildHandler returns the summaries job handler with the configured model.
+func (d *deps) buildHandler() (queue.Handler, error) {
+	m := llmmetrics.New(d.reg)
+	client, err := newLLMClient(d.cfg)
+	if err != nil {
+		return nil, err
+	}
+	return summaries.NewHandler(summaries.HandlerConfig{
+		DB:    d.pool,
+		LLM:   m.Instrument(d.cfg.LLM, client),
+		Model: d.cfg.LLMModel,
+		Retry: retry.Policy{
+			MaxAttempts:    d.cfg.LLMMaxAttempts,
+			PerCallTimeout: d.cfg.LLMTimeout,
+			OnRetry:        m.OnRetry,
+		},
+		Budget: d.cfg.JobBudget,
+		Logger: d.log,
+	})
+}
+
+// newLLMClient returns the model client ONCEFLOW_LLM selects.
+func newLLMClient(cfg *config.Config) (llm.Client, error) {
+	switch cfg.LLM {
+	case "openai":
+		return openai.New(openai.Config{BaseURL: cfg.LLMBaseURL, APIKey: cfg.OpenAIAPIKey, Model: cfg.LLMModel}), nil
+	case "anthropic":
+		// The Anthropic adapter's base URL has no /v1; accept one by habit.
+		return anthropic.New(anthropic.Config{BaseURL: strings.TrimSuffix(strings.TrimSuffix(cfg.LLMBaseURL, "/"), "/v1"),
+			APIKey: cfg.AnthropicAPIKey, Model: cfg.LLMModel}), nil
+	case "fake":
+		return fake.New(), nil
+	}
+	return nil, &config.Error{Name: "ONCEFLOW_LLM", Value: cfg.LLM, Err: errors.New("unknown provider")}
+}
+
+// buildWorker returns the queue worker running h.
+func (d *deps) buildWorker(h queue.Handler) (*queue.Worker, error) {
+	w, err := queue.NewWorker(queue.WorkerConfig{
+		Redis: d.rdb, Keys: d.keys(), Handler: h,
+		Concurrency:     d.cfg.WorkerConcurrency,
+		ClaimIdle:       d.cfg.ClaimIdle,
+		MaxDeliveries:   d.cfg.MaxDeliveries,
+		ShutdownTimeout: d.cfg.ShutdownTimeout,
+		Logger:          d.log,
+		Registerer:      d.reg,
+	})
+	if err != nil {
+		return nil, &config.Error{Name: "worker settings", Err: err}
+	}
+	return w, nil
+}
+
+// buildRelay returns the outbox relay with the sender ONCEFLOW_SENDER selects.
+func (d *deps) buildRelay() (*outbox.Relay, error) {
+	sender, err := newOutboxSender(d.cfg, d.log)
+	if err != nil {
+		return nil, err
+	}
+	r, err := outbox.NewRelay(pgoutbox.New(d.pool), sender, relayConfig(d.cfg, d.log, d.reg))
+	if err != nil {
+		return nil, &config.Error{Name: "relay settings", Err: err}
+	}
+	return r, nil
+}

@@ -1,0 +1,214 @@
+package summaries
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/onceflow/onceflow/llm"
+	"github.com/onceflow/onceflow/queue"
+	"github.com/onceflow/onceflow/retry"
+)
+
+// The side effect a finished job asks for: one email, sent by the outbox relay with the
+// dedupe key as the provider's idempotency key.
+const (
+	// TopicSummaryReady is the outbox topic of the "summary ready" email.
+	TopicSummaryReady = "email.summary_ready"
+	// DefaultJobBudget is the deadline of one delivery, across model attempts and sleeps.
+	DefaultJobBudget = 60 * time.Second
+)
+
+// DedupeKey returns the outbox dedupe key of a job's email: summary_ready:<job_id>.
+func DedupeKey(jobID string) string { return "summary_ready:" + jobID }
+
+// DB is what the handler needs from PostgreSQL: *pgxpool.Pool has it.
+type DB interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// HandlerConfig configures the job handler.
+type HandlerConfig struct {
+	// DB stores summaries and outbox rows. Required.
+	DB DB
+	// LLM is the model. Required.
+	LLM llm.Client
+	// Model is the model name sent with each request; empty means the client's default.
+	Model string
+	// Retry is the in-process retry policy of the model call; its PerCallTimeout is
+	// ONCEFLOW_LLM_TIMEOUT and MaxAttempts ONCEFLOW_LLM_MAX_ATTEMPTS. Zero fields take
+	// the retry package's defaults.
+	Retry retry.Policy
+	// Budget is the deadline of one delivery (ONCEFLOW_JOB_BUDGET). Default: 60s.
+	Budget time.Duration
+	// Logger receives the handler's logs. Default: slog.Default().
+	Logger *slog.Logger
+}
+
+// Handler is the summaries job handler, seed 000's handle_summary_job: it skips a job
+// whose summary exists, calls the model under the retry policy and the delivery budget,
+// and stores the summary together with the outbox row of its email in one transaction,
+// which only the first delivery to finish can win. It implements queue.Handler and is
+// safe for concurrent use.
+type Handler struct {
+	cfg HandlerConfig
+	log *slog.Logger
+}
+
+var _ queue.Handler = (*Handler)(nil)
+
+// NewHandler checks cfg and returns the handler.
+func NewHandler(cfg HandlerConfig) (*Handler, error) {
+	if cfg.DB == nil || cfg.LLM == nil {
+		return nil, errors.New("summaries handler: DB and LLM are required")
+	}
+	if cfg.Budget <= 0 {
+		cfg.Budget = DefaultJobBudget
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return &Handler{cfg: cfg, log: cfg.Logger}, nil
+}
+
+// Outcome says what Process did with a job.
+type Outcome string
+
+const (
+	// OutcomeDone: this delivery stored the summary and the email intent.
+	OutcomeDone Outcome = "done"
+	// OutcomeDuplicate: the summary existed (a redelivery, or a concurrent delivery won).
+	OutcomeDuplicate Outcome = "duplicate"
+)
+
+// Handle implements queue.Handler: a nil error acknowledges the message; a transient
+// failure (retryable model errors that outlived the attempts, the delivery deadline, a
+// database error) leaves it pending for redelivery; anything else is wrapped with
+// queue.Permanent and dead-lettered with its reason.
+func (h *Handler) Handle(ctx context.Context, job *queue.Job) error {
+	_, err := h.Process(ctx, job)
+	return err
+}
+
+// Process is Handle that also reports the outcome, for tests and tools.
+func (h *Handler) Process(ctx context.Context, job *queue.Job) (Outcome, error) {
+	log := h.log.With("job_id", job.JobID, "tenant", job.Tenant)
+	req, err := DecodeRequest(job.Payload)
+	if err != nil {
+		return "", queue.Permanent(fmt.Errorf("invalid payload: %w", err))
+	}
+
+	// Cheap pre-check: a redelivered, already-finished job skips the model call. Only an
+	// optimisation; the guarantee is the primary key below.
+	var exists bool
+	if err := h.cfg.DB.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM summaries WHERE job_id = $1)`, job.JobID).Scan(&exists); err != nil {
+		return "", fmt.Errorf("check for an existing summary: %w", err)
+	}
+	if exists {
+		log.InfoContext(ctx, "summary exists: duplicate delivery acknowledged", "deliveries", job.Deliveries)
+		return OutcomeDuplicate, nil
+	}
+
+	summary, err := h.summarise(ctx, job.JobID, req.Text)
+	if err != nil {
+		if retry.Transient(err) {
+			log.WarnContext(ctx, "model call failed, left for redelivery", "deliveries", job.Deliveries, "err", err)
+			return "", err
+		}
+		return "", queue.Permanent(fmt.Errorf("model: %w", err))
+	}
+
+	won, err := h.store(ctx, job, req, summary)
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "outbox_dedupe_key_key":
+		// The backstop fired: an email intent for this job exists without its summary.
+		// Retrying cannot fix that; a person must look.
+		return "", queue.Permanent(fmt.Errorf("outbox dedupe key %s exists without its summary: %w", DedupeKey(job.JobID), err))
+	case err != nil:
+		return "", fmt.Errorf("store summary: %w", err)
+	}
+	if !won {
+		log.InfoContext(ctx, "a concurrent delivery stored the summary first: duplicate")
+		return OutcomeDuplicate, nil
+	}
+	log.InfoContext(ctx, "summary stored with its email intent", "deliveries", job.Deliveries)
+	return OutcomeDone, nil
+}
+
+// summarise calls the model through the retry policy under the delivery's budget. The
+// request carries an Idempotency-Key derived from the job, so a provider (or onceflow
+// gateway) that honours keys replays rather than re-bills a redelivered job's call.
+func (h *Handler) summarise(ctx context.Context, jobID, text string) (string, error) {
+	req := &llm.Request{
+		Model:          h.cfg.Model,
+		Messages:       []llm.Message{{Role: llm.RoleUser, Content: Prompt(text)}},
+		IdempotencyKey: "summary:" + jobID,
+	}
+	resp, err := retry.Do(ctx, h.cfg.Retry, retry.After(h.cfg.Budget), func(ctx context.Context) (*llm.Response, error) {
+		return h.cfg.LLM.Complete(ctx, req)
+	})
+	if err != nil {
+		return "", err
+	}
+	if resp.Content == "" {
+		return "", retry.Permanent(fmt.Errorf("model returned an empty summary (finish reason %q)", resp.FinishReason))
+	}
+	return resp.Content, nil
+}
+
+// Prompt is the instruction sent to the model for a text.
+func Prompt(text string) string { return "Summarise for the account team:\n\n" + text }
+
+// storeSQL writes the summary and, only when that insert wins, the outbox row of its
+// email, in ONE statement: one round trip and one commit, atomic like a transaction.
+//
+// The summaries primary key with ON CONFLICT DO NOTHING RETURNING decides the winner
+// when two deliveries race; the outbox insert reads the CTE, so a losing delivery writes
+// no outbox row. The outbox insert has no ON CONFLICT: outbox.dedupe_key is UNIQUE, the
+// backstop, and a violation aborts the whole statement (no summary either) and surfaces
+// as an error instead of passing silently.
+//
+//	$1 job_id, $2 tenant, $3 summary, $4 topic, $5 dedupe_key, $6 payload, $7 traceparent
+const storeSQL = `
+WITH s AS (
+	INSERT INTO summaries (job_id, tenant, summary) VALUES ($1, $2, $3)
+	ON CONFLICT (job_id) DO NOTHING
+	RETURNING job_id
+)
+INSERT INTO outbox (topic, dedupe_key, payload, traceparent)
+SELECT $4, $5, $6, NULLIF($7, '') FROM s`
+
+// email is the payload of a summary_ready outbox row, as the senders read it.
+type email struct {
+	JobID   string `json:"job_id"`
+	To      string `json:"to"`
+	Subject string `json:"subject"`
+	Body    string `json:"body"`
+}
+
+// store runs storeSQL and reports whether this delivery won.
+func (h *Handler) store(ctx context.Context, job *queue.Job, req Request, summary string) (bool, error) {
+	payload, err := json.Marshal(email{
+		JobID:   job.JobID,
+		To:      req.Notify,
+		Subject: "Your summary is ready",
+		Body:    "Your summary " + job.JobID + " is ready: GET /v1/summaries/" + job.JobID + "\n\n" + summary,
+	})
+	if err != nil {
+		return false, err
+	}
+	tag, err := h.cfg.DB.Exec(ctx, storeSQL, job.JobID, job.Tenant, summary,
+		TopicSummaryReady, DedupeKey(job.JobID), payload, job.TraceParent)
+	if err != nil {
+		return false, err
+	}
+	return tag.RowsAffected() == 1, nil
+}
