@@ -157,4 +157,3 @@ func TestNewRejectsBadURLs(t *testing.T) {
 		}
 	}
 }
-
