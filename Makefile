@@ -22,8 +22,8 @@ test:
 	scripts/dev-services up
 	eval "$$(scripts/dev-services env)" && $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
 
-## demo: the service end to end against real Redis and PostgreSQL
-demo: build
+## demo: the service end to end against real Redis and PostgreSQL (under a minute)
+demo:
 	scripts/demo
 
 ## lint: gofmt, go vet and staticcheck (pinned)

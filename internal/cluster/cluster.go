@@ -1,0 +1,207 @@
+// Package cluster runs onceflow's processes (and its fakes) as real subprocesses for the
+// demo and the chaos suite: start with an environment, find the address a process
+// logged, stop with SIGTERM, crash with SIGKILL, restart. Each process's stderr (its
+// JSON log) goes to a file of its own, appended across restarts.
+package cluster
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Proc is one subprocess. Set the exported fields, then Start; Start again after Stop or
+// Kill restarts it with the same command line. Methods are safe for concurrent use.
+type Proc struct {
+	// Name names the process in logs and its log file (LogDir/Name.log).
+	Name string
+	// Bin and Args are the command line.
+	Bin  string
+	Args []string
+	// Env is added to a minimal environment (PATH, HOME).
+	Env []string
+	// LogDir holds the log files. Required.
+	LogDir string
+
+	mu     sync.Mutex
+	cmd    *exec.Cmd
+	done   chan struct{}
+	offset int64 // log file size when the current run started
+	starts int
+}
+
+// LogPath returns the process's log file.
+func (p *Proc) LogPath() string { return filepath.Join(p.LogDir, p.Name+".log") }
+
+// Start starts the process. It fails if it is already running.
+func (p *Proc) Start() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd != nil {
+		return fmt.Errorf("%s: already running", p.Name)
+	}
+	if err := os.MkdirAll(p.LogDir, 0o755); err != nil {
+		return err
+	}
+	f, err := os.OpenFile(p.LogPath(), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(p.Bin, p.Args...)
+	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.TempDir()}, p.Env...)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start %s: %w", p.Name, err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	p.cmd, p.done, p.offset = cmd, done, st.Size()
+	p.starts++
+	return nil
+}
+
+// Starts returns how many times the process was started.
+func (p *Proc) Starts() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.starts
+}
+
+// Running reports whether the process runs.
+func (p *Proc) Running() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil {
+		return false
+	}
+	select {
+	case <-p.done:
+		return false
+	default:
+		return true
+	}
+}
+
+// Pid returns the process id of the current run, 0 when not running.
+func (p *Proc) Pid() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil {
+		return 0
+	}
+	return p.cmd.Process.Pid
+}
+
+// Stop sends SIGTERM and waits up to timeout for the process to exit, then kills it.
+// It returns the exit code (-1 when killed by a signal).
+func (p *Proc) Stop(timeout time.Duration) int {
+	return p.signal(syscall.SIGTERM, timeout)
+}
+
+// Kill sends SIGKILL to the process group (kill -9) and waits for it to be gone.
+func (p *Proc) Kill() { p.signal(syscall.SIGKILL, time.Minute) }
+
+func (p *Proc) signal(sig syscall.Signal, timeout time.Duration) int {
+	p.mu.Lock()
+	cmd, done := p.cmd, p.done
+	p.mu.Unlock()
+	if cmd == nil {
+		return 0
+	}
+	if sig == syscall.SIGKILL {
+		_ = syscall.Kill(-cmd.Process.Pid, sig)
+	} else {
+		_ = cmd.Process.Signal(sig)
+	}
+	select {
+	case <-done:
+	case <-time.After(timeout):
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		<-done
+	}
+	p.mu.Lock()
+	p.cmd = nil
+	p.mu.Unlock()
+	return cmd.ProcessState.ExitCode()
+}
+
+// WaitLog waits until the current run logs a JSON line whose "msg" is msg and returns
+// the line's fields. It fails when ctx ends or the process exits first.
+func (p *Proc) WaitLog(ctx context.Context, msg string) (map[string]any, error) {
+	p.mu.Lock()
+	done, offset := p.done, p.offset
+	p.mu.Unlock()
+	if done == nil {
+		return nil, fmt.Errorf("%s: not started", p.Name)
+	}
+	for {
+		exited := false
+		select {
+		case <-done:
+			exited = true
+		default:
+		}
+		if line, err := findLog(p.LogPath(), offset, msg); err != nil || line != nil {
+			return line, err
+		}
+		if exited {
+			return nil, fmt.Errorf("%s exited before logging %q; see %s", p.Name, msg, p.LogPath())
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%s did not log %q: %w; see %s", p.Name, msg, ctx.Err(), p.LogPath())
+		case <-time.After(25 * time.Millisecond):
+		}
+	}
+}
+
+// Addr starts nothing: it waits for the log line msg and returns its "addr" field.
+func (p *Proc) Addr(ctx context.Context, msg string) (string, error) {
+	line, err := p.WaitLog(ctx, msg)
+	if err != nil {
+		return "", err
+	}
+	addr, _ := line["addr"].(string)
+	if addr == "" {
+		return "", fmt.Errorf("%s: log line %q has no addr", p.Name, msg)
+	}
+	return addr, nil
+}
+
+func findLog(path string, offset int64, msg string) (map[string]any, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if _, err := f.Seek(offset, io.SeekStart); err != nil {
+		return nil, err
+	}
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64*1024), 1<<20)
+	for sc.Scan() {
+		var m map[string]any
+		if json.Unmarshal(sc.Bytes(), &m) == nil && m["msg"] == msg {
+			return m, nil
+		}
+	}
+	if err := sc.Err(); err != nil && !errors.Is(err, bufio.ErrTooLong) {
+		return nil, err
+	}
+	return nil, nil
+}
