@@ -62,9 +62,9 @@ func main() {
 // demo holds what the run started.
 type demo struct {
 	redisURL, dbURL, prefix, schema, dsn string
-	logDir                                 string
-	procs                                  []*cluster.Proc
-	api, llmURL, sinkURL                   string
+	logDir                               string
+	procs                                []*cluster.Proc
+	api, llmURL, sinkURL                 string
 }
 
 func run(ctx context.Context, bin string, jobs, poison int, keep bool) error {
