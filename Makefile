@@ -9,7 +9,7 @@ FUZZTIME ?= 10s
 # Go test timeout for the whole suite; it normally takes a few minutes.
 TEST_TIMEOUT ?= 20m
 
-.PHONY: all build test demo lint fuzz services-up services-down clean
+.PHONY: all build test demo lint fuzz bench services-up services-down clean
 
 all: build
 
@@ -42,6 +42,13 @@ fuzz:
 	    $(GO) test -run '^$$' -fuzz "^$$target\$$" -fuzztime $(FUZZTIME) $$pkg; \
 	  done; \
 	done
+
+## bench: onceflow's worker beside asynq and River (bench/ module), and the guarded POST
+## beside a bare handler; figures go to docs/BENCHMARKS.md
+bench:
+	scripts/dev-services up
+	eval "$$(scripts/dev-services env)" && cd bench && $(GO) run . $(BENCH_ARGS)
+	eval "$$(scripts/dev-services env)" && $(GO) test -run '^$$' -bench Idempotency -benchtime 1x ./idempotency/redisstore/
 
 services-up:
 	scripts/dev-services up
