@@ -9,7 +9,7 @@ FUZZTIME ?= 10s
 # Go test timeout for the whole suite; it normally takes a few minutes.
 TEST_TIMEOUT ?= 20m
 
-.PHONY: all build test demo lint fuzz bench services-up services-down clean
+.PHONY: all build test demo lint fuzz bench chaos services-up services-down clean
 
 all: build
 
@@ -42,6 +42,12 @@ fuzz:
 	    $(GO) test -run '^$$' -fuzz "^$$target\$$" -fuzztime $(FUZZTIME) $$pkg; \
 	  done; \
 	done
+
+## chaos: the long chaos run (CHAOS_DURATION, default 5m; CHAOS_SEED to replay a run)
+CHAOS_DURATION ?= 5m
+chaos:
+	scripts/dev-services up
+	CHAOS_DURATION=$(CHAOS_DURATION) CHAOS_SEED=$(CHAOS_SEED) $(GO) test -count=1 -run '^TestChaos$$' -v -timeout 2h ./internal/chaos
 
 ## bench: onceflow's worker beside asynq and River (bench/ module), and the guarded POST
 ## beside a bare handler; figures go to docs/BENCHMARKS.md

@@ -31,6 +31,11 @@ type Proc struct {
 	Env []string
 	// LogDir holds the log files. Required.
 	LogDir string
+	// Dir is the working directory; empty means the caller's.
+	Dir string
+	// Credential, when set, runs the process as another user (PostgreSQL refuses to
+	// run as root).
+	Credential *syscall.Credential
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
@@ -64,7 +69,8 @@ func (p *Proc) Start() error {
 	cmd := exec.Command(p.Bin, p.Args...)
 	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.TempDir()}, p.Env...)
 	cmd.Stdout, cmd.Stderr = f, f
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Dir = p.Dir
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: p.Credential}
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start %s: %w", p.Name, err)
 	}
@@ -107,6 +113,47 @@ func (p *Proc) Pid() int {
 	return p.cmd.Process.Pid
 }
 
+// Wait waits up to timeout for the current run to exit on its own and returns its exit
+// code; it fails when the process is still running after timeout.
+func (p *Proc) Wait(timeout time.Duration) (int, error) {
+	p.mu.Lock()
+	cmd, done := p.cmd, p.done
+	p.mu.Unlock()
+	if cmd == nil {
+		return 0, fmt.Errorf("%s: not started", p.Name)
+	}
+	select {
+	case <-done:
+	case <-time.After(timeout):
+		return 0, fmt.Errorf("%s still running after %v; see %s", p.Name, timeout, p.LogPath())
+	}
+	p.mu.Lock()
+	p.cmd = nil
+	p.mu.Unlock()
+	return cmd.ProcessState.ExitCode(), nil
+}
+
+// CountLog returns how many JSON lines of the process's log (all runs) have "msg" msg.
+func (p *Proc) CountLog(msg string) int {
+	f, err := os.Open(p.LogPath())
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	n := 0
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64*1024), 1<<20)
+	for sc.Scan() {
+		var m struct {
+			Msg string `json:"msg"`
+		}
+		if json.Unmarshal(sc.Bytes(), &m) == nil && m.Msg == msg {
+			n++
+		}
+	}
+	return n
+}
+
 // Stop sends SIGTERM and waits up to timeout for the process to exit, then kills it.
 // It returns the exit code (-1 when killed by a signal).
 func (p *Proc) Stop(timeout time.Duration) int {
@@ -115,6 +162,10 @@ func (p *Proc) Stop(timeout time.Duration) int {
 
 // Kill sends SIGKILL to the process group (kill -9) and waits for it to be gone.
 func (p *Proc) Kill() { p.signal(syscall.SIGKILL, time.Minute) }
+
+// Signal sends sig to the process (not its group) and waits up to timeout for it to
+// exit, then kills the group. PostgreSQL's immediate shutdown is Signal(SIGQUIT, ...).
+func (p *Proc) Signal(sig syscall.Signal, timeout time.Duration) int { return p.signal(sig, timeout) }
 
 func (p *Proc) signal(sig syscall.Signal, timeout time.Duration) int {
 	p.mu.Lock()
@@ -133,6 +184,14 @@ func (p *Proc) signal(sig syscall.Signal, timeout time.Duration) int {
 	case <-time.After(timeout):
 		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 		<-done
+	}
+	// Children that outlive their parent (PostgreSQL's backends after a SIGKILL of the
+	// postmaster) hold ports and shared memory: wait for the whole group to be gone.
+	for i := 0; i < 500 && syscall.Kill(-cmd.Process.Pid, 0) == nil; i++ {
+		if i == 100 {
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 	p.mu.Lock()
 	p.cmd = nil
