@@ -519,7 +519,9 @@ func (r *run) check(ctx context.Context, a *auditReport, sink sinkStats) (*Repor
 	for _, n := range sink.Duplicates {
 		rep.DuplicateDeliveries += n - 1
 	}
-	violate := func(format string, args ...any) { rep.Violations = append(rep.Violations, fmt.Sprintf(format, args...)) }
+	violate := func(format string, args ...any) {
+		rep.Violations = append(rep.Violations, fmt.Sprintf(format, args...))
+	}
 	for _, v := range a.Violations {
 		violate("audit: %s", v)
 	}
