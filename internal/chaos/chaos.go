@@ -28,7 +28,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -132,8 +131,8 @@ type run struct {
 	rng   *rand.Rand
 	start time.Time
 
-	redis    *redisServer
-	pg       *pgServer
+	redis    *cluster.Server
+	pg       *cluster.Server
 	llm      *cluster.Proc
 	sink     *cluster.Proc
 	serve    *cluster.Proc
@@ -227,13 +226,19 @@ func (r *run) proc(name string, env []string, args ...string) *cluster.Proc {
 // setup starts the stores and every process, and migrates.
 func (r *run) setup(ctx context.Context) error {
 	var err error
-	if r.redis, err = startRedis(r.cfg.Dir); err != nil {
+	if r.redis, err = cluster.NewRedis(r.cfg.Dir, "always"); err != nil {
 		return err
 	}
-	if r.pg, err = startPostgres(r.cfg.Dir); err != nil {
+	if err := r.redis.Up(); err != nil {
 		return err
 	}
-	r.redisURL, r.dbURL = r.redis.url(), r.pg.url()
+	if r.pg, err = cluster.NewPostgres(r.cfg.Dir); err != nil {
+		return err
+	}
+	if err := r.pg.Up(); err != nil {
+		return err
+	}
+	r.redisURL, r.dbURL = r.redis.URL, r.pg.URL
 	migrate := r.proc("migrate", []string{"ONCEFLOW_DATABASE_URL=" + r.dbURL}, "migrate")
 	if err := migrate.Start(); err != nil {
 		return err
@@ -261,7 +266,7 @@ func (r *run) setup(ctx context.Context) error {
 		return err
 	}
 	r.sinkURL = "http://" + addr
-	apiPort, err := freePort()
+	apiPort, err := cluster.FreePort()
 	if err != nil {
 		return err
 	}
@@ -389,16 +394,16 @@ func (r *run) faults(ctx context.Context) error {
 			r.event("kill -9 redis-server (appendfsync always)")
 			r.redis.Kill()
 			time.Sleep(pause)
-			if err := r.redis.start(); err != nil {
+			if err := r.redis.Up(); err != nil {
 				return fmt.Errorf("restart redis: %w", err)
 			}
 			r.event("redis-server restarted")
 		case !pgAt.IsZero() && time.Now().After(pgAt):
 			pgAt = time.Time{}
 			r.event("postgres immediate shutdown (SIGQUIT)")
-			r.pg.Signal(syscall.SIGQUIT, 30*time.Second)
+			r.pg.Crash()
 			time.Sleep(pause)
-			if err := r.pg.start(); err != nil {
+			if err := r.pg.Up(); err != nil {
 				return fmt.Errorf("restart postgres: %w", err)
 			}
 			r.event("postgres restarted")
@@ -650,9 +655,9 @@ func (r *run) stopAll() {
 		}
 	}
 	if r.pg != nil {
-		r.pg.Signal(syscall.SIGINT, 30*time.Second)
+		r.pg.Down()
 	}
 	if r.redis != nil {
-		r.redis.Stop(10 * time.Second)
+		r.redis.Down()
 	}
 }

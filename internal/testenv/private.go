@@ -1,112 +1,87 @@
 package testenv
 
 import (
-	"context"
-	"fmt"
 	"os"
-	"os/exec"
-	"os/user"
-	"path/filepath"
-	"strconv"
-	"syscall"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/redis/go-redis/v9"
+	"github.com/onceflow/onceflow/internal/cluster"
 )
+
+// Server is a Redis or PostgreSQL server of one test's own, on a free port (see
+// cluster.Server). Stop, Kill and Start may be called in any order; cleanup kills it and
+// removes its data. Its methods fail the test on error.
+type Server struct {
+	t testing.TB
+	s *cluster.Server
+}
+
+// Port returns the server's TCP port on 127.0.0.1.
+func (s *Server) Port() int { return s.s.Port }
+
+// Start starts the server (again) and waits until it answers.
+func (s *Server) Start() {
+	s.t.Helper()
+	if err := s.s.Up(); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+// Stop shuts the server down cleanly (SIGTERM for Redis, fast mode for PostgreSQL).
+func (s *Server) Stop() { s.s.Down() }
+
+// Kill sends SIGKILL, the crash a power cut or the OOM killer would cause.
+func (s *Server) Kill() { s.s.Kill() }
 
 // PrivateRedis starts a redis-server of this test's own on a free port, with AOF on and
 // appendfsync always like the dev server, and returns it running. Its URL is
 // RedisURLOf(s).
 func PrivateRedis(t testing.TB) *Server {
 	t.Helper()
-	bin, err := LookBinary("redis-server")
-	if err != nil {
-		t.Fatalf("%v: run `make test`, which installs it", err)
-	}
-	dir := serverDir(t, "redis", nil)
-	port := FreePort(t)
-	s := &Server{
-		t: t, name: "redis", port: port, dir: dir, log: filepath.Join(dir, "redis.log"),
-		argv: []string{bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--dir", dir,
-			"--appendonly", "yes", "--appendfsync", "always", "--save", "", "--daemonize", "no"},
-	}
-	s.ready = func(ctx context.Context) error {
-		c := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", port), MaxRetries: -1})
-		defer c.Close()
-		return c.Ping(ctx).Err()
-	}
-	t.Cleanup(func() { s.Kill(); _ = os.RemoveAll(dir) })
-	s.Start()
-	return s
+	return private(t, "redis", func(dir string) (*cluster.Server, error) { return cluster.NewRedis(dir, "always") })
 }
 
 // RedisURLOf returns the redis:// URL of a server started by PrivateRedis.
-func RedisURLOf(s *Server) string { return fmt.Sprintf("redis://127.0.0.1:%d/0", s.port) }
+func RedisURLOf(s *Server) string { return s.s.URL }
 
 // PrivatePostgres initialises and starts a PostgreSQL server of this test's own on a free
 // port, with a database "onceflow" owned by the superuser "onceflow", and returns it
-// running. Its URL is PostgresURLOf(s). As root it runs as the "postgres" user, since
-// PostgreSQL refuses to run as root. initdb takes a second or two.
+// running. Its URL is PostgresURLOf(s). initdb takes a second or two.
 func PrivatePostgres(t testing.TB) *Server {
 	t.Helper()
-	globs := []string{"/usr/lib/postgresql/*/bin"}
-	initdb, err := LookBinary("initdb", globs...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	real, err := filepath.EvalSymlinks(initdb) // /usr/local/bin/initdb may link into the bin folder
-	if err != nil {
-		t.Fatal(err)
-	}
-	bindir := filepath.Dir(real)
-	var owner *user.User
-	var cred *syscall.Credential
-	if os.Geteuid() == 0 {
-		if owner, err = user.Lookup("postgres"); err != nil {
-			t.Fatalf("running as root needs a postgres user to run PostgreSQL: %v", err)
-		}
-		uid, _ := strconv.Atoi(owner.Uid)
-		gid, _ := strconv.Atoi(owner.Gid)
-		cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
-	}
-	dir := serverDir(t, "postgres", owner)
-	data := filepath.Join(dir, "data")
-	init := exec.Command(initdb, "-D", data, "-U", "onceflow", "--auth=trust", "-E", "UTF8", "--locale=C.UTF-8", "--no-sync")
-	init.Dir = dir
-	init.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
-	if out, err := init.CombinedOutput(); err != nil {
-		t.Fatalf("initdb: %v\n%s", err, out)
-	}
-	port := FreePort(t)
-	s := &Server{
-		t: t, name: "postgres", port: port, dir: dir, cred: cred, log: filepath.Join(dir, "postgres.log"),
-		argv: []string{filepath.Join(bindir, "postgres"), "-D", data, "-p", strconv.Itoa(port),
-			"-k", dir, "-c", "listen_addresses=127.0.0.1"},
-	}
-	admin := fmt.Sprintf("postgres://onceflow@127.0.0.1:%d/postgres?sslmode=disable&connect_timeout=1", port)
-	s.ready = func(ctx context.Context) error {
-		c, err := pgx.Connect(ctx, admin)
-		if err != nil {
-			return err
-		}
-		return c.Close(ctx)
-	}
-	t.Cleanup(func() { s.Kill(); _ = os.RemoveAll(dir) })
-	s.Start()
-	ctx := context.Background()
-	c, err := pgx.Connect(ctx, admin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close(ctx)
-	if _, err := c.Exec(ctx, "CREATE DATABASE onceflow"); err != nil {
-		t.Fatalf("create database: %v", err)
-	}
-	return s
+	return private(t, "postgres", cluster.NewPostgres)
 }
 
 // PostgresURLOf returns the postgres:// URL of a server started by PrivatePostgres.
-func PostgresURLOf(s *Server) string {
-	return fmt.Sprintf("postgres://onceflow@127.0.0.1:%d/onceflow?sslmode=disable", s.port)
+func PostgresURLOf(s *Server) string { return s.s.URL }
+
+func private(t testing.TB, name string, prepare func(dir string) (*cluster.Server, error)) *Server {
+	t.Helper()
+	// Not t.TempDir(): as root PostgreSQL runs as another user, who cannot enter a 0700
+	// folder.
+	dir, err := os.MkdirTemp("", "onceflow-"+name+"-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cs, err := prepare(dir)
+	if err != nil {
+		t.Fatalf("private %s: %v (run `make test`, which installs what it needs)", name, err)
+	}
+	s := &Server{t: t, s: cs}
+	t.Cleanup(func() { cs.Kill(); _ = os.RemoveAll(dir) })
+	s.Start()
+	return s
 }
+
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	p, err := cluster.FreePort()
+	if err != nil {
+		t.Fatalf("free port: %v", err)
+	}
+	return p
+}
+

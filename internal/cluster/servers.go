@@ -1,0 +1,196 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
+)
+
+// Server is a Redis or PostgreSQL server process of one's own, on a free port, for tests
+// and the chaos suite that stop, crash and restart it. Up starts it and waits until it
+// answers; Down stops it cleanly; Kill crashes it (SIGKILL); Crash is PostgreSQL's
+// immediate shutdown (SIGQUIT: no checkpoint, WAL replay at the next start).
+type Server struct {
+	*Proc
+	// Port is the TCP port on 127.0.0.1.
+	Port int
+	// URL is the server's redis:// or postgres:// URL (the onceflow database).
+	URL string
+
+	stopSig syscall.Signal
+	timeout time.Duration
+	ready   func(ctx context.Context) error
+}
+
+// Up starts the server and waits until it answers (after a crash Redis first replays its
+// AOF and PostgreSQL its WAL).
+func (s *Server) Up() error {
+	if err := s.Start(); err != nil {
+		return err
+	}
+	deadline := time.Now().Add(s.timeout)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		err := s.ready(ctx)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if !s.Running() {
+			return fmt.Errorf("%s exited at start; see %s", s.Name, s.LogPath())
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s not ready after %v: %v; see %s", s.Name, s.timeout, err, s.LogPath())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// Down stops the server cleanly (SIGTERM for Redis; SIGINT, the fast mode, for
+// PostgreSQL, which would otherwise wait for its clients to leave).
+func (s *Server) Down() { s.Signal(s.stopSig, 60*time.Second) }
+
+// Crash shuts the server down the hardest way it survives by design: PostgreSQL's
+// immediate mode (SIGQUIT), or SIGKILL for Redis.
+func (s *Server) Crash() {
+	if s.stopSig == syscall.SIGINT {
+		s.Signal(syscall.SIGQUIT, 60*time.Second)
+		return
+	}
+	s.Kill()
+}
+
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+func FreePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// NewRedis prepares (does not start) a redis-server on a free port with its data in
+// dir/redis: AOF on with the given appendfsync ("always", "everysec", "no"), no RDB
+// snapshots. Call Up to start it.
+func NewRedis(dir, appendfsync string) (*Server, error) {
+	// The name redis-server is kept: Debian's is a symlink to redis-check-rdb, which
+	// chooses its behaviour by the name it was started as.
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		return nil, fmt.Errorf("redis-server not found: run scripts/dev-services up, which installs it")
+	}
+	port, err := FreePort()
+	if err != nil {
+		return nil, err
+	}
+	data := filepath.Join(dir, "redis")
+	if err := os.MkdirAll(data, 0o755); err != nil {
+		return nil, err
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	return &Server{
+		Proc: &Proc{Name: "redis-server", Bin: bin, LogDir: dir, Args: []string{
+			"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--dir", data,
+			"--appendonly", "yes", "--appendfsync", appendfsync, "--save", "", "--daemonize", "no",
+		}},
+		Port: port, URL: "redis://" + addr + "/0", stopSig: syscall.SIGTERM, timeout: 30 * time.Second,
+		ready: func(ctx context.Context) error {
+			c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+			defer c.Close()
+			return c.Ping(ctx).Err()
+		},
+	}, nil
+}
+
+// NewPostgres initialises (initdb, a second or two) and prepares, without starting, a
+// PostgreSQL server on a free port with its data under dir/pg, a superuser "onceflow" and,
+// once Up, a database "onceflow". As root it runs as the "postgres" user, since PostgreSQL
+// refuses to run as root: dir must then be reachable by that user (not inside a 0700
+// folder).
+func NewPostgres(dir string) (*Server, error) {
+	initdb, err := LookPostgres("initdb")
+	if err != nil {
+		return nil, err
+	}
+	var cred *syscall.Credential
+	uid, gid := -1, -1
+	if os.Geteuid() == 0 {
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			return nil, fmt.Errorf("running as root needs a postgres user to run PostgreSQL: %w", err)
+		}
+		uid, _ = strconv.Atoi(u.Uid)
+		gid, _ = strconv.Atoi(u.Gid)
+		cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+	}
+	home := filepath.Join(dir, "pg")
+	if err := os.MkdirAll(home, 0o755); err != nil {
+		return nil, err
+	}
+	if uid >= 0 {
+		if err := os.Chown(home, uid, gid); err != nil {
+			return nil, err
+		}
+	}
+	data := filepath.Join(home, "data")
+	init := exec.Command(initdb, "-D", data, "-U", "onceflow", "--auth=trust", "-E", "UTF8", "--locale=C.UTF-8", "--no-sync")
+	init.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	init.Dir = "/"
+	if out, err := init.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("initdb: %v\n%s", err, out)
+	}
+	port, err := FreePort()
+	if err != nil {
+		return nil, err
+	}
+	admin := fmt.Sprintf("postgres://onceflow@127.0.0.1:%d/postgres?sslmode=disable&connect_timeout=2", port)
+	s := &Server{
+		Proc: &Proc{Name: "postgres", Bin: filepath.Join(filepath.Dir(initdb), "postgres"), LogDir: dir,
+			Dir: "/", Credential: cred, Args: []string{"-D", data, "-p", strconv.Itoa(port), "-k", home,
+				"-c", "listen_addresses=127.0.0.1", "-c", "max_connections=200"}},
+		Port: port, URL: fmt.Sprintf("postgres://onceflow@127.0.0.1:%d/onceflow?sslmode=disable", port),
+		stopSig: syscall.SIGINT, timeout: 60 * time.Second,
+	}
+	created := false
+	s.ready = func(ctx context.Context) error {
+		c, err := pgx.Connect(ctx, admin)
+		if err != nil {
+			return err
+		}
+		defer c.Close(ctx)
+		if !created {
+			if _, err := c.Exec(ctx, "CREATE DATABASE onceflow"); err != nil {
+				return err
+			}
+			created = true
+		}
+		return nil
+	}
+	return s, nil
+}
+
+// LookPostgres finds a PostgreSQL server binary on PATH (resolving symlinks into the real
+// bin folder, which holds the others) or in /usr/lib/postgresql/*/bin, newest first.
+func LookPostgres(name string) (string, error) {
+	if p, err := exec.LookPath(name); err == nil {
+		return filepath.EvalSymlinks(p)
+	}
+	matches, _ := filepath.Glob("/usr/lib/postgresql/*/bin/" + name)
+	slices.Sort(matches)
+	if len(matches) == 0 {
+		return "", fmt.Errorf("%s not found on PATH or in /usr/lib/postgresql/*/bin", name)
+	}
+	return matches[len(matches)-1], nil
+}
