@@ -48,6 +48,7 @@ func relayConfig(cfg *config.Config, log *slog.Logger, reg prometheus.Registerer
 		MaxAttempts:     cfg.RelayMaxAttempts,
 		Retention:       cfg.OutboxRetention,
 		ShutdownTimeout: cfg.ShutdownTimeout,
+		SampleInterval:  cfg.StatsInterval,
 		Logger:          log,
 		Registerer:      reg,
 	}

@@ -132,6 +132,7 @@ func (d *deps) buildAPI(s *httpapi.Server) error {
 	api, err := summaries.NewAPI(summaries.APIConfig{
 		Redis: d.rdb, DB: d.pool, Keys: d.keys(), Idempotency: mw, Store: store,
 		ResultTTL: d.cfg.ResultTTL, Timeout: d.cfg.IdempotencyTimeout, Logger: d.log,
+		Registerer: d.reg,
 	})
 	if err != nil {
 		return err
@@ -147,7 +148,7 @@ func (d *deps) buildHandler() (queue.Handler, error) {
 	if err != nil {
 		return nil, err
 	}
-	return summaries.NewHandler(summaries.HandlerConfig{
+	h, err := summaries.NewHandler(summaries.HandlerConfig{
 		DB:    d.pool,
 		LLM:   m.Instrument(d.cfg.LLM, client),
 		Model: d.cfg.LLMModel,
@@ -159,6 +160,10 @@ func (d *deps) buildHandler() (queue.Handler, error) {
 		Budget: d.cfg.JobBudget,
 		Logger: d.log,
 	})
+	if err != nil {
+		return nil, err
+	}
+	return summaries.Instrument(h, d.reg), nil
 }
 
 // newLLMClient returns the model client ONCEFLOW_LLM selects.
@@ -184,6 +189,7 @@ func (d *deps) buildWorker(h queue.Handler) (*queue.Worker, error) {
 		ClaimIdle:       d.cfg.ClaimIdle,
 		MaxDeliveries:   d.cfg.MaxDeliveries,
 		ShutdownTimeout: d.cfg.ShutdownTimeout,
+		StatsInterval:   d.cfg.StatsInterval,
 		Logger:          d.log,
 		Registerer:      d.reg,
 	})
