@@ -174,7 +174,7 @@ func mustSpan(t *testing.T, rec *tracetest.SpanRecorder, name string) sdktrace.R
 
 func hasAttr(sp sdktrace.ReadOnlySpan, key, value string) bool {
 	for _, kv := range sp.Attributes() {
-		if string(kv.Key) == key && kv.Value.Emit() == value {
+		if string(kv.Key) == key && kv.Value.String() == value {
 			return true
 		}
 	}
