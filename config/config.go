@@ -340,7 +340,7 @@ func (l *Loader) Load(getenv func(string) string) (*Config, error) {
 		}
 		if err := s.parse(c, v); err != nil {
 			shown := v
-			if s.secret || strings.Contains(v, "://") {
+			if s.secret || strings.Contains(v, "://") || strings.Contains(v, "@") {
 				shown = redactValue(v)
 			}
 			return nil, &Error{Name: name, Value: shown, Err: err}

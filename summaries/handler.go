@@ -195,7 +195,8 @@ type email struct {
 	Body    string `json:"body"`
 }
 
-// store runs storeSQL and reports whether this delivery won.
+// store runs storeSQL and reports whether this delivery won. The row's traceparent is
+// the job's: when traced, the delivery's span (internal/tracing.Handler puts it there).
 func (h *Handler) store(ctx context.Context, job *queue.Job, req Request, summary string) (bool, error) {
 	payload, err := json.Marshal(email{
 		JobID:   job.JobID,

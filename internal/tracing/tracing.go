@@ -163,10 +163,11 @@ func checkHeaders(v string) error {
 	return nil
 }
 
-// redact shows a URL without its password and query.
+// redact shows a URL without its password and query; a value with an "@" that did not
+// parse into user information may hide a password anywhere, so it is not shown at all.
 func redact(v string) string {
 	u, err := url.Parse(v)
-	if err != nil {
+	if err != nil || u.User == nil && strings.Contains(v, "@") {
 		return "[redacted]"
 	}
 	if u.RawQuery != "" {

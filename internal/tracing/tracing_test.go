@@ -8,6 +8,7 @@ import (
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/config"
 )
@@ -106,4 +107,43 @@ func TestTraceParentRoundTrip(t *testing.T) {
 			t.Errorf("traceparent %q gave parent %v, want a new root", bad, p)
 		}
 	}
+}
+
+// A traceparent read from a stream message or an outbox row is outside input: any
+// string gives either a valid remote parent whose traceparent round-trips, or none.
+func FuzzWithRemoteParent(f *testing.F) {
+	for _, s := range []string{"", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00",
+		"ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra", "garbage"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		ctx := WithRemoteParent(context.Background(), s)
+		sc := trace.SpanContextFromContext(ctx)
+		if !sc.IsValid() {
+			return
+		}
+		if !sc.IsRemote() {
+			t.Fatalf("%q: a parent that is not remote", s)
+		}
+		again := TraceParent(ctx)
+		if sc2 := trace.SpanContextFromContext(WithRemoteParent(context.Background(), again)); !sc2.Equal(sc) {
+			t.Fatalf("%q: traceparent %q does not round-trip", s, again)
+		}
+	})
+}
+
+// FromEnv never panics, and its errors never quote a header value or a URL's password.
+func FuzzFromEnv(f *testing.F) {
+	f.Add("http://c:4318", "k=v", "gzip", "0.5")
+	f.Add("http://u:pw@c:4318/x", "a=b,c", "none", "x")
+	f.Add("::", "=", "", "")
+	f.Fuzz(func(t *testing.T, endpoint, headers, compression, ratio string) {
+		const secret = "Zsecret9"
+		_, err := FromEnv(env("OTEL_EXPORTER_OTLP_ENDPOINT", strings.Replace(endpoint, "//", "//u:"+secret+"@", 1),
+			"OTEL_EXPORTER_OTLP_HEADERS", headers+",x="+secret, "OTEL_EXPORTER_OTLP_COMPRESSION", compression,
+			"OTEL_TRACES_SAMPLER", "traceidratio", "OTEL_TRACES_SAMPLER_ARG", ratio))
+		if err != nil && strings.Contains(err.Error(), secret) {
+			t.Fatalf("error quotes a secret: %v", err)
+		}
+	})
 }
