@@ -104,6 +104,10 @@ type Config struct {
 	ShutdownTimeout time.Duration
 	// MetricsAddr is an extra /metrics listener for work and relay; empty means none.
 	MetricsAddr string
+	// StatsInterval is how often work samples the stream gauges (length, pending,
+	// oldest pending idle, dead letters) and relay the oldest unsent outbox row's age.
+	// Default: 15s.
+	StatsInterval time.Duration
 	// GatewayAddr is the listen address of onceflow gateway. Default: 127.0.0.1:8090.
 	GatewayAddr string
 	// AuditMaxAge is how old an unsent or exhausted outbox row may be before audit
@@ -272,6 +276,9 @@ var settings = []setting{
 		}
 		return parseAddr(&c.MetricsAddr, v)
 	}},
+	{env: "ONCEFLOW_STATS_INTERVAL", def: "15s", usage: "how often work and relay sample the queue and outbox gauges", parse: func(c *Config, v string) error {
+		return parseDuration(&c.StatsInterval, v)
+	}},
 	{env: "ONCEFLOW_GATEWAY_ADDR", def: "127.0.0.1:8090", usage: "listen address of onceflow gateway", parse: func(c *Config, v string) error {
 		return parseAddr(&c.GatewayAddr, v)
 	}},
@@ -333,7 +340,7 @@ func (l *Loader) Load(getenv func(string) string) (*Config, error) {
 		}
 		if err := s.parse(c, v); err != nil {
 			shown := v
-			if s.secret || strings.Contains(v, "://") {
+			if s.secret || strings.Contains(v, "://") || strings.Contains(v, "@") {
 				shown = redactValue(v)
 			}
 			return nil, &Error{Name: name, Value: shown, Err: err}

@@ -206,6 +206,12 @@ func TestSecretsNeverPrinted(t *testing.T) {
 	if err == nil || strings.Contains(err.Error(), "pgpassword") {
 		t.Errorf("error leaks the password: %v", err)
 	}
+	// A URL with a typo in its scheme has no user information to redact, but may still
+	// hold a password.
+	_, err = load(t, map[string]string{"ONCEFLOW_REDIS_URL": "redis//:redispassword@cache:6379"})
+	if err == nil || strings.Contains(err.Error(), "redispassword") {
+		t.Errorf("error leaks the password: %v", err)
+	}
 }
 
 func TestEveryFlagMatchesItsVariable(t *testing.T) {

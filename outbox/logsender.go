@@ -23,8 +23,7 @@ func (s LogSender) Send(ctx context.Context, m Message) error {
 	if log == nil {
 		log = slog.Default()
 	}
-	log.InfoContext(ctx, "outbox message", "id", m.ID, "topic", m.Topic, "dedupe_key", m.DedupeKey,
-		"attempts", m.Attempts, "payload", redactPayload(m.Payload))
+	log.InfoContext(ctx, "outbox message", append(logAttrs(m), "attempts", m.Attempts, "payload", redactPayload(m.Payload))...)
 	return nil
 }
 

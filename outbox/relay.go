@@ -296,7 +296,11 @@ func (r *Relay) Pass(ctx context.Context) (PassResult, error) {
 			"ids", fenced(msgs, settled), "lease", r.cfg.Lease)
 	}
 	for _, id := range settled.Exhausted {
-		r.log.WarnContext(ctx, "outbox row exhausted: it waits for `onceflow outbox retry`", "id", id)
+		attrs := []any{"id", id}
+		if i := slices.IndexFunc(msgs, func(m Message) bool { return m.ID == id }); i >= 0 {
+			attrs = logAttrs(msgs[i])
+		}
+		r.log.WarnContext(ctx, "outbox row exhausted: it waits for `onceflow outbox retry`", attrs...)
 	}
 	return res, nil
 }
@@ -378,7 +382,7 @@ func (r *Relay) sendOne(ctx context.Context, m Message) (out outcome, f Failure)
 	}
 	if errors.Is(context.Cause(ctx), errShutdown) {
 		r.log.WarnContext(ctx, "outbox send abandoned at shutdown: released, it will be sent again with the same dedupe key",
-			"id", m.ID, "topic", m.Topic)
+			logAttrs(m)...)
 		return outcomeReleased, Failure{}
 	}
 	attempt := m.Attempts + 1
@@ -393,8 +397,8 @@ func (r *Relay) sendOne(ctx context.Context, m Message) (out outcome, f Failure)
 	if d, ok := RetryAfterOf(err); ok {
 		f.Delay = min(d, r.cfg.MaxRetryAfter)
 	}
-	r.log.WarnContext(ctx, "outbox send failed", "id", m.ID, "topic", m.Topic, "attempt", attempt,
-		"class", class, "exhausted", f.Exhaust, "retry_in", f.Delay, "err", err)
+	r.log.WarnContext(ctx, "outbox send failed", append(logAttrs(m), "attempt", attempt,
+		"class", class, "exhausted", f.Exhaust, "retry_in", f.Delay, "err", err)...)
 	return outcomeFailed, f
 }
 

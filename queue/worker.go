@@ -197,7 +197,7 @@ type Worker struct {
 	started  atomic.Bool
 
 	mu       sync.Mutex
-	inFlight map[string]struct{} // entries whose handler runs
+	inFlight map[string]jobRef // entries whose handler runs, with their job for logs
 
 	// Owned by the read loop.
 	cursor   string    // XAUTOCLAIM cursor
@@ -218,7 +218,7 @@ func NewWorker(cfg WorkerConfig) (*Worker, error) {
 		slots:    make(chan struct{}, cfg.Concurrency),
 		jobs:     make(chan delivery, cfg.Concurrency),
 		acks:     newAcker(cfg.Redis, cfg.Keys, cfg.Group, cfg.AckBatch, cfg.AckLinger, log, m),
-		inFlight: make(map[string]struct{}),
+		inFlight: make(map[string]jobRef),
 		cursor:   "0-0",
 	}, nil
 }
@@ -459,7 +459,7 @@ func (w *Worker) reclaim(ctx context.Context, n int) ([]delivery, error) {
 	for _, m := range msgs {
 		if w.isInFlight(m.ID) {
 			// Our own run of it is still going (renewal off or late): do not start a second.
-			w.log.Warn("reclaimed an entry this worker is still running; not running it twice", "entry", m.ID)
+			w.log.Warn("reclaimed an entry this worker is still running; not running it twice", append(refOf(m.Values).attrs(), "entry", m.ID)...)
 			continue
 		}
 		claimed = append(claimed, m)
@@ -475,7 +475,7 @@ func (w *Worker) reclaim(ctx context.Context, n int) ([]delivery, error) {
 	for _, m := range claimed {
 		c, ok := counts[m.ID]
 		if !ok {
-			w.log.Warn("reclaimed entry is no longer pending to this worker; skipping it", "entry", m.ID)
+			w.log.Warn("reclaimed entry is no longer pending to this worker; skipping it", append(refOf(m.Values).attrs(), "entry", m.ID)...)
 			continue
 		}
 		out = append(out, delivery{id: m.ID, fields: m.Values, deliveries: c})
@@ -560,18 +560,18 @@ func (w *Worker) process(ctx context.Context, d delivery) {
 		return
 	}
 	job := &Job{Message: msg, ID: d.id, Deliveries: d.deliveries}
-	w.track(d.id)
+	w.track(d.id, jobRef{msg.JobID, msg.Tenant})
 	outcome, err := w.run(ctx, job)
 	w.untrack(d.id)
 	switch outcome {
 	case outcomeOK:
 		if !w.acks.add(d.id) {
-			w.log.Warn("job finished after shutdown; it stays pending and will run again", "job_id", job.JobID, "entry", d.id)
+			w.log.Warn("job finished after shutdown; it stays pending and will run again", "job_id", job.JobID, "tenant", job.Tenant, "entry", d.id)
 		}
 	case outcomePermanent:
 		w.bury(d, &msg, reasonPermanent, "permanent: "+err.Error())
 	default:
-		w.log.Warn("job failed; it stays pending and is retried after ClaimIdle", "job_id", job.JobID, "entry", d.id,
+		w.log.Warn("job failed; it stays pending and is retried after ClaimIdle", "job_id", job.JobID, "tenant", job.Tenant, "entry", d.id,
 			"deliveries", d.deliveries, "max_deliveries", w.cfg.MaxDeliveries, "err", err)
 	}
 }
@@ -583,7 +583,7 @@ func (w *Worker) run(ctx context.Context, job *Job) (outcome string, err error) 
 	defer func() {
 		if p := recover(); p != nil {
 			outcome, err = outcomePanic, fmt.Errorf("handler panic: %v", p)
-			w.log.Error("job handler panicked; the job stays pending", "job_id", job.JobID, "entry", job.ID,
+			w.log.Error("job handler panicked; the job stays pending", "job_id", job.JobID, "tenant", job.Tenant, "entry", job.ID,
 				"panic", fmt.Sprint(p), "stack", string(debug.Stack()))
 		}
 		w.m.inFlight.Dec()
@@ -606,22 +606,36 @@ func (w *Worker) bury(d delivery, msg *Message, label, reason string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	deadID, ok, err := deadLetter(ctx, w.rdb, w.keys, w.cfg.Group, w.cfg.Consumer, d.id, d.fields, msg, reason, time.Now())
-	jobID, _ := d.fields[fieldJobID].(string)
+	job := refOf(d.fields).attrs()
 	switch {
 	case err != nil:
 		w.m.redisError("dead_letter")
-		w.log.Error("dead-lettering failed; the entry stays pending and is retried after ClaimIdle", "job_id", clip(jobID), "entry", d.id, "reason", reason, "err", err)
+		w.log.Error("dead-lettering failed; the entry stays pending and is retried after ClaimIdle", append(job, "entry", d.id, "reason", reason, "err", err)...)
 	case !ok:
-		w.log.Warn("not dead-lettering an entry another worker now owns", "job_id", clip(jobID), "entry", d.id, "reason", reason)
+		w.log.Warn("not dead-lettering an entry another worker now owns", append(job, "entry", d.id, "reason", reason)...)
 	default:
 		w.m.deadLettered[label].Inc()
-		w.log.Warn("job dead-lettered", "job_id", clip(jobID), "entry", d.id, "dead_id", deadID, "deliveries", d.deliveries, "reason", reason)
+		w.log.Warn("job dead-lettered", append(job, "entry", d.id, "dead_id", deadID, "deliveries", d.deliveries, "reason", reason)...)
 	}
 }
 
-func (w *Worker) track(id string) {
+// jobRef names the job of an entry in logs.
+type jobRef struct{ jobID, tenant string }
+
+// refOf reads the job id and tenant of an entry's raw fields, clipped (they may be
+// malformed).
+func refOf(fields map[string]any) jobRef {
+	id, _ := fields[fieldJobID].(string)
+	tenant, _ := fields[fieldTenant].(string)
+	return jobRef{clip(id), clip(tenant)}
+}
+
+// attrs returns the job_id and tenant log attributes.
+func (j jobRef) attrs() []any { return []any{"job_id", j.jobID, "tenant", j.tenant} }
+
+func (w *Worker) track(id string, job jobRef) {
 	w.mu.Lock()
-	w.inFlight[id] = struct{}{}
+	w.inFlight[id] = job
 	w.mu.Unlock()
 }
 
@@ -632,10 +646,15 @@ func (w *Worker) untrack(id string) {
 }
 
 func (w *Worker) isInFlight(id string) bool {
+	_, ok := w.inFlightJob(id)
+	return ok
+}
+
+func (w *Worker) inFlightJob(id string) (jobRef, bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	_, ok := w.inFlight[id]
-	return ok
+	j, ok := w.inFlight[id]
+	return j, ok
 }
 
 func (w *Worker) inFlightCount() int {
@@ -685,14 +704,15 @@ func (w *Worker) renewChunk(ctx context.Context, ids []string) {
 	}
 	w.m.leaseRenewals.Add(float64(len(ids) - len(lost) - len(deleted)))
 	for _, id := range lost {
-		if w.isInFlight(id) { // else it finished and was acknowledged meanwhile
+		if job, ok := w.inFlightJob(id); ok { // else it finished and was acknowledged meanwhile
 			w.m.leasesLost.Inc()
-			w.log.Warn("lease lost: an entry this worker is still running is no longer pending to it (another worker reclaimed or acknowledged it); both runs may complete", "entry", id)
+			w.log.Warn("lease lost: an entry this worker is still running is no longer pending to it (another worker reclaimed or acknowledged it); both runs may complete", append(job.attrs(), "entry", id)...)
 		}
 	}
 	for _, id := range deleted {
 		w.m.deletedPending.Inc()
-		w.log.Error("an in-flight entry was deleted from the stream (XDEL or MAXLEN trimming outside the worker)", "entry", id)
+		job, _ := w.inFlightJob(id)
+		w.log.Error("an in-flight entry was deleted from the stream (XDEL or MAXLEN trimming outside the worker)", append(job.attrs(), "entry", id)...)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/onceflow/onceflow/idempotency"
@@ -63,12 +64,16 @@ type APIConfig struct {
 	Logger *slog.Logger
 	// TraceParent returns the W3C traceparent to carry in the job, or "". Default: none.
 	TraceParent func(ctx context.Context) string
+	// Registerer receives the route's metrics (onceflow_queue_enqueued_total). Default:
+	// nil, not exported.
+	Registerer prometheus.Registerer
 }
 
 // API serves POST /v1/summaries and GET /v1/summaries/{job_id}.
 type API struct {
 	cfg APIConfig
 	log *slog.Logger
+	m   *apiMetrics
 }
 
 // NewAPI checks cfg and returns the routes.
@@ -92,13 +97,13 @@ func NewAPI(cfg APIConfig) (*API, error) {
 	if cfg.TraceParent == nil {
 		cfg.TraceParent = func(context.Context) string { return "" }
 	}
-	return &API{cfg: cfg, log: cfg.Logger}, nil
+	return &API{cfg: cfg, log: cfg.Logger, m: newAPIMetrics(cfg.Registerer)}, nil
 }
 
 // Register adds the routes to s behind auth.
 func (a *API) Register(s *httpapi.Server, auth *httpapi.Authenticator) {
-	s.Handle("POST /v1/summaries", "/v1/summaries", auth.Require(http.HandlerFunc(a.create)))
-	s.Handle("GET /v1/summaries/{job_id}", "/v1/summaries/{job_id}", auth.Require(http.HandlerFunc(a.get)))
+	s.Handle("POST /v1/summaries", "/v1/summaries", auth.Require(http.HandlerFunc(a.create)), postCodes...)
+	s.Handle("GET /v1/summaries/{job_id}", "/v1/summaries/{job_id}", auth.Require(http.HandlerFunc(a.get)), getCodes...)
 }
 
 // create accepts a job: one Redis round trip (redisstore.Store.Accept) checks the key and
@@ -152,6 +157,9 @@ func (a *API) create(w http.ResponseWriter, r *http.Request) {
 		IndexFields: []any{"tenant", scope.Tenant},
 		IndexTTL:    a.cfg.ResultTTL,
 	})
+	if err == nil && !replayed {
+		a.m.enqueued.Inc()
+	}
 	mw.Respond(w, r, stored, replayed, err)
 }
 

@@ -189,15 +189,18 @@ SELECT $4, $5, $6, NULLIF($7, '') FROM s`
 // email is the payload of a summary_ready outbox row, as the senders read it.
 type email struct {
 	JobID   string `json:"job_id"`
+	Tenant  string `json:"tenant"`
 	To      string `json:"to"`
 	Subject string `json:"subject"`
 	Body    string `json:"body"`
 }
 
-// store runs storeSQL and reports whether this delivery won.
+// store runs storeSQL and reports whether this delivery won. The row's traceparent is
+// the job's: when traced, the delivery's span (internal/tracing.Handler puts it there).
 func (h *Handler) store(ctx context.Context, job *queue.Job, req Request, summary string) (bool, error) {
 	payload, err := json.Marshal(email{
 		JobID:   job.JobID,
+		Tenant:  job.Tenant,
 		To:      req.Notify,
 		Subject: "Your summary is ready",
 		Body:    "Your summary " + job.JobID + " is ready: GET /v1/summaries/" + job.JobID + "\n\n" + summary,

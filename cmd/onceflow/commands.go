@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/onceflow/onceflow/config"
+	"github.com/onceflow/onceflow/internal/tracing"
 )
 
 // env is what a subcommand gets from the process: output streams and the environment.
@@ -128,6 +129,9 @@ func load(e *env, fs *flag.FlagSet, l *config.Loader, args []string) (*config.Co
 	cfg, err := l.Load(e.getenv)
 	if err != nil {
 		return nil, nil, err
+	}
+	if _, err := tracing.FromEnv(e.getenv); err != nil {
+		return nil, nil, err // the OTEL_* variables are settings too: a bad one exits 2
 	}
 	return cfg, newLogger(e.stderr, cfg.LogFormat), nil
 }

@@ -26,6 +26,11 @@ func runRelay(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer d.Close()
+	stopTracing, err := d.startTracing(ctx, e)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 	relay, err := d.buildRelay()
 	if err != nil {
 		return err
@@ -48,6 +53,7 @@ func relayConfig(cfg *config.Config, log *slog.Logger, reg prometheus.Registerer
 		MaxAttempts:     cfg.RelayMaxAttempts,
 		Retention:       cfg.OutboxRetention,
 		ShutdownTimeout: cfg.ShutdownTimeout,
+		SampleInterval:  cfg.StatsInterval,
 		Logger:          log,
 		Registerer:      reg,
 	}

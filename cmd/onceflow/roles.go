@@ -10,12 +10,14 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/config"
 	"github.com/onceflow/onceflow/idempotency"
 	"github.com/onceflow/onceflow/idempotency/redisstore"
 	"github.com/onceflow/onceflow/internal/connect"
 	"github.com/onceflow/onceflow/internal/httpapi"
+	"github.com/onceflow/onceflow/internal/tracing"
 	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/llm/anthropic"
 	"github.com/onceflow/onceflow/llm/fake"
@@ -37,6 +39,8 @@ type deps struct {
 	reg  *prometheus.Registry
 	rdb  *redis.Client
 	pool *pgxpool.Pool
+	// tp traces the roles' work; nil when tracing is off (see startTracing).
+	tp trace.TracerProvider
 }
 
 // newDeps opens the clients a process needs (they connect lazily, so a process starts
@@ -132,6 +136,7 @@ func (d *deps) buildAPI(s *httpapi.Server) error {
 	api, err := summaries.NewAPI(summaries.APIConfig{
 		Redis: d.rdb, DB: d.pool, Keys: d.keys(), Idempotency: mw, Store: store,
 		ResultTTL: d.cfg.ResultTTL, Timeout: d.cfg.IdempotencyTimeout, Logger: d.log,
+		Registerer: d.reg, TraceParent: d.traceParent(),
 	})
 	if err != nil {
 		return err
@@ -147,9 +152,13 @@ func (d *deps) buildHandler() (queue.Handler, error) {
 	if err != nil {
 		return nil, err
 	}
-	return summaries.NewHandler(summaries.HandlerConfig{
+	client = m.Instrument(d.cfg.LLM, client)
+	if d.tp != nil {
+		client = tracing.LLMClient(d.tp, d.cfg.LLM, client)
+	}
+	h, err := summaries.NewHandler(summaries.HandlerConfig{
 		DB:    d.pool,
-		LLM:   m.Instrument(d.cfg.LLM, client),
+		LLM:   client,
 		Model: d.cfg.LLMModel,
 		Retry: retry.Policy{
 			MaxAttempts:    d.cfg.LLMMaxAttempts,
@@ -159,6 +168,27 @@ func (d *deps) buildHandler() (queue.Handler, error) {
 		Budget: d.cfg.JobBudget,
 		Logger: d.log,
 	})
+	if err != nil {
+		return nil, err
+	}
+	return d.traceJobs(summaries.Instrument(h, d.reg)), nil
+}
+
+// traceJobs wraps h with a span per delivery when tracing is on.
+func (d *deps) traceJobs(h queue.Handler) queue.Handler {
+	if d.tp == nil {
+		return h
+	}
+	return tracing.Handler(d.tp, summaries.QueueName, h)
+}
+
+// traceParent returns what the API writes in a job's traceparent field: the request
+// span's, when tracing is on.
+func (d *deps) traceParent() func(context.Context) string {
+	if d.tp == nil {
+		return nil
+	}
+	return tracing.TraceParent
 }
 
 // newLLMClient returns the model client ONCEFLOW_LLM selects.
@@ -184,6 +214,7 @@ func (d *deps) buildWorker(h queue.Handler) (*queue.Worker, error) {
 		ClaimIdle:       d.cfg.ClaimIdle,
 		MaxDeliveries:   d.cfg.MaxDeliveries,
 		ShutdownTimeout: d.cfg.ShutdownTimeout,
+		StatsInterval:   d.cfg.StatsInterval,
 		Logger:          d.log,
 		Registerer:      d.reg,
 	})
@@ -198,6 +229,9 @@ func (d *deps) buildRelay() (*outbox.Relay, error) {
 	sender, err := newOutboxSender(d.cfg, d.log)
 	if err != nil {
 		return nil, err
+	}
+	if d.tp != nil {
+		sender = tracing.Sender(d.tp, sender)
 	}
 	r, err := outbox.NewRelay(pgoutbox.New(d.pool), sender, relayConfig(d.cfg, d.log, d.reg))
 	if err != nil {

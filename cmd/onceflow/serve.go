@@ -23,6 +23,11 @@ func runServe(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer d.Close()
+	stopTracing, err := d.startTracing(ctx, e)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 	s := d.httpServer()
 	if err := d.buildAPI(s); err != nil {
 		return err

@@ -3,9 +3,11 @@ package main
 import (
 	"context"
 	"errors"
+	"net/http"
 
 	"github.com/onceflow/onceflow/config"
 	"github.com/onceflow/onceflow/internal/httpapi"
+	"github.com/onceflow/onceflow/internal/tracing"
 	"github.com/onceflow/onceflow/queue"
 )
 
@@ -24,9 +26,15 @@ func runWork(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer d.Close()
+	stopTracing, err := d.startTracing(ctx, e)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 	var h queue.Handler
 	if *testSpec != "" {
 		h, err = newTestHandler(*testSpec, d.rdb, d.keys())
+		h = d.traceJobs(h)
 	} else {
 		h, err = d.buildHandler()
 	}
@@ -49,8 +57,12 @@ func runAll(ctx context.Context, d *deps, srv *httpapi.Server, addr string, role
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	if addr != "" {
+		var h http.Handler = srv
+		if d.tp != nil {
+			h = tracing.HTTPHandler(d.tp, srv)
+		}
 		roles = append(roles, func(ctx context.Context) error {
-			return httpapi.Serve(ctx, addr, srv, d.cfg.ShutdownTimeout, d.log, nil)
+			return httpapi.Serve(ctx, addr, h, d.cfg.ShutdownTimeout, d.log, nil)
 		})
 	}
 	errs := make(chan error, len(roles))

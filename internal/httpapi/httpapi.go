@@ -62,15 +62,23 @@ func New(cfg Config) *Server {
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, mux: http.NewServeMux(), metrics: newHTTPMetrics(cfg.Registry)}
 	s.Handle("GET /healthz", "/healthz", http.HandlerFunc(s.healthz))
-	s.Handle("GET /readyz", "/readyz", http.HandlerFunc(s.readyz))
+	s.Handle("GET /readyz", "/readyz", http.HandlerFunc(s.readyz), http.StatusOK, http.StatusServiceUnavailable)
 	s.Handle("GET /metrics", "/metrics", promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{Registry: cfg.Registry}))
 	return s
 }
 
 // Handle routes pattern (net/http syntax, "POST /v1/summaries") to h and counts its
 // requests under the label route, which must be a fixed string such as
-// "/v1/summaries/{job_id}" so label values stay bounded.
-func (s *Server) Handle(pattern, route string, h http.Handler) {
+// "/v1/summaries/{job_id}" so label values stay bounded. codes are the statuses the
+// route answers; their series are created at zero now, so they are visible before the
+// first request (none given: 200). Other codes are counted all the same.
+func (s *Server) Handle(pattern, route string, h http.Handler, codes ...int) {
+	if len(codes) == 0 {
+		codes = []int{http.StatusOK}
+	}
+	for _, c := range codes {
+		s.metrics.requests.WithLabelValues(route, strconv.Itoa(c))
+	}
 	s.mux.Handle(pattern, s.metrics.instrument(route, h))
 }
 
@@ -194,7 +202,9 @@ func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 // Serve serves h on addr until ctx is cancelled, then shuts down gracefully: it stops
 // accepting, lets in-flight requests finish within shutdownTimeout and closes what is
 // left. ready, when not nil, receives the bound address once listening (useful with
-// port 0). It returns nil after a clean shutdown.
+// port 0). It returns nil once shut down, also when requests still running at the
+// timeout had to be cut (they are logged; their clients see a closed connection and
+// retry, which Idempotency-Keys make safe).
 func Serve(ctx context.Context, addr string, h http.Handler, shutdownTimeout time.Duration, log *slog.Logger, ready func(net.Addr)) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -231,7 +241,7 @@ func ServeListener(ctx context.Context, ln net.Listener, h http.Handler, shutdow
 	log.InfoContext(ctx, "http draining", "timeout", shutdownTimeout)
 	if err := srv.Shutdown(sctx); err != nil {
 		_ = srv.Close()
-		return fmt.Errorf("shut down http: %w", err)
+		log.WarnContext(ctx, "http shutdown timeout: closed the connections still open", "timeout", shutdownTimeout, "err", err)
 	}
 	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("serve http: %w", err)

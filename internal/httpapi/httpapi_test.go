@@ -83,3 +83,23 @@ func TestRequestsCountedByRouteAndCode(t *testing.T) {
 		t.Errorf("error response %q %q", rec.Header().Get("Content-Type"), rec.Body)
 	}
 }
+
+func TestRouteCodesAreVisibleAtZeroBeforeTheFirstRequest(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	s := New(Config{Registry: reg})
+	s.Handle("POST /things", "/things", http.NotFoundHandler(), http.StatusAccepted, http.StatusBadRequest)
+	// Gathered before anything touches the vector: /healthz 200, /readyz 200 and 503,
+	// /metrics 200, /things 202 and 400.
+	n, err := testutil.GatherAndCount(reg, "onceflow_http_requests_total")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 6 {
+		t.Fatalf("%d series of onceflow_http_requests_total before any request, want 6", n)
+	}
+	for _, labels := range [][2]string{{"/things", "202"}, {"/things", "400"}, {"/healthz", "200"}, {"/readyz", "503"}} {
+		if got := testutil.ToFloat64(s.metrics.requests.WithLabelValues(labels[0], labels[1])); got != 0 {
+			t.Errorf("%v = %v before any request", labels, got)
+		}
+	}
+}

@@ -7,11 +7,19 @@
 //	onceflow_llm_call_duration_seconds{provider}        one attempt, success or not
 //	onceflow_llm_retries_total{class, source}           source "backoff" or "retry_after"
 //	onceflow_llm_retry_delay_seconds                    the sleeps before retries
+//	onceflow_llm_retry_wait_seconds_total{source}       time slept before retries, by source
+//	onceflow_llm_ambiguous_failures_total{provider}     failed attempts the provider may have run
+//
+// An attempt is one request to the provider: onceflow_llm_calls_total counts attempts,
+// and since every retry is followed by one attempt, first attempts are calls minus
+// retries.
 package llmmetrics
 
 import (
 	"context"
+	"errors"
 	"iter"
+	"net"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -27,6 +35,8 @@ type Metrics struct {
 	duration   *prometheus.HistogramVec
 	retries    *prometheus.CounterVec
 	retryDelay prometheus.Histogram
+	retryWait  *prometheus.CounterVec
+	ambiguous  *prometheus.CounterVec
 }
 
 // New builds the collectors and registers them with reg (nil: not exported).
@@ -50,12 +60,21 @@ func New(reg prometheus.Registerer) *Metrics {
 			Help:    "Sleep before an in-process retry.",
 			Buckets: []float64{0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 30},
 		})),
+		retryWait: metrics.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: metrics.Namespace, Subsystem: "llm", Name: "retry_wait_seconds_total",
+			Help: "Time slept before in-process retries, by source: the jittered backoff or the server's Retry-After.",
+		}, []string{"source"})),
+		ambiguous: metrics.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: metrics.Namespace, Subsystem: "llm", Name: "ambiguous_failures_total",
+			Help: "Failed attempts without an answer after the request may have reached the provider (timeout, reset, stream cut): the provider may have run, and billed, them.",
+		}, []string{"provider"})),
 	}
 	var classes []string
 	for _, c := range retry.Classes() {
 		classes = append(classes, string(c))
 	}
 	metrics.Init(m.retries, classes, []string{"backoff", "retry_after"})
+	metrics.Init(m.retryWait, []string{"backoff", "retry_after"})
 	return m
 }
 
@@ -67,6 +86,7 @@ func (m *Metrics) OnRetry(r retry.Retry) {
 	}
 	m.retries.WithLabelValues(string(r.Class), source).Inc()
 	m.retryDelay.Observe(r.Delay.Seconds())
+	m.retryWait.WithLabelValues(source).Add(r.Delay.Seconds())
 }
 
 // Instrument returns c counting every Complete and Stream under provider, which must
@@ -78,6 +98,7 @@ func (m *Metrics) Instrument(provider string, c llm.Client) llm.Client {
 	}
 	metrics.Init(m.calls, []string{provider}, outcomes)
 	metrics.InitHistogram(m.duration, []string{provider})
+	metrics.Init(m.ambiguous, []string{provider})
 	return &instrumented{m: m, provider: provider, next: c}
 }
 
@@ -91,6 +112,9 @@ func (i *instrumented) observe(start time.Time, err error) {
 	outcome := "ok"
 	if err != nil {
 		outcome = string(retry.Classify(err).Class)
+		if Ambiguous(err) {
+			i.m.ambiguous.WithLabelValues(i.provider).Inc()
+		}
 	}
 	i.m.calls.WithLabelValues(i.provider, outcome).Inc()
 	i.m.duration.WithLabelValues(i.provider).Observe(time.Since(start).Seconds())
@@ -125,4 +149,32 @@ func (i *instrumented) Stream(ctx context.Context, req *llm.Request) iter.Seq2[l
 			}
 		}
 	}
+}
+
+// Ambiguous reports whether a failed model call ended without an answer after its
+// request may have reached the provider, so the provider may have run (and billed) it:
+// a timeout or a broken connection (reset, unexpected EOF, a stream cut halfway). An
+// answer with a status (429, 500, ...) is not ambiguous, nor is a connection that was
+// never made (refused, DNS), nor a cancellation by the caller (shutdown).
+func Ambiguous(err error) bool {
+	if err == nil {
+		return false
+	}
+	var st retry.HTTPStatuser
+	if errors.As(err, &st) && st.HTTPStatus() != 0 {
+		return false
+	}
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return false
+	}
+	var dns *net.DNSError
+	if errors.As(err, &dns) {
+		return false
+	}
+	switch retry.Classify(err).Class {
+	case retry.ClassTimeout, retry.ClassConnection:
+		return true
+	}
+	return false
 }

@@ -3,6 +3,10 @@ package llmmetrics_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
+	"net"
+	"syscall"
 	"testing"
 	"time"
 
@@ -78,4 +82,52 @@ func value(t *testing.T, reg *prometheus.Registry, name string, labels map[strin
 	}
 	t.Fatalf("no series %s%v", name, labels)
 	return 0
+}
+
+func TestAmbiguousFailures(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"timeout", context.DeadlineExceeded, true},
+		{"reset", &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}, true},
+		{"stream cut", fmt.Errorf("stream: %w", io.ErrUnexpectedEOF), true},
+		{"refused", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}, false},
+		{"dns", &net.DNSError{Err: "no such host", Name: "x.invalid"}, false},
+		{"429", &retry.StatusError{Status: 429}, false},
+		{"408 is an answer", &retry.StatusError{Status: 408}, false},
+		{"400", &retry.StatusError{Status: 400}, false},
+		{"canceled", context.Canceled, false},
+		{"nil", nil, false},
+	}
+	for _, tc := range cases {
+		if got := llmmetrics.Ambiguous(tc.err); got != tc.want {
+			t.Errorf("%s: Ambiguous(%v) = %v, want %v", tc.name, tc.err, got, tc.want)
+		}
+	}
+
+	reg := prometheus.NewRegistry()
+	m := llmmetrics.New(reg)
+	f := fake.New()
+	c := m.Instrument("fake", f)
+	if got := value(t, reg, "onceflow_llm_ambiguous_failures_total", map[string]string{"provider": "fake"}); got != 0 {
+		t.Fatalf("ambiguous before any call = %v", got)
+	}
+	f.FailNext(fmt.Errorf("read: %w", io.ErrUnexpectedEOF), &retry.StatusError{Status: 503})
+	req := &llm.Request{Messages: []llm.Message{{Role: llm.RoleUser, Content: "hello"}}}
+	_, _ = c.Complete(context.Background(), req)
+	_, _ = c.Complete(context.Background(), req)
+	if got := value(t, reg, "onceflow_llm_ambiguous_failures_total", map[string]string{"provider": "fake"}); got != 1 {
+		t.Errorf("ambiguous = %v after one cut answer and one 503, want 1", got)
+	}
+	m.OnRetry(retry.Retry{Class: retry.ClassRateLimited, Delay: 2 * time.Second, FromRetryAfter: true})
+	m.OnRetry(retry.Retry{Class: retry.ClassServerError, Delay: 500 * time.Millisecond})
+	if got := value(t, reg, "onceflow_llm_retry_wait_seconds_total", map[string]string{"source": "retry_after"}); got != 2 {
+		t.Errorf("retry_after wait = %v, want 2", got)
+	}
+	if got := value(t, reg, "onceflow_llm_retry_wait_seconds_total", map[string]string{"source": "backoff"}); got != 0.5 {
+		t.Errorf("backoff wait = %v, want 0.5", got)
+	}
 }
