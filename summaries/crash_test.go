@@ -170,8 +170,8 @@ type gatedModel struct {
 	fake     *fakeserver.Server
 	requests atomic.Int64
 	arrived  chan struct{}
-	release chan struct{}
-	once    sync.Once
+	release  chan struct{}
+	once     sync.Once
 }
 
 func newGatedModel(t *testing.T) (*gatedModel, *httptest.Server) {
