@@ -59,12 +59,12 @@ func TestServeKilledMidBurst(t *testing.T) {
 	startServe(0)
 	startServe(1)
 
-	// The burst: n jobs, from two tenants that share key strings (the same key from two
-	// tenants is two jobs), 24 clients pacing themselves so that the burst lasts a couple
-	// of seconds and both kills land inside it.
-	const n = 360
+	// The burst: at least minJobs jobs, from two tenants that share key strings (the same
+	// key from two tenants is two jobs), sent by 24 clients pacing themselves. The burst
+	// goes on until both kills are done, so both land inside it.
+	const minJobs, maxJobs = 240, 3000
 	type job struct{ tenant, apiKey, key, body string }
-	jobs := make([]job, n)
+	jobs := make([]job, maxJobs)
 	for i := range jobs {
 		tenant, apiKey := "acme", testKeyAcme
 		if i%2 == 1 {
@@ -76,41 +76,46 @@ func TestServeKilledMidBurst(t *testing.T) {
 		jobID    string
 		replayed bool
 	}
-	answers := make([][]answer, n)
+	answers := make([][]answer, maxJobs)
 	var mu sync.Mutex
 	var done, connErrors, serverErrors atomic.Int64
 	client := &http.Client{Timeout: 10 * time.Second}
+	// inflight counts the requests of job i waiting for server 0 or 1; a request stops
+	// counting only after its answer is recorded.
+	inflight := make([][2]atomic.Int32, maxJobs)
+	// attempt sends job i once to server srv and reports whether it got an answer below 500.
+	attempt := func(i, srv int) bool {
+		inflight[i][srv].Add(1)
+		defer inflight[i][srv].Add(-1)
+		base := fmt.Sprintf("http://127.0.0.1:%d", ports[srv])
+		r, err := postSummary(ctx, client, base, jobs[i].apiKey, jobs[i].key, jobs[i].body)
+		switch {
+		case err != nil:
+			connErrors.Add(1)
+			return false
+		case r.code >= 500:
+			serverErrors.Add(1)
+			return false
+		case r.code != http.StatusAccepted:
+			t.Errorf("job %d: %d %s", i, r.code, r.body)
+			return true
+		}
+		var a struct {
+			JobID  string `json:"job_id"`
+			Status string `json:"status"`
+		}
+		if err := json.Unmarshal(r.body, &a); err != nil || a.Status != "queued" {
+			t.Errorf("job %d: body %s", i, r.body)
+			return true
+		}
+		mu.Lock()
+		answers[i] = append(answers[i], answer{a.JobID, r.header.Get(idempotency.HeaderReplayed) == "true"})
+		mu.Unlock()
+		return true
+	}
 	// submit sends job i until it gets an answer below 500, switching server per attempt.
-	inflight := make([][2]atomic.Int32, n) // requests of job i waiting for server 0 or 1
 	submit := func(i, first int) {
-		for attempt := first; ctx.Err() == nil; attempt++ {
-			srv := attempt % 2
-			base := fmt.Sprintf("http://127.0.0.1:%d", ports[srv])
-			inflight[i][srv].Add(1)
-			r, err := postSummary(ctx, client, base, jobs[i].apiKey, jobs[i].key, jobs[i].body)
-			inflight[i][srv].Add(-1)
-			switch {
-			case err != nil:
-				connErrors.Add(1)
-			case r.code >= 500:
-				serverErrors.Add(1)
-			case r.code != http.StatusAccepted:
-				t.Errorf("job %d: %d %s", i, r.code, r.body)
-				return
-			default:
-				var a struct {
-					JobID  string `json:"job_id"`
-					Status string `json:"status"`
-				}
-				if err := json.Unmarshal(r.body, &a); err != nil || a.Status != "queued" {
-					t.Errorf("job %d: body %s", i, r.body)
-					return
-				}
-				mu.Lock()
-				answers[i] = append(answers[i], answer{a.JobID, r.header.Get(idempotency.HeaderReplayed) == "true"})
-				mu.Unlock()
-				return
-			}
+		for try := first; ctx.Err() == nil && !attempt(i, try%2); try++ {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
@@ -148,30 +153,40 @@ func TestServeKilledMidBurst(t *testing.T) {
 	var killedAt []int64
 	lostAnswers := map[int]bool{} // jobs accepted by the frozen server before it could answer
 	var killer sync.WaitGroup
+	var killed atomic.Bool
 	killer.Add(1)
 	go func() {
 		defer killer.Done()
-		for done.Load() < n/4 && ctx.Err() == nil {
+		defer killed.Store(true)
+		for done.Load() < minJobs/4 && ctx.Err() == nil {
 			time.Sleep(5 * time.Millisecond)
 		}
 		servers[0].Load().Kill()
 		killedAt = append(killedAt, done.Load())
 		time.Sleep(200 * time.Millisecond)
 		startServe(0)
-		for done.Load() < n/2 && ctx.Err() == nil {
+		for done.Load() < minJobs/2 && ctx.Err() == nil {
 			time.Sleep(5 * time.Millisecond)
 		}
 		p := servers[1].Load()
-		for try := 0; try < 200 && len(lostAnswers) == 0 && done.Load() < n-24; try++ {
-			p.Signal(syscall.SIGSTOP)
-			time.Sleep(20 * time.Millisecond) // Redis finishes what it was sent; clients read what they got
+		acceptedNow := func() map[string]bool {
 			accepted := map[string]bool{}
 			for _, m := range streamMessages(t, rdb, keys) {
 				accepted[m.JobID] = true
 			}
+			return accepted
+		}
+		for try := 0; try < 150 && len(lostAnswers) == 0; try++ {
+			before := acceptedNow()
+			p.Signal(syscall.SIGSTOP)
+			time.Sleep(20 * time.Millisecond) // Redis finishes what it was sent; clients record what they got
+			after := acceptedNow()
 			mu.Lock()
 			for i := range jobs {
-				if inflight[i][1].Load() > 0 && len(answers[i]) == 0 && accepted[jobIDOfBurst(jobs[i].tenant, jobs[i].key)] {
+				// Accepted since the snapshot, by a request to the frozen server (the job's
+				// only request in flight), and not answered.
+				id := jobIDOfBurst(jobs[i].tenant, jobs[i].key)
+				if after[id] && !before[id] && inflight[i][1].Load() > 0 && inflight[i][0].Load() == 0 && len(answers[i]) == 0 {
 					lostAnswers[i] = true
 				}
 			}
@@ -186,17 +201,19 @@ func TestServeKilledMidBurst(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 		startServe(1)
 	}()
-	for i := range jobs {
-		next <- i
+	n := 0
+	for ; n < maxJobs && (n < minJobs || !killed.Load()); n++ {
+		next <- n
 	}
 	close(next)
 	clients.Wait()
 	killer.Wait()
+	jobs, answers = jobs[:n], answers[:n]
 	if t.Failed() {
 		t.FailNow()
 	}
 	for _, at := range killedAt {
-		if at >= n {
+		if at >= int64(n) {
 			t.Fatalf("a kill came after the burst (%d of %d jobs answered): nothing tested", at, n)
 		}
 	}
@@ -294,7 +311,7 @@ func TestServeKilledMidBurst(t *testing.T) {
 		}
 	}
 	llmStats, err := fakeserver.FetchStats(ctx, nil, llmBase)
-	if err != nil || llmStats.Requests != n {
+	if err != nil || llmStats.Requests != int64(n) {
 		t.Fatalf("fake-llm stats %+v (%v), want one model call per job", llmStats, err)
 	}
 
@@ -304,8 +321,8 @@ func TestServeKilledMidBurst(t *testing.T) {
 	if err := json.Unmarshal([]byte(audit.Stdout()), &report); err != nil {
 		t.Fatalf("audit --json: %v\n%s", err, audit.Stdout())
 	}
-	if code != 0 || len(report.Violations) != 0 || report.Summaries == nil || *report.Summaries != n ||
-		*report.OutboxSent != n || *report.DLQ != 0 || *report.StreamPending != 0 {
+	if code != 0 || len(report.Violations) != 0 || report.Summaries == nil || *report.Summaries != int64(n) ||
+		*report.OutboxSent != int64(n) || *report.DLQ != 0 || *report.StreamPending != 0 {
 		t.Fatalf("audit: exit %d, %s %q", code, report.counts(), report.Violations)
 	}
 }
