@@ -373,6 +373,12 @@ func TestGetJobStates(t *testing.T) {
 	if r := get(t, base, "nobody-0123456789abcdef", finishing); r.code != http.StatusUnauthorized {
 		t.Fatalf("GET with an unknown key: %d", r.code)
 	}
+	// Other methods: 405 with Allow, in the same JSON error format.
+	req, _ := http.NewRequest(http.MethodDelete, base+"/v1/summaries/"+finishing, nil)
+	req.Header.Set("Authorization", "Bearer "+keyAcme)
+	if r := do(t, req); r.code != http.StatusMethodNotAllowed || r.header.Get("Allow") != "GET, HEAD" || r.json(t)["detail"] == nil {
+		t.Fatalf("DELETE a job: %d %v %s, want 405 with Allow and a JSON detail", r.code, r.header, r.body)
+	}
 }
 
 // PostgreSQL down: GET answers 503 with Retry-After (it must ask PostgreSQL first), while
