@@ -35,7 +35,7 @@ var testAPIKeys = map[string]string{keyAcme: "acme", keyGlobex: "globex"}
 // cmd/onceflow's buildAPI assembles them: bearer-key authentication, the idempotency
 // middleware (for its statuses and metrics) and the single-round-trip accept. rdb is the
 // server's own Redis client (hooks added to it count only the server's round trips).
-func newAPIServer(t *testing.T, rdb *redis.Client, prefix string, db summaries.Row) *httptest.Server {
+func newAPIServer(t testing.TB, rdb *redis.Client, prefix string, db summaries.Row) *httptest.Server {
 	t.Helper()
 	log := testenv.Logger(t)
 	store, err := redisstore.New(rdb, redisstore.Config{Prefix: prefix, ResultTTL: 24 * time.Hour, Logger: log})
@@ -168,7 +168,7 @@ func streamJobs(t *testing.T, rdb *redis.Client, keys queue.Keys) []queue.Messag
 }
 
 // newHandler returns the summaries job handler on pool with client as the model.
-func newHandler(t *testing.T, pool *pgxpool.Pool, client llm.Client, cfg summaries.HandlerConfig) *summaries.Handler {
+func newHandler(t testing.TB, pool *pgxpool.Pool, client llm.Client, cfg summaries.HandlerConfig) *summaries.Handler {
 	t.Helper()
 	cfg.DB, cfg.LLM = pool, client
 	if cfg.Logger == nil {
@@ -183,7 +183,7 @@ func newHandler(t *testing.T, pool *pgxpool.Pool, client llm.Client, cfg summari
 
 // startWorker runs a queue worker until the test ends (or the returned stop is called,
 // which waits for Run to return).
-func startWorker(t *testing.T, cfg queue.WorkerConfig) (stop func()) {
+func startWorker(t testing.TB, cfg queue.WorkerConfig) (stop func()) {
 	t.Helper()
 	if cfg.Logger == nil {
 		cfg.Logger = testenv.Logger(t)
