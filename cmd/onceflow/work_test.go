@@ -148,6 +148,7 @@ func TestWorkUsageErrors(t *testing.T) {
 		{nil, []string{"work", "--test-handler=bogus"}, `invalid --test-handler="bogus"`},
 		{nil, []string{"work", "--test-handler=sleep:soon"}, `invalid --test-handler="sleep:soon"`},
 		{[]string{"ONCEFLOW_CLAIM_IDLE=abc"}, []string{"work"}, `invalid ONCEFLOW_CLAIM_IDLE="abc"`},
+		{[]string{"ONCEFLOW_LLM=gpt"}, []string{"work"}, "ONCEFLOW_LLM"},
 	}
 	for _, tc := range cases {
 		p := testenv.Start(t, bin, tc.env, tc.args...)

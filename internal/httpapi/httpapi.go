@@ -4,6 +4,7 @@
 package httpapi
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -12,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -82,8 +84,36 @@ func (s *Server) Handle(pattern, route string, h http.Handler, codes ...int) {
 	s.mux.Handle(pattern, s.metrics.instrument(route, h))
 }
 
-// ServeHTTP implements http.Handler.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+// ServeHTTP implements http.Handler. A request no route matches is answered like every
+// other error, {"detail": ...} in JSON (404, or 405 with Allow), not with net/http's
+// text/plain.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if _, pattern := s.mux.Handler(r); pattern == "" {
+		rec := &unrouted{header: http.Header{}}
+		s.mux.ServeHTTP(rec, r) // only to learn the status and Allow net/http would send
+		if allow := rec.header.Get("Allow"); allow != "" {
+			w.Header().Set("Allow", allow)
+		}
+		code := cmp.Or(rec.status, http.StatusNotFound)
+		WriteError(w, code, strings.ToLower(http.StatusText(code)))
+		return
+	}
+	s.mux.ServeHTTP(w, r)
+}
+
+// unrouted records the status and headers of net/http's answer to an unmatched request.
+type unrouted struct {
+	header http.Header
+	status int
+}
+
+func (u *unrouted) Header() http.Header         { return u.header }
+func (u *unrouted) Write(b []byte) (int, error) { return len(b), nil }
+func (u *unrouted) WriteHeader(code int) {
+	if u.status == 0 {
+		u.status = code
+	}
+}
 
 // healthz answers 200 while the process lives; it touches no dependency.
 func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {

@@ -103,3 +103,34 @@ func TestRouteCodesAreVisibleAtZeroBeforeTheFirstRequest(t *testing.T) {
 		}
 	}
 }
+
+// A request no route matches gets the API's JSON error, not net/http's text/plain: 404
+// for an unknown path, 405 with Allow for a known path with another method.
+func TestUnroutedRequestsGetJSONErrors(t *testing.T) {
+	s := New(Config{})
+	s.Handle("GET /things/{id}", "/things/{id}", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		WriteJSON(w, http.StatusOK, map[string]string{"id": r.PathValue("id")})
+	}))
+	for _, tc := range []struct {
+		method, path string
+		code         int
+		allow        string
+	}{
+		{"GET", "/nowhere", http.StatusNotFound, ""},
+		{"POST", "/things/7", http.StatusMethodNotAllowed, "GET, HEAD"},
+		{"DELETE", "/healthz", http.StatusMethodNotAllowed, "GET, HEAD"},
+	} {
+		rec := httptest.NewRecorder()
+		s.ServeHTTP(rec, httptest.NewRequest(tc.method, tc.path, nil))
+		var body map[string]string
+		if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil || rec.Code != tc.code || body["detail"] == "" ||
+			rec.Header().Get("Content-Type") != "application/json" || rec.Header().Get("Allow") != tc.allow {
+			t.Errorf("%s %s: %d %v %q, want %d with a JSON detail and Allow %q", tc.method, tc.path, rec.Code, rec.Header(), rec.Body, tc.code, tc.allow)
+		}
+	}
+	rec := httptest.NewRecorder()
+	s.ServeHTTP(rec, httptest.NewRequest("GET", "/things/7", nil))
+	if rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), `"id":"7"`) {
+		t.Fatalf("routed request: %d %s", rec.Code, rec.Body)
+	}
+}

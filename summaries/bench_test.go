@@ -1,0 +1,309 @@
+package summaries_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/onceflow/onceflow/internal/connect"
+	"github.com/onceflow/onceflow/internal/roundtrip"
+	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/internal/webhooksink"
+	"github.com/onceflow/onceflow/llm/fake"
+	"github.com/onceflow/onceflow/migrations"
+	"github.com/onceflow/onceflow/outbox"
+	"github.com/onceflow/onceflow/outbox/pgoutbox"
+	"github.com/onceflow/onceflow/outbox/webhook"
+	"github.com/onceflow/onceflow/queue"
+	"github.com/onceflow/onceflow/summaries"
+)
+
+// BenchmarkPipeline measures the pipeline end to end, in durable jobs per second: POST
+// /v1/summaries accepted, the summary and its outbox row committed, the email delivered
+// to a webhook sink that answers at once. The model is llm/fake in process (no latency).
+// Beside it, in the same run, pgbench runs the handler's summary+outbox statement alone
+// against a scratch schema of the same PostgreSQL: the ceiling of durable commits per
+// second, since every job needs one. It also counts what a job costs: PostgreSQL round
+// trips and commits, and Redis round trips of the API and of the worker.
+//
+//	go test -run '^$' -bench BenchmarkPipeline -benchtime 1x ./summaries/
+//
+// Knobs (environment): ONCEFLOW_BENCH_JOBS (default 20000), ONCEFLOW_BENCH_CONCURRENCY
+// (HTTP clients, default 64), ONCEFLOW_BENCH_PGBENCH_CLIENTS (default 32, the pipeline's
+// pool size), ONCEFLOW_BENCH_PGBENCH_TIME (default 10s), ONCEFLOW_WORKER_CONCURRENCY
+// (default 64). Everything runs on one machine: the Go process (clients, API, worker,
+// relay, sink), Redis and PostgreSQL share its cores.
+func BenchmarkPipeline(b *testing.B) {
+	jobs := benchEnvInt(b, "ONCEFLOW_BENCH_JOBS", 20000)
+	clients := benchEnvInt(b, "ONCEFLOW_BENCH_CONCURRENCY", 64)
+	pgClients := benchEnvInt(b, "ONCEFLOW_BENCH_PGBENCH_CLIENTS", 32)
+	pgTime := benchEnvInt(b, "ONCEFLOW_BENCH_PGBENCH_TIME", 10)
+	workers := benchEnvInt(b, "ONCEFLOW_WORKER_CONCURRENCY", queue.DefaultConcurrency)
+
+	ceiling := pgbenchCeiling(b, pgClients, pgTime)
+	r := runPipeline(b, jobs, clients, workers)
+	b.ReportMetric(ceiling, "pgbench-tps")
+	b.ReportMetric(r.jobsPerSec, "jobs/s")
+	b.ReportMetric(r.acceptPerSec, "accepted/s")
+	b.ReportMetric(r.jobsPerSec/ceiling, "jobs/pgbench")
+	b.ReportMetric(r.pgCommits, "pg-commits/job")
+	b.ReportMetric(r.pgRoundTrips, "pg-rt/job")
+	b.ReportMetric(r.redisAPI, "redis-api-rt/job")
+	b.ReportMetric(r.redisWorker, "redis-worker-rt/job")
+	b.Logf("pgbench ceiling %.0f tps (%d clients, %ds); pipeline %d jobs: %.0f accepted/s, %.0f jobs/s end to end (%.2f of the ceiling); per job: %.3f PostgreSQL commits, %.3f PostgreSQL round trips, %.3f Redis round trips at the API, %.3f at the worker",
+		ceiling, pgClients, pgTime, jobs, r.acceptPerSec, r.jobsPerSec, r.jobsPerSec/ceiling, r.pgCommits, r.pgRoundTrips, r.redisAPI, r.redisWorker)
+}
+
+// pipelineResult is one measured run.
+type pipelineResult struct {
+	jobsPerSec, acceptPerSec                       float64
+	pgCommits, pgRoundTrips, redisAPI, redisWorker float64
+}
+
+// commitCounter is a pgx tracer that counts round trips (roundtrip.Counter) and
+// durable commits: every statement that is not a SELECT runs in its own autocommit
+// transaction (the pipeline opens no explicit ones) and writes WAL that the commit
+// flushes; an autocommit SELECT flushes nothing.
+type commitCounter struct {
+	roundtrip.Counter
+	commits atomic.Int64
+}
+
+func (c *commitCounter) TraceQueryStart(ctx context.Context, conn *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if sql := strings.ToUpper(strings.TrimSpace(d.SQL)); !strings.HasPrefix(sql, "SELECT") {
+		c.commits.Add(1)
+	}
+	return c.Counter.TraceQueryStart(ctx, conn, d)
+}
+
+func runPipeline(b *testing.B, jobs, clients, workers int) pipelineResult {
+	b.Helper()
+	ctx := context.Background()
+	quiet := slog.New(slog.DiscardHandler)
+	_, prefix := testenv.Redis(b)
+	_, dsn := testenv.Postgres(b)
+	var pg commitCounter
+	pool, err := connect.Postgres(ctx, dsn, &pg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(pool.Close)
+	var syncCommit string
+	if err := pool.QueryRow(ctx, `SHOW synchronous_commit`).Scan(&syncCommit); err != nil || syncCommit != "on" {
+		b.Fatalf("synchronous_commit is %q (%v): the figures would not be durable commits", syncCommit, err)
+	}
+	redisClient := func(rt *roundtrip.Counter) *redis.Client {
+		c, err := connect.Redis(testenv.RedisURL(b) + "?pool_size=" + strconv.Itoa(clients+workers))
+		if err != nil {
+			b.Fatal(err)
+		}
+		c.AddHook(rt)
+		b.Cleanup(func() { c.Close() })
+		return c
+	}
+	var apiRT, workerRT roundtrip.Counter
+	apiRedis, workerRedis := redisClient(&apiRT), redisClient(&workerRT)
+	keys := queue.Keys{Prefix: prefix, Queue: summaries.QueueName}
+
+	api := newAPIServer(b, apiRedis, prefix, pool)
+	sink := webhooksink.New(webhooksink.Options{})
+	hook := httptest.NewServer(sink)
+	b.Cleanup(hook.Close)
+	sender, err := webhook.New(webhook.Config{URL: hook.URL})
+	if err != nil {
+		b.Fatal(err)
+	}
+	relay, err := outbox.NewRelay(pgoutbox.New(pool), sender, outbox.Config{Logger: quiet})
+	if err != nil {
+		b.Fatal(err)
+	}
+	h := newHandler(b, pool, fake.New(), summaries.HandlerConfig{Logger: quiet})
+	stopWorker := startWorker(b, queue.WorkerConfig{Redis: workerRedis, Keys: keys, Handler: h, Concurrency: workers, Logger: quiet})
+	relayCtx, stopRelay := context.WithCancel(ctx)
+	relayDone := make(chan error, 1)
+	go func() { relayDone <- relay.Run(relayCtx) }()
+	// Let the worker create its group and the relay its first empty pass; then count
+	// only what the jobs cost.
+	time.Sleep(300 * time.Millisecond)
+	pg.Reset()
+	pg.commits.Store(0)
+	apiRT.Reset()
+	workerRT.Reset()
+
+	transport := http.DefaultTransport.(*http.Transport).Clone()
+	transport.MaxIdleConnsPerHost = clients
+	client := &http.Client{Transport: transport}
+	body := validBody("Quarterly review for the account team: revenue grew 12%, churn fell to 2.1%, two enterprise renewals are at risk and need an owner this week.")
+	var next atomic.Int64
+	var failed, retried atomic.Int64
+	var firstErr sync.Once
+	b.ResetTimer()
+	start := time.Now()
+	var wg sync.WaitGroup
+	for c := 0; c < clients; c++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := next.Add(1) - 1
+				if i >= int64(jobs) {
+					return
+				}
+				// A client retries a 503 (the API's answer when Redis is slower than its
+				// timeout, which an overloaded machine can be) with the same key.
+				var err error
+				for attempt := 0; attempt < 20; attempt++ {
+					if attempt > 0 {
+						retried.Add(1)
+						time.Sleep(50 * time.Millisecond)
+					}
+					req, _ := http.NewRequest(http.MethodPost, api.URL+"/v1/summaries", strings.NewReader(body))
+					req.Header.Set("Authorization", "Bearer "+keyAcme)
+					req.Header.Set("Idempotency-Key", fmt.Sprintf("bench-job-%012d", i))
+					req.Header.Set("Content-Type", "application/json")
+					var resp *http.Response
+					if resp, err = client.Do(req); err != nil {
+						break
+					}
+					_, _ = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					if resp.StatusCode == http.StatusAccepted {
+						break
+					}
+					err = fmt.Errorf("status %d", resp.StatusCode)
+					if resp.StatusCode != http.StatusServiceUnavailable {
+						break
+					}
+				}
+				if err != nil {
+					failed.Add(1)
+					firstErr.Do(func() { b.Errorf("POST: %v", err) })
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	acceptedIn := time.Since(start)
+	deadline := time.Now().Add(10 * time.Minute)
+	for sink.Stats().Deliveries < jobs-int(failed.Load()) {
+		if time.Now().After(deadline) {
+			b.Fatalf("only %d of %d emails after 10 minutes", sink.Stats().Deliveries, jobs)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	ds := sink.Deliveries()
+	elapsed := ds[len(ds)-1].At.Sub(start)
+	b.StopTimer()
+	apiRedisRT, workerRedisRT := apiRT.Redis(), workerRT.Redis()
+	pgRT, pgCommits := pg.Postgres(), pg.commits.Load()
+	stopWorker()
+	stopRelay()
+	if err := <-relayDone; err != nil {
+		b.Fatal(err)
+	}
+	if failed.Load() > 0 {
+		b.Fatalf("%d POSTs failed", failed.Load())
+	}
+	st := sink.Stats()
+	var summarised int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM summaries`).Scan(&summarised); err != nil {
+		b.Fatal(err)
+	}
+	if st.DistinctKeys != jobs || st.Deliveries != jobs || summarised != jobs {
+		b.Fatalf("%d summaries, %d emails to %d keys, want %d of each", summarised, st.Deliveries, st.DistinctKeys, jobs)
+	}
+	if retried.Load() > 0 {
+		b.Logf("%d POSTs answered 503 (Redis slower than the API's timeout) and were retried with the same key", retried.Load())
+	}
+	n := float64(jobs)
+	return pipelineResult{
+		jobsPerSec: n / elapsed.Seconds(), acceptPerSec: n / acceptedIn.Seconds(),
+		pgCommits: float64(pgCommits) / n, pgRoundTrips: float64(pgRT) / n,
+		redisAPI: float64(apiRedisRT) / n, redisWorker: float64(workerRedisRT) / n,
+	}
+}
+
+// pgbenchCeiling runs pgbench with the handler's summary+outbox statement (storeSQL in
+// handler.go: the same CTE, one statement, one autocommit transaction) on a scratch
+// schema of the test PostgreSQL, and returns its transactions per second.
+func pgbenchCeiling(b *testing.B, clients, seconds int) float64 {
+	b.Helper()
+	bin, err := testenv.LookBinary("pgbench", "/usr/lib/postgresql/*/bin")
+	if err != nil {
+		b.Fatal(err)
+	}
+	dsn := testenv.EmptySchema(b)
+	if _, err := migrations.Up(context.Background(), dsn, slog.New(slog.DiscardHandler)); err != nil {
+		b.Fatal(err)
+	}
+	u, err := url.Parse(dsn)
+	if err != nil {
+		b.Fatal(err)
+	}
+	q := u.Query()
+	schema := q.Get("search_path")
+	q.Del("search_path") // not a libpq parameter: pgbench gets it through PGOPTIONS
+	u.RawQuery = q.Encode()
+	script := filepath.Join(b.TempDir(), "store.sql")
+	if err := os.WriteFile(script, []byte(pgbenchStoreSQL), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	cmd := exec.Command(bin, "--no-vacuum", "--protocol=prepared", "--client="+strconv.Itoa(clients), "--jobs=2",
+		"--time="+strconv.Itoa(seconds), "--file="+script, u.String())
+	cmd.Env = append(os.Environ(), "PGOPTIONS=-c search_path="+schema+" -c synchronous_commit=on")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		b.Fatalf("pgbench: %v\n%s", err, out)
+	}
+	m := regexp.MustCompile(`tps = ([0-9.]+) \(without initial connection time\)`).FindSubmatch(out)
+	if m == nil {
+		b.Fatalf("no tps in pgbench's output:\n%s", out)
+	}
+	tps, _ := strconv.ParseFloat(string(m[1]), 64)
+	return tps
+}
+
+// pgbenchStoreSQL is the handler's storeSQL with its parameters filled in the way a job
+// fills them: a fresh job id, a summary and an email payload of realistic size.
+const pgbenchStoreSQL = `WITH s AS (
+	INSERT INTO summaries (job_id, tenant, summary) VALUES (gen_random_uuid(), 'acme', 'Summary: revenue grew 12%, churn fell to 2.1%; two enterprise renewals need an owner this week.')
+	ON CONFLICT (job_id) DO NOTHING
+	RETURNING job_id
+)
+INSERT INTO outbox (topic, dedupe_key, payload, traceparent)
+SELECT 'email.summary_ready', 'summary_ready:' || s.job_id::text,
+	jsonb_build_object('job_id', s.job_id, 'to', 'team@example.com', 'subject', 'Your summary is ready',
+		'body', 'Your summary ' || s.job_id::text || ' is ready: GET /v1/summaries/' || s.job_id::text || E'\n\nSummary: revenue grew 12%, churn fell to 2.1%; two enterprise renewals need an owner this week.'),
+	NULLIF('', '')
+FROM s;
+`
+
+func benchEnvInt(b *testing.B, name string, def int) int {
+	b.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n <= 0 {
+		b.Fatalf("%s=%q: want a positive integer", name, v)
+	}
+	return n
+}
