@@ -22,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/onceflow/onceflow/internal/cluster"
 	"github.com/onceflow/onceflow/internal/connect"
 	"github.com/onceflow/onceflow/internal/roundtrip"
 	"github.com/onceflow/onceflow/internal/testenv"
@@ -245,7 +246,7 @@ func runPipeline(b *testing.B, jobs, clients, workers int) pipelineResult {
 // schema of the test PostgreSQL, and returns its transactions per second.
 func pgbenchCeiling(b *testing.B, clients, seconds int) float64 {
 	b.Helper()
-	bin, err := testenv.LookBinary("pgbench", "/usr/lib/postgresql/*/bin")
+	bin, err := cluster.LookPostgres("pgbench")
 	if err != nil {
 		b.Fatal(err)
 	}
