@@ -144,3 +144,13 @@ func TestCollect(t *testing.T) {
 		t.Fatalf("Collect with error = %+v, %v", resp, err)
 	}
 }
+
+func TestNewHTTPClientKeepsConnectionsForConcurrentCalls(t *testing.T) {
+	tr, ok := llm.NewHTTPClient().Transport.(*http.Transport)
+	if !ok || tr.MaxIdleConnsPerHost < 64 || tr.MaxIdleConns < tr.MaxIdleConnsPerHost {
+		t.Fatalf("transport keeps %d idle connections per host (%d in all); a worker's concurrent calls would re-dial", tr.MaxIdleConnsPerHost, tr.MaxIdleConns)
+	}
+	if llm.NewHTTPClient().Timeout != 0 {
+		t.Fatal("an overall client timeout would cut streams; each call's context bounds it")
+	}
+}

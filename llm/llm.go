@@ -20,6 +20,7 @@ import (
 	"context"
 	"encoding/json"
 	"iter"
+	"net/http"
 	"strings"
 )
 
@@ -181,3 +182,19 @@ func Collect(seq iter.Seq2[Chunk, error]) (*Response, error) {
 
 // Float returns a pointer to v, for Request.Temperature.
 func Float(v float64) *float64 { return &v }
+
+// DefaultMaxIdleConnsPerHost is how many idle connections the adapters keep to their
+// provider. net/http keeps 2, so a worker with dozens of calls in flight to one host would
+// re-dial (and re-handshake TLS) for most of them; one worker process may hold
+// ONCEFLOW_WORKER_CONCURRENCY calls at once.
+const DefaultMaxIdleConnsPerHost = 256
+
+// NewHTTPClient returns the HTTP client the adapters use by default: a clone of
+// http.DefaultTransport keeping DefaultMaxIdleConnsPerHost idle connections per host, and
+// no overall timeout (each call's context deadline bounds it).
+func NewHTTPClient() *http.Client {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxIdleConns = max(t.MaxIdleConns, DefaultMaxIdleConnsPerHost)
+	t.MaxIdleConnsPerHost = DefaultMaxIdleConnsPerHost
+	return &http.Client{Transport: t}
+}

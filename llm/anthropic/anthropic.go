@@ -57,7 +57,8 @@ type Config struct {
 	// MaxTokens is used when a request sets none (the API requires it). Default: 1024.
 	MaxTokens int
 	// HTTPClient sends the requests. Default: a client on a clone of
-	// http.DefaultTransport, with no overall timeout: each call's context deadline
+	// http.DefaultTransport keeping llm.DefaultMaxIdleConnsPerHost idle connections (not
+	// net/http's 2), with no overall timeout: each call's context deadline
 	// bounds it.
 	HTTPClient *http.Client
 	// Options are extra SDK request options, applied after the adapter's own.
@@ -77,7 +78,7 @@ var _ llm.Client = (*Client)(nil)
 func New(cfg Config) *Client {
 	hc := cfg.HTTPClient
 	if hc == nil {
-		hc = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+		hc = llm.NewHTTPClient()
 	}
 	opts := []option.RequestOption{
 		option.WithoutEnvironmentDefaults(),
