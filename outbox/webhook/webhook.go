@@ -33,8 +33,10 @@ type Config struct {
 	URL string
 	// Timeout bounds one send, response included. Default: 10s.
 	Timeout time.Duration
-	// Client sends the requests. Default: a client of its own with the transport's
-	// defaults and no redirects followed (a redirected POST would lose its body).
+	// Client sends the requests. Default: a client of its own on a clone of
+	// http.DefaultTransport that keeps 64 idle connections to the receiver (net/http
+	// keeps 2, and the relay sends a batch concurrently), following no redirects (a
+	// redirected POST would lose its body).
 	Client *http.Client
 }
 
@@ -61,7 +63,9 @@ func New(cfg Config) (*Sender, error) {
 		s.timeout = DefaultTimeout
 	}
 	if s.client == nil {
-		s.client = &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.MaxIdleConnsPerHost = 64
+		s.client = &http.Client{Transport: t, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	}
 	return s, nil
 }
