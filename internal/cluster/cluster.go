@@ -6,6 +6,7 @@ package cluster
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -14,6 +15,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -174,7 +177,15 @@ func (p *Proc) signal(sig syscall.Signal, timeout time.Duration) int {
 	if cmd == nil {
 		return 0
 	}
+	var children []int
 	if sig == syscall.SIGKILL {
+		// PostgreSQL's backends run in process groups of their own (it calls setsid in
+		// every child), so a kill of the group misses them: kill each child by pid too,
+		// or a restart finds their shared memory still in use.
+		children = childrenOf(cmd.Process.Pid)
+		for _, pid := range children {
+			_ = syscall.Kill(pid, sig)
+		}
 		_ = syscall.Kill(-cmd.Process.Pid, sig)
 	} else {
 		_ = cmd.Process.Signal(sig)
@@ -192,6 +203,11 @@ func (p *Proc) signal(sig syscall.Signal, timeout time.Duration) int {
 			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+	for _, pid := range children {
+		for i := 0; i < 500 && alive(pid); i++ {
+			time.Sleep(10 * time.Millisecond)
+		}
 	}
 	p.mu.Lock()
 	p.cmd = nil
@@ -263,4 +279,45 @@ func findLog(path string, offset int64, msg string) (map[string]any, error) {
 		return nil, err
 	}
 	return nil, nil
+}
+
+// childrenOf returns the pids of parent's children, from /proc (Linux).
+func childrenOf(parent int) []int {
+	entries, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if ppid, _, ok := procStat(pid); ok && ppid == parent {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// alive reports whether pid still runs (a zombie, which holds no memory, does not).
+func alive(pid int) bool {
+	_, state, ok := procStat(pid)
+	return ok && state != 'Z' && state != 'X'
+}
+
+// procStat reads the parent pid and state of pid from /proc/PID/stat.
+func procStat(pid int) (ppid int, state byte, ok bool) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, 0, false
+	}
+	// pid (comm) state ppid ...; comm may contain spaces and parentheses.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, 0, false
+	}
+	fields := strings.Fields(string(b[i+1:]))
+	if len(fields) < 2 {
+		return 0, 0, false
+	}
+	ppid, err = strconv.Atoi(fields[1])
+	return ppid, fields[0][0], err == nil
 }
