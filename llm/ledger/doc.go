@@ -12,6 +12,8 @@
 //	                              |--Fail(ambiguous)--> in_flight, no owner, attempt+1, ambiguous+1 --Begin: claim--> in_flight
 //	                              \--owner silent for Lease--> Begin: take over, attempt+1, ambiguous+1
 //
+// In detail:
+//
 //   - The row is inserted in_flight BEFORE the request goes out (Begin, one round trip
 //     that also reads a conflicting row). A conflicting Begin finds another attempt's
 //     work: a succeeded row is replayed (no call); a live owner is waited for, polling
