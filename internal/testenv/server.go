@@ -106,7 +106,16 @@ func (s *Server) signal(sig syscall.Signal) {
 	if s.cmd == nil {
 		return
 	}
-	// The whole process group: PostgreSQL's children must die with the postmaster.
+	// The whole process group: PostgreSQL's children must die with the postmaster. They
+	// run in process groups of their own (PostgreSQL calls setsid in every child), so
+	// a SIGKILL also goes to each child by pid.
+	var children []int
+	if sig == syscall.SIGKILL {
+		children = childrenOf(s.cmd.Process.Pid)
+		for _, pid := range children {
+			_ = syscall.Kill(pid, sig)
+		}
+	}
 	_ = syscall.Kill(-s.cmd.Process.Pid, sig)
 	deadline := time.Now().Add(30 * time.Second)
 	select {
@@ -119,8 +128,54 @@ func (s *Server) signal(sig syscall.Signal) {
 		for syscall.Kill(-s.cmd.Process.Pid, 0) == nil && time.Now().Before(deadline) {
 			time.Sleep(20 * time.Millisecond)
 		}
+		for _, pid := range children {
+			for alive(pid) && time.Now().Before(deadline) {
+				time.Sleep(20 * time.Millisecond)
+			}
+		}
 	}
 	s.cmd = nil
+}
+
+// childrenOf returns the pids of parent's children, from /proc (Linux).
+func childrenOf(parent int) []int {
+	entries, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if ppid, _, ok := procStat(pid); ok && ppid == parent {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// alive reports whether pid still runs (a zombie, which holds no memory, does not).
+func alive(pid int) bool {
+	_, state, ok := procStat(pid)
+	return ok && state != 'Z' && state != 'X'
+}
+
+// procStat reads the parent pid and state of pid from /proc/PID/stat.
+func procStat(pid int) (ppid int, state byte, ok bool) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, 0, false
+	}
+	// pid (comm) state ppid ...; comm may contain spaces and parentheses.
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 || i+4 > len(b) {
+		return 0, 0, false
+	}
+	fields := strings.Fields(string(b[i+1:]))
+	if len(fields) < 2 {
+		return 0, 0, false
+	}
+	ppid, err = strconv.Atoi(fields[1])
+	return ppid, fields[0][0], err == nil
 }
 
 // FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
