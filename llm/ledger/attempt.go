@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -279,6 +280,44 @@ func (a *Attempt) AppendPartial(ctx context.Context, text string) (bool, error) 
 	}
 	a.l.metrics.partialFlushes.Inc()
 	return tag.RowsAffected() == 1, nil
+}
+
+// PartialBuffer batches streamed output into AppendPartial writes: one write when
+// Config.StreamFlushBytes are buffered or Config.StreamFlushInterval passed since the
+// last one, whichever comes first, never one per token. It is not safe for concurrent
+// use (one stream feeds it).
+type PartialBuffer struct {
+	att       *Attempt
+	buf       strings.Builder
+	lastFlush time.Time
+}
+
+// PartialBuffer returns a PartialBuffer writing to this attempt's row.
+func (a *Attempt) PartialBuffer() *PartialBuffer {
+	return &PartialBuffer{att: a, lastFlush: a.l.clock().Now()}
+}
+
+// Add buffers text and writes the buffer when it is big or old enough. Its errors are
+// AppendPartial's.
+func (p *PartialBuffer) Add(ctx context.Context, text string) error {
+	p.buf.WriteString(text)
+	cfg := p.att.l.cfg
+	if p.buf.Len() >= cfg.StreamFlushBytes || p.att.l.clock().Now().Sub(p.lastFlush) >= cfg.StreamFlushInterval {
+		return p.Flush(ctx)
+	}
+	return nil
+}
+
+// Flush writes what is buffered, if anything.
+func (p *PartialBuffer) Flush(ctx context.Context) error {
+	p.lastFlush = p.att.l.clock().Now()
+	if p.buf.Len() == 0 {
+		return nil
+	}
+	text := p.buf.String()
+	p.buf.Reset()
+	_, err := p.att.AppendPartial(ctx, text)
+	return err
 }
 
 // truncate cuts s to at most n bytes on a rune boundary.

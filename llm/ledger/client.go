@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"iter"
 	"strings"
-	"time"
 
 	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/retry"
@@ -34,7 +33,7 @@ var _ llm.Client = (*Client)(nil)
 // Wrap returns next going through the ledger. provider is a fixed name ("openai",
 // "anthropic", "fake") that labels rows and metrics.
 func (l *Ledger) Wrap(provider string, next llm.Client) *Client {
-	l.metrics.initProvider(provider)
+	l.InitMetrics(provider)
 	return &Client{l: l, next: next, provider: provider}
 }
 
@@ -155,46 +154,15 @@ func replay(rec *Record, yield func(llm.Chunk, error) bool) {
 		ToolCalls: resp.ToolCalls, Usage: &usage}, nil)
 }
 
-// partialBuffer batches streamed text into AppendPartial writes.
-type partialBuffer struct {
-	att       *Attempt
-	clock     retry.Clock
-	maxBytes  int
-	interval  time.Duration
-	buf       strings.Builder
-	lastFlush time.Time
-}
-
-// add buffers text and flushes when the buffer is big or old enough.
-func (p *partialBuffer) add(ctx context.Context, text string) error {
-	p.buf.WriteString(text)
-	if p.buf.Len() >= p.maxBytes || p.clock.Now().Sub(p.lastFlush) >= p.interval {
-		return p.flush(ctx)
-	}
-	return nil
-}
-
-func (p *partialBuffer) flush(ctx context.Context) error {
-	p.lastFlush = p.clock.Now()
-	if p.buf.Len() == 0 {
-		return nil
-	}
-	text := p.buf.String()
-	p.buf.Reset()
-	_, err := p.att.AppendPartial(ctx, text)
-	return err
-}
-
 func (c *Client) stream(ctx context.Context, att *Attempt, req *llm.Request, yield func(llm.Chunk, error) bool) {
-	buf := &partialBuffer{att: att, clock: c.l.clock(), maxBytes: c.l.cfg.StreamFlushBytes,
-		interval: c.l.cfg.StreamFlushInterval, lastFlush: c.l.clock().Now()}
+	buf := att.PartialBuffer()
 	var content strings.Builder
 	var raw []byte
 	var id, requestID string
 	persist := func() {
 		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.l.cfg.WriteTimeout)
 		defer cancel()
-		if err := buf.flush(wctx); err != nil {
+		if err := buf.Flush(wctx); err != nil {
 			c.l.log.WarnContext(ctx, "ledger: could not persist partial output", "key", att.Key(), "err", err)
 		}
 	}
@@ -216,7 +184,7 @@ func (c *Client) stream(ctx context.Context, att *Attempt, req *llm.Request, yie
 		}
 		if !ch.Done {
 			content.WriteString(ch.Content)
-			if err := buf.add(ctx, ch.Content); err != nil {
+			if err := buf.Add(ctx, ch.Content); err != nil {
 				c.l.log.WarnContext(ctx, "ledger: could not persist partial output", "key", att.Key(), "err", err)
 			}
 			if !yield(ch, nil) {

@@ -79,6 +79,10 @@ func newMetrics(reg prometheus.Registerer, models []string) *ledgerMetrics {
 	return m
 }
 
+// InitMetrics creates the metric series of provider (and the configured models) at
+// zero, so they are exported before their first event. Wrap calls it.
+func (l *Ledger) InitMetrics(provider string) { l.metrics.initProvider(provider) }
+
 // initProvider creates the series of provider and the configured models at zero.
 func (m *ledgerMetrics) initProvider(provider string) {
 	m.mu.Lock()
