@@ -44,12 +44,12 @@ func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 type env struct {
-	up      *upstream
-	gw      *gateway.Gateway
-	url     string // the gateway's /v1
-	ledger  *ledger.Ledger
-	reg     *prometheus.Registry
-	db      ledger.DB
+	up     *upstream
+	gw     *gateway.Gateway
+	url    string // the gateway's /v1
+	ledger *ledger.Ledger
+	reg    *prometheus.Registry
+	db     ledger.DB
 }
 
 func setup(t *testing.T, fake fakeserver.Config, cfg gateway.Config) *env {
