@@ -258,11 +258,12 @@ func modelOf(body []byte) string {
 	var m struct {
 		Model string `json:"model"`
 	}
-	_ = json.Unmarshal(body, &m)
-	if len(m.Model) > 64 {
-		return m.Model[:64]
+	_ = json.Unmarshal(body, &m) // invalid UTF-8 becomes U+FFFD
+	r := []rune(m.Model)
+	if len(r) > 64 {
+		r = r[:64]
 	}
-	return m.Model
+	return string(r)
 }
 
 // keyed serves a POST with an Idempotency-Key through the ledger.

@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"sync"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -100,6 +101,9 @@ func (m *ledgerMetrics) initProvider(provider string) {
 
 // model bounds the label: known names pass, new ones are admitted up to maxModels.
 func (m *ledgerMetrics) model(name string) string {
+	if !utf8.ValidString(name) || len(name) > 128 {
+		return "other"
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.models[name] {
