@@ -178,7 +178,7 @@ func (a *Attempt) succeed(ctx context.Context, db DB, res Result) (*Record, bool
 		return rec, true, nil
 	}
 	if !errors.Is(err, pgx.ErrNoRows) {
-		return nil, false, fmt.Errorf("ledger: record response of %s: %w", c.Key, err)
+		return nil, false, dbError("record response of "+c.Key, err)
 	}
 	// Not recorded: another response was, or the key holds another request.
 	other, err := a.l.recordIn(ctx, db, c.Key)
@@ -199,7 +199,7 @@ func (l *Ledger) recordIn(ctx context.Context, db DB, key string) (*Record, erro
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("ledger: read recorded response of %s: %w", key, err)
+		return nil, dbError("read recorded response of "+key, err)
 	}
 	return rec, nil
 }
@@ -243,7 +243,7 @@ func (a *Attempt) Fail(ctx context.Context, cause error, ambiguous bool) error {
 	}
 	tag, err := a.l.db.Exec(ctx, sql, a.call.Key, a.owner, msg)
 	if err != nil {
-		return fmt.Errorf("ledger: record failure of %s: %w", a.call.Key, err)
+		return dbError("record failure of "+a.call.Key, err)
 	}
 	if tag.RowsAffected() == 1 {
 		a.l.metrics.attempt(a.call, result)
@@ -276,7 +276,7 @@ func (a *Attempt) AppendPartial(ctx context.Context, text string) (bool, error) 
 	}
 	tag, err := a.l.db.Exec(ctx, appendPartialSQL, a.call.Key, a.owner, a.number, text, a.l.now(), micros(a.l.cfg.Lease))
 	if err != nil {
-		return false, fmt.Errorf("ledger: persist partial output of %s: %w", a.call.Key, err)
+		return false, dbError("persist partial output of "+a.call.Key, err)
 	}
 	a.l.metrics.partialFlushes.Inc()
 	return tag.RowsAffected() == 1, nil

@@ -123,7 +123,7 @@ func (l *Ledger) Begin(ctx context.Context, c Call) (*Attempt, *Record, error) {
 		l.now(), micros(l.cfg.Lease), micros(l.cfg.Retention)).
 		Scan(&inserted, &state, &hash, &attempt, &p.owner, &p.leaseUntil)
 	if err != nil {
-		return nil, nil, fmt.Errorf("ledger: insert %s: %w", c.Key, err)
+		return nil, nil, dbError("insert "+c.Key, err)
 	}
 	if state != nil && hash != nil && attempt != nil {
 		p.state, p.hash, p.attempt = *state, *hash, *attempt
@@ -196,7 +196,7 @@ func (l *Ledger) peek(ctx context.Context, key string, p *peeked) error {
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("ledger: read %s: %w", key, err)
+		return dbError("read "+key, err)
 	}
 	return nil
 }
@@ -212,7 +212,7 @@ func (l *Ledger) claim(ctx context.Context, c Call, owner string) (*Attempt, err
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("ledger: claim %s: %w", c.Key, err)
+		return nil, dbError("claim "+c.Key, err)
 	}
 	if dead {
 		l.metrics.ambiguousFailure(c)

@@ -62,6 +62,11 @@ var (
 	ErrKeyReused = errors.New("ledger: key reused with another request")
 	// ErrNotFound is returned by Get for a key with no row.
 	ErrNotFound = errors.New("ledger: no such call")
+	// ErrUnavailable is matched by the errors of a database operation that failed
+	// (PostgreSQL down, a connection lost, a statement cancelled). They report HTTP 503
+	// to package retry, so they are retried, and a job handler leaves the job for
+	// redelivery instead of dead-lettering it.
+	ErrUnavailable = errors.New("ledger: database unavailable")
 	// ErrNoWork is matched by Client's error for a request without IdempotencyKey: the
 	// ledger needs the work a call belongs to (see Work).
 	ErrNoWork = errors.New("ledger: request has no IdempotencyKey naming its work")
@@ -317,10 +322,25 @@ func (l *Ledger) Get(ctx context.Context, key string) (*Row, error) {
 		return nil, ErrNotFound
 	}
 	if err != nil {
-		return nil, fmt.Errorf("ledger: read %s: %w", key, err)
+		return nil, dbError("read "+key, err)
 	}
 	return r, nil
 }
+
+// unavailableError is a failed database operation: it matches ErrUnavailable and the
+// driver's error, and classifies as retryable (HTTP 503).
+type unavailableError struct {
+	op  string
+	err error
+}
+
+func dbError(op string, err error) error { return &unavailableError{op: op, err: err} }
+
+func (e *unavailableError) Error() string   { return "ledger: " + e.op + ": " + e.err.Error() }
+func (e *unavailableError) Unwrap() []error { return []error{ErrUnavailable, e.err} }
+
+// HTTPStatus implements retry.HTTPStatuser: 503, retryable.
+func (e *unavailableError) HTTPStatus() int { return http.StatusServiceUnavailable }
 
 // newOwner returns a fresh owner token for one attempt.
 func (l *Ledger) newOwner() string {

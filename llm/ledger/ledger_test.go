@@ -15,8 +15,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/llm/ledger"
 	"github.com/onceflow/onceflow/retry"
@@ -570,4 +572,51 @@ func (m *countingModel) lastKey() string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.key
+}
+
+func TestLiveOwnerRenewsItsLease(t *testing.T) {
+	t.Parallel()
+	clock := retrytest.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	// A 300ms lease renews every 100ms of real time, each renewal extending it from the
+	// (manual) clock's now.
+	l, _ := newLedger(t, ledger.Config{Lease: 300 * time.Millisecond, Wait: -1, Clock: clock})
+	ctx := ctxT(t)
+	c := callOf("job-1/s", request("x"))
+	ownerCtx, ownerGone := context.WithCancel(ctx)
+	defer ownerGone()
+	if _, _, err := l.Begin(ownerCtx, c); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(time.Hour) // without renewal the lease is long gone
+	deadline := time.Now().Add(20 * time.Second)
+	for !mustGet(t, l, c.Key).LeaseUntil.After(clock.Now()) {
+		if time.Now().After(deadline) {
+			t.Fatal("the live owner never renewed its lease")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if _, _, err := l.Begin(ctx, c); !errors.Is(err, ledger.ErrInFlight) {
+		t.Fatalf("a renewed lease was taken over: %v", err)
+	}
+	ownerGone() // the owner stops renewing
+	time.Sleep(300 * time.Millisecond)
+	clock.Advance(time.Second)
+	att, _, err := l.Begin(ctx, c)
+	if err != nil || att.Number() != 2 || att.Ambiguous() != 1 {
+		t.Fatalf("take-over after the owner stopped: %v %v", att, err)
+	}
+}
+
+func TestDatabaseErrorsAreRetryable(t *testing.T) {
+	t.Parallel()
+	pool, err := pgxpool.New(context.Background(), fmt.Sprintf("postgres://onceflow@127.0.0.1:%d/onceflow?sslmode=disable&connect_timeout=1", testenv.FreePort(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	l, _ := ledger.New(pool, ledger.Config{Logger: testenv.Logger(t)})
+	_, _, err = l.Begin(ctxT(t), callOf("job-1/s", request("x")))
+	if !errors.Is(err, ledger.ErrUnavailable) || !retry.Transient(err) || !retry.Classify(err).Retryable {
+		t.Fatalf("Begin with PostgreSQL down: %v (classified %+v), want a retryable ErrUnavailable", err, retry.Classify(err))
+	}
 }

@@ -98,7 +98,7 @@ func (l *Ledger) ToolKeys(ctx context.Context, provider, requestKey string, call
 	for try := 0; try < 2 && len(first) < len(argsKeys); try++ {
 		rows, err := l.db.Query(ctx, toolCallsSQL, requestKey, argsKeys, ids, tools, l.now(), micros(l.cfg.Retention))
 		if err != nil {
-			return nil, fmt.Errorf("ledger: record tool calls of %s: %w", requestKey, err)
+			return nil, dbError("record tool calls of "+requestKey, err)
 		}
 		for rows.Next() {
 			var ak string
@@ -106,7 +106,7 @@ func (l *Ledger) ToolKeys(ctx context.Context, provider, requestKey string, call
 			var inserted bool
 			if err := rows.Scan(&ak, &id, &inserted); err != nil {
 				rows.Close()
-				return nil, fmt.Errorf("ledger: record tool calls of %s: %w", requestKey, err)
+				return nil, dbError("record tool calls of "+requestKey, err)
 			}
 			if id != nil {
 				first[ak] = sight{*id, inserted}
@@ -114,7 +114,7 @@ func (l *Ledger) ToolKeys(ctx context.Context, provider, requestKey string, call
 		}
 		rows.Close()
 		if err := rows.Err(); err != nil {
-			return nil, fmt.Errorf("ledger: record tool calls of %s: %w", requestKey, err)
+			return nil, dbError("record tool calls of "+requestKey, err)
 		}
 	}
 	for ak, i := range index {
