@@ -58,7 +58,7 @@ func TestProbeThroughTheGatewaySaysHonoured(t *testing.T) {
 		t.Fatalf("probe of the upstream itself: exit %d %+v", code, r)
 	}
 	st, err := fakeserver.FetchStats(context.Background(), nil, fake)
-	if err != nil || st.ByIdempotencyKey[r.Key] != 1 {
+	if err != nil || st.ByIdempotencyKey[gateway.KeyFor("", r.Key)] != 1 || st.ByIdempotencyKey[r.Key] != 0 {
 		t.Fatalf("upstream stats %+v %v: the gateway's probe key must reach the upstream once", st, err)
 	}
 	resp, err := http.Get(strings.TrimSuffix(gwURL, "/v1") + "/metrics")
@@ -143,8 +143,8 @@ func TestKilledGatewayLeavesNoRowStuck(t *testing.T) {
 		t.Fatalf("row %+v (after %d conflicts)", row, conflicts)
 	}
 	st, _ := fakeserver.FetchStats(context.Background(), nil, fake)
-	if st.ByIdempotencyKey[key] != 2 {
-		t.Fatalf("upstream requests for the key: %d, want 2 (the killed one and the take-over)", st.ByIdempotencyKey[key])
+	if n := st.ByIdempotencyKey[gateway.KeyFor("Bearer sk-test", key)]; n != 2 {
+		t.Fatalf("upstream requests for the key: %d, want 2 (the killed one and the take-over)", n)
 	}
 }
 

@@ -22,7 +22,7 @@
 //
 // Keys are scoped by the caller's Authorization header, hashed (SHA-256) so that no
 // credential is stored: callers never share replays. The header is forwarded to the
-// upstream unchanged. Requests without a key, and every method but POST, pass through
+// upstream unchanged; the upstream gets the scoped key (KeyFor) as its Idempotency-Key. Requests without a key, and every method but POST, pass through
 // untouched (bodies still size-limited). The gateway has no API keys of its own.
 package gateway
 
@@ -372,6 +372,9 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 			out.Header[k] = vs
 		}
 	}
+	// The upstream gets the scoped key: an upstream that honours keys but scopes them
+	// otherwise (or not at all) must not replay one caller's answer to another.
+	out.Header.Set(idempotency.HeaderKey, att.Key())
 	resp, err := g.client.Do(out)
 	if err != nil {
 		ambiguous := ledger.IsAmbiguous(err)

@@ -114,7 +114,7 @@ func TestReplayIsByteForByte(t *testing.T) {
 			t.Errorf("header %s: %q then %q", h, r1.Header.Get(h), r2.Header.Get(h))
 		}
 	}
-	if st := e.up.Stats(); st.Requests != 1 || st.ByIdempotencyKey[key] != 1 {
+	if st := e.up.Stats(); st.Requests != 1 || st.ByIdempotencyKey[gateway.KeyFor("Bearer sk-alice", key)] != 1 {
 		t.Fatalf("upstream saw %d requests", st.Requests)
 	}
 	row, err := e.ledger.Get(context.Background(), gateway.KeyFor("Bearer sk-alice", key))
@@ -126,19 +126,28 @@ func TestReplayIsByteForByte(t *testing.T) {
 	}
 }
 
+// Two callers with one key: two answers, even when the upstream honours keys without
+// scoping them (fake-llm --honour-idempotency): the gateway forwards its scoped key.
 func TestCallersDoNotShareReplaysAndAuthorizationIsForwarded(t *testing.T) {
 	t.Parallel()
-	e := setup(t, fakeserver.Config{}, gateway.Config{})
-	key := "shared-key-0000000001"
-	_, a := post(t, e.url+"/chat/completions", key, "Bearer sk-alice", chatBody)
-	_, b := post(t, e.url+"/chat/completions", key, "Bearer sk-bob", chatBody)
-	if bytes.Equal(a, b) {
-		t.Fatal("bob got alice's answer")
-	}
-	e.up.mu.Lock()
-	defer e.up.mu.Unlock()
-	if fmt.Sprint(e.up.auths) != "[Bearer sk-alice Bearer sk-bob]" {
-		t.Fatalf("upstream got Authorization %v", e.up.auths)
+	for _, honour := range []bool{false, true} {
+		e := setup(t, fakeserver.Config{HonourIdempotency: honour}, gateway.Config{})
+		key := "shared-key-0000000001"
+		_, a := post(t, e.url+"/chat/completions", key, "Bearer sk-alice", chatBody)
+		_, b := post(t, e.url+"/chat/completions", key, "Bearer sk-bob", chatBody)
+		if bytes.Equal(a, b) {
+			t.Fatalf("upstream honouring keys %v: bob got alice's answer", honour)
+		}
+		e.up.mu.Lock()
+		auths := fmt.Sprint(e.up.auths)
+		e.up.mu.Unlock()
+		if auths != "[Bearer sk-alice Bearer sk-bob]" {
+			t.Fatalf("upstream got Authorization %v", auths)
+		}
+		st := e.up.Stats()
+		if st.ByIdempotencyKey[gateway.KeyFor("Bearer sk-alice", key)] != 1 || st.ByIdempotencyKey[key] != 0 {
+			t.Fatalf("upstream keys %v: want the gateway's scoped key, not the caller's", st.ByIdempotencyKey)
+		}
 	}
 }
 
@@ -261,7 +270,7 @@ func TestOpenAISDKRetriesWithOneKeyMakeOneUpstreamRequest(t *testing.T) {
 	}
 	st := e.up.Stats()
 	for _, key := range keys {
-		if st.ByIdempotencyKey[key] != 1 {
+		if st.ByIdempotencyKey[gateway.KeyFor("Bearer sk-sdk", key)] != 1 {
 			t.Fatalf("upstream requests by key: %v; want one per key", st.ByIdempotencyKey)
 		}
 	}
@@ -282,7 +291,7 @@ func TestOpenAISDKRetriesWithOneKeyMakeOneUpstreamRequest(t *testing.T) {
 	if err != nil || resp.ID == "" {
 		t.Fatal(err)
 	}
-	if n := e.up.Stats().ByIdempotencyKey[req.IdempotencyKey]; n != 1 {
+	if n := e.up.Stats().ByIdempotencyKey[gateway.KeyFor("Bearer sk-sdk", req.IdempotencyKey)]; n != 1 {
 		t.Fatalf("adapter: %d upstream requests for one key", n)
 	}
 }
