@@ -147,7 +147,7 @@ func TestWorkUsageErrors(t *testing.T) {
 		{[]string{"ONCEFLOW_WORKER_CONCURRENCY=0"}, []string{"work", "--test-handler=noop"}, "ONCEFLOW_WORKER_CONCURRENCY"},
 		{nil, []string{"work", "--test-handler=bogus"}, `invalid --test-handler="bogus"`},
 		{nil, []string{"work", "--test-handler=sleep:soon"}, `invalid --test-handler="sleep:soon"`},
-		{nil, []string{"work"}, "--test-handler"},
+		{[]string{"ONCEFLOW_LLM=gpt"}, []string{"work"}, "ONCEFLOW_LLM"},
 	}
 	for _, tc := range cases {
 		p := testenv.Start(t, bin, tc.env, tc.args...)
