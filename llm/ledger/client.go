@@ -102,6 +102,7 @@ func (c *Client) succeed(ctx context.Context, att *Attempt, resp *llm.Response) 
 // so far is not the recorded answer. Retry: the repeat replays the recorded one.
 type SupersededError struct{ Key string }
 
+// Error names the key and says to retry.
 func (e *SupersededError) Error() string {
 	return fmt.Sprintf("ledger: another attempt recorded the response of %s first; retry to replay it", e.Key)
 }

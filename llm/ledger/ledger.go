@@ -220,6 +220,7 @@ type Call struct {
 
 // Record is a succeeded call: what a repeat replays instead of calling again.
 type Record struct {
+	// Key is the row's key.
 	Key string
 	// Response is the recorded response as JSON (for model calls, an llm.Response; for
 	// onceflow gateway, the upstream body when it is JSON).
@@ -273,6 +274,7 @@ type InFlightError struct {
 	LeaseUntil time.Time
 }
 
+// Error names the key, the owner's attempt and its lease.
 func (e *InFlightError) Error() string {
 	return fmt.Sprintf("ledger: call %s in flight in attempt %d (lease until %s)", e.Key, e.Attempt, e.LeaseUntil.UTC().Format(time.RFC3339))
 }
@@ -285,7 +287,8 @@ func (e *InFlightError) HTTPStatus() int { return http.StatusConflict }
 
 var _ retry.HTTPStatuser = (*InFlightError)(nil)
 
-// Row is one llm_calls row as Get reads it.
+// Row is one llm_calls row as Get reads it; the fields are its columns (CONTRACT section
+// 5 and migrations 00001 and 00002), NULLs read as zero values.
 type Row struct {
 	Key, Work, State, RequestHash, Provider, Model string
 	Attempt, Ambiguous                             int
