@@ -86,6 +86,15 @@ type Config struct {
 	// LedgerLease is how long an llm_calls row stays owned by an attempt that stopped
 	// renewing it. Default: 15s.
 	LedgerLease time.Duration
+	// LedgerRetention is how long an llm_calls row is kept after its first attempt
+	// (its expires_at). It must cover the retry horizon, MaxDeliveries × (ClaimIdle +
+	// JobBudget), and should cover the longest a job can wait in the queue (a queue
+	// paused overnight, a dead letter replayed the next morning). Default: 24h.
+	LedgerRetention time.Duration
+	// LedgerRelaxedInsert commits the ledger's in-flight insert with synchronous_commit
+	// off: a PostgreSQL crash can then lose that accounting record, never an effect.
+	// Default: false.
+	LedgerRelaxedInsert bool
 	// RelayInterval is the relay's poll interval when idle. Default: 250ms.
 	RelayInterval time.Duration
 	// RelayLease is how long a claimed outbox batch stays claimed. Default: 30s.
@@ -110,6 +119,12 @@ type Config struct {
 	StatsInterval time.Duration
 	// GatewayAddr is the listen address of onceflow gateway. Default: 127.0.0.1:8090.
 	GatewayAddr string
+	// GatewayTimeout bounds each upstream exchange through onceflow gateway, reading the
+	// answer included. Default: 5m.
+	GatewayTimeout time.Duration
+	// GatewayMaxBody is the largest request body onceflow gateway accepts, in bytes;
+	// larger ones get 413. Default: 8388608 (8 MiB).
+	GatewayMaxBody int
 	// AuditMaxAge is how old an unsent or exhausted outbox row may be before audit
 	// reports it. Default: 10m.
 	AuditMaxAge time.Duration
@@ -249,6 +264,12 @@ var settings = []setting{
 	{env: "ONCEFLOW_LEDGER_LEASE", def: "15s", usage: "how long an llm_calls row stays owned by a silent attempt", parse: func(c *Config, v string) error {
 		return parseDuration(&c.LedgerLease, v)
 	}},
+	{env: "ONCEFLOW_LEDGER_RETENTION", def: "24h", usage: "how long an llm_calls row is kept after its first attempt", parse: func(c *Config, v string) error {
+		return parseDuration(&c.LedgerRetention, v)
+	}},
+	{env: "ONCEFLOW_LEDGER_RELAXED_INSERT", def: "false", usage: "commit the ledger's in-flight insert with synchronous_commit off", parse: func(c *Config, v string) error {
+		return parseBool(&c.LedgerRelaxedInsert, v)
+	}},
 	{env: "ONCEFLOW_RELAY_INTERVAL", def: "250ms", usage: "relay poll interval when idle", parse: func(c *Config, v string) error {
 		return parseDuration(&c.RelayInterval, v)
 	}},
@@ -281,6 +302,12 @@ var settings = []setting{
 	}},
 	{env: "ONCEFLOW_GATEWAY_ADDR", def: "127.0.0.1:8090", usage: "listen address of onceflow gateway", parse: func(c *Config, v string) error {
 		return parseAddr(&c.GatewayAddr, v)
+	}},
+	{env: "ONCEFLOW_GATEWAY_TIMEOUT", def: "5m", usage: "limit of one upstream exchange through onceflow gateway", parse: func(c *Config, v string) error {
+		return parseDuration(&c.GatewayTimeout, v)
+	}},
+	{env: "ONCEFLOW_GATEWAY_MAX_BODY", def: "8388608", usage: "largest request body onceflow gateway accepts, in bytes", parse: func(c *Config, v string) error {
+		return parseInt(&c.GatewayMaxBody, v, 1, 1<<30)
 	}},
 	{env: "ONCEFLOW_AUDIT_MAX_AGE", def: "10m", usage: "age at which audit reports an unsent or exhausted outbox row", parse: func(c *Config, v string) error {
 		return parseDuration(&c.AuditMaxAge, v)
@@ -362,6 +389,10 @@ func (c *Config) validate() error {
 		return &Error{Name: "ONCEFLOW_SMTP_URL", Err: errors.New("required when ONCEFLOW_SENDER=smtp")}
 	case c.Sender == "smtp" && c.SMTPFrom == "":
 		return &Error{Name: "ONCEFLOW_SMTP_FROM", Err: errors.New("required when ONCEFLOW_SENDER=smtp")}
+	}
+	if horizon := time.Duration(c.MaxDeliveries) * (c.ClaimIdle + c.JobBudget); c.LedgerRetention < horizon {
+		return &Error{Name: "ONCEFLOW_LEDGER_RETENTION", Value: c.raw["ONCEFLOW_LEDGER_RETENTION"],
+			Err: fmt.Errorf("must cover the retry horizon ONCEFLOW_MAX_DELIVERIES × (ONCEFLOW_CLAIM_IDLE + ONCEFLOW_JOB_BUDGET) = %s", horizon)}
 	}
 	return nil
 }
@@ -507,6 +538,15 @@ func parseDuration(dst *time.Duration, v string) error {
 		return errors.New("must be positive")
 	}
 	*dst = d
+	return nil
+}
+
+func parseBool(dst *bool, v string) error {
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		return errors.New("want true or false")
+	}
+	*dst = b
 	return nil
 }
 

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/onceflow/onceflow/llm/ledger"
 	"github.com/onceflow/onceflow/outbox/pgoutbox"
 	"github.com/onceflow/onceflow/queue"
 )
@@ -49,6 +50,10 @@ type Report struct {
 	StreamLength    int64    `json:"stream_length"`
 	StreamPending   int64    `json:"stream_pending"`
 	Violations      []string `json:"violations"`
+	// LLMCalls counts the llm_calls ledger per provider and model: calls by state,
+	// attempts, and the ambiguous attempts (each possibly billed twice by a provider
+	// that ignores Idempotency-Key). Accounting, not an invariant: it adds no violation.
+	LLMCalls []ledger.Stats `json:"llm_calls"`
 }
 
 // Audit checks the invariants of the summaries pipeline on live data and counts what it
@@ -126,6 +131,9 @@ func Audit(ctx context.Context, cfg AuditConfig) (*Report, error) {
 		return nil, fmt.Errorf("audit: %w", err)
 	}
 	r.OutboxTotal, r.OutboxSent, r.OutboxUnsent, r.OutboxExhausted = st.Total, st.Sent, st.Unsent, st.Exhausted
+	if r.LLMCalls, err = ledger.ReadStats(ctx, cfg.DB); err != nil {
+		return nil, fmt.Errorf("audit: %w", err)
+	}
 
 	missing, err := ids(ctx, cfg.DB, `
 		SELECT s.job_id::text FROM summaries s

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/onceflow/onceflow/llm"
+	"github.com/onceflow/onceflow/llm/ledger"
 	"github.com/onceflow/onceflow/queue"
 	"github.com/onceflow/onceflow/retry"
 )
@@ -42,6 +43,16 @@ type HandlerConfig struct {
 	LLM llm.Client
 	// Model is the model name sent with each request; empty means the client's default.
 	Model string
+	// Ledger, when set, sends the model call through the llm_calls ledger (seed 001): the
+	// response is recorded in a commit of its own before the summary is stored, so a
+	// redelivered job whose response was recorded never calls the model again, even
+	// when the summary's transaction failed after the call; and a delivery that meets
+	// another delivery's call in flight waits for it instead of calling too. Default:
+	// nil (no ledger: every delivery that passes the pre-check calls the model).
+	Ledger *ledger.Ledger
+	// Provider names the model provider in the ledger's rows and metrics ("openai",
+	// "anthropic", "fake"). Default: "llm".
+	Provider string
 	// Retry is the in-process retry policy of the model call; its PerCallTimeout is
 	// ONCEFLOW_LLM_TIMEOUT and MaxAttempts ONCEFLOW_LLM_MAX_ATTEMPTS. Zero fields take
 	// the retry package's defaults.
@@ -60,6 +71,7 @@ type HandlerConfig struct {
 type Handler struct {
 	cfg HandlerConfig
 	log *slog.Logger
+	llm llm.Client // cfg.LLM, through the ledger when cfg.Ledger is set
 }
 
 var _ queue.Handler = (*Handler)(nil)
@@ -75,7 +87,14 @@ func NewHandler(cfg HandlerConfig) (*Handler, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Handler{cfg: cfg, log: cfg.Logger}, nil
+	if cfg.Provider == "" {
+		cfg.Provider = "llm"
+	}
+	h := &Handler{cfg: cfg, log: cfg.Logger, llm: cfg.LLM}
+	if cfg.Ledger != nil {
+		h.llm = cfg.Ledger.Wrap(cfg.Provider, cfg.LLM)
+	}
+	return h, nil
 }
 
 // Outcome says what Process did with a job.
@@ -144,8 +163,10 @@ func (h *Handler) Process(ctx context.Context, job *queue.Job) (Outcome, error) 
 }
 
 // summarise calls the model through the retry policy under the delivery's budget. The
-// request carries an Idempotency-Key derived from the job, so a provider (or onceflow
-// gateway) that honours keys replays rather than re-bills a redelivered job's call.
+// request carries an Idempotency-Key derived from the job (the ledger turns it into its
+// key, derived from the job and the request), so a provider (or onceflow gateway) that
+// honours keys replays rather than re-bills a redelivered job's call. With the ledger,
+// the answer is recorded before summarise returns.
 func (h *Handler) summarise(ctx context.Context, jobID, text string) (string, error) {
 	req := &llm.Request{
 		Model:          h.cfg.Model,
@@ -153,7 +174,7 @@ func (h *Handler) summarise(ctx context.Context, jobID, text string) (string, er
 		IdempotencyKey: "summary:" + jobID,
 	}
 	resp, err := retry.Do(ctx, h.cfg.Retry, retry.After(h.cfg.Budget), func(ctx context.Context) (*llm.Response, error) {
-		return h.cfg.LLM.Complete(ctx, req)
+		return h.llm.Complete(ctx, req)
 	})
 	if err != nil {
 		return "", err

@@ -55,6 +55,16 @@ func runAudit(ctx context.Context, e *env, args []string) error {
 			fmt.Fprintf(tw, "%s\t%d\n", row.name, row.n)
 		}
 		_ = tw.Flush()
+		if len(r.LLMCalls) > 0 {
+			fmt.Fprintln(e.stdout, "\nmodel calls (llm_calls ledger):")
+			tw = tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
+			fmt.Fprintln(tw, "provider\tmodel\tcalls\tsucceeded\tfailed\tin flight\tabandoned\tattempts\tambiguous\t")
+			for _, c := range r.LLMCalls {
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t\n", c.Provider, c.Model, c.Calls, c.Succeeded, c.Failed,
+					c.InFlight, c.Abandoned, c.Attempts, c.Ambiguous)
+			}
+			_ = tw.Flush()
+		}
 		if len(r.Violations) == 0 {
 			fmt.Fprintln(e.stdout, "invariants: all hold")
 		}

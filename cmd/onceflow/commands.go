@@ -39,6 +39,8 @@ func commands() []command {
 		{"relay", "run the outbox relay (run several: they never send the same row at once)", runRelay},
 		{"outbox", "list [--failed] [--json] | retry ID|--all: inspect outbox rows, reset exhausted ones", runOutbox},
 		{"fake-llm", "serve a fake OpenAI-compatible model with injectable faults (demos and tests)", runFakeLLM},
+		{"gateway", "an OpenAI-compatible proxy adding Idempotency-Key semantics to any upstream (ONCEFLOW_GATEWAY_ADDR)", runGateway},
+		{"probe", "does a provider honour Idempotency-Key? one key twice: honoured (0), ignored (3), inconclusive (1)", runProbe},
 		{"version", "print the version", runVersion},
 		{"webhook-sink", "", runWebhookSink}, // hidden: a test and demo webhook receiver
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/llm/anthropic"
 	"github.com/onceflow/onceflow/llm/fake"
+	"github.com/onceflow/onceflow/llm/ledger"
 	"github.com/onceflow/onceflow/llm/llmmetrics"
 	"github.com/onceflow/onceflow/llm/openai"
 	"github.com/onceflow/onceflow/outbox"
@@ -41,6 +42,9 @@ type deps struct {
 	pool *pgxpool.Pool
 	// tp traces the roles' work; nil when tracing is off (see startTracing).
 	tp trace.TracerProvider
+	// ledger is the llm_calls ledger buildHandler made (nil before); its Run purges
+	// expired rows and runs beside the worker.
+	ledger *ledger.Ledger
 }
 
 // newDeps opens the clients a process needs (they connect lazily, so a process starts
@@ -145,21 +149,33 @@ func (d *deps) buildAPI(s *httpapi.Server) error {
 	return nil
 }
 
-// buildHandler returns the summaries job handler with the configured model.
+// buildHandler returns the summaries job handler with the configured model, its calls
+// going through the llm_calls ledger (seed 001).
 func (d *deps) buildHandler() (queue.Handler, error) {
 	m := llmmetrics.New(d.reg)
 	client, err := newLLMClient(d.cfg)
 	if err != nil {
 		return nil, err
 	}
+	l, err := ledger.New(d.pool, ledger.Config{
+		Lease: d.cfg.LedgerLease, Retention: d.cfg.LedgerRetention, RelaxedInsert: d.cfg.LedgerRelaxedInsert,
+		Models: []string{d.cfg.LLMModel}, Logger: d.log, Registerer: d.reg,
+	})
+	if err != nil {
+		return nil, &config.Error{Name: "ledger settings", Err: err}
+	}
+	d.ledger = l
+	// Inside the ledger: llmmetrics counts and traces real calls only, not replays.
 	client = m.Instrument(d.cfg.LLM, client)
 	if d.tp != nil {
 		client = tracing.LLMClient(d.tp, d.cfg.LLM, client)
 	}
 	h, err := summaries.NewHandler(summaries.HandlerConfig{
-		DB:    d.pool,
-		LLM:   client,
-		Model: d.cfg.LLMModel,
+		DB:       d.pool,
+		LLM:      client,
+		Model:    d.cfg.LLMModel,
+		Ledger:   l,
+		Provider: d.cfg.LLM,
 		Retry: retry.Policy{
 			MaxAttempts:    d.cfg.LLMMaxAttempts,
 			PerCallTimeout: d.cfg.LLMTimeout,
@@ -204,6 +220,15 @@ func newLLMClient(cfg *config.Config) (llm.Client, error) {
 		return fake.New(), nil
 	}
 	return nil, &config.Error{Name: "ONCEFLOW_LLM", Value: cfg.LLM, Err: errors.New("unknown provider")}
+}
+
+// background returns the background roles of what d built: the ledger's purge of
+// expired rows once buildHandler ran.
+func (d *deps) background() []func(context.Context) error {
+	if d.ledger == nil {
+		return nil
+	}
+	return []func(context.Context) error{d.ledger.Run}
 }
 
 // buildWorker returns the queue worker running h.

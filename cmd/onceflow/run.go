@@ -46,7 +46,7 @@ func runRun(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	log.InfoContext(ctx, "starting run: serve, work and relay", "config", cfg, "consumer", w.Consumer(), "relay", relay.Name())
-	if err := runAll(ctx, d, s, cfg.HTTPAddr, w.Run, relay.Run); err != nil {
+	if err := runAll(ctx, d, s, cfg.HTTPAddr, append(d.background(), w.Run, relay.Run)...); err != nil {
 		return fmt.Errorf("run: %w", err)
 	}
 	log.InfoContext(ctx, "run stopped")

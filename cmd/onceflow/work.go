@@ -46,7 +46,7 @@ func runWork(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	log.InfoContext(ctx, "starting work", "config", cfg, "consumer", w.Consumer(), "test_handler", *testSpec)
-	return runAll(ctx, d, d.httpServer(), cfg.MetricsAddr, w.Run)
+	return runAll(ctx, d, d.httpServer(), cfg.MetricsAddr, append(d.background(), w.Run)...)
 }
 
 // runAll runs the roles' Run functions and, when addr is set, srv on addr (the API under

@@ -84,4 +84,3 @@ func FreePort(t testing.TB) int {
 	}
 	return p
 }
-

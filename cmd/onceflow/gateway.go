@@ -1,0 +1,60 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+
+	"github.com/onceflow/onceflow/config"
+	"github.com/onceflow/onceflow/internal/httpapi"
+	"github.com/onceflow/onceflow/llm/gateway"
+	"github.com/onceflow/onceflow/llm/ledger"
+	"github.com/onceflow/onceflow/llm/openai"
+)
+
+// runGateway serves llm/gateway on ONCEFLOW_GATEWAY_ADDR, in front of
+// ONCEFLOW_LLM_BASE_URL (CONTRACT section 7), with /healthz, /readyz and /metrics
+// beside /v1/, and purges expired ledger rows. On SIGINT/SIGTERM it stops accepting and
+// lets in-flight upstream calls finish and be recorded within ONCEFLOW_SHUTDOWN_TIMEOUT.
+func runGateway(ctx context.Context, e *env, args []string) error {
+	fs := flags(e, "gateway", "")
+	cfg, log, err := load(e, fs, config.Register(fs), args)
+	if err != nil {
+		return err
+	}
+	upstream := cfg.LLMBaseURL
+	if upstream == "" {
+		upstream = openai.DefaultBaseURL
+	}
+	d, err := newDeps(ctx, cfg, log, false, true)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	g, err := gateway.New(gateway.Config{
+		Upstream: upstream,
+		DB:       d.pool,
+		Ledger: ledger.Config{Lease: cfg.LedgerLease, Retention: cfg.LedgerRetention, RelaxedInsert: cfg.LedgerRelaxedInsert,
+			Models: []string{cfg.LLMModel}},
+		Timeout:      cfg.GatewayTimeout,
+		MaxBodyBytes: int64(cfg.GatewayMaxBody),
+		Logger:       log,
+		Registerer:   d.reg,
+	})
+	if err != nil {
+		return &config.Error{Name: "ONCEFLOW_LLM_BASE_URL", Value: config.RedactURL(upstream), Err: err}
+	}
+	s := d.httpServer()
+	s.Handle("/v1/", "/v1/", g)
+	log.InfoContext(ctx, "starting gateway", "config", cfg, "upstream", config.RedactURL(upstream))
+	serve := func(ctx context.Context) error {
+		return httpapi.Serve(ctx, cfg.GatewayAddr, s, cfg.ShutdownTimeout, log, func(a net.Addr) {
+			log.InfoContext(ctx, "gateway listening", "addr", a.String(), "base_url", fmt.Sprintf("http://%s/v1", a))
+		})
+	}
+	if err := runAll(ctx, d, s, "", serve, g.Ledger().Run); err != nil {
+		return fmt.Errorf("gateway: %w", err)
+	}
+	log.InfoContext(ctx, "gateway stopped")
+	return nil
+}

@@ -1,0 +1,493 @@
+// Package gateway is `onceflow gateway`: an OpenAI-compatible reverse proxy that gives
+// any upstream (a provider, a self-hosted model server) server-side Idempotency-Key
+// semantics, through the llm/ledger table (CONTRACT section 7).
+//
+// A POST carrying Idempotency-Key is recorded in llm_calls before it is forwarded:
+//
+//   - the first request is forwarded; its 2xx answer is recorded (the raw bytes, the
+//     status and the headers) and returned;
+//   - a repeat of a recorded key gets the recorded answer byte for byte, with
+//     Idempotent-Replayed: true, and the upstream is not called;
+//   - a repeat while the first is in flight gets 409 with Retry-After;
+//   - a repeat with another body (or on another path) gets 422;
+//   - the upstream call is not cancelled when the client disconnects: it completes and
+//     is recorded, so the client's retry gets the replay, not a second generation;
+//   - streams (text/event-stream) are passed on as they arrive, persisted on the row in
+//     batches, recorded once complete, and replayed whole;
+//   - an upstream error answer is passed on and not recorded (a retry is a new
+//     attempt); a timeout or a dropped connection leaves the row in_flight, counted as
+//     ambiguous; a malformed answer is a clear 502 and a failed row. A gateway that
+//     dies mid-call leaves a row whose lease runs out (ONCEFLOW_LEDGER_LEASE), and the
+//     next retry takes it over: no row stays in_flight for ever.
+//
+// Keys are scoped by the caller's Authorization header, hashed (SHA-256) so that no
+// credential is stored: callers never share replays. The header is forwarded to the
+// upstream unchanged; the upstream gets the scoped key (KeyFor) as its Idempotency-Key. Requests without a key, and every method but POST, pass through
+// untouched (bodies still size-limited). The gateway has no API keys of its own.
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"mime"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/onceflow/onceflow/idempotency"
+	"github.com/onceflow/onceflow/internal/metrics"
+	"github.com/onceflow/onceflow/llm/ledger"
+)
+
+// Provider labels the gateway's ledger rows and metrics.
+const Provider = "gateway"
+
+// Defaults of Config's fields.
+const (
+	DefaultTimeout          = 5 * time.Minute
+	DefaultMaxBodyBytes     = 8 << 20
+	DefaultMaxResponseBytes = 32 << 20
+	DefaultRetryAfter       = time.Second
+)
+
+// Config configures a Gateway.
+type Config struct {
+	// Upstream is the API root requests are forwarded to, /v1 included
+	// (ONCEFLOW_LLM_BASE_URL): /v1/chat/completions on the gateway goes to
+	// Upstream + "/chat/completions". Required.
+	Upstream string
+	// DB holds the llm_calls table. Required.
+	DB ledger.DB
+	// Ledger configures the ledger (Lease, Retention, ...); its Wait is forced to
+	// "never" (a repeat in flight is answered 409 at once), and Logger and Registerer
+	// default to the gateway's.
+	Ledger ledger.Config
+	// Timeout bounds each upstream exchange, reading the answer included
+	// (ONCEFLOW_GATEWAY_TIMEOUT). Default: 5m.
+	Timeout time.Duration
+	// MaxBodyBytes bounds a request body (ONCEFLOW_GATEWAY_MAX_BODY); larger ones get
+	// 413. Default: 8 MiB.
+	MaxBodyBytes int64
+	// MaxResponseBytes bounds an answer the gateway records; a larger one is a 502 and
+	// a failed row. Default: 32 MiB.
+	MaxResponseBytes int64
+	// RetryAfter is the Retry-After of a 409. Default: 1s.
+	RetryAfter time.Duration
+	// Transport sends upstream requests. Default: a clone of http.DefaultTransport.
+	Transport http.RoundTripper
+	// Logger receives the gateway's logs. Default: slog.Default().
+	Logger *slog.Logger
+	// Registerer exports the gateway's and its ledger's metrics; nil: unexported.
+	Registerer prometheus.Registerer
+}
+
+// Gateway is the proxy, an http.Handler for the /v1/ paths. It is safe for concurrent
+// use.
+type Gateway struct {
+	cfg      Config
+	upstream *url.URL
+	ledger   *ledger.Ledger
+	client   *http.Client
+	proxy    *httputil.ReverseProxy
+	log      *slog.Logger
+	requests *prometheus.CounterVec
+}
+
+// Results of a request, the label of onceflow_gateway_requests_total.
+const (
+	resultPassthrough   = "passthrough"
+	resultForwarded     = "forwarded"
+	resultReplayed      = "replayed"
+	resultInFlight      = "in_flight"
+	resultKeyReused     = "key_reused"
+	resultBadRequest    = "bad_request"
+	resultUpstreamError = "upstream_error"
+	resultUnavailable   = "ledger_unavailable"
+)
+
+// New checks cfg and returns the Gateway.
+func New(cfg Config) (*Gateway, error) {
+	u, err := url.Parse(cfg.Upstream)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, errors.New("gateway: Upstream must be an http or https URL")
+	}
+	if cfg.DB == nil {
+		return nil, errors.New("gateway: DB is required")
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = DefaultTimeout
+	}
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if cfg.MaxResponseBytes <= 0 {
+		cfg.MaxResponseBytes = DefaultMaxResponseBytes
+	}
+	if cfg.RetryAfter <= 0 {
+		cfg.RetryAfter = DefaultRetryAfter
+	}
+	if cfg.Transport == nil {
+		cfg.Transport = http.DefaultTransport.(*http.Transport).Clone()
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	lc := cfg.Ledger
+	lc.Wait = -1
+	if lc.Logger == nil {
+		lc.Logger = cfg.Logger
+	}
+	if lc.Registerer == nil {
+		lc.Registerer = cfg.Registerer
+	}
+	l, err := ledger.New(cfg.DB, lc)
+	if err != nil {
+		return nil, err
+	}
+	l.InitMetrics(Provider)
+	g := &Gateway{
+		cfg: cfg, upstream: u, ledger: l, log: cfg.Logger,
+		client: &http.Client{Transport: cfg.Transport, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
+		requests: metrics.Register(cfg.Registerer, prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: metrics.Namespace, Subsystem: "gateway", Name: "requests_total",
+			Help: "Requests through onceflow gateway by result: passthrough (no key), forwarded, replayed, in_flight (409), key_reused (422), bad_request, upstream_error, ledger_unavailable.",
+		}, []string{"result"})),
+	}
+	metrics.Init(g.requests, []string{resultPassthrough, resultForwarded, resultReplayed, resultInFlight, resultKeyReused,
+		resultBadRequest, resultUpstreamError, resultUnavailable})
+	g.proxy = &httputil.ReverseProxy{
+		Transport: cfg.Transport,
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.Out.URL = g.target(pr.In)
+			pr.Out.Host = ""
+		},
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			var mb *http.MaxBytesError
+			switch {
+			case errors.As(err, &mb):
+				writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large", fmt.Sprintf("request body exceeds %d bytes", cfg.MaxBodyBytes))
+			case errors.Is(err, context.DeadlineExceeded):
+				writeError(w, http.StatusGatewayTimeout, "upstream_error", "upstream_timeout", "the upstream did not answer in time")
+			default:
+				g.log.WarnContext(r.Context(), "gateway: pass-through request failed", "path", r.URL.Path, "err", err)
+				writeError(w, http.StatusBadGateway, "upstream_error", "upstream_unreachable", "the upstream could not be reached")
+			}
+		},
+	}
+	return g, nil
+}
+
+// Ledger returns the gateway's ledger (to run its purge loop, Run).
+func (g *Gateway) Ledger() *ledger.Ledger { return g.ledger }
+
+// target maps a request on the gateway (/v1/...) to the upstream URL.
+func (g *Gateway) target(r *http.Request) *url.URL {
+	u := *g.upstream
+	rest := strings.TrimPrefix(r.URL.Path, "/v1")
+	u.Path = strings.TrimSuffix(u.Path, "/") + rest
+	u.RawPath = ""
+	u.RawQuery = r.URL.RawQuery
+	return &u
+}
+
+// ServeHTTP implements http.Handler for /v1/ paths.
+func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path != "/v1" && !strings.HasPrefix(r.URL.Path, "/v1/") {
+		writeError(w, http.StatusNotFound, "invalid_request_error", "unknown_url", "onceflow gateway serves /v1/ paths only")
+		return
+	}
+	if r.ContentLength > g.cfg.MaxBodyBytes { // refuse before forwarding anything
+		g.requests.WithLabelValues(resultBadRequest).Inc()
+		writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large", fmt.Sprintf("request body exceeds %d bytes", g.cfg.MaxBodyBytes))
+		return
+	}
+	r.Body = http.MaxBytesReader(w, r.Body, g.cfg.MaxBodyBytes)
+	if r.Method != http.MethodPost || len(r.Header.Values(idempotency.HeaderKey)) == 0 {
+		g.requests.WithLabelValues(resultPassthrough).Inc()
+		ctx, cancel := context.WithTimeout(r.Context(), g.cfg.Timeout)
+		defer cancel()
+		g.proxy.ServeHTTP(w, r.WithContext(ctx))
+		return
+	}
+	g.keyed(w, r)
+}
+
+// KeyFor returns the llm_calls key of an Idempotency-Key under the scope of an
+// Authorization header value: "gw-" and 64 hex characters. Neither input can be
+// recovered from it.
+func KeyFor(authorization, idempotencyKey string) string {
+	scope := sha256.Sum256([]byte(authorization))
+	h := sha256.New()
+	var n [8]byte
+	for _, p := range []string{"onceflow.gateway.v1", hex.EncodeToString(scope[:]), idempotencyKey} {
+		binary.BigEndian.PutUint64(n[:], uint64(len(p)))
+		h.Write(n[:])
+		h.Write([]byte(p))
+	}
+	return "gw-" + hex.EncodeToString(h.Sum(nil))
+}
+
+// requestHash is the fingerprint of a keyed request: method, path and query, and the
+// body (canonical JSON when it is JSON, so key order and whitespace do not matter).
+func requestHash(r *http.Request, body []byte) string {
+	canon := body
+	if c, err := idempotency.CanonicalJSON(body); err == nil {
+		canon = c
+	}
+	h := sha256.New()
+	fmt.Fprintf(h, "%s\n%s\n%s\n", r.Method, r.URL.Path, r.URL.RawQuery)
+	h.Write(canon)
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// modelOf reads the "model" field of a JSON body, for labels.
+func modelOf(body []byte) string {
+	var m struct {
+		Model string `json:"model"`
+	}
+	_ = json.Unmarshal(body, &m) // invalid UTF-8 becomes U+FFFD
+	r := []rune(m.Model)
+	if len(r) > 64 {
+		r = r[:64]
+	}
+	return string(r)
+}
+
+// keyed serves a POST with an Idempotency-Key through the ledger.
+func (g *Gateway) keyed(w http.ResponseWriter, r *http.Request) {
+	key, err := idempotency.KeyFromRequest(r.Header)
+	if err != nil {
+		g.requests.WithLabelValues(resultBadRequest).Inc()
+		var ke *idempotency.KeyError
+		detail := "invalid Idempotency-Key"
+		if errors.As(err, &ke) {
+			detail = ke.Detail
+		}
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_idempotency_key", detail)
+		return
+	}
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		g.requests.WithLabelValues(resultBadRequest).Inc()
+		var mb *http.MaxBytesError
+		if errors.As(err, &mb) {
+			writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large", fmt.Sprintf("request body exceeds %d bytes", g.cfg.MaxBodyBytes))
+			return
+		}
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "unreadable_body", "the request body could not be read")
+		return
+	}
+	call := ledger.Call{
+		Key:         KeyFor(strings.Join(r.Header.Values("Authorization"), "\n"), key),
+		Work:        r.Method + " " + r.URL.Path,
+		RequestHash: requestHash(r, body),
+		Provider:    Provider,
+		Model:       modelOf(body),
+	}
+	// The upstream call outlives the client: everything from here runs on a context
+	// that the client's disconnect does not cancel, bounded by the upstream timeout.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), g.cfg.Timeout)
+	defer cancel()
+	att, rec, err := g.ledger.Begin(ctx, call)
+	switch {
+	case errors.Is(err, ledger.ErrInFlight):
+		g.requests.WithLabelValues(resultInFlight).Inc()
+		w.Header().Set("Retry-After", strconv.Itoa(int(max(g.cfg.RetryAfter.Round(time.Second), time.Second)/time.Second)))
+		writeError(w, http.StatusConflict, "invalid_request_error", "idempotency_key_in_use", "a request with this Idempotency-Key is still in progress; retry later")
+		return
+	case errors.Is(err, ledger.ErrKeyReused):
+		g.requests.WithLabelValues(resultKeyReused).Inc()
+		writeError(w, http.StatusUnprocessableEntity, "invalid_request_error", "idempotency_key_reused", "this Idempotency-Key was used with another request body or path")
+		return
+	case err != nil:
+		g.requests.WithLabelValues(resultUnavailable).Inc()
+		g.log.ErrorContext(r.Context(), "gateway: ledger unavailable", "err", err)
+		w.Header().Set("Retry-After", "1")
+		writeError(w, http.StatusServiceUnavailable, "server_error", "ledger_unavailable", "the idempotency ledger is unavailable; retry later")
+		return
+	case rec != nil:
+		g.requests.WithLabelValues(resultReplayed).Inc()
+		replay(w, rec)
+		return
+	}
+	g.forward(ctx, w, r, att, body)
+}
+
+// meta is what a replay needs besides the body: the status and the response headers.
+type meta struct {
+	Status int         `json:"status"`
+	Header http.Header `json:"header"`
+}
+
+// recordedHeader reports whether a response header is recorded for replays: not the
+// hop-by-hop ones, not those that describe one transfer.
+func recordedHeader(name string) bool {
+	switch http.CanonicalHeaderKey(name) {
+	case "Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Connection", "Te", "Trailer", "Transfer-Encoding",
+		"Upgrade", "Content-Length", "Content-Encoding", "Date", "Set-Cookie":
+		return false
+	}
+	return true
+}
+
+func replay(w http.ResponseWriter, rec *ledger.Record) {
+	var m meta
+	if json.Unmarshal(rec.Meta, &m) != nil || m.Status == 0 {
+		m.Status = http.StatusOK
+	}
+	for k, vs := range m.Header {
+		if recordedHeader(k) {
+			w.Header()[k] = vs
+		}
+	}
+	w.Header().Set(idempotency.HeaderReplayed, "true")
+	w.Header().Set("Content-Length", strconv.Itoa(len(rec.Raw)))
+	w.WriteHeader(m.Status)
+	_, _ = w.Write(rec.Raw)
+}
+
+// forward makes the upstream call of the attempt att and answers w.
+func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Request, att *ledger.Attempt, body []byte) {
+	out, err := http.NewRequestWithContext(ctx, r.Method, g.target(r).String(), bytes.NewReader(body))
+	if err != nil {
+		g.fail(ctx, att, err, false)
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "bad_request", "the request cannot be forwarded")
+		return
+	}
+	for k, vs := range r.Header {
+		if recordedHeader(k) && k != "Accept-Encoding" { // the transport negotiates (and undoes) compression
+			out.Header[k] = vs
+		}
+	}
+	// The upstream gets the scoped key: an upstream that honours keys but scopes them
+	// otherwise (or not at all) must not replay one caller's answer to another.
+	out.Header.Set(idempotency.HeaderKey, att.Key())
+	resp, err := g.client.Do(out)
+	if err != nil {
+		ambiguous := ledger.IsAmbiguous(err)
+		g.fail(ctx, att, err, ambiguous)
+		g.requests.WithLabelValues(resultUpstreamError).Inc()
+		if errors.Is(err, context.DeadlineExceeded) {
+			writeError(w, http.StatusGatewayTimeout, "upstream_error", "upstream_timeout", "the upstream did not answer in time; retry with the same key")
+			return
+		}
+		writeError(w, http.StatusBadGateway, "upstream_error", "upstream_unreachable", "the upstream could not be reached; retry with the same key")
+		return
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		g.passError(ctx, w, att, resp)
+		return
+	}
+	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt == "text/event-stream" {
+		g.stream(ctx, w, att, resp)
+		return
+	}
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, g.cfg.MaxResponseBytes+1))
+	switch {
+	case err != nil:
+		g.fail(ctx, att, err, ledger.IsAmbiguous(err))
+		g.requests.WithLabelValues(resultUpstreamError).Inc()
+		if errors.Is(err, context.DeadlineExceeded) {
+			writeError(w, http.StatusGatewayTimeout, "upstream_error", "upstream_timeout", "the upstream answer did not complete in time; retry with the same key")
+			return
+		}
+		writeError(w, http.StatusBadGateway, "upstream_error", "upstream_dropped", "the upstream connection dropped mid-answer; retry with the same key")
+		return
+	case int64(len(raw)) > g.cfg.MaxResponseBytes:
+		g.fail(ctx, att, fmt.Errorf("upstream answer exceeds %d bytes", g.cfg.MaxResponseBytes), false)
+		g.requests.WithLabelValues(resultUpstreamError).Inc()
+		writeError(w, http.StatusBadGateway, "upstream_error", "upstream_response_too_large", fmt.Sprintf("the upstream answer exceeds the %d bytes the gateway records", g.cfg.MaxResponseBytes))
+		return
+	case !json.Valid(raw):
+		g.fail(ctx, att, errors.New("malformed upstream response: not JSON"), false)
+		g.requests.WithLabelValues(resultUpstreamError).Inc()
+		writeError(w, http.StatusBadGateway, "upstream_error", "upstream_malformed", "the upstream answered 2xx with a body that is not JSON")
+		return
+	}
+	m := meta{Status: resp.StatusCode, Header: keptHeader(resp.Header)}
+	mb, _ := json.Marshal(m)
+	rec, _, err := att.Succeed(ctx, ledger.Result{Response: raw, Raw: raw, Meta: mb})
+	g.requests.WithLabelValues(resultForwarded).Inc()
+	if err != nil {
+		g.log.WarnContext(ctx, "gateway: could not record an answer; passing it on unrecorded", "err", err)
+		rec = &ledger.Record{Raw: raw, Meta: mb}
+	}
+	// The recorded answer (another attempt's, if one won): what every retry will get.
+	writeRecorded(w, rec)
+}
+
+// writeRecorded answers with a recorded response without the replay header (this
+// request made the call).
+func writeRecorded(w http.ResponseWriter, rec *ledger.Record) {
+	var m meta
+	if json.Unmarshal(rec.Meta, &m) != nil || m.Status == 0 {
+		m.Status = http.StatusOK
+	}
+	for k, vs := range m.Header {
+		w.Header()[k] = vs
+	}
+	w.Header().Set("Content-Length", strconv.Itoa(len(rec.Raw)))
+	w.WriteHeader(m.Status)
+	_, _ = w.Write(rec.Raw)
+}
+
+func keptHeader(h http.Header) http.Header {
+	out := http.Header{}
+	for k, vs := range h {
+		if recordedHeader(k) {
+			out[k] = vs
+		}
+	}
+	return out
+}
+
+// passError passes an upstream error answer on, unrecorded: the upstream said what
+// happened, so the row is failed (502 and 504, which a proxy in front of the provider
+// sends when it lost the call, are ambiguous) and a retry is a new attempt.
+func (g *Gateway) passError(ctx context.Context, w http.ResponseWriter, att *ledger.Attempt, resp *http.Response) {
+	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	g.fail(ctx, att, fmt.Errorf("upstream answered HTTP %d", resp.StatusCode),
+		resp.StatusCode == http.StatusBadGateway || resp.StatusCode == http.StatusGatewayTimeout)
+	g.requests.WithLabelValues(resultForwarded).Inc()
+	for k, vs := range resp.Header {
+		if recordedHeader(k) {
+			w.Header()[k] = vs
+		}
+	}
+	w.Header().Set("Content-Length", strconv.Itoa(len(raw)))
+	w.WriteHeader(resp.StatusCode)
+	_, _ = w.Write(raw)
+}
+
+func (g *Gateway) fail(ctx context.Context, att *ledger.Attempt, cause error, ambiguous bool) {
+	if err := att.Fail(ctx, cause, ambiguous); err != nil {
+		g.log.WarnContext(ctx, "gateway: could not record a failed attempt; its lease will run out", "err", err)
+	}
+}
+
+// writeError answers with the gateway's own error: OpenAI's error shape, which SDKs
+// parse, plus onceflow's {"detail"}.
+func writeError(w http.ResponseWriter, status int, typ, code, message string) {
+	b, _ := json.Marshal(map[string]any{
+		"error":  map[string]any{"message": message, "type": typ, "code": code, "param": nil},
+		"detail": message,
+	})
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	w.WriteHeader(status)
+	_, _ = w.Write(b)
+}

@@ -1,0 +1,54 @@
+package ledger
+
+import (
+	"errors"
+	"net"
+	"net/http"
+	"syscall"
+
+	"github.com/onceflow/onceflow/llm"
+	"github.com/onceflow/onceflow/retry"
+)
+
+// IsAmbiguous reports whether a failed model call may nevertheless have been done (and
+// billed) by the provider: the request may have been sent, and no answer says what
+// became of it. Seed 001's "dangerous case". In order:
+//
+//   - nil: false;
+//   - a provider's error answer (*llm.APIError): false, the provider said it failed,
+//     except 502 and 504, which a proxy or gateway in front of the provider answers
+//     when it lost the upstream call (which may have completed);
+//   - permanent errors (a request rejected before it was sent, a malformed answer):
+//     false;
+//   - failures to connect (refused, DNS, any error while dialling): false, the request
+//     never left;
+//   - timeouts (the per-call deadline, a net timeout), cancellation, a reset or closed
+//     connection, a truncated body or stream (io.ErrUnexpectedEOF): true;
+//   - anything else: true, since not knowing is exactly the ambiguous case.
+//
+// It is safe for concurrent use.
+func IsAmbiguous(err error) bool {
+	if err == nil {
+		return false
+	}
+	var api *llm.APIError
+	if errors.As(err, &api) {
+		return api.StatusCode == http.StatusBadGateway || api.StatusCode == http.StatusGatewayTimeout
+	}
+	var ife *InFlightError
+	if errors.As(err, &ife) {
+		return false
+	}
+	if retry.IsPermanent(err) {
+		return false
+	}
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return false // connecting failed (a deadline while dialling included): nothing was sent
+	}
+	var dns *net.DNSError
+	if errors.As(err, &dns) || errors.Is(err, syscall.ECONNREFUSED) {
+		return false
+	}
+	return true // timeouts, cancellation, resets, truncated answers, the unknown
+}

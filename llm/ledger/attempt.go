@@ -1,0 +1,332 @@
+package ledger
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/onceflow/onceflow/retry"
+)
+
+// Attempt is one attempt that owns a call's row: Begin returned it, the request is this
+// caller's to make. End it with exactly one of Succeed, SucceedTx or Fail; until then
+// it renews its lease every Lease/3 in the background, so other attempts wait for it
+// instead of taking the row over. Its methods are safe for concurrent use.
+type Attempt struct {
+	l      *Ledger
+	call   Call
+	owner  string
+	number int
+	// ambiguous is the row's ambiguous count when this attempt claimed it.
+	ambiguous int
+	// prevPartial is the streamed output an earlier attempt left (prevAttempt its
+	// number), if any.
+	prevPartial string
+	prevAttempt int
+
+	stopOnce sync.Once
+	stop     chan struct{}
+	done     chan struct{}
+
+	mu   sync.Mutex
+	lost bool // a renewal found the row no longer ours
+}
+
+// start returns the Attempt owning c's row and starts its lease renewal, which stops
+// when the attempt ends or ctx is done.
+func (l *Ledger) start(ctx context.Context, c Call, owner string, number, ambiguous int, prevPartial string, prevAttempt int) *Attempt {
+	a := &Attempt{l: l, call: c, owner: owner, number: number, ambiguous: ambiguous,
+		prevPartial: prevPartial, prevAttempt: prevAttempt, stop: make(chan struct{}), done: make(chan struct{})}
+	go a.renew(ctx)
+	return a
+}
+
+// renewSQL extends the lease of a row this attempt still owns.
+//
+//	$1 idem_key, $2 owner, $3 now (NULL: now()), $4 lease µs
+//
+// Zero rows affected means the row is no longer ours (taken over, or ended).
+const renewSQL = `UPDATE llm_calls SET lease_until = coalesce($3::timestamptz, now()) + $4::bigint * interval '1 microsecond'
+WHERE idem_key = $1 AND owner = $2 AND state = 'in_flight'`
+
+func (a *Attempt) renew(ctx context.Context) {
+	defer close(a.done)
+	t := time.NewTicker(max(a.l.cfg.Lease/3, time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-a.stop:
+			return
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.l.cfg.WriteTimeout)
+		tag, err := a.l.db.Exec(wctx, renewSQL, a.call.Key, a.owner, a.l.now(), micros(a.l.cfg.Lease))
+		cancel()
+		switch {
+		case err != nil:
+			a.l.log.WarnContext(ctx, "ledger: lease renewal failed; retrying at the next tick", "key", a.call.Key, "err", err)
+		case tag.RowsAffected() == 0:
+			a.mu.Lock()
+			a.lost = true
+			a.mu.Unlock()
+			a.l.log.WarnContext(ctx, "ledger: lost the lease of a call (another attempt took it over); the first response recorded wins",
+				"key", a.call.Key, "attempt", a.number)
+			return
+		}
+	}
+}
+
+// end stops the lease renewal and waits for it.
+func (a *Attempt) end() {
+	a.stopOnce.Do(func() { close(a.stop) })
+	<-a.done
+}
+
+// Key returns the row's key.
+func (a *Attempt) Key() string { return a.call.Key }
+
+// Number returns this attempt's number: 1 for the first, more after failures and
+// take-overs.
+func (a *Attempt) Number() int { return a.number }
+
+// Ambiguous returns how many earlier attempts ended without knowing whether the
+// provider did the work (each may have been billed).
+func (a *Attempt) Ambiguous() int { return a.ambiguous }
+
+// PreviousPartial returns the output an earlier attempt streamed before it failed (its
+// attempt number, and the text persisted so far), or "", 0. Streams cannot resume, so
+// this attempt makes a new generation; the partial is there for the task to decide
+// what to show, log or discard.
+func (a *Attempt) PreviousPartial() (text string, attempt int) { return a.prevPartial, a.prevAttempt }
+
+// Lost reports whether a lease renewal found the row taken over by another attempt
+// (this one stalled past the lease). Succeed still works: the first response recorded
+// wins and every attempt returns it.
+func (a *Attempt) Lost() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.lost
+}
+
+// succeedSQL records a response. It is an upsert so that a response is recorded even if
+// the row vanished (a relaxed in-flight insert lost in a PostgreSQL crash), and it never
+// overwrites a recorded response: the first response recorded wins.
+//
+//	$1 idem_key, $2 work, $3 request_hash, $4 provider, $5 model, $6 response jsonb,
+//	$7 response_raw, $8 response_meta, $9 attempt, $10 now (NULL: now()), $11 retention µs
+//
+// Returns the row's attempt and ambiguous counts when this call recorded the response;
+// no row when a response was already recorded (or the hash differs).
+const succeedSQL = `
+INSERT INTO llm_calls AS c (idem_key, work, state, request_hash, provider, model, response, response_raw, response_meta, attempt, expires_at)
+VALUES ($1, $2, 'succeeded', $3, $4, $5, $6, $7, $8, $9, coalesce($10::timestamptz, now()) + $11::bigint * interval '1 microsecond')
+ON CONFLICT (idem_key) DO UPDATE SET
+	state = 'succeeded', response = EXCLUDED.response, response_raw = EXCLUDED.response_raw,
+	response_meta = EXCLUDED.response_meta, owner = NULL, lease_until = NULL, partial = NULL,
+	partial_attempt = NULL, error = NULL, updated_at = now()
+WHERE c.state <> 'succeeded' AND c.request_hash = EXCLUDED.request_hash
+RETURNING c.attempt, c.ambiguous`
+
+// Succeed records res as the call's response in a commit of its own, and returns the
+// recorded Record with ours true; or, when another attempt recorded a response first
+// (possible only after this one lost its lease), that attempt's Record with ours false:
+// use it, so every attempt's effects agree on one response. It runs under
+// context.WithoutCancel(ctx) bounded by Config.WriteTimeout, since a response that
+// arrived is worth recording even when the caller gave up. It ends the attempt; its
+// errors are database errors, or ErrKeyReused (permanent).
+func (a *Attempt) Succeed(ctx context.Context, res Result) (rec *Record, ours bool, err error) {
+	a.end()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.l.cfg.WriteTimeout)
+	defer cancel()
+	return a.succeed(ctx, a.l.db, res)
+}
+
+// SucceedTx is Succeed inside the caller's transaction tx, so that the response and the
+// downstream write it causes commit together or not at all (seed 001, step 3). Call it
+// first in tx and derive the write from the returned Record: when ours is false,
+// another attempt's response is the recorded one. It uses ctx as is. If tx rolls back,
+// call Fail (or the row stays owned until its lease runs out, and is then counted as
+// ambiguous).
+func (a *Attempt) SucceedTx(ctx context.Context, tx DB, res Result) (rec *Record, ours bool, err error) {
+	a.end()
+	return a.succeed(ctx, tx, res)
+}
+
+func (a *Attempt) succeed(ctx context.Context, db DB, res Result) (*Record, bool, error) {
+	c := a.call
+	var response any // nil Response: SQL NULL, not the JSON text "null"
+	if len(res.Response) > 0 {
+		response = string(res.Response)
+	}
+	var meta any
+	if len(res.Meta) > 0 {
+		meta = string(res.Meta)
+	}
+	rec := &Record{Key: c.Key, Response: res.Response, Raw: res.Raw, Meta: res.Meta}
+	err := db.QueryRow(ctx, succeedSQL, c.Key, c.Work, c.RequestHash, c.Provider, c.Model, response, res.Raw, meta,
+		a.number, a.l.now(), micros(a.l.cfg.Retention)).Scan(&rec.Attempt, &rec.Ambiguous)
+	if err == nil {
+		a.l.metrics.attempt(c, resultSucceeded)
+		return rec, true, nil
+	}
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return nil, false, dbError("record response of "+c.Key, err)
+	}
+	// Not recorded: another response was, or the key holds another request.
+	other, err := a.l.recordIn(ctx, db, c.Key)
+	if err != nil {
+		return nil, false, err
+	}
+	if other == nil {
+		return nil, false, retry.Permanent(fmt.Errorf("%w: %s", ErrKeyReused, c.Key))
+	}
+	a.l.metrics.attempt(c, resultSuperseded)
+	return other, false, nil
+}
+
+func (l *Ledger) recordIn(ctx context.Context, db DB, key string) (*Record, error) {
+	rec := &Record{Key: key}
+	err := db.QueryRow(ctx, recordSQL, key).Scan(&rec.Response, &rec.Raw, &rec.Meta, &rec.Attempt, &rec.Ambiguous)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, dbError("read recorded response of "+key, err)
+	}
+	return rec, nil
+}
+
+// failAmbiguousSQL ends an attempt that does not know whether the provider did the
+// work: the row stays in_flight (the record that the work may have happened), the
+// attempt number advances and the failure is counted; the owner is released so the
+// next attempt claims the row at once instead of waiting for the lease.
+//
+//	$1 idem_key, $2 owner, $3 error
+const failAmbiguousSQL = `UPDATE llm_calls SET attempt = attempt + 1, ambiguous = ambiguous + 1, owner = NULL,
+	lease_until = NULL, error = $3, updated_at = now()
+WHERE idem_key = $1 AND owner = $2 AND state = 'in_flight'`
+
+// failClearSQL ends an attempt the provider answered with an error: the work was not
+// done, so the row is failed (with the error) and the next attempt may claim it.
+//
+//	$1 idem_key, $2 owner, $3 error
+const failClearSQL = `UPDATE llm_calls SET state = 'failed', attempt = attempt + 1, owner = NULL,
+	lease_until = NULL, error = $3, updated_at = now()
+WHERE idem_key = $1 AND owner = $2 AND state = 'in_flight'`
+
+// Fail ends the attempt with cause. ambiguous says whether the provider may have done
+// the work anyway (a timeout or a reset after the request was sent: see IsAmbiguous):
+// the row then stays in_flight with the attempt counted as ambiguous; otherwise the
+// row becomes failed with the error. Either way the next attempt claims the row at
+// once. If the row was taken over meanwhile, Fail changes nothing (the take-over
+// counted this attempt). It runs under context.WithoutCancel(ctx) bounded by
+// Config.WriteTimeout, and returns only database errors.
+func (a *Attempt) Fail(ctx context.Context, cause error, ambiguous bool) error {
+	a.end()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.l.cfg.WriteTimeout)
+	defer cancel()
+	msg := "unknown error"
+	if cause != nil {
+		msg = truncate(cause.Error(), 1024)
+	}
+	sql, result := failClearSQL, resultFailed
+	if ambiguous {
+		sql, result = failAmbiguousSQL, resultAmbiguous
+	}
+	tag, err := a.l.db.Exec(ctx, sql, a.call.Key, a.owner, msg)
+	if err != nil {
+		return dbError("record failure of "+a.call.Key, err)
+	}
+	if tag.RowsAffected() == 1 {
+		a.l.metrics.attempt(a.call, result)
+		if ambiguous {
+			a.l.metrics.ambiguousFailure(a.call)
+		}
+	}
+	return nil
+}
+
+// appendPartialSQL appends streamed output to the row this attempt owns, and renews the
+// lease while at it. A row whose partial belongs to an earlier attempt is overwritten:
+// a new generation starts its own.
+//
+//	$1 idem_key, $2 owner, $3 attempt, $4 text, $5 now (NULL: now()), $6 lease µs
+const appendPartialSQL = `UPDATE llm_calls SET
+	partial = CASE WHEN partial_attempt = $3 THEN coalesce(partial, '') || $4 ELSE $4 END,
+	partial_attempt = $3,
+	lease_until = coalesce($5::timestamptz, now()) + $6::bigint * interval '1 microsecond',
+	updated_at = now()
+WHERE idem_key = $1 AND owner = $2 AND state = 'in_flight'`
+
+// AppendPartial persists text as more of this attempt's streamed output, in one round
+// trip (batch the text: Client.Stream writes once per Config.StreamFlushBytes or
+// StreamFlushInterval). It reports false when the row is no longer this attempt's.
+// It does not end the attempt.
+func (a *Attempt) AppendPartial(ctx context.Context, text string) (bool, error) {
+	if text == "" {
+		return true, nil
+	}
+	tag, err := a.l.db.Exec(ctx, appendPartialSQL, a.call.Key, a.owner, a.number, text, a.l.now(), micros(a.l.cfg.Lease))
+	if err != nil {
+		return false, dbError("persist partial output of "+a.call.Key, err)
+	}
+	a.l.metrics.partialFlushes.Inc()
+	return tag.RowsAffected() == 1, nil
+}
+
+// PartialBuffer batches streamed output into AppendPartial writes: one write when
+// Config.StreamFlushBytes are buffered or Config.StreamFlushInterval passed since the
+// last one, whichever comes first, never one per token. It is not safe for concurrent
+// use (one stream feeds it).
+type PartialBuffer struct {
+	att       *Attempt
+	buf       strings.Builder
+	lastFlush time.Time
+}
+
+// PartialBuffer returns a PartialBuffer writing to this attempt's row.
+func (a *Attempt) PartialBuffer() *PartialBuffer {
+	return &PartialBuffer{att: a, lastFlush: a.l.clock().Now()}
+}
+
+// Add buffers text and writes the buffer when it is big or old enough. Its errors are
+// AppendPartial's.
+func (p *PartialBuffer) Add(ctx context.Context, text string) error {
+	p.buf.WriteString(text)
+	cfg := p.att.l.cfg
+	if p.buf.Len() >= cfg.StreamFlushBytes || p.att.l.clock().Now().Sub(p.lastFlush) >= cfg.StreamFlushInterval {
+		return p.Flush(ctx)
+	}
+	return nil
+}
+
+// Flush writes what is buffered, if anything.
+func (p *PartialBuffer) Flush(ctx context.Context) error {
+	p.lastFlush = p.att.l.clock().Now()
+	if p.buf.Len() == 0 {
+		return nil
+	}
+	text := p.buf.String()
+	p.buf.Reset()
+	_, err := p.att.AppendPartial(ctx, text)
+	return err
+}
+
+// truncate cuts s to at most n bytes on a rune boundary.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}
