@@ -381,9 +381,11 @@ func TestSlowWorkerAndReclaimer(t *testing.T) {
 	if n := len(p.pending()); n != 0 {
 		t.Fatalf("%d entries pending, want 0", n)
 	}
-	// Two model calls: each delivery passed the pre-check before either stored. The
-	// ledger issue (llm_calls, client-side deduplication of model calls) will change this
-	// to one.
+	// Two model calls: each delivery passed the pre-check before either stored. This is
+	// seed 000's handler, without the llm_calls ledger. The service runs the handler WITH
+	// the ledger (cmd/onceflow/roles.go), and then this case makes ONE model call: the
+	// reclaimer finds the slow worker's call in flight, waits for it and replays its
+	// answer (TestSlowWorkerAndReclaimerMakeOneModelCallWithTheLedger in ledger_test.go).
 	if calls := slow.Calls() + quick.Calls(); calls != 2 {
 		t.Fatalf("%d model calls, want 2", calls)
 	}
