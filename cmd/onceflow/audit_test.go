@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/llm/ledger"
 	"github.com/onceflow/onceflow/queue"
 	"github.com/onceflow/onceflow/summaries"
 )
@@ -28,6 +29,8 @@ type auditReport struct {
 	StreamLength    *int64   `json:"stream_length"`
 	StreamPending   *int64   `json:"stream_pending"`
 	Violations      []string `json:"violations"`
+	// Beyond the CONTRACT's fields: the ledger's figures per provider and model.
+	LLMCalls []ledger.Stats `json:"llm_calls"`
 }
 
 func (r auditReport) counts() string {
