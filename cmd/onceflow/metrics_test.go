@@ -230,7 +230,6 @@ func TestRunMetricsFreshAtZeroThenEachFamilyMoves(t *testing.T) {
 		"onceflow_outbox_send_duration_seconds_count":                                          3,
 	}
 	atLeast := map[string]float64{
-		"onceflow_queue_stream_length" + q:                            4, // entries stay until trimmed
 		"onceflow_outbox_claimed_batches_total":                       2,
 		`onceflow_llm_call_duration_seconds_count{provider="openai"}`: 6,
 	}
@@ -245,6 +244,12 @@ func TestRunMetricsFreshAtZeroThenEachFamilyMoves(t *testing.T) {
 			if got, ok := m[series]; !ok || got != v {
 				mismatches = append(mismatches, fmt.Sprintf("%s = %v (present %v), want %v", series, got, ok, v))
 			}
+		}
+		// The stream length gauge is sampled and the worker trims acknowledged entries
+		// in the background, so its value may be anything up to the entries written:
+		// only its presence is certain.
+		if _, ok := m["onceflow_queue_stream_length"+q]; !ok {
+			mismatches = append(mismatches, "onceflow_queue_stream_length"+q+" missing")
 		}
 		for series, v := range atLeast {
 			if m[series] < v {
