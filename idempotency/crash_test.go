@@ -100,7 +100,7 @@ func TestCrashMidHandler(t *testing.T) {
 
 	p1, base1 := start()
 	go post(base1, true)
-	eventually(t, "the first effect", func() bool { return effects() == 1 })
+	testenv.WaitFor(t, 20*time.Second, "the first effect", func() bool { return effects() == 1 })
 	p1.Kill()
 
 	p2, base2 := start()
@@ -113,7 +113,7 @@ func TestCrashMidHandler(t *testing.T) {
 		t.Fatalf("a retry during the lock TTL ran the handler: %d effects", effects())
 	}
 	var body string
-	eventually(t, "crash recovery after the lock TTL", func() bool {
+	testenv.WaitFor(t, 20*time.Second, "crash recovery after the lock TTL", func() bool {
 		code, _, body = post(base2, false)
 		if code != http.StatusConflict && code != http.StatusCreated {
 			t.Fatalf("retry: %d %s", code, body)

@@ -220,18 +220,6 @@ func (h *harness) scope(tenant, key string) idempotency.Scope {
 	return idempotency.Scope{Tenant: tenant, Method: "POST", Path: path, Key: key}
 }
 
-// eventually polls f until it reports true, failing after a generous deadline.
-func eventually(t *testing.T, what string, f func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !f() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s did not happen within 20s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 const (
 	key1  = "key-0001-abcdefghijkl"
 	body1 = `{"text":"hello","notify":"a@example.com"}`
@@ -474,7 +462,7 @@ func TestLockLostCannotOverwrite(t *testing.T) {
 	go func() { slow <- h.post("key-acme", key1, body1) }()
 	<-started
 	recordKey := h.store.Key(h.scope("acme", key1))
-	eventually(t, "lock expiry", func() bool {
+	testenv.WaitFor(t, 20*time.Second, "lock expiry", func() bool {
 		n, _ := h.rdb.Exists(context.Background(), recordKey).Result()
 		return n == 0
 	})
@@ -579,7 +567,7 @@ func TestClientDisconnectStillStores(t *testing.T) {
 	}
 	<-finished
 	var retry reply
-	eventually(t, "the result being stored", func() bool {
+	testenv.WaitFor(t, 20*time.Second, "the result being stored", func() bool {
 		retry = h.post("key-acme", key1, body1)
 		return retry.status != http.StatusConflict
 	})
@@ -631,7 +619,7 @@ func TestResultTTLExpiry(t *testing.T) {
 	if ttl, _ := h.rdb.PTTL(context.Background(), recordKey).Result(); ttl <= 0 || ttl > 200*time.Millisecond {
 		t.Fatalf("stored result has TTL %v, want (0, 200ms]", ttl)
 	}
-	eventually(t, "result expiry", func() bool {
+	testenv.WaitFor(t, 20*time.Second, "result expiry", func() bool {
 		n, _ := h.rdb.Exists(context.Background(), recordKey).Result()
 		return n == 0
 	})

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -21,7 +22,7 @@ func deadLetterOne(t *testing.T, rdb *redis.Client, keys Keys, i int) DeadLetter
 		return Permanent(errors.New("bad input"))
 	})})
 	enqueue(t, rdb, keys, message(i, nil))
-	waitFor(t, 10*time.Second, "the dead letter", func() bool { return len(deadLetters(t, rdb, keys)) == before+1 })
+	testenv.WaitFor(t, 10*time.Second, "the dead letter", func() bool { return len(deadLetters(t, rdb, keys)) == before+1 })
 	w.stop(t)
 	return deadLetters(t, rdb, keys)[before]
 }
@@ -70,7 +71,7 @@ func TestReplayReenqueuesWithSameJobID(t *testing.T) {
 	}
 	h := &effectHandler{rdb: rdb, effects: keys.Prefix + ":effects"}
 	start(t, WorkerConfig{Redis: rdb, Keys: keys, Handler: h})
-	waitFor(t, 10*time.Second, "the replayed job", func() bool { return rdb.HLen(ctx, h.effects).Val() == 1 })
+	testenv.WaitFor(t, 10*time.Second, "the replayed job", func() bool { return rdb.HLen(ctx, h.effects).Val() == 1 })
 	if _, err := Replay(ctx, rdb, keys, d.ID, time.Hour); !errors.Is(err, ErrDeadLetterNotFound) {
 		t.Errorf("second replay = %v, want ErrDeadLetterNotFound", err)
 	}
@@ -87,12 +88,12 @@ func TestReplayOfJobThatMeanwhileSucceeded(t *testing.T) {
 	h := &effectHandler{rdb: rdb, effects: keys.Prefix + ":effects"}
 	w := start(t, WorkerConfig{Redis: rdb, Keys: keys, Handler: h})
 	enqueue(t, rdb, keys, message(1, nil)) // the duplicate that succeeds
-	waitFor(t, 10*time.Second, "the duplicate to succeed", func() bool { return h.runs.Load() == 1 })
+	testenv.WaitFor(t, 10*time.Second, "the duplicate to succeed", func() bool { return h.runs.Load() == 1 })
 	if _, err := Replay(ctx, rdb, keys, d.ID, time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the replayed run", func() bool { return h.runs.Load() == 2 })
-	waitFor(t, 5*time.Second, "acks", func() bool { return len(pendingIDs(t, rdb, keys, DefaultGroup)) == 0 })
+	testenv.WaitFor(t, 10*time.Second, "the replayed run", func() bool { return h.runs.Load() == 2 })
+	testenv.WaitFor(t, 5*time.Second, "acks", func() bool { return len(pendingIDs(t, rdb, keys, DefaultGroup)) == 0 })
 	w.stop(t)
 	if n := rdb.HLen(ctx, h.effects).Val(); n != 1 {
 		t.Errorf("%d effects after replaying a job that had succeeded, want 1", n)
@@ -174,7 +175,7 @@ func TestMalformedDeadLetterCannotBeReplayed(t *testing.T) {
 	if err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: keys.Stream(), Values: []any{"v", "1", "job_id", "nope"}}).Err(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the dead letter", func() bool { return len(deadLetters(t, rdb, keys)) == 1 })
+	testenv.WaitFor(t, 10*time.Second, "the dead letter", func() bool { return len(deadLetters(t, rdb, keys)) == 1 })
 	d := deadLetters(t, rdb, keys)[0]
 	var raw map[string]string
 	if err := json.Unmarshal(d.Raw, &raw); err != nil || raw["job_id"] != "nope" {

@@ -95,18 +95,6 @@ func start(t *testing.T, cfg WorkerConfig) *running {
 	return r
 }
 
-// waitFor polls cond every 10ms until it holds or timeout passes.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // pendingIDs returns the ids pending in group, to any consumer.
 func pendingIDs(t *testing.T, rdb *redis.Client, keys Keys, group string) []string {
 	t.Helper()

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -50,10 +51,10 @@ func TestLeaseRenewalKeepsSlowJob(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	a := start(t, WorkerConfig{Redis: rdb, Keys: keys, Consumer: "a", ClaimIdle: claimIdle, RenewInterval: claimIdle / 4, Handler: s.handler("a"), Registerer: reg})
 	enqueue(t, rdb, keys, message(1, nil))
-	waitFor(t, 10*time.Second, "a to start the job", func() bool { r, _ := s.snapshot(); return len(r) == 1 })
+	testenv.WaitFor(t, 10*time.Second, "a to start the job", func() bool { r, _ := s.snapshot(); return len(r) == 1 })
 	start(t, WorkerConfig{Redis: rdb, Keys: keys, Consumer: "b", ClaimIdle: claimIdle, ClaimInterval: 20 * time.Millisecond, Handler: s.handler("b")})
-	waitFor(t, 15*time.Second, "the run to finish", func() bool { _, d := s.snapshot(); return d == 1 })
-	waitFor(t, 5*time.Second, "the ack", func() bool { return len(pendingIDs(t, rdb, keys, DefaultGroup)) == 0 })
+	testenv.WaitFor(t, 15*time.Second, "the run to finish", func() bool { _, d := s.snapshot(); return d == 1 })
+	testenv.WaitFor(t, 5*time.Second, "the ack", func() bool { return len(pendingIDs(t, rdb, keys, DefaultGroup)) == 0 })
 	time.Sleep(claimIdle) // b would have had every chance by now
 	runs, done := s.snapshot()
 	if len(runs) != 1 || runs[0] != "a" || done != 1 {
@@ -78,10 +79,10 @@ func TestWithoutLeaseRenewalSlowJobRunsTwice(t *testing.T) {
 	// a never reclaims anything itself (ClaimIdle 1h) and does not renew.
 	start(t, WorkerConfig{Redis: rdb, Keys: keys, Consumer: "a", ClaimIdle: time.Hour, RenewInterval: -1, Handler: s.handler("a")})
 	enqueue(t, rdb, keys, message(1, nil))
-	waitFor(t, 10*time.Second, "a to start the job", func() bool { r, _ := s.snapshot(); return len(r) == 1 })
+	testenv.WaitFor(t, 10*time.Second, "a to start the job", func() bool { r, _ := s.snapshot(); return len(r) == 1 })
 	start(t, WorkerConfig{Redis: rdb, Keys: keys, Consumer: "b", ClaimIdle: claimIdle, ClaimInterval: 20 * time.Millisecond, Handler: s.handler("b")})
-	waitFor(t, 20*time.Second, "both runs to finish", func() bool { _, d := s.snapshot(); return d == 2 })
-	waitFor(t, 5*time.Second, "the ack", func() bool { return len(pendingIDs(t, rdb, keys, DefaultGroup)) == 0 })
+	testenv.WaitFor(t, 20*time.Second, "both runs to finish", func() bool { _, d := s.snapshot(); return d == 2 })
+	testenv.WaitFor(t, 5*time.Second, "the ack", func() bool { return len(pendingIDs(t, rdb, keys, DefaultGroup)) == 0 })
 	runs, _ := s.snapshot()
 	if len(runs) != 2 || runs[0] != "a" || runs[1] != "b" {
 		t.Errorf("runs %v, want [a b]", runs)

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -91,7 +92,7 @@ func TestWorkerTrimsAcknowledgedEntries(t *testing.T) {
 	}
 	start(t, WorkerConfig{Redis: rdb, Keys: keys, TrimInterval: 50 * time.Millisecond,
 		Handler: HandlerFunc(func(context.Context, *Job) error { return nil })})
-	waitFor(t, 10*time.Second, "an empty stream", func() bool { return rdb.XLen(context.Background(), keys.Stream()).Val() == 0 })
+	testenv.WaitFor(t, 10*time.Second, "an empty stream", func() bool { return rdb.XLen(context.Background(), keys.Stream()).Val() == 0 })
 }
 
 // Consumer hygiene deletes idle consumers with nothing pending, never one with pending
@@ -153,16 +154,16 @@ func TestDeletingALiveIdleWorkerIsHarmless(t *testing.T) {
 		return nil
 	})})
 	enqueue(t, rdb, keys, message(1, nil))
-	waitFor(t, 5*time.Second, "the first job", func() bool { return runs.get(jobID(1)) == 1 })
-	waitFor(t, 5*time.Second, "the ack", func() bool { return len(pendingIDs(t, rdb, keys, DefaultGroup)) == 0 })
+	testenv.WaitFor(t, 5*time.Second, "the first job", func() bool { return runs.get(jobID(1)) == 1 })
+	testenv.WaitFor(t, 5*time.Second, "the ack", func() bool { return len(pendingIDs(t, rdb, keys, DefaultGroup)) == 0 })
 	time.Sleep(400 * time.Millisecond)
 	names, err := DeleteIdleConsumers(ctx, rdb, keys, DefaultGroup, "other", 300*time.Millisecond)
 	if err != nil || !slices.Equal(names, []string{"live"}) {
 		t.Fatalf("deleted %v %v, want [live]", names, err)
 	}
 	enqueue(t, rdb, keys, message(2, nil))
-	waitFor(t, 5*time.Second, "a job after the deletion", func() bool { return runs.get(jobID(2)) == 1 })
-	waitFor(t, 5*time.Second, "the ack", func() bool { return len(pendingIDs(t, rdb, keys, DefaultGroup)) == 0 })
+	testenv.WaitFor(t, 5*time.Second, "a job after the deletion", func() bool { return runs.get(jobID(2)) == 1 })
+	testenv.WaitFor(t, 5*time.Second, "the ack", func() bool { return len(pendingIDs(t, rdb, keys, DefaultGroup)) == 0 })
 }
 
 func TestReadStats(t *testing.T) {

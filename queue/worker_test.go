@@ -64,7 +64,7 @@ func TestDeadConsumerMessageReclaimedAfterClaimIdle(t *testing.T) {
 	if r.deliveries != 2 {
 		t.Errorf("deliveries = %d, want 2", r.deliveries)
 	}
-	waitFor(t, 5*time.Second, "the ack", func() bool { return len(pendingIDs(t, rdb, keys, DefaultGroup)) == 0 })
+	testenv.WaitFor(t, 5*time.Second, "the ack", func() bool { return len(pendingIDs(t, rdb, keys, DefaultGroup)) == 0 })
 	select {
 	case r := <-runs:
 		t.Errorf("ran again: %+v", r)
@@ -90,7 +90,7 @@ func TestAlwaysFailingJobRunsMaxDeliveriesTimesThenDeadLetters(t *testing.T) {
 			return errors.New("model unavailable")
 		})})
 	ids := enqueue(t, rdb, keys, message(7, nil))
-	waitFor(t, 10*time.Second, "a dead letter", func() bool { return len(deadLetters(t, rdb, keys)) > 0 })
+	testenv.WaitFor(t, 10*time.Second, "a dead letter", func() bool { return len(deadLetters(t, rdb, keys)) > 0 })
 	time.Sleep(400 * time.Millisecond) // more than two more claim cycles: nothing else may happen
 	if n := runs.Load(); n != 3 {
 		t.Errorf("handler ran %d times, want 3", n)
@@ -134,7 +134,7 @@ func TestPermanentErrorDeadLettersAfterOneRun(t *testing.T) {
 			return fmt.Errorf("summarise: %w", Permanent(errors.New("400 context_length_exceeded")))
 		})})
 	enqueue(t, rdb, keys, message(1, nil))
-	waitFor(t, 10*time.Second, "a dead letter", func() bool { return len(deadLetters(t, rdb, keys)) == 1 })
+	testenv.WaitFor(t, 10*time.Second, "a dead letter", func() bool { return len(deadLetters(t, rdb, keys)) == 1 })
 	time.Sleep(300 * time.Millisecond)
 	if n := runs.Load(); n != 1 {
 		t.Errorf("handler ran %d times, want 1", n)
@@ -164,8 +164,8 @@ func TestSameJobEnqueuedTwiceMakesOneEffect(t *testing.T) {
 	if ids[0] == ids[1] {
 		t.Fatalf("two enqueues, one entry id %s", ids[0])
 	}
-	waitFor(t, 10*time.Second, "two runs", func() bool { return runs.get(jobID(1)) == 2 })
-	waitFor(t, 5*time.Second, "acks", func() bool { return len(pendingIDs(t, rdb, keys, DefaultGroup)) == 0 })
+	testenv.WaitFor(t, 10*time.Second, "two runs", func() bool { return runs.get(jobID(1)) == 2 })
+	testenv.WaitFor(t, 5*time.Second, "acks", func() bool { return len(pendingIDs(t, rdb, keys, DefaultGroup)) == 0 })
 	if n := rdb.HLen(context.Background(), effects).Val(); n != 1 {
 		t.Errorf("%d effects, want 1", n)
 	}
@@ -206,7 +206,7 @@ func TestMalformedMessagesDeadLetteredWithReason(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, 10*time.Second, "dead letters", func() bool { return len(deadLetters(t, rdb, keys)) == len(cases) })
+	testenv.WaitFor(t, 10*time.Second, "dead letters", func() bool { return len(deadLetters(t, rdb, keys)) == len(cases) })
 	time.Sleep(300 * time.Millisecond) // no redelivery loop
 	dead := deadLetters(t, rdb, keys)
 	if len(dead) != len(cases) {
@@ -253,8 +253,8 @@ func TestPanicIsRecoveredAndRetried(t *testing.T) {
 			return nil
 		})})
 	enqueue(t, rdb, keys, message(1, nil))
-	waitFor(t, 10*time.Second, "the retry", func() bool { return runs.Load() == 2 })
-	waitFor(t, 5*time.Second, "the ack", func() bool { return len(pendingIDs(t, rdb, keys, DefaultGroup)) == 0 })
+	testenv.WaitFor(t, 10*time.Second, "the retry", func() bool { return runs.Load() == 2 })
+	testenv.WaitFor(t, 5*time.Second, "the ack", func() bool { return len(pendingIDs(t, rdb, keys, DefaultGroup)) == 0 })
 	if got := metricValue(t, reg, "onceflow_queue_handler_duration_seconds", "outcome", "panic"); got != 1 {
 		t.Errorf("panic outcomes = %v, want 1", got)
 	}
@@ -280,7 +280,7 @@ func TestReadsOnlyAsManyMessagesAsFreeSlots(t *testing.T) {
 	for i := range 6 {
 		enqueue(t, rdb, keys, message(i, nil))
 	}
-	waitFor(t, 10*time.Second, "two running jobs", func() bool { return started.Load() == 2 })
+	testenv.WaitFor(t, 10*time.Second, "two running jobs", func() bool { return started.Load() == 2 })
 	time.Sleep(300 * time.Millisecond) // several read loops (Block 50ms)
 	if p := pendingIDs(t, rdb, keys, DefaultGroup); len(p) != 2 {
 		t.Errorf("%d entries delivered while 2 slots are busy, want 2", len(p))
@@ -289,8 +289,8 @@ func TestReadsOnlyAsManyMessagesAsFreeSlots(t *testing.T) {
 		t.Errorf("%d handlers started with Concurrency 2", n)
 	}
 	close(release)
-	waitFor(t, 10*time.Second, "all jobs", func() bool { return started.Load() == 6 })
-	waitFor(t, 5*time.Second, "acks", func() bool { return len(pendingIDs(t, rdb, keys, DefaultGroup)) == 0 })
+	testenv.WaitFor(t, 10*time.Second, "all jobs", func() bool { return started.Load() == 6 })
+	testenv.WaitFor(t, 5*time.Second, "acks", func() bool { return len(pendingIDs(t, rdb, keys, DefaultGroup)) == 0 })
 	_ = w
 }
 
@@ -353,7 +353,7 @@ func TestThousandJobsRunConcurrently(t *testing.T) {
 			t.Fatalf("job %d ran %d times", i, n)
 		}
 	}
-	waitFor(t, 10*time.Second, "acks", func() bool { return len(pendingIDs(t, rdb, keys, DefaultGroup)) == 0 })
+	testenv.WaitFor(t, 10*time.Second, "acks", func() bool { return len(pendingIDs(t, rdb, keys, DefaultGroup)) == 0 })
 }
 
 // With a no-op handler, reads, delivery counts and acks are batched: far fewer than one
@@ -376,7 +376,7 @@ func TestBatchedRoundTripsPerJob(t *testing.T) {
 		n.Add(1)
 		return nil
 	})})
-	waitFor(t, 30*time.Second, "all jobs", func() bool { return n.Load() == jobs })
+	testenv.WaitFor(t, 30*time.Second, "all jobs", func() bool { return n.Load() == jobs })
 	w.stop(t) // flushes the last acks
 	if g := w.spawned.Load(); g > 64 {
 		t.Errorf("%d handler goroutines started for Concurrency 64", g)
@@ -419,7 +419,7 @@ func TestDeliveryCountsOneXPendingPerBatch(t *testing.T) {
 		done.Add(1)
 		return nil
 	})})
-	waitFor(t, 10*time.Second, "all reclaimed jobs", func() bool { return done.Load() == n })
+	testenv.WaitFor(t, 10*time.Second, "all reclaimed jobs", func() bool { return done.Load() == n })
 	mu.Lock()
 	defer mu.Unlock()
 	if deliveries[2] != n {
@@ -457,7 +457,7 @@ func TestShutdownLosesNothingAndAcksNothingUnfinished(t *testing.T) {
 	for i := range 10 {
 		ids = append(ids, enqueue(t, rdb, keys, message(i, map[string]bool{"finish": i%2 == 0}))...)
 	}
-	waitFor(t, 10*time.Second, "four running jobs", func() bool { return nStarted.Load() == 4 })
+	testenv.WaitFor(t, 10*time.Second, "four running jobs", func() bool { return nStarted.Load() == 4 })
 	began := time.Now()
 	w.stop(t)
 	if took := time.Since(began); took < 700*time.Millisecond {
@@ -499,13 +499,13 @@ func TestRecreatesDeletedGroup(t *testing.T) {
 	var runs atomic.Int32
 	start(t, WorkerConfig{Redis: rdb, Keys: keys, Handler: HandlerFunc(func(context.Context, *Job) error { runs.Add(1); return nil })})
 	enqueue(t, rdb, keys, message(1, nil))
-	waitFor(t, 10*time.Second, "the first job", func() bool { return runs.Load() == 1 })
+	testenv.WaitFor(t, 10*time.Second, "the first job", func() bool { return runs.Load() == 1 })
 	if err := rdb.Del(context.Background(), keys.Stream()).Err(); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(100 * time.Millisecond)
 	enqueue(t, rdb, keys, message(2, nil))
-	waitFor(t, 10*time.Second, "a job after the stream was deleted", func() bool { return runs.Load() == 2 })
+	testenv.WaitFor(t, 10*time.Second, "a job after the stream was deleted", func() bool { return runs.Load() == 2 })
 }
 
 // A pending entry deleted from the stream (here by XDEL) is reported by XAUTOCLAIM;
@@ -527,7 +527,7 @@ func TestDeletedWhilePendingIsCounted(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	start(t, WorkerConfig{Redis: rdb, Keys: keys, ClaimIdle: 50 * time.Millisecond, Registerer: reg,
 		Handler: HandlerFunc(func(context.Context, *Job) error { t.Error("handler ran for a deleted entry"); return nil })})
-	waitFor(t, 10*time.Second, "the deleted entry to be counted", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "the deleted entry to be counted", func() bool {
 		return metricValue(t, reg, "onceflow_queue_deleted_while_pending_total") == 1
 	})
 	if p := pendingIDs(t, rdb, keys, DefaultGroup); len(p) != 0 {
@@ -569,7 +569,7 @@ func TestRunTwice(t *testing.T) {
 	t.Parallel()
 	rdb, keys := setup(t)
 	r := start(t, WorkerConfig{Redis: rdb, Keys: keys, Handler: HandlerFunc(func(context.Context, *Job) error { return nil })})
-	waitFor(t, 5*time.Second, "the first Run", r.started.Load)
+	testenv.WaitFor(t, 5*time.Second, "the first Run", r.started.Load)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := r.Run(ctx); !errors.Is(err, ErrWorkerStarted) {
@@ -629,12 +629,12 @@ func TestWorkerSurvivesRedisRestart(t *testing.T) {
 		return nil
 	})})
 	enqueue(t, rdb, keys, message(1, nil))
-	waitFor(t, 10*time.Second, "the first job", func() bool { return runs.get(jobID(1)) == 1 })
+	testenv.WaitFor(t, 10*time.Second, "the first job", func() bool { return runs.get(jobID(1)) == 1 })
 	srv.Stop()
-	waitFor(t, 10*time.Second, "a counted read error", func() bool { return metricValue(t, reg, "onceflow_queue_redis_errors_total", "op", "read") > 0 })
+	testenv.WaitFor(t, 10*time.Second, "a counted read error", func() bool { return metricValue(t, reg, "onceflow_queue_redis_errors_total", "op", "read") > 0 })
 	srv.Start()
 	enqueue(t, rdb, keys, message(2, nil))
-	waitFor(t, 20*time.Second, "a job after the restart", func() bool { return runs.get(jobID(2)) == 1 })
+	testenv.WaitFor(t, 20*time.Second, "a job after the restart", func() bool { return runs.get(jobID(2)) == 1 })
 	if runs.get(jobID(1)) != 1 {
 		t.Errorf("job 1 ran %d times", runs.get(jobID(1)))
 	}

@@ -324,7 +324,7 @@ func TestGetJobStates(t *testing.T) {
 	client.FailNext(&llm.APIError{Provider: "openai", StatusCode: 400, Type: "invalid_request_error", Code: "context_length_exceeded", Message: "too long"})
 	h := newHandler(t, pool, client, summaries.HandlerConfig{})
 	stop := startWorker(t, queue.WorkerConfig{Redis: rdb, Keys: keys, Handler: h, Concurrency: 1})
-	waitFor(t, 20*time.Second, "the three jobs to finish", func() bool {
+	testenv.WaitFor(t, 20*time.Second, "the three jobs to finish", func() bool {
 		_, f := state(keyAcme, failing)
 		_, d := state(keyAcme, finishing)
 		_, g := state(keyGlobex, theirs)

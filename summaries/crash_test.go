@@ -254,7 +254,7 @@ func TestCrashBetweenCommitAndXACK(t *testing.T) {
 	}
 	t.Cleanup(unpause)
 	model.Release()
-	waitFor(t, 20*time.Second, "worker a's commit", func() bool {
+	testenv.WaitFor(t, 20*time.Second, "worker a's commit", func() bool {
 		return count(t, p.pool, `SELECT count(*) FROM summaries WHERE job_id = $1`, jobID) == 1
 	})
 	a.Kill() // its XACK is still waiting for the paused Redis
@@ -271,7 +271,7 @@ func TestCrashBetweenCommitAndXACK(t *testing.T) {
 	client := fake.New()
 	b := &recorder{h: newHandler(t, p.pool, client, summaries.HandlerConfig{})}
 	stop := startWorker(t, queue.WorkerConfig{Redis: rdb, Keys: p.keys, Handler: b, ClaimIdle: 300 * time.Millisecond})
-	waitFor(t, 20*time.Second, "the reclaimed entry to be acknowledged", func() bool { return len(p.pending()) == 0 })
+	testenv.WaitFor(t, 20*time.Second, "the reclaimed entry to be acknowledged", func() bool { return len(p.pending()) == 0 })
 	stop()
 	if runs := b.Runs(); len(runs) != 1 || runs[0].outcome != summaries.OutcomeDuplicate || runs[0].err != nil || runs[0].deliveries != 2 {
 		t.Fatalf("worker b's runs %+v, want one duplicate on delivery 2", runs)
@@ -304,7 +304,7 @@ func TestSameJobEnqueuedTwice(t *testing.T) {
 	// then saves its model call. (Run at once, both would call the model and the primary
 	// key would still let only one store: see TestSlowWorkerAndReclaimer.)
 	stop := startWorker(t, queue.WorkerConfig{Redis: p.rdb, Keys: p.keys, Handler: rec, Concurrency: 1})
-	waitFor(t, 20*time.Second, "both deliveries", func() bool { return len(rec.Runs()) == 2 && len(p.pending()) == 0 })
+	testenv.WaitFor(t, 20*time.Second, "both deliveries", func() bool { return len(rec.Runs()) == 2 && len(p.pending()) == 0 })
 	stop()
 	runs := rec.Runs()
 	if runs[0].outcome != summaries.OutcomeDone || runs[1].outcome != summaries.OutcomeDuplicate || runs[0].err != nil || runs[1].err != nil {
@@ -368,9 +368,9 @@ func TestSlowWorkerAndReclaimer(t *testing.T) {
 	b := &recorder{h: newHandler(t, p.pool, quick, summaries.HandlerConfig{})}
 	stopB := startWorker(t, queue.WorkerConfig{Redis: p.rdb, Keys: p.keys, Handler: b, Consumer: "worker-b",
 		ClaimIdle: 300 * time.Millisecond, RenewInterval: -1})
-	waitFor(t, 20*time.Second, "worker b to reclaim and finish the job", func() bool { return len(b.Runs()) == 1 })
+	testenv.WaitFor(t, 20*time.Second, "worker b to reclaim and finish the job", func() bool { return len(b.Runs()) == 1 })
 	close(slow.release)
-	waitFor(t, 20*time.Second, "worker a to finish", func() bool { return len(a.Runs()) == 1 })
+	testenv.WaitFor(t, 20*time.Second, "worker a to finish", func() bool { return len(a.Runs()) == 1 })
 	stopA()
 	stopB()
 
@@ -430,7 +430,7 @@ func TestConsumerKilledAfterXREADGROUP(t *testing.T) {
 	client := fake.New()
 	b := &recorder{h: newHandler(t, p.pool, client, summaries.HandlerConfig{})}
 	stop := startWorker(t, queue.WorkerConfig{Redis: p.rdb, Keys: p.keys, Handler: b, ClaimIdle: claimIdle})
-	waitFor(t, 30*time.Second, "worker b to finish the job", func() bool { return len(b.Runs()) == 1 && len(p.pending()) == 0 })
+	testenv.WaitFor(t, 30*time.Second, "worker b to finish the job", func() bool { return len(b.Runs()) == 1 && len(p.pending()) == 0 })
 	stop()
 	r := b.Runs()[0]
 	if r.outcome != summaries.OutcomeDone || r.err != nil || r.deliveries != 2 {
@@ -477,7 +477,7 @@ func Test429Forever(t *testing.T) {
 	p.enqueue(jobID, "Rate limited.")
 	rec := &recorder{h: newHandler(t, p.pool, client, summaries.HandlerConfig{Retry: fastRetries})}
 	stop := startWorker(t, queue.WorkerConfig{Redis: p.rdb, Keys: p.keys, Handler: rec})
-	waitFor(t, 20*time.Second, "the delivery to end", func() bool { return len(rec.Runs()) == 1 })
+	testenv.WaitFor(t, 20*time.Second, "the delivery to end", func() bool { return len(rec.Runs()) == 1 })
 	stop()
 
 	r := rec.Runs()[0]
@@ -511,7 +511,7 @@ func TestContextLength400IsDeadLetteredAfterOneCall(t *testing.T) {
 	p.enqueue(jobID, strings.Repeat("far too long ", 50))
 	rec := &recorder{h: newHandler(t, p.pool, client, summaries.HandlerConfig{Retry: fastRetries})}
 	stop := startWorker(t, queue.WorkerConfig{Redis: p.rdb, Keys: p.keys, Handler: rec})
-	waitFor(t, 20*time.Second, "the dead letter", func() bool { return len(p.dead(jobID)) == 1 })
+	testenv.WaitFor(t, 20*time.Second, "the dead letter", func() bool { return len(p.dead(jobID)) == 1 })
 	stop()
 
 	if r := rec.Runs(); len(r) != 1 || !errors.Is(r[0].err, queue.ErrPermanent) {
@@ -588,7 +588,7 @@ func TestRelayDiesAfterSendBeforeMark(t *testing.T) {
 	first := testenv.Start(t, testenv.Binary(t), []string{"ONCEFLOW_DATABASE_URL=" + p.dsn, "ONCEFLOW_SENDER=webhook",
 		"ONCEFLOW_WEBHOOK_URL=" + p.hook.URL, "ONCEFLOW_RELAY_LEASE=" + lease.String(), "ONCEFLOW_RELAY_INTERVAL=50ms"}, "relay")
 	key := summaries.DedupeKey(jobID)
-	waitFor(t, 20*time.Second, "the first delivery", func() bool { return p.sink.Count(key) == 1 })
+	testenv.WaitFor(t, 20*time.Second, "the first delivery", func() bool { return p.sink.Count(key) == 1 })
 	first.Kill()
 	p.sink.SetLatency(0)
 	var claimedBy *string
@@ -602,7 +602,7 @@ func TestRelayDiesAfterSendBeforeMark(t *testing.T) {
 	}
 
 	relay := p.relay(outbox.Config{})
-	waitFor(t, 20*time.Second, "the second relay to send the row after the lease", func() bool { return p.pass(relay).Sent == 1 })
+	testenv.WaitFor(t, 20*time.Second, "the second relay to send the row after the lease", func() bool { return p.pass(relay).Sent == 1 })
 	ds := p.sink.Deliveries()
 	if len(ds) != 2 || ds[0].Key != key || ds[1].Key != key {
 		t.Fatalf("deliveries %+v, want two with the key %s", ds, key)

@@ -164,17 +164,6 @@ func (e *lgEnv) rows(t *testing.T, sql string, args ...any) int {
 	return n
 }
 
-func lgWait(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // A slow worker and a reclaimer on one job (seed 000's case): worker a is still waiting
 // for the model when worker b reclaims the entry. With the ledger, b finds a's call in
 // flight (a renews its lease) and waits for it instead of calling too; when a's answer
@@ -201,7 +190,7 @@ func TestSlowWorkerAndReclaimerMakeOneModelCallWithTheLedger(t *testing.T) {
 			if withLedger {
 				// b reclaims the entry and reaches the ledger, where a's call is in flight:
 				// it waits. Give it time to do something wrong (call the model) if it would.
-				lgWait(t, "worker b to reclaim the entry", func() bool {
+				testenv.WaitFor(t, 30*time.Second, "worker b to reclaim the entry", func() bool {
 					p, _ := e.rdb.XPendingExt(context.Background(), &redis.XPendingExtArgs{Stream: e.keys.Stream(), Group: queue.DefaultGroup, Start: "-", End: "+", Count: 1}).Result()
 					return len(p) == 1 && p[0].Consumer == "worker-b"
 				})
@@ -211,10 +200,10 @@ func TestSlowWorkerAndReclaimerMakeOneModelCallWithTheLedger(t *testing.T) {
 				}
 				e.gate.Release()
 			} else {
-				lgWait(t, "worker b to finish", func() bool { return len(b.Runs()) == 1 })
+				testenv.WaitFor(t, 30*time.Second, "worker b to finish", func() bool { return len(b.Runs()) == 1 })
 				e.gate.Release()
 			}
-			lgWait(t, "both workers to finish", func() bool { return len(a.Runs()) == 1 && len(b.Runs()) == 1 })
+			testenv.WaitFor(t, 30*time.Second, "both workers to finish", func() bool { return len(a.Runs()) == 1 && len(b.Runs()) == 1 })
 			stopA()
 			stopB()
 
@@ -271,14 +260,14 @@ func TestSummaryTransactionFailedAfterTheCallRedeliveryDoesNotCallTheModel(t *te
 			e.enqueue(t, jobID, "The quarter in three lines.")
 			h := e.handler(t, withLedger)
 			e.worker(t, h, "worker", 500*time.Millisecond)
-			lgWait(t, "the first delivery to fail", func() bool { return len(h.Runs()) >= 1 })
+			testenv.WaitFor(t, 30*time.Second, "the first delivery to fail", func() bool { return len(h.Runs()) >= 1 })
 			if r := h.Runs()[0]; r.err == nil || r.deliveries != 1 || e.fake.Stats().Requests != 1 {
 				t.Fatalf("first delivery: %+v after %d model calls", r, e.fake.Stats().Requests)
 			}
 			if _, err := e.pool.Exec(ctx, `DELETE FROM fail_summaries`); err != nil { // the database recovers
 				t.Fatal(err)
 			}
-			lgWait(t, "the redelivery to store the summary", func() bool {
+			testenv.WaitFor(t, 30*time.Second, "the redelivery to store the summary", func() bool {
 				runs := h.Runs()
 				return len(runs) > 0 && runs[len(runs)-1].outcome == summaries.OutcomeDone
 			})

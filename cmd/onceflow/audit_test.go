@@ -216,7 +216,7 @@ func deadLetter(t *testing.T, rdb *redis.Client, keys queue.Keys, jobID string) 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- w.Run(ctx) }()
-	waitUntil(t, 10*time.Second, "the dead letter", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "the dead letter", func() bool {
 		d, err := queue.FindDead(context.Background(), rdb, keys, jobID)
 		return err == nil && len(d) == 1
 	})

@@ -271,7 +271,7 @@ func TestServeKilledMidBurst(t *testing.T) {
 	t.Cleanup(hook.Close)
 	work := testenv.Start(t, bin, append(env, "ONCEFLOW_LLM=openai", "ONCEFLOW_LLM_BASE_URL="+llmBase, "OPENAI_API_KEY=test-key"), "work")
 	relay := testenv.Start(t, bin, append(env, "ONCEFLOW_SENDER=webhook", "ONCEFLOW_WEBHOOK_URL="+hook.URL, "ONCEFLOW_RELAY_INTERVAL=50ms"), "relay")
-	waitUntil(t, 60*time.Second, "every job's email", func() bool {
+	testenv.WaitFor(t, 60*time.Second, "every job's email", func() bool {
 		var sent int
 		_ = pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE sent_at IS NOT NULL`).Scan(&sent)
 		return sink.Stats().DistinctKeys == n && sent == n

@@ -32,7 +32,7 @@ func deadLetterJobs(t *testing.T, rdb *redis.Client, keys queue.Keys, n int) []s
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { _ = w.Run(ctx); close(done) }()
-	waitUntil(t, 10*time.Second, "dead letters", func() bool { return rdb.XLen(context.Background(), keys.Dead()).Val() == int64(n) })
+	testenv.WaitFor(t, 10*time.Second, "dead letters", func() bool { return rdb.XLen(context.Background(), keys.Dead()).Val() == int64(n) })
 	cancel()
 	<-done
 	return jobs

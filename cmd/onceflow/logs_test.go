@@ -146,7 +146,7 @@ func TestSecretsNeverReachTheLogsAndJobLinesNameJobAndTenant(t *testing.T) {
 			t.Errorf("POST %s: %d, want %d", c.idem, got, c.want)
 		}
 	}
-	waitUntil(t, 40*time.Second, "the webhook deliveries (503 then 200 for two jobs, 400 for one)", func() bool {
+	testenv.WaitFor(t, 40*time.Second, "the webhook deliveries (503 then 200 for two jobs, 400 for one)", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return statuses[http.StatusOK] >= 2 && statuses[http.StatusBadRequest] >= 1
@@ -167,7 +167,7 @@ func TestSecretsNeverReachTheLogsAndJobLinesNameJobAndTenant(t *testing.T) {
 	a2 := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", rsrv.Port())})
 	_ = a2.ConfigSet(context.Background(), "requirepass", redisPW).Err() // a restart forgets CONFIG SET
 	a2.Close()
-	waitUntil(t, 20*time.Second, "readyz again", func() bool {
+	testenv.WaitFor(t, 20*time.Second, "readyz again", func() bool {
 		resp, err := http.Get(base + "/readyz")
 		if err != nil {
 			return false

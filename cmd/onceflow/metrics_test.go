@@ -164,7 +164,7 @@ func TestRunMetricsFreshAtZeroThenEachFamilyMoves(t *testing.T) {
 	if c := post("metrics-job-a-000001", "first text", "a@example.com"); c != 202 {
 		t.Fatalf("POST A: %d", c)
 	}
-	waitUntil(t, 20*time.Second, "summary A", func() bool { return count(`SELECT count(*) FROM summaries`) == 1 })
+	testenv.WaitFor(t, 20*time.Second, "summary A", func() bool { return count(`SELECT count(*) FROM summaries`) == 1 })
 	post("metrics-job-a-000001", "first text", "a@example.com")   // replayed
 	post("metrics-job-a-000001", "another text", "a@example.com") // 422
 	// B: two attempts that hang past ONCEFLOW_LLM_TIMEOUT (ambiguous), so the delivery
@@ -174,7 +174,7 @@ func TestRunMetricsFreshAtZeroThenEachFamilyMoves(t *testing.T) {
 	if c := post("metrics-job-b-000002", "second text", "reject@example.com"); c != 202 {
 		t.Fatalf("POST B: %d", c)
 	}
-	waitUntil(t, 30*time.Second, "summary B", func() bool { return count(`SELECT count(*) FROM summaries`) == 2 })
+	testenv.WaitFor(t, 30*time.Second, "summary B", func() bool { return count(`SELECT count(*) FROM summaries`) == 2 })
 	// C: too long for the model: 400, dead-lettered.
 	if c := post("metrics-job-c-000003", strings.Repeat("long ", 100), "c@example.com"); c != 202 {
 		t.Fatalf("POST C: %d", c)
@@ -188,7 +188,7 @@ func TestRunMetricsFreshAtZeroThenEachFamilyMoves(t *testing.T) {
 		queue.Message{JobID: idA, Tenant: "acme", Payload: json.RawMessage(`{"text":"first text","notify":"a@example.com"}`)}); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, 20*time.Second, "the emails settled", func() bool {
+	testenv.WaitFor(t, 20*time.Second, "the emails settled", func() bool {
 		return count(`SELECT count(*) FROM outbox WHERE sent_at IS NOT NULL OR exhausted_at IS NOT NULL`) == 2
 	})
 

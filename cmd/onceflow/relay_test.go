@@ -37,17 +37,6 @@ func countOutbox(t *testing.T, pool *pgxpool.Pool, where string) int {
 	return n
 }
 
-func relayWaitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 func relayEnv(dsn, webhookURL string, extra ...string) []string {
 	return append([]string{"ONCEFLOW_DATABASE_URL=" + dsn, "ONCEFLOW_SENDER=webhook", "ONCEFLOW_WEBHOOK_URL=" + webhookURL,
 		"ONCEFLOW_RELAY_INTERVAL=50ms"}, extra...)
@@ -70,7 +59,7 @@ func TestRelayKilledMidBatchItsRowsAreSentByAnotherAfterTheLease(t *testing.T) {
 	env := relayEnv(dsn, srv.URL, "ONCEFLOW_RELAY_LEASE="+lease.String(), "ONCEFLOW_RELAY_BATCH_SIZE=20", "ONCEFLOW_RELAY_CONCURRENCY=5")
 
 	first := testenv.Start(t, bin, env, "relay")
-	relayWaitFor(t, 30*time.Second, "the first relay's deliveries", func() bool { return sink.Stats().Deliveries >= 7 })
+	testenv.WaitFor(t, 30*time.Second, "the first relay's deliveries", func() bool { return sink.Stats().Deliveries >= 7 })
 	first.Kill()
 	killedAt := time.Now()
 	sink.SetLatency(0)
@@ -101,7 +90,7 @@ func TestRelayKilledMidBatchItsRowsAreSentByAnotherAfterTheLease(t *testing.T) {
 	}
 
 	second := testenv.Start(t, bin, env, "relay")
-	relayWaitFor(t, 60*time.Second, "every row sent", func() bool { return countOutbox(t, pool, "sent_at IS NOT NULL") == rows })
+	testenv.WaitFor(t, 60*time.Second, "every row sent", func() bool { return countOutbox(t, pool, "sent_at IS NOT NULL") == rows })
 	second.Signal(syscall.SIGTERM)
 	if code := second.Wait(30 * time.Second); code != 0 {
 		t.Fatalf("second relay exit %d", code)
@@ -145,7 +134,7 @@ func TestRelaySIGTERMFinishesInFlightSendsAndReleasesTheRest(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	metricsURL := "http://" + fmt.Sprint(p.WaitLog(ctx, "http listening")["addr"]) + "/metrics"
-	relayWaitFor(t, 30*time.Second, "deliveries", func() bool { return sink.Stats().Deliveries >= 3 })
+	testenv.WaitFor(t, 30*time.Second, "deliveries", func() bool { return sink.Stats().Deliveries >= 3 })
 	resp, err := http.Get(metricsURL)
 	if err != nil {
 		t.Fatal(err)

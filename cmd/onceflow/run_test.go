@@ -102,8 +102,8 @@ func TestRunServesWorksAndRelays(t *testing.T) {
 		t.Fatalf("POST body %s: %v", r.body, err)
 	}
 	key := summaries.DedupeKey(accepted.JobID)
-	waitUntil(t, 20*time.Second, "the email at the webhook", func() bool { return sink.Count(key) == 1 })
-	waitUntil(t, 5*time.Second, "the row marked sent", func() bool {
+	testenv.WaitFor(t, 20*time.Second, "the email at the webhook", func() bool { return sink.Count(key) == 1 })
+	testenv.WaitFor(t, 5*time.Second, "the row marked sent", func() bool {
 		var n int
 		_ = pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE dedupe_key = $1 AND sent_at IS NOT NULL`, key).Scan(&n)
 		return n == 1

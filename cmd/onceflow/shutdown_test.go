@@ -50,7 +50,7 @@ func halfPOST(t *testing.T, addr, idem string) (finish func() int) {
 // prints at a signal, for instance).
 func waitStderr(t *testing.T, p *testenv.Process, s string) {
 	t.Helper()
-	waitUntil(t, 10*time.Second, "stderr to show "+s, func() bool { return strings.Contains(p.Stderr(), s) })
+	testenv.WaitFor(t, 10*time.Second, "stderr to show "+s, func() bool { return strings.Contains(p.Stderr(), s) })
 }
 
 // serve drains: at SIGTERM it stops accepting connections, the request in flight
@@ -95,9 +95,9 @@ func TestWorkSIGTERMHandsBackTheJobsStillRunningAtTheTimeout(t *testing.T) {
 	env, rdb, keys := workEnv(t, "ONCEFLOW_SHUTDOWN_TIMEOUT=1s", "ONCEFLOW_CLAIM_IDLE=1s")
 	a := startWork(t, env, "--test-handler=record:3s")
 	done := testJob(t, rdb, keys, 1)
-	waitUntil(t, 15*time.Second, "the first job to finish", func() bool { return runCount(t, rdb, keys, "finished:"+done) == 1 })
+	testenv.WaitFor(t, 15*time.Second, "the first job to finish", func() bool { return runCount(t, rdb, keys, "finished:"+done) == 1 })
 	slow := testJob(t, rdb, keys, 2)
-	waitUntil(t, 10*time.Second, "the second job to start", func() bool { return runCount(t, rdb, keys, "started:"+slow) == 1 })
+	testenv.WaitFor(t, 10*time.Second, "the second job to start", func() bool { return runCount(t, rdb, keys, "started:"+slow) == 1 })
 	start := time.Now()
 	a.Signal(syscall.SIGTERM)
 	if code := a.Wait(15 * time.Second); code != 0 {
@@ -112,7 +112,7 @@ func TestWorkSIGTERMHandsBackTheJobsStillRunningAtTheTimeout(t *testing.T) {
 		t.Fatalf("after the stop: pending %+v (want 1, the unfinished job), finished %d", pending, runCount(t, rdb, keys, "finished:"+slow))
 	}
 	b := startWork(t, env, "--test-handler=record:0s")
-	waitUntil(t, 15*time.Second, "another worker to finish the handed-back job", func() bool { return runCount(t, rdb, keys, "finished:"+slow) == 1 })
+	testenv.WaitFor(t, 15*time.Second, "another worker to finish the handed-back job", func() bool { return runCount(t, rdb, keys, "finished:"+slow) == 1 })
 	if n := runCount(t, rdb, keys, "started:"+done); n != 1 {
 		t.Errorf("the acknowledged job ran %d times, want 1", n)
 	}
@@ -152,7 +152,7 @@ func TestRelaySIGTERMReleasesSendsThatOutliveTheTimeout(t *testing.T) {
 	bin := testenv.Binary(t)
 	env := relayEnv(dsn, hook.URL, "ONCEFLOW_SHUTDOWN_TIMEOUT=1s", "ONCEFLOW_RELAY_BATCH_SIZE=5", "ONCEFLOW_RELAY_CONCURRENCY=2")
 	p := testenv.Start(t, bin, env, "relay")
-	relayWaitFor(t, 20*time.Second, "the batch claimed", func() bool { return countOutbox(t, pool, "claimed_by IS NOT NULL") == rows })
+	testenv.WaitFor(t, 20*time.Second, "the batch claimed", func() bool { return countOutbox(t, pool, "claimed_by IS NOT NULL") == rows })
 	time.Sleep(200 * time.Millisecond) // the sends are in flight
 	p.Signal(syscall.SIGTERM)
 	if code := p.Wait(15 * time.Second); code != 0 {
@@ -163,7 +163,7 @@ func TestRelaySIGTERMReleasesSendsThatOutliveTheTimeout(t *testing.T) {
 	}
 	close(release)
 	q := testenv.Start(t, bin, env, "relay")
-	relayWaitFor(t, 20*time.Second, "every row sent by another relay", func() bool { return countOutbox(t, pool, "sent_at IS NOT NULL") == rows })
+	testenv.WaitFor(t, 20*time.Second, "every row sent by another relay", func() bool { return countOutbox(t, pool, "sent_at IS NOT NULL") == rows })
 	q.Signal(syscall.SIGTERM)
 	if code := q.Wait(15 * time.Second); code != 0 {
 		t.Errorf("second relay exit %d", code)
@@ -193,7 +193,7 @@ func TestRunSIGTERMFinishesTheJobInFlight(t *testing.T) {
 	if code := halfPOST(t, addr, "run-drain-key-0000001")(); code != http.StatusAccepted {
 		t.Fatalf("POST: %d", code)
 	}
-	waitUntil(t, 10*time.Second, "the model call in flight", func() bool { return model.Stats().InFlight == 1 })
+	testenv.WaitFor(t, 10*time.Second, "the model call in flight", func() bool { return model.Stats().InFlight == 1 })
 	p.Signal(syscall.SIGTERM)
 	if code := p.Wait(20 * time.Second); code != 0 {
 		t.Fatalf("exit %d", code)
@@ -249,7 +249,7 @@ func TestSecondSignalExitsAtOnce(t *testing.T) {
 		env, rdb, keys := workEnv(t, "ONCEFLOW_SHUTDOWN_TIMEOUT=60s")
 		p := startWork(t, env, "--test-handler=record:1h")
 		job := testJob(t, rdb, keys, 1)
-		waitUntil(t, 10*time.Second, "the job to start", func() bool { return runCount(t, rdb, keys, "started:"+job) == 1 })
+		testenv.WaitFor(t, 10*time.Second, "the job to start", func() bool { return runCount(t, rdb, keys, "started:"+job) == 1 })
 		second(t, p, syscall.SIGINT)
 		if n := rdb.XPending(context.Background(), keys.Stream(), queue.DefaultGroup).Val().Count; n != 1 {
 			t.Errorf("%d pending after a forced exit, want the running job (1): never acknowledged, never lost", n)
@@ -268,7 +268,7 @@ func TestSecondSignalExitsAtOnce(t *testing.T) {
 		}))
 		t.Cleanup(func() { close(hang); hook.Close() })
 		p := testenv.Start(t, bin, relayEnv(dsn, hook.URL, "ONCEFLOW_SHUTDOWN_TIMEOUT=60s"), "relay")
-		relayWaitFor(t, 20*time.Second, "the batch claimed", func() bool { return countOutbox(t, pool, "claimed_by IS NOT NULL") == 2 })
+		testenv.WaitFor(t, 20*time.Second, "the batch claimed", func() bool { return countOutbox(t, pool, "claimed_by IS NOT NULL") == 2 })
 		second(t, p, syscall.SIGTERM)
 		if n := countOutbox(t, pool, "sent_at IS NULL"); n != 2 {
 			t.Errorf("%d rows unsent after a forced exit, want 2 (sent again after their lease)", n)
@@ -296,7 +296,7 @@ func TestSecondSignalExitsAtOnce(t *testing.T) {
 		if code := halfPOST(t, addr, "second-signal-run-001")(); code != http.StatusAccepted {
 			t.Fatalf("POST: %d", code)
 		}
-		waitUntil(t, 10*time.Second, "the model call in flight", func() bool { return model.Stats().InFlight == 1 })
+		testenv.WaitFor(t, 10*time.Second, "the model call in flight", func() bool { return model.Stats().InFlight == 1 })
 		second(t, p, syscall.SIGTERM)
 	})
 }

@@ -118,7 +118,7 @@ func TestServeWorkRelayExportOneTraceOverOTLP(t *testing.T) {
 	if resp.StatusCode != http.StatusAccepted {
 		t.Fatalf("POST: %d", resp.StatusCode)
 	}
-	waitUntil(t, 30*time.Second, "the send span at the collector", func() bool {
+	testenv.WaitFor(t, 30*time.Second, "the send span at the collector", func() bool {
 		_, ok := col.find("outbox send email.summary_ready")
 		return ok
 	})

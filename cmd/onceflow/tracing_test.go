@@ -82,7 +82,7 @@ func TestOneTraceFromThePOSTThroughTheQueueAndTheOutbox(t *testing.T) {
 	// The caller is itself traced: its traceparent starts the trace.
 	const clientTrace, clientSpan = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
 	var resp *http.Response
-	waitUntil(t, 10*time.Second, "the API to listen", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "the API to listen", func() bool {
 		req, _ := http.NewRequest("POST", "http://"+cfg.HTTPAddr+"/v1/summaries",
 			bytes.NewReader([]byte(`{"text":"Quarterly numbers are up.","notify":"a@example.com"}`)))
 		req.Header.Set("Authorization", "Bearer test-key-acme-0123456789")
@@ -97,8 +97,8 @@ func TestOneTraceFromThePOSTThroughTheQueueAndTheOutbox(t *testing.T) {
 		t.Fatalf("POST: %d", resp.StatusCode)
 	}
 	jobID := strings.TrimPrefix(resp.Header.Get("Location"), "/v1/summaries/")
-	waitUntil(t, 20*time.Second, "the webhook", func() bool { mu.Lock(); defer mu.Unlock(); return len(hooks) == 1 })
-	waitUntil(t, 10*time.Second, "the send span", func() bool { return findSpan(rec, "outbox send email.summary_ready") != nil })
+	testenv.WaitFor(t, 20*time.Second, "the webhook", func() bool { mu.Lock(); defer mu.Unlock(); return len(hooks) == 1 })
+	testenv.WaitFor(t, 10*time.Second, "the send span", func() bool { return findSpan(rec, "outbox send email.summary_ready") != nil })
 
 	post := mustSpan(t, rec, "POST /v1/summaries")
 	process := mustSpan(t, rec, "summaries process")

@@ -56,17 +56,6 @@ func runCount(t *testing.T, rdb *redis.Client, keys queue.Keys, field string) in
 	return v
 }
 
-func waitUntil(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // Issue 3: a worker process killed with kill -9 mid-job leaves the job pending; a
 // second worker process reclaims it after ClaimIdle and finishes it (delivery 2).
 func TestWorkKilledMidJobIsFinishedByAnotherProcess(t *testing.T) {
@@ -74,7 +63,7 @@ func TestWorkKilledMidJobIsFinishedByAnotherProcess(t *testing.T) {
 	env, rdb, keys := workEnv(t, "ONCEFLOW_CLAIM_IDLE=1s")
 	a := startWork(t, env, "--test-handler=record:1h")
 	job := testJob(t, rdb, keys, 1)
-	waitUntil(t, 10*time.Second, "worker a to start the job", func() bool { return runCount(t, rdb, keys, "started:"+job) == 1 })
+	testenv.WaitFor(t, 10*time.Second, "worker a to start the job", func() bool { return runCount(t, rdb, keys, "started:"+job) == 1 })
 	a.Kill()
 	killed := time.Now()
 	pending := rdb.XPending(context.Background(), keys.Stream(), queue.DefaultGroup).Val()
@@ -83,7 +72,7 @@ func TestWorkKilledMidJobIsFinishedByAnotherProcess(t *testing.T) {
 	}
 
 	b := startWork(t, env, "--test-handler=record:0s")
-	waitUntil(t, 15*time.Second, "worker b to finish the job", func() bool { return runCount(t, rdb, keys, "finished:"+job) == 1 })
+	testenv.WaitFor(t, 15*time.Second, "worker b to finish the job", func() bool { return runCount(t, rdb, keys, "finished:"+job) == 1 })
 	// a renewed its lease at most ClaimIdle/3 before it died; b may not take it sooner.
 	if after := time.Since(killed); after < 500*time.Millisecond {
 		t.Errorf("reclaimed %v after the kill, before ClaimIdle could pass", after)
@@ -94,7 +83,7 @@ func TestWorkKilledMidJobIsFinishedByAnotherProcess(t *testing.T) {
 	if d := runCount(t, rdb, keys, "deliveries:"+job); d != 2 {
 		t.Errorf("b saw delivery %d, want 2", d)
 	}
-	waitUntil(t, 5*time.Second, "the ack", func() bool {
+	testenv.WaitFor(t, 5*time.Second, "the ack", func() bool {
 		return rdb.XPending(context.Background(), keys.Stream(), queue.DefaultGroup).Val().Count == 0
 	})
 	b.Signal(syscall.SIGTERM)
@@ -109,7 +98,7 @@ func TestWorkSIGTERMFinishesInFlightJob(t *testing.T) {
 	env, rdb, keys := workEnv(t, "ONCEFLOW_METRICS_ADDR=127.0.0.1:0")
 	p := startWork(t, env, "--test-handler=record:700ms")
 	job := testJob(t, rdb, keys, 1)
-	waitUntil(t, 10*time.Second, "the job to start", func() bool { return runCount(t, rdb, keys, "started:"+job) == 1 })
+	testenv.WaitFor(t, 10*time.Second, "the job to start", func() bool { return runCount(t, rdb, keys, "started:"+job) == 1 })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	addr := p.WaitLog(ctx, "http listening")["addr"]
