@@ -181,16 +181,28 @@ func NewPostgres(dir string) (*Server, error) {
 	return s, nil
 }
 
-// LookPostgres finds a PostgreSQL server binary on PATH (resolving symlinks into the real
-// bin folder, which holds the others) or in /usr/lib/postgresql/*/bin, newest first.
+// LookPostgres finds a PostgreSQL binary: in /usr/lib/postgresql/*/bin (Debian's layout,
+// newest version first), else on PATH, resolving a symlink into the real bin folder (which
+// holds the other server binaries) unless it leads to a wrapper of another name (Debian's
+// pg_wrapper, which chooses what to run by the name it was called as).
 func LookPostgres(name string) (string, error) {
-	if p, err := exec.LookPath(name); err == nil {
-		return filepath.EvalSymlinks(p)
-	}
 	matches, _ := filepath.Glob("/usr/lib/postgresql/*/bin/" + name)
-	slices.Sort(matches)
-	if len(matches) == 0 {
-		return "", fmt.Errorf("%s not found on PATH or in /usr/lib/postgresql/*/bin", name)
+	slices.SortFunc(matches, func(a, b string) int { return versionOf(a) - versionOf(b) })
+	if len(matches) > 0 {
+		return matches[len(matches)-1], nil
 	}
-	return matches[len(matches)-1], nil
+	p, err := exec.LookPath(name)
+	if err != nil {
+		return "", fmt.Errorf("%s not found in /usr/lib/postgresql/*/bin or on PATH", name)
+	}
+	if r, err := filepath.EvalSymlinks(p); err == nil && filepath.Base(r) == name {
+		return r, nil
+	}
+	return p, nil
+}
+
+// versionOf reads the major version from /usr/lib/postgresql/VERSION/bin/NAME.
+func versionOf(path string) int {
+	v, _ := strconv.Atoi(filepath.Base(filepath.Dir(filepath.Dir(path))))
+	return v
 }
