@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -251,5 +252,17 @@ func cmpOr(a, b string) string {
 	if a != "" {
 		return a
 	}
+	return b
+}
+
+// PeekBody reads up to MaxErrorBody bytes of resp's body for an error report and puts
+// them back, so that whoever reads the body next (an SDK's own error decoding) still
+// can. A nil resp or body gives nil.
+func PeekBody(resp *http.Response) []byte {
+	if resp == nil || resp.Body == nil {
+		return nil
+	}
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, MaxErrorBody))
+	resp.Body = io.NopCloser(bytes.NewReader(b))
 	return b
 }

@@ -18,6 +18,7 @@ package anthropic
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -82,7 +83,7 @@ func New(cfg Config) *Client {
 	}
 	opts := []option.RequestOption{
 		option.WithoutEnvironmentDefaults(),
-		option.WithBaseURL(cmpOr(cfg.BaseURL, DefaultBaseURL)),
+		option.WithBaseURL(cmp.Or(cfg.BaseURL, DefaultBaseURL)),
 		option.WithHTTPClient(hc),
 		option.WithMaxRetries(0), // one layer owns retries: package retry
 	}
@@ -94,7 +95,7 @@ func New(cfg Config) *Client {
 	if maxTokens <= 0 {
 		maxTokens = DefaultMaxTokens
 	}
-	return &Client{sdk: asdk.NewClient(opts...), model: cmpOr(cfg.Model, DefaultModel), maxTokens: maxTokens}
+	return &Client{sdk: asdk.NewClient(opts...), model: cmp.Or(cfg.Model, DefaultModel), maxTokens: maxTokens}
 }
 
 // Complete implements llm.Client. Response.Raw holds the body exactly as received.
@@ -185,7 +186,7 @@ func (c *Client) Stream(ctx context.Context, req *llm.Request) iter.Seq2[llm.Chu
 		}
 		final := llm.Chunk{Done: true, ID: id, RequestID: requestID, FinishReason: finishReason(stop), Usage: &usage}
 		for _, acc := range calls {
-			final.ToolCalls = append(final.ToolCalls, llm.ToolCall{ID: acc.id, Name: acc.name, Arguments: cmpOr(acc.input.String(), "{}")})
+			final.ToolCalls = append(final.ToolCalls, llm.ToolCall{ID: acc.id, Name: acc.name, Arguments: cmp.Or(acc.input.String(), "{}")})
 		}
 		yield(final, nil)
 	}
@@ -201,7 +202,7 @@ func callOptions(req *llm.Request, httpResp **http.Response) []option.RequestOpt
 
 // params maps an llm.Request onto the SDK's parameters; its errors are permanent.
 func (c *Client) params(req *llm.Request) (asdk.MessageNewParams, error) {
-	p := asdk.MessageNewParams{Model: asdk.Model(cmpOr(req.Model, c.model)), MaxTokens: int64(c.maxTokens)}
+	p := asdk.MessageNewParams{Model: asdk.Model(cmp.Or(req.Model, c.model)), MaxTokens: int64(c.maxTokens)}
 	if req.MaxTokens > 0 {
 		p.MaxTokens = int64(req.MaxTokens)
 	}
@@ -229,7 +230,7 @@ func (c *Client) params(req *llm.Request) (asdk.MessageNewParams, error) {
 				blocks = append(blocks, asdk.NewTextBlock(m.Content))
 			}
 			for _, tc := range m.ToolCalls {
-				args := cmpOr(tc.Arguments, "{}")
+				args := cmp.Or(tc.Arguments, "{}")
 				if !json.Valid([]byte(args)) {
 					return p, retry.Permanent(fmt.Errorf("%s: message %d: tool call %q arguments are not JSON", Provider, i, tc.ID))
 				}
@@ -353,16 +354,16 @@ func mapError(err error, httpResp *http.Response) error {
 		}
 		body := []byte(apiErr.RawJSON())
 		if len(body) == 0 && apiErr.StatusCode >= 400 {
-			body = readBody(apiErr.Response)
+			body = llm.PeekBody(apiErr.Response)
 		}
 		e := llm.NewAPIError(Provider, apiErr.StatusCode, h, body, time.Now(), err)
-		e.Type = cmpOr(e.Type, string(apiErr.Type()))
-		e.Code = cmpOr(e.Code, string(apiErr.ErrorCode()))
-		e.RequestID = cmpOr(e.RequestID, apiErr.RequestID)
+		e.Type = cmp.Or(e.Type, string(apiErr.Type()))
+		e.Code = cmp.Or(e.Code, string(apiErr.ErrorCode()))
+		e.RequestID = cmp.Or(e.RequestID, apiErr.RequestID)
 		return e
 	}
 	if httpResp != nil && httpResp.StatusCode >= 400 {
-		return llm.NewAPIError(Provider, httpResp.StatusCode, httpResp.Header, readBody(httpResp), time.Now(), err)
+		return llm.NewAPIError(Provider, httpResp.StatusCode, httpResp.Header, llm.PeekBody(httpResp), time.Now(), err)
 	}
 	return fmt.Errorf("%s: %w", Provider, err)
 }
@@ -377,25 +378,9 @@ func mapStreamError(err error, httpResp *http.Response, requestID string) error 
 	return mapError(err, httpResp)
 }
 
-func readBody(resp *http.Response) []byte {
-	if resp == nil || resp.Body == nil {
-		return nil
-	}
-	b, _ := io.ReadAll(io.LimitReader(resp.Body, llm.MaxErrorBody))
-	resp.Body = io.NopCloser(bytes.NewReader(b))
-	return b
-}
-
 func requestIDOf(resp *http.Response) string {
 	if resp == nil {
 		return ""
 	}
 	return resp.Header.Get("Request-Id")
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }

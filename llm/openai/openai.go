@@ -18,6 +18,7 @@ package openai
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -81,7 +82,7 @@ func New(cfg Config) *Client {
 		hc = llm.NewHTTPClient()
 	}
 	opts := []option.RequestOption{
-		option.WithBaseURL(cmpOr(cfg.BaseURL, DefaultBaseURL)),
+		option.WithBaseURL(cmp.Or(cfg.BaseURL, DefaultBaseURL)),
 		option.WithHTTPClient(hc),
 		option.WithMaxRetries(0), // one layer owns retries: package retry
 	}
@@ -89,7 +90,7 @@ func New(cfg Config) *Client {
 		opts = append(opts, option.WithAPIKey(cfg.APIKey))
 	}
 	opts = append(opts, cfg.Options...)
-	return &Client{sdk: oai.NewClient(opts...), model: cmpOr(cfg.Model, DefaultModel)}
+	return &Client{sdk: oai.NewClient(opts...), model: cmp.Or(cfg.Model, DefaultModel)}
 }
 
 // Complete implements llm.Client. Response.Raw holds the body exactly as received.
@@ -207,7 +208,7 @@ func callOptions(req *llm.Request, httpResp **http.Response) []option.RequestOpt
 // params maps an llm.Request onto the SDK's parameters. Its errors are permanent: the
 // request itself is wrong.
 func (c *Client) params(req *llm.Request) (oai.ChatCompletionNewParams, error) {
-	p := oai.ChatCompletionNewParams{Model: shared.ChatModel(cmpOr(req.Model, c.model))}
+	p := oai.ChatCompletionNewParams{Model: shared.ChatModel(cmp.Or(req.Model, c.model))}
 	if req.Temperature != nil {
 		p.Temperature = oai.Float(*req.Temperature)
 	}
@@ -314,15 +315,15 @@ func mapError(err error, httpResp *http.Response) error {
 		var body []byte
 		if resp != nil {
 			h = resp.Header
-			body = readBody(resp)
+			body = llm.PeekBody(resp)
 		}
 		e := llm.NewAPIError(Provider, apiErr.StatusCode, h, body, time.Now(), err)
-		e.Type, e.Code, e.Param = cmpOr(e.Type, apiErr.Type), cmpOr(e.Code, apiErr.Code), cmpOr(e.Param, apiErr.Param)
+		e.Type, e.Code, e.Param = cmp.Or(e.Type, apiErr.Type), cmp.Or(e.Code, apiErr.Code), cmp.Or(e.Param, apiErr.Param)
 		return e
 	}
 	if httpResp != nil && httpResp.StatusCode >= 400 {
 		// An error answer whose body the SDK could not parse (an HTML page from a proxy).
-		return llm.NewAPIError(Provider, httpResp.StatusCode, httpResp.Header, readBody(httpResp), time.Now(), err)
+		return llm.NewAPIError(Provider, httpResp.StatusCode, httpResp.Header, llm.PeekBody(httpResp), time.Now(), err)
 	}
 	return fmt.Errorf("%s: %w", Provider, err)
 }
@@ -347,25 +348,9 @@ func mapStreamError(err error, httpResp *http.Response, requestID string) error 
 	return mapError(err, httpResp)
 }
 
-func readBody(resp *http.Response) []byte {
-	if resp == nil || resp.Body == nil {
-		return nil
-	}
-	b, _ := io.ReadAll(io.LimitReader(resp.Body, llm.MaxErrorBody))
-	resp.Body = io.NopCloser(bytes.NewReader(b)) // leave it readable for others
-	return b
-}
-
 func requestIDOf(resp *http.Response) string {
 	if resp == nil {
 		return ""
 	}
 	return resp.Header.Get("X-Request-Id")
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
