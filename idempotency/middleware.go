@@ -2,6 +2,7 @@ package idempotency
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -127,12 +128,12 @@ func New(cfg Config) (*Middleware, error) {
 	if cfg.Canonical == nil {
 		cfg.Canonical = DefaultCanonical
 	}
-	cfg.LockTTL = cmpOr(cfg.LockTTL, DefaultLockTTL)
-	cfg.ResultTTL = cmpOr(cfg.ResultTTL, DefaultResultTTL)
-	cfg.RetryAfter = cmpOr(cfg.RetryAfter, DefaultRetryAfter)
-	cfg.StoreTimeout = cmpOr(cfg.StoreTimeout, DefaultStoreTimeout)
-	cfg.MaxBodyBytes = cmpOr(cfg.MaxBodyBytes, DefaultMaxBodyBytes)
-	cfg.MaxResponseBytes = cmpOr(cfg.MaxResponseBytes, DefaultMaxResponseBytes)
+	cfg.LockTTL = cmp.Or(cfg.LockTTL, DefaultLockTTL)
+	cfg.ResultTTL = cmp.Or(cfg.ResultTTL, DefaultResultTTL)
+	cfg.RetryAfter = cmp.Or(cfg.RetryAfter, DefaultRetryAfter)
+	cfg.StoreTimeout = cmp.Or(cfg.StoreTimeout, DefaultStoreTimeout)
+	cfg.MaxBodyBytes = cmp.Or(cfg.MaxBodyBytes, DefaultMaxBodyBytes)
+	cfg.MaxResponseBytes = cmp.Or(cfg.MaxResponseBytes, DefaultMaxResponseBytes)
 	if cfg.StoredHeaders == nil {
 		cfg.StoredHeaders = DefaultStoredHeaders
 	}
@@ -148,14 +149,6 @@ func New(cfg Config) (*Middleware, error) {
 		m.stored[http.CanonicalHeaderKey(h)] = true
 	}
 	return m, nil
-}
-
-func cmpOr[T comparable](v, def T) T {
-	var zero T
-	if v == zero {
-		return def
-	}
-	return v
 }
 
 // Wrap returns h made idempotent. A response with status below 500 is stored; a 5xx or

@@ -2,6 +2,7 @@ package llm
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -95,7 +96,7 @@ func NewAPIError(provider string, status int, h http.Header, body []byte, now ti
 	}
 	e := &APIError{Provider: provider, StatusCode: status, Body: body, Err: sdkErr}
 	if h != nil {
-		e.RequestID = cmpOr(h.Get("X-Request-Id"), h.Get("Request-Id"))
+		e.RequestID = cmp.Or(h.Get("X-Request-Id"), h.Get("Request-Id"))
 		e.RetryAfterDelay, e.RetryAfterSet = retry.RetryAfterFromHeader(h, now)
 		e.ShouldRetryHeader = h.Get("X-Should-Retry")
 	}
@@ -109,7 +110,7 @@ func NewAPIError(provider string, status int, h http.Header, body []byte, now ti
 // and request id on one line.
 func (e *APIError) Error() string {
 	var b strings.Builder
-	b.WriteString(cmpOr(e.Provider, "llm"))
+	b.WriteString(cmp.Or(e.Provider, "llm"))
 	b.WriteString(": ")
 	if e.StatusCode >= 400 {
 		fmt.Fprintf(&b, "HTTP %d %s", e.StatusCode, http.StatusText(e.StatusCode))
@@ -246,13 +247,6 @@ func joinTypeCode(t, c string) string {
 		return t
 	}
 	return t + "/" + c
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 // PeekBody reads up to MaxErrorBody bytes of resp's body for an error report and puts

@@ -8,6 +8,7 @@
 package fake
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"iter"
@@ -114,7 +115,7 @@ func Answer(req *llm.Request) *llm.Response {
 	prompt := Prompt(req.Messages)
 	resp := &llm.Response{
 		ID:           "fake-" + h[:24],
-		Model:        cmpOr(req.Model, DefaultModel),
+		Model:        cmp.Or(req.Model, DefaultModel),
 		FinishReason: llm.FinishStop,
 		RequestID:    "req_fake_" + h[24:40],
 	}
@@ -187,11 +188,4 @@ func SplitWords(s string) []string {
 		s = s[i+1:]
 	}
 	return out
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
