@@ -21,16 +21,11 @@ func runRelay(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	d, err := newDeps(ctx, cfg, log, false, true)
+	d, err := newRoleDeps(ctx, e, cfg, log, false, true)
 	if err != nil {
 		return err
 	}
 	defer d.Close()
-	stopTracing, err := d.startTracing(ctx, e)
-	if err != nil {
-		return err
-	}
-	defer stopTracing()
 	relay, err := d.buildRelay()
 	if err != nil {
 		return err

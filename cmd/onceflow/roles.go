@@ -42,9 +42,25 @@ type deps struct {
 	pool *pgxpool.Pool
 	// tp traces the roles' work; nil when tracing is off (see startTracing).
 	tp trace.TracerProvider
+	// stopTracing flushes the last spans; Close calls it. Nil when tracing is off.
+	stopTracing func()
 	// ledger is the llm_calls ledger buildHandler made (nil before); its Run purges
 	// expired rows and runs beside the worker.
 	ledger *ledger.Ledger
+}
+
+// newRoleDeps is newDeps for the long-running roles (serve, work, relay, run): it also
+// starts tracing when OTEL_EXPORTER_OTLP_ENDPOINT is set, and Close flushes it.
+func newRoleDeps(ctx context.Context, e *env, cfg *config.Config, log *slog.Logger, redisToo, postgresToo bool) (*deps, error) {
+	d, err := newDeps(ctx, cfg, log, redisToo, postgresToo)
+	if err != nil {
+		return nil, err
+	}
+	if err := d.startTracing(ctx, e); err != nil {
+		d.Close()
+		return nil, err
+	}
+	return d, nil
 }
 
 // newDeps opens the clients a process needs (they connect lazily, so a process starts
@@ -69,8 +85,11 @@ func newDeps(ctx context.Context, cfg *config.Config, log *slog.Logger, redisToo
 	return d, nil
 }
 
-// Close releases the clients.
+// Close flushes tracing, then releases the clients. Call it once the roles stopped.
 func (d *deps) Close() {
+	if d.stopTracing != nil {
+		d.stopTracing()
+	}
 	if d.rdb != nil {
 		_ = d.rdb.Close()
 	}
@@ -105,8 +124,14 @@ func (d *deps) httpServer() *httpapi.Server {
 	return httpapi.New(httpapi.Config{Logger: d.log, Registry: d.reg, Checks: d.checks()})
 }
 
-// buildAPI adds the summaries routes to s: bearer-key authentication, then the
-// single-round-trip idempotent accept and the status read.
+// apiServer returns the HTTP server of serve and run: d's health, readiness and metrics
+// endpoints plus the summaries routes behind bearer-key authentication (the
+// single-round-trip idempotent accept and the status read).
+func (d *deps) apiServer() (*httpapi.Server, error) {
+	s := d.httpServer()
+	return s, d.buildAPI(s)
+}
+
 func (d *deps) buildAPI(s *httpapi.Server) error {
 	if err := d.cfg.RequireAPIKeys(); err != nil {
 		return err

@@ -15,21 +15,13 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	if err := cfg.RequireAPIKeys(); err != nil {
-		return err
-	}
-	d, err := newDeps(ctx, cfg, log, true, true)
+	d, err := newRoleDeps(ctx, e, cfg, log, true, true)
 	if err != nil {
 		return err
 	}
 	defer d.Close()
-	stopTracing, err := d.startTracing(ctx, e)
+	s, err := d.apiServer()
 	if err != nil {
-		return err
-	}
-	defer stopTracing()
-	s := d.httpServer()
-	if err := d.buildAPI(s); err != nil {
 		return err
 	}
 	log.InfoContext(ctx, "starting serve", "config", cfg)

@@ -21,16 +21,11 @@ func runWork(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	d, err := newDeps(ctx, cfg, log, true, *testSpec == "")
+	d, err := newRoleDeps(ctx, e, cfg, log, true, *testSpec == "")
 	if err != nil {
 		return err
 	}
 	defer d.Close()
-	stopTracing, err := d.startTracing(ctx, e)
-	if err != nil {
-		return err
-	}
-	defer stopTracing()
 	var h queue.Handler
 	if *testSpec != "" {
 		h, err = newTestHandler(*testSpec, d.rdb, d.keys())
