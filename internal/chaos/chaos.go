@@ -436,12 +436,7 @@ func (r *run) ensureRunning(ctx context.Context) error {
 	return err
 }
 
-// auditReport is what `onceflow audit --json` prints.
-type auditReport struct {
-	summaries.Report
-}
-
-func (r *run) audit(ctx context.Context) (*auditReport, error) {
+func (r *run) audit(ctx context.Context) (*summaries.Report, error) {
 	cmd := exec.CommandContext(ctx, r.cfg.Bin, "audit", "--json")
 	cmd.Env = append(r.env, "PATH=/usr/bin:/bin", "ONCEFLOW_CLAIM_IDLE=4s", "ONCEFLOW_AUDIT_MAX_AGE=10m")
 	var out, errb bytes.Buffer
@@ -451,7 +446,7 @@ func (r *run) audit(ctx context.Context) (*auditReport, error) {
 	if err != nil && !(errors.As(err, &ee) && ee.ExitCode() == 4) {
 		return nil, fmt.Errorf("audit: %v: %s", err, errb.String())
 	}
-	var a auditReport
+	var a summaries.Report
 	if err := json.Unmarshal(out.Bytes(), &a); err != nil {
 		return nil, fmt.Errorf("audit output %q: %w", out.String(), err)
 	}
@@ -487,7 +482,7 @@ func getJSON(ctx context.Context, url string, v any) error {
 func (r *run) drainAndCheck(ctx context.Context) (*Report, error) {
 	want := len(r.accepted) - len(r.poison)
 	deadline := time.Now().Add(r.cfg.DrainTimeout)
-	var a *auditReport
+	var a *summaries.Report
 	var sink sinkStats
 	for {
 		var err error
@@ -517,7 +512,7 @@ func (r *run) drainAndCheck(ctx context.Context) (*Report, error) {
 	return r.check(ctx, a, sink)
 }
 
-func (r *run) check(ctx context.Context, a *auditReport, sink sinkStats) (*Report, error) {
+func (r *run) check(ctx context.Context, a *summaries.Report, sink sinkStats) (*Report, error) {
 	rep := &Report{Seed: r.cfg.Seed, Jobs: int(r.jobs.Load()), Accepted: len(r.accepted), Poison: len(r.poison),
 		Requests: r.requests.Load(), Replayed: r.replayed.Load(), Summaries: a.Summaries, DeadLettered: a.DLQ,
 		Deliveries: sink.Deliveries, DistinctKeys: sink.DistinctKeys, Events: r.events}

@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -148,30 +149,14 @@ func New(db DB, cfg Config) (*Ledger, error) {
 		cfg.StreamFlushInterval < 0 || cfg.PurgeInterval < 0 || cfg.PurgeBatch < 0 {
 		return nil, errors.New("ledger: negative setting")
 	}
-	if cfg.Lease == 0 {
-		cfg.Lease = DefaultLease
-	}
-	if cfg.Retention == 0 {
-		cfg.Retention = DefaultRetention
-	}
-	if cfg.Wait == 0 {
-		cfg.Wait = DefaultWait
-	}
-	if cfg.WriteTimeout == 0 {
-		cfg.WriteTimeout = DefaultWriteTimeout
-	}
-	if cfg.StreamFlushBytes == 0 {
-		cfg.StreamFlushBytes = DefaultStreamFlushBytes
-	}
-	if cfg.StreamFlushInterval == 0 {
-		cfg.StreamFlushInterval = DefaultStreamFlushInterval
-	}
-	if cfg.PurgeInterval == 0 {
-		cfg.PurgeInterval = DefaultPurgeInterval
-	}
-	if cfg.PurgeBatch == 0 {
-		cfg.PurgeBatch = DefaultPurgeBatch
-	}
+	cfg.Lease = cmp.Or(cfg.Lease, DefaultLease)
+	cfg.Retention = cmp.Or(cfg.Retention, DefaultRetention)
+	cfg.Wait = cmp.Or(cfg.Wait, DefaultWait)
+	cfg.WriteTimeout = cmp.Or(cfg.WriteTimeout, DefaultWriteTimeout)
+	cfg.StreamFlushBytes = cmp.Or(cfg.StreamFlushBytes, DefaultStreamFlushBytes)
+	cfg.StreamFlushInterval = cmp.Or(cfg.StreamFlushInterval, DefaultStreamFlushInterval)
+	cfg.PurgeInterval = cmp.Or(cfg.PurgeInterval, DefaultPurgeInterval)
+	cfg.PurgeBatch = cmp.Or(cfg.PurgeBatch, DefaultPurgeBatch)
 	if cfg.Owner == "" {
 		host, _ := os.Hostname()
 		cfg.Owner = host + ":" + strconv.Itoa(os.Getpid())
