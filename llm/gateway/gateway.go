@@ -12,8 +12,10 @@
 //   - a repeat with another body (or on another path) gets 422;
 //   - the upstream call is not cancelled when the client disconnects: it completes and
 //     is recorded, so the client's retry gets the replay, not a second generation;
-//   - streams (text/event-stream) are passed on as they arrive, persisted on the row in
-//     batches, recorded once complete, and replayed whole;
+//   - streams (text/event-stream) are passed on as they arrive, parsed as server-sent
+//     events (llm/sse), persisted on the row in batches cut at event boundaries,
+//     recorded once complete (the connection closed cleanly after a final event:
+//     [DONE], message_stop, response.completed), and replayed whole, byte for byte;
 //   - an upstream error answer is passed on and not recorded (a retry is a new
 //     attempt); a timeout or a dropped connection leaves the row in_flight, counted as
 //     ambiguous; a malformed answer is a clear 502 and a failed row. A gateway that
