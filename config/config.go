@@ -24,6 +24,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"golang.org/x/net/http/httpguts"
 )
 
 // Config holds every setting of the onceflow service. The zero value is not useful;
@@ -125,6 +127,10 @@ type Config struct {
 	// GatewayMaxBody is the largest request body onceflow gateway accepts, in bytes;
 	// larger ones get 413. Default: 8388608 (8 MiB).
 	GatewayMaxBody int
+	// GatewayCredentialHeaders names request headers that carry credentials besides
+	// Authorization, x-api-key and api-key, which always do: onceflow gateway scopes
+	// keys by all of them. Default: none.
+	GatewayCredentialHeaders []string
 	// AuditMaxAge is how old an unsent or exhausted outbox row may be before audit
 	// reports it. Default: 10m.
 	AuditMaxAge time.Duration
@@ -309,6 +315,7 @@ var settings = []setting{
 	{env: "ONCEFLOW_GATEWAY_MAX_BODY", def: "8388608", usage: "largest request body onceflow gateway accepts, in bytes", parse: func(c *Config, v string) error {
 		return parseInt(&c.GatewayMaxBody, v, 1, 1<<30)
 	}},
+	{env: "ONCEFLOW_GATEWAY_CREDENTIAL_HEADERS", usage: "comma-separated request headers that carry credentials, besides Authorization, x-api-key and api-key", parse: parseHeaderNames},
 	{env: "ONCEFLOW_AUDIT_MAX_AGE", def: "10m", usage: "age at which audit reports an unsent or exhausted outbox row", parse: func(c *Config, v string) error {
 		return parseDuration(&c.AuditMaxAge, v)
 	}},
@@ -586,6 +593,23 @@ func parseAPIKeys(c *Config, v string) error {
 		keys[key] = tenant
 	}
 	c.APIKeys = keys
+	return nil
+}
+
+// parseHeaderNames reads a comma-separated list of HTTP header names into
+// GatewayCredentialHeaders.
+func parseHeaderNames(c *Config, v string) error {
+	c.GatewayCredentialHeaders = nil
+	if v == "" {
+		return nil
+	}
+	for i, name := range strings.Split(v, ",") {
+		name = strings.TrimSpace(name)
+		if !httpguts.ValidHeaderFieldName(name) {
+			return fmt.Errorf("name %d: %q is not a valid HTTP header name", i+1, name)
+		}
+		c.GatewayCredentialHeaders = append(c.GatewayCredentialHeaders, name)
+	}
 	return nil
 }
 

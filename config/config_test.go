@@ -61,6 +61,7 @@ func TestDefaultsMatchContract(t *testing.T) {
 		{"AuditMaxAge", c.AuditMaxAge, 10 * time.Minute},
 		{"LogFormat", c.LogFormat, "json"},
 		{"APIKeys", len(c.APIKeys), 0},
+		{"GatewayCredentialHeaders", len(c.GatewayCredentialHeaders), 0},
 	}
 	for _, ch := range checks {
 		if ch.got != ch.want {
@@ -108,6 +109,9 @@ func TestInvalidValuesNameTheirSource(t *testing.T) {
 		{map[string]string{"ONCEFLOW_SENDER": "webhook"}, nil, `invalid ONCEFLOW_WEBHOOK_URL="": required when ONCEFLOW_SENDER=webhook`},
 		{map[string]string{"ONCEFLOW_SENDER": "smtp", "ONCEFLOW_SMTP_URL": "smtp://h:25"}, nil, `invalid ONCEFLOW_SMTP_FROM="": required`},
 		{map[string]string{"ONCEFLOW_SMTP_FROM": "not an address"}, nil, `invalid ONCEFLOW_SMTP_FROM`},
+		{map[string]string{"ONCEFLOW_GATEWAY_CREDENTIAL_HEADERS": "X-Key,bad header"}, nil, `invalid ONCEFLOW_GATEWAY_CREDENTIAL_HEADERS="X-Key,bad header": name 2: "bad header" is not a valid HTTP header name`},
+		{map[string]string{"ONCEFLOW_GATEWAY_CREDENTIAL_HEADERS": "X-Key,"}, nil, `name 2: "" is not a valid HTTP header name`},
+		{map[string]string{"ONCEFLOW_GATEWAY_CREDENTIAL_HEADERS": "X-Key:"}, nil, `name 1: "X-Key:" is not a valid HTTP header name`},
 		{map[string]string{"ONCEFLOW_API_KEYS": "acme"}, nil, `pair 1: want TENANT:KEY`},
 		{map[string]string{"ONCEFLOW_API_KEYS": "acme:short"}, nil, `key must be at least 16 printable characters`},
 		{map[string]string{"ONCEFLOW_API_KEYS": "ac me:0123456789abcdef"}, nil, `tenant must be`},
@@ -137,6 +141,16 @@ func TestEmptyVariableMeansDefault(t *testing.T) {
 	}
 	if c.ClaimIdle != 2*time.Minute {
 		t.Fatalf("ClaimIdle = %v, want default", c.ClaimIdle)
+	}
+}
+
+func TestGatewayCredentialHeadersAreAList(t *testing.T) {
+	c, err := load(t, map[string]string{"ONCEFLOW_GATEWAY_CREDENTIAL_HEADERS": "X-Custom-Key, x-tenant-token"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(c.GatewayCredentialHeaders, "|"); got != "X-Custom-Key|x-tenant-token" {
+		t.Fatalf("GatewayCredentialHeaders = %q", c.GatewayCredentialHeaders)
 	}
 }
 

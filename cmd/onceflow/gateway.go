@@ -36,12 +36,13 @@ func runGateway(ctx context.Context, e *env, args []string) error {
 		DB:       d.pool,
 		Ledger: ledger.Config{Lease: cfg.LedgerLease, Retention: cfg.LedgerRetention, RelaxedInsert: cfg.LedgerRelaxedInsert,
 			Models: []string{cfg.LLMModel}},
-		Timeout:      cfg.GatewayTimeout,
-		MaxBodyBytes: int64(cfg.GatewayMaxBody),
-		Logger:       log,
-		Registerer:   d.reg,
+		Timeout:           cfg.GatewayTimeout,
+		MaxBodyBytes:      int64(cfg.GatewayMaxBody),
+		CredentialHeaders: cfg.GatewayCredentialHeaders,
+		Logger:            log,
+		Registerer:        d.reg,
 	})
-	if err != nil {
+	if err != nil { // config validated the header names: what is left is the upstream
 		return &config.Error{Name: "ONCEFLOW_LLM_BASE_URL", Value: config.RedactURL(upstream), Err: err}
 	}
 	s := d.httpServer()

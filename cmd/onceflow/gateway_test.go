@@ -30,6 +30,11 @@ func startGateway(t *testing.T, dsn, upstream string, env ...string) (*testenv.P
 	return p, fmt.Sprint(line["base_url"])
 }
 
+// gatewayKey is the gateway's key of an Idempotency-Key sent by keyedPost.
+func gatewayKey(key string) string {
+	return gateway.KeyFor(gateway.CredentialScope(http.Header{"Authorization": {"Bearer sk-test"}}), key)
+}
+
 func keyedPost(url, key string) (int, string, error) {
 	req, _ := http.NewRequest(http.MethodPost, url+"/chat/completions", strings.NewReader(`{"model":"gpt-4.1-mini","messages":[{"role":"user","content":"hello"}]}`))
 	req.Header.Set("Idempotency-Key", key)
@@ -58,7 +63,7 @@ func TestProbeThroughTheGatewaySaysHonoured(t *testing.T) {
 		t.Fatalf("probe of the upstream itself: exit %d %+v", code, r)
 	}
 	st, err := fakeserver.FetchStats(context.Background(), nil, fake)
-	if err != nil || st.ByIdempotencyKey[gateway.KeyFor("", r.Key)] != 1 || st.ByIdempotencyKey[r.Key] != 0 {
+	if err != nil || st.ByIdempotencyKey[gateway.KeyFor(gateway.Scope{}, r.Key)] != 1 || st.ByIdempotencyKey[r.Key] != 0 {
 		t.Fatalf("upstream stats %+v %v: the gateway's probe key must reach the upstream once", st, err)
 	}
 	resp, err := http.Get(strings.TrimSuffix(gwURL, "/v1") + "/metrics")
@@ -98,7 +103,7 @@ func TestGatewayShutsDownGracefully(t *testing.T) {
 		t.Fatalf("exit %d", code)
 	}
 	l, _ := ledger.New(pool, ledger.Config{})
-	row, err := l.Get(context.Background(), gateway.KeyFor("Bearer sk-test", "graceful-key-000000001"))
+	row, err := l.Get(context.Background(), gatewayKey("graceful-key-000000001"))
 	if err != nil || row.State != ledger.StateSucceeded {
 		t.Fatalf("row %+v %v", row, err)
 	}
@@ -121,7 +126,7 @@ func TestKilledGatewayLeavesNoRowStuck(t *testing.T) {
 		t.Fatal("the client got an answer from a killed gateway")
 	}
 	l, _ := ledger.New(pool, ledger.Config{})
-	if row, err := l.Get(context.Background(), gateway.KeyFor("Bearer sk-test", key)); err != nil || row.State != ledger.StateInFlight || row.Owner == "" {
+	if row, err := l.Get(context.Background(), gatewayKey(key)); err != nil || row.State != ledger.StateInFlight || row.Owner == "" {
 		t.Fatalf("row after the kill: %+v %v", row, err)
 	}
 	_, gwURL = startGateway(t, dsn, fake, "ONCEFLOW_LEDGER_LEASE=2s")
@@ -138,12 +143,12 @@ func TestKilledGatewayLeavesNoRowStuck(t *testing.T) {
 		conflicts++
 		time.Sleep(250 * time.Millisecond)
 	}
-	row, _ := l.Get(context.Background(), gateway.KeyFor("Bearer sk-test", key))
+	row, _ := l.Get(context.Background(), gatewayKey(key))
 	if row.State != ledger.StateSucceeded || row.Attempt != 2 || row.Ambiguous != 1 {
 		t.Fatalf("row %+v (after %d conflicts)", row, conflicts)
 	}
 	st, _ := fakeserver.FetchStats(context.Background(), nil, fake)
-	if n := st.ByIdempotencyKey[gateway.KeyFor("Bearer sk-test", key)]; n != 2 {
+	if n := st.ByIdempotencyKey[gatewayKey(key)]; n != 2 {
 		t.Fatalf("upstream requests for the key: %d, want 2 (the killed one and the take-over)", n)
 	}
 }
@@ -160,5 +165,42 @@ func waitInFlight(t *testing.T, fake string) {
 			t.Fatalf("no call in flight at the upstream: %+v %v", st, err)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// ONCEFLOW_GATEWAY_CREDENTIAL_HEADERS adds a header that scopes keys: two callers whose
+// credentials differ only in it get two upstream calls, and each its own replay.
+func TestGatewayCredentialHeadersSettingScopesKeys(t *testing.T) {
+	t.Parallel()
+	_, dsn := testenv.Postgres(t)
+	_, fake := startFakeLLM(t)
+	_, gwURL := startGateway(t, dsn, fake, "ONCEFLOW_GATEWAY_CREDENTIAL_HEADERS=X-Custom-Key")
+	post := func(credential string) (string, string) {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodPost, gwURL+"/chat/completions", strings.NewReader(`{"model":"gpt-4.1-mini","messages":[{"role":"user","content":"hello"}]}`))
+		req.Header.Set("Idempotency-Key", "custom-header-key-0001")
+		req.Header.Set("X-Custom-Key", credential)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 200 {
+			t.Fatalf("%d %s", resp.StatusCode, b)
+		}
+		return string(b), resp.Header.Get("Idempotent-Replayed")
+	}
+	a, _ := post("alice")
+	b, replayed := post("bob")
+	if a == b || replayed != "" {
+		t.Fatalf("bob got alice's answer (replayed %q)", replayed)
+	}
+	if again, replayed := post("alice"); again != a || replayed != "true" {
+		t.Fatalf("alice's retry: replayed %q", replayed)
+	}
+	st, err := fakeserver.FetchStats(context.Background(), nil, fake)
+	if err != nil || st.Requests != 2 {
+		t.Fatalf("upstream requests %d %v, want 2", st.Requests, err)
 	}
 }

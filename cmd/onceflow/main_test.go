@@ -30,6 +30,7 @@ func TestUsageAndConfigErrorsExit2(t *testing.T) {
 		{[]string{"ONCEFLOW_CLAIM_IDLE=abc", testAPIKeys}, []string{"serve"}, 2, `invalid ONCEFLOW_CLAIM_IDLE="abc"`},
 		{nil, []string{"serve", "--claim-idle", "abc"}, 2, `invalid --claim-idle="abc"`},
 		{nil, []string{"serve"}, 2, "ONCEFLOW_API_KEYS"},
+		{[]string{"ONCEFLOW_GATEWAY_CREDENTIAL_HEADERS=X-Key,bad header"}, []string{"gateway"}, 2, `invalid ONCEFLOW_GATEWAY_CREDENTIAL_HEADERS="X-Key,bad header"`},
 		{nil, []string{"migrate", "--no-such-flag"}, 2, "flag provided but not defined"},
 		{nil, []string{"no-such-command"}, 2, `unknown command "no-such-command"`},
 		{nil, nil, 2, "missing command"},

@@ -12,18 +12,25 @@
 //   - a repeat with another body (or on another path) gets 422;
 //   - the upstream call is not cancelled when the client disconnects: it completes and
 //     is recorded, so the client's retry gets the replay, not a second generation;
-//   - streams (text/event-stream) are passed on as they arrive, persisted on the row in
-//     batches, recorded once complete, and replayed whole;
+//   - streams (text/event-stream) are passed on as they arrive, parsed as server-sent
+//     events (llm/sse), persisted on the row in batches cut at event boundaries,
+//     recorded once complete (the connection closed cleanly after a final event:
+//     [DONE], message_stop, response.completed), and replayed whole, byte for byte;
 //   - an upstream error answer is passed on and not recorded (a retry is a new
 //     attempt); a timeout or a dropped connection leaves the row in_flight, counted as
 //     ambiguous; a malformed answer is a clear 502 and a failed row. A gateway that
 //     dies mid-call leaves a row whose lease runs out (ONCEFLOW_LEDGER_LEASE), and the
 //     next retry takes it over: no row stays in_flight for ever.
 //
-// Keys are scoped by the caller's Authorization header, hashed (SHA-256) so that no
-// credential is stored: callers never share replays. The header is forwarded to the
-// upstream unchanged; the upstream gets the scoped key (KeyFor) as its Idempotency-Key. Requests without a key, and every method but POST, pass through
-// untouched (bodies still size-limited). The gateway has no API keys of its own.
+// Keys are scoped by every credential the request carries: the Authorization, x-api-key
+// (Anthropic) and api-key (Azure OpenAI) headers, and any in Config.CredentialHeaders,
+// hashed (SHA-256) so that no credential is stored (CredentialScope, KeyFor). Callers
+// never share replays, and a request without any credential header has a scope of its
+// own, so it is never answered from a replay recorded for one that had a credential.
+// The headers are forwarded to the upstream unchanged; the upstream gets the scoped key
+// (KeyFor) as its Idempotency-Key. Requests without a key, and every method but POST,
+// pass through untouched (bodies still size-limited). The gateway has no API keys of
+// its own.
 package gateway
 
 import (
@@ -41,11 +48,13 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/net/http/httpguts"
 
 	"github.com/onceflow/onceflow/idempotency"
 	"github.com/onceflow/onceflow/internal/metrics"
@@ -86,6 +95,12 @@ type Config struct {
 	MaxResponseBytes int64
 	// RetryAfter is the Retry-After of a 409. Default: 1s.
 	RetryAfter time.Duration
+	// CredentialHeaders names request headers that carry credentials besides the
+	// built-in DefaultCredentialHeaders, which always scope keys
+	// (ONCEFLOW_GATEWAY_CREDENTIAL_HEADERS): a self-hosted upstream's own key header, for
+	// example. Each must be a valid header name; case does not matter. Default: none
+	// (Authorization, x-api-key and api-key only).
+	CredentialHeaders []string
 	// Transport sends upstream requests. Default: a clone of http.DefaultTransport.
 	Transport http.RoundTripper
 	// Logger receives the gateway's logs. Default: slog.Default().
@@ -94,16 +109,22 @@ type Config struct {
 	Registerer prometheus.Registerer
 }
 
+// DefaultCredentialHeaders are the request headers that always scope keys, canonical:
+// Authorization (OpenAI and most others), x-api-key (Anthropic) and api-key (Azure
+// OpenAI). Config.CredentialHeaders adds to them.
+var DefaultCredentialHeaders = []string{"Authorization", "X-Api-Key", "Api-Key"}
+
 // Gateway is the proxy, an http.Handler for the /v1/ paths. It is safe for concurrent
 // use.
 type Gateway struct {
-	cfg      Config
-	upstream *url.URL
-	ledger   *ledger.Ledger
-	client   *http.Client
-	proxy    *httputil.ReverseProxy
-	log      *slog.Logger
-	requests *prometheus.CounterVec
+	cfg         Config
+	credentials []string // canonical, sorted, without duplicates
+	upstream    *url.URL
+	ledger      *ledger.Ledger
+	client      *http.Client
+	proxy       *httputil.ReverseProxy
+	log         *slog.Logger
+	requests    *prometheus.CounterVec
 }
 
 // Results of a request, the label of onceflow_gateway_requests_total.
@@ -126,6 +147,10 @@ func New(cfg Config) (*Gateway, error) {
 	}
 	if cfg.DB == nil {
 		return nil, errors.New("gateway: DB is required")
+	}
+	credentials, err := credentialHeaders(cfg.CredentialHeaders)
+	if err != nil {
+		return nil, err
 	}
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = DefaultTimeout
@@ -159,7 +184,7 @@ func New(cfg Config) (*Gateway, error) {
 	}
 	l.InitMetrics(Provider)
 	g := &Gateway{
-		cfg: cfg, upstream: u, ledger: l, log: cfg.Logger,
+		cfg: cfg, credentials: credentials, upstream: u, ledger: l, log: cfg.Logger,
 		client: &http.Client{Transport: cfg.Transport, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
 		requests: metrics.Register(cfg.Registerer, prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: metrics.Namespace, Subsystem: "gateway", Name: "requests_total",
@@ -225,17 +250,86 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	g.keyed(w, r)
 }
 
-// KeyFor returns the llm_calls key of an Idempotency-Key under the scope of an
-// Authorization header value: "gw-" and 64 hex characters. Neither input can be
-// recovered from it.
-func KeyFor(authorization, idempotencyKey string) string {
-	scope := sha256.Sum256([]byte(authorization))
-	h := sha256.New()
+// credentialHeaders returns DefaultCredentialHeaders and extra, canonical, sorted and
+// without duplicates, or an error naming an invalid header name.
+func credentialHeaders(extra []string) ([]string, error) {
+	names := slices.Clone(DefaultCredentialHeaders)
+	for _, n := range extra {
+		if !httpguts.ValidHeaderFieldName(n) {
+			return nil, fmt.Errorf("gateway: CredentialHeaders: %q is not a valid header name", n)
+		}
+		names = append(names, http.CanonicalHeaderKey(n))
+	}
+	slices.Sort(names)
+	return slices.Compact(names), nil
+}
+
+// Scope is what a request's Idempotency-Key is unique within: a digest of the
+// credential headers it carries. The zero Scope is that of a request carrying none,
+// and no request carrying one has it.
+type Scope struct {
+	digest string // hex SHA-256 of the credentials' encoding; "" for none
+}
+
+// CredentialScope returns the Scope of the request headers h: every value of every
+// header among DefaultCredentialHeaders and extra that h carries (an empty value
+// counts). Names are canonicalised and sorted, and each name, its number of values and
+// each value are length-prefixed before hashing, so two different sets of credentials
+// never share a Scope; the order of the values of one header is kept. It returns the
+// zero Scope when h carries none of the headers.
+func CredentialScope(h http.Header, extra ...string) Scope {
+	names := slices.Clone(DefaultCredentialHeaders)
+	for _, n := range extra {
+		names = append(names, http.CanonicalHeaderKey(n))
+	}
+	slices.Sort(names)
+	return scopeOf(h, slices.Compact(names))
+}
+
+// scopeOf is CredentialScope with names canonical, sorted and without duplicates.
+func scopeOf(h http.Header, names []string) Scope {
+	hash := sha256.New()
+	found := false
+	writeField(hash, "onceflow.gateway.credentials.v1")
+	for _, name := range names {
+		vs := h.Values(name)
+		if len(vs) == 0 {
+			continue
+		}
+		found = true
+		writeField(hash, name)
+		writeField(hash, strconv.Itoa(len(vs)))
+		for _, v := range vs {
+			writeField(hash, v)
+		}
+	}
+	if !found {
+		return Scope{}
+	}
+	return Scope{digest: hex.EncodeToString(hash.Sum(nil))}
+}
+
+// writeField writes p to w preceded by its length, so that a sequence of fields has
+// one encoding.
+func writeField(w io.Writer, p string) {
 	var n [8]byte
-	for _, p := range []string{"onceflow.gateway.v1", hex.EncodeToString(scope[:]), idempotencyKey} {
-		binary.BigEndian.PutUint64(n[:], uint64(len(p)))
-		h.Write(n[:])
-		h.Write([]byte(p))
+	binary.BigEndian.PutUint64(n[:], uint64(len(p)))
+	_, _ = w.Write(n[:])
+	_, _ = io.WriteString(w, p)
+}
+
+// KeyFor returns the llm_calls key of an Idempotency-Key within scope (CredentialScope
+// of the request's headers): "gw-" and 64 hex characters. It is also the key the
+// upstream receives. Neither the credentials nor the key can be recovered from it, and
+// a request without credentials (the zero Scope) never has the key of one with them.
+func KeyFor(scope Scope, idempotencyKey string) string {
+	h := sha256.New()
+	kind := "none"
+	if scope.digest != "" {
+		kind = "credentials"
+	}
+	for _, p := range []string{"onceflow.gateway.v2", kind, scope.digest, idempotencyKey} {
+		writeField(h, p)
 	}
 	return "gw-" + hex.EncodeToString(h.Sum(nil))
 }
@@ -291,7 +385,7 @@ func (g *Gateway) keyed(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	call := ledger.Call{
-		Key:         KeyFor(strings.Join(r.Header.Values("Authorization"), "\n"), key),
+		Key:         KeyFor(scopeOf(r.Header, g.credentials), key),
 		Work:        r.Method + " " + r.URL.Path,
 		RequestHash: requestHash(r, body),
 		Provider:    Provider,

@@ -114,10 +114,10 @@ func TestReplayIsByteForByte(t *testing.T) {
 			t.Errorf("header %s: %q then %q", h, r1.Header.Get(h), r2.Header.Get(h))
 		}
 	}
-	if st := e.up.Stats(); st.Requests != 1 || st.ByIdempotencyKey[gateway.KeyFor("Bearer sk-alice", key)] != 1 {
+	if st := e.up.Stats(); st.Requests != 1 || st.ByIdempotencyKey[keyFor("Bearer sk-alice", key)] != 1 {
 		t.Fatalf("upstream saw %d requests", st.Requests)
 	}
-	row, err := e.ledger.Get(context.Background(), gateway.KeyFor("Bearer sk-alice", key))
+	row, err := e.ledger.Get(context.Background(), keyFor("Bearer sk-alice", key))
 	if err != nil || row.State != ledger.StateSucceeded || !bytes.Equal(row.Raw, b1) || row.Provider != "gateway" || row.Model != "gpt-4.1-mini" {
 		t.Fatalf("row %+v %v", row, err)
 	}
@@ -145,7 +145,7 @@ func TestCallersDoNotShareReplaysAndAuthorizationIsForwarded(t *testing.T) {
 			t.Fatalf("upstream got Authorization %v", auths)
 		}
 		st := e.up.Stats()
-		if st.ByIdempotencyKey[gateway.KeyFor("Bearer sk-alice", key)] != 1 || st.ByIdempotencyKey[key] != 0 {
+		if st.ByIdempotencyKey[keyFor("Bearer sk-alice", key)] != 1 || st.ByIdempotencyKey[key] != 0 {
 			t.Fatalf("upstream keys %v: want the gateway's scoped key, not the caller's", st.ByIdempotencyKey)
 		}
 	}
@@ -270,7 +270,7 @@ func TestOpenAISDKRetriesWithOneKeyMakeOneUpstreamRequest(t *testing.T) {
 	}
 	st := e.up.Stats()
 	for _, key := range keys {
-		if st.ByIdempotencyKey[gateway.KeyFor("Bearer sk-sdk", key)] != 1 {
+		if st.ByIdempotencyKey[keyFor("Bearer sk-sdk", key)] != 1 {
 			t.Fatalf("upstream requests by key: %v; want one per key", st.ByIdempotencyKey)
 		}
 	}
@@ -291,7 +291,7 @@ func TestOpenAISDKRetriesWithOneKeyMakeOneUpstreamRequest(t *testing.T) {
 	if err != nil || resp.ID == "" {
 		t.Fatal(err)
 	}
-	if n := e.up.Stats().ByIdempotencyKey[gateway.KeyFor("Bearer sk-sdk", req.IdempotencyKey)]; n != 1 {
+	if n := e.up.Stats().ByIdempotencyKey[keyFor("Bearer sk-sdk", req.IdempotencyKey)]; n != 1 {
 		t.Fatalf("adapter: %d upstream requests for one key", n)
 	}
 }
@@ -305,7 +305,7 @@ func TestUpstreamHangIsBoundedAndLeavesTheRowForTheRetry(t *testing.T) {
 	if r.StatusCode != http.StatusGatewayTimeout {
 		t.Fatalf("hung upstream: %d %s", r.StatusCode, b)
 	}
-	row, _ := e.ledger.Get(context.Background(), gateway.KeyFor("Bearer sk", key))
+	row, _ := e.ledger.Get(context.Background(), keyFor("Bearer sk", key))
 	if row.State != ledger.StateInFlight || row.Owner != "" || row.Ambiguous != 1 {
 		t.Fatalf("row after a hang: %+v", row)
 	}
@@ -313,7 +313,7 @@ func TestUpstreamHangIsBoundedAndLeavesTheRowForTheRetry(t *testing.T) {
 	if r.StatusCode != 200 {
 		t.Fatalf("retry: %d %s", r.StatusCode, b)
 	}
-	row, _ = e.ledger.Get(context.Background(), gateway.KeyFor("Bearer sk", key))
+	row, _ = e.ledger.Get(context.Background(), keyFor("Bearer sk", key))
 	if row.State != ledger.StateSucceeded || row.Attempt != 2 || row.Ambiguous != 1 {
 		t.Fatalf("row %+v", row)
 	}
@@ -328,7 +328,7 @@ func TestMalformedAndFailingUpstreams(t *testing.T) {
 	if eb, _ := llm.ParseErrorBody(b); r.StatusCode != http.StatusBadGateway || eb.Code != "upstream_malformed" {
 		t.Fatalf("malformed: %d %s", r.StatusCode, b)
 	}
-	row, _ := e.ledger.Get(context.Background(), gateway.KeyFor("Bearer sk", key))
+	row, _ := e.ledger.Get(context.Background(), keyFor("Bearer sk", key))
 	if row.State != ledger.StateFailed || row.Ambiguous != 0 {
 		t.Fatalf("row %+v", row)
 	}
@@ -384,7 +384,7 @@ func TestStreamsAreRecordedAndReplayedWhole(t *testing.T) {
 	if err == nil || strings.Contains(cut, "[DONE]") {
 		t.Fatalf("the dropped stream reached the client as complete: %v %q", err, cut)
 	}
-	row, _ := e.ledger.Get(context.Background(), gateway.KeyFor("Bearer sk", key))
+	row, _ := e.ledger.Get(context.Background(), keyFor("Bearer sk", key))
 	if row.State != ledger.StateInFlight || row.Ambiguous != 1 || row.Partial == "" || !strings.HasPrefix(cut, row.Partial) {
 		t.Fatalf("row after a dropped stream: state %s ambiguous %d partial %q", row.State, row.Ambiguous, row.Partial)
 	}
@@ -413,6 +413,12 @@ func TestStreamsAreRecordedAndReplayedWhole(t *testing.T) {
 	if err := stream.Err(); err != nil || text.Len() == 0 {
 		t.Fatalf("SDK on the replay: %v %q", err, text.String())
 	}
+}
+
+// keyFor is the gateway's key of an Idempotency-Key sent with the Authorization header
+// auth.
+func keyFor(auth, key string) string {
+	return gateway.KeyFor(gateway.CredentialScope(http.Header{"Authorization": {auth}}), key)
 }
 
 // requestsWith reads onceflow_gateway_requests_total{result}.

@@ -8,14 +8,35 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
+	"unicode/utf8"
 
 	"github.com/onceflow/onceflow/llm/ledger"
+	"github.com/onceflow/onceflow/llm/sse"
 )
 
-// streamEnds are the events that end a complete stream: OpenAI's terminator and
-// Anthropic's last event. A stream whose connection closes cleanly without one was cut
-// short (an HTTP/1.0 upstream, a proxy) and is not recorded.
-var streamEnds = [][]byte{[]byte("data: [DONE]"), []byte("event: message_stop")}
+// streamEnd reports whether ev is the final event of a complete stream: OpenAI Chat
+// Completions' terminator (data: [DONE]), the end of an OpenAI Responses stream
+// (response.completed, response.incomplete) or Anthropic's message_stop, named by the
+// event field or by the data's "type". Only the last event of a stream counts: the
+// same words inside an earlier event's text, or followed by more events, do not.
+func streamEnd(ev sse.Event) bool {
+	if strings.TrimSpace(ev.Data) == "[DONE]" {
+		return true
+	}
+	var d struct {
+		Type string `json:"type"`
+	}
+	typ := ev.Type
+	if typ == "message" && json.Unmarshal([]byte(ev.Data), &d) == nil {
+		typ = d.Type
+	}
+	switch typ {
+	case "message_stop", "response.completed", "response.incomplete":
+		return true
+	}
+	return false
+}
 
 // stream passes a server-sent-event answer on as it arrives, persists it on the row in
 // batches, and records it once complete. The upstream is read to its end even when the
@@ -31,8 +52,36 @@ func (g *Gateway) stream(ctx context.Context, w http.ResponseWriter, att *ledger
 	_ = rc.Flush()
 	clientGone := false
 	partial := att.PartialBuffer()
+	partialOK := true // every partial write so far succeeded: the row's partial is an exact prefix of raw
 	var raw bytes.Buffer
-	persisted := 0 // bytes of raw handed to partial: whole events only, so always valid UTF-8 text
+	var parser sse.Parser // events are counted and the stream cut into partials at event boundaries
+	var last *sse.Event
+	events := 0
+	persisted := int64(0) // bytes of raw handed to partial
+	persist := func(evs []sse.Event) {
+		if n := len(evs); n > 0 {
+			events += n
+			last = &evs[n-1]
+		}
+		b := parser.Boundary()
+		if !partialOK || b <= persisted {
+			return
+		}
+		seg := raw.Bytes()[persisted:b]
+		// The partial column is text: a stream that is not valid UTF-8 (or holds NUL)
+		// keeps what was persisted before it, and nothing after, so the partial is
+		// always an exact prefix of what was received.
+		if !utf8.Valid(seg) || bytes.IndexByte(seg, 0) >= 0 {
+			partialOK = false
+			return
+		}
+		if err := partial.Add(ctx, string(seg)); err != nil {
+			partialOK = false
+			g.log.WarnContext(ctx, "gateway: could not persist partial stream output; persisting no more of this stream", "err", err)
+			return
+		}
+		persisted = b
+	}
 	buf := make([]byte, 32<<10)
 	var readErr error
 	for {
@@ -40,12 +89,7 @@ func (g *Gateway) stream(ctx context.Context, w http.ResponseWriter, att *ledger
 		if n > 0 {
 			chunk := buf[:n]
 			raw.Write(chunk)
-			if end := bytes.LastIndex(raw.Bytes(), []byte("\n\n")); end >= 0 && end+2 > persisted {
-				if err := partial.Add(ctx, string(raw.Bytes()[persisted:end+2])); err != nil {
-					g.log.WarnContext(ctx, "gateway: could not persist partial stream output", "err", err)
-				}
-				persisted = end + 2
-			}
+			persist(parser.Feed(chunk))
 			if !clientGone {
 				if _, werr := w.Write(chunk); werr != nil || rc.Flush() != nil {
 					clientGone = true // keep reading: the answer is still recorded
@@ -64,13 +108,15 @@ func (g *Gateway) stream(ctx context.Context, w http.ResponseWriter, att *ledger
 			break
 		}
 	}
-	complete := false
-	for _, end := range streamEnds {
-		complete = complete || (readErr == nil && bytes.Contains(raw.Bytes(), end))
-	}
+	persist(parser.Close())
+	// Complete: the connection closed cleanly, the last event is the final one, and
+	// nothing but comments or blank lines follows it.
+	complete := readErr == nil && last != nil && streamEnd(*last) && !parser.Residue()
 	if !complete {
-		if err := partial.Flush(ctx); err != nil {
-			g.log.WarnContext(ctx, "gateway: could not persist partial stream output", "err", err)
+		if partialOK {
+			if err := partial.Flush(ctx); err != nil {
+				g.log.WarnContext(ctx, "gateway: could not persist partial stream output", "err", err)
+			}
 		}
 		cause := readErr
 		if cause == nil {
@@ -86,7 +132,7 @@ func (g *Gateway) stream(ctx context.Context, w http.ResponseWriter, att *ledger
 		return
 	}
 	m, _ := json.Marshal(meta{Status: resp.StatusCode, Header: keptHeader(resp.Header)})
-	summary, _ := json.Marshal(map[string]any{"object": "stream", "bytes": raw.Len(), "events": bytes.Count(raw.Bytes(), []byte("\n\n"))})
+	summary, _ := json.Marshal(map[string]any{"object": "stream", "bytes": raw.Len(), "events": events})
 	if _, _, err := att.Succeed(ctx, ledger.Result{Response: summary, Raw: raw.Bytes(), Meta: m}); err != nil {
 		g.log.WarnContext(ctx, "gateway: could not record a complete stream", "err", err)
 	}
