@@ -57,6 +57,10 @@ type Config struct {
 	// LLMMaxAttempts is the number of model calls per delivery, the first included.
 	// Default: 4.
 	LLMMaxAttempts int
+	// LLMQuotaProbe is how often, while the provider's quota or spend limit is
+	// exhausted, one model call probes whether it is back (the provider's Retry-After
+	// wins when it sent one). Default: 1m.
+	LLMQuotaProbe time.Duration
 
 	// Sender selects how outbox rows are delivered: webhook, smtp or log. Default: log.
 	Sender string
@@ -217,6 +221,9 @@ var settings = []setting{
 	}},
 	{env: "ONCEFLOW_LLM_MAX_ATTEMPTS", def: "4", usage: "model calls per delivery, the first included", parse: func(c *Config, v string) error {
 		return parseInt(&c.LLMMaxAttempts, v, 1, 100)
+	}},
+	{env: "ONCEFLOW_LLM_QUOTA_PROBE", def: "1m", usage: "how often one model call probes an exhausted quota", parse: func(c *Config, v string) error {
+		return parseDuration(&c.LLMQuotaProbe, v)
 	}},
 	{env: "ONCEFLOW_SENDER", def: "log", usage: "outbox sender: webhook, smtp or log", parse: func(c *Config, v string) error {
 		return parseEnum(&c.Sender, v, "webhook", "smtp", "log")

@@ -21,9 +21,11 @@ type Job struct {
 // concurrent use and idempotent per Job.JobID.
 //
 // Its result decides the entry's fate: nil acknowledges it; an error wrapping
-// ErrPermanent (see Permanent) moves it to the dead-letter stream at once; any other
-// error, or a panic, leaves it pending so that it is delivered again after ClaimIdle,
-// until MaxDeliveries. ctx is cancelled when the worker's shutdown timeout expires.
+// ErrPermanent (see Permanent) moves it to the dead-letter stream at once; an error
+// wrapping ErrUnavailable (see Unavailable) hands it back without spending a delivery;
+// any other error, or a panic, leaves it pending so that it is delivered again after
+// ClaimIdle, until MaxDeliveries. ctx is cancelled when the worker's shutdown timeout
+// expires.
 type Handler interface {
 	Handle(ctx context.Context, job *Job) error
 }
@@ -52,3 +54,34 @@ type permanentError struct{ err error }
 
 func (e *permanentError) Error() string   { return e.err.Error() }
 func (e *permanentError) Unwrap() []error { return []error{ErrPermanent, e.err} }
+
+// ErrUnavailable marks a handler error that says a dependency the job needs is down (a
+// provider's quota is exhausted, its circuit breaker is open), not that the job
+// failed: the entry is handed back pending with its delivery count as it was before
+// this delivery, so the run spends none of the job's MaxDeliveries, and it is delivered
+// again after ClaimIdle. Return it wrapped, with Unavailable. A worker with a Gate takes
+// no new work while the dependency is down, so handed-back jobs wait rather than spin.
+var ErrUnavailable = errors.New("dependency unavailable")
+
+// Unavailable returns err marked as a dependency's failure rather than the job's:
+// errors.Is(result, ErrUnavailable) and errors.Is(result, err) both hold, and its
+// message is err's. Unavailable(nil) is nil.
+func Unavailable(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &unavailableError{err}
+}
+
+type unavailableError struct{ err error }
+
+func (e *unavailableError) Error() string   { return e.err.Error() }
+func (e *unavailableError) Unwrap() []error { return []error{ErrUnavailable, e.err} }
+
+// Gate holds a Worker back from new work while a dependency its handler needs is down;
+// *breaker.Breaker implements it.
+type Gate interface {
+	// Admit blocks until the worker may take jobs and returns how many it may take at
+	// most (0: no limit), or ctx's error when ctx ends first.
+	Admit(ctx context.Context) (int, error)
+}

@@ -128,6 +128,33 @@ end
 return {lost, deleted}
 `)
 
+// handBackScript sets the delivery count of an entry the caller still owns.
+//
+//	KEYS[1]  the stream
+//	ARGV[1]  consumer group
+//	ARGV[2]  consumer (the caller)
+//	ARGV[3]  entry id
+//	ARGV[4]  the delivery count to set
+//
+// Returns 1 when set, 0 when the entry is no longer pending to ARGV[2]. XCLAIM with
+// RETRYCOUNT sets the counter (and resets the idle time, so the entry is reclaimed after
+// ClaimIdle); JUSTID keeps it from counting as a delivery. Invariant: as renewScript,
+// only the current owner's entry is touched.
+var handBackScript = redis.NewScript(`
+if #redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1, ARGV[2]) == 0 then return 0 end
+redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[3], 'RETRYCOUNT', ARGV[4], 'JUSTID')
+return 1
+`)
+
+// handBack runs handBackScript for entry id, setting its delivery count to count.
+func handBack(ctx context.Context, rdb redis.Scripter, keys Keys, group, consumer, id string, count int64) (bool, error) {
+	n, err := handBackScript.Run(ctx, rdb, []string{keys.Stream()}, group, consumer, id, max(count, 0)).Int()
+	if err != nil {
+		return false, fmt.Errorf("hand back %s: %w", id, err)
+	}
+	return n == 1, nil
+}
+
 // renew runs renewScript for ids (at most renewChunk per call).
 func renew(ctx context.Context, rdb redis.Scripter, keys Keys, group, consumer string, ids []string) (lost, deleted []string, err error) {
 	args := make([]any, 0, 2+len(ids))

@@ -12,6 +12,8 @@ const (
 	outcomeError     = "error"
 	outcomePermanent = "permanent"
 	outcomePanic     = "panic"
+	// outcomeUnavailable: the handler said a dependency is down (ErrUnavailable).
+	outcomeUnavailable = "unavailable"
 )
 
 // workerMetrics are a Worker's collectors. Every series carries the queue name, a
@@ -27,6 +29,7 @@ type workerMetrics struct {
 	leasesLost       prometheus.Counter
 	trimmed          prometheus.Counter
 	consumersDeleted prometheus.Counter
+	handedBack       prometheus.Counter
 	errors           map[string]prometheus.Counter  // by operation (errorOps)
 	handlerDuration  map[string]prometheus.Observer // by outcome
 	inFlight         prometheus.Gauge
@@ -38,7 +41,7 @@ type workerMetrics struct {
 }
 
 // Operations whose Redis errors are counted, the bounded values of the "op" label.
-var errorOps = []string{"read", "reclaim", "pending", "ack", "renew", "dead_letter", "trim", "consumers", "stats", "group"}
+var errorOps = []string{"read", "reclaim", "pending", "ack", "renew", "dead_letter", "hand_back", "trim", "consumers", "stats", "group"}
 
 func newWorkerMetrics(reg prometheus.Registerer, queue string) *workerMetrics {
 	q := []string{"queue"}
@@ -62,6 +65,7 @@ func newWorkerMetrics(reg prometheus.Registerer, queue string) *workerMetrics {
 		leasesLost:        counter("leases_lost_total", "In-flight entries found owned by another consumer at renewal (the run outlived its lease)."),
 		trimmed:           counter("trimmed_entries_total", "Acknowledged entries removed from the stream by XTRIM MINID."),
 		consumersDeleted:  counter("consumers_deleted_total", "Idle consumers with no pending entries deleted from the group."),
+		handedBack:        counter("handed_back_total", "Deliveries handed back without spending a delivery because the handler reported a dependency down (ErrUnavailable)."),
 		inFlight:          gauge("in_flight", "Jobs whose handler is running."),
 		streamLength:      gauge("stream_length", "Entries in the job stream (sampled)."),
 		pending:           gauge("pending", "Entries delivered to the group and not yet acknowledged (sampled)."),
@@ -88,10 +92,10 @@ func newWorkerMetrics(reg prometheus.Registerer, queue string) *workerMetrics {
 	}
 	dur := metrics.Register(reg, prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: metrics.Namespace, Subsystem: "queue", Name: "handler_duration_seconds",
-		Help:    "Time a job handler ran, by outcome (ok, error, permanent, panic).",
+		Help:    "Time a job handler ran, by outcome (ok, error, permanent, panic, unavailable).",
 		Buckets: []float64{.001, .005, .01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120},
 	}, []string{"queue", "outcome"}))
-	outcomes := []string{outcomeOK, outcomeError, outcomePermanent, outcomePanic}
+	outcomes := []string{outcomeOK, outcomeError, outcomePermanent, outcomePanic, outcomeUnavailable}
 	m.handlerDuration = make(map[string]prometheus.Observer, len(outcomes))
 	for _, o := range outcomes {
 		m.handlerDuration[o] = dur.WithLabelValues(queue, o)

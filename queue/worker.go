@@ -97,6 +97,12 @@ type WorkerConfig struct {
 	// Default: 15s.
 	StatsInterval time.Duration
 
+	// Gate, when set, is consulted before every read of new or reclaimed work: while it
+	// blocks (a dependency the handler needs is down), the worker takes nothing, and
+	// when it admits a limited number (a probe), the worker takes at most that many.
+	// Default: nil, no gate.
+	Gate Gate
+
 	// Logger receives the worker's logs. Default: slog.Default().
 	Logger *slog.Logger
 	// Registerer receives the worker's metrics (onceflow_queue_*). Default: nil, not
@@ -302,9 +308,17 @@ func (w *Worker) readLoop(ctx, hctx context.Context) {
 	var b backoff
 	backlog := false
 	for {
+		limit, ok := w.admit(ctx)
+		if !ok {
+			return
+		}
 		n := w.acquire(ctx, backlog)
 		if n == 0 {
 			return
+		}
+		if limit > 0 && n > limit {
+			w.release(n - limit)
+			n = limit
 		}
 		batch, err := w.fetch(ctx, n)
 		backlog = len(batch) == n
@@ -325,6 +339,23 @@ func (w *Worker) readLoop(ctx, hctx context.Context) {
 		}
 		b.reset()
 	}
+}
+
+// admit waits for the Gate, if any, and returns how many jobs it admits (0: no limit);
+// ok is false when ctx was cancelled.
+func (w *Worker) admit(ctx context.Context) (limit int, ok bool) {
+	if w.cfg.Gate == nil {
+		return 0, true
+	}
+	start := time.Now()
+	limit, err := w.cfg.Gate.Admit(ctx)
+	if err != nil {
+		return 0, false
+	}
+	if held := time.Since(start); held >= time.Second {
+		w.log.Info("worker takes work again: the gate held it back while a dependency was down", "held", held.Round(time.Millisecond), "limit", limit)
+	}
+	return limit, true
 }
 
 // acquire waits for a free slot and takes every free slot; it returns how many it took,
@@ -561,8 +592,10 @@ func (w *Worker) process(ctx context.Context, d delivery) {
 	}
 	job := &Job{Message: msg, ID: d.id, Deliveries: d.deliveries}
 	w.track(d.id, jobRef{msg.JobID, msg.Tenant})
+	// Tracked until its fate is settled: a reclaim scan in between must not take the
+	// entry and run it again while this run still acknowledges, buries or hands it back.
+	defer w.untrack(d.id)
 	outcome, err := w.run(ctx, job)
-	w.untrack(d.id)
 	switch outcome {
 	case outcomeOK:
 		if !w.acks.add(d.id) {
@@ -570,6 +603,8 @@ func (w *Worker) process(ctx context.Context, d delivery) {
 		}
 	case outcomePermanent:
 		w.bury(d, &msg, reasonPermanent, "permanent: "+err.Error())
+	case outcomeUnavailable:
+		w.handBack(d, err)
 	default:
 		w.log.Warn("job failed; it stays pending and is retried after ClaimIdle", "job_id", job.JobID, "tenant", job.Tenant, "entry", d.id,
 			"deliveries", d.deliveries, "max_deliveries", w.cfg.MaxDeliveries, "err", err)
@@ -595,6 +630,8 @@ func (w *Worker) run(ctx context.Context, job *Job) (outcome string, err error) 
 		return outcomeOK, nil
 	case errors.Is(err, ErrPermanent):
 		return outcomePermanent, err
+	case errors.Is(err, ErrUnavailable):
+		return outcomeUnavailable, err
 	default:
 		return outcomeError, err
 	}
@@ -616,6 +653,27 @@ func (w *Worker) bury(d delivery, msg *Message, label, reason string) {
 	default:
 		w.m.deadLettered[label].Inc()
 		w.log.Warn("job dead-lettered", append(job, "entry", d.id, "dead_id", deadID, "deliveries", d.deliveries, "reason", reason)...)
+	}
+}
+
+// handBack returns d to the pending list with the delivery count it had before this
+// delivery, so the run spends nothing of MaxDeliveries; it is reclaimed after ClaimIdle.
+// On a Redis error the entry stays pending with its count spent, as after any failure.
+func (w *Worker) handBack(d delivery, cause error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	job := refOf(d.fields).attrs()
+	ok, err := handBack(ctx, w.rdb, w.keys, w.cfg.Group, w.cfg.Consumer, d.id, d.deliveries-1)
+	switch {
+	case err != nil:
+		w.m.redisError("hand_back")
+		w.log.Error("handing a job back failed; it stays pending with this delivery counted", append(job, "entry", d.id, "err", err)...)
+	case !ok:
+		w.log.Warn("not handing back an entry another worker now owns", append(job, "entry", d.id)...)
+	default:
+		w.m.handedBack.Inc()
+		w.log.Warn("a dependency is down: job handed back without spending a delivery", append(job, "entry", d.id,
+			"deliveries", d.deliveries-1, "err", cause)...)
 	}
 }
 

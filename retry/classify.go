@@ -35,8 +35,11 @@ const (
 	// that names a server-side failure. Retryable.
 	ClassServerError Class = "server_error"
 	// ClassQuota: a 4xx whose provider error type or code says a quota, spend limit or
-	// billing limit is exhausted (insufficient_quota and similar). Permanent: it will
-	// not clear within seconds, and usually needs a person.
+	// billing limit is exhausted (insufficient_quota and similar). Not retried
+	// in-process (it will not clear within seconds, and usually needs a person), but
+	// Transient: an exhausted quota is the provider account's state, not the job's, so
+	// a job that meets it waits for the quota to come back instead of being
+	// dead-lettered (see the breaker package, which stops calls meanwhile).
 	ClassQuota Class = "quota"
 	// ClassClientError: any other 4xx. Permanent.
 	ClassClientError Class = "client_error"
@@ -47,6 +50,10 @@ const (
 	ClassCanceled Class = "canceled"
 	// ClassPermanent: the error was marked with Permanent. Not retried.
 	ClassPermanent Class = "permanent"
+	// ClassUnavailable: a dependency is known to be down, so the call was not made
+	// (errors matching ErrUnavailable, such as an open circuit breaker's). Not retried
+	// in-process; Transient.
+	ClassUnavailable Class = "unavailable"
 	// ClassUnknown: nothing above. Permanent: unknown means bug until proven otherwise.
 	ClassUnknown Class = "unknown"
 )
@@ -54,7 +61,7 @@ const (
 // Classes returns every Class, for initialising metrics label values.
 func Classes() []Class {
 	return []Class{ClassTimeout, ClassConnection, ClassRateLimited, ClassConflict, ClassServerError,
-		ClassQuota, ClassClientError, ClassDeadline, ClassCanceled, ClassPermanent, ClassUnknown}
+		ClassQuota, ClassClientError, ClassDeadline, ClassCanceled, ClassPermanent, ClassUnavailable, ClassUnknown}
 }
 
 // Verdict is what Classify decides about one error.
@@ -159,7 +166,7 @@ func ClassifyStatus(status int) Verdict {
 //
 //  1. *DeadlineExceededError: deadline, never retried in-process;
 //  2. context.Canceled: canceled;
-//  3. Permanent(err): permanent;
+//  3. Permanent(err): permanent; an error matching ErrUnavailable: unavailable;
 //  4. an x-should-retry verdict (ShouldRetrier), when present, wins over what follows,
 //     keeping the class the status gives;
 //  5. an HTTP status (HTTPStatuser) of 400 or more: ClassifyStatus, except that a 4xx
@@ -203,6 +210,9 @@ func classify(err error) Verdict {
 	}
 	if errors.Is(err, errPermanent) {
 		return Verdict{Class: ClassPermanent, Reason: "marked permanent"}
+	}
+	if errors.Is(err, ErrUnavailable) {
+		return Verdict{Class: ClassUnavailable, Reason: "dependency unavailable"}
 	}
 
 	status := 0
@@ -309,13 +319,29 @@ func joinNonEmpty(a, b string) string {
 func Retryable(err error) bool { return Classify(err).Retryable }
 
 // Transient reports whether a later delivery may succeed where this one failed: a
-// retryable error (including one that outlived MaxAttempts), the delivery deadline, or
-// cancellation (shutdown). A job handler leaves such a message for redelivery and
-// dead-letters everything else. A nil err is not transient.
+// retryable error (including one that outlived MaxAttempts), the delivery deadline,
+// cancellation (shutdown), an exhausted quota or an unavailable dependency. A job
+// handler leaves such a message for redelivery and dead-letters everything else. A nil
+// err is not transient.
 func Transient(err error) bool {
 	if err == nil {
 		return false
 	}
-	v := Classify(err)
-	return v.Retryable || v.Class == ClassDeadline || v.Class == ClassCanceled
+	switch v := Classify(err); {
+	case v.Retryable:
+		return true
+	case v.Class == ClassDeadline, v.Class == ClassCanceled, v.Class == ClassQuota, v.Class == ClassUnavailable:
+		return true
+	}
+	return false
+}
+
+// Outage reports whether err says that a dependency as a whole is unusable for now,
+// rather than that this call or this job failed: an exhausted quota (ClassQuota) or an
+// unavailable dependency (ClassUnavailable). A job that fails with an outage error has
+// not failed on its own account; a queue handler reports it as such (queue.Unavailable)
+// so that the delivery spends none of the job's budget.
+func Outage(err error) bool {
+	c := Classify(err).Class
+	return err != nil && (c == ClassQuota || c == ClassUnavailable)
 }

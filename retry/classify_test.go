@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -334,5 +335,31 @@ func TestIsQuota(t *testing.T) {
 		if retry.IsQuota(s, s) {
 			t.Errorf("IsQuota(%q) = true", s)
 		}
+	}
+}
+
+// An exhausted quota and an unavailable dependency are not retried in-process, are
+// transient for the queue, and are outages: the job did not fail, the provider did.
+// Other failures are not outages.
+func TestQuotaAndUnavailableAreOutages(t *testing.T) {
+	t.Parallel()
+	quota := &apiErr{status: 429, typ: "insufficient_quota", code: "insufficient_quota"}
+	unavailable := fmt.Errorf("model: %w", retry.ErrUnavailable)
+	for _, err := range []error{quota, unavailable, &retry.ExhaustedError{Attempts: 1, Err: quota}} {
+		v := retry.Classify(err)
+		if v.Retryable || !retry.Transient(err) || !retry.Outage(err) {
+			t.Errorf("%v: verdict %+v, transient %t, outage %t; want not retryable, transient, outage", err, v, retry.Transient(err), retry.Outage(err))
+		}
+	}
+	if c := retry.Classify(unavailable).Class; c != retry.ClassUnavailable {
+		t.Errorf("class of ErrUnavailable = %s", c)
+	}
+	for _, err := range []error{nil, &apiErr{status: 429}, &apiErr{status: 400}, &retry.DeadlineExceededError{}, errors.New("bug")} {
+		if retry.Outage(err) {
+			t.Errorf("Outage(%v) = true", err)
+		}
+	}
+	if !slices.Contains(retry.Classes(), retry.ClassUnavailable) {
+		t.Error("Classes lacks ClassUnavailable")
 	}
 }

@@ -13,6 +13,11 @@ var (
 	// the message with a fresh budget.
 	ErrDeadlineExceeded = errors.New("retry: delivery deadline exceeded")
 
+	// ErrUnavailable is matched by errors that say a dependency is known to be down,
+	// so a call was not even tried (an open circuit breaker's *breaker.OpenError).
+	// Classify gives them ClassUnavailable: not retried in-process, but Transient.
+	ErrUnavailable = errors.New("dependency unavailable")
+
 	// errPermanent marks errors wrapped by Permanent.
 	errPermanent = errors.New("permanent")
 )

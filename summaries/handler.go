@@ -50,6 +50,13 @@ type HandlerConfig struct {
 	// another delivery's call in flight waits for it instead of calling too. Default:
 	// nil (no ledger: every delivery that passes the pre-check calls the model).
 	Ledger *ledger.Ledger
+	// Breaker, when set, stops model calls while the provider is unusable as a whole
+	// (an exhausted quota or spend limit trips it; llm.WithBreaker): calls fail at once
+	// without reaching the provider, and the job is handed back without spending a
+	// delivery. Give the same breaker to the worker as its Gate, so that it takes no
+	// new work meanwhile. Default: nil (a quota error still hands the job back, but
+	// every delivery calls the provider).
+	Breaker llm.Breaker
 	// Provider names the model provider in the ledger's rows and metrics ("openai",
 	// "anthropic", "fake"). Default: "llm".
 	Provider string
@@ -94,6 +101,9 @@ func NewHandler(cfg HandlerConfig) (*Handler, error) {
 	if cfg.Ledger != nil {
 		h.llm = cfg.Ledger.Wrap(cfg.Provider, cfg.LLM)
 	}
+	if cfg.Breaker != nil { // outside the ledger: a call the breaker stops writes no row
+		h.llm = llm.WithBreaker(h.llm, cfg.Breaker)
+	}
 	return h, nil
 }
 
@@ -107,10 +117,12 @@ const (
 	OutcomeDuplicate Outcome = "duplicate"
 )
 
-// Handle implements queue.Handler: a nil error acknowledges the message; a transient
-// failure (retryable model errors that outlived the attempts, the delivery deadline, a
-// database error) leaves it pending for redelivery; anything else is wrapped with
-// queue.Permanent and dead-lettered with its reason.
+// Handle implements queue.Handler: a nil error acknowledges the message; a provider
+// outage (an exhausted quota or spend limit, an open breaker: retry.Outage) is wrapped
+// with queue.Unavailable, so the job is handed back without spending a delivery; a
+// transient failure (retryable model errors that outlived the attempts, the delivery
+// deadline, a database error) leaves it pending for redelivery; anything else is
+// wrapped with queue.Permanent and dead-lettered with its reason.
 func (h *Handler) Handle(ctx context.Context, job *queue.Job) error {
 	_, err := h.Process(ctx, job)
 	return err
@@ -137,6 +149,10 @@ func (h *Handler) Process(ctx context.Context, job *queue.Job) (Outcome, error) 
 
 	summary, err := h.summarise(ctx, job.JobID, req.Text)
 	if err != nil {
+		if retry.Outage(err) {
+			log.WarnContext(ctx, "model provider unusable (quota or spend limit); job handed back", "err", err)
+			return "", queue.Unavailable(fmt.Errorf("model: %w", err))
+		}
 		if retry.Transient(err) {
 			log.WarnContext(ctx, "model call failed, left for redelivery", "deliveries", job.Deliveries, "err", err)
 			return "", err

@@ -37,6 +37,8 @@ const (
 	jobDuplicate = "duplicate" // the summary existed: nothing written
 	jobRetry     = "retry"     // transient failure: left pending for redelivery
 	jobPermanent = "permanent" // dead-lettered
+	// jobUnavailable: the model provider is stopped (quota): handed back, no delivery spent
+	jobUnavailable = "unavailable"
 )
 
 // handlerMetrics are the job handler's collectors: what each delivery did, and the
@@ -49,14 +51,14 @@ type handlerMetrics struct {
 func newHandlerMetrics(reg prometheus.Registerer) *handlerMetrics {
 	jobs := metrics.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: metrics.Namespace, Subsystem: "summaries", Name: "jobs_total",
-		Help: "Deliveries of summaries jobs by outcome: done (summary and outbox row written), duplicate (summary existed, nothing written), retry (left pending), permanent (dead-lettered).",
+		Help: "Deliveries of summaries jobs by outcome: done (summary and outbox row written), duplicate (summary existed, nothing written), retry (left pending), permanent (dead-lettered), unavailable (the provider is stopped: handed back without spending a delivery).",
 	}, []string{"outcome"}))
 	written := metrics.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: metrics.Namespace, Subsystem: "outbox", Name: "written_total",
 		Help: "Outbox rows written by job handlers (committed with their result), by topic.",
 	}, []string{"topic"}))
 	m := &handlerMetrics{jobs: map[string]prometheus.Counter{}, written: written.WithLabelValues(TopicSummaryReady)}
-	for _, o := range []string{jobDone, jobDuplicate, jobRetry, jobPermanent} {
+	for _, o := range []string{jobDone, jobDuplicate, jobRetry, jobPermanent, jobUnavailable} {
 		m.jobs[o] = jobs.WithLabelValues(o)
 	}
 	return m
@@ -78,6 +80,8 @@ func Instrument(h *Handler, reg prometheus.Registerer) queue.Handler {
 			m.jobs[jobDuplicate].Inc()
 		case errors.Is(err, queue.ErrPermanent):
 			m.jobs[jobPermanent].Inc()
+		case errors.Is(err, queue.ErrUnavailable):
+			m.jobs[jobUnavailable].Inc()
 		default:
 			m.jobs[jobRetry].Inc()
 		}

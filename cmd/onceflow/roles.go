@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/onceflow/onceflow/breaker"
 	"github.com/onceflow/onceflow/config"
 	"github.com/onceflow/onceflow/idempotency"
 	"github.com/onceflow/onceflow/idempotency/redisstore"
@@ -47,6 +48,9 @@ type deps struct {
 	// ledger is the llm_calls ledger buildHandler made (nil before); its Run purges
 	// expired rows and runs beside the worker.
 	ledger *ledger.Ledger
+	// llmBreaker stops model calls while the provider's quota is exhausted, and holds
+	// the worker back meanwhile (its Gate); nil until buildHandler made it.
+	llmBreaker *breaker.Breaker
 }
 
 // newRoleDeps is newDeps for the long-running roles (serve, work, relay, run): it also
@@ -107,7 +111,27 @@ func (d *deps) checks() map[string]httpapi.Check {
 	if d.pool != nil {
 		c["postgres"] = d.pool.Ping
 	}
+	if b := d.llmBreaker; b != nil {
+		// Reported, never failing: the API still accepts jobs while the provider is
+		// stopped, and the workers hold theirs.
+		c["llm"] = func(context.Context) error { return httpapi.Degraded(b.Err()) }
+	}
 	return c
+}
+
+// modelBreaker returns the breaker of the process's model calls, made on first use: the
+// roles that call the model (work, run) make it before their HTTP server, so /readyz
+// reports it.
+func (d *deps) modelBreaker() (*breaker.Breaker, error) {
+	if d.llmBreaker != nil {
+		return d.llmBreaker, nil
+	}
+	b, err := breaker.New(breaker.Config{Name: "llm", ProbeInterval: d.cfg.LLMQuotaProbe, Logger: d.log, Registerer: d.reg})
+	if err != nil {
+		return nil, &config.Error{Name: "ONCEFLOW_LLM_QUOTA_PROBE", Err: err}
+	}
+	d.llmBreaker = b
+	return b, nil
 }
 
 // keys names the service's queue under ONCEFLOW_PREFIX.
@@ -190,6 +214,10 @@ func (d *deps) buildHandler() (queue.Handler, error) {
 		return nil, &config.Error{Name: "ledger settings", Err: err}
 	}
 	d.ledger = l
+	b, err := d.modelBreaker()
+	if err != nil {
+		return nil, err
+	}
 	// Inside the ledger: llmmetrics counts and traces real calls only, not replays.
 	client = m.Instrument(d.cfg.LLM, client)
 	if d.tp != nil {
@@ -200,6 +228,7 @@ func (d *deps) buildHandler() (queue.Handler, error) {
 		LLM:      client,
 		Model:    d.cfg.LLMModel,
 		Ledger:   l,
+		Breaker:  b,
 		Provider: d.cfg.LLM,
 		Retry: retry.Policy{
 			MaxAttempts:    d.cfg.LLMMaxAttempts,
@@ -258,7 +287,7 @@ func (d *deps) background() []func(context.Context) error {
 
 // buildWorker returns the queue worker running h.
 func (d *deps) buildWorker(h queue.Handler) (*queue.Worker, error) {
-	w, err := queue.NewWorker(queue.WorkerConfig{
+	wc := queue.WorkerConfig{
 		Redis: d.rdb, Keys: d.keys(), Handler: h,
 		Concurrency:     d.cfg.WorkerConcurrency,
 		ClaimIdle:       d.cfg.ClaimIdle,
@@ -267,7 +296,11 @@ func (d *deps) buildWorker(h queue.Handler) (*queue.Worker, error) {
 		StatsInterval:   d.cfg.StatsInterval,
 		Logger:          d.log,
 		Registerer:      d.reg,
-	})
+	}
+	if d.llmBreaker != nil {
+		wc.Gate = d.llmBreaker
+	}
+	w, err := queue.NewWorker(wc)
 	if err != nil {
 		return nil, &config.Error{Name: "worker settings", Err: err}
 	}

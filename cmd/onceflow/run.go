@@ -21,6 +21,9 @@ func runRun(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer d.Close()
+	if _, err := d.modelBreaker(); err != nil { // before the server, so /readyz reports it
+		return err
+	}
 	s, err := d.apiServer()
 	if err != nil {
 		return err

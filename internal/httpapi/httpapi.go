@@ -26,8 +26,23 @@ import (
 // DefaultReadyTimeout bounds each dependency check of /readyz.
 const DefaultReadyTimeout = time.Second
 
-// Check reports whether a dependency answers; a nil error means ready.
+// Check reports whether a dependency answers; a nil error means ready, and an error
+// wrapped with Degraded is reported without failing readiness.
 type Check func(ctx context.Context) error
+
+// ErrDegraded is matched by the errors Degraded returns.
+var ErrDegraded = errors.New("degraded")
+
+// Degraded marks a Check's error as one /readyz reports but does not fail on: the
+// process still does its main work (the API accepts jobs) while the dependency is
+// unusable, as when the model provider's quota is exhausted and workers hold their
+// jobs. Degraded(nil) is nil.
+func Degraded(err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("%w: %w", ErrDegraded, err)
+}
 
 // Config configures a Server.
 type Config struct {
@@ -121,7 +136,8 @@ func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
 }
 
 // readyz checks every dependency in parallel, each within ReadyTimeout, and answers 200
-// when all answer, else 503 naming the ones that did not.
+// when all answer, else 503 naming the ones that did not. A degraded check (Degraded)
+// is named, with status "degraded", and keeps the answer 200.
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	type result struct {
 		name string
@@ -141,12 +157,18 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	checks := map[string]string{}
 	status, code := "ok", http.StatusOK
 	for res := range results {
-		if res.err != nil {
+		switch {
+		case errors.Is(res.err, ErrDegraded):
+			checks[res.name] = res.err.Error()
+			if code == http.StatusOK {
+				status = "degraded"
+			}
+		case res.err != nil:
 			checks[res.name] = "unavailable: " + res.err.Error()
 			status, code = "unavailable", http.StatusServiceUnavailable
-			continue
+		default:
+			checks[res.name] = "ok"
 		}
-		checks[res.name] = "ok"
 	}
 	WriteJSON(w, code, map[string]any{"status": status, "checks": checks})
 }

@@ -36,6 +36,36 @@ func TestReadyzNamesTheDependencyThatIsDown(t *testing.T) {
 	}
 }
 
+// A degraded check is named but keeps /readyz at 200 ("degraded"); with a failing
+// check beside it the answer is 503 ("unavailable") and names both.
+func TestReadyzReportsDegradedWithoutFailing(t *testing.T) {
+	for _, tc := range []struct {
+		redis  error
+		code   int
+		status string
+	}{{nil, http.StatusOK, "degraded"}, {errors.New("connection refused"), http.StatusServiceUnavailable, "unavailable"}} {
+		s := New(Config{Checks: map[string]Check{
+			"redis": func(context.Context) error { return tc.redis },
+			"llm":   func(context.Context) error { return Degraded(errors.New("llm unavailable since 09:00: quota")) },
+		}})
+		rec := httptest.NewRecorder()
+		s.ServeHTTP(rec, httptest.NewRequest("GET", "/readyz", nil))
+		var body struct {
+			Status string            `json:"status"`
+			Checks map[string]string `json:"checks"`
+		}
+		if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
+			t.Fatal(err)
+		}
+		if rec.Code != tc.code || body.Status != tc.status || body.Checks["llm"] != "degraded: llm unavailable since 09:00: quota" {
+			t.Fatalf("redis %v: %d %+v, want %d %s with the llm named", tc.redis, rec.Code, body, tc.code, tc.status)
+		}
+	}
+	if Degraded(nil) != nil {
+		t.Fatal("Degraded(nil) is not nil")
+	}
+}
+
 func TestReadyzTimesOutAHungCheck(t *testing.T) {
 	s := New(Config{ReadyTimeout: 50 * time.Millisecond, Checks: map[string]Check{
 		"redis": func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() },
