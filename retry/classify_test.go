@@ -86,13 +86,13 @@ func TestClassifyTable(t *testing.T) {
 		{"EPIPE", fmt.Errorf("write: %w", syscall.EPIPE), true, retry.ClassConnection},
 		{"DNS", &net.DNSError{Err: "no such host", Name: "x.invalid", IsNotFound: true}, true, retry.ClassConnection},
 		{"unexpected EOF", fmt.Errorf("read body: %w", io.ErrUnexpectedEOF), true, retry.ClassConnection},
-		// HTTP/2 and HTTP/1 protocol failures. x/net's types print what net/http's
-		// bundled (unexported) ones print; the real net/http errors are produced by
-		// servers in TestClassifyRealHTTP2Failures.
+		// HTTP/2 and HTTP/1 protocol failures: x/net's types and net/http's messages
+		// (its bundled HTTP/2 types are unexported); the real net/http errors are
+		// produced by servers in TestClassifyRealHTTP2Failures.
 		{"h2 RST_STREAM INTERNAL_ERROR (x/net)", urlErr(http2.StreamError{StreamID: 1, Code: http2.ErrCodeInternal, Cause: errors.New("received from peer")}), true, retry.ClassConnection},
 		{"h2 RST_STREAM REFUSED_STREAM (x/net)", urlErr(http2.StreamError{StreamID: 3, Code: http2.ErrCodeRefusedStream, Cause: errors.New("received from peer")}), true, retry.ClassConnection},
 		{"h2 local stream error (x/net)", urlErr(http2.StreamError{StreamID: 3, Code: http2.ErrCodeProtocol}), true, retry.ClassConnection},
-		{"h2 GOAWAY then closed (x/net)", urlErr(http2.GoAwayError{LastStreamID: 5, ErrCode: http2.ErrCodeNo}), true, retry.ClassConnection},
+		{"h2 GOAWAY then closed", urlErr(errors.New(`http2: server sent GOAWAY and closed the connection; LastStreamID=5, ErrCode=NO_ERROR, debug=""`)), true, retry.ClassConnection},
 		{"h2 connection error (x/net)", urlErr(http2.ConnectionError(http2.ErrCodeProtocol)), true, retry.ClassConnection},
 		{"h2 GOAWAY below our stream", urlErr(errors.New("http2: Transport received GOAWAY from server ErrCode:ENHANCE_YOUR_CALM")), true, retry.ClassConnection},
 		{"h2 graceful GOAWAY after net/http's retries", urlErr(errors.New("http2: Transport received Server's graceful shutdown GOAWAY")), true, retry.ClassConnection},

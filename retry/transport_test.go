@@ -35,7 +35,7 @@ func TestNotProcessed(t *testing.T) {
 		{"connection unusable", urlErr(errors.New("http2: client conn not usable")), true},
 		{"RST_STREAM INTERNAL_ERROR", urlErr(http2.StreamError{StreamID: 1, Code: http2.ErrCodeInternal, Cause: peer}), false},
 		{"REFUSED_STREAM detected locally is not the server's word", urlErr(http2.StreamError{StreamID: 1, Code: http2.ErrCodeRefusedStream}), false},
-		{"GOAWAY that covered the request", urlErr(http2.GoAwayError{LastStreamID: 7, ErrCode: http2.ErrCodeNo}), false},
+		{"GOAWAY that covered the request", urlErr(errors.New(`http2: server sent GOAWAY and closed the connection; LastStreamID=7, ErrCode=NO_ERROR, debug=""`)), false},
 		{"client connection lost", urlErr(errors.New("http2: client connection lost")), false},
 		{"server closed idle connection (not claimed)", urlErr(errors.New("http: server closed idle connection")), false},
 		{"unexpected EOF", fmt.Errorf("read body: %w", io.ErrUnexpectedEOF), false},

@@ -523,7 +523,7 @@ func TestIsAmbiguous(t *testing.T) {
 		{"h2 RST_STREAM INTERNAL_ERROR", &url.Error{Op: "Post", Err: http2.StreamError{StreamID: 1, Code: http2.ErrCodeInternal, Cause: errors.New("received from peer")}}, true},
 		{"h2 RST_STREAM REFUSED_STREAM", &url.Error{Op: "Post", Err: http2.StreamError{StreamID: 1, Code: http2.ErrCodeRefusedStream, Cause: errors.New("received from peer")}}, false},
 		{"h2 GOAWAY below the stream", fmt.Errorf("openai: %w", &url.Error{Op: "Post", Err: errors.New("http2: Transport received GOAWAY from server ErrCode:INTERNAL_ERROR")}), false},
-		{"h2 GOAWAY covering the stream", &url.Error{Op: "Post", Err: http2.GoAwayError{LastStreamID: 1, ErrCode: http2.ErrCodeNo}}, true},
+		{"h2 GOAWAY covering the stream", &url.Error{Op: "Post", Err: errors.New(`http2: server sent GOAWAY and closed the connection; LastStreamID=1, ErrCode=NO_ERROR, debug=""`)}, true},
 		{"h2 connection lost", &url.Error{Op: "Post", Err: errors.New("http2: client connection lost")}, true},
 		{"unknown", errors.New("something"), true},
 	} {
