@@ -284,7 +284,7 @@ func classifyTransport(err error) Verdict {
 		return connection(f.reason)
 	}
 	var op *net.OpError
-	if errors.As(err, &op) && (op.Op == "remote error" || op.Op == "local error") {
+	if errors.As(err, &op) && (op.Op == "remote error" || op.Op == "local error") && op.Err != nil {
 		// crypto/tls reports an alert received from the peer, or one it sent, this way.
 		return connection("TLS alert (" + op.Op + "): " + op.Err.Error())
 	}
