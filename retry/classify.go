@@ -23,8 +23,8 @@ const (
 	// ClassTimeout: one attempt ran out of time (the per-call timeout, a net timeout,
 	// a TLS handshake timeout) or the server answered 408. Retryable.
 	ClassTimeout Class = "timeout"
-	// ClassConnection: the connection failed (reset, refused, DNS, unexpected EOF).
-	// Retryable.
+	// ClassConnection: the connection or the protocol failed (reset, refused, DNS,
+	// unexpected EOF, an HTTP/2 RST_STREAM or GOAWAY, a lost connection). Retryable.
 	ClassConnection Class = "connection"
 	// ClassRateLimited: HTTP 429 without a quota verdict. Retryable.
 	ClassRateLimited Class = "rate_limited"
@@ -179,8 +179,12 @@ func ClassifyStatus(status int) Verdict {
 //     context.DeadlineExceeded, which inside Do can only come from it), net.Error
 //     timeouts and TLS handshake timeouts: timeout;
 //  8. connection reset, refused, aborted, broken pipe, unreachable network or host,
-//     *net.DNSError, any other *net.OpError, io.ErrUnexpectedEOF, and io.EOF from an
-//     HTTP exchange (*url.Error): connection;
+//     io.ErrUnexpectedEOF; HTTP/2 stream resets (RST_STREAM, any code), GOAWAY,
+//     "http2: client connection lost" and other HTTP/2 connection errors; HTTP/1
+//     "transport connection broken" and "server closed idle connection"; TLS alerts
+//     after the handshake; *net.DNSError, any other *net.OpError, and io.EOF from an
+//     HTTP exchange (*url.Error): connection (see NotProcessed for which of them say
+//     the request was not processed);
 //  9. anything else: unknown, permanent.
 //
 // Retry-After travels with the verdict whenever err carries one (RetryAfterer). A nil
@@ -257,8 +261,11 @@ func classify(err error) Verdict {
 	return v
 }
 
-// classifyTransport classifies errors that carry no HTTP status: timeouts and
-// connection failures.
+// classifyTransport classifies errors that carry no HTTP status: timeouts, connection
+// failures and HTTP/1 and HTTP/2 protocol failures (stream resets, GOAWAY, lost and
+// broken connections: recogniseTransport), all retryable. What it does not recognise
+// stays unknown, and permanent: a decode error in our own code is a bug to fix, not a
+// reason to call the model again.
 func classifyTransport(err error) Verdict {
 	var at *AttemptTimeoutError
 	if errors.As(err, &at) || errors.Is(err, context.DeadlineExceeded) {
@@ -283,11 +290,18 @@ func classifyTransport(err error) Verdict {
 	case errors.As(err, &rh):
 		return Verdict{Class: ClassUnknown, Reason: "TLS record header error (not a TLS server?)"}
 	}
+	if f, ok := recogniseTransport(err); ok {
+		return connection(f.reason)
+	}
+	var op *net.OpError
+	if errors.As(err, &op) && (op.Op == "remote error" || op.Op == "local error") && op.Err != nil {
+		// crypto/tls reports an alert received from the peer, or one it sent, this way.
+		return connection("TLS alert (" + op.Op + "): " + op.Err.Error())
+	}
 	var dns *net.DNSError
 	if errors.As(err, &dns) {
 		return connection("DNS failure")
 	}
-	var op *net.OpError
 	if errors.As(err, &op) {
 		return connection("network error")
 	}

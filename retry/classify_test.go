@@ -2,17 +2,21 @@ package retry_test
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/net/http2"
 
 	"github.com/onceflow/onceflow/retry"
 )
@@ -83,6 +87,27 @@ func TestClassifyTable(t *testing.T) {
 		{"EPIPE", fmt.Errorf("write: %w", syscall.EPIPE), true, retry.ClassConnection},
 		{"DNS", &net.DNSError{Err: "no such host", Name: "x.invalid", IsNotFound: true}, true, retry.ClassConnection},
 		{"unexpected EOF", fmt.Errorf("read body: %w", io.ErrUnexpectedEOF), true, retry.ClassConnection},
+		// HTTP/2 and HTTP/1 protocol failures: x/net's types and net/http's messages
+		// (its bundled HTTP/2 types are unexported); the real net/http errors are
+		// produced by servers in TestClassifyRealHTTP2Failures.
+		{"h2 RST_STREAM INTERNAL_ERROR (x/net)", urlErr(http2.StreamError{StreamID: 1, Code: http2.ErrCodeInternal, Cause: errors.New("received from peer")}), true, retry.ClassConnection},
+		{"h2 RST_STREAM REFUSED_STREAM (x/net)", urlErr(http2.StreamError{StreamID: 3, Code: http2.ErrCodeRefusedStream, Cause: errors.New("received from peer")}), true, retry.ClassConnection},
+		{"h2 local stream error (x/net)", urlErr(http2.StreamError{StreamID: 3, Code: http2.ErrCodeProtocol}), true, retry.ClassConnection},
+		{"h2 GOAWAY then closed", urlErr(errors.New(`http2: server sent GOAWAY and closed the connection; LastStreamID=5, ErrCode=NO_ERROR, debug=""`)), true, retry.ClassConnection},
+		{"h2 connection error (x/net)", urlErr(http2.ConnectionError(http2.ErrCodeProtocol)), true, retry.ClassConnection},
+		{"h2 GOAWAY below our stream", urlErr(errors.New("http2: Transport received GOAWAY from server ErrCode:ENHANCE_YOUR_CALM")), true, retry.ClassConnection},
+		{"h2 graceful GOAWAY after net/http's retries", urlErr(errors.New("http2: Transport received Server's graceful shutdown GOAWAY")), true, retry.ClassConnection},
+		{"h2 client connection lost", fmt.Errorf("openai: %w", urlErr(errors.New("http2: client connection lost"))), true, retry.ClassConnection},
+		{"h2 cannot retry after the body was written", urlErr(errors.New("http2: Transport: cannot retry err [http2: Transport received Server's graceful shutdown GOAWAY] after Request.Body was written; define Request.GetBody to avoid this error")), true, retry.ClassConnection},
+		{"h1 transport connection broken", urlErr(fmt.Errorf("net/http: HTTP/1.x transport connection broken: %w", errors.New("http: persistConn.readLoop exiting"))), true, retry.ClassConnection},
+		{"h1 server closed idle connection", urlErr(errors.New("http: server closed idle connection")), true, retry.ClassConnection},
+		{"TLS alert from the peer", urlErr(&net.OpError{Op: "remote error", Err: tls.AlertError(20)}), true, retry.ClassConnection},
+		{"reset while reading the body", fmt.Errorf("error reading response body: %w", &net.OpError{Op: "read", Net: "tcp", Err: &osSyscallError{syscall.ECONNRESET}}), true, retry.ClassConnection},
+		{"joined errors are searched", errors.Join(errors.New("first"), errors.New("http2: client connection lost")), true, retry.ClassConnection},
+		// ... and what merely quotes them is still unknown: the match is on the error
+		// net/http created, not on text anywhere in a message.
+		{"a decode error quoting an h2 message", fmt.Errorf("decode summary %q: %w", "http2: client connection lost", &jsonLikeError{}), false, retry.ClassUnknown},
+		{"connection error that is not an h2 code", errors.New("connection error: the database is down"), false, retry.ClassUnknown},
 		{"plain io.EOF is not a transport error", io.EOF, false, retry.ClassUnknown},
 		{"unknown", errors.New("boom"), false, retry.ClassUnknown},
 		{"json syntax error", fmt.Errorf("decode: %w", &jsonLikeError{}), false, retry.ClassUnknown},
@@ -102,6 +127,10 @@ func TestClassifyTable(t *testing.T) {
 			}
 		})
 	}
+}
+
+func urlErr(err error) error {
+	return &url.Error{Op: "Post", URL: "https://api.example.com/v1/chat/completions", Err: err}
 }
 
 type osSyscallError struct{ err error }

@@ -2,6 +2,8 @@ package summaries_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -225,6 +227,80 @@ func TestPostStatusTable(t *testing.T) {
 	// invisible to acme.
 	if r := get(t, base, keyAcme, g); r.code != http.StatusNotFound {
 		t.Fatalf("acme reading globex's job: %d %s", r.code, r.body)
+	}
+}
+
+// Strict JSON (CONTRACT section 4): member names are case-sensitive and may appear once.
+// Each loose body is a 400 naming the field, stores nothing and enqueues nothing, so the
+// same key is a new job afterwards.
+func TestPostRejectsCaseFoldedAndDuplicateNames(t *testing.T) {
+	t.Parallel()
+	inspect, prefix := testenv.Redis(t)
+	keys := queue.Keys{Prefix: prefix, Queue: summaries.QueueName}
+	serverRedis, err := connect.Redis(testenv.RedisURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { serverRedis.Close() })
+	var rt roundtrip.Counter
+	serverRedis.AddHook(&rt)
+	pool, _ := testenv.Postgres(t)
+	base := newAPIServer(t, serverRedis, prefix, pool).URL
+
+	for i, tc := range []struct {
+		body     string
+		contains []string
+	}{
+		{`{"TEXT":"x","notify":"a@example.com"}`, []string{"TEXT", "unknown field"}},
+		{`{"text":"a","Text":"b","notify":"a@example.com"}`, []string{"Text", "unknown field"}},
+		{`{"text":"a","Notify":"a@example.com"}`, []string{"Notify", "unknown field"}},
+		{`{"text":"a","text":"b","notify":"a@example.com"}`, []string{"text", "duplicate field"}},
+		{`{"text":"a","notify":"a@example.com","notify":"b@example.com"}`, []string{"notify", "duplicate field"}},
+	} {
+		key := fmt.Sprintf("strict-json-%010d", i)
+		rt.Reset()
+		r := post(t, base, request{apiKey: keyAcme, idemKey: key, ctype: "application/json", body: tc.body})
+		if r.code != http.StatusBadRequest {
+			t.Fatalf("%s: status %d body %s, want 400", tc.body, r.code, r.body)
+		}
+		d, _ := r.json(t)["detail"].(string)
+		for _, c := range tc.contains {
+			if !strings.Contains(d, c) {
+				t.Fatalf("%s: detail %q does not contain %q", tc.body, d, c)
+			}
+		}
+		if n := rt.Redis(); n != 0 {
+			t.Errorf("%s: %d Redis round trips for a rejected request, want 0", tc.body, n)
+		}
+		if a := post(t, base, request{apiKey: keyAcme, idemKey: key, ctype: "application/json", body: validBody("x")}); a.code != http.StatusAccepted {
+			t.Fatalf("%s: the key afterwards: status %d body %s, want a new 202", tc.body, a.code, a.body)
+		}
+	}
+	if jobs := streamJobs(t, inspect, keys); len(jobs) != 5 {
+		t.Fatalf("stream has %d entries, want 5 (the valid retries only)", len(jobs))
+	}
+}
+
+// The worker decodes a queued payload as strictly as the API decodes a body: a payload
+// with a case-folded or repeated name (enqueued by something other than the API) is
+// dead-lettered before any model call, instead of being read as the field it resembles.
+func TestHandlerRefusesALoosePayload(t *testing.T) {
+	t.Parallel()
+	pool, _ := testenv.Postgres(t)
+	client := fake.New()
+	h := newHandler(t, pool, client, summaries.HandlerConfig{})
+	for _, payload := range []string{
+		`{"TEXT":"x","notify":"a@example.com"}`,
+		`{"text":"a","text":"b","notify":"a@example.com"}`,
+	} {
+		job := &queue.Job{Message: queue.Message{JobID: uuid.NewString(), Tenant: "acme", Payload: []byte(payload), EnqueuedAt: time.Now()}, ID: "1-1", Deliveries: 1}
+		_, err := h.Process(context.Background(), job)
+		if !errors.Is(err, queue.ErrPermanent) || !strings.Contains(err.Error(), "invalid payload") {
+			t.Fatalf("payload %s: %v, want a permanent invalid-payload error", payload, err)
+		}
+	}
+	if client.Calls() != 0 {
+		t.Fatalf("%d model calls for invalid payloads, want 0", client.Calls())
 	}
 }
 

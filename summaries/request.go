@@ -1,14 +1,15 @@
 package summaries
 
 import (
-	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/mail"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/onceflow/onceflow/internal/strictjson"
 )
 
 // Limits of a summary request.
@@ -35,23 +36,18 @@ type FieldError struct {
 
 func (e *FieldError) Error() string { return e.Field + ": " + e.Msg }
 
-// DecodeRequest parses and validates a request body strictly: one JSON object, no unknown
-// fields, no trailing data, both fields present and valid. Errors are *FieldError.
+// DecodeRequest parses and validates a request body strictly (internal/strictjson): one
+// JSON object, member names matched case-sensitively, no unknown or duplicate member, no
+// trailing data, valid UTF-8, both fields present and valid. Errors are *FieldError
+// naming the field ("body" for the document as a whole). The API decodes POST bodies
+// with it and the job handler the queued payloads, so both sides accept the same
+// documents.
 func DecodeRequest(body []byte) (Request, error) {
 	var r Request
-	if !utf8.Valid(body) {
-		return r, &FieldError{"body", "not valid UTF-8"}
+	if err := strictjson.Decode(body, &r); err != nil {
+		return Request{}, decodeError(err)
 	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&r); err != nil {
-		return r, decodeError(err)
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return r, &FieldError{"body", "unexpected data after the JSON object"}
-	}
-	// DisallowUnknownFields does not catch a duplicated key; nor does it tell a missing
-	// field from an empty one, which the checks below treat alike.
+	// A missing field and an empty one are alike to the checks below.
 	switch n := utf8.RuneCountInString(r.Text); {
 	case strings.TrimSpace(r.Text) == "":
 		return r, &FieldError{"text", "required and must not be blank"}
@@ -90,29 +86,18 @@ func validEmail(s string) error {
 	return nil
 }
 
-// decodeError turns encoding/json's errors into a FieldError naming the field.
+// decodeError turns strictjson's errors into a FieldError naming the field.
 func decodeError(err error) error {
-	var te *json.UnmarshalTypeError
-	var se *json.SyntaxError
-	switch {
-	case errors.As(err, &te):
-		field := te.Field
-		if field == "" {
-			return &FieldError{"body", "must be a JSON object"}
-		}
-		return &FieldError{field, "must be a " + strings.TrimPrefix(te.Type.String(), "*")}
-	case errors.As(err, &se):
-		return &FieldError{"body", fmt.Sprintf("invalid JSON at byte %d", se.Offset)}
-	case errors.Is(err, io.EOF):
+	var se *strictjson.Error
+	if !errors.As(err, &se) {
+		return &FieldError{"body", "invalid JSON"}
+	}
+	field := cmp.Or(se.Field, "body")
+	switch se.Kind {
+	case strictjson.KindEmpty:
 		return &FieldError{"body", "empty body; want a JSON object"}
-	case errors.Is(err, io.ErrUnexpectedEOF):
-		return &FieldError{"body", "truncated JSON"}
+	case strictjson.KindTrailingData:
+		return &FieldError{"body", "unexpected data after the JSON object"}
 	}
-	if f, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
-		if name := strings.Trim(f, `"`); name != "" {
-			return &FieldError{name, "unknown field"}
-		}
-		return &FieldError{"body", `unknown field ""`}
-	}
-	return &FieldError{"body", "invalid JSON"}
+	return &FieldError{field, se.Msg}
 }

@@ -1,7 +1,11 @@
 package summaries
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
+	"io"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -31,6 +35,16 @@ func TestDecodeRequest(t *testing.T) {
 		{``, "body"},
 		{`nul`, "body"},
 		{"{\"text\":\"\xff\",\"notify\":\"a@example.com\"}", "body"},
+		// Member names are case-sensitive and may appear once (CONTRACT section 4).
+		{`{"TEXT":"x","notify":"a@example.com"}`, "TEXT"},
+		{`{"Text":"x","notify":"a@example.com"}`, "Text"},
+		{`{"text":"x","NOTIFY":"a@example.com"}`, "NOTIFY"},
+		{`{"text":"a","Text":"b","notify":"a@example.com"}`, "Text"},
+		{`{"text":"a","text":"b","notify":"a@example.com"}`, "text"},
+		{`{"text":"a","notify":"a@example.com","notify":"b@example.com"}`, "notify"},
+		{`{"text":"a","te\u0078t":"b","notify":"a@example.com"}`, "text"},
+		{`{"text":"a","notify":"a@example.com","":1}`, "body"},
+		{`{"text":"\ud800","notify":"a@example.com"}`, "text"},
 	}
 	for _, tc := range cases {
 		name := tc.body
@@ -74,19 +88,38 @@ func TestCanonicalIgnoresWhitespaceAndOrder(t *testing.T) {
 	}
 }
 
+// FuzzDecodeRequest checks DecodeRequest against an independent reading of the body
+// (encoding/json's tokenizer, which keeps names exactly as sent): an accepted body is
+// one object whose member names are exactly "text" and "notify", once each, with the
+// values decoded; a refusal is a FieldError, and one about an unknown or duplicate
+// member names a member the body has.
 func FuzzDecodeRequest(f *testing.F) {
 	f.Add([]byte(`{"text":"hello","notify":"a@example.com"}`))
 	f.Add([]byte(`{"text":"","notify":""}`))
 	f.Add([]byte(`{"text":"x","notify":"a@example.com","z":1}`))
+	f.Add([]byte(`{"TEXT":"x","notify":"a@example.com"}`))
+	f.Add([]byte(`{"text":"a","Text":"b","notify":"a@example.com"}`))
+	f.Add([]byte(`{"text":"a","text":"b","notify":"a@example.com"}`))
+	f.Add([]byte(`{"te\u0078t":"a","notify":"a@example.com"}`))
 	f.Add([]byte(`[]`))
 	f.Fuzz(func(t *testing.T, body []byte) {
+		names, values, readable := topLevelMembers(body)
 		r, err := DecodeRequest(body)
 		if err != nil {
 			var fe *FieldError
 			if !errors.As(err, &fe) || fe.Field == "" || fe.Msg == "" {
 				t.Fatalf("error %v is not a FieldError naming a field", err)
 			}
+			if readable && fe.Field != "body" && (fe.Msg == "unknown field" || fe.Msg == "duplicate field") && !slices.Contains(names, fe.Field) {
+				t.Fatalf("%s names %q, which is not a member of %q", fe.Msg, fe.Field, body)
+			}
 			return
+		}
+		if !readable || len(names) != 2 || !slices.Contains(names, "text") || !slices.Contains(names, "notify") {
+			t.Fatalf("accepted %q, whose members are %q: want exactly text and notify, once each", body, names)
+		}
+		if values["text"] != r.Text || values["notify"] != r.Notify {
+			t.Fatalf("accepted %q as %+v, but its members say %q", body, r, values)
 		}
 		// A valid request survives its canonical form unchanged.
 		again, err := DecodeRequest(r.Canonical())
@@ -94,4 +127,38 @@ func FuzzDecodeRequest(f *testing.F) {
 			t.Fatalf("canonical form %s does not decode back: %v", r.Canonical(), err)
 		}
 	})
+}
+
+// topLevelMembers reads body as one JSON object with encoding/json's tokenizer and
+// returns its member names in order, and the values of its string members; readable is
+// false when body is not one such object.
+func topLevelMembers(body []byte) (names []string, values map[string]string, readable bool) {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return nil, nil, false
+	}
+	values = map[string]string{}
+	for dec.More() {
+		tok, err := dec.Token()
+		name, ok := tok.(string)
+		if err != nil || !ok {
+			return nil, nil, false
+		}
+		names = append(names, name)
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return nil, nil, false
+		}
+		var s string
+		if json.Unmarshal(raw, &s) == nil {
+			values[name] = s
+		}
+	}
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('}') {
+		return nil, nil, false
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return nil, nil, false
+	}
+	return names, values, true
 }

@@ -22,8 +22,15 @@ import (
 //     false;
 //   - failures to connect (refused, DNS, any error while dialling): false, the request
 //     never left;
+//   - the server said it did not process the request (retry.NotProcessed): an HTTP/2
+//     RST_STREAM with REFUSED_STREAM, a GOAWAY whose last-stream-id is below the
+//     request's stream (RFC 9113 sections 8.7 and 6.8), a connection that could not
+//     take the request: false;
 //   - timeouts (the per-call deadline, a net timeout), cancellation, a reset or closed
-//     connection, a truncated body or stream (io.ErrUnexpectedEOF): true;
+//     connection, a truncated body or stream (io.ErrUnexpectedEOF), an HTTP/2
+//     RST_STREAM with any other code (INTERNAL_ERROR from a provider's edge), a GOAWAY
+//     that covered the request, a lost HTTP/2 connection: true, since the request was
+//     sent and may have been processed;
 //   - anything else: true, since not knowing is exactly the ambiguous case.
 //
 // It is safe for concurrent use.
@@ -41,6 +48,9 @@ func IsAmbiguous(err error) bool {
 	}
 	if retry.IsPermanent(err) {
 		return false
+	}
+	if retry.NotProcessed(err) {
+		return false // the server refused it before processing: nothing was done
 	}
 	var op *net.OpError
 	if errors.As(err, &op) && op.Op == "dial" {

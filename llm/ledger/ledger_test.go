@@ -17,6 +17,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/net/http2"
 
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/llm"
@@ -517,6 +518,13 @@ func TestIsAmbiguous(t *testing.T) {
 		{"dns", &url.Error{Op: "Post", Err: &net.DNSError{Err: "no such host"}}, false},
 		{"dial timeout", &url.Error{Op: "Post", Err: &net.OpError{Op: "dial", Err: context.DeadlineExceeded}}, false},
 		{"in flight", &ledger.InFlightError{}, false},
+		// HTTP/2: the request was sent on a stream; only the server's word that it did
+		// not process it (REFUSED_STREAM, a GOAWAY below the stream) makes it clear.
+		{"h2 RST_STREAM INTERNAL_ERROR", &url.Error{Op: "Post", Err: http2.StreamError{StreamID: 1, Code: http2.ErrCodeInternal, Cause: errors.New("received from peer")}}, true},
+		{"h2 RST_STREAM REFUSED_STREAM", &url.Error{Op: "Post", Err: http2.StreamError{StreamID: 1, Code: http2.ErrCodeRefusedStream, Cause: errors.New("received from peer")}}, false},
+		{"h2 GOAWAY below the stream", fmt.Errorf("openai: %w", &url.Error{Op: "Post", Err: errors.New("http2: Transport received GOAWAY from server ErrCode:INTERNAL_ERROR")}), false},
+		{"h2 GOAWAY covering the stream", &url.Error{Op: "Post", Err: errors.New(`http2: server sent GOAWAY and closed the connection; LastStreamID=1, ErrCode=NO_ERROR, debug=""`)}, true},
+		{"h2 connection lost", &url.Error{Op: "Post", Err: errors.New("http2: client connection lost")}, true},
 		{"unknown", errors.New("something"), true},
 	} {
 		if got := ledger.IsAmbiguous(tc.err); got != tc.want {

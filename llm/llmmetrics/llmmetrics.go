@@ -155,9 +155,11 @@ func (i *instrumented) Stream(ctx context.Context, req *llm.Request) iter.Seq2[l
 // request may have reached the provider, so the provider may have run (and billed) it:
 // a timeout or a broken connection (reset, unexpected EOF, a stream cut halfway). An
 // answer with a status (429, 500, ...) is not ambiguous, nor is a connection that was
-// never made (refused, DNS), nor a cancellation by the caller (shutdown).
+// never made (refused, DNS), nor a cancellation by the caller (shutdown), nor a failure
+// the server said it did not process (retry.NotProcessed: REFUSED_STREAM, a GOAWAY
+// below the request's stream), as the llm_calls ledger counts it.
 func Ambiguous(err error) bool {
-	if err == nil {
+	if err == nil || retry.NotProcessed(err) {
 		return false
 	}
 	var st retry.HTTPStatuser

@@ -101,6 +101,9 @@ func TestAmbiguousFailures(t *testing.T) {
 		{"400", &retry.StatusError{Status: 400}, false},
 		{"canceled", context.Canceled, false},
 		{"nil", nil, false},
+		{"h2 reset", errors.New("stream error: stream ID 1; INTERNAL_ERROR; received from peer"), true},
+		{"h2 refused stream", errors.New("stream error: stream ID 1; REFUSED_STREAM; received from peer"), false},
+		{"h2 goaway below the stream", errors.New("http2: Transport received GOAWAY from server ErrCode:NO_ERROR"), false},
 	}
 	for _, tc := range cases {
 		if got := llmmetrics.Ambiguous(tc.err); got != tc.want {
