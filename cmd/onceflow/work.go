@@ -57,7 +57,7 @@ func runAll(ctx context.Context, d *deps, srv *httpapi.Server, addr string, role
 			h = tracing.HTTPHandler(d.tp, srv)
 		}
 		roles = append(roles, func(ctx context.Context) error {
-			return httpapi.Serve(ctx, addr, h, d.cfg.ShutdownTimeout, d.log, nil)
+			return httpapi.Serve(ctx, addr, h, serveConfig(d.cfg, d.log, nil))
 		})
 	}
 	errs := make(chan error, len(roles))
