@@ -10,8 +10,8 @@ import (
 )
 
 // runWebhookSink serves a webhook receiver that records every delivery and reports the
-// counts per Idempotency-Key on GET: the demo's and the chaos suite's email provider.
-// It is a hidden command (not in `onceflow help`).
+// counts per Idempotency-Key on GET: the email provider of `make demo` and of the chaos
+// suite, and a way to try ONCEFLOW_SENDER=webhook without a real provider.
 func runWebhookSink(ctx context.Context, e *env, args []string) error {
 	fs := flags(e, "webhook-sink", "[--addr ADDR] [--latency D] [--fail-rate P] [--fail-status N] [--retry-after D] [--seed N]")
 	addr := fs.String("addr", "127.0.0.1:8099", "listen address (port 0: any free port; the log line names it)")
