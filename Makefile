@@ -8,6 +8,9 @@ LDFLAGS := -X main.version=$(VERSION)
 FUZZTIME ?= 10s
 # Go test timeout for the whole suite; it normally takes a few minutes.
 TEST_TIMEOUT ?= 20m
+# Build tag of the test aids compiled only into the binary the tests run
+# (internal/testenv.Binary): `onceflow work --test-handler`. `make build` leaves them out.
+TEST_TAGS := onceflowtest
 
 .PHONY: all build test demo lint fuzz bench chaos services-up services-down clean
 
@@ -26,11 +29,15 @@ test:
 demo:
 	scripts/demo
 
-## lint: gofmt, go vet and staticcheck (pinned)
+## lint: the repository check (no file over 1 MiB, no executable binary tracked), gofmt,
+## go vet and staticcheck (pinned), each also with the test build tag (TEST_TAGS)
 lint:
+	scripts/check-repo
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	$(GO) vet -tags $(TEST_TAGS) ./...
 	$(GO) run $(STATICCHECK) ./...
+	$(GO) run $(STATICCHECK) -tags $(TEST_TAGS) ./...
 
 ## fuzz: run each fuzz target for FUZZTIME (default 10s)
 fuzz:

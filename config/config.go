@@ -40,6 +40,21 @@ type Config struct {
 	Prefix string
 	// HTTPAddr is the API's listen address. Default: 127.0.0.1:8080.
 	HTTPAddr string
+	// HTTPReadHeaderTimeout bounds reading a request's line and headers on every HTTP
+	// listener (API, gateway, metrics, fake-llm, webhook sink); a slower client is
+	// disconnected without an answer. Default: 10s.
+	HTTPReadHeaderTimeout time.Duration
+	// HTTPReadTimeout bounds reading a request's body on every HTTP listener, counted
+	// from the end of its headers; a slower body is answered 408 and its connection
+	// closed. It does not limit how long an answer takes (the gateway's streams).
+	// Default: 30s.
+	HTTPReadTimeout time.Duration
+	// HTTPIdleTimeout is how long a kept-alive connection may wait for its next request.
+	// Default: 2m.
+	HTTPIdleTimeout time.Duration
+	// HTTPMaxHeaderBytes bounds the size of a request's line and headers, in bytes;
+	// larger ones get 431. Default: 65536.
+	HTTPMaxHeaderBytes int
 	// APIKeys maps each API key to its tenant. Default: none (serve refuses to start).
 	APIKeys map[string]string
 
@@ -190,6 +205,18 @@ var settings = []setting{
 	}},
 	{env: "ONCEFLOW_HTTP_ADDR", def: "127.0.0.1:8080", usage: "API listen address", parse: func(c *Config, v string) error {
 		return parseAddr(&c.HTTPAddr, v)
+	}},
+	{env: "ONCEFLOW_HTTP_READ_HEADER_TIMEOUT", def: "10s", usage: "bound of reading a request's headers (slower: disconnected)", parse: func(c *Config, v string) error {
+		return parseDuration(&c.HTTPReadHeaderTimeout, v)
+	}},
+	{env: "ONCEFLOW_HTTP_READ_TIMEOUT", def: "30s", usage: "bound of reading a request's body after its headers (slower: 408)", parse: func(c *Config, v string) error {
+		return parseDuration(&c.HTTPReadTimeout, v)
+	}},
+	{env: "ONCEFLOW_HTTP_IDLE_TIMEOUT", def: "2m", usage: "how long a kept-alive connection waits for its next request", parse: func(c *Config, v string) error {
+		return parseDuration(&c.HTTPIdleTimeout, v)
+	}},
+	{env: "ONCEFLOW_HTTP_MAX_HEADER_BYTES", def: "65536", usage: "largest request line and headers, in bytes (larger: 431)", parse: func(c *Config, v string) error {
+		return parseInt(&c.HTTPMaxHeaderBytes, v, 4096, 16<<20)
 	}},
 	{env: "ONCEFLOW_API_KEYS", usage: "comma-separated TENANT:KEY pairs", secret: true, parse: parseAPIKeys},
 	{env: "ONCEFLOW_LLM", def: "fake", usage: "model provider: openai, anthropic or fake", parse: func(c *Config, v string) error {

@@ -22,6 +22,7 @@ const (
 	outcomeInvalid                     // 400: key missing or malformed, body not canonicalisable
 	outcomeTooLarge                    // 413: request body over the limit
 	outcomeUnauthorized                // 401: Tenant returned an error
+	outcomeTimeout                     // 408: request body not received in time
 	numOutcomes
 )
 
@@ -38,6 +39,7 @@ var outcomeNames = [numOutcomes]string{
 	outcomeInvalid:      "invalid_400",
 	outcomeTooLarge:     "too_large_413",
 	outcomeUnauthorized: "unauthorized_401",
+	outcomeTimeout:      "timeout_408",
 }
 
 // idemMetrics holds the middleware's collectors.

@@ -12,6 +12,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
 	"strconv"
 	"sync"
 	"time"
@@ -171,7 +172,8 @@ func (m *Middleware) WrapFunc(h func(http.ResponseWriter, *http.Request) error) 
 }
 
 // ReadBody reads r's body up to limit bytes. A longer body (or a Content-Length over the
-// limit) returns an error matching ErrBodyTooLarge without reading further.
+// limit) returns an error matching ErrBodyTooLarge without reading further; a body that
+// did not arrive before the connection's read deadline, one matching ErrBodyTimeout.
 func ReadBody(r *http.Request, limit int64) ([]byte, error) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, nil
@@ -185,7 +187,9 @@ func ReadBody(r *http.Request, limit int64) ([]byte, error) {
 		n = 512
 	}
 	buf := bytes.NewBuffer(make([]byte, 0, n+1))
-	if _, err := buf.ReadFrom(io.LimitReader(r.Body, limit+1)); err != nil {
+	if _, err := buf.ReadFrom(io.LimitReader(r.Body, limit+1)); errors.Is(err, os.ErrDeadlineExceeded) {
+		return nil, fmt.Errorf("%w: %w", ErrBodyTimeout, err)
+	} else if err != nil {
 		return nil, &RequestError{Err: fmt.Errorf("read request body: %w", err)}
 	}
 	if int64(buf.Len()) > limit {
@@ -320,6 +324,7 @@ func (m *Middleware) finish(r *http.Request, lock *Lock, o outcome, err error) {
 //	*KeyError, *RequestError     400 {"detail": ...}
 //	ErrUnauthenticated           401
 //	ErrBodyTooLarge              413
+//	ErrBodyTimeout               408
 //	ErrInProgress                409 + Retry-After
 //	ErrKeyReused                 422
 //	any other error              503 + Retry-After (logged)
@@ -349,6 +354,9 @@ func (m *Middleware) Respond(w http.ResponseWriter, r *http.Request, resp *Respo
 	case errors.Is(err, ErrBodyTooLarge):
 		m.metrics.count(outcomeTooLarge)
 		writeDetail(w, http.StatusRequestEntityTooLarge, err.Error()) // names the limit ReadBody applied
+	case errors.Is(err, ErrBodyTimeout):
+		m.metrics.count(outcomeTimeout)
+		writeDetail(w, http.StatusRequestTimeout, ErrBodyTimeout.Error())
 	case errors.Is(err, ErrInProgress):
 		m.metrics.count(outcomeConflict)
 		w.Header().Set("Retry-After", m.retry)

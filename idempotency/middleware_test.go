@@ -211,8 +211,8 @@ func (h *harness) wantOutcomes(want map[string]float64) {
 			h.t.Errorf("outcome %s = %v, want %v (all: %v)", name, v, want[name], got)
 		}
 	}
-	if len(got) != 12 {
-		h.t.Errorf("%d outcome series, want all 12 initialised: %v", len(got), got)
+	if len(got) != 13 {
+		h.t.Errorf("%d outcome series, want all 13 initialised: %v", len(got), got)
 	}
 }
 

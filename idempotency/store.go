@@ -20,6 +20,9 @@ var (
 	ErrLockLost = errors.New("idempotency lock lost")
 	// ErrBodyTooLarge: the request body is over the configured limit (413).
 	ErrBodyTooLarge = errors.New("request body too large")
+	// ErrBodyTimeout: the request body did not arrive before the server's read deadline
+	// (http.Server.ReadTimeout, or one set with http.ResponseController) (408).
+	ErrBodyTimeout = errors.New("request body not received in time")
 )
 
 // Response is a stored response: what a replay sends back.

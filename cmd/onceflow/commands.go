@@ -41,8 +41,8 @@ func commands() []command {
 		{"fake-llm", "serve a fake OpenAI-compatible model with injectable faults (demos and tests)", runFakeLLM},
 		{"gateway", "an OpenAI-compatible proxy adding Idempotency-Key semantics to any upstream (ONCEFLOW_GATEWAY_ADDR)", runGateway},
 		{"probe", "does a provider honour Idempotency-Key? one key twice: honoured (0), ignored (3), inconclusive (1)", runProbe},
+		{"webhook-sink", "a webhook receiver counting deliveries per Idempotency-Key (make demo's email provider; GET shows duplicates)", runWebhookSink},
 		{"version", "print the version", runVersion},
-		{"webhook-sink", "", runWebhookSink}, // hidden: a test and demo webhook receiver
 	}
 }
 
@@ -66,10 +66,7 @@ func run(ctx context.Context, args []string, e *env) error {
 func printUsage(w io.Writer) {
 	fmt.Fprintln(w, "usage: onceflow COMMAND [flags]\n\ncommands:")
 	for _, c := range commands() {
-		if c.summary == "" {
-			continue // hidden command
-		}
-		fmt.Fprintf(w, "  %-10s %s\n", c.name, c.summary)
+		fmt.Fprintf(w, "  %-12s %s\n", c.name, c.summary)
 	}
 	fmt.Fprintln(w, "\nRun `onceflow COMMAND -h` for a command's flags. Every setting is also an environment variable (see README).")
 }

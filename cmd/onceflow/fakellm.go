@@ -56,7 +56,7 @@ func runFakeLLM(ctx context.Context, e *env, args []string) error {
 			"fail_429", *fail429, "retry_after_s", *retryAfter, "fail_503", *fail503, "fail_quota", *failQuota, "hang", *hang,
 			"drip", *drip, "drop_stream", *drop, "max_input_chars", *maxInput, "honour_idempotency", *honour, "tool_call_ids", *toolIDs)
 	}
-	if err := httpapi.Serve(ctx, *addr, srv, cfg.ShutdownTimeout, log, ready); err != nil {
+	if err := httpapi.Serve(ctx, *addr, srv, serveConfig(cfg, log, ready)); err != nil {
 		return fmt.Errorf("fake-llm: %w", err)
 	}
 	log.InfoContext(ctx, "fake-llm stopped")

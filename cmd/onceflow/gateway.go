@@ -49,9 +49,9 @@ func runGateway(ctx context.Context, e *env, args []string) error {
 	s.Handle("/v1/", "/v1/", g)
 	log.InfoContext(ctx, "starting gateway", "config", cfg, "upstream", config.RedactURL(upstream))
 	serve := func(ctx context.Context) error {
-		return httpapi.Serve(ctx, cfg.GatewayAddr, s, cfg.ShutdownTimeout, log, func(a net.Addr) {
+		return httpapi.Serve(ctx, cfg.GatewayAddr, s, serveConfig(cfg, log, func(a net.Addr) {
 			log.InfoContext(ctx, "gateway listening", "addr", a.String(), "base_url", fmt.Sprintf("http://%s/v1", a))
-		})
+		}))
 	}
 	if err := runAll(ctx, d, s, "", serve, g.Ledger().Run); err != nil {
 		return fmt.Errorf("gateway: %w", err)

@@ -5,12 +5,13 @@ import (
 	"fmt"
 	"net"
 
+	"github.com/onceflow/onceflow/config"
 	"github.com/onceflow/onceflow/internal/webhooksink"
 )
 
 // runWebhookSink serves a webhook receiver that records every delivery and reports the
-// counts per Idempotency-Key on GET: the demo's and the chaos suite's email provider.
-// It is a hidden command (not in `onceflow help`).
+// counts per Idempotency-Key on GET: the email provider of `make demo` and of the chaos
+// suite, and a way to try ONCEFLOW_SENDER=webhook without a real provider.
 func runWebhookSink(ctx context.Context, e *env, args []string) error {
 	fs := flags(e, "webhook-sink", "[--addr ADDR] [--latency D] [--fail-rate P] [--fail-status N] [--retry-after D] [--seed N]")
 	addr := fs.String("addr", "127.0.0.1:8099", "listen address (port 0: any free port; the log line names it)")
@@ -19,8 +20,8 @@ func runWebhookSink(ctx context.Context, e *env, args []string) error {
 	failStatus := fs.Int("fail-status", 503, "status of injected failures")
 	retryAfter := fs.Duration("retry-after", 0, "Retry-After sent with injected failures (0: none)")
 	seed := fs.Uint64("seed", 0, "seed of injected failures (0: random)")
-	logFormat := fs.String("log-format", "json", "json or text")
-	if err := parse(fs, args); err != nil {
+	cfg, log, err := load(e, fs, config.Register(fs), args) // ONCEFLOW_HTTP_* and ONCEFLOW_LOG_FORMAT apply
+	if err != nil {
 		return err
 	}
 	switch {
@@ -33,14 +34,13 @@ func runWebhookSink(ctx context.Context, e *env, args []string) error {
 	case *latency < 0 || *retryAfter < 0:
 		return usageErrorf("durations must not be negative")
 	}
-	log := newLogger(e.stderr, *logFormat)
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
 		return fmt.Errorf("webhook sink: %w", err)
 	}
 	sink := webhooksink.New(webhooksink.Options{Latency: *latency, FailRate: *failRate, FailStatus: *failStatus,
 		RetryAfter: *retryAfter, Seed: *seed})
-	if err := webhooksink.Serve(ctx, ln, sink, log); err != nil {
+	if err := webhooksink.Serve(ctx, ln, sink, httpLimits(cfg), log); err != nil {
 		return fmt.Errorf("webhook sink: %w", err)
 	}
 	st := sink.Stats()

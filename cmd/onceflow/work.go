@@ -14,9 +14,9 @@ import (
 // runWork runs a queue worker with the summaries job handler until SIGINT/SIGTERM, then
 // finishes or hands back the jobs in flight within ONCEFLOW_SHUTDOWN_TIMEOUT and exits 0.
 func runWork(ctx context.Context, e *env, args []string) error {
-	fs := flags(e, "work", "[--test-handler SPEC]")
+	fs := flags(e, "work", testHandlerUsage)
 	loader := config.Register(fs)
-	testSpec := fs.String("test-handler", "", "TEST AID, not for production: run `"+testHandlerSpecs+"` instead of the summaries handler")
+	testSpec := testHandlerFlag(fs) // test builds only (-tags onceflowtest)
 	cfg, log, err := load(e, fs, loader, args)
 	if err != nil {
 		return err
@@ -57,7 +57,7 @@ func runAll(ctx context.Context, d *deps, srv *httpapi.Server, addr string, role
 			h = tracing.HTTPHandler(d.tp, srv)
 		}
 		roles = append(roles, func(ctx context.Context) error {
-			return httpapi.Serve(ctx, addr, h, d.cfg.ShutdownTimeout, d.log, nil)
+			return httpapi.Serve(ctx, addr, h, serveConfig(d.cfg, d.log, nil))
 		})
 	}
 	errs := make(chan error, len(roles))

@@ -1,8 +1,11 @@
+//go:build onceflowtest
+
 package main
 
 import (
 	"context"
 	"errors"
+	"flag"
 	"strings"
 	"time"
 
@@ -11,8 +14,21 @@ import (
 	"github.com/onceflow/onceflow/queue"
 )
 
+// This file is compiled only with the build tag onceflowtest, which the tests' binary
+// has (internal/testenv.Binary) and `make build` has not: the production binary has no
+// --test-handler (work_notest.go).
+
 // testHandlerSpecs lists what --test-handler accepts.
 const testHandlerSpecs = "noop | sleep:DURATION | record:DURATION | fail | permanent"
+
+// testHandlerUsage is the --test-handler part of `onceflow work`'s usage line.
+const testHandlerUsage = "[--test-handler SPEC]"
+
+// testHandlerFlag registers --test-handler on fs and returns its value: the SPEC of the
+// handler to run instead of the summaries one, "" for the summaries one.
+func testHandlerFlag(fs *flag.FlagSet) *string {
+	return fs.String("test-handler", "", "TEST AID, not for production: run `"+testHandlerSpecs+"` instead of the summaries handler")
+}
 
 // newTestHandler builds the handler `onceflow work --test-handler=SPEC` runs instead of
 // the service's own. It is a test aid, kept apart from the real handler, so that tests

@@ -252,31 +252,28 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // Serve serves h on addr until ctx is cancelled, then shuts down gracefully: it stops
-// accepting, lets in-flight requests finish within shutdownTimeout and closes what is
-// left. ready, when not nil, receives the bound address once listening (useful with
-// port 0). It returns nil once shut down, also when requests still running at the
-// timeout had to be cut (they are logged; their clients see a closed connection and
-// retry, which Idempotency-Keys make safe).
-func Serve(ctx context.Context, addr string, h http.Handler, shutdownTimeout time.Duration, log *slog.Logger, ready func(net.Addr)) error {
+// accepting, lets in-flight requests finish within cfg.ShutdownTimeout and closes what
+// is left. The server is NewHTTPServer's, with cfg.Limits. It returns nil once shut
+// down, also when requests still running at the timeout had to be cut (they are
+// logged; their clients see a closed connection and retry, which Idempotency-Keys make
+// safe).
+func Serve(ctx context.Context, addr string, h http.Handler, cfg ServeConfig) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", addr, err)
 	}
-	return ServeListener(ctx, ln, h, shutdownTimeout, log, ready)
+	return ServeListener(ctx, ln, h, cfg)
 }
 
 // ServeListener is Serve on a listener the caller opened.
-func ServeListener(ctx context.Context, ln net.Listener, h http.Handler, shutdownTimeout time.Duration, log *slog.Logger, ready func(net.Addr)) error {
+func ServeListener(ctx context.Context, ln net.Listener, h http.Handler, cfg ServeConfig) error {
+	log := cfg.Logger
 	if log == nil {
 		log = slog.Default()
 	}
-	srv := &http.Server{
-		Handler:           h,
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
-		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
-	}
+	shutdownTimeout, ready := cmp.Or(cfg.ShutdownTimeout, DefaultShutdownTimeout), cfg.Ready
+	srv := NewHTTPServer(h, cfg.Limits, log)
+	srv.BaseContext = func(net.Listener) context.Context { return context.WithoutCancel(ctx) }
 	if ready != nil {
 		ready(ln.Addr())
 	}

@@ -23,8 +23,13 @@ var (
 	buildErr  error
 )
 
-// Binary builds ./cmd/onceflow once per test binary and returns its path, for tests that
-// run real processes (kill -9, signals, concurrent migrate).
+// TestTags is the build tag of the test aids in ./cmd/onceflow (`work --test-handler`):
+// Binary builds with it, the production build (`make build`) without.
+const TestTags = "onceflowtest"
+
+// Binary builds ./cmd/onceflow with the test aids (-tags TestTags) once per test binary
+// and returns its path, for tests that run real processes (kill -9, signals, concurrent
+// migrate).
 func Binary(t testing.TB) string {
 	t.Helper()
 	buildOnce.Do(func() {
@@ -36,10 +41,10 @@ func Binary(t testing.TB) string {
 			return
 		}
 		buildPath = filepath.Join(dir, "onceflow")
-		cmd := exec.Command("go", "build", "-o", buildPath, "./cmd/onceflow")
+		cmd := exec.Command("go", "build", "-tags", TestTags, "-o", buildPath, "./cmd/onceflow")
 		cmd.Dir = root
 		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go build ./cmd/onceflow: %v\n%s", err, out)
+			buildErr = fmt.Errorf("go build -tags %s ./cmd/onceflow: %v\n%s", TestTags, err, out)
 		}
 	})
 	if buildErr != nil {

@@ -20,6 +20,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/onceflow/onceflow/internal/httpapi"
 )
 
 // Options configures a Sink. The zero value answers every POST 200 at once.
@@ -206,12 +208,14 @@ func (s *Sink) Keys() []string {
 }
 
 // Serve serves s on ln until ctx is cancelled, then closes the listener and the open
-// connections. It logs "webhook sink listening" with the address.
-func Serve(ctx context.Context, ln net.Listener, s *Sink, log *slog.Logger) error {
+// connections. The server is the one every onceflow listener runs
+// (httpapi.NewHTTPServer), with lim: a client trickling its body is answered 408 and
+// nothing is recorded for it. It logs "webhook sink listening" with the address.
+func Serve(ctx context.Context, ln net.Listener, s *Sink, lim httpapi.Limits, log *slog.Logger) error {
 	if log == nil {
 		log = slog.Default()
 	}
-	srv := &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second}
+	srv := httpapi.NewHTTPServer(s, lim, log)
 	log.InfoContext(ctx, "webhook sink listening", "addr", ln.Addr().String())
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()

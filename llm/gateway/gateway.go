@@ -48,6 +48,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -204,6 +205,8 @@ func New(cfg Config) (*Gateway, error) {
 			switch {
 			case errors.As(err, &mb):
 				writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large", fmt.Sprintf("request body exceeds %d bytes", cfg.MaxBodyBytes))
+			case errors.Is(err, os.ErrDeadlineExceeded): // the client's body missed the server's read deadline
+				writeError(w, http.StatusRequestTimeout, "invalid_request_error", "request_timeout", "the request body was not received in time")
 			case errors.Is(err, context.DeadlineExceeded):
 				writeError(w, http.StatusGatewayTimeout, "upstream_error", "upstream_timeout", "the upstream did not answer in time")
 			default:
@@ -379,6 +382,10 @@ func (g *Gateway) keyed(w http.ResponseWriter, r *http.Request) {
 		var mb *http.MaxBytesError
 		if errors.As(err, &mb) {
 			writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large", fmt.Sprintf("request body exceeds %d bytes", g.cfg.MaxBodyBytes))
+			return
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) { // the server's read deadline
+			writeError(w, http.StatusRequestTimeout, "invalid_request_error", "request_timeout", "the request body was not received in time")
 			return
 		}
 		writeError(w, http.StatusBadRequest, "invalid_request_error", "unreadable_body", "the request body could not be read")
