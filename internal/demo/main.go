@@ -378,7 +378,7 @@ func (d *demo) cleanup() {
 	defer cancel()
 	if conn, err := pgx.Connect(ctx, d.dbURL); err == nil {
 		_, _ = conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+d.schema+" CASCADE")
-		conn.Close(ctx)
+		_ = conn.Close(ctx)
 	}
 	if opt, err := redis.ParseURL(d.redisURL); err == nil {
 		rdb := redis.NewClient(opt)
