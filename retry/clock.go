@@ -48,4 +48,4 @@ type Rand interface {
 // globalRand is math/rand/v2's top-level source, safe for concurrent use.
 type globalRand struct{}
 
-func (globalRand) Int64N(n int64) int64 { return rand.Int64N(n) }
+func (globalRand) Int64N(n int64) int64 { return rand.Int64N(n) } // #nosec G404 -- backoff jitter, not a secret

@@ -175,6 +175,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if cfg.Log == nil {
 		cfg.Log = io.Discard
 	}
+	// #nosec G404 -- a seeded, replayable fault schedule (CHAOS_SEED), not a secret.
 	r := &run{cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, 0x0ce)), start: time.Now(),
 		accepted: map[string]string{}, poison: map[string]bool{}}
 	defer r.stopAll()
@@ -187,7 +188,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	defer stopLoad()
 	var wg sync.WaitGroup
 	for c := range cfg.Clients {
-		rng := rand.New(rand.NewPCG(cfg.Seed, uint64(c+1)))
+		rng := rand.New(rand.NewPCG(cfg.Seed, uint64(c+1))) // #nosec G404 G115 -- seeded client behaviour, not a secret; c is a small count
 		wg.Go(func() { r.client(loadCtx, c, rng) })
 	}
 	if err := r.faults(loadCtx); err != nil {
@@ -344,7 +345,7 @@ func (r *run) submit(ctx context.Context, hc *http.Client, key string, body []by
 				Detail string `json:"detail"`
 			}
 			_ = json.NewDecoder(resp.Body).Decode(&out)
-			resp.Body.Close()
+			_ = resp.Body.Close()
 			switch {
 			case resp.StatusCode == http.StatusAccepted:
 				if resp.Header.Get("Idempotent-Replayed") == "true" {
@@ -437,7 +438,7 @@ func (r *run) ensureRunning(ctx context.Context) error {
 }
 
 func (r *run) audit(ctx context.Context) (*summaries.Report, error) {
-	cmd := exec.CommandContext(ctx, r.cfg.Bin, "audit", "--json")
+	cmd := exec.CommandContext(ctx, r.cfg.Bin, "audit", "--json") // #nosec G204 -- the onceflow binary the chaos run built
 	cmd.Env = append(r.env, "PATH=/usr/bin:/bin", "ONCEFLOW_CLAIM_IDLE=4s", "ONCEFLOW_AUDIT_MAX_AGE=10m")
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb

@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"fmt"
+	"math"
 	"net"
 	"os"
 	"os/exec"
@@ -96,7 +97,7 @@ func NewRedis(dir, appendfsync string) (*Server, error) {
 		return nil, err
 	}
 	data := filepath.Join(dir, "redis")
-	if err := os.MkdirAll(data, 0o755); err != nil {
+	if err := os.MkdirAll(data, 0o750); err != nil {
 		return nil, err
 	}
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
@@ -131,11 +132,18 @@ func NewPostgres(dir string) (*Server, error) {
 		if err != nil {
 			return nil, fmt.Errorf("running as root needs a postgres user to run PostgreSQL: %w", err)
 		}
-		uid, _ = strconv.Atoi(u.Uid)
-		gid, _ = strconv.Atoi(u.Gid)
-		cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+		uid, err = strconv.Atoi(u.Uid)
+		if err != nil || uid < 0 || uid > math.MaxUint32 {
+			return nil, fmt.Errorf("postgres user: uid %q", u.Uid)
+		}
+		gid, err = strconv.Atoi(u.Gid)
+		if err != nil || gid < 0 || gid > math.MaxUint32 {
+			return nil, fmt.Errorf("postgres user: gid %q", u.Gid)
+		}
+		cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)} // #nosec G115 -- both checked just above
 	}
 	home := filepath.Join(dir, "pg")
+	// #nosec G301 -- handed to the postgres user right below (Chown); its parent must stay enterable
 	if err := os.MkdirAll(home, 0o755); err != nil {
 		return nil, err
 	}
@@ -145,6 +153,7 @@ func NewPostgres(dir string) (*Server, error) {
 		}
 	}
 	data := filepath.Join(home, "data")
+	// #nosec G204 -- initdb found by LookPostgres, with this package's own arguments
 	init := exec.Command(initdb, "-D", data, "-U", "onceflow", "--auth=trust", "-E", "UTF8", "--locale=C.UTF-8", "--no-sync")
 	init.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
 	init.Dir = "/"

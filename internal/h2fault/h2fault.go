@@ -140,10 +140,10 @@ func StartGoAway(t testing.TB, g GoAway) *Server {
 	var mu sync.Mutex
 	conns := map[net.Conn]bool{}
 	t.Cleanup(func() {
-		ln.Close()
+		_ = ln.Close()
 		mu.Lock()
 		for c := range conns {
-			c.Close()
+			_ = c.Close()
 		}
 		mu.Unlock()
 		wg.Wait()

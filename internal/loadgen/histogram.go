@@ -25,17 +25,17 @@ const (
 
 func bucketOf(v uint64) int {
 	if v < linear {
-		return int(v)
+		return int(v) // #nosec G115 -- v < linear (256)
 	}
 	e := bits.Len64(v) - (subBits + 1) // >= 1
 	m := v >> uint(e)                  // in [128, 255]
-	return linear + (e-1)*subBuckets + int(m-subBuckets)
+	return linear + (e-1)*subBuckets + int(m-subBuckets) // #nosec G115 -- m-subBuckets < 128
 }
 
 // upperOf returns the largest value that falls into bucket i.
 func upperOf(i int) uint64 {
 	if i < linear {
-		return uint64(i)
+		return uint64(max(i, 0)) // #nosec G115 -- 0 <= i < linear
 	}
 	e := (i-linear)/subBuckets + 1
 	m := uint64((i-linear)%subBuckets + subBuckets)
@@ -117,7 +117,7 @@ func (h *Histogram) Quantile(q float64) time.Duration {
 	for i, c := range h.counts {
 		seen += c
 		if seen >= rank {
-			return min(time.Duration(upperOf(i)), h.max)
+			return min(time.Duration(min(upperOf(i), math.MaxInt64)), h.max) // #nosec G115 -- capped at MaxInt64
 		}
 	}
 	return h.max

@@ -122,7 +122,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 				resp, err := cfg.Client.Do(req.WithContext(ctx))
 				if err == nil {
 					buf, err = readAll(resp.Body, buf[:0])
-					resp.Body.Close()
+					_ = resp.Body.Close()
 				}
 				res.hist.Record(time.Since(t0))
 				res.n++

@@ -62,6 +62,7 @@ func private(t testing.TB, name string, prepare func(dir string) (*cluster.Serve
 	if err != nil {
 		t.Fatal(err)
 	}
+	// #nosec G302 -- a private PostgreSQL under it runs as the postgres user, which must enter it
 	if err := os.Chmod(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}

@@ -41,7 +41,7 @@ func Binary(t testing.TB) string {
 			return
 		}
 		buildPath = filepath.Join(dir, "onceflow")
-		cmd := exec.Command("go", "build", "-tags", TestTags, "-o", buildPath, "./cmd/onceflow")
+		cmd := exec.Command("go", "build", "-tags", TestTags, "-o", buildPath, "./cmd/onceflow") // #nosec G204 -- a temporary path of our own
 		cmd.Dir = root
 		if out, err := cmd.CombinedOutput(); err != nil {
 			buildErr = fmt.Errorf("go build -tags %s ./cmd/onceflow: %v\n%s", TestTags, err, out)
@@ -70,7 +70,7 @@ type Process struct {
 // The process is killed at cleanup if still running.
 func Start(t testing.TB, bin string, env []string, args ...string) *Process {
 	t.Helper()
-	cmd := exec.Command(bin, args...)
+	cmd := exec.Command(bin, args...) // #nosec G204 -- tests run the binary they built, with their own arguments
 	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.TempDir()}, env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	p := &Process{t: t, cmd: cmd, done: make(chan struct{})}

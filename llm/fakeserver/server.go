@@ -152,13 +152,13 @@ func New(cfg Config) (*Server, error) {
 	}
 	seed := cfg.Seed
 	if seed == 0 {
-		seed = rand.Uint64() | 1
+		seed = rand.Uint64() | 1 // #nosec G404 -- fault injection and fake ids, not secrets
 	}
 	s := &Server{
 		cfg:     cfg,
 		log:     cfg.Logger,
 		mux:     http.NewServeMux(),
-		rng:     rand.New(rand.NewPCG(seed, seed^0x5851f42d4c957f2d)),
+		rng:     rand.New(rand.NewPCG(seed, seed^0x5851f42d4c957f2d)), // #nosec G404 -- seeded faults, replayable
 		replays: map[string]*recorded{},
 		stats:   newStats(),
 	}

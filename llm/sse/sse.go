@@ -201,7 +201,7 @@ func (p *Parser) field(line []byte) {
 			if err != nil || ms > maxRetryMillis {
 				ms = maxRetryMillis // more digits than a Duration holds
 			}
-			p.retry, p.hasRetry = time.Duration(ms)*time.Millisecond, true
+			p.retry, p.hasRetry = time.Duration(ms)*time.Millisecond, true // #nosec G115 -- ms <= maxRetryMillis
 		}
 		return // a reconnection hint, never part of an event
 	}

@@ -212,7 +212,7 @@ func (s *Sender) deliver(ctx context.Context, to *mail.Address, msg []byte) erro
 	defer stop()
 	c, err := smtp.NewClient(conn, s.host)
 	if err != nil {
-		conn.Close()
+		_ = conn.Close()
 		return ctxErr(ctx, fmt.Errorf("smtp greeting: %w", err))
 	}
 	defer c.Close()

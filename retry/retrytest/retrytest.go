@@ -102,7 +102,7 @@ var _ retry.Rand = (*Rand)(nil)
 
 // NewRand returns a Rand seeded with seed.
 func NewRand(seed uint64) *Rand {
-	return &Rand{r: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))}
+	return &Rand{r: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))} // #nosec G404 -- seeded jitter for tests
 }
 
 // Int64N returns a value in [0, n).
