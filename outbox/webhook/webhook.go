@@ -88,8 +88,9 @@ func (e *StatusError) Error() string {
 	return msg
 }
 
-// RetryAfter returns the receiver's Retry-After; the relay uses it as the delay.
-func (e *StatusError) RetryAfter() time.Duration { return e.Wait }
+// RetryAfter returns the receiver's Retry-After, when it sent one; the relay uses it as
+// the delay. It implements retry.RetryAfterer.
+func (e *StatusError) RetryAfter() (time.Duration, bool) { return e.Wait, e.Wait > 0 }
 
 // body is the JSON document POSTed for each message.
 type body struct {
