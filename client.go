@@ -16,6 +16,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/onceflow/onceflow/idempotency/redisstore"
+	"github.com/onceflow/onceflow/llm"
+	"github.com/onceflow/onceflow/llm/ledger"
+	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/queue"
 	"github.com/onceflow/onceflow/retry"
 )
@@ -53,6 +56,36 @@ type Config struct {
 	Workers *Workers
 	// Middleware wraps every job run, the first the outermost. Default: none.
 	Middleware []Middleware
+
+	// Senders deliver the effects jobs commit (Commit.Emit), by topic: a key is a topic
+	// ("payments.refund") or a prefix ending in "." or "*" ("email." or "email.*"); the
+	// longest match wins. Run runs the outbox relay when there is at least one. An
+	// effect whose topic has no sender waits in the outbox (and audit reports it).
+	// Default: none.
+	Senders map[string]outbox.Sender
+	// Relay configures the outbox relay (lease, batch, attempts, backoff); its Logger
+	// and Registerer default to the client's. Default: outbox's defaults.
+	Relay outbox.Config
+
+	// Model is the language model Job.Complete and Job.Stream call, through the
+	// llm_calls ledger (a recorded answer is never asked for twice), under ModelRetry,
+	// the per-call timeout and the delivery's JobBudget. Default: none (those methods
+	// fail permanently).
+	Model llm.Client
+	// Provider names the model's provider in ledger rows and metrics ("openai").
+	// Default: "llm".
+	Provider string
+	// ModelRetry is the in-process retry policy of model calls: attempts, per-call
+	// timeout (ONCEFLOW_LLM_TIMEOUT), backoff. Zero fields take package retry's
+	// defaults.
+	ModelRetry retry.Policy
+	// Ledger configures the llm_calls ledger (lease, retention); its Logger and
+	// Registerer default to the client's. Default: ledger's defaults.
+	Ledger ledger.Config
+	// QuotaProbe is how often, while the model's quota is exhausted, one call probes
+	// whether it is back (ONCEFLOW_LLM_QUOTA_PROBE); meanwhile the queues take no work.
+	// Default: breaker.DefaultProbeInterval (1m).
+	QuotaProbe time.Duration
 	// JobBudget is the deadline of one delivery, across model attempts and sleeps
 	// (ONCEFLOW_JOB_BUDGET). Default: DefaultJobBudget (60s).
 	JobBudget time.Duration
@@ -106,6 +139,10 @@ type Client struct {
 	workers map[string]*kindWorker
 	queues  map[string]QueueConfig
 
+	// background are the parts Run runs besides the queue workers (the outbox relay,
+	// the ledger's purge), added by the features NewClient sets up.
+	background []func(context.Context) error
+
 	runMu   sync.Mutex
 	running bool
 }
@@ -151,6 +188,11 @@ func NewClient(cfg Config) (*Client, error) {
 	if cfg.JobBudget < 0 || cfg.ResultTTL < 0 {
 		return nil, errors.New("onceflow: JobBudget and ResultTTL must not be negative")
 	}
+	for _, setup := range []func() error{c.setupModel, c.setupOutbox} {
+		if err := setup(); err != nil {
+			return nil, err
+		}
+	}
 	return c, nil
 }
 
@@ -184,7 +226,7 @@ func (c *Client) Run(ctx context.Context) error {
 		}
 		parts = append(parts, w.Run)
 	}
-	return runParts(ctx, parts)
+	return runParts(ctx, append(parts, c.background...))
 }
 
 // newWorker returns the queue worker of queue name, running the registered workers.
