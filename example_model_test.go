@@ -1,0 +1,300 @@
+package onceflow_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/internal/connect"
+	"github.com/onceflow/onceflow/llm"
+	"github.com/onceflow/onceflow/llm/fakeserver"
+	"github.com/onceflow/onceflow/llm/openai"
+	"github.com/onceflow/onceflow/migrations"
+)
+
+type summaryArgs struct {
+	Text string `json:"text"`
+}
+
+func (summaryArgs) Kind() string { return "example.summary" }
+
+// A Worker calls the model as one step of its job. Its first delivery dies after the
+// call; the queue delivers the job again, and the step's recorded answer comes back
+// from the ledger: one model call.
+func ExampleJob_Complete() {
+	env := newModelExample(fakeserver.Config{}) // Redis, PostgreSQL and fake-llm for the example
+	defer env.close()
+
+	answers := make(chan string, 2)
+	workers := onceflow.NewWorkers()
+	onceflow.AddWorker(workers, onceflow.WorkFunc[summaryArgs](func(ctx context.Context, job *onceflow.Job[summaryArgs]) error {
+		step, err := job.Complete(ctx, "summarise", &llm.Request{
+			Model:    "gpt-4.1-mini",
+			Messages: []llm.Message{{Role: llm.RoleUser, Content: "Summarise:\n" + job.Args.Text}},
+		})
+		if err != nil {
+			return err // as it is: an outage hands the job back, a 400 dead-letters it
+		}
+		answers <- step.Response.Content
+		if job.Delivery == 1 {
+			return errors.New("the worker dies before it finishes") // delivered again
+		}
+		return nil
+	}))
+	client, err := onceflow.NewClient(onceflow.Config{
+		Redis: env.rdb, DB: env.db, Prefix: env.prefix, Workers: workers,
+		Model:  openai.New(openai.Config{BaseURL: env.modelURL, APIKey: "fake"}),
+		Queues: map[string]onceflow.QueueConfig{onceflow.DefaultQueue: {ClaimIdle: time.Second}},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- client.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	if _, err := client.Enqueue(ctx, summaryArgs{Text: "The quarter went well."}, nil); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(<-answers)
+	fmt.Println(<-answers)
+	fmt.Println("model calls:", env.model.Stats().Requests)
+	// Output:
+	// Summary d249a61d: The quarter went well. (4 words)
+	// Summary d249a61d: The quarter went well. (4 words)
+	// model calls: 1
+}
+
+// A Worker streams a step's answer, passing the text on as it arrives. The final chunk
+// comes once the answer is recorded; Step then holds the whole answer.
+func ExampleJob_Stream() {
+	env := newModelExample(fakeserver.Config{})
+	defer env.close()
+
+	finished := make(chan string, 1)
+	workers := onceflow.NewWorkers()
+	onceflow.AddWorker(workers, onceflow.WorkFunc[summaryArgs](func(ctx context.Context, job *onceflow.Job[summaryArgs]) error {
+		stream := job.Stream(ctx, "draft", &llm.Request{
+			Model:    "gpt-4.1-mini",
+			Messages: []llm.Message{{Role: llm.RoleUser, Content: "Summarise:\n" + job.Args.Text}},
+		})
+		var text strings.Builder
+		for chunk, err := range stream.All() {
+			if err != nil {
+				return err // after a drop: delivered again, and the ledger decides
+			}
+			text.WriteString(chunk.Content) // pass it on: a progress row, a websocket
+		}
+		finished <- fmt.Sprintf("%s (%s)", text.String(), stream.Step().Response.FinishReason)
+		return nil
+	}))
+	client, err := onceflow.NewClient(onceflow.Config{
+		Redis: env.rdb, DB: env.db, Prefix: env.prefix, Workers: workers,
+		Model: openai.New(openai.Config{BaseURL: env.modelURL, APIKey: "fake"}),
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- client.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	if _, err := client.Enqueue(ctx, summaryArgs{Text: "Shipping was late twice."}, nil); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(<-finished)
+	// Output: Summary f7127dbd: Shipping was late twice. (4 words) (stop)
+}
+
+type ticketTurn struct {
+	Ticket string `json:"ticket"`
+}
+
+func (ticketTurn) Kind() string { return "example.ticket" }
+
+// An agent's turn with a refund tool: the model (fake-llm told which tool to call)
+// asks for a refund, and the Worker sends it to the payments service with ToolKey as
+// its Idempotency-Key. The first delivery dies after the refund went out; the second
+// sends it again with the same key, and the payments service refunds once.
+func ExampleStep_ToolKey() {
+	env := newModelExample(fakeserver.Config{
+		ToolChoice: fakeserver.CallTool("issue_refund", json.RawMessage(`{"order_id":"A-17","amount_cents":1299}`)),
+	})
+	defer env.close()
+	payments := newPayments() // honours Idempotency-Key: one refund per key
+	defer payments.Close()
+
+	sent := make(chan string, 2)
+	workers := onceflow.NewWorkers()
+	onceflow.AddWorker(workers, onceflow.WorkFunc[ticketTurn](func(ctx context.Context, job *onceflow.Job[ticketTurn]) error {
+		step, err := job.Complete(ctx, "agent", &llm.Request{
+			Model:    "gpt-4.1-mini",
+			Messages: []llm.Message{{Role: llm.RoleUser, Content: job.Args.Ticket}},
+			Tools: []llm.Tool{{Name: "issue_refund", Parameters: json.RawMessage(
+				`{"type":"object","properties":{"order_id":{"type":"string"},"amount_cents":{"type":"integer"}}}`)}},
+		})
+		if err != nil {
+			return err
+		}
+		for _, call := range step.Response.ToolCalls {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, payments.URL, strings.NewReader(call.Arguments))
+			req.Header.Set("Idempotency-Key", step.ToolKey(call))
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				return err
+			}
+			resp.Body.Close()
+			sent <- call.Name + " " + call.Arguments
+		}
+		if job.Delivery == 1 {
+			return errors.New("the worker dies after the refund went out")
+		}
+		return nil
+	}))
+	client, err := onceflow.NewClient(onceflow.Config{
+		Redis: env.rdb, DB: env.db, Prefix: env.prefix, Workers: workers,
+		Model:  openai.New(openai.Config{BaseURL: env.modelURL, APIKey: "fake"}),
+		Queues: map[string]onceflow.QueueConfig{onceflow.DefaultQueue: {ClaimIdle: time.Second}},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- client.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	if _, err := client.Enqueue(ctx, ticketTurn{Ticket: "Order A-17 arrived broken."}, nil); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(<-sent)
+	fmt.Println(<-sent)
+	fmt.Println("refund requests:", payments.requests(), "refunds:", payments.refunds())
+	// Output:
+	// issue_refund {"order_id":"A-17","amount_cents":1299}
+	// issue_refund {"order_id":"A-17","amount_cents":1299}
+	// refund requests: 2 refunds: 1
+}
+
+// payments is a payment service that honours Idempotency-Key.
+type payments struct {
+	*httptest.Server
+	mu   sync.Mutex
+	n    int
+	keys map[string]bool
+}
+
+func newPayments() *payments {
+	p := &payments{keys: map[string]bool{}}
+	p.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		p.n++
+		p.keys[r.Header.Get("Idempotency-Key")] = true
+	}))
+	return p
+}
+
+func (p *payments) requests() int { p.mu.Lock(); defer p.mu.Unlock(); return p.n }
+func (p *payments) refunds() int  { p.mu.Lock(); defer p.mu.Unlock(); return len(p.keys) }
+
+// modelExample is what the model examples run against: the test Redis under a prefix
+// of their own, a migrated PostgreSQL schema of their own, and fake-llm over HTTP.
+type modelExample struct {
+	rdb      *redis.Client
+	prefix   string
+	db       *pgxpool.Pool
+	model    *fakeserver.Server
+	modelURL string
+	closers  []func()
+}
+
+// newModelExample sets the example up; logs are discarded (the workers' warnings about
+// the failed first deliveries are the point, not output). It exits on a missing
+// service, as examples cannot skip.
+func newModelExample(fcfg fakeserver.Config) *modelExample {
+	ctx := context.Background()
+	fail := func(err error) {
+		fmt.Fprintln(os.Stderr, "example setup:", err, "(run with ONCEFLOW_REDIS_URL and ONCEFLOW_DATABASE_URL, as `make test` does)")
+		os.Exit(1)
+	}
+	e := &modelExample{}
+	prev := slog.Default()
+	slog.SetDefault(slog.New(slog.DiscardHandler))
+	e.closers = append(e.closers, func() { slog.SetDefault(prev) })
+
+	rdb, err := connect.Redis(os.Getenv("ONCEFLOW_REDIS_URL"))
+	if err != nil {
+		fail(err)
+	}
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	e.rdb, e.prefix = rdb, "ofex"+hex.EncodeToString(b[:])
+	e.closers = append(e.closers, func() {
+		if keys, err := rdb.Keys(ctx, e.prefix+":*").Result(); err == nil && len(keys) > 0 {
+			rdb.Del(ctx, keys...)
+		}
+		_ = rdb.Close()
+	})
+
+	base := os.Getenv("ONCEFLOW_DATABASE_URL")
+	admin, err := pgx.Connect(ctx, base)
+	if err != nil {
+		fail(err)
+	}
+	schema := "t_ex_" + hex.EncodeToString(b[:])
+	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+		fail(err)
+	}
+	e.closers = append(e.closers, func() {
+		_, _ = admin.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE")
+		_ = admin.Close(ctx)
+	})
+	u, _ := url.Parse(base)
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	if _, err := migrations.Up(ctx, u.String(), slog.New(slog.DiscardHandler)); err != nil {
+		fail(err)
+	}
+	if e.db, err = connect.Postgres(ctx, u.String(), nil); err != nil {
+		fail(err)
+	}
+	e.closers = append(e.closers, e.db.Close)
+
+	fcfg.Logger = slog.New(slog.DiscardHandler)
+	if e.model, err = fakeserver.New(fcfg); err != nil {
+		fail(err)
+	}
+	srv := httptest.NewServer(e.model)
+	e.modelURL = srv.URL + "/v1"
+	e.closers = append(e.closers, func() { e.model.Close(); srv.Close() })
+	return e
+}
+
+func (e *modelExample) close() {
+	for i := len(e.closers) - 1; i >= 0; i-- {
+		e.closers[i]()
+	}
+}
