@@ -605,3 +605,36 @@ func TestStreamDropMidwayAndRetryBeforeTheFirstChunk(t *testing.T) {
 		t.Fatalf("ledger row state %s ambiguous %d; want succeeded after one ambiguous drop", r.State, r.Ambiguous)
 	}
 }
+
+// NewClient checks the model settings and names the field at fault.
+func TestModelSettingsAreChecked(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.Redis(t)
+	pool, _ := testenv.Postgres(t)
+	for _, tc := range []struct {
+		name  string
+		cfg   onceflow.Config
+		field string
+	}{
+		{"no database", onceflow.Config{}, "Config.DB"},
+		{"negative timeout", onceflow.Config{DB: pool, ModelRetry: retry.Policy{PerCallTimeout: -time.Second}}, "Config.ModelRetry.PerCallTimeout"},
+		{"negative attempts", onceflow.Config{DB: pool, ModelRetry: retry.Policy{MaxAttempts: -1}}, "Config.ModelRetry.MaxAttempts"},
+		{"budget below one attempt", onceflow.Config{DB: pool, JobBudget: 500 * time.Millisecond}, "Config.JobBudget"},
+		{"negative probe", onceflow.Config{DB: pool, QuotaProbe: -time.Second}, "Config.QuotaProbe"},
+		{"retention below the retry horizon", onceflow.Config{DB: pool, Ledger: ledger.Config{Retention: time.Minute}}, "Config.Ledger.Retention"},
+	} {
+		cfg := tc.cfg
+		cfg.Redis, cfg.Prefix, cfg.Model = rdb, prefix, fakeModel{}
+		if _, err := onceflow.NewClient(cfg); err == nil || !strings.Contains(err.Error(), tc.field) {
+			t.Errorf("%s: %v, want an error naming %s", tc.name, err, tc.field)
+		}
+	}
+	// With a model, every queue without a Gate of its own is held by the model's breaker.
+	c, err := onceflow.NewClient(onceflow.Config{Redis: rdb, Prefix: prefix, DB: pool, Model: fakeModel{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.ModelBreaker() == nil || c.Ledger() == nil {
+		t.Fatalf("breaker %v, ledger %v; want both", c.ModelBreaker(), c.Ledger())
+	}
+}
