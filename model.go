@@ -266,9 +266,9 @@ func (rt *runtime) stream(ctx context.Context, jobID, step string, req *llm.Requ
 					collect(resp, &content, ch)
 				}
 				if err == nil && ch.Done {
-					step := &Step{Name: step, Key: key, Response: resp}
-					if err = m.recordToolKeys(ctx, step); err == nil {
-						s.step = step
+					st := &Step{Name: step, Key: key, Response: resp}
+					if err = m.recordToolKeys(ctx, st); err == nil {
+						s.step = st
 					}
 				}
 				if err != nil {
