@@ -365,9 +365,10 @@ func TestJobBudgetBoundsTheWholeDelivery(t *testing.T) {
 	if first > budget+time.Second {
 		t.Fatalf("the first delivery ran %v with a budget of %v", first, budget)
 	}
-	// classify once (replayed in delivery 2), reply cut once and answered once.
-	if st := e.fake.Stats(); st.Requests != 3 || st.ByStatus["200"] != 2 {
-		t.Fatalf("model stats %+v, want 3 requests and 2 answers", st)
+	// classify answered once (replayed in delivery 2), reply answered once (its cut
+	// attempt in delivery 1 is skipped when a loaded machine left less than MinAttempt).
+	if st := e.fake.Stats(); st.Requests > 3 || st.ByStatus["200"] != 2 {
+		t.Fatalf("model stats %+v, want at most 3 requests and 2 answers", st)
 	}
 }
 
