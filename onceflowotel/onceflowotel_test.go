@@ -64,7 +64,7 @@ func attr(s sdktrace.ReadOnlySpan, key string) (attribute.Value, bool) {
 
 func hasAttr(s sdktrace.ReadOnlySpan, key, want string) bool {
 	v, ok := attr(s, key)
-	return ok && v.Emit() == want
+	return ok && v.String() == want
 }
 
 // A library user's program: a Client with the otel middleware and TraceParent, jobs
