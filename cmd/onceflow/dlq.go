@@ -12,8 +12,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/config"
-	"github.com/onceflow/onceflow/internal/connect"
 	"github.com/onceflow/onceflow/queue"
 )
 
@@ -51,7 +51,7 @@ func runDLQ(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	rdb, err := connect.Redis(cfg.RedisURL)
+	rdb, err := onceflow.NewRedis(cfg.RedisURL)
 	if err != nil {
 		return err
 	}
