@@ -73,7 +73,7 @@ func runDLQ(ctx context.Context, e *env, args []string) error {
 	case !*all && len(pos) != 1:
 		return usageErrorf("dlq %s: give one ID (a dead-letter entry id or a job id) or --all", sub)
 	case !*all && !streamID.MatchString(pos[0]) && !queue.ValidJobID(pos[0]):
-		return usageErrorf("dlq %s: %q is neither a dead-letter entry id (1700000000000-0) nor a job id (a lower-case UUID)", sub, pos[0])
+		return usageErrorf("dlq %s: %q is neither a dead-letter entry id (1700000000000-0) nor a job id (printable ASCII without spaces)", sub, pos[0])
 	}
 	targets, err := dlqTargets(ctx, rdb, keys, pos, *all)
 	if err != nil {
