@@ -339,10 +339,14 @@ func TestCommitMistakesArePermanent(t *testing.T) {
 			c.Emit("email.reply", "k:"+j.ID, 1)
 			c.Emit("email.other", "k:"+j.ID, 2)
 		},
-		"payload":     func(j *onceflow.Job[refundArgs], c *onceflow.Commit) { c.Emit("email.reply", "k:"+j.ID, make(chan int)) },
-		"raw payload": func(j *onceflow.Job[refundArgs], c *onceflow.Commit) { c.Emit("email.reply", "k:"+j.ID, json.RawMessage(`{`)) },
-		"result":      func(_ *onceflow.Job[refundArgs], c *onceflow.Commit) { c.Result(func() {}) },
-		"empty sql":   func(_ *onceflow.Job[refundArgs], c *onceflow.Commit) { c.Exec("  ") },
+		"payload": func(j *onceflow.Job[refundArgs], c *onceflow.Commit) {
+			c.Emit("email.reply", "k:"+j.ID, make(chan int))
+		},
+		"raw payload": func(j *onceflow.Job[refundArgs], c *onceflow.Commit) {
+			c.Emit("email.reply", "k:"+j.ID, json.RawMessage(`{`))
+		},
+		"result":    func(_ *onceflow.Job[refundArgs], c *onceflow.Commit) { c.Result(func() {}) },
+		"empty sql": func(_ *onceflow.Job[refundArgs], c *onceflow.Commit) { c.Exec("  ") },
 	} {
 		ws := onceflow.NewWorkers()
 		onceflow.AddWorker(ws, onceflow.WorkFunc[refundArgs](func(ctx context.Context, j *onceflow.Job[refundArgs]) error {
