@@ -59,9 +59,11 @@ type Config struct {
 
 	// Senders deliver the effects jobs commit (Commit.Emit), by topic: a key is a topic
 	// ("payments.refund") or a prefix ending in "." or "*" ("email." or "email.*"); the
-	// longest match wins. Run runs the outbox relay when there is at least one. An
-	// effect whose topic has no sender waits in the outbox (and audit reports it).
-	// Default: none.
+	// exact topic, else the longest prefix, wins. Run runs the outbox relay whenever DB
+	// is set (it also sends EnqueueTx's jobs); it claims only the topics it has senders
+	// for, so an effect whose topic has no sender here waits in the outbox, never tried
+	// nor exhausted, for a process that has one (and audit reports it). Keys may not
+	// start with "onceflow.". Default: none.
 	Senders map[string]outbox.Sender
 	// Relay configures the outbox relay (lease, batch, attempts, backoff); its Logger
 	// and Registerer default to the client's. Default: outbox's defaults.
@@ -145,6 +147,8 @@ type Client struct {
 	// model is the machinery of Job.Complete and Job.Stream (setupModel); nil without
 	// Config.Model.
 	model *model
+	// router sends the outbox's topics: Config.Senders and EnqueueTx's (senders.go).
+	router *outbox.Router
 
 	runMu   sync.Mutex
 	running bool
