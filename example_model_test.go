@@ -2,8 +2,6 @@ package onceflow_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,22 +10,17 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"net/url"
-	"os"
 	"strings"
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/onceflow/onceflow"
-	"github.com/onceflow/onceflow/internal/connect"
 	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/llm/fakeserver"
 	"github.com/onceflow/onceflow/llm/openai"
-	"github.com/onceflow/onceflow/migrations"
 )
 
 type summaryArgs struct {
@@ -219,82 +212,26 @@ func newPayments() *payments {
 func (p *payments) requests() int { p.mu.Lock(); defer p.mu.Unlock(); return p.n }
 func (p *payments) refunds() int  { p.mu.Lock(); defer p.mu.Unlock(); return len(p.keys) }
 
-// modelExample is what the model examples run against: the test Redis under a prefix
-// of their own, a migrated PostgreSQL schema of their own, and fake-llm over HTTP.
+// modelExample is what the model examples run against: the test Redis and PostgreSQL
+// (exampleStores) and fake-llm over HTTP.
 type modelExample struct {
 	rdb      *redis.Client
 	prefix   string
 	db       *pgxpool.Pool
 	model    *fakeserver.Server
 	modelURL string
-	closers  []func()
+	close    func()
 }
 
-// newModelExample sets the example up; logs are discarded (the workers' warnings about
-// the failed first deliveries are the point, not output). It exits on a missing
-// service, as examples cannot skip.
 func newModelExample(fcfg fakeserver.Config) *modelExample {
-	ctx := context.Background()
-	fail := func(err error) {
-		fmt.Fprintln(os.Stderr, "example setup:", err, "(run with ONCEFLOW_REDIS_URL and ONCEFLOW_DATABASE_URL, as `make test` does)")
-		os.Exit(1)
-	}
 	e := &modelExample{}
-	prev := slog.Default()
-	slog.SetDefault(slog.New(slog.DiscardHandler))
-	e.closers = append(e.closers, func() { slog.SetDefault(prev) })
-
-	rdb, err := connect.Redis(os.Getenv("ONCEFLOW_REDIS_URL"))
-	if err != nil {
-		fail(err)
-	}
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	e.rdb, e.prefix = rdb, "ofex"+hex.EncodeToString(b[:])
-	e.closers = append(e.closers, func() {
-		if keys, err := rdb.Keys(ctx, e.prefix+":*").Result(); err == nil && len(keys) > 0 {
-			rdb.Del(ctx, keys...)
-		}
-		_ = rdb.Close()
-	})
-
-	base := os.Getenv("ONCEFLOW_DATABASE_URL")
-	admin, err := pgx.Connect(ctx, base)
-	if err != nil {
-		fail(err)
-	}
-	schema := "t_ex_" + hex.EncodeToString(b[:])
-	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
-		fail(err)
-	}
-	e.closers = append(e.closers, func() {
-		_, _ = admin.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE")
-		_ = admin.Close(ctx)
-	})
-	u, _ := url.Parse(base)
-	q := u.Query()
-	q.Set("search_path", schema)
-	u.RawQuery = q.Encode()
-	if _, err := migrations.Up(ctx, u.String(), slog.New(slog.DiscardHandler)); err != nil {
-		fail(err)
-	}
-	if e.db, err = connect.Postgres(ctx, u.String(), nil); err != nil {
-		fail(err)
-	}
-	e.closers = append(e.closers, e.db.Close)
-
+	var done func()
+	e.rdb, e.prefix, e.db, done = exampleStores("SELECT 1")
 	fcfg.Logger = slog.New(slog.DiscardHandler)
-	if e.model, err = fakeserver.New(fcfg); err != nil {
-		fail(err)
-	}
-	srv := httptest.NewServer(e.model)
-	e.modelURL = srv.URL + "/v1"
-	e.closers = append(e.closers, func() { e.model.Close(); srv.Close() })
+	model, err := fakeserver.New(fcfg)
+	must(err)
+	srv := httptest.NewServer(model)
+	e.model, e.modelURL = model, srv.URL+"/v1"
+	e.close = func() { model.Close(); srv.Close(); done() }
 	return e
-}
-
-func (e *modelExample) close() {
-	for i := len(e.closers) - 1; i >= 0; i-- {
-		e.closers[i]()
-	}
 }

@@ -542,8 +542,8 @@ func TestToolKeyIsStableWhenTheProviderChangesToolCallIDs(t *testing.T) {
 func TestStreamDropMidwayAndRetryBeforeTheFirstChunk(t *testing.T) {
 	t.Parallel()
 	type sight struct {
-		chunks int
-		err    error
+		chunks  int
+		err     error
 		calls   int64 // model requests when the iteration ended
 		step    *onceflow.Step
 		partial string // the ledger row's partial text after a failure
