@@ -144,6 +144,9 @@ type Client struct {
 	// background are the parts Run runs besides the queue workers (the outbox relay,
 	// the ledger's purge), added by the features NewClient sets up.
 	background []func(context.Context) error
+	// model is the machinery of Job.Complete and Job.Stream (setupModel); nil without
+	// Config.Model.
+	model *model
 	// router sends the outbox's topics: Config.Senders and EnqueueTx's (senders.go).
 	router *outbox.Router
 
