@@ -137,3 +137,47 @@ func TestAttackAnswerWithNULIsRecordedAndReplayed(t *testing.T) {
 		t.Fatalf("upstream called %d times", n)
 	}
 }
+
+// The gateway forwards /v1/REST to Upstream + REST, "the caller chooses only the path
+// below it". net/http's ServeMux (as `onceflow gateway` mounts it) cleans "/v1/../x"
+// but not its escaped spellings: /v1/%2e%2e/x reaches the handler as Path "/v1/../x",
+// and the gateway sends the dot segments on, so a caller escapes ONCEFLOW_LLM_BASE_URL's
+// path (another tenant's or deployment's prefix on a shared host, an admin route).
+func TestAttackDotSegmentsDoNotEscapeTheUpstreamPath(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var paths []string
+	ups := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		paths = append(paths, r.URL.Path)
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{}`)
+	}))
+	t.Cleanup(ups.Close)
+	pool, _ := testenv.Postgres(t)
+	g, err := gateway.New(gateway.Config{Upstream: ups.URL + "/tenant-a/v1", DB: pool, Logger: testenv.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux() // as cmd/onceflow mounts it (internal/httpapi's mux)
+	mux.Handle("/v1/", g)
+	gs := httptest.NewServer(mux)
+	t.Cleanup(gs.Close)
+	for i, p := range []string{"/v1/%2e%2e/%2e%2e/tenant-b/v1/chat/completions", "/v1/..%2f..%2fadmin"} {
+		for _, keyed := range []bool{false, true} {
+			h := http.Header{"Authorization": {"Bearer sk-alice"}}
+			if keyed {
+				h.Set("Idempotency-Key", "dot-segment-key-00000"+string(rune('0'+i)))
+			}
+			rawPost(t, gs.URL+p, chatBody, h)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, p := range paths {
+		if !strings.HasPrefix(p, "/tenant-a/v1/") || strings.Contains(p, "..") {
+			t.Errorf("the upstream was asked for %q, outside /tenant-a/v1/", p)
+		}
+	}
+}
