@@ -1,6 +1,8 @@
 package summaries_test
 
 import (
+	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -41,5 +43,30 @@ func TestAttackTextWithNULIsRefusedOrCompleted(t *testing.T) {
 	stop()
 	if d := p.dead(jobID); len(d) > 0 {
 		t.Fatalf("accepted with 202, then dead-lettered after %d runs (%d model calls): %s", len(rec.Runs()), model.Calls(), d[0].Reason)
+	}
+}
+
+// A 400 names the field, briefly. A value nested past the decoder's depth limit under
+// "text" is answered with a "field" that is the whole nesting path, garbled (20 KB of
+// "text.:{.:{....a.a.a"), and an unknown member's name is echoed whole, however long:
+// the detail should name "text" (or the first characters of the unknown name).
+func TestAttackFieldErrorsNameTheFieldBriefly(t *testing.T) {
+	t.Parallel()
+	deep := strings.Repeat(`{"a":`, 20000) + "1" + strings.Repeat("}", 20000)
+	for name, body := range map[string]string{
+		"deeply nested text": `{"text":` + deep + `,"notify":"team@example.com"}`,
+		"long unknown name":  `{"text":"x","notify":"team@example.com","x` + strings.Repeat("y", 100_000) + `":1}`,
+	} {
+		_, err := summaries.DecodeRequest([]byte(body))
+		var fe *summaries.FieldError
+		if !errors.As(err, &fe) {
+			t.Fatalf("%s: %v, want a FieldError", name, err)
+		}
+		if len(fe.Error()) > 1024 {
+			t.Errorf("%s: the 400 detail is %d bytes: %.80q...", name, len(fe.Error()), fe.Error())
+		}
+		if name == "deeply nested text" && fe.Field != "text" {
+			t.Errorf("%s: field %.80q..., want text", name, fe.Field)
+		}
 	}
 }
