@@ -181,3 +181,31 @@ func TestAttackDotSegmentsDoNotEscapeTheUpstreamPath(t *testing.T) {
 		}
 	}
 }
+
+// vLLM, the usual self-hosted OpenAI-compatible upstream, reports a failure inside a
+// started stream as an error event and still ends it with data: [DONE] (its
+// serving_chat: `yield f"data: {error}"` then `yield "data: [DONE]"`). The gateway judges
+// completeness by the last event only, so it records that failed generation as complete
+// and replays the error to every retry of the key for ONCEFLOW_LEDGER_RETENTION: the
+// caller can never get an answer with that key. A stream carrying an error event is not
+// a complete answer.
+func TestAttackStreamWithAnErrorEventBeforeDONEIsNotRecorded(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int64
+	upstream := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, `data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":"Hel"},"finish_reason":null}]}`+"\n\n"+
+			`data: {"error":{"object":"error","message":"CUDA out of memory","type":"InternalServerError","param":null,"code":500}}`+"\n\n"+
+			"data: [DONE]\n\n")
+	})
+	url, _, _ := attackGateway(t, upstream)
+	body := `{"model":"m","stream":true,"messages":[{"role":"user","content":"Say one random word."}]}`
+	h := http.Header{"Idempotency-Key": {"vllm-error-key-000001"}, "Authorization": {"Bearer sk-alice"}}
+	rawPost(t, url+"/chat/completions", body, h)
+	_, replayed, b := rawPost(t, url+"/chat/completions", body, h)
+	if replayed == "true" || calls.Load() != 2 {
+		t.Fatalf("the retry got the failed stream replayed (%d upstream calls): %.200s", calls.Load(), b)
+	}
+}
