@@ -85,3 +85,37 @@ func TestAttackWorkQuotaStopCallsOncePerProcessAcrossARestart(t *testing.T) {
 		}
 	}
 }
+
+// A rolling restart of the gateway while a call outlasts ONCEFLOW_SHUTDOWN_TIMEOUT (a
+// long generation, a slow stream): the old gateway gives the call up and exits 0, but
+// leaves its row in_flight with a live-looking lease, so the client's retry to the new
+// gateway is answered 409 for up to ONCEFLOW_LEDGER_LEASE (15s), longer than the
+// OpenAI SDKs' default retries last. A call the gateway abandons on SIGTERM should be
+// released (ambiguous), as one that hits ONCEFLOW_GATEWAY_TIMEOUT is, for the retry to
+// take over at once.
+func TestAttackGatewaySIGTERMReleasesTheCallsItGivesUp(t *testing.T) {
+	t.Parallel()
+	_, dsn := testenv.Postgres(t)
+	_, fake := startFakeLLM(t, "--drip", "1") // the answer arrives one byte a second
+	gw, gwURL := startGateway(t, dsn, fake, "ONCEFLOW_SHUTDOWN_TIMEOUT=1s")
+	key := "rolling-restart-key-01"
+	go func() { _, _, _ = keyedPost(gwURL, key) }()
+	waitInFlight(t, fake)
+	gw.Signal(syscall.SIGTERM)
+	if code := gw.Wait(15 * time.Second); code != 0 {
+		t.Fatalf("gateway exit %d", code)
+	}
+	_, gwURL = startGateway(t, dsn, fake)
+	// The client's retry, at once. Taken over, it drips too: give it a few seconds to
+	// get past the 409, not the minutes the answer takes.
+	req, _ := http.NewRequest(http.MethodPost, gwURL+"/chat/completions", strings.NewReader(`{"model":"gpt-4.1-mini","messages":[{"role":"user","content":"hello"}]}`))
+	req.Header.Set("Idempotency-Key", key)
+	req.Header.Set("Authorization", "Bearer sk-test")
+	resp, err := (&http.Client{Timeout: 3 * time.Second}).Do(req)
+	if err == nil {
+		defer resp.Body.Close()
+		if resp.StatusCode == http.StatusConflict {
+			t.Fatal("the retry after a graceful restart got 409: the call the old gateway abandoned still holds its row")
+		}
+	}
+}
