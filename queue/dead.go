@@ -84,8 +84,9 @@ func (m Message) MarshalJSON() ([]byte, error) {
 // ARGV[2] (acknowledged, or reclaimed by another consumer whose run now decides).
 // Invariant: XADD to the dead-letter stream, XACK and the index's state=failed happen
 // together or not at all, and only the entry's current owner moves it, so one entry
-// never yields two dead letters. The index loses its TTL: it must outlive the record it
-// points to (Purge gives it one back).
+// never yields two dead letters. The index loses its TTL and its "entry" (so that no
+// acknowledgement gives it one: see ackScript): it must outlive the record it points to
+// (Purge gives it a TTL back).
 var deadLetterScript = redis.NewScript(`
 local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1, ARGV[2])
 if #p == 0 then return false end
@@ -97,6 +98,7 @@ local dead = redis.call('XADD', KEYS[2], '*', unpack(rec))
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
 if KEYS[3] then
   redis.call('HSET', KEYS[3], 'state', 'failed', 'reason', ARGV[4], 'dead_id', dead, 'failed_at', ARGV[5])
+  redis.call('HDEL', KEYS[3], 'entry')
   if ARGV[6] ~= '' then redis.call('HSETNX', KEYS[3], 'tenant', ARGV[6]) end
   redis.call('PERSIST', KEYS[3])
 end
@@ -244,31 +246,32 @@ func getDead(ctx context.Context, rdb redis.Cmdable, keys Keys, deadID string) (
 //	KEYS[2]  the dead-letter stream
 //	KEYS[3]  the job index
 //	ARGV[1]  dead-letter entry id
-//	ARGV[2]  index TTL in milliseconds
-//	ARGV[3]  tenant
-//	ARGV[4:] the new entry's field/value list (Message.Values)
+//	ARGV[2:] EnqueueLua's argv: tenant, then the new entry's field/value list
 //
-// Returns the new entry id, or nil when the dead letter no longer exists. Invariant: the
-// job is back in the stream exactly when its dead letter is gone (so two concurrent
-// replays enqueue it once), and its index says queued again, with a TTL.
-var replayScript = redis.NewScript(`
+// Returns the new entry id, or nil when the dead letter no longer exists. It enqueues
+// with EnqueueLua, so the index says queued again, without a TTL, exactly as for any
+// enqueue (which also retires the dead letter the index points at, when that is another
+// one of the same job). Invariant: the job is back in the stream exactly when its dead
+// letter is gone, so two concurrent replays enqueue it once.
+var replayScript = redis.NewScript(enqueueFunc + `
 if #redis.call('XRANGE', KEYS[2], ARGV[1], ARGV[1]) == 0 then return false end
-local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 4))
+local argv = {}
+for i = 2, #ARGV do argv[#argv + 1] = ARGV[i] end
+local id = enqueue(KEYS, argv)
 redis.call('XDEL', KEYS[2], ARGV[1])
-redis.call('HDEL', KEYS[3], 'reason', 'dead_id', 'failed_at')
-redis.call('HSET', KEYS[3], 'state', 'queued', 'tenant', ARGV[3])
-redis.call('PEXPIRE', KEYS[3], ARGV[2])
 return id
 `)
 
 // Replay puts the dead letter deadID back on the queue with the same job id (and
-// payload, tenant and trace context; enqueued_at becomes now), removes it from the
-// dead-letter stream and marks the job queued again with an index TTL of ttl, in one
-// atomic script. It returns the new stream entry id. A dead letter that does not exist
-// (already replayed or purged) gives an error wrapping ErrDeadLetterNotFound; a malformed
-// one cannot be replayed (an error wrapping ErrMalformed) and should be purged. Safe for
-// concurrent use: of two concurrent replays of one entry, one succeeds.
-func Replay(ctx context.Context, rdb redis.Cmdable, keys Keys, deadID string, ttl time.Duration) (string, error) {
+// payload, tenant and trace context; enqueued_at becomes now) and removes it from the
+// dead-letter stream, in one atomic script that enqueues like Enqueue: the job's index
+// says queued again and has no TTL until the job is acknowledged. It returns the new
+// stream entry id. A dead letter that does not exist (already replayed or purged, or
+// retired by a replay or an enqueue of the same job) gives an error wrapping
+// ErrDeadLetterNotFound; a malformed one cannot be replayed (an error wrapping
+// ErrMalformed) and should be purged. Safe for concurrent use: of two concurrent replays
+// of one entry, one succeeds.
+func Replay(ctx context.Context, rdb redis.Cmdable, keys Keys, deadID string) (string, error) {
 	d, err := getDead(ctx, rdb, keys, deadID)
 	if err != nil {
 		return "", err
@@ -278,8 +281,11 @@ func Replay(ctx context.Context, rdb redis.Cmdable, keys Keys, deadID string, tt
 	}
 	m := *d.Message
 	m.EnqueuedAt = time.Now()
-	args := append([]any{deadID, ttl.Milliseconds(), m.Tenant}, m.Values()...)
-	id, err := replayScript.Run(ctx, rdb, []string{keys.Stream(), keys.Dead(), keys.Job(m.JobID)}, args...).Text()
+	enq, err := EnqueueArgs(m)
+	if err != nil {
+		return "", fmt.Errorf("replay %s: %w", deadID, err)
+	}
+	id, err := replayScript.Run(ctx, rdb, keys.EnqueueKeys(m.JobID), append([]any{deadID}, enq...)...).Text()
 	if errors.Is(err, redis.Nil) {
 		return "", fmt.Errorf("%w: %s", ErrDeadLetterNotFound, deadID)
 	}

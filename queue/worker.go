@@ -96,6 +96,12 @@ type WorkerConfig struct {
 	// time and dead-letter count gauges are sampled (only when Registerer is set).
 	// Default: 15s.
 	StatsInterval time.Duration
+	// JobTTL is how long a job's index (Keys.Job: its tenant and state, what the API's
+	// GET reads) is kept once the job left the stream: the acknowledgement of its latest
+	// entry, or the purge of its dead letter, starts it. While the job is queued,
+	// running or dead-lettered its index does not expire. The service sets it to
+	// ONCEFLOW_RESULT_TTL. Default: DefaultJobTTL (24h).
+	JobTTL time.Duration
 
 	// Logger receives the worker's logs. Default: slog.Default().
 	Logger *slog.Logger
@@ -120,6 +126,7 @@ func (c WorkerConfig) withDefaults() WorkerConfig {
 	c.TrimInterval = cmp.Or(c.TrimInterval, DefaultTrimInterval)
 	c.ConsumerMaxIdle = cmp.Or(c.ConsumerMaxIdle, DefaultConsumerMaxIdle)
 	c.StatsInterval = cmp.Or(c.StatsInterval, DefaultStatsInterval)
+	c.JobTTL = cmp.Or(c.JobTTL, DefaultJobTTL)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -151,6 +158,8 @@ func (c WorkerConfig) validate() error {
 		return fmt.Errorf("queue: AckBatch %d must be at least 1", c.AckBatch)
 	case c.StatsInterval <= 0:
 		return fmt.Errorf("queue: StatsInterval %v must be positive", c.StatsInterval)
+	case c.JobTTL < time.Millisecond:
+		return fmt.Errorf("queue: JobTTL %v must be at least 1ms", c.JobTTL)
 	case strings.ContainsAny(c.Group, " \t\r\n") || strings.ContainsAny(c.Consumer, " \t\r\n"):
 		return fmt.Errorf("queue: group %q and consumer %q must not contain whitespace", c.Group, c.Consumer)
 	}
@@ -217,7 +226,7 @@ func NewWorker(cfg WorkerConfig) (*Worker, error) {
 		cfg: cfg, keys: cfg.Keys, rdb: cfg.Redis, log: log, m: m,
 		slots:    make(chan struct{}, cfg.Concurrency),
 		jobs:     make(chan delivery, cfg.Concurrency),
-		acks:     newAcker(cfg.Redis, cfg.Keys, cfg.Group, cfg.AckBatch, cfg.AckLinger, log, m),
+		acks:     newAcker(cfg.Redis, cfg.Keys, cfg.Group, cfg.AckBatch, cfg.AckLinger, cfg.JobTTL, log, m),
 		inFlight: make(map[string]jobRef),
 		cursor:   "0-0",
 	}, nil
@@ -565,7 +574,7 @@ func (w *Worker) process(ctx context.Context, d delivery) {
 	w.untrack(d.id)
 	switch outcome {
 	case outcomeOK:
-		if !w.acks.add(d.id) {
+		if !w.acks.add(d.id, msg.JobID) {
 			w.log.Warn("job finished after shutdown; it stays pending and will run again", "job_id", job.JobID, "tenant", job.Tenant, "entry", d.id)
 		}
 	case outcomePermanent:

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"regexp"
@@ -171,18 +172,29 @@ type dlqResult struct {
 	DeadID  string `json:"dead_id"`
 	JobID   string `json:"job_id,omitempty"`
 	EntryID string `json:"entry_id,omitempty"` // replay: the new stream entry
-	Error   string `json:"error,omitempty"`
+	// RetiredBy (replay) is the dead letter of the same job whose replay already
+	// removed this one.
+	RetiredBy string `json:"retired_by,omitempty"`
+	Error     string `json:"error,omitempty"`
 }
 
 // dlqAct replays or purges targets and reports each; it fails (exit 1) when any failed.
 func dlqAct(ctx context.Context, e *env, rdb redis.Cmdable, keys queue.Keys, sub string, targets []queue.DeadLetter, ttl time.Duration, asJSON bool) error {
 	results := make([]dlqResult, 0, len(targets))
+	replayed := map[string]string{} // job id -> the dead letter replayed for it
 	failed := 0
 	for _, d := range targets {
 		r := dlqResult{DeadID: d.ID, JobID: d.JobID}
 		var err error
 		if sub == "replay" {
-			r.EntryID, err = queue.Replay(ctx, rdb, keys, d.ID, ttl)
+			r.EntryID, err = queue.Replay(ctx, rdb, keys, d.ID)
+			if errors.Is(err, queue.ErrDeadLetterNotFound) && replayed[d.JobID] != "" {
+				// The replay of this job's other dead letter retired this one (the
+				// enqueue retires the dead letter the job index points at).
+				r.RetiredBy, err = replayed[d.JobID], nil
+			} else if err == nil && d.JobID != "" {
+				replayed[d.JobID] = d.ID
+			}
 		} else {
 			err = queue.Purge(ctx, rdb, keys, d.ID, ttl)
 		}
@@ -197,6 +209,8 @@ func dlqAct(ctx context.Context, e *env, rdb redis.Cmdable, keys queue.Keys, sub
 		switch {
 		case err != nil:
 			fmt.Fprintf(e.stderr, "onceflow: dlq %s %s: %v\n", sub, d.ID, err)
+		case r.RetiredBy != "":
+			fmt.Fprintf(e.stdout, "retired %s by the replay of %s (job %s)\n", d.ID, r.RetiredBy, d.JobID)
 		case sub == "replay":
 			fmt.Fprintf(e.stdout, "replayed %s as %s (job %s)\n", d.ID, r.EntryID, dash(d.JobID))
 		default:
