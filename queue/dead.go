@@ -335,3 +335,79 @@ func Purge(ctx context.Context, rdb redis.Cmdable, keys Keys, deadID string, ttl
 	}
 	return nil
 }
+
+// trimDeadScript deletes the dead letters below a threshold id and releases their job
+// indexes.
+//
+//	KEYS[1]  the dead-letter stream
+//	KEYS[2:] job indexes of dead letters below the threshold (those with a valid job id)
+//	ARGV[1]  the threshold: XTRIM MINID deletes every entry with a lower id
+//	ARGV[2]  index TTL in milliseconds
+//	ARGV[3:] for KEYS[i], the id of the dead letter of that job below the threshold
+//
+// Returns the number of entries deleted. Invariant: as for purgeScript, an index that
+// pointed at a deleted dead letter stops pointing at it and gets the TTL back, in the
+// same step as the XTRIM, so no index keeps saying failed for ever about a dead letter
+// that no longer exists. An index that meanwhile points elsewhere (the job was enqueued
+// again, or failed again) is left alone.
+var trimDeadScript = redis.NewScript(`
+for i = 2, #KEYS do
+  if redis.call('HGET', KEYS[i], 'dead_id') == ARGV[i + 1] then
+    redis.call('HDEL', KEYS[i], 'dead_id')
+    redis.call('PEXPIRE', KEYS[i], ARGV[2])
+  end
+end
+return redis.call('XTRIM', KEYS[1], 'MINID', ARGV[1])
+`)
+
+// trimDeadBatch bounds the dead letters one trimDeadScript call handles.
+const trimDeadBatch = 500
+
+// TrimDead deletes every dead letter that was written before before (dead-letter entry
+// ids are their Unix millisecond times) and gives the job index of each the TTL ttl, as
+// Purge does: the job reads as failed for ttl more, then is forgotten. It returns how
+// many it deleted. It works in batches of 500: one XRANGE and one script call each, the
+// script trimming with XTRIM MINID up to the batch's last entry, so an index is never
+// left pointing at a deleted entry. Safe for concurrent use and to run from several
+// workers (a dead letter is counted by the call that deleted it). On an error it
+// returns what it deleted so far.
+func TrimDead(ctx context.Context, rdb redis.Cmdable, keys Keys, before time.Time, ttl time.Duration) (int64, error) {
+	if ttl <= 0 {
+		return 0, fmt.Errorf("trim dead letters: ttl %v is not positive", ttl)
+	}
+	if before.UnixMilli() <= 0 {
+		return 0, nil // no dead letter is older than the epoch
+	}
+	threshold := strconv.FormatInt(before.UnixMilli(), 10) + "-0"
+	var total int64
+	for {
+		msgs, err := rdb.XRangeN(ctx, keys.Dead(), "-", "("+threshold, trimDeadBatch).Result()
+		if err != nil {
+			return total, fmt.Errorf("trim dead letters: %w", err)
+		}
+		if len(msgs) == 0 {
+			return total, nil
+		}
+		cut := threshold
+		if len(msgs) == trimDeadBatch { // more may follow: trim this batch only
+			ms, seq := splitID(msgs[len(msgs)-1].ID)
+			cut = strconv.FormatUint(ms, 10) + "-" + strconv.FormatUint(seq+1, 10)
+		}
+		keyList := []string{keys.Dead()}
+		args := []any{cut, ttl.Milliseconds()}
+		for _, m := range msgs {
+			if job, _ := m.Values[fieldJobID].(string); ValidJobID(job) {
+				keyList = append(keyList, keys.Job(job))
+				args = append(args, m.ID)
+			}
+		}
+		n, err := trimDeadScript.Run(ctx, rdb, keyList, args...).Int64()
+		if err != nil {
+			return total, fmt.Errorf("trim dead letters: %w", err)
+		}
+		total += n
+		if len(msgs) < trimDeadBatch {
+			return total, nil
+		}
+	}
+}

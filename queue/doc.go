@@ -32,8 +32,9 @@
 // Beside the loop, a lease renewer resets the idle time of the worker's in-flight
 // entries (XCLAIM to itself with JUSTID, which does not count as a delivery) every
 // RenewInterval, so a slow but live worker keeps its messages; a maintenance goroutine
-// trims acknowledged entries (XTRIM MINID below the oldest entry any group still needs),
-// deletes consumers idle for long with nothing pending, and samples gauges.
+// trims acknowledged entries (XTRIM MINID below the oldest entry any group still needs)
+// and dead letters older than DeadLetterRetention, deletes consumers idle for long with
+// nothing pending, and samples gauges.
 //
 // # The job index
 //

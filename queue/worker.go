@@ -34,6 +34,8 @@ const (
 	DefaultTrimInterval    = time.Minute
 	DefaultConsumerMaxIdle = time.Hour
 	DefaultStatsInterval   = 15 * time.Second
+	// DefaultDeadLetterRetention is 30 days.
+	DefaultDeadLetterRetention = 30 * 24 * time.Hour
 )
 
 // WorkerConfig configures a Worker. Redis, Keys and Handler are required; every other
@@ -98,10 +100,15 @@ type WorkerConfig struct {
 	StatsInterval time.Duration
 	// JobTTL is how long a job's index (Keys.Job: its tenant and state, what the API's
 	// GET reads) is kept once the job left the stream: the acknowledgement of its latest
-	// entry, or the purge of its dead letter, starts it. While the job is queued,
+	// entry, or the trimming of its dead letter, starts it. While the job is queued,
 	// running or dead-lettered its index does not expire. The service sets it to
 	// ONCEFLOW_RESULT_TTL. Default: DefaultJobTTL (24h).
 	JobTTL time.Duration
+	// DeadLetterRetention is how long a dead letter is kept: maintenance (every
+	// TrimInterval) deletes older ones with TrimDead, and their job indexes get JobTTL.
+	// Negative keeps dead letters for ever. The service sets it to
+	// ONCEFLOW_DLQ_RETENTION. Default: DefaultDeadLetterRetention (720h, 30 days).
+	DeadLetterRetention time.Duration
 
 	// Logger receives the worker's logs. Default: slog.Default().
 	Logger *slog.Logger
@@ -127,6 +134,7 @@ func (c WorkerConfig) withDefaults() WorkerConfig {
 	c.ConsumerMaxIdle = cmp.Or(c.ConsumerMaxIdle, DefaultConsumerMaxIdle)
 	c.StatsInterval = cmp.Or(c.StatsInterval, DefaultStatsInterval)
 	c.JobTTL = cmp.Or(c.JobTTL, DefaultJobTTL)
+	c.DeadLetterRetention = cmp.Or(c.DeadLetterRetention, DefaultDeadLetterRetention)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -752,7 +760,8 @@ func (w *Worker) maintainLoop(ctx context.Context) {
 	}
 }
 
-// maintain trims acknowledged entries and deletes idle consumers.
+// maintain trims acknowledged entries and expired dead letters and deletes idle
+// consumers.
 func (w *Worker) maintain(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -763,6 +772,16 @@ func (w *Worker) maintain(ctx context.Context) {
 	} else if n > 0 {
 		w.m.trimmed.Add(float64(n))
 		w.log.Debug("trimmed acknowledged entries", "entries", n)
+	}
+	if w.cfg.DeadLetterRetention > 0 {
+		n, err := TrimDead(ctx, w.rdb, w.keys, time.Now().Add(-w.cfg.DeadLetterRetention), w.cfg.JobTTL)
+		w.m.deadTrimmed.Add(float64(n))
+		if err != nil {
+			w.m.redisError("trim_dead")
+			w.log.Warn("trimming old dead letters failed", "err", err)
+		} else if n > 0 {
+			w.log.Info("deleted dead letters older than the retention", "dead_letters", n, "retention", w.cfg.DeadLetterRetention)
+		}
 	}
 	if w.cfg.ConsumerMaxIdle < 0 {
 		return

@@ -18,10 +18,11 @@ import (
 	"github.com/onceflow/onceflow/queue"
 )
 
-const dlqUsage = "list [--json] [--limit N] | replay ID|--all [--json] | purge ID|--all [--json]\n\n" +
+const dlqUsage = "list [--json] [--limit N] | replay ID|--all [--json] | purge ID|--all|--older-than DURATION [--json]\n\n" +
 	"ID is a dead-letter entry id (1700000000000-0, as `dlq list` shows) or a job id (a UUID: every\n" +
 	"dead letter of that job). replay re-enqueues with the same job id and removes the dead letter\n" +
-	"in one step; purge deletes it for good."
+	"in one step; purge deletes it for good; purge --older-than deletes every dead letter that\n" +
+	"failed more than DURATION ago (as the workers do after ONCEFLOW_DLQ_RETENTION)."
 
 // streamID matches a Redis stream entry id.
 var streamID = regexp.MustCompile(`^[0-9]{1,20}-[0-9]{1,20}$`)
@@ -44,6 +45,7 @@ func runDLQ(ctx context.Context, e *env, args []string) error {
 	asJSON := fs.Bool("json", false, "machine-readable output on stdout")
 	all := fs.Bool("all", false, "act on every dead letter (replay, purge)")
 	limit := fs.Int("limit", 1000, "most dead letters to list")
+	olderThan := fs.Duration("older-than", 0, "purge: every dead letter that failed more than this long ago")
 	pos, err := parseInterspersed(fs, args[1:])
 	if err != nil {
 		return err
@@ -67,6 +69,17 @@ func runDLQ(ctx context.Context, e *env, args []string) error {
 			return usageErrorf("dlq list: --limit must be at least 1")
 		}
 		return dlqList(ctx, e, rdb, keys, *limit, *asJSON)
+	}
+	if olderThanSet(fs) {
+		switch {
+		case sub != "purge":
+			return usageErrorf("dlq %s: --older-than is for purge", sub)
+		case *all || len(pos) > 0:
+			return usageErrorf("dlq purge: give an ID, --all or --older-than, not several")
+		case *olderThan <= 0:
+			return usageErrorf("dlq purge: --older-than must be positive")
+		}
+		return dlqPurgeOlder(ctx, e, rdb, keys, *olderThan, cfg.ResultTTL, *asJSON)
 	}
 	switch {
 	case *all && len(pos) > 0:
@@ -232,6 +245,33 @@ func dlqAct(ctx context.Context, e *env, rdb redis.Cmdable, keys queue.Keys, sub
 	return nil
 }
 
+// olderThanSet reports whether --older-than was given.
+func olderThanSet(fs *flag.FlagSet) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == "older-than" })
+	return set
+}
+
+// dlqPurgeOlder deletes the dead letters that failed more than age ago (queue.TrimDead;
+// their job indexes get ttl) and prints how many.
+func dlqPurgeOlder(ctx context.Context, e *env, rdb redis.Cmdable, keys queue.Keys, age, ttl time.Duration, asJSON bool) error {
+	before := time.Now().Add(-age)
+	n, err := queue.TrimDead(ctx, rdb, keys, before, ttl)
+	if err != nil {
+		return fmt.Errorf("dlq purge --older-than %s: %w (%d deleted before the error)", age, err, n)
+	}
+	if asJSON {
+		enc := json.NewEncoder(e.stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(struct {
+			Purged int64     `json:"purged"`
+			Before time.Time `json:"before"`
+		}{n, before.UTC()})
+	}
+	fmt.Fprintf(e.stdout, "purged %d dead letters older than %s (failed before %s)\n", n, age, before.UTC().Format(time.RFC3339))
+	return nil
+}
+
 func dash(s string) string {
 	if s == "" {
 		return "-"
@@ -240,3 +280,12 @@ func dash(s string) string {
 }
 
 func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
+
+// dlqRetention maps ONCEFLOW_DLQ_RETENTION to WorkerConfig.DeadLetterRetention: 0 (keep
+// for ever) is negative there, where 0 means the default.
+func dlqRetention(c *config.Config) time.Duration {
+	if c.DLQRetention == 0 {
+		return -1
+	}
+	return c.DLQRetention
+}

@@ -269,7 +269,8 @@ func (d *deps) buildWorker(h queue.Handler) (*queue.Worker, error) {
 		Registerer:      d.reg,
 
 		// The job index lives ONCEFLOW_RESULT_TTL after the job, like the stored response.
-		JobTTL: d.cfg.ResultTTL,
+		JobTTL:              d.cfg.ResultTTL,
+		DeadLetterRetention: dlqRetention(d.cfg),
 	})
 	if err != nil {
 		return nil, &config.Error{Name: "worker settings", Err: err}
