@@ -294,8 +294,14 @@ func BenchmarkAckBatch(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
+				pipe := rdb.Pipeline()
 				for _, m := range res[0].Messages {
-					acks = append(acks, ack{m.ID, m.Values[fieldJobID].(string)})
+					job := m.Values[fieldJobID].(string)
+					acks = append(acks, ack{m.ID, job})
+					pipe.HSet(ctx, keys.Job(job), "entry", m.ID) // as Enqueue writes it
+				}
+				if _, err := pipe.Exec(ctx); err != nil {
+					b.Fatal(err)
 				}
 			}
 			a := newAcker(rdb, keys, DefaultGroup, batch, 0, time.Hour, discard, newWorkerMetrics(nil, "bench"))
@@ -317,6 +323,9 @@ func BenchmarkAckBatch(b *testing.B) {
 			b.StopTimer()
 			if p := rdb.XPending(ctx, keys.Stream(), DefaultGroup).Val(); p.Count != 0 {
 				b.Fatalf("%d entries left pending", p.Count)
+			}
+			if ttl := rdb.PTTL(ctx, keys.Job(acks[0].jobID)).Val(); mode == "script" && ttl <= 0 {
+				b.Fatalf("index TTL %v after the acknowledgement", ttl)
 			}
 			b.ReportMetric(float64(n)/b.Elapsed().Seconds(), "acks/s")
 		})
