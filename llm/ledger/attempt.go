@@ -118,7 +118,10 @@ func (a *Attempt) Lost() bool {
 
 // succeedSQL records a response. It is an upsert so that a response is recorded even if
 // the row vanished (a relaxed in-flight insert lost in a PostgreSQL crash), and it never
-// overwrites a recorded response: the first response recorded wins.
+// overwrites a recorded response: the first response recorded wins. It moves expires_at
+// to now + retention (never earlier than it was): a row that succeeds late in its
+// window is kept a full retention after the success, so the redeliveries it serves
+// replay it instead of calling the model again.
 //
 //	$1 idem_key, $2 work, $3 request_hash, $4 provider, $5 model, $6 response jsonb,
 //	$7 response_raw, $8 response_meta, $9 attempt, $10 now (NULL: now()), $11 retention µs
@@ -131,7 +134,8 @@ VALUES ($1, $2, 'succeeded', $3, $4, $5, $6, $7, $8, $9, coalesce($10::timestamp
 ON CONFLICT (idem_key) DO UPDATE SET
 	state = 'succeeded', response = EXCLUDED.response, response_raw = EXCLUDED.response_raw,
 	response_meta = EXCLUDED.response_meta, owner = NULL, lease_until = NULL, partial = NULL,
-	partial_attempt = NULL, error = NULL, updated_at = now()
+	partial_attempt = NULL, error = NULL, updated_at = now(),
+	expires_at = greatest(c.expires_at, EXCLUDED.expires_at)
 WHERE c.state <> 'succeeded' AND c.request_hash = EXCLUDED.request_hash
 RETURNING c.attempt, c.ambiguous`
 
