@@ -524,7 +524,31 @@ func RedactURL(u string) string {
 	if err != nil {
 		return "[redacted]"
 	}
+	if p.RawQuery != "" {
+		q := p.Query()
+		for k, vs := range q {
+			if secretParam(k) {
+				for i := range vs {
+					vs[i] = "[redacted]"
+				}
+			}
+		}
+		p.RawQuery = q.Encode()
+	}
 	return p.Redacted()
+}
+
+// secretParam reports whether a URL query parameter may carry a secret (pgx's
+// password, an upstream's key or token): its name holds pass, key, token, secret,
+// auth, cred or sig, whatever the case.
+func secretParam(name string) bool {
+	n := strings.ToLower(name)
+	for _, s := range []string{"pass", "key", "token", "secret", "auth", "cred", "sig"} {
+		if strings.Contains(n, s) {
+			return true
+		}
+	}
+	return false
 }
 
 // redactValue hides a secret: URLs keep scheme, host and path (password and query

@@ -882,7 +882,7 @@ func newJitterTicker(d time.Duration) *jitterTicker {
 	c := make(chan time.Time, 1)
 	t := &jitterTicker{C: c, stop: make(chan struct{})}
 	go func() {
-		timer := time.NewTimer(time.Duration(rand.Int64N(int64(d))) + 1)
+		timer := time.NewTimer(time.Duration(rand.Int64N(int64(d))) + 1) // #nosec G404 -- a random first tick spreads workers' scans, not a secret
 		defer timer.Stop()
 		for {
 			select {
@@ -911,7 +911,7 @@ func (b *backoff) reset() { b.n = 0 }
 func (b *backoff) sleep(ctx context.Context) bool {
 	d := min(100*time.Millisecond<<min(b.n, 6), 5*time.Second)
 	b.n++
-	d = d/2 + time.Duration(rand.Int64N(int64(d/2)+1))
+	d = d/2 + time.Duration(rand.Int64N(int64(d/2)+1)) // #nosec G404 -- backoff jitter, not a secret
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {

@@ -1,7 +1,9 @@
 package ledger
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -168,7 +170,7 @@ func (a *Attempt) succeed(ctx context.Context, db DB, res Result) (*Record, bool
 	c := a.call
 	var response any // nil Response: SQL NULL, not the JSON text "null"
 	if len(res.Response) > 0 {
-		response = string(res.Response)
+		response = string(jsonbSafe(res.Response))
 	}
 	var meta any
 	if len(res.Meta) > 0 {
@@ -194,6 +196,48 @@ func (a *Attempt) succeed(ctx context.Context, db DB, res Result) (*Record, bool
 	}
 	a.l.metrics.attempt(c, resultSuperseded)
 	return other, false, nil
+}
+
+// jsonbSafe returns b, a JSON document, in a form PostgreSQL's jsonb accepts: jsonb has
+// no room for U+0000 (a "\u0000" escape is refused, SQLSTATE 22P05), which a model's
+// answer may hold, so every U+0000 inside a string becomes U+FFFD. The raw bytes
+// (Result.Raw, bytea) keep the answer as it was, and replays that need it byte for byte
+// (the gateway's) use them. A document without the escape is returned as it is.
+func jsonbSafe(b []byte) []byte {
+	if !bytes.Contains(b, []byte(`\u0000`)) {
+		return b
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	var v any
+	if dec.Decode(&v) != nil {
+		return b // not JSON: let PostgreSQL say so
+	}
+	out, err := json.Marshal(replaceNUL(v))
+	if err != nil {
+		return b
+	}
+	return out
+}
+
+// replaceNUL replaces U+0000 with U+FFFD in every string of v, keys included.
+func replaceNUL(v any) any {
+	switch x := v.(type) {
+	case string:
+		return strings.ReplaceAll(x, "\x00", "\uFFFD")
+	case []any:
+		for i := range x {
+			x[i] = replaceNUL(x[i])
+		}
+		return x
+	case map[string]any:
+		out := make(map[string]any, len(x))
+		for k, e := range x {
+			out[strings.ReplaceAll(k, "\x00", "\uFFFD")] = replaceNUL(e)
+		}
+		return out
+	}
+	return v
 }
 
 func (l *Ledger) recordIn(ctx context.Context, db DB, key string) (*Record, error) {
