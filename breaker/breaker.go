@@ -71,7 +71,7 @@ type Breaker struct {
 	// gen counts trips and probes; probe is the ticket of the probe out since the last
 	// trip (0: none), the only call whose success closes the breaker.
 	gen, probe uint64
-	changed  chan struct{} // closed and replaced on every change, for Admit
+	changed    chan struct{} // closed and replaced on every change, for Admit
 }
 
 // New checks cfg and returns a closed Breaker.
