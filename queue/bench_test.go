@@ -98,8 +98,8 @@ func (h *ackWatch) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *ackWatch) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
-		if n, ok := acked(cmd); ok && err == nil {
-			if h.acked.Add(n) == h.n {
+		if c, ok := cmd.(*redis.IntCmd); ok && cmd.Name() == "xack" && err == nil {
+			if h.acked.Add(c.Val()) == h.n {
 				close(h.done)
 			}
 		}
@@ -108,24 +108,6 @@ func (h *ackWatch) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 }
 func (h *ackWatch) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
-}
-
-// acked returns the number of entries cmd acknowledged when it is the worker's
-// acknowledgement (ackScript, by EVALSHA or EVAL).
-func acked(cmd redis.Cmder) (int64, bool) {
-	args := cmd.Args()
-	if len(args) < 2 || (cmd.Name() != "evalsha" && cmd.Name() != "eval") {
-		return 0, false
-	}
-	if s, _ := args[1].(string); s != ackScript.Hash() && s != ackLua {
-		return 0, false
-	}
-	c, ok := cmd.(*redis.Cmd)
-	if !ok {
-		return 0, false
-	}
-	n, err := c.Int64()
-	return n, err == nil
 }
 
 // workerDrain consumes n messages with a Worker at the given concurrency and a no-op
@@ -259,75 +241,4 @@ func BenchmarkEndToEnd(b *testing.B) {
 	<-done
 	b.StopTimer()
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "jobs/s")
-}
-
-// BenchmarkAckBatch measures one acknowledgement of a batch of 64 pending entries whose
-// jobs have an index, the acknowledger's unit of work: "XACK" is the plain XACK it sent
-// before the job index got its TTL at acknowledgement, "script" is its flush today
-// (ackScript: the XACK plus each index's TTL, one round trip). Run with a fixed count,
-// for example -benchtime 2000x (b.N batches of 64 entries are prepared first).
-func BenchmarkAckBatch(b *testing.B) {
-	const batch = 64
-	for _, mode := range []string{"XACK", "script"} {
-		b.Run(mode, func(b *testing.B) {
-			rdb, prefix := testenv.Redis(b)
-			keys := Keys{Prefix: prefix, Queue: "bench"}
-			ctx := context.Background()
-			n := b.N * batch
-			for done := 0; done < n; {
-				pipe := rdb.Pipeline()
-				for i := 0; i < 1000 && done < n; i, done = i+1, done+1 {
-					m := message(done, nil)
-					pipe.XAdd(ctx, &redis.XAddArgs{Stream: keys.Stream(), Values: m.Values()})
-					pipe.HSet(ctx, keys.Job(m.JobID), "tenant", m.Tenant, "state", StateQueued)
-				}
-				if _, err := pipe.Exec(ctx); err != nil {
-					b.Fatal(err)
-				}
-			}
-			if err := CreateGroup(ctx, rdb, keys, DefaultGroup); err != nil {
-				b.Fatal(err)
-			}
-			var acks []ack
-			for len(acks) < n {
-				res, err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: DefaultGroup, Consumer: "c", Streams: []string{keys.Stream(), ">"}, Count: 10_000}).Result()
-				if err != nil {
-					b.Fatal(err)
-				}
-				pipe := rdb.Pipeline()
-				for _, m := range res[0].Messages {
-					job := m.Values[fieldJobID].(string)
-					acks = append(acks, ack{m.ID, job})
-					pipe.HSet(ctx, keys.Job(job), "entry", m.ID) // as Enqueue writes it
-				}
-				if _, err := pipe.Exec(ctx); err != nil {
-					b.Fatal(err)
-				}
-			}
-			a := newAcker(rdb, keys, DefaultGroup, batch, 0, time.Hour, discard, newWorkerMetrics(nil, "bench"))
-			ids := make([]string, batch)
-			b.ResetTimer()
-			for i := range b.N {
-				chunk := acks[i*batch : (i+1)*batch]
-				if mode == "script" {
-					a.flush(chunk)
-					continue
-				}
-				for j, x := range chunk {
-					ids[j] = x.id
-				}
-				if err := rdb.XAck(ctx, keys.Stream(), DefaultGroup, ids...).Err(); err != nil {
-					b.Fatal(err)
-				}
-			}
-			b.StopTimer()
-			if p := rdb.XPending(ctx, keys.Stream(), DefaultGroup).Val(); p.Count != 0 {
-				b.Fatalf("%d entries left pending", p.Count)
-			}
-			if ttl := rdb.PTTL(ctx, keys.Job(acks[0].jobID)).Val(); mode == "script" && ttl <= 0 {
-				b.Fatalf("index TTL %v after the acknowledgement", ttl)
-			}
-			b.ReportMetric(float64(n)/b.Elapsed().Seconds(), "acks/s")
-		})
-	}
 }

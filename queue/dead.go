@@ -85,7 +85,7 @@ func (m Message) MarshalJSON() ([]byte, error) {
 // Invariant: XADD to the dead-letter stream, XACK and the index's state=failed happen
 // together or not at all, and only the entry's current owner moves it, so one entry
 // never yields two dead letters. The index loses its TTL and its "entry" (so that no
-// acknowledgement gives it one: see ackScript): it must outlive the record it points to
+// trim gives it one once the entry is removed: see trimBatchScript): it must outlive the record it points to
 // (Purge gives it a TTL back).
 var deadLetterScript = redis.NewScript(`
 local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1, ARGV[2])

@@ -14,8 +14,8 @@ import (
 )
 
 // Issue 12, item 8: a job that waits in the stream longer than the index TTL still
-// answers its tenant and state (GET says queued, not 404); once it is acknowledged the
-// index gets the TTL.
+// answers its tenant and state (GET says queued, not 404); once it left the stream
+// (acknowledged, then trimmed by the worker's maintenance) the index gets the TTL.
 func TestJobIndexOutlivesTTLWhileQueued(t *testing.T) {
 	t.Parallel()
 	rdb, keys := setup(t)
@@ -30,7 +30,8 @@ func TestJobIndexOutlivesTTLWhileQueued(t *testing.T) {
 	if pttl := rdb.PTTL(ctx, keys.Job(jobID(1))).Val(); pttl != -1 {
 		t.Errorf("index TTL %v while queued, want none", pttl)
 	}
-	start(t, WorkerConfig{Redis: rdb, Keys: keys, JobTTL: ttl, Handler: HandlerFunc(func(context.Context, *Job) error { return nil })})
+	start(t, WorkerConfig{Redis: rdb, Keys: keys, JobTTL: ttl, TrimInterval: 50 * time.Millisecond,
+		Handler: HandlerFunc(func(context.Context, *Job) error { return nil })})
 	testenv.WaitFor(t, 10*time.Second, "the index TTL", func() bool {
 		pttl := rdb.PTTL(ctx, keys.Job(jobID(1))).Val()
 		return pttl > 0 && pttl <= ttl
@@ -91,9 +92,9 @@ func TestWorkerTrimsDeadLettersOlderThanRetention(t *testing.T) {
 	}
 }
 
-// A job enqueued again while its first entry runs: acknowledging the first entry leaves
-// the index without a TTL (the second entry still waits); acknowledging the second gives
-// it the TTL.
+// A job enqueued again while its first entry runs: removing the first entry from the
+// stream leaves the index without a TTL (the second entry still waits); removing the
+// second gives it the TTL.
 func TestAckOfAnOlderEntryKeepsTheIndexOfAQueuedJob(t *testing.T) {
 	t.Parallel()
 	rdb, keys := setup(t)
@@ -101,15 +102,15 @@ func TestAckOfAnOlderEntryKeepsTheIndexOfAQueuedJob(t *testing.T) {
 	first := enqueue(t, rdb, keys, message(1, nil))[0]
 	release := []chan struct{}{make(chan struct{}), make(chan struct{})}
 	var runs counter
-	start(t, WorkerConfig{Redis: rdb, Keys: keys, Concurrency: 1, JobTTL: time.Hour, Handler: HandlerFunc(func(ctx context.Context, j *Job) error {
+	start(t, WorkerConfig{Redis: rdb, Keys: keys, Concurrency: 1, JobTTL: time.Hour, TrimInterval: 50 * time.Millisecond, Handler: HandlerFunc(func(ctx context.Context, j *Job) error {
 		<-release[runs.inc("all")-1]
 		return nil
 	})})
 	testenv.WaitFor(t, 10*time.Second, "the first run", func() bool { return runs.get("all") == 1 })
 	second := enqueue(t, rdb, keys, message(1, nil))[0]
 	close(release[0])
-	testenv.WaitFor(t, 10*time.Second, "the first entry's acknowledgement", func() bool {
-		return !slices.Contains(pendingIDs(t, rdb, keys, DefaultGroup), first)
+	testenv.WaitFor(t, 10*time.Second, "the first entry's acknowledgement and trim", func() bool {
+		return !slices.Contains(pendingIDs(t, rdb, keys, DefaultGroup), first) && len(rdb.XRange(ctx, keys.Stream(), first, first).Val()) == 0
 	})
 	if pttl := rdb.PTTL(ctx, keys.Job(jobID(1))).Val(); pttl != -1 {
 		t.Errorf("index TTL %v after the first entry's ack while the second waits, want none", pttl)

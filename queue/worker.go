@@ -240,7 +240,7 @@ func NewWorker(cfg WorkerConfig) (*Worker, error) {
 		cfg: cfg, keys: cfg.Keys, rdb: cfg.Redis, log: log, m: m,
 		slots:    make(chan struct{}, cfg.Concurrency),
 		jobs:     make(chan delivery, cfg.Concurrency),
-		acks:     newAcker(cfg.Redis, cfg.Keys, cfg.Group, cfg.AckBatch, cfg.AckLinger, cfg.JobTTL, log, m),
+		acks:     newAcker(cfg.Redis, cfg.Keys, cfg.Group, cfg.AckBatch, cfg.AckLinger, log, m),
 		inFlight: make(map[string]jobRef),
 		cursor:   "0-0",
 	}, nil
@@ -615,7 +615,7 @@ func (w *Worker) process(ctx context.Context, d delivery) {
 	outcome, err := w.run(ctx, job)
 	switch outcome {
 	case outcomeOK:
-		if !w.acks.add(d.id, msg.JobID) {
+		if !w.acks.add(d.id) {
 			w.log.Warn("job finished after shutdown; it stays pending and will run again", "job_id", job.JobID, "tenant", job.Tenant, "entry", d.id)
 		}
 	case outcomePermanent:
@@ -823,7 +823,7 @@ func (w *Worker) maintainLoop(ctx context.Context) {
 func (w *Worker) maintain(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	n, err := Trim(ctx, w.rdb, w.keys)
+	n, err := Trim(ctx, w.rdb, w.keys, w.cfg.JobTTL)
 	if err != nil {
 		w.m.redisError("trim")
 		w.log.Warn("trim failed", "err", err)
