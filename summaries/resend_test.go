@@ -120,7 +120,16 @@ func TestResendAfterStoredResponseExpiredRerunsDeadLetteredJob(t *testing.T) {
 		_, m := state()
 		return m["status"] == "done"
 	})
-	testenv.WaitFor(t, 10*time.Second, "the job index to expire after the acknowledgement", func() bool {
+	if ttl := rdb.PTTL(ctx, keys.Job(jobID)).Val(); ttl != -1 {
+		t.Errorf("job index TTL %v while its entry is still in the stream, want none", ttl)
+	}
+	// The trim (a worker runs it every TrimInterval) removes the acknowledged entry and
+	// gives the index its TTL.
+	testenv.WaitFor(t, 10*time.Second, "the trim to remove the acknowledged entry", func() bool {
+		n, err := queue.Trim(ctx, rdb, keys, jobTTL)
+		return err == nil && n > 0
+	})
+	testenv.WaitFor(t, 10*time.Second, "the job index to expire after the trim", func() bool {
 		return rdb.Exists(ctx, keys.Job(jobID)).Val() == 0
 	})
 	if code, m := state(); code != http.StatusOK || m["status"] != "done" {
