@@ -68,7 +68,10 @@ type Breaker struct {
 	probeAt time.Time // when the next probe may go
 	// admitted is when Admit last let a job through for a probe.
 	admitted time.Time
-	changed  chan struct{} // closed and replaced on every change, for Admit
+	// gen counts trips and probes; probe is the ticket of the probe out since the last
+	// trip (0: none), the only call whose success closes the breaker.
+	gen, probe uint64
+	changed    chan struct{} // closed and replaced on every change, for Admit
 }
 
 // New checks cfg and returns a closed Breaker.
@@ -136,6 +139,8 @@ func (b *Breaker) Trip(cause error, wait time.Duration) {
 	}
 	b.reason = reason
 	b.probeAt = now.Add(wait)
+	b.gen++
+	b.probe = 0
 	since := b.since
 	b.notifyLocked()
 	b.mu.Unlock()
@@ -151,35 +156,43 @@ func (b *Breaker) Trip(cause error, wait time.Duration) {
 		"next_probe_in", wait, "reason", reason)
 }
 
+// Ticket identifies a call Allow let through, for Succeed.
+type Ticket uint64
+
 // Allow reports whether a call may go now: nil when the breaker is closed, or when it
 // is open and a probe is due, in which case this call is the probe and the next one is
-// due a ProbeInterval later; otherwise an *OpenError.
-func (b *Breaker) Allow() error {
+// due a ProbeInterval later; otherwise an *OpenError. The ticket goes to Succeed when
+// the call works.
+func (b *Breaker) Allow() (Ticket, error) {
 	if !b.open.Load() {
-		return nil
+		return 0, nil
 	}
 	now := b.cfg.Now()
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if !b.open.Load() {
-		return nil
+		return 0, nil
 	}
 	if !now.Before(b.probeAt) {
 		b.probeAt = now.Add(b.cfg.ProbeInterval)
+		b.gen++
+		b.probe = b.gen
 		b.m.probes.Inc()
 		b.log.Info("probing whether the dependency is back", "since", b.since)
-		return nil
+		return Ticket(b.gen), nil
 	}
-	return &OpenError{Name: b.cfg.Name, Reason: b.reason, Since: b.since, NextProbe: b.probeAt}
+	return 0, &OpenError{Name: b.cfg.Name, Reason: b.reason, Since: b.since, NextProbe: b.probeAt}
 }
 
-// Succeed reports a call that worked: an open breaker closes.
-func (b *Breaker) Succeed() {
+// Succeed reports that the call of ticket t worked. An open breaker closes only when t
+// is the probe let through since its last trip: a call allowed before the trip (a long
+// generation the provider accepted earlier) says nothing about the dependency now.
+func (b *Breaker) Succeed(t Ticket) {
 	if !b.open.Load() {
 		return
 	}
 	b.mu.Lock()
-	if !b.open.Load() {
+	if !b.open.Load() || t == 0 || uint64(t) != b.probe {
 		b.mu.Unlock()
 		return
 	}

@@ -56,7 +56,7 @@ func TestNewRejectsBadConfig(t *testing.T) {
 func TestTripProbeSucceed(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	b, c := newBreaker(t, time.Minute, reg)
-	if err := b.Allow(); err != nil {
+	if _, err := b.Allow(); err != nil {
 		t.Fatalf("closed breaker refused: %v", err)
 	}
 	if b.Err() != nil {
@@ -65,7 +65,7 @@ func TestTripProbeSucceed(t *testing.T) {
 	start := c.Now()
 	b.Trip(errors.New("HTTP 429, quota exhausted (insufficient_quota)"), 0)
 
-	err := b.Allow()
+	_, err := b.Allow()
 	var oe *breaker.OpenError
 	if !errors.As(err, &oe) || !errors.Is(err, retry.ErrUnavailable) {
 		t.Fatalf("open breaker: Allow = %v, want an *OpenError matching retry.ErrUnavailable", err)
@@ -84,14 +84,15 @@ func TestTripProbeSucceed(t *testing.T) {
 	}
 
 	c.Advance(59 * time.Second)
-	if b.Allow() == nil {
+	if _, err := b.Allow(); err == nil {
 		t.Fatal("let a call through before the probe was due")
 	}
 	c.Advance(time.Second)
-	if err := b.Allow(); err != nil {
+	first, err := b.Allow()
+	if err != nil {
 		t.Fatalf("due probe refused: %v", err)
 	}
-	if b.Allow() == nil {
+	if _, err := b.Allow(); err == nil {
 		t.Fatal("a second call let through while the probe is out")
 	}
 	// The probe met the quota again: open for another interval, since unchanged.
@@ -99,12 +100,21 @@ func TestTripProbeSucceed(t *testing.T) {
 	if err := b.Err(); !errors.As(err, &oe) || !oe.Since.Equal(start) || oe.Reason != "still over quota" {
 		t.Fatalf("after a failed probe: %v", err)
 	}
+	b.Succeed(first) // the first probe's success, late, after it tripped again: stays open
+	if b.Err() == nil {
+		t.Fatal("the success of a probe from before the last trip closed the breaker")
+	}
 	c.Advance(time.Minute)
-	if err := b.Allow(); err != nil {
+	probe, err := b.Allow()
+	if err != nil {
 		t.Fatalf("second probe refused: %v", err)
 	}
-	b.Succeed()
-	if err := b.Allow(); err != nil || b.Err() != nil {
+	b.Succeed(0) // a call allowed while the breaker was closed
+	if b.Err() == nil {
+		t.Fatal("a call allowed before the trip closed the breaker")
+	}
+	b.Succeed(probe)
+	if _, err := b.Allow(); err != nil || b.Err() != nil {
 		t.Fatalf("after a successful probe: Allow %v, Err %v", err, b.Err())
 	}
 	if got := value(t, reg, "onceflow_breaker_open"); got != 0 {
@@ -123,11 +133,11 @@ func TestTripWithWait(t *testing.T) {
 	b, c := newBreaker(t, time.Minute, nil)
 	b.Trip(errors.New("quota"), 5*time.Second)
 	c.Advance(4 * time.Second)
-	if b.Allow() == nil {
+	if _, err := b.Allow(); err == nil {
 		t.Fatal("probe before the wait")
 	}
 	c.Advance(time.Second)
-	if err := b.Allow(); err != nil {
+	if _, err := b.Allow(); err != nil {
 		t.Fatalf("probe after the wait refused: %v", err)
 	}
 }
@@ -135,10 +145,7 @@ func TestTripWithWait(t *testing.T) {
 // Admit returns at once (no limit) while closed, blocks while open, admits one job
 // when a probe is due and wakes when the breaker closes.
 func TestAdmit(t *testing.T) {
-	b, err := breaker.New(breaker.Config{Name: "llm", ProbeInterval: 200 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
+	b, clk := newBreaker(t, 200*time.Millisecond, nil)
 	ctx := context.Background()
 	if n, err := b.Admit(ctx); n != 0 || err != nil {
 		t.Fatalf("closed: Admit = %d, %v", n, err)
@@ -160,7 +167,12 @@ func TestAdmit(t *testing.T) {
 		t.Fatalf("Admit returned %d while open", n)
 	case <-time.After(50 * time.Millisecond):
 	}
-	b.Succeed()
+	clk.Advance(time.Hour) // the probe is due (the waiting Admit's timer is real time)
+	probe, err := b.Allow()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Succeed(probe)
 	select {
 	case n := <-done:
 		if n != 0 {
@@ -172,6 +184,7 @@ func TestAdmit(t *testing.T) {
 
 	// A due probe admits exactly one job; the next Admit waits for that job's call.
 	b.Trip(errors.New("quota"), 10*time.Millisecond)
+	clk.Advance(10 * time.Millisecond)
 	if n, err := b.Admit(ctx); n != 1 || err != nil {
 		t.Fatalf("due probe: Admit = %d, %v, want 1", n, err)
 	}

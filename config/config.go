@@ -94,8 +94,14 @@ type Config struct {
 	MaxDeliveries int
 	// LockTTL is the lifetime of an idempotency in-progress marker. Default: 30s.
 	LockTTL time.Duration
-	// ResultTTL is how long a stored idempotent response is replayed. Default: 24h.
+	// ResultTTL is how long a stored idempotent response is replayed, and how long a job's
+	// index (its tenant and state, for GET) is kept once the job was acknowledged or its
+	// dead letter deleted. Default: 24h.
 	ResultTTL time.Duration
+	// DLQRetention is how long a dead letter is kept before the workers delete it (and
+	// its job index expires ResultTTL later); 0 keeps dead letters for ever.
+	// Default: 720h (30 days).
+	DLQRetention time.Duration
 	// IdempotencyTimeout bounds each idempotency store call; a claim that runs out is
 	// answered 503. Default: 500ms.
 	IdempotencyTimeout time.Duration
@@ -107,8 +113,8 @@ type Config struct {
 	// LedgerLease is how long an llm_calls row stays owned by an attempt that stopped
 	// renewing it. Default: 15s.
 	LedgerLease time.Duration
-	// LedgerRetention is how long an llm_calls row is kept after its first attempt
-	// (its expires_at). It must cover the retry horizon, MaxDeliveries × (ClaimIdle +
+	// LedgerRetention is how long an llm_calls row is kept after its first attempt, and
+	// after its success (its expires_at). It must cover the retry horizon, MaxDeliveries × (ClaimIdle +
 	// JobBudget), and should cover the longest a job can wait in the queue (a queue
 	// paused overnight, a dead letter replayed the next morning). Default: 24h.
 	LedgerRetention time.Duration
@@ -292,6 +298,9 @@ var settings = []setting{
 	{env: "ONCEFLOW_RESULT_TTL", def: "24h", usage: "how long a stored idempotent response is replayed", parse: func(c *Config, v string) error {
 		return parseDuration(&c.ResultTTL, v)
 	}},
+	{env: "ONCEFLOW_DLQ_RETENTION", def: "720h", usage: "how long a dead letter is kept (0: for ever)", parse: func(c *Config, v string) error {
+		return parseDurationOrZero(&c.DLQRetention, v)
+	}},
 	{env: "ONCEFLOW_IDEMPOTENCY_TIMEOUT", def: "500ms", usage: "bound of each idempotency store call (slower: 503)", parse: func(c *Config, v string) error {
 		return parseDuration(&c.IdempotencyTimeout, v)
 	}},
@@ -304,7 +313,7 @@ var settings = []setting{
 	{env: "ONCEFLOW_LEDGER_LEASE", def: "15s", usage: "how long an llm_calls row stays owned by a silent attempt", parse: func(c *Config, v string) error {
 		return parseDuration(&c.LedgerLease, v)
 	}},
-	{env: "ONCEFLOW_LEDGER_RETENTION", def: "24h", usage: "how long an llm_calls row is kept after its first attempt", parse: func(c *Config, v string) error {
+	{env: "ONCEFLOW_LEDGER_RETENTION", def: "24h", usage: "how long an llm_calls row is kept after its first attempt and after its success", parse: func(c *Config, v string) error {
 		return parseDuration(&c.LedgerRetention, v)
 	}},
 	{env: "ONCEFLOW_LEDGER_RELAXED_INSERT", def: "false", usage: "commit the ledger's in-flight insert with synchronous_commit off", parse: func(c *Config, v string) error {
@@ -515,7 +524,31 @@ func RedactURL(u string) string {
 	if err != nil {
 		return "[redacted]"
 	}
+	if p.RawQuery != "" {
+		q := p.Query()
+		for k, vs := range q {
+			if secretParam(k) {
+				for i := range vs {
+					vs[i] = "[redacted]"
+				}
+			}
+		}
+		p.RawQuery = q.Encode()
+	}
 	return p.Redacted()
+}
+
+// secretParam reports whether a URL query parameter may carry a secret (pgx's
+// password, an upstream's key or token): its name holds pass, key, token, secret,
+// auth, cred or sig, whatever the case.
+func secretParam(name string) bool {
+	n := strings.ToLower(name)
+	for _, s := range []string{"pass", "key", "token", "secret", "auth", "cred", "sig"} {
+		if strings.Contains(n, s) {
+			return true
+		}
+	}
+	return false
 }
 
 // redactValue hides a secret: URLs keep scheme, host and path (password and query
@@ -577,6 +610,19 @@ func parseDuration(dst *time.Duration, v string) error {
 	}
 	if d <= 0 {
 		return errors.New("must be positive")
+	}
+	*dst = d
+	return nil
+}
+
+// parseDurationOrZero is parseDuration that also accepts 0 (the setting's "off").
+func parseDurationOrZero(dst *time.Duration, v string) error {
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		return err
+	}
+	if d < 0 {
+		return errors.New("must not be negative")
 	}
 	*dst = d
 	return nil

@@ -48,6 +48,7 @@ func TestDefaultsMatchContract(t *testing.T) {
 		{"MaxDeliveries", c.MaxDeliveries, 5},
 		{"LockTTL", c.LockTTL, 30 * time.Second},
 		{"ResultTTL", c.ResultTTL, 24 * time.Hour},
+		{"DLQRetention", c.DLQRetention, 30 * 24 * time.Hour},
 		{"IdempotencyTimeout", c.IdempotencyTimeout, 500 * time.Millisecond},
 		{"IdempotencyResponseLimit", c.IdempotencyResponseLimit, 65536},
 		{"JobBudget", c.JobBudget, 60 * time.Second},
@@ -99,6 +100,7 @@ func TestInvalidValuesNameTheirSource(t *testing.T) {
 		{map[string]string{"ONCEFLOW_CLAIM_IDLE": "abc"}, nil, `invalid ONCEFLOW_CLAIM_IDLE="abc": time: invalid duration "abc"`},
 		{nil, []string{"--claim-idle", "abc"}, `invalid --claim-idle="abc"`},
 		{map[string]string{"ONCEFLOW_CLAIM_IDLE": "-1s"}, nil, `invalid ONCEFLOW_CLAIM_IDLE="-1s": must be positive`},
+		{map[string]string{"ONCEFLOW_DLQ_RETENTION": "-1h"}, nil, `invalid ONCEFLOW_DLQ_RETENTION="-1h": must not be negative`},
 		{map[string]string{"ONCEFLOW_WORKER_CONCURRENCY": "0"}, nil, `invalid ONCEFLOW_WORKER_CONCURRENCY="0": must be between 1 and 100000`},
 		{map[string]string{"ONCEFLOW_MAX_DELIVERIES": "five"}, nil, `invalid ONCEFLOW_MAX_DELIVERIES="five": not an integer`},
 		{map[string]string{"ONCEFLOW_LLM": "gemini"}, nil, `invalid ONCEFLOW_LLM="gemini": want one of openai, anthropic, fake`},
@@ -139,6 +141,14 @@ func TestInvalidValuesNameTheirSource(t *testing.T) {
 				t.Fatalf("error %q does not contain %q", err, tc.wantMsg)
 			}
 		})
+	}
+}
+
+// ONCEFLOW_DLQ_RETENTION=0 keeps dead letters for ever.
+func TestDLQRetentionZeroMeansForEver(t *testing.T) {
+	c, err := load(t, map[string]string{"ONCEFLOW_DLQ_RETENTION": "0"})
+	if err != nil || c.DLQRetention != 0 {
+		t.Fatalf("ONCEFLOW_DLQ_RETENTION=0: %v %v, want 0", c, err)
 	}
 }
 

@@ -5,19 +5,20 @@ import (
 	"iter"
 	"time"
 
+	"github.com/onceflow/onceflow/breaker"
 	"github.com/onceflow/onceflow/retry"
 )
 
 // Breaker stops calls to a provider while it is unusable as a whole (an exhausted
 // quota); *breaker.Breaker implements it.
 type Breaker interface {
-	// Allow returns nil when a call may go, else an error matching
-	// retry.ErrUnavailable.
-	Allow() error
+	// Allow returns nil when a call may go, with the call's ticket, else an error
+	// matching retry.ErrUnavailable.
+	Allow() (breaker.Ticket, error)
 	// Trip stops calls because of cause, for wait when positive.
 	Trip(cause error, wait time.Duration)
-	// Succeed reports a call that worked.
-	Succeed()
+	// Succeed reports that the call of a ticket worked.
+	Succeed(breaker.Ticket)
 }
 
 // WithBreaker returns c behind b: a call is made only when b.Allow permits it (while
@@ -34,28 +35,30 @@ type breakerClient struct {
 }
 
 func (c *breakerClient) Complete(ctx context.Context, req *Request) (*Response, error) {
-	if err := c.b.Allow(); err != nil {
+	t, err := c.b.Allow()
+	if err != nil {
 		return nil, err
 	}
 	resp, err := c.next.Complete(ctx, req)
-	c.observe(err)
+	c.observe(t, err)
 	return resp, err
 }
 
 func (c *breakerClient) Stream(ctx context.Context, req *Request) iter.Seq2[Chunk, error] {
 	return func(yield func(Chunk, error) bool) {
-		if err := c.b.Allow(); err != nil {
+		t, err := c.b.Allow()
+		if err != nil {
 			yield(Chunk{}, err)
 			return
 		}
 		for ch, err := range c.next.Stream(ctx, req) {
 			if err != nil {
-				c.observe(err)
+				c.observe(t, err)
 				yield(ch, err)
 				return
 			}
 			if ch.Done {
-				c.observe(nil)
+				c.observe(t, nil)
 			}
 			if !yield(ch, nil) {
 				return
@@ -65,9 +68,9 @@ func (c *breakerClient) Stream(ctx context.Context, req *Request) iter.Seq2[Chun
 }
 
 // observe trips the breaker on a quota verdict and reports success.
-func (c *breakerClient) observe(err error) {
+func (c *breakerClient) observe(t breaker.Ticket, err error) {
 	if err == nil {
-		c.b.Succeed()
+		c.b.Succeed(t)
 		return
 	}
 	if v := retry.Classify(err); v.Class == retry.ClassQuota && !v.Retryable {

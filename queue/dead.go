@@ -87,8 +87,9 @@ func (m Message) MarshalJSON() ([]byte, error) {
 // ARGV[2] (acknowledged, or reclaimed by another consumer whose run now decides).
 // Invariant: XADD to the dead-letter stream, XACK and the index's state=failed happen
 // together or not at all, and only the entry's current owner moves it, so one entry
-// never yields two dead letters. The index loses its TTL: it must outlive the record it
-// points to (Purge gives it one back).
+// never yields two dead letters. The index loses its TTL and its "entry" (so that no
+// trim gives it one once the entry is removed: see trimBatchScript): it must outlive the record it points to
+// (Purge gives it a TTL back).
 var deadLetterScript = redis.NewScript(`
 local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1, ARGV[2])
 if #p == 0 then return false end
@@ -100,6 +101,7 @@ local dead = redis.call('XADD', KEYS[2], '*', unpack(rec))
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
 if KEYS[3] then
   redis.call('HSET', KEYS[3], 'state', 'failed', 'reason', ARGV[4], 'dead_id', dead, 'failed_at', ARGV[5])
+  redis.call('HDEL', KEYS[3], 'entry')
   if ARGV[6] ~= '' then redis.call('HSETNX', KEYS[3], 'tenant', ARGV[6]) end
   redis.call('PERSIST', KEYS[3])
 end
@@ -252,31 +254,32 @@ func getDead(ctx context.Context, rdb redis.Cmdable, keys Keys, deadID string) (
 //	KEYS[2]  the dead-letter stream
 //	KEYS[3]  the job index
 //	ARGV[1]  dead-letter entry id
-//	ARGV[2]  index TTL in milliseconds
-//	ARGV[3]  tenant
-//	ARGV[4:] the new entry's field/value list (Message.Values)
+//	ARGV[2:] EnqueueLua's argv: tenant, then the new entry's field/value list
 //
-// Returns the new entry id, or nil when the dead letter no longer exists. Invariant: the
-// job is back in the stream exactly when its dead letter is gone (so two concurrent
-// replays enqueue it once), and its index says queued again, with a TTL.
-var replayScript = redis.NewScript(`
+// Returns the new entry id, or nil when the dead letter no longer exists. It enqueues
+// with EnqueueLua, so the index says queued again, without a TTL, exactly as for any
+// enqueue (which also retires the dead letter the index points at, when that is another
+// one of the same job). Invariant: the job is back in the stream exactly when its dead
+// letter is gone, so two concurrent replays enqueue it once.
+var replayScript = redis.NewScript(enqueueFunc + `
 if #redis.call('XRANGE', KEYS[2], ARGV[1], ARGV[1]) == 0 then return false end
-local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 4))
+local argv = {}
+for i = 2, #ARGV do argv[#argv + 1] = ARGV[i] end
+local id = enqueue(KEYS, argv)
 redis.call('XDEL', KEYS[2], ARGV[1])
-redis.call('HDEL', KEYS[3], 'reason', 'dead_id', 'failed_at')
-redis.call('HSET', KEYS[3], 'state', 'queued', 'tenant', ARGV[3])
-redis.call('PEXPIRE', KEYS[3], ARGV[2])
 return id
 `)
 
 // Replay puts the dead letter deadID back on the queue with the same job id (and
-// payload, tenant and trace context; enqueued_at becomes now), removes it from the
-// dead-letter stream and marks the job queued again with an index TTL of ttl, in one
-// atomic script. It returns the new stream entry id. A dead letter that does not exist
-// (already replayed or purged) gives an error wrapping ErrDeadLetterNotFound; a malformed
-// one cannot be replayed (an error wrapping ErrMalformed) and should be purged. Safe for
-// concurrent use: of two concurrent replays of one entry, one succeeds.
-func Replay(ctx context.Context, rdb redis.Cmdable, keys Keys, deadID string, ttl time.Duration) (string, error) {
+// payload, tenant and trace context; enqueued_at becomes now) and removes it from the
+// dead-letter stream, in one atomic script that enqueues like Enqueue: the job's index
+// says queued again and has no TTL until the job is acknowledged. It returns the new
+// stream entry id. A dead letter that does not exist (already replayed or purged, or
+// retired by a replay or an enqueue of the same job) gives an error wrapping
+// ErrDeadLetterNotFound; a malformed one cannot be replayed (an error wrapping
+// ErrMalformed) and should be purged. Safe for concurrent use: of two concurrent replays
+// of one entry, one succeeds.
+func Replay(ctx context.Context, rdb redis.Cmdable, keys Keys, deadID string) (string, error) {
 	d, err := getDead(ctx, rdb, keys, deadID)
 	if err != nil {
 		return "", err
@@ -286,8 +289,11 @@ func Replay(ctx context.Context, rdb redis.Cmdable, keys Keys, deadID string, tt
 	}
 	m := *d.Message
 	m.EnqueuedAt = time.Now()
-	args := append([]any{deadID, ttl.Milliseconds(), m.Tenant}, m.Values()...)
-	id, err := replayScript.Run(ctx, rdb, []string{keys.Stream(), keys.Dead(), keys.Job(m.JobID)}, args...).Text()
+	enq, err := EnqueueArgs(m)
+	if err != nil {
+		return "", fmt.Errorf("replay %s: %w", deadID, err)
+	}
+	id, err := replayScript.Run(ctx, rdb, keys.EnqueueKeys(m.JobID), append([]any{deadID}, enq...)...).Text()
 	if errors.Is(err, redis.Nil) {
 		return "", fmt.Errorf("%w: %s", ErrDeadLetterNotFound, deadID)
 	}
@@ -336,4 +342,80 @@ func Purge(ctx context.Context, rdb redis.Cmdable, keys Keys, deadID string, ttl
 		return fmt.Errorf("%w: %s", ErrDeadLetterNotFound, deadID)
 	}
 	return nil
+}
+
+// trimDeadScript deletes the dead letters below a threshold id and releases their job
+// indexes.
+//
+//	KEYS[1]  the dead-letter stream
+//	KEYS[2:] job indexes of dead letters below the threshold (those with a valid job id)
+//	ARGV[1]  the threshold: XTRIM MINID deletes every entry with a lower id
+//	ARGV[2]  index TTL in milliseconds
+//	ARGV[3:] for KEYS[i], the id of the dead letter of that job below the threshold
+//
+// Returns the number of entries deleted. Invariant: as for purgeScript, an index that
+// pointed at a deleted dead letter stops pointing at it and gets the TTL back, in the
+// same step as the XTRIM, so no index keeps saying failed for ever about a dead letter
+// that no longer exists. An index that meanwhile points elsewhere (the job was enqueued
+// again, or failed again) is left alone.
+var trimDeadScript = redis.NewScript(`
+for i = 2, #KEYS do
+  if redis.call('HGET', KEYS[i], 'dead_id') == ARGV[i + 1] then
+    redis.call('HDEL', KEYS[i], 'dead_id')
+    redis.call('PEXPIRE', KEYS[i], ARGV[2])
+  end
+end
+return redis.call('XTRIM', KEYS[1], 'MINID', ARGV[1])
+`)
+
+// trimDeadBatch bounds the dead letters one trimDeadScript call handles.
+const trimDeadBatch = 500
+
+// TrimDead deletes every dead letter that was written before before (dead-letter entry
+// ids are their Unix millisecond times) and gives the job index of each the TTL ttl, as
+// Purge does: the job reads as failed for ttl more, then is forgotten. It returns how
+// many it deleted. It works in batches of 500: one XRANGE and one script call each, the
+// script trimming with XTRIM MINID up to the batch's last entry, so an index is never
+// left pointing at a deleted entry. Safe for concurrent use and to run from several
+// workers (a dead letter is counted by the call that deleted it). On an error it
+// returns what it deleted so far.
+func TrimDead(ctx context.Context, rdb redis.Cmdable, keys Keys, before time.Time, ttl time.Duration) (int64, error) {
+	if ttl <= 0 {
+		return 0, fmt.Errorf("trim dead letters: ttl %v is not positive", ttl)
+	}
+	if before.UnixMilli() <= 0 {
+		return 0, nil // no dead letter is older than the epoch
+	}
+	threshold := strconv.FormatInt(before.UnixMilli(), 10) + "-0"
+	var total int64
+	for {
+		msgs, err := rdb.XRangeN(ctx, keys.Dead(), "-", "("+threshold, trimDeadBatch).Result()
+		if err != nil {
+			return total, fmt.Errorf("trim dead letters: %w", err)
+		}
+		if len(msgs) == 0 {
+			return total, nil
+		}
+		cut := threshold
+		if len(msgs) == trimDeadBatch { // more may follow: trim this batch only
+			ms, seq := splitID(msgs[len(msgs)-1].ID)
+			cut = strconv.FormatUint(ms, 10) + "-" + strconv.FormatUint(seq+1, 10)
+		}
+		keyList := []string{keys.Dead()}
+		args := []any{cut, ttl.Milliseconds()}
+		for _, m := range msgs {
+			if job, _ := m.Values[fieldJobID].(string); ValidJobID(job) {
+				keyList = append(keyList, keys.Job(job))
+				args = append(args, m.ID)
+			}
+		}
+		n, err := trimDeadScript.Run(ctx, rdb, keyList, args...).Int64()
+		if err != nil {
+			return total, fmt.Errorf("trim dead letters: %w", err)
+		}
+		total += n
+		if len(msgs) < trimDeadBatch {
+			return total, nil
+		}
+	}
 }

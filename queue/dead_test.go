@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -47,7 +48,7 @@ func TestReplayReenqueuesWithSameJobID(t *testing.T) {
 	rdb, keys := setup(t)
 	ctx := context.Background()
 	d := deadLetterOne(t, rdb, keys, 1)
-	newID, err := Replay(ctx, rdb, keys, d.ID, time.Hour)
+	newID, err := Replay(ctx, rdb, keys, d.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,8 +59,8 @@ func TestReplayReenqueuesWithSameJobID(t *testing.T) {
 	if err != nil || tenant != "acme" || state != StateQueued || reason != "" {
 		t.Errorf("JobState after replay = %q %q %q %v", tenant, state, reason, err)
 	}
-	if ttl := rdb.PTTL(ctx, keys.Job(jobID(1))).Val(); ttl <= 0 || ttl > time.Hour {
-		t.Errorf("index TTL after replay = %v, want about 1h", ttl)
+	if ttl := rdb.PTTL(ctx, keys.Job(jobID(1))).Val(); ttl != -1 {
+		t.Errorf("index TTL after replay = %v, want none while the job is queued", ttl)
 	}
 	msgs := rdb.XRange(ctx, keys.Stream(), newID, newID).Val()
 	if len(msgs) != 1 {
@@ -72,24 +73,32 @@ func TestReplayReenqueuesWithSameJobID(t *testing.T) {
 	h := &effectHandler{rdb: rdb, effects: keys.Prefix + ":effects"}
 	start(t, WorkerConfig{Redis: rdb, Keys: keys, Handler: h})
 	testenv.WaitFor(t, 10*time.Second, "the replayed job", func() bool { return rdb.HLen(ctx, h.effects).Val() == 1 })
-	if _, err := Replay(ctx, rdb, keys, d.ID, time.Hour); !errors.Is(err, ErrDeadLetterNotFound) {
+	if _, err := Replay(ctx, rdb, keys, d.ID); !errors.Is(err, ErrDeadLetterNotFound) {
 		t.Errorf("second replay = %v, want ErrDeadLetterNotFound", err)
 	}
 }
 
-// Issue 3: replay of a job that meanwhile succeeded (a duplicate delivery of the same
-// job id completed after the dead letter). The replay runs it again and the handler's
-// idempotency makes it a no-op: still one effect.
+// Issue 3: replay of a job that meanwhile succeeded (a duplicate entry of the same job
+// id, enqueued before the failure, completed after the dead letter). The replay runs it
+// again and the handler's idempotency makes it a no-op: still one effect.
 func TestReplayOfJobThatMeanwhileSucceeded(t *testing.T) {
 	t.Parallel()
 	rdb, keys := setup(t)
 	ctx := context.Background()
-	d := deadLetterOne(t, rdb, keys, 1)
 	h := &effectHandler{rdb: rdb, effects: keys.Prefix + ":effects"}
-	w := start(t, WorkerConfig{Redis: rdb, Keys: keys, Handler: h})
-	enqueue(t, rdb, keys, message(1, nil)) // the duplicate that succeeds
-	testenv.WaitFor(t, 10*time.Second, "the duplicate to succeed", func() bool { return h.runs.Load() == 1 })
-	if _, err := Replay(ctx, rdb, keys, d.ID, time.Hour); err != nil {
+	var first atomic.Bool
+	enqueue(t, rdb, keys, message(1, nil), message(1, nil)) // the job and its duplicate
+	w := start(t, WorkerConfig{Redis: rdb, Keys: keys, Concurrency: 1, Handler: HandlerFunc(func(ctx context.Context, j *Job) error {
+		if first.CompareAndSwap(false, true) {
+			return Permanent(errors.New("bad input"))
+		}
+		return h.Handle(ctx, j)
+	})})
+	testenv.WaitFor(t, 10*time.Second, "the dead letter and the duplicate's success", func() bool {
+		return len(deadLetters(t, rdb, keys)) == 1 && h.runs.Load() == 1
+	})
+	d := deadLetters(t, rdb, keys)[0]
+	if _, err := Replay(ctx, rdb, keys, d.ID); err != nil {
 		t.Fatal(err)
 	}
 	testenv.WaitFor(t, 10*time.Second, "the replayed run", func() bool { return h.runs.Load() == 2 })
@@ -114,7 +123,7 @@ func TestConcurrentReplaysEnqueueOnce(t *testing.T) {
 	var wg sync.WaitGroup
 	for range 8 {
 		wg.Go(func() {
-			_, err := Replay(ctx, rdb, keys, d.ID, time.Hour)
+			_, err := Replay(ctx, rdb, keys, d.ID)
 			switch {
 			case err == nil:
 				ok.Add(1)
@@ -160,7 +169,7 @@ func TestPurge(t *testing.T) {
 	if err := Purge(ctx, rdb, keys, d.ID, time.Hour); !errors.Is(err, ErrDeadLetterNotFound) {
 		t.Errorf("second purge = %v", err)
 	}
-	if _, err := Replay(ctx, rdb, keys, d.ID, time.Hour); !errors.Is(err, ErrDeadLetterNotFound) {
+	if _, err := Replay(ctx, rdb, keys, d.ID); !errors.Is(err, ErrDeadLetterNotFound) {
 		t.Errorf("replay after purge = %v", err)
 	}
 }
@@ -181,7 +190,7 @@ func TestMalformedDeadLetterCannotBeReplayed(t *testing.T) {
 	if err := json.Unmarshal(d.Raw, &raw); err != nil || raw["job_id"] != "nope" {
 		t.Errorf("raw fields %s: %v", d.Raw, err)
 	}
-	if _, err := Replay(ctx, rdb, keys, d.ID, time.Hour); !errors.Is(err, ErrMalformed) {
+	if _, err := Replay(ctx, rdb, keys, d.ID); !errors.Is(err, ErrMalformed) {
 		t.Errorf("replay of a malformed dead letter = %v", err)
 	}
 	if err := Purge(ctx, rdb, keys, d.ID, time.Hour); err != nil {
@@ -193,9 +202,17 @@ func TestFindDeadAndListPages(t *testing.T) {
 	t.Parallel()
 	rdb, keys := setup(t)
 	ctx := context.Background()
-	d1 := deadLetterOne(t, rdb, keys, 1)
-	deadLetterOne(t, rdb, keys, 2)
-	d3 := deadLetterOne(t, rdb, keys, 1)
+	// Job 1 twice (both entries enqueued before either fails) and job 2 between.
+	enqueue(t, rdb, keys, message(1, nil), message(2, nil), message(1, nil))
+	start(t, WorkerConfig{Redis: rdb, Keys: keys, Concurrency: 1, Handler: HandlerFunc(func(context.Context, *Job) error {
+		return Permanent(errors.New("bad input"))
+	})})
+	testenv.WaitFor(t, 10*time.Second, "three dead letters", func() bool { return len(deadLetters(t, rdb, keys)) == 3 })
+	all := deadLetters(t, rdb, keys)
+	d1, d3 := all[0], all[2]
+	if d1.JobID != jobID(1) || all[1].JobID != jobID(2) || d3.JobID != jobID(1) {
+		t.Fatalf("dead letters %+v, want jobs 1, 2, 1 in order", all)
+	}
 	found, err := FindDead(ctx, rdb, keys, jobID(1))
 	if err != nil || len(found) != 2 || found[0].ID != d1.ID || found[1].ID != d3.ID {
 		t.Errorf("FindDead = %v %v", found, err)
@@ -222,7 +239,7 @@ func TestEnqueueAndJobState(t *testing.T) {
 	}
 	m := message(1, nil)
 	m.EnqueuedAt = time.Time{}
-	id, err := EnqueueTTL(ctx, rdb, keys, m, time.Minute)
+	id, err := Enqueue(ctx, rdb, keys, m)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -230,8 +247,11 @@ func TestEnqueueAndJobState(t *testing.T) {
 	if err != nil || tenant != "acme" || state != StateQueued {
 		t.Errorf("JobState = %q %q %v", tenant, state, err)
 	}
-	if ttl := rdb.PTTL(ctx, keys.Job(jobID(1))).Val(); ttl <= 0 || ttl > time.Minute {
-		t.Errorf("index TTL %v", ttl)
+	if ttl := rdb.PTTL(ctx, keys.Job(jobID(1))).Val(); ttl != -1 {
+		t.Errorf("index TTL %v while queued, want none", ttl)
+	}
+	if e := rdb.HGet(ctx, keys.Job(jobID(1)), "entry").Val(); e != id {
+		t.Errorf("index entry %q, want the new entry %s", e, id)
 	}
 	got, err := ParseMessage(rdb.XRange(ctx, keys.Stream(), id, id).Val()[0].Values)
 	if err != nil || time.Since(got.EnqueuedAt) > time.Minute {
@@ -249,18 +269,63 @@ func TestEnqueueAndJobState(t *testing.T) {
 	if _, err := Enqueue(ctx, rdb, Keys{Prefix: "p", Queue: "{x}"}, message(3, nil)); err == nil {
 		t.Error("enqueue with a brace in the queue name succeeded")
 	}
+	// A key of another type: WRONGTYPE before the first write, so nothing is written.
+	rdb.Set(ctx, keys.Job(jobID(4)), "x", 0)
+	if _, err := Enqueue(ctx, rdb, keys, message(4, nil)); err == nil || !strings.Contains(err.Error(), "WRONGTYPE") {
+		t.Errorf("enqueue with a string at the index key = %v, want WRONGTYPE", err)
+	}
+	if n := rdb.XLen(ctx, keys.Stream()).Val(); n != 1 {
+		t.Errorf("a refused enqueue wrote: stream length %d", n)
+	}
+	other := Keys{Prefix: keys.Prefix, Queue: "other"}
+	rdb.HSet(ctx, other.Job(jobID(5)), "tenant", "acme", "state", StateFailed, "dead_id", "1-0")
+	rdb.Set(ctx, other.Dead(), "x", 0)
+	if _, err := Enqueue(ctx, rdb, other, message(5, nil)); err == nil || !strings.Contains(err.Error(), "WRONGTYPE") {
+		t.Errorf("enqueue of a failed job with a string at the dead-letter key = %v, want WRONGTYPE", err)
+	}
+	rdb.Set(ctx, other.Stream(), "x", 0)
+	if _, err := Enqueue(ctx, rdb, other, message(6, nil)); err == nil || !strings.Contains(err.Error(), "WRONGTYPE") {
+		t.Errorf("enqueue with a string at the stream key = %v, want WRONGTYPE", err)
+	}
+	if f := rdb.HGetAll(ctx, other.Job(jobID(5))).Val(); f["state"] != StateFailed || f["entry"] != "" {
+		t.Errorf("a refused enqueue changed the index: %v", f)
+	}
+	if rdb.Exists(ctx, other.Job(jobID(6))).Val() != 0 {
+		t.Error("a refused enqueue wrote an index")
+	}
 }
 
-// Enqueueing a job id that has failed keeps its index alive as long as its dead letter.
-func TestEnqueueOfFailedJobKeepsIndexWithoutTTL(t *testing.T) {
+// Issue 12, item 7: enqueueing a job id whose index says failed runs the job again, like
+// a replay: the enqueue retires the dead letter the index points at and the index says
+// queued again, without a TTL, so the dead-letter stream and the index agree.
+func TestEnqueueOfFailedJobRetiresItsDeadLetter(t *testing.T) {
 	t.Parallel()
 	rdb, keys := setup(t)
 	ctx := context.Background()
-	deadLetterOne(t, rdb, keys, 1)
-	if _, err := Enqueue(ctx, rdb, keys, message(1, nil)); err != nil {
+	d := deadLetterOne(t, rdb, keys, 1)
+	other := deadLetterOne(t, rdb, keys, 2)
+	before := rdb.XLen(ctx, keys.Stream()).Val()
+	id, err := Enqueue(ctx, rdb, keys, message(1, nil))
+	if err != nil {
 		t.Fatal(err)
 	}
+	if n := rdb.XLen(ctx, keys.Stream()).Val() - before; n != 1 {
+		t.Errorf("enqueue added %d entries, want 1", n)
+	}
+	if left := deadLetters(t, rdb, keys); len(left) != 1 || left[0].ID != other.ID {
+		t.Errorf("dead letters %+v after re-enqueue of job 1, want only job 2's %s (job 1's %s retired)", left, other.ID, d.ID)
+	}
+	tenant, state, reason, err := JobState(ctx, rdb, keys, jobID(1))
+	if err != nil || tenant != "acme" || state != StateQueued || reason != "" {
+		t.Errorf("JobState after re-enqueue = %q %q %q %v, want acme queued", tenant, state, reason, err)
+	}
+	if f := rdb.HMGet(ctx, keys.Job(jobID(1)), "dead_id", "failed_at").Val(); f[0] != nil || f[1] != nil {
+		t.Errorf("index still records the failure: %v", f)
+	}
 	if ttl := rdb.PTTL(ctx, keys.Job(jobID(1))).Val(); ttl != -1 {
-		t.Errorf("index TTL %v after re-enqueue of a failed job, want none", ttl)
+		t.Errorf("index TTL %v after re-enqueue, want none while queued", ttl)
+	}
+	if _, err := Replay(ctx, rdb, keys, d.ID); !errors.Is(err, ErrDeadLetterNotFound) {
+		t.Errorf("replay of the retired dead letter = %v (entry %s), want ErrDeadLetterNotFound", err, id)
 	}
 }

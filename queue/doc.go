@@ -23,7 +23,8 @@
 //  4. one XPENDING range call for the delivery counts of the reclaimed entries (a new
 //     entry read with ">" has been delivered exactly once);
 //  5. each job runs in its own goroutine. A nil error is acknowledged through a batching
-//     acknowledger (many ids per XACK); an error wrapping ErrPermanent, a malformed
+//     acknowledger (many ids per XACK, in one script that also starts the TTL of the
+//     jobs' indexes); an error wrapping ErrPermanent, a malformed
 //     message or a delivery count above MaxDeliveries moves the entry to the dead-letter
 //     stream (XADD dead + XACK + the job index, in one atomic script); any other error
 //     or a panic leaves the entry pending, to be reclaimed after ClaimIdle.
@@ -31,8 +32,17 @@
 // Beside the loop, a lease renewer resets the idle time of the worker's in-flight
 // entries (XCLAIM to itself with JUSTID, which does not count as a delivery) every
 // RenewInterval, so a slow but live worker keeps its messages; a maintenance goroutine
-// trims acknowledged entries (XTRIM MINID below the oldest entry any group still needs),
-// deletes consumers idle for long with nothing pending, and samples gauges.
+// trims acknowledged entries (XTRIM MINID below the oldest entry any group still needs)
+// and dead letters older than DeadLetterRetention, deletes consumers idle for long with
+// nothing pending, and samples gauges.
+//
+// # The job index
+//
+// Every enqueue (Enqueue, Replay, and any script embedding EnqueueLua, such as the API's
+// accept) records the job's tenant and state in its index; the index does not expire
+// while the job is queued, running or dead-lettered, and expires JobTTL after the job
+// was acknowledged or its dead letter deleted. Enqueueing a job whose index says failed
+// runs it again and retires its dead letter, as a replay does.
 //
 // docs/queue.md explains the design in full: keys, the wire format, delivery counts and
 // lease renewal, trimming, consumer hygiene and the dead-letter record.

@@ -9,59 +9,105 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// DefaultJobTTL is how long Enqueue keeps a job's index (the hash at Keys.Job) when the
-// job does not fail; it matches the default ONCEFLOW_RESULT_TTL, the time the API
-// replays a stored response.
+// DefaultJobTTL is how long the job index (the hash at Keys.Job) of a job that left the
+// stream acknowledged is kept, the default of WorkerConfig.JobTTL; it matches the
+// default ONCEFLOW_RESULT_TTL, the time the API replays a stored response. While the job
+// is queued, running or dead-lettered its index does not expire.
 const DefaultJobTTL = 24 * time.Hour
 
-// enqueueScript adds one job and records its tenant in the job index, in one round trip.
+// EnqueueLua is the queue's enqueue as the body of a Lua function of (keys, argv). It is
+// the one piece of code that adds a job and writes its index: Enqueue runs it, Replay
+// runs it, and a script that must enqueue in the same atomic step as writes of its own
+// (the API's accept, redisstore.Store.AcceptWrite) embeds it rather than copy it:
 //
-//	KEYS[1]  the stream (Keys.Stream)
-//	KEYS[2]  the job index (Keys.Job(job_id))
-//	ARGV[1]  tenant
-//	ARGV[2]  index TTL in milliseconds
-//	ARGV[3:] the entry's field/value list (Message.Values)
+//	local function enqueue(keys, argv)
+//	  <EnqueueLua>
+//	end
 //
-// Returns the new entry id. Invariant: a job index that records a failure (state failed,
-// no TTL, pointing at a dead-letter entry) keeps living as long as that entry, so a
-// repeated enqueue of a failed job does not put a TTL back on it.
-var enqueueScript = redis.NewScript(`
-local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 3))
-redis.call('HSET', KEYS[2], 'tenant', ARGV[1])
-if redis.call('HGET', KEYS[2], 'state') ~= 'failed' then
-  redis.call('PEXPIRE', KEYS[2], ARGV[2])
+// with
+//
+//	keys[1]  the stream (Keys.Stream)
+//	keys[2]  the dead-letter stream (Keys.Dead)
+//	keys[3]  the job index (Keys.Job(job_id))
+//	argv[1]  tenant
+//	argv[2:] the entry's field/value list (Message.Values)
+//
+// as Keys.EnqueueKeys and EnqueueArgs return them; all three keys share the queue's hash
+// slot. It returns the new entry id. When a key holds another type it raises WRONGTYPE
+// before its first write (it reads the index first, and XADD is its first write), so a
+// script that writes only after it returns writes all or nothing. In the common case it
+// costs four commands: HMGET, XADD, HSET, PERSIST.
+//
+// It adds the entry, and the index gets tenant, state=queued and entry (the new entry
+// id) and loses any TTL: the index of a job in the stream never expires (the worker
+// gives it WorkerConfig.JobTTL when it acknowledges the index's latest entry). When the
+// index records a failure, the job was asked for again and runs again, as after a
+// replay: the dead letter the index points at (dead_id) is deleted and reason, dead_id
+// and failed_at are removed. Invariant: a job is never queued in the index while the
+// dead letter it points at exists, nor expires from the index while queued.
+const EnqueueLua = `
+local f = redis.call('HMGET', keys[3], 'state', 'dead_id')
+if f[2] then
+  local t = redis.call('TYPE', keys[2]).ok
+  if t ~= 'stream' and t ~= 'none' then
+    error({err = 'WRONGTYPE ' .. keys[2] .. ' holds a ' .. t .. ', not a stream'})
+  end
 end
+local id = redis.call('XADD', keys[1], '*', unpack(argv, 2))
+if f[2] then redis.call('XDEL', keys[2], f[2]) end
+if f[1] == 'failed' or f[2] then redis.call('HDEL', keys[3], 'reason', 'dead_id', 'failed_at') end
+redis.call('HSET', keys[3], 'tenant', argv[1], 'state', 'queued', 'entry', id)
+redis.call('PERSIST', keys[3])
 return id
-`)
+`
+
+// enqueueFunc defines the Lua function enqueue(keys, argv) for the queue's own scripts.
+const enqueueFunc = "local function enqueue(keys, argv)\n" + EnqueueLua + "end\n"
+
+// enqueueScript runs EnqueueLua with KEYS and ARGV as its keys and argv.
+var enqueueScript = redis.NewScript(enqueueFunc + "return enqueue(KEYS, ARGV)\n")
+
+// EnqueueKeys returns the keys EnqueueLua takes to enqueue jobID, in order: the stream,
+// the dead-letter stream and the job index.
+func (k Keys) EnqueueKeys(jobID string) []string {
+	return []string{k.Stream(), k.Dead(), k.Job(jobID)}
+}
+
+// EnqueueArgs returns the arguments EnqueueLua takes to enqueue m: its tenant, then its
+// fields (Message.Values). A zero m.EnqueuedAt is set to the current time. An m that
+// fails Validate gives an error wrapping ErrMalformed.
+func EnqueueArgs(m Message) ([]any, error) {
+	if m.EnqueuedAt.IsZero() {
+		m.EnqueuedAt = time.Now()
+	}
+	if err := m.Validate(); err != nil {
+		return nil, fmt.Errorf("enqueue job %q: %w", clip(m.JobID), err)
+	}
+	return append([]any{m.Tenant}, m.Values()...), nil
+}
 
 // Enqueue adds m to the queue named by keys and records m.Tenant in the job index
-// (Keys.Job), with DefaultJobTTL, in one round trip. It returns the stream entry id.
-// A zero m.EnqueuedAt is set to the current time. Enqueueing the same job id twice is
-// allowed and adds a second entry: handlers deduplicate on the job id.
+// (Keys.Job), in one round trip (EnqueueLua). It returns the stream entry id. A zero
+// m.EnqueuedAt is set to the current time. Enqueueing the same job id twice is allowed
+// and adds a second entry: handlers deduplicate on the job id. Enqueueing a job whose
+// index says failed runs it again: its dead letter is deleted and its index says queued
+// (see EnqueueLua).
+//
+// The index does not expire while the job waits or runs, however long; the worker gives
+// it WorkerConfig.JobTTL when it acknowledges the job.
 //
 // An m that fails Validate is refused with an error wrapping ErrMalformed and nothing is
 // written. Redis errors are returned wrapped; on a network error the job may or may not
 // have been added, and enqueueing it again is safe. Safe for concurrent use.
 func Enqueue(ctx context.Context, rdb redis.Scripter, keys Keys, m Message) (string, error) {
-	return EnqueueTTL(ctx, rdb, keys, m, DefaultJobTTL)
-}
-
-// EnqueueTTL is Enqueue with the job index kept for ttl instead of DefaultJobTTL.
-func EnqueueTTL(ctx context.Context, rdb redis.Scripter, keys Keys, m Message, ttl time.Duration) (string, error) {
 	if err := keys.Validate(); err != nil {
 		return "", err
 	}
-	if m.EnqueuedAt.IsZero() {
-		m.EnqueuedAt = time.Now()
+	args, err := EnqueueArgs(m)
+	if err != nil {
+		return "", err
 	}
-	if err := m.Validate(); err != nil {
-		return "", fmt.Errorf("enqueue job %q: %w", clip(m.JobID), err)
-	}
-	if ttl <= 0 {
-		return "", fmt.Errorf("enqueue job %s: ttl %v is not positive", m.JobID, ttl)
-	}
-	args := append([]any{m.Tenant, ttl.Milliseconds()}, m.Values()...)
-	id, err := enqueueScript.Run(ctx, rdb, []string{keys.Stream(), keys.Job(m.JobID)}, args...).Text()
+	id, err := enqueueScript.Run(ctx, rdb, keys.EnqueueKeys(m.JobID), args...).Text()
 	if err != nil {
 		return "", fmt.Errorf("enqueue job %s: %w", m.JobID, err)
 	}
@@ -78,7 +124,7 @@ const (
 )
 
 // ErrUnknownJob is returned by JobState for a job id that has no index: never enqueued,
-// or enqueued longer ago than the index TTL.
+// or acknowledged (or its dead letter purged) longer ago than the index TTL.
 var ErrUnknownJob = errors.New("unknown job")
 
 // JobState reads the job index of jobID: the tenant that owns it, its state (StateQueued

@@ -99,7 +99,7 @@ func ExampleReplay() {
 	}
 	for _, d := range dead {
 		fmt.Println(d.JobID, d.Deliveries, d.Reason)
-		if _, err := queue.Replay(ctx, rdb, keys, d.ID, queue.DefaultJobTTL); err != nil {
+		if _, err := queue.Replay(ctx, rdb, keys, d.ID); err != nil {
 			panic(err)
 		}
 	}

@@ -4,25 +4,23 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 )
 
-// trimScript removes the entries every consumer group is done with.
+// thresholdScript finds how far the stream can be trimmed.
 //
 //	KEYS[1]  the stream
 //
-// Returns {entries removed, the MINID threshold used ("" when nothing was trimmed)}.
-// The threshold is the smallest, over all groups, of the oldest pending id (a group with
-// pending entries) or the id just after the last delivered one (a group with none), so
-// that XTRIM MINID keeps every entry some group still has pending or has not read yet.
-// Reading the groups and trimming in one script means no entry can become pending or a
-// group appear between the two. A stream without groups is left alone.
-var trimScript = redis.NewScript(`
-if redis.call('EXISTS', KEYS[1]) == 0 then return {0, ''} end
+// Returns the lowest entry id any consumer group still needs (its oldest pending entry,
+// or the entry after its last delivered one), or "" when there is no stream or no group:
+// every entry below it has been acknowledged by every group.
+var thresholdScript = redis.NewScript(`
+if redis.call('EXISTS', KEYS[1]) == 0 then return '' end
 local groups = redis.call('XINFO', 'GROUPS', KEYS[1])
-if #groups == 0 then return {0, ''} end
+if #groups == 0 then return '' end
 local best_ms, best_seq
 local function consider(ms, seq)
   if best_ms == nil or ms < best_ms or (ms == best_ms and seq < best_seq) then
@@ -41,21 +39,85 @@ for _, g in ipairs(groups) do
     consider(tonumber(ms), tonumber(seq) + 1)
   end
 end
-local threshold = string.format('%d-%d', best_ms, best_seq)
-return {redis.call('XTRIM', KEYS[1], 'MINID', threshold), threshold}
+return string.format('%d-%d', best_ms, best_seq)
 `)
+
+// trimBatchScript releases the job indexes of a batch of acknowledged entries and trims
+// them from the stream.
+//
+//	KEYS[1]    the stream
+//	KEYS[1+i]  the job index of the i-th entry
+//	ARGV[1]    index TTL in milliseconds
+//	ARGV[2]    the MINID to trim to (just above the batch's last entry)
+//	ARGV[2+i]  the i-th entry id
+//
+// Returns the number of entries trimmed. An index gets the TTL only when its "entry" is
+// the trimmed entry: not when the job was enqueued again and a newer entry waits (its
+// index must not expire while it does), and not when the job was dead-lettered (the
+// dead-letter script removes "entry": the index must outlive the dead letter).
+// Invariant: an index expires only after its job left the stream.
+var trimBatchScript = redis.NewScript(`
+for i = 2, #KEYS do
+  if redis.call('HGET', KEYS[i], 'entry') == ARGV[i + 1] then
+    redis.call('PEXPIRE', KEYS[i], ARGV[1])
+  end
+end
+return redis.call('XTRIM', KEYS[1], 'MINID', ARGV[2])
+`)
+
+// trimBatch bounds the entries one trimBatchScript call releases.
+const trimBatch = 500
 
 // Trim removes from keys.Stream() every entry that all consumer groups have
 // acknowledged, never one that is pending or not yet delivered to some group (unlike
-// MAXLEN trimming, which can delete pending entries). It returns the number of entries
-// removed. One round trip; safe for concurrent use and to run from several workers.
-func Trim(ctx context.Context, rdb redis.Scripter, keys Keys) (int64, error) {
-	res, err := trimScript.Run(ctx, rdb, []string{keys.Stream()}).Slice()
+// MAXLEN trimming, which can delete pending entries), and gives the job index of each
+// removed entry jobTTL (the index of a job that left the stream; see trimBatchScript).
+// It returns the number of entries removed. Its cost grows with them: one round trip to
+// find the threshold, then two per batch of 500 entries (XRANGE, and the script that
+// releases their indexes and trims them), off the jobs' path. Safe for concurrent use
+// and to run from several workers.
+func Trim(ctx context.Context, rdb redis.Cmdable, keys Keys, jobTTL time.Duration) (int64, error) {
+	threshold, err := thresholdScript.Run(ctx, rdb, []string{keys.Stream()}).Text()
 	if err != nil {
 		return 0, fmt.Errorf("trim %s: %w", keys.Stream(), err)
 	}
-	n, _ := res[0].(int64)
-	return n, nil
+	if threshold == "" {
+		return 0, nil
+	}
+	var total int64
+	for {
+		msgs, err := rdb.XRangeN(ctx, keys.Stream(), "-", "("+threshold, trimBatch).Result()
+		if err != nil {
+			return total, fmt.Errorf("trim %s: %w", keys.Stream(), err)
+		}
+		if len(msgs) == 0 {
+			return total, nil
+		}
+		ks := make([]string, 1, 1+len(msgs))
+		ks[0] = keys.Stream()
+		args := make([]any, 2, 2+len(msgs))
+		args[0], args[1] = jobTTL.Milliseconds(), nextID(msgs[len(msgs)-1].ID)
+		for _, m := range msgs {
+			if id, _ := m.Values[fieldJobID].(string); ValidJobID(id) {
+				ks = append(ks, keys.Job(id))
+				args = append(args, m.ID)
+			}
+		}
+		n, err := trimBatchScript.Run(ctx, rdb, ks, args...).Int64()
+		if err != nil {
+			return total, fmt.Errorf("trim %s: %w", keys.Stream(), err)
+		}
+		total += n
+		if len(msgs) < trimBatch {
+			return total, nil
+		}
+	}
+}
+
+// nextID returns the stream entry id just after id (ms-seq).
+func nextID(id string) string {
+	ms, seq := splitID(id)
+	return strconv.FormatUint(ms, 10) + "-" + strconv.FormatUint(seq+1, 10)
 }
 
 // deleteConsumersScript deletes the idle consumers of a group that hold nothing.

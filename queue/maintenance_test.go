@@ -29,14 +29,14 @@ func TestTrimNeverDeletesPendingOrUnreadEntries(t *testing.T) {
 	t.Parallel()
 	rdb, keys := setup(t)
 	ctx := context.Background()
-	if n, err := Trim(ctx, rdb, keys); err != nil || n != 0 {
+	if n, err := Trim(ctx, rdb, keys, time.Hour); err != nil || n != 0 {
 		t.Fatalf("trim of a missing stream: %d %v", n, err)
 	}
 	var ids []string
 	for i := range 10 {
 		ids = append(ids, enqueue(t, rdb, keys, message(i, nil))...)
 	}
-	if n, err := Trim(ctx, rdb, keys); err != nil || n != 0 {
+	if n, err := Trim(ctx, rdb, keys, time.Hour); err != nil || n != 0 {
 		t.Fatalf("trim of a stream without groups: %d %v", n, err)
 	}
 	for _, g := range []string{"g1", "g2"} {
@@ -58,7 +58,7 @@ func TestTrimNeverDeletesPendingOrUnreadEntries(t *testing.T) {
 	read("g1", 7, 6)
 	// g2: entries 0-3 read and acknowledged, 4-9 unread.
 	read("g2", 4, 4)
-	n, err := Trim(ctx, rdb, keys)
+	n, err := Trim(ctx, rdb, keys, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +66,7 @@ func TestTrimNeverDeletesPendingOrUnreadEntries(t *testing.T) {
 		t.Errorf("trimmed %d, left %v; want 4 trimmed, %v left (g2 has not read 4-9)", n, got, ids[4:])
 	}
 	read("g2", 100, 6) // g2 catches up
-	n, err = Trim(ctx, rdb, keys)
+	n, err = Trim(ctx, rdb, keys, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -214,5 +214,47 @@ func TestStalePending(t *testing.T) {
 	}
 	if len(got) != 1 || got[0].ID != ids[0] || got[0].Consumer != "old" || got[0].Deliveries != 1 || got[0].Idle < 200*time.Millisecond {
 		t.Errorf("stale entries %+v, want only %s of old", got, ids[0])
+	}
+}
+
+// Trim releases the index of every job it removes, in batches (1,200 entries: three
+// script calls), and only of those: a job still in the stream, or whose index points at a
+// newer entry, keeps an index without TTL.
+func TestTrimReleasesTheIndexesOfWhatItRemoves(t *testing.T) {
+	t.Parallel()
+	rdb, keys := setup(t)
+	ctx := context.Background()
+	const n = 1200
+	for i := range n {
+		enqueue(t, rdb, keys, message(i, nil))
+	}
+	if err := CreateGroup(ctx, rdb, keys, DefaultGroup); err != nil {
+		t.Fatal(err)
+	}
+	res, err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: DefaultGroup, Consumer: "c", Streams: []string{keys.Stream(), ">"}, Count: n}).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, m := range res[0].Messages[:n-1] { // the last one stays pending
+		ids = append(ids, m.ID)
+	}
+	if err := rdb.XAck(ctx, keys.Stream(), DefaultGroup, ids...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	enqueue(t, rdb, keys, message(5, nil)) // job 5 enqueued again: its index names the new entry
+	trimmed, err := Trim(ctx, rdb, keys, time.Hour)
+	if err != nil || trimmed != n-1 {
+		t.Fatalf("Trim = %d, %v; want %d", trimmed, err, n-1)
+	}
+	for _, i := range []int{0, 499, 500, 1000, n - 2} {
+		if ttl := rdb.PTTL(ctx, keys.Job(jobID(i))).Val(); ttl <= 0 || ttl > time.Hour {
+			t.Errorf("job %d's index TTL %v after its entry was trimmed, want at most 1h", i, ttl)
+		}
+	}
+	for _, i := range []int{5, n - 1} {
+		if ttl := rdb.PTTL(ctx, keys.Job(jobID(i))).Val(); ttl != -1 {
+			t.Errorf("job %d's index TTL %v, want none (it is still in the stream)", i, ttl)
+		}
 	}
 }

@@ -28,6 +28,7 @@ type workerMetrics struct {
 	leaseRenewals    prometheus.Counter
 	leasesLost       prometheus.Counter
 	trimmed          prometheus.Counter
+	deadTrimmed      prometheus.Counter
 	consumersDeleted prometheus.Counter
 	handedBack       prometheus.Counter
 	errors           map[string]prometheus.Counter  // by operation (errorOps)
@@ -41,7 +42,7 @@ type workerMetrics struct {
 }
 
 // Operations whose Redis errors are counted, the bounded values of the "op" label.
-var errorOps = []string{"read", "reclaim", "pending", "ack", "renew", "dead_letter", "hand_back", "trim", "consumers", "stats", "group"}
+var errorOps = []string{"read", "reclaim", "pending", "ack", "renew", "dead_letter", "hand_back", "trim", "trim_dead", "consumers", "stats", "group"}
 
 func newWorkerMetrics(reg prometheus.Registerer, queue string) *workerMetrics {
 	q := []string{"queue"}
@@ -64,6 +65,7 @@ func newWorkerMetrics(reg prometheus.Registerer, queue string) *workerMetrics {
 		leaseRenewals:     counter("lease_renewals_total", "In-flight entries whose idle time the lease renewer reset."),
 		leasesLost:        counter("leases_lost_total", "In-flight entries found owned by another consumer at renewal (the run outlived its lease)."),
 		trimmed:           counter("trimmed_entries_total", "Acknowledged entries removed from the stream by XTRIM MINID."),
+		deadTrimmed:       counter("dead_letters_trimmed_total", "Dead letters older than the retention (ONCEFLOW_DLQ_RETENTION) deleted by maintenance."),
 		consumersDeleted:  counter("consumers_deleted_total", "Idle consumers with no pending entries deleted from the group."),
 		handedBack:        counter("handed_back_total", "Deliveries handed back without spending a delivery because the handler reported a dependency down (ErrUnavailable)."),
 		inFlight:          gauge("in_flight", "Jobs whose handler is running."),

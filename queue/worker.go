@@ -36,6 +36,8 @@ const (
 	DefaultTrimInterval    = time.Minute
 	DefaultConsumerMaxIdle = time.Hour
 	DefaultStatsInterval   = 15 * time.Second
+	// DefaultDeadLetterRetention is 30 days.
+	DefaultDeadLetterRetention = 30 * 24 * time.Hour
 )
 
 // WorkerConfig configures a Worker. Redis, Keys and Handler are required; every other
@@ -98,6 +100,17 @@ type WorkerConfig struct {
 	// time and dead-letter count gauges are sampled (only when Registerer is set).
 	// Default: 15s.
 	StatsInterval time.Duration
+	// JobTTL is how long a job's index (Keys.Job: its tenant and state, what the API's
+	// GET reads) is kept once the job left the stream: the acknowledgement of its latest
+	// entry, or the trimming of its dead letter, starts it. While the job is queued,
+	// running or dead-lettered its index does not expire. The service sets it to
+	// ONCEFLOW_RESULT_TTL. Default: DefaultJobTTL (24h).
+	JobTTL time.Duration
+	// DeadLetterRetention is how long a dead letter is kept: maintenance (every
+	// TrimInterval) deletes older ones with TrimDead, and their job indexes get JobTTL.
+	// Negative keeps dead letters for ever. The service sets it to
+	// ONCEFLOW_DLQ_RETENTION. Default: DefaultDeadLetterRetention (720h, 30 days).
+	DeadLetterRetention time.Duration
 
 	// Gate, when set, is consulted before every read of new or reclaimed work: while it
 	// blocks (a dependency the handler needs is down), the worker takes nothing, and
@@ -128,6 +141,8 @@ func (c WorkerConfig) withDefaults() WorkerConfig {
 	c.TrimInterval = cmp.Or(c.TrimInterval, DefaultTrimInterval)
 	c.ConsumerMaxIdle = cmp.Or(c.ConsumerMaxIdle, DefaultConsumerMaxIdle)
 	c.StatsInterval = cmp.Or(c.StatsInterval, DefaultStatsInterval)
+	c.JobTTL = cmp.Or(c.JobTTL, DefaultJobTTL)
+	c.DeadLetterRetention = cmp.Or(c.DeadLetterRetention, DefaultDeadLetterRetention)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -159,6 +174,8 @@ func (c WorkerConfig) validate() error {
 		return fmt.Errorf("queue: AckBatch %d must be at least 1", c.AckBatch)
 	case c.StatsInterval <= 0:
 		return fmt.Errorf("queue: StatsInterval %v must be positive", c.StatsInterval)
+	case c.JobTTL < time.Millisecond:
+		return fmt.Errorf("queue: JobTTL %v must be at least 1ms", c.JobTTL)
 	case strings.ContainsAny(c.Group, " \t\r\n") || strings.ContainsAny(c.Consumer, " \t\r\n"):
 		return fmt.Errorf("queue: group %q and consumer %q must not contain whitespace", c.Group, c.Consumer)
 	}
@@ -819,17 +836,28 @@ func (w *Worker) maintainLoop(ctx context.Context) {
 	}
 }
 
-// maintain trims acknowledged entries and deletes idle consumers.
+// maintain trims acknowledged entries and expired dead letters and deletes idle
+// consumers.
 func (w *Worker) maintain(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	n, err := Trim(ctx, w.rdb, w.keys)
+	n, err := Trim(ctx, w.rdb, w.keys, w.cfg.JobTTL)
 	if err != nil {
 		w.m.redisError("trim")
 		w.log.Warn("trim failed", "err", err)
 	} else if n > 0 {
 		w.m.trimmed.Add(float64(n))
 		w.log.Debug("trimmed acknowledged entries", "entries", n)
+	}
+	if w.cfg.DeadLetterRetention > 0 {
+		n, err := TrimDead(ctx, w.rdb, w.keys, time.Now().Add(-w.cfg.DeadLetterRetention), w.cfg.JobTTL)
+		w.m.deadTrimmed.Add(float64(n))
+		if err != nil {
+			w.m.redisError("trim_dead")
+			w.log.Warn("trimming old dead letters failed", "err", err)
+		} else if n > 0 {
+			w.log.Info("deleted dead letters older than the retention", "dead_letters", n, "retention", w.cfg.DeadLetterRetention)
+		}
 	}
 	if w.cfg.ConsumerMaxIdle < 0 {
 		return
@@ -872,7 +900,7 @@ func newJitterTicker(d time.Duration) *jitterTicker {
 	c := make(chan time.Time, 1)
 	t := &jitterTicker{C: c, stop: make(chan struct{})}
 	go func() {
-		timer := time.NewTimer(time.Duration(rand.Int64N(int64(d))) + 1)
+		timer := time.NewTimer(time.Duration(rand.Int64N(int64(d))) + 1) // #nosec G404 -- a random first tick spreads workers' scans, not a secret
 		defer timer.Stop()
 		for {
 			select {
@@ -901,7 +929,7 @@ func (b *backoff) reset() { b.n = 0 }
 func (b *backoff) sleep(ctx context.Context) bool {
 	d := min(100*time.Millisecond<<min(b.n, 6), 5*time.Second)
 	b.n++
-	d = d/2 + time.Duration(rand.Int64N(int64(d/2)+1))
+	d = d/2 + time.Duration(rand.Int64N(int64(d/2)+1)) // #nosec G404 -- backoff jitter, not a secret
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {

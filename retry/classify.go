@@ -114,6 +114,7 @@ var quotaMarkers = map[string]bool{
 	"contract_spend_limit_reached":            true, // Anthropic 429
 	"enforced_spend_limit_reached":            true, // Anthropic 429
 	"linked_organization_spend_limit_reached": true, // Anthropic 402
+	"credit_balance_too_low":                  true, // Anthropic 400, code set by llm/anthropic
 }
 
 // IsQuota reports whether a provider error type or code says a quota, spend or billing

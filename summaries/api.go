@@ -52,11 +52,9 @@ type APIConfig struct {
 	// Idempotency is the middleware whose Respond maps outcomes to statuses and counts
 	// them; its Tenant function must read httpapi.TenantFrom. Required.
 	Idempotency *idempotency.Middleware
-	// Store accepts a job in one round trip. Required.
+	// Store accepts a job in one round trip (AcceptWrite with the queue's enqueue). Its
+	// ResultTTL is how long a key's response is replayed. Required.
 	Store *redisstore.Store
-	// ResultTTL is how long the job index (which tenant owns a job) lives, the same as
-	// the stored response. Default: 24h.
-	ResultTTL time.Duration
 	// Timeout bounds each store call of a request (Redis or PostgreSQL); past it the
 	// route answers 503. Default: 2s.
 	Timeout time.Duration
@@ -76,6 +74,12 @@ type API struct {
 	m   *apiMetrics
 }
 
+// LoadScripts loads the accept script into Redis's script cache, so that the first
+// accept costs one round trip rather than two. It is optional.
+func (a *API) LoadScripts(ctx context.Context) error {
+	return a.cfg.Store.LoadScripts(ctx, queue.EnqueueLua)
+}
+
 // NewAPI checks cfg and returns the routes.
 func NewAPI(cfg APIConfig) (*API, error) {
 	switch {
@@ -84,9 +88,6 @@ func NewAPI(cfg APIConfig) (*API, error) {
 	}
 	if err := cfg.Keys.Validate(); err != nil {
 		return nil, fmt.Errorf("summaries api: %w", err)
-	}
-	if cfg.ResultTTL <= 0 {
-		cfg.ResultTTL = 24 * time.Hour
 	}
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 2 * time.Second
@@ -106,9 +107,12 @@ func (a *API) Register(s *httpapi.Server, auth *httpapi.Authenticator) {
 	s.Handle("GET /v1/summaries/{job_id}", "/v1/summaries/{job_id}", auth.Require(http.HandlerFunc(a.get)), getCodes...)
 }
 
-// create accepts a job: one Redis round trip (redisstore.Store.Accept) checks the key and
-// the fingerprint, enqueues the job, records its tenant and stores the response, or
-// replays the stored one. There is no in-progress state, hence no 409 on this route.
+// create accepts a job: one Redis round trip (redisstore.Store.AcceptWrite, running the
+// queue's own enqueue, queue.EnqueueLua) checks the key and the fingerprint, enqueues the
+// job, records its tenant in the job index and stores the response, or replays the
+// stored one. There is no in-progress state, hence no 409 on this route. A key re-sent
+// after its response expired enqueues the job again, and a job that was dead-lettered
+// then runs again (its dead letter retired), as after `onceflow dlq replay`.
 func (a *API) create(w http.ResponseWriter, r *http.Request) {
 	mw := a.cfg.Idempotency
 	key, err := idempotency.KeyFromRequest(r.Header)
@@ -141,6 +145,12 @@ func (a *API) create(w http.ResponseWriter, r *http.Request) {
 		JobID: jobID, Tenant: scope.Tenant, Payload: canonical,
 		EnqueuedAt: time.Now(), TraceParent: a.cfg.TraceParent(r.Context()),
 	}
+	args, err := queue.EnqueueArgs(msg)
+	if err != nil { // the route built msg from validated parts: a bug
+		a.log.ErrorContext(r.Context(), "summaries: cannot enqueue the accepted request", "job_id", jobID, "error", err)
+		httpapi.WriteError(w, http.StatusInternalServerError, "internal error")
+		return
+	}
 	resp := &idempotency.Response{
 		Status: http.StatusAccepted,
 		Header: http.Header{"Content-Type": {"application/json"}, "Location": {"/v1/summaries/" + jobID}},
@@ -150,12 +160,8 @@ func (a *API) create(w http.ResponseWriter, r *http.Request) {
 	// the response must be stored with it, which the script does atomically anyway.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), a.cfg.Timeout)
 	defer cancel()
-	stored, replayed, err := a.cfg.Store.Accept(ctx, scope, idempotency.Fingerprint(canonical), resp, redisstore.Enqueue{
-		Stream:      a.cfg.Keys.Stream(),
-		Fields:      msg.Values(),
-		IndexKey:    a.cfg.Keys.Job(jobID),
-		IndexFields: []any{"tenant", scope.Tenant},
-		IndexTTL:    a.cfg.ResultTTL,
+	stored, replayed, err := a.cfg.Store.AcceptWrite(ctx, scope, idempotency.Fingerprint(canonical), resp, redisstore.Write{
+		Lua: queue.EnqueueLua, Keys: a.cfg.Keys.EnqueueKeys(jobID), Args: args,
 	})
 	if err == nil && !replayed {
 		a.m.enqueued.Inc()

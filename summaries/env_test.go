@@ -63,6 +63,9 @@ func newAPIServer(t testing.TB, rdb *redis.Client, prefix string, db summaries.R
 	if err != nil {
 		t.Fatal(err)
 	}
+	if err := api.LoadScripts(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	s := httpapi.New(httpapi.Config{Logger: log})
 	api.Register(s, httpapi.NewAuthenticator(testAPIKeys))
 	srv := httptest.NewServer(s)

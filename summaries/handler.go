@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -195,10 +196,13 @@ func (h *Handler) summarise(ctx context.Context, jobID, text string) (string, er
 	if err != nil {
 		return "", err
 	}
-	if resp.Content == "" {
+	// PostgreSQL's text holds no U+0000, which a model may answer with: drop it, or the
+	// summary could never be stored.
+	content := strings.ReplaceAll(resp.Content, "\x00", "")
+	if content == "" {
 		return "", retry.Permanent(fmt.Errorf("model returned an empty summary (finish reason %q)", resp.FinishReason))
 	}
-	return resp.Content, nil
+	return content, nil
 }
 
 // Prompt is the instruction sent to the model for a text.

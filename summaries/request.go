@@ -47,6 +47,13 @@ func DecodeRequest(body []byte) (Request, error) {
 	if err := strictjson.Decode(body, &r); err != nil {
 		return Request{}, decodeError(err)
 	}
+	// PostgreSQL's text holds no U+0000: a job carrying one could never store its
+	// summary (or its email), so it is refused here rather than dead-lettered later.
+	for _, f := range []struct{ name, v string }{{"text", r.Text}, {"notify", r.Notify}} {
+		if strings.ContainsRune(f.v, 0) {
+			return r, &FieldError{f.name, "must not contain U+0000"}
+		}
+	}
 	// A missing field and an empty one are alike to the checks below.
 	switch n := utf8.RuneCountInString(r.Text); {
 	case strings.TrimSpace(r.Text) == "":

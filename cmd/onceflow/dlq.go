@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"regexp"
@@ -17,10 +18,11 @@ import (
 	"github.com/onceflow/onceflow/queue"
 )
 
-const dlqUsage = "list [--json] [--limit N] | replay ID|--all [--json] | purge ID|--all [--json]\n\n" +
+const dlqUsage = "list [--json] [--limit N] | replay ID|--all [--json] | purge ID|--all|--older-than DURATION [--json]\n\n" +
 	"ID is a dead-letter entry id (1700000000000-0, as `dlq list` shows) or a job id (a UUID: every\n" +
 	"dead letter of that job). replay re-enqueues with the same job id and removes the dead letter\n" +
-	"in one step; purge deletes it for good."
+	"in one step; purge deletes it for good; purge --older-than deletes every dead letter that\n" +
+	"failed more than DURATION ago (as the workers do after ONCEFLOW_DLQ_RETENTION)."
 
 // streamID matches a Redis stream entry id.
 var streamID = regexp.MustCompile(`^[0-9]{1,20}-[0-9]{1,20}$`)
@@ -43,6 +45,7 @@ func runDLQ(ctx context.Context, e *env, args []string) error {
 	asJSON := fs.Bool("json", false, "machine-readable output on stdout")
 	all := fs.Bool("all", false, "act on every dead letter (replay, purge)")
 	limit := fs.Int("limit", 1000, "most dead letters to list")
+	olderThan := fs.Duration("older-than", 0, "purge: every dead letter that failed more than this long ago")
 	pos, err := parseInterspersed(fs, args[1:])
 	if err != nil {
 		return err
@@ -66,6 +69,17 @@ func runDLQ(ctx context.Context, e *env, args []string) error {
 			return usageErrorf("dlq list: --limit must be at least 1")
 		}
 		return dlqList(ctx, e, rdb, keys, *limit, *asJSON)
+	}
+	if olderThanSet(fs) {
+		switch {
+		case sub != "purge":
+			return usageErrorf("dlq %s: --older-than is for purge", sub)
+		case *all || len(pos) > 0:
+			return usageErrorf("dlq purge: give an ID, --all or --older-than, not several")
+		case *olderThan <= 0:
+			return usageErrorf("dlq purge: --older-than must be positive")
+		}
+		return dlqPurgeOlder(ctx, e, rdb, keys, *olderThan, cfg.ResultTTL, *asJSON)
 	}
 	switch {
 	case *all && len(pos) > 0:
@@ -171,18 +185,29 @@ type dlqResult struct {
 	DeadID  string `json:"dead_id"`
 	JobID   string `json:"job_id,omitempty"`
 	EntryID string `json:"entry_id,omitempty"` // replay: the new stream entry
-	Error   string `json:"error,omitempty"`
+	// RetiredBy (replay) is the dead letter of the same job whose replay already
+	// removed this one.
+	RetiredBy string `json:"retired_by,omitempty"`
+	Error     string `json:"error,omitempty"`
 }
 
 // dlqAct replays or purges targets and reports each; it fails (exit 1) when any failed.
 func dlqAct(ctx context.Context, e *env, rdb redis.Cmdable, keys queue.Keys, sub string, targets []queue.DeadLetter, ttl time.Duration, asJSON bool) error {
 	results := make([]dlqResult, 0, len(targets))
+	replayed := map[string]string{} // job id -> the dead letter replayed for it
 	failed := 0
 	for _, d := range targets {
 		r := dlqResult{DeadID: d.ID, JobID: d.JobID}
 		var err error
 		if sub == "replay" {
-			r.EntryID, err = queue.Replay(ctx, rdb, keys, d.ID, ttl)
+			r.EntryID, err = queue.Replay(ctx, rdb, keys, d.ID)
+			if errors.Is(err, queue.ErrDeadLetterNotFound) && replayed[d.JobID] != "" {
+				// The replay of this job's other dead letter retired this one (the
+				// enqueue retires the dead letter the job index points at).
+				r.RetiredBy, err = replayed[d.JobID], nil
+			} else if err == nil && d.JobID != "" {
+				replayed[d.JobID] = d.ID
+			}
 		} else {
 			err = queue.Purge(ctx, rdb, keys, d.ID, ttl)
 		}
@@ -197,6 +222,8 @@ func dlqAct(ctx context.Context, e *env, rdb redis.Cmdable, keys queue.Keys, sub
 		switch {
 		case err != nil:
 			fmt.Fprintf(e.stderr, "onceflow: dlq %s %s: %v\n", sub, d.ID, err)
+		case r.RetiredBy != "":
+			fmt.Fprintf(e.stdout, "retired %s by the replay of %s (job %s)\n", d.ID, r.RetiredBy, d.JobID)
 		case sub == "replay":
 			fmt.Fprintf(e.stdout, "replayed %s as %s (job %s)\n", d.ID, r.EntryID, dash(d.JobID))
 		default:
@@ -218,6 +245,33 @@ func dlqAct(ctx context.Context, e *env, rdb redis.Cmdable, keys queue.Keys, sub
 	return nil
 }
 
+// olderThanSet reports whether --older-than was given.
+func olderThanSet(fs *flag.FlagSet) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == "older-than" })
+	return set
+}
+
+// dlqPurgeOlder deletes the dead letters that failed more than age ago (queue.TrimDead;
+// their job indexes get ttl) and prints how many.
+func dlqPurgeOlder(ctx context.Context, e *env, rdb redis.Cmdable, keys queue.Keys, age, ttl time.Duration, asJSON bool) error {
+	before := time.Now().Add(-age)
+	n, err := queue.TrimDead(ctx, rdb, keys, before, ttl)
+	if err != nil {
+		return fmt.Errorf("dlq purge --older-than %s: %w (%d deleted before the error)", age, err, n)
+	}
+	if asJSON {
+		enc := json.NewEncoder(e.stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(struct {
+			Purged int64     `json:"purged"`
+			Before time.Time `json:"before"`
+		}{n, before.UTC()})
+	}
+	fmt.Fprintf(e.stdout, "purged %d dead letters older than %s (failed before %s)\n", n, age, before.UTC().Format(time.RFC3339))
+	return nil
+}
+
 func dash(s string) string {
 	if s == "" {
 		return "-"
@@ -226,3 +280,12 @@ func dash(s string) string {
 }
 
 func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
+
+// dlqRetention maps ONCEFLOW_DLQ_RETENTION to WorkerConfig.DeadLetterRetention: 0 (keep
+// for ever) is negative there, where 0 means the default.
+func dlqRetention(c *config.Config) time.Duration {
+	if c.DLQRetention == 0 {
+		return -1
+	}
+	return c.DLQRetention
+}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -21,6 +22,7 @@ import (
 func deadLetterJobs(t *testing.T, rdb *redis.Client, keys queue.Keys, n int) []string {
 	t.Helper()
 	var jobs []string
+	before := rdb.XLen(context.Background(), keys.Dead()).Val()
 	for i := range n {
 		jobs = append(jobs, testJob(t, rdb, keys, i+1))
 	}
@@ -32,7 +34,7 @@ func deadLetterJobs(t *testing.T, rdb *redis.Client, keys queue.Keys, n int) []s
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { _ = w.Run(ctx); close(done) }()
-	testenv.WaitFor(t, 10*time.Second, "dead letters", func() bool { return rdb.XLen(context.Background(), keys.Dead()).Val() == int64(n) })
+	testenv.WaitFor(t, 10*time.Second, "dead letters", func() bool { return rdb.XLen(context.Background(), keys.Dead()).Val() == before+int64(n) })
 	cancel()
 	<-done
 	return jobs
@@ -159,5 +161,54 @@ func TestDLQUsageErrors(t *testing.T) {
 	}
 	if code, _, errOut := dlq(t, env, "purge", "00000000-0000-4000-8000-000000000099"); code != 1 || !strings.Contains(errOut, "has no dead letter") {
 		t.Errorf("purge of a job without dead letters: %d %s", code, errOut)
+	}
+}
+
+// Issue 12, item 8: `dlq purge --older-than D` deletes the dead letters that failed more
+// than D ago, gives their job indexes the result TTL, and says how many it deleted.
+func TestDLQPurgeOlderThan(t *testing.T) {
+	t.Parallel()
+	env, rdb, keys := workEnv(t)
+	ctx := context.Background()
+	oldJob := "00000000-0000-4000-8000-0000000000aa"
+	failedAt := time.Now().Add(-48 * time.Hour).UnixMilli()
+	oldID := strconv.FormatInt(failedAt, 10) + "-0"
+	m := queue.Message{JobID: oldJob, Tenant: "acme", Payload: json.RawMessage(`{"text":"x"}`), EnqueuedAt: time.UnixMilli(failedAt - 1000)}
+	rec := append(m.Values(), "reason", "permanent: old", "original_id", "1-0", "failed_at", strconv.FormatInt(failedAt, 10), "deliveries", "1")
+	if err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: keys.Dead(), ID: oldID, Values: rec}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.HSet(ctx, keys.Job(oldJob), "tenant", "acme", "state", "failed", "reason", "permanent: old", "dead_id", oldID).Err(); err != nil {
+		t.Fatal(err)
+	}
+	young := deadLetterJobs(t, rdb, keys, 1)[0]
+
+	code, out, errOut := dlq(t, env, "purge", "--older-than", "24h", "--json")
+	if code != 0 {
+		t.Fatalf("purge --older-than 24h --json: exit %d: %s", code, errOut)
+	}
+	var res struct {
+		Purged int64 `json:"purged"`
+	}
+	if err := json.Unmarshal([]byte(out), &res); err != nil || res.Purged != 1 {
+		t.Fatalf("purge --older-than --json output %q (%v), want {\"purged\": 1}", out, err)
+	}
+	left, _, err := queue.ListDead(ctx, rdb, keys, "", 10)
+	if err != nil || len(left) != 1 || left[0].JobID != young {
+		t.Fatalf("dead letters left %+v (%v), want only the young one", left, err)
+	}
+	if ttl := rdb.PTTL(ctx, keys.Job(oldJob)).Val(); ttl <= 0 || ttl > 24*time.Hour {
+		t.Errorf("purged job's index TTL %v, want the result TTL", ttl)
+	}
+	if code, out, errOut := dlq(t, env, "purge", "--older-than", "24h"); code != 0 || !strings.Contains(out, "purged 0 dead letters") {
+		t.Errorf("second purge --older-than: exit %d %q %s, want purged 0", code, out, errOut)
+	}
+	for _, args := range [][]string{
+		{"purge", "--older-than", "24h", "--all"}, {"purge", "--older-than", "24h", oldID}, {"purge", "--older-than", "0s"},
+		{"purge", "--older-than", "soon"}, {"replay", "--older-than", "24h"},
+	} {
+		if code, _, errOut := dlq(t, env, args...); code != 2 {
+			t.Errorf("dlq %v: exit %d, want 2; %s", args, code, errOut)
+		}
 	}
 }

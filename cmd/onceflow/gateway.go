@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"time"
 
 	"github.com/onceflow/onceflow/config"
 	"github.com/onceflow/onceflow/internal/httpapi"
@@ -49,9 +50,17 @@ func runGateway(ctx context.Context, e *env, args []string) error {
 	s.Handle("/v1/", "/v1/", g)
 	log.InfoContext(ctx, "starting gateway", "config", cfg, "upstream", config.RedactURL(upstream))
 	serve := func(ctx context.Context) error {
-		return httpapi.Serve(ctx, cfg.GatewayAddr, s, serveConfig(cfg, log, func(a net.Addr) {
+		err := httpapi.Serve(ctx, cfg.GatewayAddr, s, serveConfig(cfg, log, func(a net.Addr) {
 			log.InfoContext(ctx, "gateway listening", "addr", a.String(), "base_url", fmt.Sprintf("http://%s/v1", a))
 		}))
+		// Calls that outlived the shutdown timeout are given up: record them as ambiguous
+		// failures, so a retry sent to another gateway takes them over at once.
+		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if cerr := g.Close(cctx); cerr != nil {
+			log.Warn("gateway: calls given up at shutdown not all recorded; their leases will run out", "err", cerr)
+		}
+		return err
 	}
 	if err := runAll(ctx, d, s, "", serve, g.Ledger().Run); err != nil {
 		return fmt.Errorf("gateway: %w", err)

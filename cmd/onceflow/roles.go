@@ -188,7 +188,7 @@ func (d *deps) buildAPI(s *httpapi.Server) error {
 	}
 	api, err := summaries.NewAPI(summaries.APIConfig{
 		Redis: d.rdb, DB: d.pool, Keys: d.keys(), Idempotency: mw, Store: store,
-		ResultTTL: d.cfg.ResultTTL, Timeout: d.cfg.IdempotencyTimeout, Logger: d.log,
+		Timeout: d.cfg.IdempotencyTimeout, Logger: d.log,
 		Registerer: d.reg, TraceParent: d.traceParent(),
 	})
 	if err != nil {
@@ -296,6 +296,10 @@ func (d *deps) buildWorker(h queue.Handler) (*queue.Worker, error) {
 		StatsInterval:   d.cfg.StatsInterval,
 		Logger:          d.log,
 		Registerer:      d.reg,
+
+		// The job index lives ONCEFLOW_RESULT_TTL after the job, like the stored response.
+		JobTTL:              d.cfg.ResultTTL,
+		DeadLetterRetention: dlqRetention(d.cfg),
 	}
 	if d.llmBreaker != nil {
 		wc.Gate = d.llmBreaker

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -246,6 +247,66 @@ func TestHashTag(t *testing.T) {
 		got, ok := hashTag(key)
 		if got != want || ok != (want != "") {
 			t.Errorf("hashTag(%q) = %q, %v; want %q", key, got, ok, want)
+		}
+	}
+}
+
+// TestAcceptWriteRunsTheOwnersLua: AcceptWrite runs a Write's Lua (here a counter and a
+// list in one slot, with the keys and args as given) once per key, in one round trip;
+// replays do not run it; an error the Lua raises stores nothing; keys in two slots are
+// refused.
+func TestAcceptWriteRunsTheOwnersLua(t *testing.T) {
+	t.Parallel()
+	s, c := newTestStore(t, Config{ResultTTL: time.Hour})
+	ctx := context.Background()
+	counter, list := s.cfg.Prefix+":{w}:count", s.cfg.Prefix+":{w}:list"
+	const lua = `
+if argv[1] == 'fail' then error({err = 'ERR refused'}) end
+redis.call('INCR', keys[1])
+redis.call('RPUSH', keys[2], argv[1], argv[2])
+return 'ok'
+`
+	if err := s.LoadScripts(ctx, lua); err != nil {
+		t.Fatal(err)
+	}
+	w := Write{Lua: lua, Keys: []string{counter, list}, Args: []any{"a", "b"}}
+	before := c.Redis()
+	got, replayed, err := s.AcceptWrite(ctx, testScope, testFP, accepted(), w)
+	if err != nil || replayed || got.Status != http.StatusAccepted {
+		t.Fatalf("AcceptWrite = (%+v, %v, %v), want the new response", got, replayed, err)
+	}
+	if n := c.Redis() - before; n != 1 {
+		t.Errorf("AcceptWrite took %d round trips, want 1", n)
+	}
+	if _, replayed, err := s.AcceptWrite(ctx, testScope, testFP, accepted(), w); err != nil || !replayed {
+		t.Fatalf("second AcceptWrite = (%v, %v), want a replay", replayed, err)
+	}
+	if n, _ := s.rdb.Get(ctx, counter).Int(); n != 1 {
+		t.Errorf("the Write ran %d times, want 1", n)
+	}
+	if l := s.rdb.LRange(ctx, list, 0, -1).Val(); len(l) != 2 || l[0] != "a" || l[1] != "b" {
+		t.Errorf("the Write got args %v, want [a b]", l)
+	}
+	key, _ := s.AcceptKey(counter, testScope)
+	if ttl := s.rdb.PTTL(ctx, key).Val(); ttl <= 59*time.Minute {
+		t.Errorf("record %s TTL %v, want about the result TTL in the Write's slot", key, ttl)
+	}
+
+	other := idempotency.Scope{Tenant: "acme", Method: "POST", Path: "/x", Key: "another-key-0123456789"}
+	if _, _, err := s.AcceptWrite(ctx, other, testFP, accepted(), Write{Lua: lua, Keys: w.Keys, Args: []any{"fail", "x"}}); err == nil || !strings.Contains(err.Error(), "refused") {
+		t.Fatalf("AcceptWrite with a Lua error = %v, want the error", err)
+	}
+	if k, _ := s.AcceptKey(counter, other); s.rdb.Exists(ctx, k).Val() != 0 {
+		t.Error("a failed Write stored a response")
+	}
+	for name, bad := range map[string]Write{
+		"two slots": {Lua: lua, Keys: []string{counter, s.cfg.Prefix + ":{v}:list"}, Args: w.Args},
+		"no tag":    {Lua: lua, Keys: []string{s.cfg.Prefix + ":count"}},
+		"no keys":   {Lua: lua},
+		"no Lua":    {Keys: w.Keys},
+	} {
+		if _, _, err := s.AcceptWrite(ctx, other, testFP, accepted(), bad); err == nil {
+			t.Errorf("%s: AcceptWrite succeeded", name)
 		}
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/onceflow/onceflow/idempotency"
+	"github.com/onceflow/onceflow/queue"
 )
 
 var benchKeys = map[string]string{"key-acme-0123456789": "acme", "key-globex-0123456789": "globex"}
@@ -29,6 +30,11 @@ func bearerTenant(r *http.Request) (string, error) {
 func newAcceptRoute(s *Store) (*acceptRoute, error) {
 	mw, err := idempotency.New(idempotency.Config{Store: s, Tenant: bearerTenant, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
+		return nil, err
+	}
+	// The route's Write, loaded like the store's own scripts: its first call is one
+	// round trip (EVALSHA), not two (NOSCRIPT, EVAL).
+	if err := s.LoadScripts(context.Background(), queue.EnqueueLua); err != nil {
 		return nil, err
 	}
 	return &acceptRoute{

@@ -8,7 +8,6 @@ import (
 	"mime"
 	"net/http"
 	"net/mail"
-	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -16,12 +15,13 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/onceflow/onceflow/idempotency"
+	"github.com/onceflow/onceflow/queue"
 )
 
 // acceptRoute is what the summaries route does on the single-round-trip path, as the
 // tests and the benchmark need it: authenticate, parse the key, check the content type,
 // read and strictly validate the body, re-encode it as the canonical form, derive the
-// job id from the scope (UUIDv5), and call Accept with the queue's entry format.
+// job id from the scope (UUIDv5), and call AcceptWrite with the queue's enqueue.
 type acceptRoute struct {
 	mw      *idempotency.Middleware
 	store   *Store
@@ -81,13 +81,15 @@ func (a *acceptRoute) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), a.timeout)
 	defer cancel()
-	stored, replayed, err := a.store.Accept(ctx, scope, fp, resp, Enqueue{
-		Stream: a.stream,
-		Fields: []any{"v", "1", "job_id", jobID, "tenant", scope.Tenant, "payload", string(canonical),
-			"enqueued_at", strconv.FormatInt(time.Now().UnixMilli(), 10), "traceparent", ""},
-		IndexKey:    a.prefix + ":{summaries}:job:" + jobID,
-		IndexFields: []any{"tenant", scope.Tenant},
-		IndexTTL:    24 * time.Hour,
+	// The queue's own enqueue (its entry format, its job index), composed into the accept.
+	keys := queue.Keys{Prefix: a.prefix, Queue: "summaries"}
+	args, err := queue.EnqueueArgs(queue.Message{JobID: jobID, Tenant: scope.Tenant, Payload: canonical})
+	if err != nil {
+		http.Error(w, `{"detail":"internal error"}`, http.StatusInternalServerError)
+		return
+	}
+	stored, replayed, err := a.store.AcceptWrite(ctx, scope, fp, resp, Write{
+		Lua: queue.EnqueueLua, Keys: keys.EnqueueKeys(jobID), Args: args,
 	})
 	a.mw.Respond(w, r, stored, replayed, err)
 }

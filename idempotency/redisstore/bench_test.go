@@ -23,6 +23,7 @@ import (
 	"github.com/onceflow/onceflow/internal/loadgen"
 	"github.com/onceflow/onceflow/internal/roundtrip"
 	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/queue"
 )
 
 // BenchmarkIdempotency measures accepted POSTs per second over a real loopback HTTP
@@ -184,11 +185,10 @@ func prototype(rdb redis.UniversalClient, prefix string) http.Handler {
 		fp := hex.EncodeToString(fpSum[:])
 		keySum := sha256.Sum256([]byte(r.Header.Get("Idempotency-Key")))
 		id := hex.EncodeToString(keySum[:16])
-		err := acceptScript.Run(r.Context(), rdb,
-			[]string{prefix + ":{summaries}:idem:" + hex.EncodeToString(keySum[:]), stream, prefix + ":{summaries}:job:" + id},
-			fp, done, 86400000, 86400000, 12,
-			"v", "1", "job_id", id, "tenant", "acme", "payload", body, "enqueued_at", "0", "traceparent", "",
-			"tenant", "acme").Err()
+		err := acceptScript(queue.EnqueueLua).Run(r.Context(), rdb,
+			[]string{prefix + ":{summaries}:idem:" + hex.EncodeToString(keySum[:]), stream, prefix + ":{summaries}:dead", prefix + ":{summaries}:job:" + id},
+			fp, done, 86400000, "acme",
+			"v", "1", "job_id", id, "tenant", "acme", "payload", body, "enqueued_at", "0", "traceparent", "").Err()
 		if err != nil {
 			w.WriteHeader(http.StatusServiceUnavailable)
 			return

@@ -1,13 +1,15 @@
-// Package redisstore is the Redis implementation of idempotency.Store, plus Accept: the
-// single-round-trip path that checks a key, enqueues a job and stores the response in one
-// Lua script.
+// Package redisstore is the Redis implementation of idempotency.Store, plus AcceptWrite
+// (and Accept): the single-round-trip path that checks a key, runs a write (typically
+// the enqueue of a job, Lua exported by the package that owns the written keys, such as
+// queue.EnqueueLua) and stores the response in one Lua script.
 //
 // Keys (every key starts with the configured prefix and a colon, and never contains the
 // client's key, only the SHA-256 of its scope):
 //
 //	<prefix>:idem:<sha256(scope)>          generic records (Config.HashTag empty)
-//	<prefix>:{<tag>}:idem:<sha256(scope)>  generic records with Config.HashTag, and Accept's
-//	                                       records, <tag> being the stream's hash tag
+//	<prefix>:{<tag>}:idem:<sha256(scope)>  generic records with Config.HashTag, and the
+//	                                       records of AcceptWrite and Accept, <tag> being
+//	                                       the hash tag of the keys they write
 //
 // Every script names all the keys it touches in KEYS and those keys share one hash slot,
 // so the store works on Redis Cluster (pass a *redis.ClusterClient). Redis 7.0 or later
@@ -45,8 +47,8 @@ type Config struct {
 	// (<prefix>:{HashTag}:idem:<hash>): set it to the tag of a route's stream to make
 	// generic and Accept records of that route the same keys. Default: empty.
 	HashTag string
-	// ResultTTL is how long Accept keeps a response. (Claim and Complete take their TTLs
-	// per call from the middleware.) Default: 24h.
+	// ResultTTL is how long AcceptWrite and Accept keep a response. (Claim and Complete
+	// take their TTLs per call from the middleware.) Default: 24h.
 	ResultTTL time.Duration
 	// CleanupTimeout bounds the background release of a marker whose SET timed out (it
 	// may have been applied). Default: 2s.
@@ -99,10 +101,15 @@ func (s *Store) key(tag string, scope idempotency.Scope) string {
 }
 
 // LoadScripts loads every script into Redis's script cache, so that the first call of
-// each costs one round trip (EVALSHA) rather than two (EVALSHA, NOSCRIPT, EVAL). It is
-// optional: scripts load themselves on first use.
-func (s *Store) LoadScripts(ctx context.Context) error {
-	for _, sc := range []*redis.Script{completeScript, releaseScript, acceptScript} {
+// each costs one round trip (EVALSHA) rather than two (EVALSHA, NOSCRIPT, EVAL): the
+// store's own, Accept's, and AcceptWrite's for each Write Lua in writes. It is optional:
+// scripts load themselves on first use.
+func (s *Store) LoadScripts(ctx context.Context, writes ...string) error {
+	scripts := []*redis.Script{completeScript, releaseScript, acceptScript(enqueueLua)}
+	for _, lua := range writes {
+		scripts = append(scripts, acceptScript(lua))
+	}
+	for _, sc := range scripts {
 		if err := sc.Load(ctx, s.rdb).Err(); err != nil {
 			return fmt.Errorf("load idempotency scripts: %w", err)
 		}

@@ -27,8 +27,8 @@ func bucketOf(v uint64) int {
 	if v < linear {
 		return int(v) // #nosec G115 -- v < linear (256)
 	}
-	e := bits.Len64(v) - (subBits + 1) // >= 1
-	m := v >> uint(e)                  // in [128, 255]
+	e := bits.Len64(v) - (subBits + 1)                   // >= 1
+	m := v >> uint(e)                                    // in [128, 255]
 	return linear + (e-1)*subBuckets + int(m-subBuckets) // #nosec G115 -- m-subBuckets < 128
 }
 

@@ -150,13 +150,36 @@ func nameMsg(msg, field string) string {
 	return msg
 }
 
-// field turns a JSON Pointer ("/user/email") into Error.Field ("user.email").
+// Bounds of Error.Field, which a 400 quotes: the input chooses the names.
+const (
+	maxFieldDepth = 8  // deeper paths are reported by their top-level member alone
+	maxNameBytes  = 64 // longer names are clipped, with "..."
+)
+
+// field turns a JSON Pointer ("/user/email") into Error.Field ("user.email"): at most
+// maxFieldDepth names of at most maxNameBytes each, so a hostile document (a member name
+// of 100 KB, a value nested 20,000 deep) cannot make a huge error.
 func field(p jsontext.Pointer) string {
 	var parts []string
 	for tok := range p.Tokens() {
-		parts = append(parts, tok)
+		parts = append(parts, clipName(tok))
+	}
+	if len(parts) > maxFieldDepth {
+		parts = parts[:1]
 	}
 	return strings.Join(parts, ".")
+}
+
+// clipName cuts a member name to maxNameBytes on a rune boundary.
+func clipName(s string) string {
+	if len(s) <= maxNameBytes {
+		return s
+	}
+	cut := maxNameBytes
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "..."
 }
 
 // jsonType names the JSON a Go type wants: "a string", "a number", "an object".

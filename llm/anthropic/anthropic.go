@@ -360,12 +360,28 @@ func mapError(err error, httpResp *http.Response) error {
 		e.Type = cmp.Or(e.Type, string(apiErr.Type()))
 		e.Code = cmp.Or(e.Code, string(apiErr.ErrorCode()))
 		e.RequestID = cmp.Or(e.RequestID, apiErr.RequestID)
-		return e
+		return creditCode(e)
 	}
 	if httpResp != nil && httpResp.StatusCode >= 400 {
-		return llm.NewAPIError(Provider, httpResp.StatusCode, httpResp.Header, llm.PeekBody(httpResp), time.Now(), err)
+		return creditCode(llm.NewAPIError(Provider, httpResp.StatusCode, httpResp.Header, llm.PeekBody(httpResp), time.Now(), err))
 	}
 	return fmt.Errorf("%s: %w", Provider, err)
+}
+
+// CodeCreditBalanceTooLow is the code mapError gives Anthropic's answer to an
+// organisation out of prepaid credits, which carries none of its own: HTTP 400
+// invalid_request_error, "Your credit balance is too low to access the Anthropic API".
+// It is a quota marker (retry.IsQuota), so the answer stops the provider instead of
+// dead-lettering each job that meets it.
+const CodeCreditBalanceTooLow = "credit_balance_too_low"
+
+// creditCode sets CodeCreditBalanceTooLow on e when it is that answer. This is the one
+// place that reads Anthropic's message text.
+func creditCode(e *llm.APIError) *llm.APIError {
+	if e.Code == "" && e.StatusCode == http.StatusBadRequest && strings.Contains(strings.ToLower(e.Message), "credit balance is too low") {
+		e.Code = CodeCreditBalanceTooLow
+	}
+	return e
 }
 
 // mapStreamError maps an error that ended a stream.

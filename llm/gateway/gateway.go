@@ -52,6 +52,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -126,6 +127,11 @@ type Gateway struct {
 	proxy       *httputil.ReverseProxy
 	log         *slog.Logger
 	requests    *prometheus.CounterVec
+
+	// base is cancelled by Close: it ends the upstream calls a shutdown gives up.
+	base  context.Context
+	stop  context.CancelFunc
+	calls sync.WaitGroup // keyed requests in flight
 }
 
 // Results of a request, the label of onceflow_gateway_requests_total.
@@ -184,7 +190,9 @@ func New(cfg Config) (*Gateway, error) {
 		return nil, err
 	}
 	l.InitMetrics(Provider)
+	base, stop := context.WithCancel(context.Background())
 	g := &Gateway{
+		base: base, stop: stop,
 		cfg: cfg, credentials: credentials, upstream: u, ledger: l, log: cfg.Logger,
 		client: &http.Client{Transport: cfg.Transport, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
 		requests: metrics.Register(cfg.Registerer, prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -210,7 +218,7 @@ func New(cfg Config) (*Gateway, error) {
 			case errors.Is(err, context.DeadlineExceeded):
 				writeError(w, http.StatusGatewayTimeout, "upstream_error", "upstream_timeout", "the upstream did not answer in time")
 			default:
-				g.log.WarnContext(r.Context(), "gateway: pass-through request failed", "path", r.URL.Path, "err", err)
+				g.log.WarnContext(r.Context(), "gateway: pass-through request failed", "path", r.URL.Path, "err", withoutQuery(err))
 				writeError(w, http.StatusBadGateway, "upstream_error", "upstream_unreachable", "the upstream could not be reached")
 			}
 		},
@@ -218,8 +226,35 @@ func New(cfg Config) (*Gateway, error) {
 	return g, nil
 }
 
+// Close ends the keyed upstream calls still in flight, which a shutdown is giving up:
+// each is recorded as an ambiguous failure, so that a retry sent to another gateway
+// takes the call over at once instead of getting 409 until the dead owner's lease runs
+// out. It waits for them to be recorded, until ctx is done. Call it once the HTTP
+// server stopped waiting for its handlers; requests after Close fail at once.
+func (g *Gateway) Close(ctx context.Context) error {
+	g.stop()
+	done := make(chan struct{})
+	go func() { g.calls.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("gateway: close: calls still being recorded: %w", ctx.Err())
+	}
+}
+
 // Ledger returns the gateway's ledger (to run its purge loop, Run).
 func (g *Gateway) Ledger() *ledger.Ledger { return g.ledger }
+
+// dotSegment reports whether the (unescaped) path p has a "." or ".." segment.
+func dotSegment(p string) bool {
+	for seg := range strings.SplitSeq(p, "/") {
+		if seg == "." || seg == ".." {
+			return true
+		}
+	}
+	return false
+}
 
 // target maps a request on the gateway (/v1/...) to the upstream URL.
 func (g *Gateway) target(r *http.Request) *url.URL {
@@ -227,7 +262,13 @@ func (g *Gateway) target(r *http.Request) *url.URL {
 	rest := strings.TrimPrefix(r.URL.Path, "/v1")
 	u.Path = strings.TrimSuffix(u.Path, "/") + rest
 	u.RawPath = ""
-	u.RawQuery = r.URL.RawQuery
+	// The upstream's own query (Azure's api-version) is kept, the caller's added after it.
+	switch {
+	case u.RawQuery == "":
+		u.RawQuery = r.URL.RawQuery
+	case r.URL.RawQuery != "":
+		u.RawQuery += "&" + r.URL.RawQuery
+	}
 	return &u
 }
 
@@ -235,6 +276,13 @@ func (g *Gateway) target(r *http.Request) *url.URL {
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Path != "/v1" && !strings.HasPrefix(r.URL.Path, "/v1/") {
 		writeError(w, http.StatusNotFound, "invalid_request_error", "unknown_url", "onceflow gateway serves /v1/ paths only")
+		return
+	}
+	if dotSegment(r.URL.Path) {
+		// An escaped "..", which net/http's mux does not clean, would leave the
+		// upstream's path (ONCEFLOW_LLM_BASE_URL) for another route of its host.
+		g.requests.WithLabelValues(resultBadRequest).Inc()
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_path", "the path must not contain . or .. segments")
 		return
 	}
 	if r.ContentLength > g.cfg.MaxBodyBytes { // refuse before forwarding anything
@@ -400,8 +448,11 @@ func (g *Gateway) keyed(w http.ResponseWriter, r *http.Request) {
 	}
 	// The upstream call outlives the client: everything from here runs on a context
 	// that the client's disconnect does not cancel, bounded by the upstream timeout.
+	g.calls.Add(1)
+	defer g.calls.Done()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), g.cfg.Timeout)
 	defer cancel()
+	defer context.AfterFunc(g.base, cancel)() // Close ends it too
 	att, rec, err := g.ledger.Begin(ctx, call)
 	switch {
 	case errors.Is(err, ledger.ErrInFlight):
@@ -437,7 +488,7 @@ type meta struct {
 // hop-by-hop ones, not those that describe one transfer.
 func recordedHeader(name string) bool {
 	switch http.CanonicalHeaderKey(name) {
-	case "Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Connection", "Te", "Trailer", "Transfer-Encoding",
+	case "Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Proxy-Connection", "Te", "Trailer", "Transfer-Encoding",
 		"Upgrade", "Content-Length", "Content-Encoding", "Date", "Set-Cookie":
 		return false
 	}
@@ -575,8 +626,27 @@ func (g *Gateway) passError(ctx context.Context, w http.ResponseWriter, att *led
 	_, _ = w.Write(raw)
 }
 
+// withoutQuery returns err without the query string of the URL net/http puts in its
+// transport errors (*url.Error): a query may carry a credential (?key=), which must
+// reach neither llm_calls.error nor the logs. Other errors are returned as they are.
+func withoutQuery(err error) error {
+	var ue *url.Error
+	if !errors.As(err, &ue) {
+		return err
+	}
+	u, perr := url.Parse(ue.URL)
+	if perr != nil {
+		return &url.Error{Op: ue.Op, URL: "(unparseable URL)", Err: ue.Err}
+	}
+	if u.RawQuery == "" && u.User == nil {
+		return err
+	}
+	u.RawQuery, u.User = "", nil
+	return &url.Error{Op: ue.Op, URL: u.String(), Err: ue.Err}
+}
+
 func (g *Gateway) fail(ctx context.Context, att *ledger.Attempt, cause error, ambiguous bool) {
-	if err := att.Fail(ctx, cause, ambiguous); err != nil {
+	if err := att.Fail(ctx, withoutQuery(cause), ambiguous); err != nil {
 		g.log.WarnContext(ctx, "gateway: could not record a failed attempt; its lease will run out", "err", err)
 	}
 }

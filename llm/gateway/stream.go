@@ -38,6 +38,25 @@ func streamEnd(ev sse.Event) bool {
 	return false
 }
 
+// errorEvent reports whether ev reports a failure inside the stream: Anthropic's
+// "event: error", or data whose top-level object has an "error" member or the type
+// "error" (OpenAI-compatible servers, vLLM among them, send such an event and may still
+// end the stream with [DONE]). A stream that carried one is not a complete answer.
+func errorEvent(ev sse.Event) bool {
+	if ev.Type == "error" {
+		return true
+	}
+	var d map[string]json.RawMessage
+	if json.Unmarshal([]byte(ev.Data), &d) != nil {
+		return false
+	}
+	if _, ok := d["error"]; ok {
+		return true
+	}
+	var typ string
+	return json.Unmarshal(d["type"], &typ) == nil && typ == "error"
+}
+
 // stream passes a server-sent-event answer on as it arrives, persists it on the row in
 // batches, and records it once complete. The upstream is read to its end even when the
 // client has gone, so the client's retry gets the whole stream replayed.
@@ -58,10 +77,14 @@ func (g *Gateway) stream(ctx context.Context, w http.ResponseWriter, att *ledger
 	var last *sse.Event
 	events := 0
 	persisted := int64(0) // bytes of raw handed to partial
+	failed := false       // an error event went by
 	persist := func(evs []sse.Event) {
 		if n := len(evs); n > 0 {
 			events += n
 			last = &evs[n-1]
+		}
+		for _, ev := range evs {
+			failed = failed || errorEvent(ev)
 		}
 		b := parser.Boundary()
 		if !partialOK || b <= persisted {
@@ -109,9 +132,9 @@ func (g *Gateway) stream(ctx context.Context, w http.ResponseWriter, att *ledger
 		}
 	}
 	persist(parser.Close())
-	// Complete: the connection closed cleanly, the last event is the final one, and
-	// nothing but comments or blank lines follows it.
-	complete := readErr == nil && last != nil && streamEnd(*last) && !parser.Residue()
+	// Complete: the connection closed cleanly, the last event is the final one, nothing
+	// but comments or blank lines follows it, and no event reported a failure.
+	complete := readErr == nil && last != nil && streamEnd(*last) && !parser.Residue() && !failed
 	if !complete {
 		if partialOK {
 			if err := partial.Flush(ctx); err != nil {
@@ -119,13 +142,22 @@ func (g *Gateway) stream(ctx context.Context, w http.ResponseWriter, att *ledger
 			}
 		}
 		cause := readErr
-		if cause == nil {
+		switch {
+		case cause == nil && failed:
+			cause = errors.New("upstream stream reported an error event")
+		case cause == nil:
 			cause = errors.New("upstream stream ended without its final event")
+		}
+		g.requests.WithLabelValues(resultUpstreamError).Inc()
+		if failed && readErr == nil {
+			// The upstream said the generation failed, and the client got its whole
+			// answer, error included: a clear failure; a retry is a new attempt.
+			g.fail(ctx, att, cause, false)
+			return
 		}
 		// A stream cut short was generated (and billed) in part: ambiguous. One that
 		// outgrew the recording limit is a clear failure.
 		g.fail(ctx, att, cause, readErr == nil || ledger.IsAmbiguous(readErr) && int64(raw.Len()) <= g.cfg.MaxResponseBytes)
-		g.requests.WithLabelValues(resultUpstreamError).Inc()
 		if !clientGone {
 			panic(http.ErrAbortHandler) // close the connection: the client must see the stream was cut
 		}

@@ -1,7 +1,9 @@
 package ledger
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -118,7 +120,10 @@ func (a *Attempt) Lost() bool {
 
 // succeedSQL records a response. It is an upsert so that a response is recorded even if
 // the row vanished (a relaxed in-flight insert lost in a PostgreSQL crash), and it never
-// overwrites a recorded response: the first response recorded wins.
+// overwrites a recorded response: the first response recorded wins. It moves expires_at
+// to now + retention (never earlier than it was): a row that succeeds late in its
+// window is kept a full retention after the success, so the redeliveries it serves
+// replay it instead of calling the model again.
 //
 //	$1 idem_key, $2 work, $3 request_hash, $4 provider, $5 model, $6 response jsonb,
 //	$7 response_raw, $8 response_meta, $9 attempt, $10 now (NULL: now()), $11 retention µs
@@ -131,7 +136,8 @@ VALUES ($1, $2, 'succeeded', $3, $4, $5, $6, $7, $8, $9, coalesce($10::timestamp
 ON CONFLICT (idem_key) DO UPDATE SET
 	state = 'succeeded', response = EXCLUDED.response, response_raw = EXCLUDED.response_raw,
 	response_meta = EXCLUDED.response_meta, owner = NULL, lease_until = NULL, partial = NULL,
-	partial_attempt = NULL, error = NULL, updated_at = now()
+	partial_attempt = NULL, error = NULL, updated_at = now(),
+	expires_at = greatest(c.expires_at, EXCLUDED.expires_at)
 WHERE c.state <> 'succeeded' AND c.request_hash = EXCLUDED.request_hash
 RETURNING c.attempt, c.ambiguous`
 
@@ -164,7 +170,7 @@ func (a *Attempt) succeed(ctx context.Context, db DB, res Result) (*Record, bool
 	c := a.call
 	var response any // nil Response: SQL NULL, not the JSON text "null"
 	if len(res.Response) > 0 {
-		response = string(res.Response)
+		response = string(jsonbSafe(res.Response))
 	}
 	var meta any
 	if len(res.Meta) > 0 {
@@ -190,6 +196,48 @@ func (a *Attempt) succeed(ctx context.Context, db DB, res Result) (*Record, bool
 	}
 	a.l.metrics.attempt(c, resultSuperseded)
 	return other, false, nil
+}
+
+// jsonbSafe returns b, a JSON document, in a form PostgreSQL's jsonb accepts: jsonb has
+// no room for U+0000 (a "\u0000" escape is refused, SQLSTATE 22P05), which a model's
+// answer may hold, so every U+0000 inside a string becomes U+FFFD. The raw bytes
+// (Result.Raw, bytea) keep the answer as it was, and replays that need it byte for byte
+// (the gateway's) use them. A document without the escape is returned as it is.
+func jsonbSafe(b []byte) []byte {
+	if !bytes.Contains(b, []byte(`\u0000`)) {
+		return b
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	var v any
+	if dec.Decode(&v) != nil {
+		return b // not JSON: let PostgreSQL say so
+	}
+	out, err := json.Marshal(replaceNUL(v))
+	if err != nil {
+		return b
+	}
+	return out
+}
+
+// replaceNUL replaces U+0000 with U+FFFD in every string of v, keys included.
+func replaceNUL(v any) any {
+	switch x := v.(type) {
+	case string:
+		return strings.ReplaceAll(x, "\x00", "\uFFFD")
+	case []any:
+		for i := range x {
+			x[i] = replaceNUL(x[i])
+		}
+		return x
+	case map[string]any:
+		out := make(map[string]any, len(x))
+		for k, e := range x {
+			out[strings.ReplaceAll(k, "\x00", "\uFFFD")] = replaceNUL(e)
+		}
+		return out
+	}
+	return v
 }
 
 func (l *Ledger) recordIn(ctx context.Context, db DB, key string) (*Record, error) {

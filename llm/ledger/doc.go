@@ -32,8 +32,9 @@
 //     done, with the attempt number advanced and the failure counted; a clear failure
 //     (the provider answered with an error) marks the row failed with the error.
 //   - Rows expire Config.Retention (ONCEFLOW_LEDGER_RETENTION) after their first
-//     attempt, which must cover the retry horizon plus the longest a job can wait in a
-//     queue; Purge (and Run, periodically) deletes expired rows in batches.
+//     attempt, or after their success when that is later (a success moves expires_at,
+//     never earlier), which must cover the retry horizon plus the longest a job can
+//     wait in a queue; Purge (and Run, periodically) deletes expired rows in batches.
 //
 // Client wraps any llm.Client so that every Complete and Stream goes through the ledger;
 // Stream persists partial output on the row in batches and records the row only at the

@@ -80,10 +80,11 @@ type Config struct {
 	// (ONCEFLOW_LEDGER_LEASE): after it, another attempt takes the row over, counting
 	// the silent attempt as ambiguous. Live owners renew every Lease/3. Default: 15s.
 	Lease time.Duration
-	// Retention is how long a row is kept after its first attempt
-	// (ONCEFLOW_LEDGER_RETENTION): its expires_at. It must cover the retry horizon (every
-	// redelivery and dead-letter replay of the work) plus the longest a job can wait in
-	// a queue, or a late retry calls the model again. Default: 24h.
+	// Retention is how long a row is kept after its first attempt, and after its success
+	// (ONCEFLOW_LEDGER_RETENTION): its expires_at, which a success moves to now +
+	// Retention (never earlier). It must cover the retry horizon (every redelivery and
+	// dead-letter replay of the work) plus the longest a job can wait in a queue, or a
+	// late retry calls the model again. Default: 24h.
 	Retention time.Duration
 	// Wait bounds how long Begin waits, polling with backoff, for a live owner to
 	// finish before returning an *InFlightError. Negative: never wait (onceflow

@@ -462,6 +462,53 @@ func TestPurgeDeletesExpiredRowsInBatches(t *testing.T) {
 	}
 }
 
+// Issue 12, item 8: a row that succeeds near the end of its retention gets a new
+// expires_at (now + Retention), so a purge right after keeps it: the recorded response
+// is what a redelivery of its job replays. A succeeding row's expiry is never shortened.
+func TestSucceedRefreshesExpiresAt(t *testing.T) {
+	t.Parallel()
+	clock := retrytest.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	l, pool := newLedger(t, ledger.Config{Retention: time.Hour, Lease: 10 * time.Minute, Clock: clock, Wait: -1})
+	ctx := ctxT(t)
+	late := callOf("job-late/s", request("x"))
+	att, _, err := l.Begin(ctx, late)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(59 * time.Minute) // a slow call, or a retry late in the window
+	if _, _, err := att.Succeed(ctx, ledger.ResultOf(&llm.Response{ID: "r"})); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := mustGet(t, l, late.Key).ExpiresAt, clock.Now().Add(time.Hour); !got.Equal(want) {
+		t.Errorf("expires_at %v after a success at %v, want now + Retention = %v", got, clock.Now(), want)
+	}
+	clock.Advance(2 * time.Minute) // past the first attempt's expiry
+	if n, err := l.Purge(ctx); err != nil || n != 0 {
+		t.Fatalf("purged %d rows (%v) right after a late success, want 0", n, err)
+	}
+	if r := mustGet(t, l, late.Key); r == nil || r.State != "succeeded" {
+		t.Fatalf("row after the purge: %+v, want the succeeded row", r)
+	}
+
+	// An expiry further out than now + Retention (set by an operator, or by a longer
+	// retention earlier) is kept.
+	far := callOf("job-far/s", request("y"))
+	att, _, err = l.Begin(ctx, far)
+	if err != nil {
+		t.Fatal(err)
+	}
+	farAway := clock.Now().Add(48 * time.Hour)
+	if _, err := pool.Exec(ctx, `UPDATE llm_calls SET expires_at = $1 WHERE idem_key = $2`, farAway, far.Key); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := att.Succeed(ctx, ledger.ResultOf(&llm.Response{ID: "r2"})); err != nil {
+		t.Fatal(err)
+	}
+	if got := mustGet(t, l, far.Key).ExpiresAt; !got.Equal(farAway) {
+		t.Errorf("expires_at %v after success, want the later %v kept", got, farAway)
+	}
+}
+
 func TestStats(t *testing.T) {
 	t.Parallel()
 	l, pool := newLedger(t, ledger.Config{Wait: -1})
