@@ -9,14 +9,14 @@ import (
 )
 
 // accept runs the one-round-trip accept: in one script, it checks scope's record (a
-// replay or a reused key) or enqueues m on keys' queue with its job index and stores
-// resp for Config.ResultTTL.
+// replay or a reused key) or runs the queue's own enqueue of m on keys' queue (its entry
+// and its job index, queue.EnqueueLua) and stores resp for Config.ResultTTL.
 func (c *Client) accept(ctx context.Context, scope idempotency.Scope, fp string, resp *idempotency.Response, m queue.Message, keys queue.Keys) (*idempotency.Response, bool, error) {
-	return c.store.Accept(ctx, scope, fp, resp, redisstore.Enqueue{
-		Stream:      keys.Stream(),
-		Fields:      m.Values(),
-		IndexKey:    keys.Job(m.JobID),
-		IndexFields: []any{"tenant", m.Tenant},
-		IndexTTL:    c.cfg.ResultTTL,
+	args, err := queue.EnqueueArgs(m)
+	if err != nil {
+		return nil, false, err
+	}
+	return c.store.AcceptWrite(ctx, scope, fp, resp, redisstore.Write{
+		Lua: queue.EnqueueLua, Keys: keys.EnqueueKeys(m.JobID), Args: args,
 	})
 }
