@@ -56,6 +56,10 @@ type Config struct {
 	Workers *Workers
 	// Middleware wraps every job run, the first the outermost. Default: none.
 	Middleware []Middleware
+	// Workflows are the program's workflows: NewClient merges their queues, workers and
+	// senders into this Config, Client.Mount mounts their routes (see Workflow).
+	// Default: none.
+	Workflows []Workflow
 
 	// Senders deliver the effects jobs commit (Commit.Emit), by topic: a key is a topic
 	// ("payments.refund") or a prefix ending in "." or "*" ("email." or "email.*"); the
@@ -174,6 +178,9 @@ func NewClient(cfg Config) (*Client, error) {
 	}
 	if cfg.TraceParent == nil {
 		cfg.TraceParent = func(context.Context) string { return "" }
+	}
+	if err := mergeWorkflows(&cfg); err != nil {
+		return nil, err
 	}
 	if len(cfg.Queues) == 0 {
 		cfg.Queues = map[string]QueueConfig{DefaultQueue: {}}
