@@ -10,9 +10,9 @@ import (
 	"os"
 	"strings"
 
+	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/idempotency"
 	"github.com/onceflow/onceflow/idempotency/redisstore"
-	"github.com/onceflow/onceflow/internal/connect"
 )
 
 // principalKey is where an application's own authentication middleware would put the
@@ -23,7 +23,7 @@ type principalKey struct{}
 // comes from the application's authentication (here a context value set by auth), never
 // from a header the client controls.
 func ExampleMiddleware_Wrap() {
-	rdb, err := connect.Redis(os.Getenv("ONCEFLOW_REDIS_URL"))
+	rdb, err := onceflow.NewRedis(os.Getenv("ONCEFLOW_REDIS_URL"))
 	if err != nil {
 		panic(err)
 	}

@@ -2,8 +2,12 @@ package migrations_test
 
 import (
 	"context"
+	"embed"
+	"os"
+	"strings"
 	"sync"
 	"testing"
+	"testing/fstest"
 
 	"github.com/jackc/pgx/v5"
 
@@ -98,4 +102,80 @@ func TestConcurrentUpAppliesOnce(t *testing.T) {
 	if tables != 1 || versions != 1 {
 		t.Fatalf("summaries tables = %d, version 1 recorded %d times; want 1 and 1", tables, versions)
 	}
+}
+
+//go:embed testdata/app/*.sql
+var appMigrations embed.FS
+
+// A program's own migrations run after onceflow's in one call, recorded in their own
+// version table (so both start at version 1); a second call applies nothing, and a
+// migration added later is applied by the next.
+func TestUpRunsTheUsersMigrationsBesideOnceflows(t *testing.T) {
+	t.Parallel()
+	target := testenv.EmptySchema(t)
+	ctx := context.Background()
+	app := migrations.Source{FS: appMigrations, Dir: "testdata/app", Table: "app_migrations"}
+	v, err := migrations.Up(ctx, target, nil, app)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	applied := func(table string) (n int) {
+		t.Helper()
+		if err := conn.QueryRow(ctx, `SELECT count(*) FROM `+table+` WHERE version_id > 0`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if int64(applied(migrations.VersionTable)) != v || applied("app_migrations") != 1 {
+		t.Fatalf("onceflow %d of %d, app %d of 1", applied(migrations.VersionTable), v, applied("app_migrations"))
+	}
+	if _, err := conn.Exec(ctx, `INSERT INTO job_completions (job_id, kind) VALUES ('j1', 'refund');
+		INSERT INTO refunds VALUES ('j1', 'order-9', 1250)`); err != nil {
+		t.Fatalf("the user's table: %v", err)
+	}
+
+	later := fstest.MapFS{
+		"00001_refunds.sql": &fstest.MapFile{Data: mustRead(t, "testdata/app/00001_refunds.sql")},
+		"00002_reason.sql":  &fstest.MapFile{Data: []byte("-- +goose Up\nALTER TABLE refunds ADD COLUMN reason text;\n-- +goose Down\nALTER TABLE refunds DROP COLUMN reason;\n")},
+	}
+	if _, err := migrations.Up(ctx, target, nil, migrations.Source{FS: later, Table: "app_migrations"}); err != nil {
+		t.Fatal(err)
+	}
+	if applied("app_migrations") != 2 || int64(applied(migrations.VersionTable)) != v {
+		t.Fatalf("after the second call: app %d, onceflow %d", applied("app_migrations"), applied(migrations.VersionTable))
+	}
+	if _, err := conn.Exec(ctx, `UPDATE refunds SET reason = 'late'`); err != nil {
+		t.Fatalf("the later migration: %v", err)
+	}
+}
+
+func TestUpRefusesAmbiguousSources(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for name, srcs := range map[string][]migrations.Source{
+		"no FS":               {{Table: "app_migrations"}},
+		"no table":            {{FS: appMigrations}},
+		"onceflow's table":    {{FS: appMigrations, Table: migrations.VersionTable}},
+		"quoted table":        {{FS: appMigrations, Table: `app"; DROP TABLE x; --`}},
+		"one table, two sets": {{FS: appMigrations, Table: "a_migrations"}, {FS: appMigrations, Table: "a_migrations"}},
+	} {
+		// Refused before connecting: the URL is never used.
+		if _, err := migrations.Up(ctx, "postgres://nobody@127.0.0.1:1/none", nil, srcs...); err == nil || strings.Contains(err.Error(), "connect") {
+			t.Errorf("%s: %v, want a refusal naming the source", name, err)
+		}
+	}
+}
+
+func mustRead(t *testing.T, name string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }

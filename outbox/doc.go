@@ -21,4 +21,12 @@
 // delay the error carries when it implements RetryAfter() time.Duration (an HTTP
 // Retry-After header), until Config.MaxAttempts attempts have failed; then the row is
 // exhausted too.
+//
+// # Routing by topic
+//
+// A Router (NewRouter) is the Sender of a process that sends several topics: a sender
+// per topic or per prefix ("payments.refund", "email."), the longest match winning. A
+// Relay whose Sender is a Router claims only the rows of the Router's topics
+// (TopicStore.ClaimTopics), so a row whose topic has no sender here is left, unattempted
+// and never exhausted, to a process that has one.
 package outbox

@@ -86,3 +86,34 @@ func ExamplePermanent() {
 	fmt.Println(outbox.IsPermanent(err), errors.Is(err, outbox.ErrPermanent))
 	// Output: true true
 }
+
+// A sender per topic or prefix; the exact topic wins, else the longest prefix. Given to
+// a Relay, the Router makes it claim only these topics.
+func ExampleNewRouter() {
+	say := func(name string) outbox.Sender {
+		return outbox.SenderFunc(func(_ context.Context, m outbox.Message) error {
+			fmt.Println(name, "sends", m.Topic)
+			return nil
+		})
+	}
+	router, err := outbox.NewRouter(map[string]outbox.Sender{
+		"payments.refund": say("payments API"),
+		"email.*":         say("mailer"),
+		"email.receipt.":  say("receipt service"),
+	})
+	if err != nil {
+		panic(err)
+	}
+	for _, topic := range []string{"payments.refund", "email.reply", "email.receipt.sent", "sms.alert"} {
+		if err := router.Send(context.Background(), outbox.Message{Topic: topic}); err != nil {
+			fmt.Println(err, errors.Is(err, outbox.ErrNoSender))
+		}
+	}
+	fmt.Printf("%+v\n", router.Topics())
+	// Output:
+	// payments API sends payments.refund
+	// mailer sends email.reply
+	// receipt service sends email.receipt.sent
+	// outbox router: topic "sms.alert": no sender for the topic true
+	// {Topics:[payments.refund] Prefixes:[email.receipt. email.]}
+}

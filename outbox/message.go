@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"time"
+
+	"github.com/onceflow/onceflow/retry"
 )
 
 // Message is one outbox row as a Sender sees it.
@@ -45,53 +47,38 @@ type SenderFunc func(ctx context.Context, m Message) error
 // Send calls f(ctx, m).
 func (f SenderFunc) Send(ctx context.Context, m Message) error { return f(ctx, m) }
 
-// ErrPermanent matches, with errors.Is, every error wrapped by Permanent.
-var ErrPermanent = errors.New("permanent send failure")
+// ErrPermanent matches, with errors.Is, every error marked permanent. It is
+// retry.ErrPermanent, the one permanent marker of onceflow, so retry.Permanent,
+// queue.Permanent and Permanent mark alike.
+var ErrPermanent = retry.ErrPermanent
 
 // Permanent marks err as a failure that retrying cannot fix (an HTTP 400, an invalid
 // recipient): the relay exhausts the row at once instead of retrying it. Permanent(nil)
-// is nil. The result unwraps to err and matches ErrPermanent with errors.Is.
-func Permanent(err error) error {
-	if err == nil {
-		return nil
-	}
-	return &permanentError{err}
-}
+// is nil. The result unwraps to err and matches ErrPermanent with errors.Is; it is
+// retry.Permanent.
+func Permanent(err error) error { return retry.Permanent(err) }
 
-type permanentError struct{ err error }
-
-func (e *permanentError) Error() string        { return e.err.Error() }
-func (e *permanentError) Unwrap() error        { return e.err }
-func (e *permanentError) Is(target error) bool { return target == ErrPermanent }
-
-// IsPermanent reports whether err, or an error it wraps, was marked with Permanent.
-func IsPermanent(err error) bool { return errors.Is(err, ErrPermanent) }
+// IsPermanent reports whether err, or an error it wraps, was marked permanent.
+func IsPermanent(err error) bool { return retry.IsPermanent(err) }
 
 // RetryAfter returns err annotated with the delay the provider asked for (an HTTP
 // Retry-After header): the relay schedules the next attempt after d instead of its own
-// backoff. A non-positive d, or a nil err, returns err unchanged.
+// backoff. It is retry.RetryAfter with the arguments in this package's order. A
+// non-positive d, or a nil err, returns err unchanged.
 func RetryAfter(err error, d time.Duration) error {
 	if err == nil || d <= 0 {
 		return err
 	}
-	return &retryAfterError{err, d}
+	return retry.RetryAfter(d, err)
 }
 
-type retryAfterError struct {
-	err error
-	d   time.Duration
-}
-
-func (e *retryAfterError) Error() string             { return e.err.Error() }
-func (e *retryAfterError) Unwrap() error             { return e.err }
-func (e *retryAfterError) RetryAfter() time.Duration { return e.d }
-
-// RetryAfterOf returns the delay carried by err or an error it wraps: any error with a
-// method RetryAfter() time.Duration that returns a positive value.
+// RetryAfterOf returns the delay carried by err or an error it wraps: any
+// retry.RetryAfterer (retry.RetryAfter's *retry.DelayError, a provider's *llm.APIError, a
+// webhook's *webhook.StatusError) that reports a positive delay.
 func RetryAfterOf(err error) (time.Duration, bool) {
-	var ra interface{ RetryAfter() time.Duration }
+	var ra retry.RetryAfterer
 	if errors.As(err, &ra) {
-		if d := ra.RetryAfter(); d > 0 {
+		if d, ok := ra.RetryAfter(); ok && d > 0 {
 			return d, true
 		}
 	}

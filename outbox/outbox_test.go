@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/onceflow/onceflow/retry"
 )
 
 func TestPermanentAndRetryAfterAreFoundThroughWrapping(t *testing.T) {
@@ -76,5 +78,19 @@ func TestLogSenderRedactsSecretLookingFields(t *testing.T) {
 	_ = s.Send(context.Background(), Message{Payload: json.RawMessage(`not json`)})
 	if !strings.Contains(buf.String(), "unparseable payload") {
 		t.Errorf("bad payload logged as %s", buf.String())
+	}
+}
+
+// One permanent marker: whoever marked the error (retry, queue or outbox), the relay
+// sees it as permanent.
+func TestPermanentIsRetryPermanent(t *testing.T) {
+	base := errors.New("HTTP 400")
+	for _, err := range []error{Permanent(base), retry.Permanent(base)} {
+		if !IsPermanent(err) || !errors.Is(err, ErrPermanent) || !retry.IsPermanent(err) || !errors.Is(err, base) {
+			t.Fatalf("%v is not permanent everywhere", err)
+		}
+	}
+	if d, ok := RetryAfterOf(retry.RetryAfter(2*time.Second, base)); !ok || d != 2*time.Second {
+		t.Fatalf("RetryAfterOf(retry.RetryAfter) = %v %v", d, ok)
 	}
 }

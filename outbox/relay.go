@@ -155,10 +155,14 @@ type Relay struct {
 	cfg    Config
 	log    *slog.Logger
 	m      *relayMetrics
+	// claim is store.Claim, or store.ClaimTopics of the sender's topics.
+	claim func(ctx context.Context, relay string, limit int, lease time.Duration) ([]Message, error)
 }
 
-// NewRelay returns a relay that drains store with sender. It returns an error when cfg
-// holds a negative or inconsistent value.
+// NewRelay returns a relay that drains store with sender. When sender is a TopicSender
+// (a *Router) that does not send every topic, the relay claims only the rows of its
+// topics, and store must be a TopicStore. It returns an error when cfg holds a negative
+// or inconsistent value, or store cannot claim by topic when it has to.
 func NewRelay(store Store, sender Sender, cfg Config) (*Relay, error) {
 	if store == nil || sender == nil {
 		return nil, errors.New("outbox relay: store and sender are required")
@@ -167,11 +171,23 @@ func NewRelay(store Store, sender Sender, cfg Config) (*Relay, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Relay{
-		store: store, sender: sender, cfg: cfg,
+	r := &Relay{
+		store: store, sender: sender, cfg: cfg, claim: store.Claim,
 		log: cfg.Logger.With("relay", cfg.Name),
-		m:   newRelayMetrics(cfg.Registerer),
-	}, nil
+	}
+	if ts, ok := sender.(TopicSender); ok {
+		if topics := ts.Topics(); !topics.All() {
+			tstore, ok := store.(TopicStore)
+			if !ok {
+				return nil, fmt.Errorf("outbox relay: the sender sends only some topics, and the store (%T) cannot claim by topic (TopicStore)", store)
+			}
+			r.claim = func(ctx context.Context, relay string, limit int, lease time.Duration) ([]Message, error) {
+				return tstore.ClaimTopics(ctx, relay, topics, limit, lease)
+			}
+		}
+	}
+	r.m = newRelayMetrics(cfg.Registerer)
+	return r, nil
 }
 
 // Name returns the relay's name, as stored in claimed_by.
@@ -254,7 +270,7 @@ func (r *Relay) Pass(ctx context.Context) (PassResult, error) {
 		return PassResult{}, err
 	}
 	claimedAt := time.Now()
-	msgs, err := r.store.Claim(ctx, r.cfg.Name, r.cfg.BatchSize, r.cfg.Lease)
+	msgs, err := r.claim(ctx, r.cfg.Name, r.cfg.BatchSize, r.cfg.Lease)
 	if err != nil {
 		return PassResult{}, fmt.Errorf("claim outbox batch: %w", err)
 	}

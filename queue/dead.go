@@ -37,6 +37,8 @@ type DeadLetter struct {
 	// not).
 	JobID  string `json:"job_id"`
 	Tenant string `json:"tenant"`
+	// Kind is the job's kind; empty for a version 1 message.
+	Kind string `json:"kind,omitempty"`
 	// Reason says why: "malformed: ...", "permanent: ..." or "exceeded N deliveries".
 	Reason string `json:"reason"`
 	// Deliveries is the entry's delivery count when it was dead-lettered.
@@ -59,11 +61,12 @@ var ErrDeadLetterNotFound = errors.New("dead letter not found")
 func (m Message) MarshalJSON() ([]byte, error) {
 	return json.Marshal(struct {
 		JobID       string          `json:"job_id"`
+		Kind        string          `json:"kind,omitempty"`
 		Tenant      string          `json:"tenant"`
 		Payload     json.RawMessage `json:"payload"`
 		EnqueuedAt  time.Time       `json:"enqueued_at"`
 		TraceParent string          `json:"traceparent,omitempty"`
-	}{m.JobID, m.Tenant, m.Payload, m.EnqueuedAt.UTC(), m.TraceParent})
+	}{m.JobID, m.Kind, m.Tenant, m.Payload, m.EnqueuedAt.UTC(), m.TraceParent})
 }
 
 // deadLetterScript moves one pending entry to the dead-letter stream.
@@ -124,7 +127,7 @@ func deadLetter(ctx context.Context, rdb redis.Scripter, keys Keys, group, consu
 			jobID = s
 			rec = append(rec, fieldJobID, s)
 		}
-		if s, _ := fields[fieldTenant].(string); validTenant(s) {
+		if s, _ := fields[fieldTenant].(string); s != "" && ValidTenant(s) {
 			tenant = s
 			rec = append(rec, fieldTenant, s)
 		}
@@ -155,6 +158,7 @@ func ParseDeadLetter(id string, fields map[string]any) DeadLetter {
 		ID:         id,
 		JobID:      str(fieldJobID),
 		Tenant:     str(fieldTenant),
+		Kind:       str(fieldKind),
 		Reason:     str(deadReason),
 		OriginalID: str(deadOriginalID),
 	}
@@ -169,8 +173,12 @@ func ParseDeadLetter(id string, fields map[string]any) DeadLetter {
 		}
 		return d
 	}
-	msgFields := make(map[string]any, len(messageFields))
-	for _, f := range messageFields {
+	msgFields := make(map[string]any, len(messageFieldsV2))
+	names := messageFieldsV1
+	if str(fieldVersion) == FormatVersion {
+		names = messageFieldsV2
+	}
+	for _, f := range names {
 		if v, ok := fields[f]; ok {
 			msgFields[f] = v
 		}

@@ -9,8 +9,9 @@ import (
 	"os"
 	"time"
 
-	"github.com/onceflow/onceflow/internal/connect"
-	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/queue"
 )
 
@@ -18,13 +19,13 @@ import (
 // handler must be idempotent: the same job may be delivered more than once.
 func Example() {
 	ctx := context.Background()
-	rdb, err := connect.Redis(os.Getenv("ONCEFLOW_REDIS_URL"))
+	rdb, err := onceflow.NewRedis(os.Getenv("ONCEFLOW_REDIS_URL")) // no hidden retries of XADD
 	if err != nil {
 		panic(err)
 	}
 	defer rdb.Close()
 	keys := queue.Keys{Prefix: fmt.Sprintf("example%d", time.Now().UnixNano()), Queue: "summaries"}
-	defer testenv.DeleteKeys(ctx, rdb, keys.Prefix)
+	defer tidy(rdb, keys.Prefix)
 
 	_, err = queue.Enqueue(ctx, rdb, keys, queue.Message{
 		JobID:   "6f1c3a8e-2b5d-5e7f-9a1b-3c4d5e6f7a8b", // a UUIDv5 of the request's idempotency scope
@@ -63,13 +64,13 @@ func Example() {
 // An operator's view of the dead-letter stream: list, then replay or purge.
 func ExampleReplay() {
 	ctx := context.Background()
-	rdb, err := connect.Redis(os.Getenv("ONCEFLOW_REDIS_URL"))
+	rdb, err := onceflow.NewRedis(os.Getenv("ONCEFLOW_REDIS_URL")) // no hidden retries of XADD
 	if err != nil {
 		panic(err)
 	}
 	defer rdb.Close()
 	keys := queue.Keys{Prefix: fmt.Sprintf("example%d", time.Now().UnixNano()), Queue: "summaries"}
-	defer testenv.DeleteKeys(ctx, rdb, keys.Prefix)
+	defer tidy(rdb, keys.Prefix)
 
 	// Dead-letter one job: its handler fails permanently.
 	jobID := "0b6f9d2e-8c1a-5f3b-a4d7-e2c9b8a7f6d5"
@@ -107,4 +108,12 @@ func ExampleReplay() {
 	// Output:
 	// 0b6f9d2e-8c1a-5f3b-a4d7-e2c9b8a7f6d5 1 permanent: 400 context_length_exceeded
 	// after replay: queued
+}
+
+// tidy removes the keys an example made under prefix.
+func tidy(rdb *redis.Client, prefix string) {
+	ctx := context.Background()
+	if keys, _ := rdb.Keys(ctx, prefix+":*").Result(); len(keys) > 0 {
+		rdb.Del(ctx, keys...)
+	}
 }

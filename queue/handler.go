@@ -2,7 +2,8 @@ package queue
 
 import (
 	"context"
-	"errors"
+
+	"github.com/onceflow/onceflow/retry"
 )
 
 // Job is one delivery of a message to a Handler.
@@ -24,7 +25,8 @@ type Job struct {
 // ErrPermanent (see Permanent) moves it to the dead-letter stream at once; an error
 // wrapping ErrUnavailable (see Unavailable) hands it back without spending a delivery;
 // any other error, or a panic, leaves it pending so that it is delivered again after
-// ClaimIdle, until MaxDeliveries. ctx is cancelled when the worker's shutdown timeout
+// ClaimIdle, until MaxDeliveries; an error from retry.RetryAfter(d, err) is delivered
+// again after d instead, when d is shorter than ClaimIdle. ctx is cancelled when the worker's shutdown timeout
 // expires.
 type Handler interface {
 	Handle(ctx context.Context, job *Job) error
@@ -38,45 +40,29 @@ func (f HandlerFunc) Handle(ctx context.Context, job *Job) error { return f(ctx,
 
 // ErrPermanent marks a handler error that no redelivery can fix (a 400 from the model, a
 // payload the handler rejects): the job is dead-lettered after this run with the reason
-// "permanent: <error>". Return it wrapped, with Permanent or fmt.Errorf("...: %w", ...).
-var ErrPermanent = errors.New("permanent job error")
+// "permanent: <error>". It is retry.ErrPermanent, the one permanent marker of onceflow:
+// retry.Permanent, outbox.Permanent and Permanent all mark errors with it. Return it
+// wrapped, with Permanent or fmt.Errorf("...: %w", ...).
+var ErrPermanent = retry.ErrPermanent
 
-// Permanent returns err marked as permanent: errors.Is(result, ErrPermanent) and
-// errors.Is(result, err) both hold, and its message is err's. Permanent(nil) is nil.
-func Permanent(err error) error {
-	if err == nil {
-		return nil
-	}
-	return &permanentError{err}
-}
-
-type permanentError struct{ err error }
-
-func (e *permanentError) Error() string   { return e.err.Error() }
-func (e *permanentError) Unwrap() []error { return []error{ErrPermanent, e.err} }
+// Permanent returns err marked as permanent (retry.Permanent): errors.Is(result,
+// ErrPermanent) and errors.Is(result, err) both hold, and its message is err's.
+// Permanent(nil) is nil.
+func Permanent(err error) error { return retry.Permanent(err) }
 
 // ErrUnavailable marks a handler error that says a dependency the job needs is down (a
 // provider's quota is exhausted, its circuit breaker is open), not that the job
 // failed: the entry is handed back pending with its delivery count as it was before
 // this delivery, so the run spends none of the job's MaxDeliveries, and it is delivered
-// again after ClaimIdle. Return it wrapped, with Unavailable. A worker with a Gate takes
-// no new work while the dependency is down, so handed-back jobs wait rather than spin.
-var ErrUnavailable = errors.New("dependency unavailable")
+// again after ClaimIdle. It is retry.ErrUnavailable, which an open breaker's error
+// matches too. Return it wrapped, with Unavailable. A worker with a Gate takes no new
+// work while the dependency is down, so handed-back jobs wait rather than spin.
+var ErrUnavailable = retry.ErrUnavailable
 
-// Unavailable returns err marked as a dependency's failure rather than the job's:
-// errors.Is(result, ErrUnavailable) and errors.Is(result, err) both hold, and its
-// message is err's. Unavailable(nil) is nil.
-func Unavailable(err error) error {
-	if err == nil {
-		return nil
-	}
-	return &unavailableError{err}
-}
-
-type unavailableError struct{ err error }
-
-func (e *unavailableError) Error() string   { return e.err.Error() }
-func (e *unavailableError) Unwrap() []error { return []error{ErrUnavailable, e.err} }
+// Unavailable returns err marked as a dependency's failure rather than the job's
+// (retry.Unavailable): errors.Is(result, ErrUnavailable) and errors.Is(result, err) both
+// hold, and its message is err's. Unavailable(nil) is nil.
+func Unavailable(err error) error { return retry.Unavailable(err) }
 
 // Gate holds a Worker back from new work while a dependency its handler needs is down;
 // *breaker.Breaker implements it.

@@ -190,29 +190,48 @@ end
 return {lost, deleted}
 `)
 
-// handBackScript sets the delivery count of an entry the caller still owns.
+// settleScript changes the delivery count or the idle time of an entry the caller still
+// owns, without counting a delivery.
 //
 //	KEYS[1]  the stream
 //	ARGV[1]  consumer group
 //	ARGV[2]  consumer (the caller)
 //	ARGV[3]  entry id
-//	ARGV[4]  the delivery count to set
+//	ARGV[4]  the delivery count to set, or "" to keep it
+//	ARGV[5]  the idle time to set, in milliseconds (0: reclaimable after the full claim
+//	         idle time; ClaimIdle - d: reclaimable d from now)
 //
-// Returns 1 when set, 0 when the entry is no longer pending to ARGV[2]. XCLAIM with
-// RETRYCOUNT sets the counter (and resets the idle time, so the entry is reclaimed after
-// ClaimIdle); JUSTID keeps it from counting as a delivery. Invariant: as renewScript,
-// only the current owner's entry is touched.
-var handBackScript = redis.NewScript(`
+// Returns 1 when done, 0 when the entry is no longer pending to ARGV[2]. XCLAIM with
+// JUSTID does not count as a delivery; RETRYCOUNT sets the counter; IDLE sets the idle
+// time. Invariant: as renewScript, only the current owner's entry is touched.
+var settleScript = redis.NewScript(`
 if #redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1, ARGV[2]) == 0 then return 0 end
-redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[3], 'RETRYCOUNT', ARGV[4], 'JUSTID')
+local args = {KEYS[1], ARGV[1], ARGV[2], 0, ARGV[3], 'IDLE', ARGV[5]}
+if ARGV[4] ~= '' then
+  args[#args + 1] = 'RETRYCOUNT'
+  args[#args + 1] = ARGV[4]
+end
+args[#args + 1] = 'JUSTID'
+redis.call('XCLAIM', unpack(args))
 return 1
 `)
 
-// handBack runs handBackScript for entry id, setting its delivery count to count.
+// handBack runs settleScript for entry id, setting its delivery count to count and its
+// idle time to zero (reclaimable after ClaimIdle).
 func handBack(ctx context.Context, rdb redis.Scripter, keys Keys, group, consumer, id string, count int64) (bool, error) {
-	n, err := handBackScript.Run(ctx, rdb, []string{keys.Stream()}, group, consumer, id, max(count, 0)).Int()
+	n, err := settleScript.Run(ctx, rdb, []string{keys.Stream()}, group, consumer, id, max(count, 0), 0).Int()
 	if err != nil {
 		return false, fmt.Errorf("hand back %s: %w", id, err)
+	}
+	return n == 1, nil
+}
+
+// setIdle runs settleScript for entry id, keeping its delivery count and setting its
+// idle time to idle.
+func setIdle(ctx context.Context, rdb redis.Scripter, keys Keys, group, consumer, id string, idle time.Duration) (bool, error) {
+	n, err := settleScript.Run(ctx, rdb, []string{keys.Stream()}, group, consumer, id, "", max(idle.Milliseconds(), 0)).Int()
+	if err != nil {
+		return false, fmt.Errorf("set idle time of %s: %w", id, err)
 	}
 	return n == 1, nil
 }

@@ -5,35 +5,64 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 )
 
-// Wire format, version 1: a stream entry has exactly these fields, in this order.
+// The wire format: a stream entry has exactly the fields of its version, in this order.
+// Version 2 (written for every message with a Kind) adds "kind" after "job_id", allows
+// any printable job id and an empty tenant; version 1 (written for a message without a
+// Kind, and what every release before kinds wrote) is still read, so entries already in a
+// stream are processed after an upgrade.
 const (
 	fieldVersion     = "v"
 	fieldJobID       = "job_id"
+	fieldKind        = "kind"
 	fieldTenant      = "tenant"
 	fieldPayload     = "payload"
 	fieldEnqueuedAt  = "enqueued_at"
 	fieldTraceParent = "traceparent"
 
-	// FormatVersion is the value of the "v" field this package writes and accepts.
-	FormatVersion = "1"
+	// FormatVersion is the version this package writes for a message with a Kind.
+	FormatVersion = "2"
+	// FormatVersion1 is the version of a message without a Kind, which this package
+	// writes for such messages and reads for ever.
+	FormatVersion1 = "1"
 )
 
-var messageFields = []string{fieldVersion, fieldJobID, fieldTenant, fieldPayload, fieldEnqueuedAt, fieldTraceParent}
+var (
+	messageFieldsV1 = []string{fieldVersion, fieldJobID, fieldTenant, fieldPayload, fieldEnqueuedAt, fieldTraceParent}
+	messageFieldsV2 = []string{fieldVersion, fieldJobID, fieldKind, fieldTenant, fieldPayload, fieldEnqueuedAt, fieldTraceParent}
+)
 
-// Message is one job as it travels through the stream (format version 1).
+// Limits of the wire format.
+const (
+	// MaxJobIDLen is the longest job id, in bytes.
+	MaxJobIDLen = 200
+	// MaxKindLen is the longest kind name, in bytes.
+	MaxKindLen = 64
+	// MaxTenantLen is the longest tenant name, in bytes.
+	MaxTenantLen = 64
+)
+
+// Message is one job as it travels through the stream.
 type Message struct {
-	// JobID identifies the job; field "job_id". It is a UUID in canonical lower-case form
-	// that the caller derives from the request (for example a UUIDv5 of the idempotency
-	// scope), never a random one: two deliveries of one job, or two enqueues of one
+	// JobID identifies the job; field "job_id". Version 2: 1 to MaxJobIDLen bytes of
+	// printable ASCII without spaces, not shaped like a stream entry id (digits, a dash,
+	// digits). Version 1 (no Kind): a UUID in canonical lower-case form. The caller
+	// derives it from the request (for example a UUIDv5 of the idempotency scope),
+	// never at random per attempt: two deliveries of one job, or two enqueues of one
 	// request, carry the same id, which is what makes handlers' deduplication work.
 	JobID string
-	// Tenant owns the job; field "tenant". 1 to 64 characters of A-Z a-z 0-9 . _ -.
+	// Kind names the job's type, which routes it to its handler; field "kind" (version 2
+	// only). 1 to MaxKindLen bytes of a-z 0-9 . _ - and :, starting with a letter or a
+	// digit. Empty for a version 1 message: the queue's default kind handles it.
+	Kind string
+	// Tenant owns the job; field "tenant". Up to MaxTenantLen characters of A-Z a-z 0-9
+	// . _ -; it may be empty in version 2 (a job no tenant owns), not in version 1.
 	Tenant string
 	// Payload is the job's input; field "payload". It must be a JSON object.
 	Payload json.RawMessage
@@ -48,13 +77,25 @@ type Message struct {
 // malformed entry at once, with the reason "malformed: <what was wrong>".
 var ErrMalformed = errors.New("malformed message")
 
-// Values returns the XADD field/value list of m, the complete wire format: v, job_id,
-// tenant, payload, enqueued_at, traceparent, in that order, every value a string.
-// Anything that XADDs a job (including a Lua script) must write exactly this list.
+// Values returns the XADD field/value list of m, the complete wire format, every value a
+// string: v, job_id, kind, tenant, payload, enqueued_at, traceparent (version 2), or
+// without kind (version 1) when m has no Kind. Anything that XADDs a job (including a
+// Lua script) must write exactly this list.
 func (m Message) Values() []any {
+	if m.Kind == "" {
+		return []any{
+			fieldVersion, FormatVersion1,
+			fieldJobID, m.JobID,
+			fieldTenant, m.Tenant,
+			fieldPayload, string(m.Payload),
+			fieldEnqueuedAt, strconv.FormatInt(m.EnqueuedAt.UnixMilli(), 10),
+			fieldTraceParent, m.TraceParent,
+		}
+	}
 	return []any{
 		fieldVersion, FormatVersion,
 		fieldJobID, m.JobID,
+		fieldKind, m.Kind,
 		fieldTenant, m.Tenant,
 		fieldPayload, string(m.Payload),
 		fieldEnqueuedAt, strconv.FormatInt(m.EnqueuedAt.UnixMilli(), 10),
@@ -65,11 +106,18 @@ func (m Message) Values() []any {
 // Validate reports the first reason m cannot be enqueued, as an error wrapping
 // ErrMalformed: the same checks ParseMessage applies to what it reads back.
 func (m Message) Validate() error {
+	v1 := m.Kind == ""
 	switch {
+	case v1 && !IsUUID(m.JobID):
+		return malformedf("job_id %q is not a canonical lower-case UUID (a message without a kind)", clip(m.JobID))
 	case !ValidJobID(m.JobID):
-		return malformedf("job_id %q is not a canonical lower-case UUID", clip(m.JobID))
-	case !validTenant(m.Tenant):
-		return malformedf("tenant %q is not 1-64 characters of A-Z a-z 0-9 . _ -", clip(m.Tenant))
+		return malformedf("job_id %q is not 1-%d printable ASCII characters without spaces (and not shaped like a stream entry id)", clip(m.JobID), MaxJobIDLen)
+	case !v1 && !ValidKind(m.Kind):
+		return malformedf("kind %q is not 1-%d characters of a-z 0-9 . _ - : starting with a letter or digit", clip(m.Kind), MaxKindLen)
+	case v1 && m.Tenant == "":
+		return malformedf("tenant is empty (a message without a kind needs one)")
+	case !ValidTenant(m.Tenant):
+		return malformedf("tenant %q is not up to %d characters of A-Z a-z 0-9 . _ -", clip(m.Tenant), MaxTenantLen)
 	case m.EnqueuedAt.UnixMilli() <= 0:
 		return malformedf("enqueued_at %d is not a positive Unix millisecond time", m.EnqueuedAt.UnixMilli())
 	}
@@ -83,54 +131,65 @@ func (m Message) Validate() error {
 }
 
 // ParseMessage decodes the fields of one stream entry (as go-redis returns them: string
-// values). It is strict: every field of the format must be present with a string value,
-// no other field may be, "v" must be FormatVersion and each value must be valid (see
-// Message). Its errors wrap ErrMalformed and say what was wrong.
+// values), in either version. It is strict: "v" must be FormatVersion or
+// FormatVersion1, every field of that version must be present with a string value, no
+// other field may be, and each value must be valid (see Message; a version 2 message
+// must have a Kind). Its errors wrap ErrMalformed and say what was wrong.
 func ParseMessage(fields map[string]any) (Message, error) {
-	var vals [6]string // in messageFields order
-	for i, f := range messageFields {
+	ver, ok := fields[fieldVersion]
+	if !ok {
+		return Message{}, malformedf("missing field %q", fieldVersion)
+	}
+	vs, ok := ver.(string)
+	if !ok {
+		return Message{}, malformedf("field %q is a %T, not a string", fieldVersion, ver)
+	}
+	var names []string
+	switch vs {
+	case FormatVersion:
+		names = messageFieldsV2
+	case FormatVersion1:
+		names = messageFieldsV1
+	default:
+		return Message{}, malformedf("unknown version %q", clip(vs))
+	}
+	vals := make(map[string]string, len(names))
+	for _, f := range names[1:] {
 		v, ok := fields[f]
 		if !ok {
-			if i == 0 {
-				return Message{}, malformedf("missing field %q", f)
-			}
-			continue // reported below, after the version check
+			return Message{}, malformedf("missing field %q", f)
 		}
 		s, ok := v.(string)
 		if !ok {
 			return Message{}, malformedf("field %q is a %T, not a string", f, v)
 		}
-		vals[i] = s
-		if i == 0 && s != FormatVersion {
-			return Message{}, malformedf("unknown version %q", clip(s))
-		}
+		vals[f] = s
 	}
-	for _, f := range messageFields[1:] {
-		if _, ok := fields[f]; !ok {
-			return Message{}, malformedf("missing field %q", f)
-		}
-	}
-	if len(fields) != len(messageFields) {
+	if len(fields) != len(names) {
 		var extra []string
 		for k := range fields {
-			if !slices.Contains(messageFields, k) {
+			if !slices.Contains(names, k) {
 				extra = append(extra, clip(k))
 			}
 		}
 		slices.Sort(extra)
 		return Message{}, malformedf("unknown field(s) %s", strings.Join(extra, ", "))
 	}
-	at := vals[4]
+	at := vals[fieldEnqueuedAt]
 	ms, err := strconv.ParseInt(at, 10, 64)
 	if err != nil || ms <= 0 || at[0] == '0' || at[0] == '+' {
 		return Message{}, malformedf("enqueued_at %q is not a positive Unix millisecond time", clip(at))
 	}
 	m := Message{
-		JobID:       vals[1],
-		Tenant:      vals[2],
-		Payload:     json.RawMessage(vals[3]),
+		JobID:       vals[fieldJobID],
+		Kind:        vals[fieldKind],
+		Tenant:      vals[fieldTenant],
+		Payload:     json.RawMessage(vals[fieldPayload]),
 		EnqueuedAt:  time.UnixMilli(ms),
-		TraceParent: vals[5],
+		TraceParent: vals[fieldTraceParent],
+	}
+	if vs == FormatVersion && m.Kind == "" {
+		return Message{}, malformedf("kind is empty")
 	}
 	if err := m.Validate(); err != nil {
 		return Message{}, err
@@ -138,9 +197,45 @@ func ParseMessage(fields map[string]any) (Message, error) {
 	return m, nil
 }
 
-// ValidJobID reports whether id is a UUID in canonical lower-case form
-// (xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx), the only form a job id takes.
+// streamIDShape matches what a stream entry id looks like, which no job id may.
+var streamIDShape = regexp.MustCompile(`^[0-9]+(-[0-9]+)?$`)
+
+// ValidJobID reports whether id can be a job id: 1 to MaxJobIDLen bytes of printable
+// ASCII without spaces (0x21 to 0x7e), not shaped like a stream entry id (digits,
+// optionally a dash and digits), so tools that take either an entry id or a job id
+// (onceflow dlq replay ID) can tell them apart. A message without a kind (version 1)
+// needs a UUID (IsUUID).
 func ValidJobID(id string) bool {
+	if len(id) == 0 || len(id) > MaxJobIDLen {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		if id[i] < 0x21 || id[i] > 0x7e {
+			return false
+		}
+	}
+	return !streamIDShape.MatchString(id)
+}
+
+// ValidKind reports whether kind can name a job kind: 1 to MaxKindLen bytes of a-z 0-9
+// . _ - and :, the first a letter or a digit.
+func ValidKind(kind string) bool {
+	if len(kind) == 0 || len(kind) > MaxKindLen {
+		return false
+	}
+	for i := 0; i < len(kind); i++ {
+		c := kind[i]
+		alnum := c >= 'a' && c <= 'z' || c >= '0' && c <= '9'
+		if !alnum && (i == 0 || c != '.' && c != '_' && c != '-' && c != ':') {
+			return false
+		}
+	}
+	return true
+}
+
+// IsUUID reports whether id is a UUID in canonical lower-case form
+// (xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx), the job id of a version 1 message.
+func IsUUID(id string) bool {
 	if len(id) != 36 {
 		return false
 	}
@@ -160,8 +255,10 @@ func ValidJobID(id string) bool {
 	return true
 }
 
-func validTenant(t string) bool {
-	if len(t) == 0 || len(t) > 64 {
+// ValidTenant reports whether t can name a tenant: up to MaxTenantLen characters of
+// A-Z a-z 0-9 . _ -, or empty (no tenant).
+func ValidTenant(t string) bool {
+	if len(t) > MaxTenantLen {
 		return false
 	}
 	for i := 0; i < len(t); i++ {

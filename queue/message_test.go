@@ -55,13 +55,14 @@ func TestParseMessageRejects(t *testing.T) {
 	}
 	cases := map[string]map[string]any{
 		`missing field "v"`:                             with("v", nil),
-		`unknown version "2"`:                           with("v", "2"),
+		`unknown version "3"`:                           with("v", "3"),
+		`missing field "kind"`:                          with("v", "2"),
 		`missing field "traceparent"`:                   with("traceparent", nil),
 		`unknown field(s) extra`:                        with("extra", "x"),
 		`field "tenant" is a int`:                       with("tenant", 7),
 		`job_id "42" is not a canonical`:                with("job_id", "42"),
 		`job_id "00000000-0000-4000-8000-00000000000A"`: with("job_id", "00000000-0000-4000-8000-00000000000A"),
-		`tenant "" is not`:                              with("tenant", ""),
+		`tenant is empty (a message without a kind`:     with("tenant", ""),
 		`tenant "a b" is not`:                           with("tenant", "a b"),
 		"payload is empty":                              with("payload", ""),
 		"payload is not valid JSON":                     with("payload", `{"a":`),
@@ -87,6 +88,44 @@ func TestParseMessageRejects(t *testing.T) {
 	_, err := ParseMessage(with("tenant", strings.Repeat("x", 10_000)))
 	if err == nil || len(err.Error()) > 300 {
 		t.Errorf("error for a huge tenant: %d characters", len(err.Error()))
+	}
+}
+
+// Version 2: a kind, any printable job id and an optional tenant; it round-trips, and
+// its own rules are enforced.
+func TestMessageVersion2(t *testing.T) {
+	t.Parallel()
+	m := Message{JobID: "ticket-42/refund", Kind: "triage.ticket", Payload: []byte(`{"n":1}`), EnqueuedAt: time.UnixMilli(1_700_000_000_000)}
+	vals := m.Values()
+	if vals[1] != FormatVersion || vals[4] != fieldKind || vals[5] != "triage.ticket" {
+		t.Fatalf("values %v", vals)
+	}
+	got, err := ParseMessage(fieldsOf(vals))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.JobID != m.JobID || got.Kind != m.Kind || got.Tenant != "" || string(got.Payload) != `{"n":1}` || !got.EnqueuedAt.Equal(m.EnqueuedAt) {
+		t.Fatalf("round trip %+v", got)
+	}
+	bad := map[string]Message{
+		"kind":          {JobID: "j", Kind: "Triage", Payload: []byte(`{}`), EnqueuedAt: m.EnqueuedAt},
+		`kind "-x"`:     {JobID: "j", Kind: "-x", Payload: []byte(`{}`), EnqueuedAt: m.EnqueuedAt},
+		`job_id "a b"`:  {JobID: "a b", Kind: "k", Payload: []byte(`{}`), EnqueuedAt: m.EnqueuedAt},
+		`job_id "12-3"`: {JobID: "12-3", Kind: "k", Payload: []byte(`{}`), EnqueuedAt: m.EnqueuedAt},
+		`job_id ""`:     {JobID: "", Kind: "k", Payload: []byte(`{}`), EnqueuedAt: m.EnqueuedAt},
+		`tenant "a/b"`:  {JobID: "j", Kind: "k", Tenant: "a/b", Payload: []byte(`{}`), EnqueuedAt: m.EnqueuedAt},
+	}
+	for want, bm := range bad {
+		if err := bm.Validate(); !errors.Is(err, ErrMalformed) || !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate(%+v) = %v, want one mentioning %s", bm, err, want)
+		}
+	}
+	if ValidJobID(strings.Repeat("x", MaxJobIDLen+1)) || !ValidJobID(strings.Repeat("x", MaxJobIDLen)) {
+		t.Error("MaxJobIDLen not enforced")
+	}
+	// Version 1 (no kind) still needs a UUID and a tenant.
+	if err := (Message{JobID: "ticket-1", Tenant: "t", Payload: []byte(`{}`), EnqueuedAt: m.EnqueuedAt}).Validate(); err == nil {
+		t.Error("a message without a kind took a non-UUID job id")
 	}
 }
 
@@ -122,9 +161,13 @@ func FuzzParseMessage(f *testing.F) {
 	f.Add(v[1].(string), v[3].(string), v[5].(string), v[7].(string), v[9].(string), v[11].(string), "")
 	f.Add("1", jobID(2), "t", `{}`, "1", "", "")
 	f.Add("2", "x", "", `[`, "-1", "00-", "extra")
+	f.Add("2", "job/1", "", `{}`, "1", "", "")
 	f.Add("1", jobID(3), "a.b_c-d", ` {"nested":{"a":[1,2]}} `, "99999999999999", "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-x", "")
 	f.Fuzz(func(t *testing.T, ver, id, tenant, payload, at, tp, extra string) {
 		fields := map[string]any{"v": ver, "job_id": id, "tenant": tenant, "payload": payload, "enqueued_at": at, "traceparent": tp}
+		if ver == FormatVersion {
+			fields["kind"] = "kind." + tenant
+		}
 		if extra != "" {
 			fields[extra] = "x"
 		}

@@ -19,6 +19,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/onceflow/onceflow/retry"
 )
 
 // Worker defaults; see WorkerConfig.
@@ -623,7 +625,11 @@ func (w *Worker) process(ctx context.Context, d delivery) {
 	case outcomeUnavailable:
 		w.handBack(d, err)
 	default:
-		w.log.Warn("job failed; it stays pending and is retried after ClaimIdle", "job_id", job.JobID, "tenant", job.Tenant, "entry", d.id,
+		var de *retry.DelayError
+		if errors.As(err, &de) && de.Delay < w.cfg.ClaimIdle {
+			w.runAgainAfter(d, de.Delay)
+		}
+		w.log.Warn("job failed; it stays pending and is retried after ClaimIdle (or the delay it asked for)", "job_id", job.JobID, "tenant", job.Tenant, "entry", d.id,
 			"deliveries", d.deliveries, "max_deliveries", w.cfg.MaxDeliveries, "err", err)
 	}
 }
@@ -691,6 +697,18 @@ func (w *Worker) handBack(d delivery, cause error) {
 		w.m.handedBack.Inc()
 		w.log.Warn("a dependency is down: job handed back without spending a delivery", append(job, "entry", d.id,
 			"deliveries", d.deliveries-1, "err", cause)...)
+	}
+}
+
+// runAgainAfter makes d reclaimable after delay (shorter than ClaimIdle) instead of
+// after ClaimIdle, by setting its idle time to ClaimIdle - delay. On a Redis error the
+// entry is reclaimed after ClaimIdle, as after any failure.
+func (w *Worker) runAgainAfter(d delivery, delay time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := setIdle(ctx, w.rdb, w.keys, w.cfg.Group, w.cfg.Consumer, d.id, w.cfg.ClaimIdle-delay); err != nil {
+		w.m.redisError("hand_back")
+		w.log.Warn("could not shorten the wait before a retry; the job is retried after ClaimIdle", append(refOf(d.fields).attrs(), "entry", d.id, "err", err)...)
 	}
 }
 

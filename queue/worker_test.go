@@ -197,7 +197,7 @@ func TestMalformedMessagesDeadLetteredWithReason(t *testing.T) {
 	cases := map[string][]any{
 		`missing field "job_id"`:       with("job_id", nil),
 		"payload is not valid JSON":    with("payload", "{not json"),
-		`unknown version "2"`:          with("v", "2"),
+		`unknown version "3"`:          with("v", "3"),
 		"unknown field(s) priority":    with("priority", "high"),
 		"payload is not a JSON object": with("payload", `["a"]`),
 	}

@@ -213,7 +213,7 @@ func classify(err error) Verdict {
 	if errors.Is(err, context.Canceled) {
 		return Verdict{Class: ClassCanceled, Reason: "context canceled"}
 	}
-	if errors.Is(err, errPermanent) {
+	if errors.Is(err, ErrPermanent) {
 		return Verdict{Class: ClassPermanent, Reason: "marked permanent"}
 	}
 	if errors.Is(err, ErrUnavailable) {
@@ -335,15 +335,19 @@ func Retryable(err error) bool { return Classify(err).Retryable }
 
 // Transient reports whether a later delivery may succeed where this one failed: a
 // retryable error (including one that outlived MaxAttempts), the delivery deadline,
-// cancellation (shutdown), an exhausted quota or an unavailable dependency. A job
+// cancellation (shutdown), an exhausted quota, an unavailable dependency, or an explicit
+// request to run again later (RetryAfter), unless it is marked Permanent. A job
 // handler leaves such a message for redelivery and dead-letters everything else. A nil
 // err is not transient.
 func Transient(err error) bool {
 	if err == nil {
 		return false
 	}
+	var de *DelayError
 	switch v := Classify(err); {
-	case v.Retryable:
+	case v.Class == ClassPermanent:
+		return false
+	case v.Retryable, errors.As(err, &de): // an explicit "run again after D" is transient
 		return true
 	case v.Class == ClassDeadline, v.Class == ClassCanceled, v.Class == ClassQuota, v.Class == ClassUnavailable:
 		return true

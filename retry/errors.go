@@ -18,13 +18,19 @@ var (
 	// Classify gives them ClassUnavailable: not retried in-process, but Transient.
 	ErrUnavailable = errors.New("dependency unavailable")
 
-	// errPermanent marks errors wrapped by Permanent.
-	errPermanent = errors.New("permanent")
+	// ErrPermanent is matched by every error marked with Permanent: a failure no retry
+	// can fix. It is the one permanent marker of onceflow: Classify reports it as
+	// ClassPermanent and Do stops; a queue handler that returns it is dead-lettered at
+	// once (queue.ErrPermanent is this value); an outbox sender that returns it
+	// exhausts its row (outbox.ErrPermanent is this value).
+	ErrPermanent = errors.New("permanent")
 )
 
 // Permanent marks err as not retryable, whatever its kind: Classify returns a permanent
-// ClassPermanent verdict and Do returns it after one attempt. The result unwraps to err,
-// so errors.Is and errors.As still find what err holds. Permanent(nil) is nil.
+// ClassPermanent verdict, Do returns it after one attempt, a queue worker dead-letters
+// the job and an outbox relay exhausts the row. The result matches ErrPermanent, its
+// message is err's, and it unwraps to err, so errors.Is and errors.As still find what err
+// holds. Permanent(nil) is nil.
 func Permanent(err error) error {
 	if err == nil {
 		return nil
@@ -32,14 +38,65 @@ func Permanent(err error) error {
 	return &permanentError{err}
 }
 
-// IsPermanent reports whether err was marked with Permanent.
-func IsPermanent(err error) bool { return errors.Is(err, errPermanent) }
+// IsPermanent reports whether err was marked with Permanent (errors.Is(err,
+// ErrPermanent)).
+func IsPermanent(err error) bool { return errors.Is(err, ErrPermanent) }
 
 type permanentError struct{ err error }
 
 func (p *permanentError) Error() string        { return p.err.Error() }
 func (p *permanentError) Unwrap() error        { return p.err }
-func (p *permanentError) Is(target error) bool { return target == errPermanent }
+func (p *permanentError) Is(target error) bool { return target == ErrPermanent }
+
+// Unavailable marks err as an outage of a dependency rather than a failure of the work
+// (see ErrUnavailable): the result matches ErrUnavailable, its message is err's, and it
+// unwraps to err. A queue worker hands such a job back without spending a delivery.
+// Unavailable(nil) is nil.
+func Unavailable(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &unavailableError{err}
+}
+
+type unavailableError struct{ err error }
+
+func (u *unavailableError) Error() string        { return u.err.Error() }
+func (u *unavailableError) Unwrap() error        { return u.err }
+func (u *unavailableError) Is(target error) bool { return target == ErrUnavailable }
+
+// DelayError asks for the work to run again after Delay: a job handler returns it (with
+// RetryAfter) when it knows when a retry can succeed (a provider's reset time, a
+// downstream's maintenance window). It implements RetryAfterer, so Classify carries the
+// delay, and unwraps to Err, whose class decides everything else.
+type DelayError struct {
+	// Delay is how long to wait before the next run; never negative.
+	Delay time.Duration
+	// Err is the failure; never nil.
+	Err error
+}
+
+// RetryAfter returns err with the request to run again after d (a *DelayError). A
+// negative d counts as zero; a nil err becomes "retry requested". Within retry.Do the
+// delay is honoured as a Retry-After (when err is retryable); a queue worker reclaims
+// the job after d rather than after its claim idle time, at most that (docs/queue.md).
+func RetryAfter(d time.Duration, err error) error {
+	if err == nil {
+		err = errors.New("retry requested")
+	}
+	return &DelayError{Delay: max(d, 0), Err: err}
+}
+
+// Error is Err's message and the delay.
+func (e *DelayError) Error() string {
+	return fmt.Sprintf("%v (run again after %v)", e.Err, e.Delay)
+}
+
+// Unwrap returns Err.
+func (e *DelayError) Unwrap() error { return e.Err }
+
+// RetryAfter implements RetryAfterer.
+func (e *DelayError) RetryAfter() (time.Duration, bool) { return e.Delay, true }
 
 // DeadlineExceededError reports that the delivery's Deadline left less than one useful
 // attempt (Policy.MinAttempt), before an attempt or before a sleep, or that the

@@ -190,7 +190,7 @@ func anyInChain(err error, f func(error) bool) bool {
 // marked Permanent, are false. The llm_calls ledger (llm/ledger.IsAmbiguous) counts
 // such failures as clear, not ambiguous. It is safe for concurrent use.
 func NotProcessed(err error) bool {
-	if err == nil || errors.Is(err, errPermanent) {
+	if err == nil || errors.Is(err, ErrPermanent) {
 		return false
 	}
 	var hs HTTPStatuser

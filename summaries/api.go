@@ -184,7 +184,7 @@ type status struct {
 func (a *API) get(w http.ResponseWriter, r *http.Request) {
 	tenant, _ := httpapi.TenantFrom(r.Context())
 	id := r.PathValue("job_id")
-	if !queue.ValidJobID(id) {
+	if !queue.IsUUID(id) {
 		httpapi.WriteError(w, http.StatusNotFound, "no such job")
 		return
 	}

@@ -105,7 +105,7 @@ func Audit(ctx context.Context, cfg AuditConfig) (*Report, error) {
 			return nil, fmt.Errorf("audit: %w", err)
 		}
 		for _, d := range page {
-			if queue.ValidJobID(d.JobID) {
+			if queue.IsUUID(d.JobID) {
 				deadJobs = append(deadJobs, d.JobID)
 			}
 		}

@@ -13,8 +13,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/config"
-	"github.com/onceflow/onceflow/internal/connect"
 	"github.com/onceflow/onceflow/queue"
 )
 
@@ -54,7 +54,7 @@ func runDLQ(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	rdb, err := connect.Redis(cfg.RedisURL)
+	rdb, err := onceflow.NewRedis(cfg.RedisURL)
 	if err != nil {
 		return err
 	}
@@ -87,7 +87,7 @@ func runDLQ(ctx context.Context, e *env, args []string) error {
 	case !*all && len(pos) != 1:
 		return usageErrorf("dlq %s: give one ID (a dead-letter entry id or a job id) or --all", sub)
 	case !*all && !streamID.MatchString(pos[0]) && !queue.ValidJobID(pos[0]):
-		return usageErrorf("dlq %s: %q is neither a dead-letter entry id (1700000000000-0) nor a job id (a lower-case UUID)", sub, pos[0])
+		return usageErrorf("dlq %s: %q is neither a dead-letter entry id (1700000000000-0) nor a job id (printable ASCII without spaces)", sub, pos[0])
 	}
 	targets, err := dlqTargets(ctx, rdb, keys, pos, *all)
 	if err != nil {

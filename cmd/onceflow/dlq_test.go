@@ -153,7 +153,7 @@ func TestDLQUsageErrors(t *testing.T) {
 	t.Parallel()
 	env, _, _ := workEnv(t)
 	for _, args := range [][]string{
-		{}, {"frob"}, {"replay"}, {"purge", "1-1", "--all"}, {"replay", "not-an-id"}, {"list", "1-1"}, {"replay", "1-1", "2-2"},
+		{}, {"frob"}, {"replay"}, {"purge", "1-1", "--all"}, {"replay", "not an id"}, {"list", "1-1"}, {"replay", "1-1", "2-2"},
 	} {
 		if code, _, errOut := dlq(t, env, args...); code != 2 {
 			t.Errorf("dlq %v: exit %d, want 2; %s", args, code, errOut)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"time"
@@ -29,7 +30,14 @@ func runFakeLLM(ctx context.Context, e *env, args []string) error {
 	honour := fs.Bool("honour-idempotency", false, "replay the first answer to a repeated Idempotency-Key")
 	seed := fs.Uint64("seed", 0, "seed of faults, ids and samples (0: random)")
 	toolIDs := fs.String("tool-call-ids", fakeserver.ToolCallIDsRandom, "tool-call ids for a repeated request: stable or random")
+	tool := fs.String("tool", "", "when a request declares tool NAME, answer with a call to it (default: the first tool)")
+	toolArgs := fs.String("tool-args", "", "the arguments of the --tool call, a JSON object (default: derived from the tool's schema)")
+	noTools := fs.Bool("no-tool-calls", false, "answer requests that declare tools in text, as when the model needs none")
 	cfg, log, err := load(e, fs, config.Register(fs), args)
+	if err != nil {
+		return err
+	}
+	chooser, err := toolChooser(*tool, *toolArgs, *noTools)
 	if err != nil {
 		return err
 	}
@@ -42,7 +50,7 @@ func runFakeLLM(ctx context.Context, e *env, args []string) error {
 	}
 	srv, err := fakeserver.New(fakeserver.Config{
 		Latency: *latency, Fail429: *fail429, Fail503: *fail503, FailQuota: *failQuota, Hang: *hang, Drip: *drip, DropStream: *drop,
-		RetryAfter: ra, MaxInputChars: *maxInput, HonourIdempotency: *honour, ToolCallIDs: *toolIDs, Seed: *seed, Logger: log,
+		RetryAfter: ra, MaxInputChars: *maxInput, HonourIdempotency: *honour, ToolCallIDs: *toolIDs, ToolChoice: chooser, Seed: *seed, Logger: log,
 	})
 	if err != nil {
 		return usageErrorf("fake-llm: %v", err)
@@ -54,11 +62,36 @@ func runFakeLLM(ctx context.Context, e *env, args []string) error {
 	ready := func(a net.Addr) {
 		log.InfoContext(ctx, "fake-llm listening", "addr", a.String(), "base_url", fmt.Sprintf("http://%s/v1", a),
 			"fail_429", *fail429, "retry_after_s", *retryAfter, "fail_503", *fail503, "fail_quota", *failQuota, "hang", *hang,
-			"drip", *drip, "drop_stream", *drop, "max_input_chars", *maxInput, "honour_idempotency", *honour, "tool_call_ids", *toolIDs)
+			"drip", *drip, "drop_stream", *drop, "max_input_chars", *maxInput, "honour_idempotency", *honour, "tool_call_ids", *toolIDs,
+			"tool", *tool, "no_tool_calls", *noTools)
 	}
 	if err := httpapi.Serve(ctx, *addr, srv, serveConfig(cfg, log, ready)); err != nil {
 		return fmt.Errorf("fake-llm: %w", err)
 	}
 	log.InfoContext(ctx, "fake-llm stopped")
 	return nil
+}
+
+// toolChooser is the fakeserver.ToolChooser of the --tool, --tool-args and
+// --no-tool-calls flags: nil (the first tool) when none is given.
+func toolChooser(tool, args string, none bool) (fakeserver.ToolChooser, error) {
+	switch {
+	case none && (tool != "" || args != ""):
+		return nil, usageErrorf("--no-tool-calls excludes --tool and --tool-args")
+	case none:
+		return fakeserver.NoToolCalls, nil
+	case args != "" && tool == "":
+		return nil, usageErrorf("--tool-args needs --tool")
+	case tool == "":
+		return nil, nil
+	}
+	var raw json.RawMessage
+	if args != "" {
+		var obj map[string]json.RawMessage
+		if err := json.Unmarshal([]byte(args), &obj); err != nil || obj == nil {
+			return nil, usageErrorf("--tool-args %q: not a JSON object", args)
+		}
+		raw = json.RawMessage(args)
+	}
+	return fakeserver.CallTool(tool, raw), nil
 }

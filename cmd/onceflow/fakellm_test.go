@@ -13,6 +13,7 @@ import (
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/llm/fakeserver"
+	"github.com/onceflow/onceflow/llm/openai"
 )
 
 // startFakeLLM runs `onceflow fake-llm` on a free port and returns it and its /v1 URL.
@@ -88,10 +89,46 @@ func TestFakeLLMCommandShutsDownWhileARequestHangs(t *testing.T) {
 
 func TestFakeLLMCommandRejectsBadFlags(t *testing.T) {
 	t.Parallel()
-	for _, args := range [][]string{{"--hang", "2"}, {"--tool-call-ids", "sometimes"}, {"--retry-after", "-1"}, {"--fail-429", "x"}} {
+	for _, args := range [][]string{{"--hang", "2"}, {"--tool-call-ids", "sometimes"}, {"--retry-after", "-1"}, {"--fail-429", "x"},
+		{"--tool-args", `{"a":1}`}, {"--tool", "x", "--tool-args", "[1]"}, {"--tool", "x", "--no-tool-calls"}} {
 		p := testenv.Start(t, testenv.Binary(t), nil, append([]string{"fake-llm", "--addr", "127.0.0.1:0"}, args...)...)
 		if code := p.Wait(10 * time.Second); code != 2 {
 			t.Errorf("%v: exit %d, want 2; stderr:\n%s", args, code, p.Stderr())
+		}
+	}
+}
+
+// --tool and --tool-args make the answer a call to that tool with those arguments;
+// --no-tool-calls makes it text although the request declares tools.
+func TestFakeLLMCommandCallsTheToolItIsTold(t *testing.T) {
+	t.Parallel()
+	const tools = `,"tools":[{"type":"function","function":{"name":"lookup_order"}},{"type":"function","function":{"name":"issue_refund"}}]}`
+	body := strings.TrimSuffix(chatRequest, "}") + tools
+	for _, tc := range []struct {
+		args     []string
+		wantTool string
+		wantArgs string
+	}{
+		{[]string{"--tool", "issue_refund", "--tool-args", `{"order_id": "A-17", "amount_cents": 1299}`}, "issue_refund", `{"order_id":"A-17","amount_cents":1299}`},
+		{[]string{"--no-tool-calls"}, "", ""},
+		{nil, "lookup_order", "{}"},
+	} {
+		_, base := startFakeLLM(t, tc.args...)
+		resp, err := http.Post(base+"/chat/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		got, err := openai.DecodeCompletion(b)
+		if err != nil {
+			t.Fatalf("%v: %v: %s", tc.args, err, b)
+		}
+		switch {
+		case tc.wantTool == "" && (len(got.ToolCalls) != 0 || got.Content == ""):
+			t.Fatalf("%v: %s, want a text answer", tc.args, b)
+		case tc.wantTool != "" && (len(got.ToolCalls) != 1 || got.ToolCalls[0].Name != tc.wantTool || got.ToolCalls[0].Arguments != tc.wantArgs):
+			t.Fatalf("%v: %s, want %s(%s)", tc.args, b, tc.wantTool, tc.wantArgs)
 		}
 	}
 }

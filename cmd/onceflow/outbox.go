@@ -10,8 +10,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/config"
-	"github.com/onceflow/onceflow/internal/connect"
 	"github.com/onceflow/onceflow/outbox/pgoutbox"
 )
 
@@ -51,7 +51,7 @@ func outboxList(ctx context.Context, e *env, args []string) error {
 	if *limit < 1 {
 		return usageErrorf("--limit must be at least 1")
 	}
-	pool, err := connect.Postgres(ctx, cfg.DatabaseURL, nil)
+	pool, err := onceflow.NewPostgres(ctx, cfg.DatabaseURL)
 	if err != nil {
 		return err
 	}
@@ -95,7 +95,7 @@ func outboxRetry(ctx context.Context, e *env, args []string) error {
 		}
 		ids = append(ids, id)
 	}
-	pool, err := connect.Postgres(ctx, cfg.DatabaseURL, nil)
+	pool, err := onceflow.NewPostgres(ctx, cfg.DatabaseURL)
 	if err != nil {
 		return err
 	}

@@ -12,19 +12,19 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/breaker"
 	"github.com/onceflow/onceflow/config"
 	"github.com/onceflow/onceflow/idempotency"
 	"github.com/onceflow/onceflow/idempotency/redisstore"
-	"github.com/onceflow/onceflow/internal/connect"
 	"github.com/onceflow/onceflow/internal/httpapi"
-	"github.com/onceflow/onceflow/internal/tracing"
 	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/llm/anthropic"
 	"github.com/onceflow/onceflow/llm/fake"
 	"github.com/onceflow/onceflow/llm/ledger"
 	"github.com/onceflow/onceflow/llm/llmmetrics"
 	"github.com/onceflow/onceflow/llm/openai"
+	"github.com/onceflow/onceflow/onceflowotel"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/outbox/pgoutbox"
 	"github.com/onceflow/onceflow/queue"
@@ -72,14 +72,14 @@ func newRoleDeps(ctx context.Context, e *env, cfg *config.Config, log *slog.Logg
 func newDeps(ctx context.Context, cfg *config.Config, log *slog.Logger, redisToo, postgresToo bool) (*deps, error) {
 	d := &deps{cfg: cfg, log: log, reg: newRegistry()}
 	if redisToo {
-		rdb, err := connect.Redis(cfg.RedisURL)
+		rdb, err := onceflow.NewRedis(cfg.RedisURL)
 		if err != nil {
 			return nil, &config.Error{Name: "ONCEFLOW_REDIS_URL", Value: config.RedactURL(cfg.RedisURL), Err: err}
 		}
 		d.rdb = rdb
 	}
 	if postgresToo {
-		pool, err := connect.Postgres(ctx, cfg.DatabaseURL, nil)
+		pool, err := onceflow.NewPostgres(ctx, cfg.DatabaseURL)
 		if err != nil {
 			d.Close()
 			return nil, &config.Error{Name: "ONCEFLOW_DATABASE_URL", Value: config.RedactURL(cfg.DatabaseURL), Err: err}
@@ -221,7 +221,7 @@ func (d *deps) buildHandler() (queue.Handler, error) {
 	// Inside the ledger: llmmetrics counts and traces real calls only, not replays.
 	client = m.Instrument(d.cfg.LLM, client)
 	if d.tp != nil {
-		client = tracing.LLMClient(d.tp, d.cfg.LLM, client)
+		client = onceflowotel.LLMClient(d.tp, d.cfg.LLM, client)
 	}
 	h, err := summaries.NewHandler(summaries.HandlerConfig{
 		DB:       d.pool,
@@ -249,7 +249,7 @@ func (d *deps) traceJobs(h queue.Handler) queue.Handler {
 	if d.tp == nil {
 		return h
 	}
-	return tracing.Handler(d.tp, summaries.QueueName, h)
+	return onceflowotel.QueueHandler(d.tp, summaries.QueueName, h)
 }
 
 // traceParent returns what the API writes in a job's traceparent field: the request
@@ -258,7 +258,7 @@ func (d *deps) traceParent() func(context.Context) string {
 	if d.tp == nil {
 		return nil
 	}
-	return tracing.TraceParent
+	return onceflowotel.TraceParent
 }
 
 // newLLMClient returns the model client ONCEFLOW_LLM selects.
@@ -318,7 +318,7 @@ func (d *deps) buildRelay() (*outbox.Relay, error) {
 		return nil, err
 	}
 	if d.tp != nil {
-		sender = tracing.Sender(d.tp, sender)
+		sender = onceflowotel.Sender(d.tp, sender)
 	}
 	r, err := outbox.NewRelay(pgoutbox.New(d.pool), sender, relayConfig(d.cfg, d.log, d.reg))
 	if err != nil {

@@ -7,7 +7,7 @@ import (
 
 	"github.com/onceflow/onceflow/config"
 	"github.com/onceflow/onceflow/internal/httpapi"
-	"github.com/onceflow/onceflow/internal/tracing"
+	"github.com/onceflow/onceflow/onceflowotel"
 	"github.com/onceflow/onceflow/queue"
 )
 
@@ -54,7 +54,7 @@ func runAll(ctx context.Context, d *deps, srv *httpapi.Server, addr string, role
 	if addr != "" {
 		var h http.Handler = srv
 		if d.tp != nil {
-			h = tracing.HTTPHandler(d.tp, srv)
+			h = onceflowotel.HTTPHandler(d.tp, srv)
 		}
 		roles = append(roles, func(ctx context.Context) error {
 			return httpapi.Serve(ctx, addr, h, serveConfig(d.cfg, d.log, nil))

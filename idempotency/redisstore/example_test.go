@@ -7,16 +7,16 @@ import (
 	"os"
 	"time"
 
+	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/idempotency"
 	"github.com/onceflow/onceflow/idempotency/redisstore"
-	"github.com/onceflow/onceflow/internal/connect"
 )
 
 // Accept a job in one round trip: the first call enqueues and stores the response, a
 // retry with the same key and fingerprint replays it without enqueueing again, and the
 // same key with another request is refused.
 func ExampleStore_Accept() {
-	rdb, err := connect.Redis(os.Getenv("ONCEFLOW_REDIS_URL"))
+	rdb, err := onceflow.NewRedis(os.Getenv("ONCEFLOW_REDIS_URL"))
 	if err != nil {
 		panic(err)
 	}

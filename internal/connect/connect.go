@@ -1,5 +1,12 @@
 // Package connect opens onceflow's connections to Redis and PostgreSQL with the settings
 // every role shares. It is the only place that decides client-level timeouts and retries.
+//
+// Its functions are public as the root package's onceflow.RedisOptions, NewRedis,
+// RedisClusterOptions, NewRedisCluster, PostgresConfig and NewPostgres, which library
+// users and cmd/onceflow call. They live here, in a package that imports nothing of
+// onceflow's, because internal/testenv and the tests inside packages the root package
+// imports (queue, idempotency, outbox) open their connections with them: importing the
+// root package from there would be an import cycle.
 package connect
 
 import (
@@ -75,10 +82,54 @@ func RedisOptions(url string) (*redis.Options, error) {
 	return opt, nil
 }
 
-// Postgres returns a pgx pool for url. Like Redis it connects lazily, so a process can
-// start while PostgreSQL is down. Tracer, when not nil, observes every query (see
-// internal/roundtrip).
-func Postgres(ctx context.Context, url string, tracer pgx.QueryTracer) (*pgxpool.Pool, error) {
+// RedisClusterOptions parses a Redis Cluster URL (redis://host:port?addr=host2:port2,
+// see redis.ParseClusterURL) into go-redis cluster options with RedisOptions' defaults
+// applied, and one more: MaxRedirects -1 unless the URL says otherwise. A
+// *redis.ClusterClient runs every command in one loop of up to MaxRedirects extra
+// attempts (default 3), used both to follow MOVED and ASK redirects and to re-send a
+// command after a network error, which for XADD or a script may run it twice. With
+// -1 a redirect during resharding or failover is the caller's error to retry, like a
+// network error (the cluster state is reloaded meanwhile).
+func RedisClusterOptions(url string) (*redis.ClusterOptions, error) {
+	opt, err := redis.ParseClusterURL(url)
+	if err != nil {
+		return nil, fmt.Errorf("parse redis cluster url: %w", errors.New(strings.ReplaceAll(err.Error(), url, "...")))
+	}
+	opt.ContextTimeoutEnabled = true
+	if !strings.Contains(url, "max_retries=") {
+		opt.MaxRetries = -1
+	}
+	if !strings.Contains(url, "max_redirects=") {
+		opt.MaxRedirects = -1
+	}
+	if !strings.Contains(url, "dial_timeout=") {
+		opt.DialTimeout = DefaultRedisDialTimeout
+	}
+	if !strings.Contains(url, "read_timeout=") {
+		opt.ReadTimeout = DefaultRedisIOTimeout
+	}
+	if !strings.Contains(url, "write_timeout=") {
+		opt.WriteTimeout = DefaultRedisIOTimeout
+	}
+	opt.DialerRetries = 1
+	opt.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
+	return opt, nil
+}
+
+// RedisCluster returns a go-redis cluster client for url (see RedisClusterOptions).
+// Like Redis, it does not connect.
+func RedisCluster(url string) (*redis.ClusterClient, error) {
+	opt, err := RedisClusterOptions(url)
+	if err != nil {
+		return nil, err
+	}
+	return redis.NewClusterClient(opt), nil
+}
+
+// PostgresConfig parses url into a pgx pool configuration with onceflow's defaults: at
+// most DefaultPostgresMaxConns connections unless pool_max_conns is in the URL, and a
+// connect timeout of DefaultPostgresConnectTimeout unless connect_timeout is.
+func PostgresConfig(url string) (*pgxpool.Config, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, fmt.Errorf("parse database url: %w", err) // pgconn redacts the password
@@ -86,11 +137,22 @@ func Postgres(ctx context.Context, url string, tracer pgx.QueryTracer) (*pgxpool
 	if !strings.Contains(url, "pool_max_conns") {
 		cfg.MaxConns = DefaultPostgresMaxConns
 	}
-	if tracer != nil {
-		cfg.ConnConfig.Tracer = tracer
-	}
 	if cfg.ConnConfig.ConnectTimeout == 0 {
 		cfg.ConnConfig.ConnectTimeout = DefaultPostgresConnectTimeout
+	}
+	return cfg, nil
+}
+
+// Postgres returns a pgx pool for url (see PostgresConfig). Like Redis it connects
+// lazily, so a process can start while PostgreSQL is down. Tracer, when not nil,
+// observes every query (see internal/roundtrip).
+func Postgres(ctx context.Context, url string, tracer pgx.QueryTracer) (*pgxpool.Pool, error) {
+	cfg, err := PostgresConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	if tracer != nil {
+		cfg.ConnConfig.Tracer = tracer
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

@@ -1,20 +1,12 @@
-// Package tracing is onceflow's OpenTelemetry tracing: configuration from the standard
-// OTEL_* environment variables, the tracer provider's setup and shutdown, the W3C
-// traceparent helpers that carry a trace through the Redis stream and the outbox table,
-// and the wrappers that make one trace of a job:
-//
-//	POST /v1/summaries            server span (HTTPHandler)
-//	└─ summaries process          consumer span of each delivery (Handler), child of the
-//	   │                          POST through the stream message's traceparent field
-//	   ├─ chat <model>            client span of each model attempt (LLMClient)
-//	   └─ outbox send <topic>     the relay's send (Sender), child of the delivery span
-//	                              through the outbox row's traceparent column; the
-//	                              webhook's Traceparent header continues from it
+// Package tracing is the onceflow binary's OpenTelemetry setup: configuration from the
+// standard OTEL_* environment variables and the tracer provider's start and shutdown
+// (an OTLP/HTTP exporter behind a batch processor, the sampler the variables name).
+// The spans themselves come from the public package onceflowotel, which library users
+// import with a provider of their own; this package only builds the binary's.
 //
 // Tracing is off unless OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT
 // is set; then spans go to that collector over OTLP/HTTP. When it is off none of the
-// wrappers is installed, so it costs nothing. Span attributes never hold secrets, prompt
-// texts or Idempotency-Key values.
+// wrappers is installed, so it costs nothing.
 package tracing
 
 import (
@@ -36,9 +28,6 @@ import (
 
 	"github.com/onceflow/onceflow/config"
 )
-
-// instrumentation is the tracer name of every onceflow span.
-const instrumentation = "github.com/onceflow/onceflow"
 
 // Settings is the tracing configuration the standard variables describe.
 type Settings struct {
@@ -219,7 +208,7 @@ func Start(ctx context.Context, s Settings, version string, log *slog.Logger) (*
 	return &Tracing{provider: tp}, nil
 }
 
-// Provider returns the tracer provider to give the wrappers.
+// Provider returns the tracer provider to give onceflowotel's wrappers.
 func (t *Tracing) Provider() trace.TracerProvider { return t.provider }
 
 // Shutdown flushes the spans not yet exported and stops the exporter, within ctx.

@@ -1,14 +1,9 @@
 package tracing
 
 import (
-	"context"
 	"errors"
 	"strings"
 	"testing"
-
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	"go.opentelemetry.io/otel/sdk/trace/tracetest"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/config"
 )
@@ -78,58 +73,6 @@ func TestFromEnvNamesTheBadVariableAndHidesSecrets(t *testing.T) {
 			t.Errorf("%v: error shows the secret: %v", tc.env, err)
 		}
 	}
-}
-
-func TestTraceParentRoundTrip(t *testing.T) {
-	rec := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-	if got := TraceParent(context.Background()); got != "" {
-		t.Fatalf("TraceParent without a span = %q", got)
-	}
-	ctx, span := tp.Tracer("t").Start(context.Background(), "parent")
-	tpHeader := TraceParent(ctx)
-	want := "00-" + span.SpanContext().TraceID().String() + "-" + span.SpanContext().SpanID().String() + "-01"
-	if tpHeader != want {
-		t.Fatalf("TraceParent = %q, want %q", tpHeader, want)
-	}
-	span.End()
-
-	_, child := tp.Tracer("t").Start(WithRemoteParent(context.Background(), tpHeader), "child")
-	child.End()
-	ro := child.(sdktrace.ReadOnlySpan)
-	if ro.Parent().SpanID() != span.SpanContext().SpanID() || !ro.Parent().IsRemote() || ro.SpanContext().TraceID() != span.SpanContext().TraceID() {
-		t.Fatalf("child of a traceparent: parent %v, trace %v", ro.Parent(), ro.SpanContext().TraceID())
-	}
-	for _, bad := range []string{"", "garbage", "00-00000000000000000000000000000000-00f067aa0ba902b7-01"} {
-		_, root := tp.Tracer("t").Start(WithRemoteParent(context.Background(), bad), "root")
-		root.End()
-		if p := root.(sdktrace.ReadOnlySpan).Parent(); p.IsValid() {
-			t.Errorf("traceparent %q gave parent %v, want a new root", bad, p)
-		}
-	}
-}
-
-// A traceparent read from a stream message or an outbox row is outside input: any
-// string gives either a valid remote parent whose traceparent round-trips, or none.
-func FuzzWithRemoteParent(f *testing.F) {
-	for _, s := range []string{"", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00",
-		"ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra", "garbage"} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, s string) {
-		ctx := WithRemoteParent(context.Background(), s)
-		sc := trace.SpanContextFromContext(ctx)
-		if !sc.IsValid() {
-			return
-		}
-		if !sc.IsRemote() {
-			t.Fatalf("%q: a parent that is not remote", s)
-		}
-		again := TraceParent(ctx)
-		if sc2 := trace.SpanContextFromContext(WithRemoteParent(context.Background(), again)); !sc2.Equal(sc) {
-			t.Fatalf("%q: traceparent %q does not round-trip", s, again)
-		}
-	})
 }
 
 // FromEnv never panics, and its errors never quote a header value or a URL's password.

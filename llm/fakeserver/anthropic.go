@@ -31,6 +31,10 @@ type anRequest struct {
 		Description string          `json:"description"`
 		InputSchema json.RawMessage `json:"input_schema"`
 	} `json:"tools"`
+	ToolChoice *struct {
+		Type string `json:"type"`
+		Name string `json:"name"`
+	} `json:"tool_choice"`
 	Stream bool `json:"stream"`
 }
 
@@ -110,6 +114,28 @@ func (d anthropicDialect) parse(body []byte) (*chatRequest, *apiError) {
 			return nil, invalid("tools.%d.name: Field required", i)
 		}
 		req.Tools = append(req.Tools, llm.Tool{Name: t.Name, Description: t.Description, Parameters: t.InputSchema})
+	}
+	if tc := in.ToolChoice; tc != nil {
+		switch tc.Type {
+		case "auto":
+		case "none":
+			req.Choice.mode = choiceNone
+		case "any":
+			req.Choice.mode = choiceRequired
+		case "tool":
+			if tc.Name == "" {
+				return nil, invalid("tool_choice.name: Field required")
+			}
+			if req.declares(tc.Name) == nil {
+				return nil, invalid("tool_choice: Tool '%s' not found in provided tools", truncateStr(tc.Name, 64))
+			}
+			req.Choice = toolChoice{mode: choiceNamed, name: tc.Name}
+		default:
+			return nil, invalid("tool_choice.type: Input should be 'auto', 'any', 'tool' or 'none'")
+		}
+		if req.Choice.mode != choiceAuto && req.Choice.mode != choiceNone && len(req.Tools) == 0 {
+			return nil, invalid("tool_choice: tools must be provided when tool_choice is %s", tc.Type)
+		}
 	}
 	return req, nil
 }

@@ -3,6 +3,7 @@ package fakeserver
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -54,6 +55,79 @@ type chatRequest struct {
 	Tools        []llm.Tool
 	Stream       bool
 	IncludeUsage bool
+	// Choice is the request's tool_choice; Call the tool call the answer makes (nil:
+	// text), decided by pickTool.
+	Choice toolChoice
+	Call   *llm.ToolCall
+}
+
+// toolChoice is a request's tool_choice, in either dialect.
+type toolChoice struct {
+	mode choiceMode
+	name string // the tool of choiceNamed
+}
+
+// choiceMode is what a request's tool_choice allows.
+type choiceMode int
+
+const (
+	choiceAuto     choiceMode = iota // absent, OpenAI "auto", Anthropic {"type":"auto"}: the model decides
+	choiceNone                       // OpenAI "none", Anthropic {"type":"none"}: no tool call
+	choiceRequired                   // OpenAI "required", Anthropic {"type":"any"}: some tool call
+	choiceNamed                      // a named function or tool: a call to it
+)
+
+// declares returns the tool of req named name, or nil.
+func (r *chatRequest) declares(name string) *llm.Tool {
+	for i := range r.Tools {
+		if r.Tools[i].Name == name {
+			return &r.Tools[i]
+		}
+	}
+	return nil
+}
+
+// pickTool decides the tool call of the answer to req (req.Call): none without tools
+// or with tool_choice none; else Config.ToolChoice's pick (the first tool without
+// one), overridden by a named or required tool_choice. Arguments a ToolChooser gives
+// that are not a JSON object are a 400 naming the tool.
+func (s *Server) pickTool(req *chatRequest, d dialect) *apiError {
+	if len(req.Tools) == 0 || req.Choice.mode == choiceNone {
+		return nil
+	}
+	name, args, ok := req.Tools[0].Name, json.RawMessage(nil), true
+	if s.cfg.ToolChoice != nil {
+		name, args, ok = s.cfg.ToolChoice(&llm.Request{Model: req.Model, Messages: req.Messages, Temperature: req.Temperature,
+			MaxTokens: req.MaxTokens, Tools: req.Tools})
+	}
+	if !ok || req.declares(name) == nil {
+		name, args = "", nil
+	}
+	switch req.Choice.mode {
+	case choiceNamed:
+		if name != req.Choice.name {
+			name, args = req.Choice.name, nil
+		}
+	case choiceRequired:
+		if name == "" {
+			name = req.Tools[0].Name
+		}
+	}
+	if name == "" {
+		return nil
+	}
+	tool := req.declares(name)
+	call := &llm.ToolCall{Name: name, Arguments: fake.ToolArguments(tool.Parameters, fake.Prompt(req.Messages))}
+	if len(args) > 0 {
+		var buf bytes.Buffer
+		if err := json.Compact(&buf, args); err != nil || buf.Len() == 0 || buf.Bytes()[0] != '{' {
+			e := d.errorOf(errInvalid, fmt.Sprintf("fake-llm: the arguments configured for tool %q are not a JSON object", name), req)
+			return &e
+		}
+		call.Arguments = buf.String()
+	}
+	req.Call = call
+	return nil
 }
 
 func (r *chatRequest) inputChars() int {
@@ -177,6 +251,10 @@ func (s *Server) model(w http.ResponseWriter, r *http.Request, d dialect) {
 		d.writeError(w, d.errorOf(errContextLength, fmt.Sprintf("%d|%d", s.cfg.MaxInputChars, req.inputChars()), req))
 		return
 	}
+	if perr := s.pickTool(req, d); perr != nil {
+		d.writeError(w, *perr)
+		return
+	}
 
 	rec, replayed, alive := s.answer(ctx, req, d, key)
 	if !alive {
@@ -241,18 +319,17 @@ func (s *Server) generate(req *chatRequest, d dialect) completion {
 	if req.Temperature != nil && *req.Temperature > 0 {
 		sample = s.randAlnum(8)
 	}
-	if len(req.Tools) > 0 && s.cfg.ToolCallIDs == ToolCallIDsRandom {
+	if req.Call != nil && s.cfg.ToolCallIDs == ToolCallIDsRandom {
 		toolID = d.toolIDPrefix() + s.randAlnum(24)
 	}
 	s.mu.Unlock()
 
-	if len(req.Tools) > 0 {
-		t := req.Tools[0]
+	if req.Call != nil {
 		if toolID == "" { // stable: derived from the request
 			h := fake.RequestHash(&llm.Request{Model: req.Model, Messages: req.Messages, Tools: req.Tools, Temperature: req.Temperature, MaxTokens: req.MaxTokens})
 			toolID = d.toolIDPrefix() + h[:24]
 		}
-		c.Tool = &llm.ToolCall{ID: toolID, Name: t.Name, Arguments: fake.ToolArguments(t.Parameters, prompt)}
+		c.Tool = &llm.ToolCall{ID: toolID, Name: req.Call.Name, Arguments: req.Call.Arguments}
 	} else {
 		c.Content = fake.Summary(prompt)
 		if sample != "" {

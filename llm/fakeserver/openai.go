@@ -22,13 +22,14 @@ func (openaiDialect) idPrefix() string        { return "chatcmpl-" }
 func (openaiDialect) toolIDPrefix() string    { return "call_" }
 
 type oaRequest struct {
-	Model               string      `json:"model"`
-	Messages            []oaMessage `json:"messages"`
-	Temperature         *float64    `json:"temperature"`
-	MaxTokens           *int        `json:"max_tokens"`
-	MaxCompletionTokens *int        `json:"max_completion_tokens"`
-	Tools               []oaTool    `json:"tools"`
-	Stream              bool        `json:"stream"`
+	Model               string          `json:"model"`
+	Messages            []oaMessage     `json:"messages"`
+	Temperature         *float64        `json:"temperature"`
+	MaxTokens           *int            `json:"max_tokens"`
+	MaxCompletionTokens *int            `json:"max_completion_tokens"`
+	Tools               []oaTool        `json:"tools"`
+	ToolChoice          json.RawMessage `json:"tool_choice"`
+	Stream              bool            `json:"stream"`
 	StreamOptions       *struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
@@ -113,7 +114,48 @@ func (d openaiDialect) parse(body []byte) (*chatRequest, *apiError) {
 		}
 		req.Tools = append(req.Tools, llm.Tool{Name: t.Function.Name, Description: t.Function.Description, Parameters: t.Function.Parameters})
 	}
+	choice, msg := oaToolChoice(in.ToolChoice)
+	switch {
+	case msg != "":
+		return nil, invalid("tool_choice", "Invalid value for 'tool_choice': %s", msg)
+	case choice.mode != choiceAuto && choice.mode != choiceNone && len(req.Tools) == 0:
+		return nil, invalid("tool_choice", "Invalid value for 'tool_choice': 'tool_choice' is only allowed when 'tools' are specified.")
+	case choice.mode == choiceNamed && req.declares(choice.name) == nil:
+		return nil, invalid("tool_choice", "Invalid value for 'tool_choice': no function named '%s' was specified in the 'tools' parameter.", truncateStr(choice.name, 64))
+	}
+	req.Choice = choice
 	return req, nil
+}
+
+// oaToolChoice reads OpenAI's tool_choice: absent, null, "auto", "none", "required" or
+// {"type": "function", "function": {"name": ...}}; msg says what is wrong otherwise.
+func oaToolChoice(raw json.RawMessage) (c toolChoice, msg string) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || string(raw) == "null" {
+		return toolChoice{}, ""
+	}
+	var mode string
+	if json.Unmarshal(raw, &mode) == nil {
+		switch mode {
+		case "auto":
+			return toolChoice{mode: choiceAuto}, ""
+		case "none":
+			return toolChoice{mode: choiceNone}, ""
+		case "required":
+			return toolChoice{mode: choiceRequired}, ""
+		}
+		return toolChoice{}, fmt.Sprintf("'%s' is not one of ['none', 'auto', 'required'].", truncateStr(mode, 40))
+	}
+	var named struct {
+		Type     string `json:"type"`
+		Function struct {
+			Name string `json:"name"`
+		} `json:"function"`
+	}
+	if json.Unmarshal(raw, &named) != nil || named.Type != "function" || named.Function.Name == "" {
+		return toolChoice{}, "expected 'none', 'auto', 'required' or an object naming a function."
+	}
+	return toolChoice{mode: choiceNamed, name: named.Function.Name}, ""
 }
 
 // contentText reads a message content: a string, null, or an array of parts whose

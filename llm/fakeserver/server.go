@@ -6,10 +6,14 @@
 //
 // Answers are deterministic for a given prompt: the summary of package fake (a tag
 // derived from the prompt and its first words), or, when the request carries tools, a
-// call to the first tool with deterministic arguments. A request with a temperature
-// above 0 models sampling: its content also ends with a random sample tag. Ids are
-// fresh for every response unless HonourIdempotency replays the first response to a
-// repeated Idempotency-Key.
+// tool call: by default to the first tool with deterministic arguments, or to the tool
+// and with the arguments Config.ToolChoice picks (which may pick none, for a text
+// answer). The request's own tool_choice wins, as on the real providers: OpenAI's
+// "none", "auto", "required" and {"type":"function","function":{"name":...}},
+// Anthropic's {"type":"none"|"auto"|"any"|"tool","name":...}. A request with a
+// temperature above 0 models sampling: its content also ends with a random sample tag.
+// Ids are fresh for every response unless HonourIdempotency replays the first response
+// to a repeated Idempotency-Key.
 //
 // Faults, each a probability from 0 to 1 drawn per request in this order: Hang (never
 // answers until the client goes away), Fail429 (429 with Retry-After and a
@@ -34,6 +38,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/onceflow/onceflow/llm"
 )
 
 // Tool-call id modes for Config.ToolCallIDs.
@@ -76,6 +82,13 @@ type Config struct {
 	HonourIdempotency bool
 	// ToolCallIDs is ToolCallIDsRandom or ToolCallIDsStable. Default: random.
 	ToolCallIDs string
+	// ToolChoice picks the tool call that answers a request declaring tools (see
+	// ToolChooser; CallTool and NoToolCalls are the common ones). The request's own
+	// tool_choice wins over it: "none" gets text, a named tool gets a call to that
+	// tool, "required" (Anthropic's "any") gets a call even when ToolChoice picks none
+	// (to the first tool). Default: nil, a call to the first tool with deterministic
+	// arguments.
+	ToolChoice ToolChooser
 	// Seed seeds the random source of faults, ids and samples; 0 picks a random seed.
 	Seed uint64
 	// DripInterval is the pause between two bytes of a dripped answer. Default: 1s.
@@ -85,6 +98,28 @@ type Config struct {
 	// Logger receives one debug line per request; nil means slog.Default().
 	Logger *slog.Logger
 }
+
+// ToolChooser decides how the fake model answers a request that declares tools: call
+// the tool name with args (a JSON object; nil means the deterministic arguments of
+// the tool's schema, fake.ToolArguments), or, when ok is false, answer in text. A name
+// the request does not declare gets a text answer, as a real model calls only the
+// tools it is offered; arguments that are not a JSON object get a 400 naming the tool.
+// It sees the parsed request (model, messages, tools; the prompt is
+// fake.Prompt(req.Messages)), is called once per request that declares tools, and
+// must be safe for concurrent use.
+type ToolChooser func(req *llm.Request) (name string, args json.RawMessage, ok bool)
+
+// CallTool returns the ToolChooser that calls tool name with args (nil: the
+// deterministic arguments of its schema) whenever the request declares it, and
+// answers in text otherwise: `onceflow fake-llm --tool NAME --tool-args JSON`.
+func CallTool(name string, args json.RawMessage) ToolChooser {
+	return func(*llm.Request) (string, json.RawMessage, bool) { return name, args, true }
+}
+
+// NoToolCalls is the ToolChooser that never calls a tool: every answer is text, as
+// when the model decides it needs none (`onceflow fake-llm --no-tool-calls`). A
+// request whose tool_choice requires a call still gets one.
+func NoToolCalls(*llm.Request) (string, json.RawMessage, bool) { return "", nil, false }
 
 // Validate reports the first invalid field.
 func (c Config) Validate() error {

@@ -535,6 +535,8 @@ func FuzzRequest(f *testing.F) {
 	f.Add([]byte(`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":[{"type":"text","text":"r"}]}]}],"tools":[{"name":"x","input_schema":{"properties":{"a":{"type":"integer"}}}}]}`), true)
 	f.Add([]byte(`{"model":"m","messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"c","function":{"name":"n","arguments":"{}"}}]}]}`), false)
 	f.Add([]byte(`{"model":"m","max_tokens":1,"system":[{"type":"text","text":"s"}],"messages":[{"role":"user","content":"\u0000"}]}`), true)
+	f.Add([]byte(chatBody(toolsJSON+`,"tool_choice":{"type":"function","function":{"name":"other"}}`)), false)
+	f.Add([]byte(`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"x"}],"tools":[{"name":"x"}],"tool_choice":{"type":"tool","name":"x"}}`), true)
 	s, err := fakeserver.New(fakeserver.Config{ToolCallIDs: fakeserver.ToolCallIDsStable, MaxInputChars: 1000})
 	if err != nil {
 		f.Fatal(err)

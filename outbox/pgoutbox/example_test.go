@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onceflow/onceflow/outbox"
@@ -45,5 +46,29 @@ func ExampleInsert() {
 	}
 	if err := tx.Commit(ctx); err != nil {
 		log.Fatal(err)
+	}
+}
+
+// A writer whose own first-writer-wins guard runs first in the same batch queues the
+// strict insert: an existing dedupe key then fails the batch, rolling back all of it.
+func ExampleQueueInsert() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, "postgres://onceflow@127.0.0.1:15432/onceflow")
+	if err != nil {
+		log.Fatal(err)
+	}
+	jobID := "6f1c0c4e-1b8e-5d47-9a55-2f0f4b7a0c11"
+	b := &pgx.Batch{}
+	b.Queue(`INSERT INTO summaries (job_id, tenant, summary) VALUES ($1, 'acme', 'text')`, jobID) // no ON CONFLICT: the guard
+	if err := pgoutbox.QueueInsert(b, outbox.Message{
+		Topic:     "email.summary_ready",
+		DedupeKey: "summary_ready:" + jobID,
+		Payload:   json.RawMessage(`{"job_id":"` + jobID + `","to":"user@example.com"}`),
+	}); err != nil {
+		log.Fatal(err)
+	}
+	err = pool.SendBatch(ctx, b).Close() // one round trip, one implicit transaction
+	if pgoutbox.IsDuplicate(err) {
+		log.Print("the email exists without its summary: a person must look")
 	}
 }

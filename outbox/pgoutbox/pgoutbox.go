@@ -3,7 +3,8 @@
 // operator queries behind `onceflow outbox` and `onceflow audit`.
 //
 // It works on the outbox table of migrations/00001_schema.sql in the schema the
-// connection's search_path selects. Every method is one statement, so one round trip.
+// connection's search_path selects. Every method is one statement, so one round trip;
+// QueueInsert adds the insert to the caller's batch instead.
 package pgoutbox
 
 import (
@@ -53,13 +54,8 @@ RETURNING id`
 // (checkable with errors.Is) when the dedupe key exists; tx stays usable either way
 // and the caller decides whether to commit. Payload must be valid JSON.
 func Insert(ctx context.Context, tx pgx.Tx, m outbox.Message) (int64, error) {
-	switch {
-	case m.Topic == "":
-		return 0, errors.New("insert outbox row: empty topic")
-	case m.DedupeKey == "":
-		return 0, errors.New("insert outbox row: empty dedupe key")
-	case !json.Valid(m.Payload):
-		return 0, errors.New("insert outbox row: payload is not valid JSON")
+	if err := check(m); err != nil {
+		return 0, fmt.Errorf("insert outbox row: %w", err)
 	}
 	var id int64
 	err := tx.QueryRow(ctx, insertSQL, m.Topic, m.DedupeKey, string(m.Payload), m.Traceparent).Scan(&id)
@@ -72,6 +68,55 @@ func Insert(ctx context.Context, tx pgx.Tx, m outbox.Message) (int64, error) {
 	return id, nil
 }
 
+// check reports what makes m unfit for a row.
+func check(m outbox.Message) error {
+	switch {
+	case m.Topic == "":
+		return errors.New("empty topic")
+	case m.DedupeKey == "":
+		return errors.New("empty dedupe key")
+	case !json.Valid(m.Payload):
+		return errors.New("payload is not valid JSON")
+	}
+	return nil
+}
+
+// insertStrictSQL adds one row with no ON CONFLICT: an existing dedupe key is a unique
+// violation that aborts the transaction, which IsDuplicate recognises. It is for writers
+// whose own first-writer-wins guard ran earlier in the same transaction (onceflow's
+// Job.Commit inserts the job's completion record first): a duplicate key there means an
+// effect exists without its writer's record, which must stop the commit, not pass.
+// $1 topic, $2 dedupe_key, $3 payload, $4 traceparent (NULL when empty).
+const insertStrictSQL = `
+INSERT INTO outbox (topic, dedupe_key, payload, traceparent)
+VALUES ($1, $2, $3, NULLIF($4, ''))`
+
+// QueueInsert queues on b the insert of m (Topic, DedupeKey, Payload and Traceparent)
+// as an outbox row, for a batch that commits it with the caller's own statements in one
+// round trip (a batch sent outside a transaction runs as one implicit transaction).
+// Unlike Insert it has no ON CONFLICT: when the dedupe key exists, the statement fails
+// with the error IsDuplicate recognises and the batch's transaction is rolled back. It
+// returns an error, and queues nothing, when m has an empty topic or dedupe key or a
+// payload that is not valid JSON.
+func QueueInsert(b *pgx.Batch, m outbox.Message) error {
+	if err := check(m); err != nil {
+		return fmt.Errorf("queue outbox row: %w", err)
+	}
+	b.Queue(insertStrictSQL, m.Topic, m.DedupeKey, string(m.Payload), m.Traceparent)
+	return nil
+}
+
+// dedupeConstraint is the name PostgreSQL gave the UNIQUE constraint of
+// outbox.dedupe_key (migrations/00001_schema.sql).
+const dedupeConstraint = "outbox_dedupe_key_key"
+
+// IsDuplicate reports whether err is, or wraps, the unique violation of the outbox's
+// dedupe key: what a QueueInsert of an existing key fails with.
+func IsDuplicate(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == dedupeConstraint
+}
+
 // Store is the relay's outbox.Store on PostgreSQL, plus the listing, retry and
 // statistics queries of the CLI and the audit. It is safe for concurrent use.
 type Store struct {
@@ -80,6 +125,7 @@ type Store struct {
 
 var (
 	_ outbox.Store             = (*Store)(nil)
+	_ outbox.TopicStore        = (*Store)(nil)
 	_ outbox.OldestUnsentStore = (*Store)(nil)
 )
 
@@ -95,11 +141,22 @@ func New(db DB) *Store { return &Store{db: db} }
 // so two claims never lease the same row. The order follows the outbox_due index;
 // rows are never selected by "id greater than the last one seen", because ids commit
 // out of order. The CTE keeps the LIMIT applied once, before the UPDATE.
-const claimSQL = `
+const claimSQL = claimHead + claimTail
+
+// claimTopicsSQL is claimSQL restricted to the rows whose topic is one of $4 or starts
+// with one of $5 (outbox.TopicSet): a relay leaves the rows of topics it does not send
+// to the relays that do, without claiming or counting an attempt on them. Rows of other
+// topics are skipped in the same outbox_due scan.
+const claimTopicsSQL = claimHead + `
+	  AND (topic = ANY($4::text[]) OR EXISTS (SELECT 1 FROM unnest($5::text[]) AS p(prefix) WHERE starts_with(topic, p.prefix)))` + claimTail
+
+const claimHead = `
 WITH due AS (
 	SELECT id FROM outbox
 	WHERE sent_at IS NULL AND exhausted_at IS NULL AND next_attempt_at <= now()
-	  AND (claimed_until IS NULL OR claimed_until < now())
+	  AND (claimed_until IS NULL OR claimed_until < now())`
+
+const claimTail = `
 	ORDER BY next_attempt_at, id
 	LIMIT $3
 	FOR UPDATE SKIP LOCKED
@@ -110,7 +167,31 @@ RETURNING o.id, o.topic, o.dedupe_key, o.payload, o.attempts, coalesce(o.tracepa
 
 // Claim implements outbox.Store.
 func (s *Store) Claim(ctx context.Context, relay string, limit int, lease time.Duration) ([]outbox.Message, error) {
-	rows, err := s.db.Query(ctx, claimSQL, relay, lease.Microseconds(), limit)
+	return s.claim(ctx, claimSQL, relay, lease.Microseconds(), limit)
+}
+
+// ClaimTopics implements outbox.TopicStore: Claim of the rows whose topic is in topics.
+// A set that selects no topic claims nothing, without a round trip.
+func (s *Store) ClaimTopics(ctx context.Context, relay string, topics outbox.TopicSet, limit int, lease time.Duration) ([]outbox.Message, error) {
+	if topics.All() {
+		return s.Claim(ctx, relay, limit, lease)
+	}
+	if len(topics.Topics) == 0 && len(topics.Prefixes) == 0 {
+		return nil, nil
+	}
+	exact, prefixes := topics.Topics, topics.Prefixes
+	if exact == nil {
+		exact = []string{}
+	}
+	if prefixes == nil {
+		prefixes = []string{}
+	}
+	return s.claim(ctx, claimTopicsSQL, relay, lease.Microseconds(), limit, exact, prefixes)
+}
+
+// claim runs one of the claim statements and returns the rows in due order.
+func (s *Store) claim(ctx context.Context, sql string, args ...any) ([]outbox.Message, error) {
+	rows, err := s.db.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, fmt.Errorf("claim: %w", err)
 	}

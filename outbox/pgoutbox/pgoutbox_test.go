@@ -402,3 +402,42 @@ func keysOf(ms []outbox.Message) []string {
 	}
 	return keys
 }
+
+// QueueInsert's strict insert commits with the batch's other statements in one implicit
+// transaction, and an existing dedupe key fails it (IsDuplicate) and rolls the whole
+// batch back: nothing of it is written.
+func TestQueueInsertIsStrictAndAtomicWithTheBatch(t *testing.T) {
+	t.Parallel()
+	pool, _ := testenv.Postgres(t)
+	ctx := ctxT(t)
+	seed(t, pool, 1) // k-1
+	msg := func(key string) outbox.Message {
+		return outbox.Message{Topic: "test", DedupeKey: key, Payload: json.RawMessage(`{"n":0}`)}
+	}
+	send := func(keys ...string) error {
+		b := &pgx.Batch{}
+		for _, k := range keys {
+			if err := pgoutbox.QueueInsert(b, msg(k)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return pool.SendBatch(ctx, b).Close()
+	}
+	if err := send("k-2", "k-3"); err != nil {
+		t.Fatal(err)
+	}
+	err := send("k-4", "k-1", "k-5")
+	if !pgoutbox.IsDuplicate(err) {
+		t.Fatalf("existing key: %v, want the dedupe key's unique violation", err)
+	}
+	if n := count(t, pool, "true"); n != 3 {
+		t.Fatalf("%d rows, want 3: the failed batch wrote part of itself", n)
+	}
+	if pgoutbox.IsDuplicate(errors.New("23505")) || pgoutbox.IsDuplicate(nil) {
+		t.Fatal("IsDuplicate matched a non-PostgreSQL error")
+	}
+	b := &pgx.Batch{}
+	if err := pgoutbox.QueueInsert(b, outbox.Message{Topic: "t", DedupeKey: "k", Payload: json.RawMessage(`{`)}); err == nil || b.Len() != 0 {
+		t.Fatalf("invalid payload: %v, %d queued", err, b.Len())
+	}
+}

@@ -1,7 +1,8 @@
 // Package webhook is an outbox.Sender that POSTs each message to a URL, as CONTRACT
 // section 8 describes: JSON {"topic", "dedupe_key", "payload"} with the dedupe key as
 // the Idempotency-Key header, so a receiver that honours the header applies a
-// redelivered row once.
+// redelivered row once. Config.Body changes the body's shape: PayloadOnly posts just the
+// payload, for a receiver (a payments API) that expects its own document.
 //
 // Outcomes: 2xx is sent. 408, 409, 429, 5xx, timeouts and connection errors are
 // retried later with backoff, after the Retry-After the receiver sent when there is one.
@@ -38,6 +39,12 @@ type Config struct {
 	// keeps 2, and the relay sends a batch concurrently), following no redirects (a
 	// redirected POST would lose its body).
 	Client *http.Client
+	// Body returns the JSON body POSTed for a message; an error from it is permanent
+	// (the row is exhausted), since the same message encodes the same way next time.
+	// The headers stay the same whatever the body: Content-Type application/json,
+	// Idempotency-Key the dedupe key, Traceparent when the row has one. Default:
+	// Envelope, {"topic", "dedupe_key", "payload"}; PayloadOnly posts the payload alone.
+	Body func(outbox.Message) ([]byte, error)
 }
 
 // Sender POSTs outbox messages to a webhook. It is safe for concurrent use.
@@ -45,6 +52,7 @@ type Sender struct {
 	url     string
 	timeout time.Duration
 	client  *http.Client
+	body    func(outbox.Message) ([]byte, error)
 }
 
 var _ outbox.Sender = (*Sender)(nil)
@@ -58,7 +66,10 @@ func New(cfg Config) (*Sender, error) {
 	if cfg.Timeout < 0 {
 		return nil, errors.New("webhook sender: Timeout must not be negative")
 	}
-	s := &Sender{url: cfg.URL, timeout: cfg.Timeout, client: cfg.Client}
+	s := &Sender{url: cfg.URL, timeout: cfg.Timeout, client: cfg.Client, body: cfg.Body}
+	if s.body == nil {
+		s.body = Envelope
+	}
 	if s.timeout == 0 {
 		s.timeout = DefaultTimeout
 	}
@@ -88,29 +99,44 @@ func (e *StatusError) Error() string {
 	return msg
 }
 
-// RetryAfter returns the receiver's Retry-After; the relay uses it as the delay.
-func (e *StatusError) RetryAfter() time.Duration { return e.Wait }
+// RetryAfter returns the receiver's Retry-After, when it sent one; the relay uses it as
+// the delay. It implements retry.RetryAfterer.
+func (e *StatusError) RetryAfter() (time.Duration, bool) { return e.Wait, e.Wait > 0 }
 
-// body is the JSON document POSTed for each message.
-type body struct {
+// envelope is the JSON document Envelope returns.
+type envelope struct {
 	Topic     string          `json:"topic"`
 	DedupeKey string          `json:"dedupe_key"`
 	Payload   json.RawMessage `json:"payload"`
 }
 
-// Send POSTs m with Idempotency-Key m.DedupeKey (and traceparent when the row has one)
-// and classifies the answer: nil for 2xx, a permanent error for statuses retrying
+// Envelope is the default Config.Body: {"topic", "dedupe_key", "payload"}, the payload
+// as stored (null when empty).
+func Envelope(m outbox.Message) ([]byte, error) {
+	return json.Marshal(envelope{Topic: m.Topic, DedupeKey: m.DedupeKey, Payload: payloadOf(m)})
+}
+
+// PayloadOnly is a Config.Body that posts the message's payload alone (null when
+// empty), for a receiver that expects its own document: the dedupe key still travels as
+// the Idempotency-Key header, so the receiver can still apply a repeated send once.
+func PayloadOnly(m outbox.Message) ([]byte, error) { return payloadOf(m), nil }
+
+func payloadOf(m outbox.Message) json.RawMessage {
+	if len(m.Payload) == 0 {
+		return json.RawMessage("null")
+	}
+	return m.Payload
+}
+
+// Send POSTs m's body (Config.Body) with Idempotency-Key m.DedupeKey (and traceparent
+// when the row has one) and classifies the answer: nil for 2xx, a permanent error for statuses retrying
 // cannot fix, any other error for failures a later attempt may fix. It returns when ctx
 // is done or Timeout has passed.
 func (s *Sender) Send(ctx context.Context, m outbox.Message) error {
 	if strings.ContainsFunc(m.DedupeKey, func(r rune) bool { return r < ' ' && r != '\t' || r == 0x7f }) {
 		return outbox.Permanent(errors.New("dedupe key holds control characters: it cannot be an Idempotency-Key header"))
 	}
-	payload := m.Payload
-	if len(payload) == 0 {
-		payload = json.RawMessage("null")
-	}
-	b, err := json.Marshal(body{Topic: m.Topic, DedupeKey: m.DedupeKey, Payload: payload})
+	b, err := s.body(m)
 	if err != nil {
 		return outbox.Permanent(fmt.Errorf("encode webhook body: %w", err))
 	}

@@ -157,3 +157,52 @@ func TestNewRejectsBadURLs(t *testing.T) {
 		}
 	}
 }
+
+// A payments API expects its own document: PayloadOnly posts the payload alone, with the
+// dedupe key still the Idempotency-Key and the same headers as the default body.
+func TestPayloadOnlyPostsJustThePayloadWithTheKey(t *testing.T) {
+	t.Parallel()
+	sink := webhooksink.New(webhooksink.Options{})
+	var got http.Header
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got = r.Header.Clone()
+		sink.ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+	s, err := webhook.New(webhook.Config{URL: srv.URL, Body: webhook.PayloadOnly})
+	if err != nil {
+		t.Fatal(err)
+	}
+	refund := outbox.Message{ID: 7, Topic: "payments.refund", DedupeKey: "refund:t-1:order-9",
+		Payload: json.RawMessage(`{"order_id":"order-9","amount_cents":1250}`)}
+	if err := s.Send(context.Background(), refund); err != nil {
+		t.Fatal(err)
+	}
+	ds := sink.Deliveries()
+	if len(ds) != 1 || ds[0].Key != refund.DedupeKey || string(ds[0].Body) != string(refund.Payload) {
+		t.Fatalf("deliveries %+v, want one with the payload alone as body and the dedupe key", ds)
+	}
+	if got.Get("Content-Type") != "application/json" || got.Get("Idempotency-Key") != refund.DedupeKey {
+		t.Fatalf("headers %v", got)
+	}
+}
+
+// A Body func that fails exhausts the row at once: the same message would fail again.
+func TestBodyErrorIsPermanent(t *testing.T) {
+	t.Parallel()
+	sink := webhooksink.New(webhooksink.Options{})
+	srv := httptest.NewServer(sink)
+	defer srv.Close()
+	s, err := webhook.New(webhook.Config{URL: srv.URL, Body: func(outbox.Message) ([]byte, error) {
+		return nil, errors.New("no amount")
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Send(context.Background(), msg); !outbox.IsPermanent(err) || !strings.Contains(err.Error(), "no amount") {
+		t.Fatalf("err %v, want permanent naming the cause", err)
+	}
+	if sink.Stats().Deliveries != 0 {
+		t.Fatal("posted anyway")
+	}
+}

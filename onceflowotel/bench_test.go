@@ -1,4 +1,4 @@
-package tracing
+package onceflowotel_test
 
 import (
 	"context"
@@ -7,14 +7,17 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
+	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/onceflowotel"
 	"github.com/onceflow/onceflow/queue"
 )
 
 // BenchmarkJobSpan measures what tracing adds to one delivery, against a baseline of one
 // Redis round trip (PING, the cheapest thing a real job does) in the same run: a noop
-// job through Handler with every span sampled and exported (batched, to an exporter
-// that drops them), and with a sampler that records nothing (docs/BENCHMARKS.md).
+// job through QueueHandler and through a Client's Middleware with every span sampled
+// and exported (batched, to an exporter that drops them), and through QueueHandler with
+// a sampler that records nothing (docs/BENCHMARKS.md).
 func BenchmarkJobSpan(b *testing.B) {
 	rdb, _ := testenv.Redis(b)
 	ping := queue.HandlerFunc(func(ctx context.Context, _ *queue.Job) error { return rdb.Ping(ctx).Err() })
@@ -29,8 +32,9 @@ func BenchmarkJobSpan(b *testing.B) {
 		h    queue.Handler
 	}{
 		{"redis-roundtrip", ping},
-		{"span", Handler(sampled, "summaries", noop)},
-		{"span-not-sampled", Handler(unsampled, "summaries", noop)},
+		{"span", onceflowotel.QueueHandler(sampled, "summaries", noop)},
+		{"span-not-sampled", onceflowotel.QueueHandler(unsampled, "summaries", noop)},
+		{"middleware-span", middlewareHandler(onceflowotel.Middleware(sampled))},
 	} {
 		b.Run(v.name, func(b *testing.B) {
 			ctx := context.Background()
@@ -41,4 +45,13 @@ func BenchmarkJobSpan(b *testing.B) {
 			}
 		})
 	}
+}
+
+// middlewareHandler runs a job through mw around a noop, as a Client runs its middleware.
+func middlewareHandler(mw onceflow.Middleware) queue.Handler {
+	run := mw(func(context.Context, *onceflow.JobInfo) error { return nil })
+	return queue.HandlerFunc(func(ctx context.Context, j *queue.Job) error {
+		return run(ctx, &onceflow.JobInfo{ID: j.JobID, Kind: "summary", Queue: "summaries", Tenant: j.Tenant,
+			Delivery: int(j.Deliveries), Args: j.Payload, TraceParent: j.TraceParent})
+	})
 }

@@ -1,0 +1,306 @@
+package onceflow
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/onceflow/onceflow/idempotency/redisstore"
+	"github.com/onceflow/onceflow/llm"
+	"github.com/onceflow/onceflow/llm/ledger"
+	"github.com/onceflow/onceflow/outbox"
+	"github.com/onceflow/onceflow/queue"
+	"github.com/onceflow/onceflow/retry"
+)
+
+// Defaults of Config and QueueConfig.
+const (
+	// DefaultQueue is the queue of a kind that names none.
+	DefaultQueue = "default"
+	// DefaultPrefix starts every Redis key.
+	DefaultPrefix = "onceflow"
+	// DefaultJobBudget is the deadline of one delivery, across model attempts and sleeps.
+	DefaultJobBudget = 60 * time.Second
+	// DefaultResultTTL is how long an idempotency key is remembered (a duplicate enqueue
+	// or POST replays the first answer) and how long a finished job's index is kept.
+	DefaultResultTTL = 24 * time.Hour
+)
+
+// Config configures a Client. Redis is required; the other fields have defaults.
+type Config struct {
+	// Redis holds the queues and the idempotency records: a *redis.Client or
+	// *redis.ClusterClient whose options CheckRedis accepts. Required.
+	Redis redis.UniversalClient
+	// DB is the PostgreSQL pool of the job completion records, the outbox and the model
+	// ledger (onceflow's tables, created by the migrations package, beside the user's
+	// own). Required for Job.Commit, EnqueueTx, JobState of finished jobs, model calls
+	// and senders; a Client without it only enqueues and runs jobs.
+	DB *pgxpool.Pool
+	// Prefix starts every Redis key (ONCEFLOW_PREFIX). Default: DefaultPrefix.
+	Prefix string
+	// Queues are the queues Run works, by name; a queue not listed can still be enqueued
+	// to (another process may work it). Default: {DefaultQueue: {}}.
+	Queues map[string]QueueConfig
+	// Workers holds the Worker of each kind. A job of a kind without one is
+	// dead-lettered with ErrUnknownKind. Default: none (an enqueue-only Client).
+	Workers *Workers
+	// Middleware wraps every job run, the first the outermost. Default: none.
+	Middleware []Middleware
+	// Workflows are the program's workflows: NewClient merges their queues, workers and
+	// senders into this Config, Client.Mount mounts their routes (see Workflow).
+	// Default: none.
+	Workflows []Workflow
+
+	// Senders deliver the effects jobs commit (Commit.Emit), by topic: a key is a topic
+	// ("payments.refund") or a prefix ending in "." or "*" ("email." or "email.*"); the
+	// exact topic, else the longest prefix, wins. Run runs the outbox relay whenever DB
+	// is set (it also sends EnqueueTx's jobs); it claims only the topics it has senders
+	// for, so an effect whose topic has no sender here waits in the outbox, never tried
+	// nor exhausted, for a process that has one (and audit reports it). Keys may not
+	// start with "onceflow.". Default: none.
+	Senders map[string]outbox.Sender
+	// Relay configures the outbox relay (lease, batch, attempts, backoff); its Logger
+	// and Registerer default to the client's. Default: outbox's defaults.
+	Relay outbox.Config
+
+	// Model is the language model Job.Complete and Job.Stream call, through the
+	// llm_calls ledger (a recorded answer is never asked for twice), under ModelRetry,
+	// the per-call timeout and the delivery's JobBudget. Default: none (those methods
+	// fail permanently).
+	Model llm.Client
+	// Provider names the model's provider in ledger rows and metrics ("openai").
+	// Default: "llm".
+	Provider string
+	// ModelRetry is the in-process retry policy of model calls: attempts, per-call
+	// timeout (ONCEFLOW_LLM_TIMEOUT), backoff. Zero fields take package retry's
+	// defaults.
+	ModelRetry retry.Policy
+	// Ledger configures the llm_calls ledger (lease, retention); its Logger and
+	// Registerer default to the client's. Default: ledger's defaults.
+	Ledger ledger.Config
+	// QuotaProbe is how often, while the model's quota is exhausted, one call probes
+	// whether it is back (ONCEFLOW_LLM_QUOTA_PROBE); meanwhile the queues take no work.
+	// Default: breaker.DefaultProbeInterval (1m).
+	QuotaProbe time.Duration
+	// JobBudget is the deadline of one delivery, across model attempts and sleeps
+	// (ONCEFLOW_JOB_BUDGET). Default: DefaultJobBudget (60s).
+	JobBudget time.Duration
+	// ResultTTL is how long an idempotency key is remembered and a finished job's index
+	// kept (ONCEFLOW_RESULT_TTL). Default: DefaultResultTTL (24h).
+	ResultTTL time.Duration
+	// TraceParent returns the W3C traceparent a job enqueued from ctx carries (the
+	// onceflowotel package provides one). Default: none.
+	TraceParent func(ctx context.Context) string
+	// Logger receives the client's logs. Default: slog.Default().
+	Logger *slog.Logger
+	// Registerer exports the metrics of every part the client runs. Default: nil, not
+	// exported.
+	Registerer prometheus.Registerer
+}
+
+// QueueConfig configures one queue's workers in this process.
+type QueueConfig struct {
+	// Concurrency is the most jobs of this queue run at once in this process
+	// (ONCEFLOW_WORKER_CONCURRENCY). Default: queue.DefaultConcurrency (64).
+	Concurrency int
+	// ClaimIdle is how long a job may stay unacknowledged without a renewal before
+	// another worker takes it over (ONCEFLOW_CLAIM_IDLE). Default: queue.DefaultClaimIdle.
+	ClaimIdle time.Duration
+	// MaxDeliveries is the most deliveries of a job that run its worker; the next one
+	// dead-letters it (ONCEFLOW_MAX_DELIVERIES). Default: queue.DefaultMaxDeliveries.
+	MaxDeliveries int
+	// ShutdownTimeout is how long Run waits for running jobs once its context ends
+	// (ONCEFLOW_SHUTDOWN_TIMEOUT). Default: queue.DefaultShutdownTimeout.
+	ShutdownTimeout time.Duration
+	// DefaultKind is the kind of a message without one: what producers from before job
+	// kinds wrote (queue wire format version 1). Default: none (such messages are
+	// dead-lettered with ErrUnknownKind).
+	DefaultKind string
+	// Gate, when set, holds the queue's workers back while a dependency is down (see
+	// queue.WorkerConfig.Gate). Default: the client's model breaker, when it has a model.
+	Gate queue.Gate
+	// StatsInterval is how often the queue's gauges are sampled (only with a
+	// Registerer). Default: queue.DefaultStatsInterval.
+	StatsInterval time.Duration
+}
+
+// Client enqueues jobs, runs the workers of its queues and the relay of their effects,
+// and reads jobs' states. Create it with NewClient; its methods are safe for concurrent
+// use.
+type Client struct {
+	cfg     Config
+	log     *slog.Logger
+	rdb     redis.UniversalClient
+	store   *redisstore.Store
+	workers map[string]*kindWorker
+	queues  map[string]QueueConfig
+
+	// background are the parts Run runs besides the queue workers (the outbox relay,
+	// the ledger's purge), added by the features NewClient sets up.
+	background []func(context.Context) error
+	// model is the machinery of Job.Complete and Job.Stream (setupModel); nil without
+	// Config.Model.
+	model *model
+	// router sends the outbox's topics: Config.Senders and EnqueueTx's (senders.go).
+	router *outbox.Router
+
+	runMu   sync.Mutex
+	running bool
+}
+
+// ErrClientRunning is returned by a second concurrent call of Client.Run.
+var ErrClientRunning = errors.New("onceflow: client already running")
+
+// NewClient checks cfg, applies its defaults and returns a Client. It does not touch
+// Redis or PostgreSQL. Its errors name the first invalid setting.
+func NewClient(cfg Config) (*Client, error) {
+	if cfg.Redis == nil {
+		return nil, errors.New("onceflow: Config.Redis is required")
+	}
+	if err := CheckRedis(cfg.Redis); err != nil {
+		return nil, err
+	}
+	cfg.Prefix = cmp.Or(cfg.Prefix, DefaultPrefix)
+	cfg.JobBudget = cmp.Or(cfg.JobBudget, DefaultJobBudget)
+	cfg.ResultTTL = cmp.Or(cfg.ResultTTL, DefaultResultTTL)
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.TraceParent == nil {
+		cfg.TraceParent = func(context.Context) string { return "" }
+	}
+	if err := mergeWorkflows(&cfg); err != nil {
+		return nil, err
+	}
+	if len(cfg.Queues) == 0 {
+		cfg.Queues = map[string]QueueConfig{DefaultQueue: {}}
+	}
+	c := &Client{cfg: cfg, log: cfg.Logger, rdb: cfg.Redis, workers: cfg.Workers.snapshot(), queues: maps.Clone(cfg.Queues)}
+	store, err := redisstore.New(cfg.Redis, redisstore.Config{Prefix: cfg.Prefix, ResultTTL: cfg.ResultTTL, Logger: cfg.Logger})
+	if err != nil {
+		return nil, fmt.Errorf("onceflow: %w", err)
+	}
+	c.store = store
+	for name, qc := range c.queues {
+		if err := c.keys(name).Validate(); err != nil {
+			return nil, fmt.Errorf("onceflow: queue %q: %w", name, err)
+		}
+		if qc.DefaultKind != "" && !queue.ValidKind(qc.DefaultKind) {
+			return nil, fmt.Errorf("onceflow: queue %q: DefaultKind %q is not a valid kind", name, qc.DefaultKind)
+		}
+	}
+	if cfg.JobBudget < 0 || cfg.ResultTTL < 0 {
+		return nil, errors.New("onceflow: JobBudget and ResultTTL must not be negative")
+	}
+	for _, setup := range []func() error{c.setupModel, c.setupOutbox} {
+		if err := setup(); err != nil {
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+// keys names the Redis keys of queue name.
+func (c *Client) keys(name string) queue.Keys { return queue.Keys{Prefix: c.cfg.Prefix, Queue: name} }
+
+// Queues returns the names of the queues Run works, sorted.
+func (c *Client) Queues() []string { return slices.Sorted(maps.Keys(c.queues)) }
+
+// Run works every configured queue until ctx is cancelled, then drains each within its
+// ShutdownTimeout and returns nil. Redis and PostgreSQL errors do not stop it (its parts
+// log, count and retry them). A second concurrent call returns ErrClientRunning.
+func (c *Client) Run(ctx context.Context) error {
+	c.runMu.Lock()
+	if c.running {
+		c.runMu.Unlock()
+		return ErrClientRunning
+	}
+	c.running = true
+	c.runMu.Unlock()
+	defer func() {
+		c.runMu.Lock()
+		c.running = false
+		c.runMu.Unlock()
+	}()
+	var parts []func(context.Context) error
+	for _, name := range c.Queues() {
+		w, err := c.newWorker(name)
+		if err != nil {
+			return err
+		}
+		parts = append(parts, w.Run)
+	}
+	return runParts(ctx, append(parts, c.background...))
+}
+
+// newWorker returns the queue worker of queue name, running the registered workers.
+func (c *Client) newWorker(name string) (*queue.Worker, error) {
+	qc := c.queues[name]
+	w, err := queue.NewWorker(queue.WorkerConfig{
+		Redis: c.rdb, Keys: c.keys(name), Handler: c.handler(name, qc),
+		Concurrency: qc.Concurrency, ClaimIdle: qc.ClaimIdle, MaxDeliveries: qc.MaxDeliveries,
+		ShutdownTimeout: qc.ShutdownTimeout, StatsInterval: qc.StatsInterval, Gate: qc.Gate,
+		Logger: c.log, Registerer: c.cfg.Registerer,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("onceflow: queue %q: %w", name, err)
+	}
+	return w, nil
+}
+
+// Handler returns the queue.Handler that runs the jobs of queue name: it routes each
+// job by kind to its Worker through the middleware. Run uses it; it is exported for
+// programs that build their own queue.Worker.
+func (c *Client) Handler(name string) queue.Handler { return c.handler(name, c.queues[name]) }
+
+func (c *Client) handler(name string, qc QueueConfig) queue.Handler {
+	var run JobFunc = func(ctx context.Context, info *JobInfo) error {
+		kw := c.workers[info.Kind]
+		if kw == nil {
+			return Permanent(fmt.Errorf("%w %q on queue %q: no worker registered", ErrUnknownKind, info.Kind, name))
+		}
+		return kw.run(ctx, info.rt, info.msg, info.Delivery)
+	}
+	for i := len(c.cfg.Middleware) - 1; i >= 0; i-- {
+		run = c.cfg.Middleware[i](run)
+	}
+	return queue.HandlerFunc(func(ctx context.Context, j *queue.Job) error {
+		kind := cmp.Or(j.Kind, qc.DefaultKind)
+		info := &JobInfo{
+			ID: j.JobID, Kind: kind, Queue: name, Tenant: j.Tenant, Delivery: int(j.Deliveries),
+			Args: j.Payload, TraceParent: j.TraceParent,
+			msg: j.Message,
+			rt:  &runtime{client: c, queue: name, delivery: j, deadline: retry.After(c.cfg.JobBudget)},
+		}
+		return run(ctx, info)
+	})
+}
+
+// runParts runs every part until ctx is cancelled or one of them fails, and returns the
+// first failure.
+func runParts(ctx context.Context, parts []func(context.Context) error) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errs := make(chan error, len(parts))
+	for _, p := range parts {
+		go func() { errs <- p(ctx) }()
+	}
+	var first error
+	for range parts {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+			cancel()
+		}
+	}
+	return first
+}

@@ -1,0 +1,392 @@
+package onceflow
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/onceflow/onceflow/outbox"
+	"github.com/onceflow/onceflow/outbox/pgoutbox"
+)
+
+// Commit collects what one job commits: its own statements (Exec), its effects (Emit)
+// and its result (Result). Job.Commit and Job.CommitTx write all of it, with the job's
+// completion record, in one transaction that only the first delivery of the job to
+// commit can win. A Commit is valid only inside the func it was passed to, and is not
+// safe for concurrent use.
+//
+// Its methods record their mistakes (an invalid topic or dedupe key, a payload that
+// does not encode) instead of returning them: the first one makes the commit fail
+// permanently, with nothing written.
+type Commit struct {
+	stmts     []statement
+	effects   []outbox.Message
+	result    []byte
+	hasResult bool
+	err       error
+}
+
+// statement is one Exec.
+type statement struct {
+	sql  string
+	args []any
+}
+
+// ReservedTopicPrefix starts the topics of onceflow's own effects (TopicEnqueue): Emit
+// refuses them and Config.Senders may not name them.
+const ReservedTopicPrefix = "onceflow."
+
+// Exec adds one of the job's own statements (an INSERT of its result row, an UPDATE of
+// a ticket), run in order after the completion record and before the effects, with
+// pgx's argument rules. A statement must not control the transaction (BEGIN, COMMIT,
+// SAVEPOINT): the commit's atomicity rests on running them all in one. Its error, if it
+// fails, is the commit's.
+func (c *Commit) Exec(sql string, args ...any) {
+	if strings.TrimSpace(sql) == "" {
+		c.fail(errors.New("Exec: empty statement"))
+		return
+	}
+	c.stmts = append(c.stmts, statement{sql: sql, args: args})
+}
+
+// Emit adds an effect: an outbox row of topic with dedupeKey and payload, which the
+// relay hands to the topic's sender (Config.Senders) once the commit is in, with
+// dedupeKey as the provider's idempotency key. topic is 1 to outbox.MaxTopicLen bytes
+// of printable ASCII without spaces or "*", not starting with ReservedTopicPrefix;
+// dedupeKey is 1 to MaxKeyLen printable ASCII characters, unique to the effect (derive
+// it from the job id: "refund:"+job.ID), and unique within the commit. payload is
+// encoded with encoding/json (a json.RawMessage is taken as it is, and must be valid).
+func (c *Commit) Emit(topic, dedupeKey string, payload any) {
+	switch {
+	case !outbox.ValidTopic(topic):
+		c.fail(fmt.Errorf("Emit: topic %q is not 1-%d printable ASCII characters without spaces or *", clipText(topic), outbox.MaxTopicLen))
+		return
+	case strings.HasPrefix(topic, ReservedTopicPrefix):
+		c.fail(fmt.Errorf("Emit: topic %q: the prefix %q is onceflow's", topic, ReservedTopicPrefix))
+		return
+	case !validKey(dedupeKey):
+		c.fail(fmt.Errorf("Emit %s: dedupe key %q is not 1-%d printable ASCII characters", topic, clipText(dedupeKey), MaxKeyLen))
+		return
+	}
+	for _, e := range c.effects {
+		if e.DedupeKey == dedupeKey {
+			c.fail(fmt.Errorf("Emit %s: dedupe key %q emitted twice in one commit", topic, dedupeKey))
+			return
+		}
+	}
+	b, err := encodeJSON(payload)
+	if err != nil {
+		c.fail(fmt.Errorf("Emit %s %s: encode payload: %w", topic, dedupeKey, err))
+		return
+	}
+	c.effects = append(c.effects, outbox.Message{Topic: topic, DedupeKey: dedupeKey, Payload: b})
+}
+
+// Result sets the job's result, stored (JSON-encoded, a json.RawMessage as it is) in its
+// completion record and returned by Client.JobState as JobState.Result. The last call
+// wins; without one the result is null.
+func (c *Commit) Result(v any) {
+	b, err := encodeJSON(v)
+	if err != nil {
+		c.fail(fmt.Errorf("Result: encode: %w", err))
+		return
+	}
+	c.result, c.hasResult = b, true
+}
+
+func (c *Commit) fail(err error) {
+	if c.err == nil {
+		c.err = err
+	}
+}
+
+// resultArg is the completion's result parameter: the JSON text, or NULL.
+func (c *Commit) resultArg() any {
+	if !c.hasResult {
+		return nil
+	}
+	return string(c.result)
+}
+
+// encodeJSON encodes v, taking a json.RawMessage as it is once checked.
+func encodeJSON(v any) ([]byte, error) {
+	if raw, ok := v.(json.RawMessage); ok {
+		if !json.Valid(raw) {
+			return nil, errors.New("json.RawMessage is not valid JSON")
+		}
+		return raw, nil
+	}
+	return json.Marshal(v)
+}
+
+// clipText shortens text quoted in an error.
+func clipText(s string) string {
+	if len(s) <= 64 {
+		return s
+	}
+	return s[:64] + "..."
+}
+
+// completeSQL inserts the job's completion record: the FIRST statement of Job.Commit's
+// batch. It has no ON CONFLICT. When an earlier delivery of the job committed, it fails
+// with a unique violation of job_completions_pkey, which aborts the batch's implicit
+// transaction before any of the user's statements or effects ran; when a concurrent
+// delivery holds the row uncommitted, it waits for that one's outcome first. So exactly
+// one delivery's statements and effects are ever written.
+//
+//	$1 job_id, $2 kind, $3 tenant, $4 result (JSON text, or NULL)
+const completeSQL = `INSERT INTO job_completions (job_id, kind, tenant, result) VALUES ($1, $2, $3, $4)`
+
+// claimCompletionSQL is the first statement of Job.CommitTx's transaction, sent with
+// its BEGIN: the same guard as completeSQL, but ON CONFLICT DO NOTHING so that losing
+// leaves the transaction usable for its rollback; no row affected means another
+// delivery committed first. $1 job_id, $2 kind, $3 tenant.
+const claimCompletionSQL = `INSERT INTO job_completions (job_id, kind, tenant) VALUES ($1, $2, $3) ON CONFLICT (job_id) DO NOTHING`
+
+// setResultSQL stores CommitTx's result on the completion record it inserted.
+// $1 job_id, $2 result (JSON text).
+const setResultSQL = `UPDATE job_completions SET result = $2 WHERE job_id = $1`
+
+// completionConstraint is the primary key of job_completions
+// (migrations/00003_job_completions.sql).
+const completionConstraint = "job_completions_pkey"
+
+// isCompletionConflict reports whether err is the unique violation of a job's
+// completion record: another delivery of the job committed first.
+func isCompletionConflict(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == completionConstraint
+}
+
+// completion identifies the job a commit completes.
+type completion struct {
+	id, kind, tenant string
+	traceparent      string // written on the outbox rows
+	delivery         int
+}
+
+// committer returns j's Client and the record of its commit, or an error when j cannot
+// commit: no Config.DB, or a Job onceflow did not deliver.
+func (j *Job[T]) committer(ctx context.Context) (*Client, completion, error) {
+	if j.run == nil || j.run.client == nil {
+		return nil, completion{}, Permanent(errors.New("onceflow: commit: the job was not delivered by a Client"))
+	}
+	c := j.run.client
+	if c.cfg.DB == nil {
+		return nil, completion{}, Permanent(fmt.Errorf("onceflow: commit job %s: Config.DB is required", j.ID))
+	}
+	tp := c.cfg.TraceParent(ctx) // the delivery's span when traced
+	if tp == "" && j.run.delivery != nil {
+		tp = j.run.delivery.TraceParent
+	}
+	return c, completion{id: j.ID, kind: j.Kind, tenant: j.Tenant, traceparent: tp, delivery: j.Delivery}, nil
+}
+
+// Commit writes the job's completion record, the statements, effects and result fn
+// adds to its Commit, in ONE transaction sent as one pgx batch: one round trip, one
+// commit. The completion record is its first statement, so the job's writes and effects
+// happen once however many deliveries run it, and the user writes no ON CONFLICT.
+//
+// It returns nil when the job is done: this call committed it, or another delivery of
+// the job had (then nothing of this call is written, and it logs so). A Worker may end
+// with `return job.Commit(ctx, ...)`: a redelivered job is acknowledged. Otherwise:
+//
+//   - fn's error, as it is (nothing is sent);
+//   - a mistake fn made with the Commit (see Commit), or an effect whose dedupe key
+//     exists in the outbox without this job's completion: permanent (errors.Is
+//     ErrPermanent; the latter also pgoutbox.ErrDuplicate), the job is dead-lettered;
+//   - any other database error, a failing statement of fn's included: transient,
+//     wrapping the *pgconn.PgError (errors.As), so the job is delivered again.
+//
+// Statements whose text is new to a pooled connection are first prepared by pgx (one
+// more round trip, once per connection and statement), and after a failed commit the
+// connection prepares the batch's statements again. Commit needs Config.DB; job_
+// completions is created by the migrations package.
+func (j *Job[T]) Commit(ctx context.Context, fn func(c *Commit) error) error {
+	cl, rec, err := j.committer(ctx)
+	if err != nil {
+		return err
+	}
+	c := &Commit{}
+	if fn != nil {
+		if err := fn(c); err != nil {
+			return err
+		}
+	}
+	if c.err != nil {
+		return Permanent(fmt.Errorf("onceflow: commit job %s: %w", rec.id, c.err))
+	}
+	return cl.commit(ctx, rec, c)
+}
+
+// commit sends rec's completion record and c as one batch and classifies the outcome.
+func (cl *Client) commit(ctx context.Context, rec completion, c *Commit) error {
+	b := &pgx.Batch{}
+	b.Queue(completeSQL, rec.id, rec.kind, rec.tenant, c.resultArg())
+	for _, s := range c.stmts {
+		b.Queue(s.sql, s.args...)
+	}
+	firstEffect := b.Len()
+	for _, m := range c.effects {
+		m.Traceparent = rec.traceparent
+		if err := pgoutbox.QueueInsert(b, m); err != nil {
+			return Permanent(fmt.Errorf("onceflow: commit job %s: %w", rec.id, err))
+		}
+	}
+	br := cl.cfg.DB.SendBatch(ctx, b)
+	failed, err := -1, error(nil)
+	for i := range b.Len() {
+		if _, err = br.Exec(); err != nil {
+			failed = i
+			break
+		}
+	}
+	if cerr := br.Close(); err == nil && cerr != nil {
+		err = cerr // the commit itself failed (a deferred constraint, the connection)
+	}
+	switch {
+	case err == nil:
+		return nil
+	case isCompletionConflict(err):
+		cl.log.InfoContext(ctx, "onceflow: job already done by another delivery; this delivery's commit is discarded",
+			"job_id", rec.id, "kind", rec.kind, "delivery", rec.delivery)
+		return nil
+	case pgoutbox.IsDuplicate(err):
+		key := "?"
+		if failed >= firstEffect && failed-firstEffect < len(c.effects) {
+			key = c.effects[failed-firstEffect].DedupeKey
+		}
+		return Permanent(fmt.Errorf("onceflow: commit job %s: effect %s exists without the job's completion: %w: %w",
+			rec.id, key, pgoutbox.ErrDuplicate, err))
+	}
+	return fmt.Errorf("onceflow: commit job %s: %s: %w", rec.id, batchStep(failed, firstEffect, c), err)
+}
+
+// batchStep names the statement failed is the index of in a commit batch.
+func batchStep(failed, firstEffect int, c *Commit) string {
+	switch {
+	case failed < 0:
+		return "commit"
+	case failed == 0:
+		return "completion record"
+	case failed < firstEffect:
+		return fmt.Sprintf("statement %d (Exec)", failed)
+	case failed-firstEffect < len(c.effects):
+		return "effect " + c.effects[failed-firstEffect].DedupeKey
+	}
+	return fmt.Sprintf("statement %d", failed)
+}
+
+// CommitTx is Commit for a job that must read inside its transaction: it begins a
+// transaction whose first statement, sent with the BEGIN in one round trip, inserts the
+// job's completion record (ON CONFLICT DO NOTHING). When another delivery committed
+// first, it rolls back without calling fn and returns nil. Otherwise fn runs with the
+// transaction (read with tx, write with tx or with c.Exec) and the Commit; then c's
+// result, statements and effects are sent as one batch in the transaction, and it
+// commits: three round trips plus fn's own. A delivery that meets a concurrent one
+// waits for it at the first statement.
+//
+// fn must not commit or roll back tx. Errors are Commit's: fn's as it is (the
+// transaction is rolled back), a mistake with c or a duplicate effect permanent, any
+// other database error transient.
+func (j *Job[T]) CommitTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx, c *Commit) error) error {
+	cl, rec, err := j.committer(ctx)
+	if err != nil {
+		return err
+	}
+	if fn == nil {
+		fn = func(context.Context, pgx.Tx, *Commit) error { return nil }
+	}
+	return cl.commitTx(ctx, rec, fn)
+}
+
+// rollbackTimeout bounds a rollback, which runs even when the job's context is done.
+const rollbackTimeout = 5 * time.Second
+
+func (cl *Client) commitTx(ctx context.Context, rec completion, fn func(context.Context, pgx.Tx, *Commit) error) error {
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
+	b.Queue(claimCompletionSQL, rec.id, rec.kind, rec.tenant)
+	br := cl.cfg.DB.SendBatch(ctx, b)
+	_, err := br.Exec() // BEGIN
+	var tag pgconn.CommandTag
+	if err == nil {
+		tag, err = br.Exec()
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	tx := br.Tx()
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
+		defer cancel()
+		_ = tx.Rollback(rctx) // after Commit: ErrTxClosed, ignored
+	}()
+	if err != nil {
+		return fmt.Errorf("onceflow: commit job %s: completion record: %w", rec.id, err)
+	}
+	if tag.RowsAffected() == 0 {
+		cl.log.InfoContext(ctx, "onceflow: job already done by another delivery; this delivery's transaction is rolled back",
+			"job_id", rec.id, "kind", rec.kind, "delivery", rec.delivery)
+		return nil
+	}
+	c := &Commit{}
+	if err := fn(ctx, tx, c); err != nil {
+		return err
+	}
+	if c.err != nil {
+		return Permanent(fmt.Errorf("onceflow: commit job %s: %w", rec.id, c.err))
+	}
+	rest := &pgx.Batch{}
+	if c.hasResult {
+		rest.Queue(setResultSQL, rec.id, string(c.result))
+	}
+	for _, s := range c.stmts {
+		rest.Queue(s.sql, s.args...)
+	}
+	firstEffect := rest.Len()
+	for _, m := range c.effects {
+		m.Traceparent = rec.traceparent
+		if err := pgoutbox.QueueInsert(rest, m); err != nil {
+			return Permanent(fmt.Errorf("onceflow: commit job %s: %w", rec.id, err))
+		}
+	}
+	if rest.Len() > 0 {
+		rbr := tx.SendBatch(ctx, rest)
+		failed := -1
+		for i := range rest.Len() {
+			if _, err = rbr.Exec(); err != nil {
+				failed = i
+				break
+			}
+		}
+		if cerr := rbr.Close(); err == nil {
+			err = cerr
+		}
+		if pgoutbox.IsDuplicate(err) {
+			key := "?"
+			if failed >= firstEffect {
+				key = c.effects[failed-firstEffect].DedupeKey
+			}
+			return Permanent(fmt.Errorf("onceflow: commit job %s: effect %s exists without the job's completion: %w: %w",
+				rec.id, key, pgoutbox.ErrDuplicate, err))
+		}
+		if err != nil {
+			step := "statement"
+			if failed >= firstEffect {
+				step = "effect " + c.effects[failed-firstEffect].DedupeKey
+			}
+			return fmt.Errorf("onceflow: commit job %s: %s: %w", rec.id, step, err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("onceflow: commit job %s: commit: %w", rec.id, err)
+	}
+	return nil
+}

@@ -1,0 +1,49 @@
+package onceflow
+
+import (
+	"errors"
+	"time"
+
+	"github.com/onceflow/onceflow/retry"
+)
+
+// The error vocabulary of a job, shared by the queue, the retry policy and the outbox
+// relay: a Worker returns nil (done), an error marked Permanent (dead-lettered at once,
+// with the error as its reason), an error from RetryAfter (run again after a delay), an
+// error marked Unavailable (a dependency is down: handed back without spending a
+// delivery), or any other error (run again later, until the queue's MaxDeliveries).
+// Match them with errors.Is and errors.As only.
+var (
+	// ErrPermanent is matched by every error marked with Permanent, by whichever package
+	// marked it (retry.Permanent, queue.Permanent and outbox.Permanent are the same
+	// marker).
+	ErrPermanent = retry.ErrPermanent
+	// ErrUnavailable is matched by errors that say a dependency is down rather than
+	// that the job failed: Unavailable's, and an open circuit breaker's.
+	ErrUnavailable = retry.ErrUnavailable
+	// ErrUnknownKind is matched by the error of a job whose kind has no Worker, which is
+	// dead-lettered with it, and by Enqueue's for arguments whose Kind is not valid.
+	ErrUnknownKind = errors.New("onceflow: unknown job kind")
+	// ErrUndecodable is matched by the error of a job whose arguments do not decode into
+	// its kind's type, which is dead-lettered with it.
+	ErrUndecodable = errors.New("onceflow: undecodable job arguments")
+)
+
+// Permanent marks err as a failure no retry can fix: a Worker that returns it has its job
+// dead-lettered at once with err as the reason; retry.Do and the outbox relay stop too.
+// The result matches ErrPermanent and unwraps to err. Permanent(nil) is nil.
+func Permanent(err error) error { return retry.Permanent(err) }
+
+// IsPermanent reports whether err was marked permanent (errors.Is(err, ErrPermanent)).
+func IsPermanent(err error) bool { return retry.IsPermanent(err) }
+
+// RetryAfter returns err with a request to run the job again after d: the worker
+// reclaims it after d instead of after its queue's claim idle time (at most that), and
+// the run counts as a failed delivery. A nil err becomes "retry requested". The result is
+// a *retry.DelayError.
+func RetryAfter(d time.Duration, err error) error { return retry.RetryAfter(d, err) }
+
+// Unavailable marks err as a dependency's outage rather than the job's failure: the job
+// is handed back with its delivery count as it was, so the outage spends none of its
+// budget. The result matches ErrUnavailable and unwraps to err. Unavailable(nil) is nil.
+func Unavailable(err error) error { return retry.Unavailable(err) }

@@ -1,0 +1,61 @@
+package onceflow
+
+import (
+	"time"
+
+	"github.com/onceflow/onceflow/queue"
+	"github.com/onceflow/onceflow/retry"
+)
+
+// JobArgs is implemented by the typed arguments of a job kind. Kind names the kind: 1 to
+// 64 characters of a-z 0-9 . _ - and :, starting with a letter or a digit
+// ("triage.ticket"); it routes a job to its Worker and must be the same on every call,
+// including on the zero value (give it a value receiver). The arguments travel as JSON
+// (encoding/json tags apply) and are decoded strictly when the job runs: field names are
+// case-sensitive, unknown and repeated names are refused, and a job whose arguments do
+// not decode is dead-lettered with the reason.
+type JobArgs interface {
+	Kind() string
+}
+
+// JobArgsWithOpts is implemented by arguments that carry their own enqueue defaults, such
+// as the queue their kind runs on. Options passed to Enqueue win over them.
+type JobArgsWithOpts interface {
+	JobArgs
+	EnqueueOpts() EnqueueOpts
+}
+
+// Job is one delivery of a job to its Worker: the typed arguments and what onceflow
+// knows about the job. A Job is valid only during the Work call it was passed to, and
+// its methods (Complete, Stream, Commit, ...) may be called from that call's goroutine
+// and from goroutines it waits for.
+type Job[T JobArgs] struct {
+	// ID is the job id: derived from the idempotency key when one was given (see
+	// EnqueueOpts), so every delivery and every duplicate enqueue of one job carries the
+	// same ID. It is the deduplication key of everything the job does.
+	ID string
+	// Kind is the job's kind, Args.Kind() (or the queue's default kind for a message
+	// enqueued before kinds existed).
+	Kind string
+	// Queue is the queue the job runs on.
+	Queue string
+	// Tenant owns the job; empty when none does.
+	Tenant string
+	// Args are the job's decoded arguments.
+	Args T
+	// Delivery counts the deliveries of this job's stream entry, this one included (1
+	// for the first); deliveries handed back because a dependency was down do not count.
+	Delivery int
+	// EnqueuedAt is when the job was enqueued.
+	EnqueuedAt time.Time
+
+	run *runtime // this delivery's machinery: model, ledger, database, deadline
+}
+
+// runtime is what one delivery carries for the Job helpers.
+type runtime struct {
+	client   *Client
+	queue    string
+	delivery *queue.Job
+	deadline retry.Deadline // the delivery's budget (Config.JobBudget), from its start
+}

@@ -1,0 +1,397 @@
+package onceflow
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"iter"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/onceflow/onceflow/breaker"
+	"github.com/onceflow/onceflow/llm"
+	"github.com/onceflow/onceflow/llm/ledger"
+	"github.com/onceflow/onceflow/llm/toolkey"
+	"github.com/onceflow/onceflow/queue"
+	"github.com/onceflow/onceflow/retry"
+)
+
+// DefaultProvider names the model's provider in ledger rows and metrics when
+// Config.Provider is empty.
+const DefaultProvider = "llm"
+
+// ErrNoModel is matched by the permanent error of Job.Complete and Job.Stream on a
+// Client without Config.Model (or on a Job that no Client delivered).
+var ErrNoModel = errors.New("onceflow: no model (Config.Model is not set)")
+
+// model is the model machinery of a Client with Config.Model.
+type model struct {
+	client   llm.Client // Config.Model through the ledger, behind the breaker
+	ledger   *ledger.Ledger
+	breaker  *breaker.Breaker
+	provider string
+	policy   retry.Policy
+}
+
+// setupModel prepares the model calls of Config.Model: the ledger, the breaker that
+// gates the queues while the quota is exhausted, and the ledger's purge in Run.
+func (c *Client) setupModel() error {
+	cfg := c.cfg
+	if cfg.Model == nil {
+		return nil
+	}
+	if cfg.DB == nil {
+		return errors.New("onceflow: Config.DB is required with Config.Model: the llm_calls ledger of model calls is in PostgreSQL")
+	}
+	if err := checkPolicy(cfg.ModelRetry); err != nil {
+		return err
+	}
+	policy := cfg.ModelRetry.WithDefaults()
+	if policy.MinAttempt > cfg.JobBudget {
+		return fmt.Errorf("onceflow: Config.JobBudget %v is shorter than Config.ModelRetry.MinAttempt %v: no model call could ever start", cfg.JobBudget, policy.MinAttempt)
+	}
+	lc := cfg.Ledger
+	if lc.Logger == nil {
+		lc.Logger = c.log
+	}
+	if lc.Registerer == nil {
+		lc.Registerer = cfg.Registerer
+	}
+	// A row must outlive every redelivery of its job, or a late delivery calls again.
+	retention := cmp.Or(lc.Retention, ledger.DefaultRetention)
+	for _, name := range c.Queues() {
+		qc := c.queues[name]
+		deliveries := cmp.Or(qc.MaxDeliveries, queue.DefaultMaxDeliveries)
+		if horizon := time.Duration(deliveries) * (cmp.Or(qc.ClaimIdle, queue.DefaultClaimIdle) + cfg.JobBudget); retention < horizon {
+			return fmt.Errorf("onceflow: Config.Ledger.Retention %v must cover queue %q's retry horizon, MaxDeliveries × (ClaimIdle + JobBudget) = %v", retention, name, horizon)
+		}
+	}
+	l, err := ledger.New(cfg.DB, lc)
+	if err != nil {
+		return fmt.Errorf("onceflow: Config.Ledger: %w", err)
+	}
+	b, err := breaker.New(breaker.Config{Name: "llm", ProbeInterval: cfg.QuotaProbe, Logger: c.log, Registerer: cfg.Registerer})
+	if err != nil {
+		return fmt.Errorf("onceflow: Config.QuotaProbe: %w", err)
+	}
+	provider := cmp.Or(cfg.Provider, DefaultProvider)
+	// The breaker is outside the ledger: a call it stops writes no row.
+	c.model = &model{client: llm.WithBreaker(l.Wrap(provider, cfg.Model), b), ledger: l, breaker: b, provider: provider, policy: policy}
+	for name, qc := range c.queues {
+		if qc.Gate == nil {
+			qc.Gate = b
+			c.queues[name] = qc
+		}
+	}
+	c.background = append(c.background, l.Run)
+	return nil
+}
+
+// checkPolicy refuses negative settings of Config.ModelRetry, naming the field.
+func checkPolicy(p retry.Policy) error {
+	for name, d := range map[string]time.Duration{"Base": p.Base, "Cap": p.Cap, "PerCallTimeout": p.PerCallTimeout,
+		"MinAttempt": p.MinAttempt, "RetryAfterCap": p.RetryAfterCap} {
+		if d < 0 {
+			return fmt.Errorf("onceflow: Config.ModelRetry.%s %v must not be negative", name, d)
+		}
+	}
+	if p.MaxAttempts < 0 {
+		return fmt.Errorf("onceflow: Config.ModelRetry.MaxAttempts %d must not be negative", p.MaxAttempts)
+	}
+	return nil
+}
+
+// ModelBreaker returns the circuit breaker of the client's model calls (nil without
+// Config.Model): open while the provider's quota is exhausted. Report it in a readiness
+// check; its Err says why it is open.
+func (c *Client) ModelBreaker() *breaker.Breaker {
+	if c.model == nil {
+		return nil
+	}
+	return c.model.breaker
+}
+
+// Ledger returns the llm_calls ledger of the client's model calls (nil without
+// Config.Model), for inspection (Get) and audits.
+func (c *Client) Ledger() *ledger.Ledger {
+	if c.model == nil {
+		return nil
+	}
+	return c.model.ledger
+}
+
+// Step is the answer to one model call of a job, named by the job and a step name: see
+// Job.Complete and Job.Stream.
+type Step struct {
+	// Name is the step's name, as given to Complete or Stream.
+	Name string
+	// Key is the ledger key of the call, ledger.Key(ledger.Work(job ID, Name), request):
+	// the same for every delivery of the job that makes the same request, never derived
+	// from the attempt. It is sent to the provider as Idempotency-Key, and it is the
+	// request key that tool-call keys derive from (ToolKey).
+	Key string
+	// Response is the model's answer: the one recorded in the ledger, so every delivery
+	// that gets this step's answer gets the same one.
+	Response *llm.Response
+
+	toolKeys []ledger.ToolKey
+}
+
+// ToolKey returns the idempotency key to send downstream with the effect of call, one
+// of Response.ToolCalls (a refund's Idempotency-Key, an outbox dedupe key): the same for
+// every delivery and every retried request of the job's step, so the system the tool
+// writes to can refuse the duplicate.
+//
+// Providers' tool-call ids are mostly unstable: the same call comes back with a new id
+// when the request is made again. ToolKey does not guess. When the answer arrived,
+// Complete and Stream recorded its calls in the ledger (ledger.ToolKeys: the first id
+// seen for each call, identified by the request key, the tool name and the canonical
+// arguments), and ToolKey is toolkey.IDKey(Key, that first id). So a repeated request
+// that produces the same call (same tool, same arguments) under another id gets the key
+// of the first sight (the change is logged and counted as an unstable id); two identical
+// calls in one answer stay two effects; and a provider whose ids are stable keeps its
+// keys. A call without an id, or one not in Response, gets toolkey.ArgsKey(Key, call).
+// ToolKey is safe for concurrent use.
+func (s *Step) ToolKey(call llm.ToolCall) string {
+	for _, tk := range s.toolKeys {
+		if tk.Call == call {
+			return tk.Key
+		}
+	}
+	return toolkey.ArgsKey(s.Key, call)
+}
+
+// ToolKeys returns what the ledger recorded of each of Response.ToolCalls, in order:
+// the call, its key (ToolKey), the first id seen for it and what this answer proved of
+// the provider's ids (toolkey.Unstable when the call came back with another id).
+func (s *Step) ToolKeys() []ledger.ToolKey { return append([]ledger.ToolKey(nil), s.toolKeys...) }
+
+// Complete calls the model with req as step step of the job, through the llm_calls
+// ledger, under Config.ModelRetry and the delivery's JobBudget, and returns the answer.
+//
+//   - The call's work is the job and the step (ledger.Work(job.ID, step);
+//     req.IdempotencyKey is ignored, and req is not modified): a redelivered job whose
+//     answer was recorded gets it back without calling the model; a delivery that meets
+//     another's call of the same step in flight waits for it; two steps of one job, or
+//     one step with another request (a new prompt after a deploy), are two calls.
+//   - Each attempt runs under the policy's per-call timeout, and all of them, with the
+//     sleeps between them, within the delivery's deadline: JobBudget from the start of
+//     the delivery, shared by every step of it. Retryable failures (429, 5xx, timeouts,
+//     resets) are retried with backoff that honours Retry-After.
+//   - If the answer has tool calls, their keys are recorded in the same step (one more
+//     round trip): see Step.ToolKey.
+//
+// The error is made to be returned as is by the Worker: an outage of the provider (an
+// exhausted quota, the breaker open because of one) matches ErrUnavailable, and the job
+// is handed back without spending a delivery while the queues wait for the breaker's
+// probe; a failure no retry can fix (a 400, a malformed answer, no Config.Model) matches
+// ErrPermanent and the job is dead-lettered; anything else (attempts exhausted, the
+// delivery deadline, PostgreSQL unavailable, shutdown) is plain and the job is
+// delivered again. ctx is the Work call's.
+func (j *Job[T]) Complete(ctx context.Context, step string, req *llm.Request) (*Step, error) {
+	return j.run.complete(ctx, j.ID, step, req)
+}
+
+// Stream calls the model with req as step step of the job, as Complete does, and
+// streams the answer: iterate StepStream.All. The call is made when the iteration
+// starts.
+//
+// Through the ledger, the text is persisted on the call's row as it arrives (in
+// batches) and the answer is recorded before the final chunk is yielded, so a Worker
+// that acts on the final chunk acts only on complete, recorded answers; a redelivered
+// job whose answer was recorded gets it replayed (one text chunk and the final chunk)
+// without a call. The policy's per-call timeout bounds each whole attempt, first byte
+// to final chunk, and the delivery's deadline all of them.
+//
+// A retryable failure before the first chunk (a 429, a 503, a refused connection) is
+// retried under the policy, unseen. Once a chunk was yielded a failure is not retried
+// in this delivery: it ends the iteration as its last element, mapped as Complete's
+// errors are (a dropped connection is plain, so returning it makes the queue deliver
+// the job again), and the next delivery's ledger decides: the dropped attempt is
+// recorded as ambiguous, with its partial text kept on the row, and the new delivery
+// makes a new generation (streams cannot resume). Stopping the iteration early
+// abandons the attempt (recorded as ambiguous too).
+func (j *Job[T]) Stream(ctx context.Context, step string, req *llm.Request) *StepStream {
+	return j.run.stream(ctx, j.ID, step, req)
+}
+
+// StepStream is a streamed model call of a job's step, from Job.Stream. Iterate All
+// once, from the goroutine of the Work call (or one it waits for).
+type StepStream struct {
+	name, key string
+	seq       iter.Seq2[llm.Chunk, error]
+	used      atomic.Bool
+	step      *Step // set at the final chunk
+}
+
+// Key returns the ledger key of the call (Step.Key), known before the call is made.
+func (s *StepStream) Key() string { return s.key }
+
+// Step returns the step's answer once All has yielded the final chunk (Done): the
+// collected Response and its tool keys (Step.ToolKey). Before that, and after a
+// failure, it returns nil.
+func (s *StepStream) Step() *Step { return s.step }
+
+// All yields the answer's chunks: text deltas, then one final chunk (Done) with the
+// finish reason, the tool calls and the usage. A failure ends the sequence as its
+// last element (see Job.Stream for which failures are retried first and how errors
+// map); a second iteration yields a permanent error.
+func (s *StepStream) All() iter.Seq2[llm.Chunk, error] {
+	return func(yield func(llm.Chunk, error) bool) {
+		if !s.used.CompareAndSwap(false, true) {
+			yield(llm.Chunk{}, retry.Permanent(fmt.Errorf("onceflow: model step %q: a StepStream is iterated once", s.name)))
+			return
+		}
+		s.seq(yield)
+	}
+}
+
+func (rt *runtime) stream(ctx context.Context, jobID, step string, req *llm.Request) *StepStream {
+	m, out, key, err := rt.prepare(jobID, step, req)
+	s := &StepStream{name: step, key: key}
+	if err != nil {
+		s.seq = func(yield func(llm.Chunk, error) bool) { yield(llm.Chunk{}, err) }
+		return s
+	}
+	s.seq = func(yield func(llm.Chunk, error) bool) {
+		stopped := false
+		_, err := retry.Do(ctx, m.streamPolicy(), rt.deadline, func(ctx context.Context) (struct{}, error) {
+			yielded := false
+			var content strings.Builder
+			resp := &llm.Response{Model: out.Model}
+			for ch, err := range m.client.Stream(ctx, out) {
+				if err == nil {
+					collect(resp, &content, ch)
+				}
+				if err == nil && ch.Done {
+					st := &Step{Name: step, Key: key, Response: resp}
+					if err = m.recordToolKeys(ctx, st); err == nil {
+						s.step = st
+					}
+				}
+				if err != nil {
+					if yielded { // the consumer saw output of this generation: not here
+						return struct{}{}, &midStreamError{err}
+					}
+					return struct{}{}, err
+				}
+				yielded = true
+				if !yield(ch, nil) {
+					stopped = true
+					return struct{}{}, nil
+				}
+			}
+			return struct{}{}, nil
+		})
+		if err != nil && !stopped {
+			yield(llm.Chunk{}, modelError(step, err))
+		}
+	}
+	return s
+}
+
+// collect adds ch to resp, as llm.Collect does.
+func collect(resp *llm.Response, content *strings.Builder, ch llm.Chunk) {
+	content.WriteString(ch.Content)
+	resp.ID = cmp.Or(ch.ID, resp.ID)
+	resp.RequestID = cmp.Or(ch.RequestID, resp.RequestID)
+	if ch.Raw != nil {
+		resp.Raw = append(append(resp.Raw, ch.Raw...), '\n')
+	}
+	if ch.Done {
+		resp.Content = content.String()
+		resp.FinishReason, resp.ToolCalls = ch.FinishReason, ch.ToolCalls
+		if ch.Usage != nil {
+			resp.Usage = *ch.Usage
+		}
+	}
+}
+
+// midStreamError is a stream's failure after chunks were yielded: retry.Do must not
+// retry it (the consumer has seen output of this generation), the queue may.
+type midStreamError struct{ err error }
+
+func (e *midStreamError) Error() string {
+	return "stream failed after output was yielded: " + e.err.Error()
+}
+func (e *midStreamError) Unwrap() error { return e.err }
+
+// streamPolicy is the policy with a classifier that does not retry a midStreamError.
+func (m *model) streamPolicy() retry.Policy {
+	p := m.policy
+	classify := p.Classify
+	p.Classify = func(err error) retry.Verdict {
+		v := classify(err)
+		var mid *midStreamError
+		if errors.As(err, &mid) {
+			v.Retryable = false
+		}
+		return v
+	}
+	return p
+}
+
+// prepare checks a step's call and returns the model, the request as sent (the step's
+// work in IdempotencyKey) and its ledger key.
+func (rt *runtime) prepare(jobID, step string, req *llm.Request) (*model, *llm.Request, string, error) {
+	if rt == nil || rt.client == nil || rt.client.model == nil {
+		return nil, nil, "", retry.Permanent(fmt.Errorf("%w: model step %q", ErrNoModel, step))
+	}
+	if step == "" {
+		return nil, nil, "", retry.Permanent(errors.New("onceflow: model step: the step name is empty"))
+	}
+	if req == nil {
+		return nil, nil, "", retry.Permanent(fmt.Errorf("onceflow: model step %q: nil request", step))
+	}
+	out := *req
+	out.IdempotencyKey = ledger.Work(jobID, step)
+	return rt.client.model, &out, ledger.Key(out.IdempotencyKey, &out), nil
+}
+
+func (rt *runtime) complete(ctx context.Context, jobID, step string, req *llm.Request) (*Step, error) {
+	m, out, key, err := rt.prepare(jobID, step, req)
+	if err != nil {
+		return nil, err
+	}
+	s, err := retry.Do(ctx, m.policy, rt.deadline, func(ctx context.Context) (*Step, error) {
+		resp, err := m.client.Complete(ctx, out)
+		if err != nil {
+			return nil, err
+		}
+		s := &Step{Name: step, Key: key, Response: resp}
+		return s, m.recordToolKeys(ctx, s)
+	})
+	if err != nil {
+		return nil, modelError(step, err)
+	}
+	return s, nil
+}
+
+// recordToolKeys records the tool calls of s's answer in the ledger and keeps their
+// keys (one round trip; none without tool calls).
+func (m *model) recordToolKeys(ctx context.Context, s *Step) error {
+	if len(s.Response.ToolCalls) == 0 {
+		return nil
+	}
+	tks, err := m.ledger.ToolKeys(ctx, m.provider, s.Key, s.Response.ToolCalls)
+	if err != nil {
+		return err
+	}
+	s.toolKeys = tks
+	return nil
+}
+
+// modelError maps a model step's failure onto the job's error vocabulary: an outage of
+// the provider is Unavailable, a transient failure plain, anything else Permanent.
+func modelError(step string, err error) error {
+	wrapped := fmt.Errorf("onceflow: model step %q: %w", step, err)
+	switch {
+	case retry.Outage(err):
+		return retry.Unavailable(wrapped)
+	case retry.Transient(err):
+		return wrapped
+	}
+	return retry.Permanent(wrapped)
+}

@@ -1,0 +1,641 @@
+package onceflow_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/llm"
+	"github.com/onceflow/onceflow/llm/fake"
+	"github.com/onceflow/onceflow/llm/fakeserver"
+	"github.com/onceflow/onceflow/llm/ledger"
+	"github.com/onceflow/onceflow/llm/openai"
+	"github.com/onceflow/onceflow/llm/toolkey"
+	"github.com/onceflow/onceflow/queue"
+	"github.com/onceflow/onceflow/retry"
+)
+
+// The model step against real Redis and PostgreSQL, the model being fake-llm over HTTP
+// through the real OpenAI adapter. Every test counts the model's requests.
+
+type supportArgs struct {
+	Text string `json:"text"`
+}
+
+func (supportArgs) Kind() string { return "test.support" }
+
+// fastRetry retries at once, with attempts long enough for a loaded machine.
+var fastRetry = retry.Policy{Base: 10 * time.Millisecond, Cap: 50 * time.Millisecond, PerCallTimeout: 5 * time.Second, MinAttempt: 50 * time.Millisecond}
+
+// modelEnv is one test's Redis, PostgreSQL, fake model and client.
+type modelEnv struct {
+	t      *testing.T
+	rdb    *redis.Client
+	prefix string
+	pool   *pgxpool.Pool
+	fake   *fakeserver.Server
+	client *onceflow.Client
+	runs   *runLog
+}
+
+// newModelEnv starts fake-llm with fcfg and a Client whose model it is, running work
+// for kind supportArgs on the default queue; cfg's non-zero fields override the test
+// defaults (fastRetry, a queue reclaiming after 300ms).
+func newModelEnv(t *testing.T, fcfg fakeserver.Config, cfg onceflow.Config, work func(ctx context.Context, j *onceflow.Job[supportArgs]) error) *modelEnv {
+	t.Helper()
+	rdb, prefix := testenv.Redis(t)
+	pool, _ := testenv.Postgres(t)
+	if fcfg.Logger == nil {
+		fcfg.Logger = testenv.Logger(t)
+	}
+	fs, err := fakeserver.New(fcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(fs)
+	t.Cleanup(func() { fs.Close(); srv.Close() })
+	e := &modelEnv{t: t, rdb: rdb, prefix: prefix, pool: pool, fake: fs, runs: &runLog{}}
+
+	ws := onceflow.NewWorkers()
+	onceflow.AddWorker(ws, onceflow.WorkFunc[supportArgs](func(ctx context.Context, j *onceflow.Job[supportArgs]) error {
+		err := work(ctx, j)
+		e.runs.add(run{delivery: j.Delivery, err: err, at: time.Now()})
+		return err
+	}))
+	cfg.Redis, cfg.DB, cfg.Prefix, cfg.Workers, cfg.Logger = rdb, pool, prefix, ws, testenv.Logger(t)
+	cfg.Model = openai.New(openai.Config{BaseURL: srv.URL + "/v1", APIKey: "test-key"})
+	cfg.Provider = "openai"
+	if cfg.ModelRetry.PerCallTimeout == 0 {
+		cfg.ModelRetry = fastRetry
+	}
+	if cfg.Queues == nil {
+		cfg.Queues = map[string]onceflow.QueueConfig{onceflow.DefaultQueue: {ClaimIdle: 300 * time.Millisecond}}
+	}
+	e.client, err = onceflow.NewClient(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+func (e *modelEnv) start() { e.t.Helper(); runClient(e.t, e.client) }
+
+func (e *modelEnv) enqueue(text string) string {
+	e.t.Helper()
+	res, err := e.client.Enqueue(context.Background(), supportArgs{Text: text}, nil)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return res.JobID
+}
+
+// calls counts the requests that reached the model.
+func (e *modelEnv) calls() int64 { return e.fake.Stats().Requests }
+
+// waitRuns waits for n runs and returns them.
+func (e *modelEnv) waitRuns(n int) []run {
+	e.t.Helper()
+	testenv.WaitFor(e.t, 20*time.Second, "worker runs", func() bool { return len(e.runs.all()) >= n })
+	return e.runs.all()
+}
+
+func (e *modelEnv) row(key string) *ledger.Row {
+	e.t.Helper()
+	r, err := e.client.Ledger().Get(context.Background(), key)
+	if err != nil {
+		e.t.Fatalf("ledger row %s: %v", key, err)
+	}
+	return r
+}
+
+func (e *modelEnv) deadLetters() []queue.DeadLetter {
+	e.t.Helper()
+	d, _, err := queue.ListDead(context.Background(), e.rdb, queue.Keys{Prefix: e.prefix, Queue: onceflow.DefaultQueue}, "", 100)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return d
+}
+
+type run struct {
+	delivery int
+	err      error
+	at       time.Time
+}
+
+type runLog struct {
+	mu   sync.Mutex
+	runs []run
+}
+
+func (l *runLog) add(r run) { l.mu.Lock(); l.runs = append(l.runs, r); l.mu.Unlock() }
+func (l *runLog) all() []run {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]run(nil), l.runs...)
+}
+
+// steps collects what a worker's steps returned, by delivery.
+type steps struct {
+	mu  sync.Mutex
+	got []*onceflow.Step
+}
+
+func (s *steps) add(st *onceflow.Step) { s.mu.Lock(); s.got = append(s.got, st); s.mu.Unlock() }
+func (s *steps) all() []*onceflow.Step {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]*onceflow.Step(nil), s.got...)
+}
+
+func prompt(text string) *llm.Request {
+	return &llm.Request{Model: "gpt-4.1-mini", Messages: []llm.Message{{Role: llm.RoleUser, Content: "Summarise for the support team:\n" + text}}}
+}
+
+var errCrash = errors.New("the worker died after the step, before finishing the job")
+
+// A redelivered job whose step answer was recorded gets the same answer without a
+// second model call.
+func TestRedeliveredStepMakesNoSecondModelCall(t *testing.T) {
+	t.Parallel()
+	got := &steps{}
+	e := newModelEnv(t, fakeserver.Config{}, onceflow.Config{}, func(ctx context.Context, j *onceflow.Job[supportArgs]) error {
+		st, err := j.Complete(ctx, "summarise", prompt(j.Args.Text))
+		if err != nil {
+			return err
+		}
+		got.add(st)
+		if j.Delivery == 1 {
+			return errCrash
+		}
+		return nil
+	})
+	id := e.enqueue("My invoice was charged twice.")
+	e.start()
+	runs := e.waitRuns(2)
+	all := got.all()
+	if len(all) != 2 || runs[0].delivery != 1 || runs[1].delivery != 2 || runs[1].err != nil {
+		t.Fatalf("runs %+v, steps %d: want a failed first delivery and a second that finished", runs, len(all))
+	}
+	if n := e.calls(); n != 1 {
+		t.Fatalf("%d model calls, want 1: the redelivery must replay the recorded answer", n)
+	}
+	a, b := all[0], all[1]
+	if a.Key != b.Key || a.Response.ID != b.Response.ID || a.Response.Content != b.Response.Content || a.Response.Content == "" {
+		t.Fatalf("deliveries got different answers: %s %q / %s %q", a.Response.ID, a.Response.Content, b.Response.ID, b.Response.Content)
+	}
+	req := prompt("My invoice was charged twice.")
+	if want := ledger.Key(ledger.Work(id, "summarise"), req); a.Key != want {
+		t.Fatalf("key %s, want ledger.Key(ledger.Work(job id, step), request) = %s", a.Key, want)
+	}
+	if r := e.row(a.Key); r.State != ledger.StateSucceeded || r.Attempt != 1 || r.Work != ledger.Work(id, "summarise") {
+		t.Fatalf("ledger row %+v", r)
+	}
+	if st := e.fake.Stats(); st.ByIdempotencyKey[a.Key] != 1 {
+		t.Fatalf("the model saw Idempotency-Keys %v, want the step's key once", st.ByIdempotencyKey)
+	}
+}
+
+// Deliveries that meet a step's call in flight wait for it instead of calling too.
+func TestConcurrentCallsOfAStepMakeOneModelCall(t *testing.T) {
+	t.Parallel()
+	ids := make(chan string, 3)
+	e := newModelEnv(t, fakeserver.Config{Latency: 300 * time.Millisecond}, onceflow.Config{}, func(ctx context.Context, j *onceflow.Job[supportArgs]) error {
+		var wg sync.WaitGroup
+		errs := make(chan error, 3)
+		for range 3 { // three deliveries of one job at once, as after a reclaim race
+			wg.Go(func() {
+				st, err := j.Complete(ctx, "summarise", prompt(j.Args.Text))
+				if err != nil {
+					errs <- err
+					return
+				}
+				ids <- st.Response.ID
+			})
+		}
+		wg.Wait()
+		close(errs)
+		return <-errs
+	})
+	e.enqueue("The parcel never arrived.")
+	e.start()
+	if r := e.waitRuns(1); r[0].err != nil {
+		t.Fatal(r[0].err)
+	}
+	first := <-ids
+	for range 2 {
+		if id := <-ids; id != first {
+			t.Fatalf("answers %s and %s: concurrent calls of one step got different answers", first, id)
+		}
+	}
+	if n := e.calls(); n != 1 {
+		t.Fatalf("%d model calls, want 1", n)
+	}
+}
+
+// Two steps of one job, and the same step of two jobs, are distinct calls.
+func TestStepsHaveDistinctKeys(t *testing.T) {
+	t.Parallel()
+	got := &steps{}
+	e := newModelEnv(t, fakeserver.Config{}, onceflow.Config{}, func(ctx context.Context, j *onceflow.Job[supportArgs]) error {
+		for _, name := range []string{"classify", "reply"} {
+			st, err := j.Complete(ctx, name, prompt(j.Args.Text))
+			if err != nil {
+				return err
+			}
+			got.add(st)
+		}
+		return nil
+	})
+	e.enqueue("Same text.")
+	e.enqueue("Same text.")
+	e.start()
+	e.waitRuns(2)
+	keys := map[string]bool{}
+	for _, st := range got.all() {
+		keys[st.Key] = true
+	}
+	if len(keys) != 4 || e.calls() != 4 {
+		t.Fatalf("%d distinct keys and %d model calls for 2 jobs × 2 steps, want 4 and 4", len(keys), e.calls())
+	}
+}
+
+// A 429 and then an answer, within one delivery: the policy retries, honouring the
+// server's Retry-After.
+func TestRateLimitThenAnswerWithinOneDelivery(t *testing.T) {
+	t.Parallel()
+	var step *onceflow.Step
+	e := newModelEnv(t, fakeserver.Config{}, onceflow.Config{}, func(ctx context.Context, j *onceflow.Job[supportArgs]) error {
+		var err error
+		step, err = j.Complete(ctx, "summarise", prompt(j.Args.Text))
+		return err
+	})
+	e.fake.Script(fakeserver.Fault{Kind: fakeserver.Fault429, Header: http.Header{"Retry-After-Ms": {"100"}}})
+	e.enqueue("Please cancel my subscription.")
+	e.start()
+	if runs := e.waitRuns(1); runs[0].err != nil || runs[0].delivery != 1 {
+		t.Fatalf("runs %+v, want one delivery that succeeded", runs)
+	}
+	st := e.fake.Stats()
+	if st.Requests != 2 || st.ByStatus["429"] != 1 || st.ByStatus["200"] != 1 {
+		t.Fatalf("model stats %+v, want one 429 then one 200", st)
+	}
+	if r := e.row(step.Key); r.State != ledger.StateSucceeded {
+		t.Fatalf("ledger row %+v", r)
+	}
+}
+
+// A model that hangs is cut by the per-call timeout and the next attempt answers, in
+// the same delivery; the hung attempt is recorded as ambiguous.
+func TestHungModelCallIsCutByThePerCallTimeout(t *testing.T) {
+	t.Parallel()
+	var step *onceflow.Step
+	var took time.Duration
+	policy := fastRetry
+	policy.PerCallTimeout = 400 * time.Millisecond
+	e := newModelEnv(t, fakeserver.Config{}, onceflow.Config{ModelRetry: policy}, func(ctx context.Context, j *onceflow.Job[supportArgs]) error {
+		start := time.Now()
+		var err error
+		step, err = j.Complete(ctx, "summarise", prompt(j.Args.Text))
+		took = time.Since(start)
+		return err
+	})
+	e.fake.Script(fakeserver.Fault{Kind: fakeserver.FaultHang})
+	e.enqueue("Where is my refund?")
+	e.start()
+	if runs := e.waitRuns(1); runs[0].err != nil || runs[0].delivery != 1 {
+		t.Fatalf("runs %+v, want one delivery that succeeded", runs)
+	}
+	if st := e.fake.Stats(); st.Requests != 2 || st.ByFault[string(fakeserver.FaultHang)] != 1 || st.ByStatus["200"] != 1 {
+		t.Fatalf("model stats %+v, want a hung request then an answer", st)
+	}
+	if took < policy.PerCallTimeout {
+		t.Fatalf("the step took %v, less than the per-call timeout it had to wait out", took)
+	}
+	if r := e.row(step.Key); r.State != ledger.StateSucceeded || r.Attempt != 2 || r.Ambiguous != 1 {
+		t.Fatalf("ledger row state %s attempt %d ambiguous %d, want succeeded in attempt 2 after 1 ambiguous", r.State, r.Attempt, r.Ambiguous)
+	}
+}
+
+// JobBudget bounds the whole delivery, every step included: a first step that takes
+// most of it leaves the second too little; the delivery fails transiently with the
+// deadline error, and the next delivery, with a fresh budget, replays the first step
+// from the ledger and finishes the second.
+func TestJobBudgetBoundsTheWholeDelivery(t *testing.T) {
+	t.Parallel()
+	const budget = 1500 * time.Millisecond
+	policy := fastRetry
+	policy.MinAttempt = 300 * time.Millisecond
+	var mu sync.Mutex
+	took := map[int]time.Duration{}
+	e := newModelEnv(t, fakeserver.Config{Latency: 900 * time.Millisecond}, onceflow.Config{JobBudget: budget, ModelRetry: policy},
+		func(ctx context.Context, j *onceflow.Job[supportArgs]) error {
+			start := time.Now()
+			defer func() { mu.Lock(); took[j.Delivery] = time.Since(start); mu.Unlock() }()
+			if _, err := j.Complete(ctx, "classify", prompt(j.Args.Text)); err != nil {
+				return err
+			}
+			_, err := j.Complete(ctx, "reply", prompt(j.Args.Text))
+			return err
+		})
+	e.enqueue("My account is locked.")
+	e.start()
+	runs := e.waitRuns(2)
+	if !errors.Is(runs[0].err, retry.ErrDeadlineExceeded) || onceflow.IsPermanent(runs[0].err) || errors.Is(runs[0].err, onceflow.ErrUnavailable) {
+		t.Fatalf("first delivery: %v, want the plain deadline error", runs[0].err)
+	}
+	if runs[1].err != nil || runs[1].delivery != 2 {
+		t.Fatalf("second delivery: %+v, want success", runs[1])
+	}
+	mu.Lock()
+	first := took[1]
+	mu.Unlock()
+	// Within the budget and one attempt's cut (generous: no tight wall-clock bound).
+	if first > budget+time.Second {
+		t.Fatalf("the first delivery ran %v with a budget of %v", first, budget)
+	}
+	// classify answered once (replayed in delivery 2), reply answered once (its cut
+	// attempt in delivery 1 is skipped when a loaded machine left less than MinAttempt).
+	if st := e.fake.Stats(); st.Requests > 3 || st.ByStatus["200"] != 2 {
+		t.Fatalf("model stats %+v, want at most 3 requests and 2 answers", st)
+	}
+}
+
+// An exhausted quota is an outage: the step's error matches ErrUnavailable, the job is
+// handed back without spending a delivery, the breaker opens and the queue takes no
+// work until its probe, which finishes the backlog.
+func TestQuotaHandsTheJobBackAndTheGateHoldsTheQueue(t *testing.T) {
+	t.Parallel()
+	const probe = 1500 * time.Millisecond
+	e := newModelEnv(t, fakeserver.Config{}, onceflow.Config{QuotaProbe: probe,
+		Queues: map[string]onceflow.QueueConfig{onceflow.DefaultQueue: {ClaimIdle: 200 * time.Millisecond, Concurrency: 1, MaxDeliveries: 2}}},
+		func(ctx context.Context, j *onceflow.Job[supportArgs]) error {
+			_, err := j.Complete(ctx, "summarise", prompt(j.Args.Text))
+			return err
+		})
+	e.fake.Script(fakeserver.Fault{Kind: fakeserver.FaultQuota})
+	for _, text := range []string{"one", "two", "three", "four"} {
+		e.enqueue("Ticket " + text + ".")
+	}
+	e.start()
+	testenv.WaitFor(t, 10*time.Second, "the breaker to open", func() bool { return e.client.ModelBreaker().Err() != nil })
+	time.Sleep(probe * 3 / 4) // several ClaimIdle periods while the breaker is open
+	if runs := e.runs.all(); len(runs) > 2 || e.calls() != 1 || !errors.Is(runs[0].err, onceflow.ErrUnavailable) {
+		t.Fatalf("while open: %d runs (first: %v), %d model calls; want the quota's run (unavailable), at most one more, one call", len(runs), runs[0].err, e.calls())
+	}
+	testenv.WaitFor(t, 20*time.Second, "the backlog done after the probe", func() bool {
+		n := 0
+		for _, r := range e.runs.all() {
+			if r.err == nil {
+				n++
+			}
+		}
+		return n == 4
+	})
+	for _, r := range e.runs.all() {
+		if r.delivery != 1 {
+			t.Fatalf("a run with delivery %d: the outage spent a delivery (%v)", r.delivery, r.err)
+		}
+	}
+	if d := e.deadLetters(); len(d) != 0 {
+		t.Fatalf("%d dead letters", len(d))
+	}
+	if st := e.fake.Stats(); st.ByStatus["429"] != 1 || st.ByStatus["200"] != 4 {
+		t.Fatalf("model stats %+v, want one quota answer and one answer per job", st)
+	}
+	if err := e.client.ModelBreaker().Err(); err != nil {
+		t.Fatalf("breaker still open: %v", err)
+	}
+}
+
+// A 400 from the model is permanent: the job is dead-lettered after one delivery and
+// one call.
+func TestBadRequestIsPermanent(t *testing.T) {
+	t.Parallel()
+	e := newModelEnv(t, fakeserver.Config{MaxInputChars: 20}, onceflow.Config{}, func(ctx context.Context, j *onceflow.Job[supportArgs]) error {
+		_, err := j.Complete(ctx, "summarise", prompt(j.Args.Text))
+		return err
+	})
+	e.enqueue("A ticket far longer than the model's context window allows.")
+	e.start()
+	testenv.WaitFor(t, 10*time.Second, "the dead letter", func() bool { return len(e.deadLetters()) == 1 })
+	runs := e.runs.all()
+	if len(runs) != 1 || !onceflow.IsPermanent(runs[0].err) || e.calls() != 1 {
+		t.Fatalf("%d runs (%v), %d calls: want one permanent failure after one call", len(runs), runs[0].err, e.calls())
+	}
+	if d := e.deadLetters()[0]; !strings.Contains(d.Reason, "context_length_exceeded") {
+		t.Fatalf("dead letter reason %q", d.Reason)
+	}
+}
+
+// A Worker on a Client without Config.Model gets a permanent ErrNoModel.
+func TestStepWithoutModelIsPermanent(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.Redis(t)
+	errs := make(chan error, 2)
+	ws := onceflow.NewWorkers()
+	onceflow.AddWorker(ws, onceflow.WorkFunc[supportArgs](func(ctx context.Context, j *onceflow.Job[supportArgs]) error {
+		_, err := j.Complete(ctx, "summarise", prompt(j.Args.Text))
+		errs <- err
+		for _, err := range j.Stream(ctx, "draft", prompt(j.Args.Text)).All() {
+			errs <- err
+		}
+		return nil
+	}))
+	c := newClient(t, rdb, prefix, ws, nil)
+	if _, err := c.Enqueue(context.Background(), supportArgs{Text: "x"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	runClient(t, c)
+	for range 2 {
+		if err := <-errs; !errors.Is(err, onceflow.ErrNoModel) || !onceflow.IsPermanent(err) {
+			t.Fatalf("%v, want permanent ErrNoModel", err)
+		}
+	}
+	if _, err := onceflow.NewClient(onceflow.Config{Redis: rdb, Prefix: prefix, Model: fakeModel{}}); err == nil || !strings.Contains(err.Error(), "Config.DB") {
+		t.Fatalf("NewClient with a Model and no DB: %v, want an error naming Config.DB", err)
+	}
+}
+
+type fakeModel struct{ llm.Client }
+
+// refundRequest is an agent's turn with a refund tool.
+func refundRequest(text string) *llm.Request {
+	req := prompt(text)
+	req.Tools = []llm.Tool{{Name: "issue_refund", Parameters: json.RawMessage(`{"type":"object","properties":{"order_id":{"type":"string"},"amount_cents":{"type":"integer"}}}`)}}
+	return req
+}
+
+// A retried request whose tool call comes back with a new id (fake-llm
+// --tool-call-ids random) keeps its ToolKey: the ledger keyed the call by its first id,
+// found again by tool name and canonical arguments. The first answer's record is lost
+// (its Succeed failed while PostgreSQL blinked, say), so the second delivery makes a
+// new generation; keyed by the new id alone, the refund would be issued twice.
+func TestToolKeyIsStableWhenTheProviderChangesToolCallIDs(t *testing.T) {
+	t.Parallel()
+	for _, ids := range []string{fakeserver.ToolCallIDsRandom, fakeserver.ToolCallIDsStable} {
+		t.Run(ids, func(t *testing.T) {
+			t.Parallel()
+			got := &steps{}
+			args := json.RawMessage(`{"order_id": "A-17", "amount_cents": 1299}`)
+			var e *modelEnv
+			e = newModelEnv(t, fakeserver.Config{ToolCallIDs: ids, ToolChoice: fakeserver.CallTool("issue_refund", args)}, onceflow.Config{},
+				func(ctx context.Context, j *onceflow.Job[supportArgs]) error {
+					st, err := j.Complete(ctx, "agent", refundRequest(j.Args.Text))
+					if err != nil {
+						return err
+					}
+					got.add(st)
+					if j.Delivery == 1 { // the refund went out keyed by ToolKey; then the record is lost
+						if _, err := e.pool.Exec(ctx, `DELETE FROM llm_calls WHERE idem_key = $1`, st.Key); err != nil {
+							return err
+						}
+						return errCrash
+					}
+					return nil
+				})
+			e.enqueue("Order A-17 arrived broken; refund it.")
+			e.start()
+			e.waitRuns(2)
+			all := got.all()
+			if len(all) != 2 || e.calls() != 2 {
+				t.Fatalf("%d steps, %d model calls; want 2 and 2 (the second a new generation)", len(all), e.calls())
+			}
+			a, b := all[0].Response.ToolCalls, all[1].Response.ToolCalls
+			if len(a) != 1 || len(b) != 1 || a[0].Name != "issue_refund" {
+				t.Fatalf("tool calls %+v / %+v", a, b)
+			}
+			k1, k2 := all[0].ToolKey(a[0]), all[1].ToolKey(b[0])
+			if k1 != k2 || !strings.HasPrefix(k1, toolkey.Prefix) {
+				t.Fatalf("ToolKey %s then %s: the retried request changed the downstream key", k1, k2)
+			}
+			second := all[1].ToolKeys()[0]
+			switch ids {
+			case fakeserver.ToolCallIDsRandom:
+				if a[0].ID == b[0].ID || toolkey.IDKey(all[1].Key, b[0].ID) == k1 || second.Stability != toolkey.Unstable || second.FirstID != a[0].ID {
+					t.Fatalf("ids %s, %s; second sight %+v: want a changed id, detected unstable, keyed by the first", a[0].ID, b[0].ID, second)
+				}
+			case fakeserver.ToolCallIDsStable:
+				if a[0].ID != b[0].ID || k1 != toolkey.IDKey(all[0].Key, a[0].ID) || second.Stability != toolkey.Stable {
+					t.Fatalf("ids %s, %s; second sight %+v: want the id key, stable", a[0].ID, b[0].ID, second)
+				}
+			}
+		})
+	}
+}
+
+// A stream that drops midway ends the iteration with a plain error, after the chunks
+// it yielded, and is not retried in that delivery; the next delivery's ledger lets it
+// make a new generation, recorded, and a third delivery replays it without a call. A
+// retryable failure before the first chunk is retried within the delivery, unseen.
+func TestStreamDropMidwayAndRetryBeforeTheFirstChunk(t *testing.T) {
+	t.Parallel()
+	type sight struct {
+		chunks  int
+		err     error
+		calls   int64 // model requests when the iteration ended
+		step    *onceflow.Step
+		partial string // the ledger row's partial text after a failure
+	}
+	var mu sync.Mutex
+	var sights []sight
+	var e *modelEnv
+	e = newModelEnv(t, fakeserver.Config{}, onceflow.Config{}, func(ctx context.Context, j *onceflow.Job[supportArgs]) error {
+		s := j.Stream(ctx, "draft", prompt(j.Args.Text))
+		var got sight
+		var text strings.Builder
+		for ch, err := range s.All() {
+			if err != nil {
+				got.err = err
+				break
+			}
+			got.chunks++
+			text.WriteString(ch.Content)
+		}
+		got.calls, got.step = e.calls(), s.Step()
+		if got.err != nil {
+			if r, err := e.client.Ledger().Get(ctx, s.Key()); err == nil {
+				got.partial = r.Partial
+			}
+		}
+		mu.Lock()
+		sights = append(sights, got)
+		mu.Unlock()
+		if got.err != nil {
+			return got.err
+		}
+		if got.step == nil || got.step.Response.Content != text.String() || got.step.Key != s.Key() {
+			return onceflow.Permanent(errors.New("the step does not match the streamed text"))
+		}
+		if j.Delivery < 3 {
+			return errCrash // the third delivery must replay
+		}
+		return nil
+	})
+	e.fake.Script(fakeserver.Fault{Kind: fakeserver.FaultDrop}, fakeserver.Fault{Kind: fakeserver.Fault503})
+	text := "Please write back to the customer about the delayed order and the voucher we offered."
+	e.enqueue(text)
+	e.start()
+	e.waitRuns(3)
+	mu.Lock()
+	defer mu.Unlock()
+	drop, retried, replay := sights[0], sights[1], sights[2]
+	if drop.chunks == 0 || drop.err == nil || onceflow.IsPermanent(drop.err) || errors.Is(drop.err, onceflow.ErrUnavailable) || drop.calls != 1 || drop.step != nil || drop.partial == "" {
+		t.Fatalf("dropped stream: %d chunks, err %v, %d calls, step %v, partial %q; want chunks then a plain error, no retry, the partial text kept",
+			drop.chunks, drop.err, drop.calls, drop.step, drop.partial)
+	}
+	if retried.err != nil || retried.calls != 3 || retried.step == nil || retried.step.Response.Content != fake.Summary(prompt(text).Messages[0].Content) {
+		t.Fatalf("second delivery: %+v; want the 503 retried unseen and a whole answer", retried)
+	}
+	if replay.err != nil || replay.calls != 3 || replay.step.Response.Content != retried.step.Response.Content {
+		t.Fatalf("third delivery: %+v; want the recorded answer replayed without a call", replay)
+	}
+	r := e.row(retried.step.Key)
+	if r.State != ledger.StateSucceeded || r.Ambiguous != 1 {
+		t.Fatalf("ledger row state %s ambiguous %d; want succeeded after one ambiguous drop", r.State, r.Ambiguous)
+	}
+}
+
+// NewClient checks the model settings and names the field at fault.
+func TestModelSettingsAreChecked(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.Redis(t)
+	pool, _ := testenv.Postgres(t)
+	for _, tc := range []struct {
+		name  string
+		cfg   onceflow.Config
+		field string
+	}{
+		{"no database", onceflow.Config{}, "Config.DB"},
+		{"negative timeout", onceflow.Config{DB: pool, ModelRetry: retry.Policy{PerCallTimeout: -time.Second}}, "Config.ModelRetry.PerCallTimeout"},
+		{"negative attempts", onceflow.Config{DB: pool, ModelRetry: retry.Policy{MaxAttempts: -1}}, "Config.ModelRetry.MaxAttempts"},
+		{"budget below one attempt", onceflow.Config{DB: pool, JobBudget: 500 * time.Millisecond}, "Config.JobBudget"},
+		{"negative probe", onceflow.Config{DB: pool, QuotaProbe: -time.Second}, "Config.QuotaProbe"},
+		{"retention below the retry horizon", onceflow.Config{DB: pool, Ledger: ledger.Config{Retention: time.Minute}}, "Config.Ledger.Retention"},
+	} {
+		cfg := tc.cfg
+		cfg.Redis, cfg.Prefix, cfg.Model = rdb, prefix, fakeModel{}
+		if _, err := onceflow.NewClient(cfg); err == nil || !strings.Contains(err.Error(), tc.field) {
+			t.Errorf("%s: %v, want an error naming %s", tc.name, err, tc.field)
+		}
+	}
+	// With a model, every queue without a Gate of its own is held by the model's breaker.
+	c, err := onceflow.NewClient(onceflow.Config{Redis: rdb, Prefix: prefix, DB: pool, Model: fakeModel{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.ModelBreaker() == nil || c.Ledger() == nil {
+		t.Fatalf("breaker %v, ledger %v; want both", c.ModelBreaker(), c.Ledger())
+	}
+}

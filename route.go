@@ -1,0 +1,186 @@
+package onceflow
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"mime"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/onceflow/onceflow/idempotency"
+	"github.com/onceflow/onceflow/internal/strictjson"
+	"github.com/onceflow/onceflow/queue"
+)
+
+// Defaults of RouteConfig.
+const (
+	// DefaultMaxBodyBytes bounds a route's request body; larger ones get 413.
+	DefaultMaxBodyBytes = 1 << 20
+	// DefaultRouteTimeout bounds the accept of one request; past it the route answers
+	// 503 with Retry-After.
+	DefaultRouteTimeout = 2 * time.Second
+)
+
+// RouteConfig configures Route. Tenant is required.
+type RouteConfig[T JobArgs] struct {
+	// Tenant returns the tenant of a request, from its authentication (an API key, a
+	// session), never from a header the client chooses. Returning an error matching
+	// idempotency.ErrUnauthenticated answers 401; another error answers 500. Required.
+	Tenant func(r *http.Request) (string, error)
+	// Validate checks the decoded arguments beyond the strict JSON rules (a required
+	// field, a range). Its error is a 400 whose detail is the error's text; start it with
+	// the field's name ("notify: not an email address"). Default: none.
+	Validate func(args *T) error
+	// Opts returns the enqueue options of a request (its queue); the key, the tenant and
+	// the job id always come from the request. Default: the arguments' own.
+	Opts func(r *http.Request, args *T) EnqueueOpts
+	// Location returns the Location header of the 202 (where the job's state is read).
+	// Default: the request's path, a slash and the job id.
+	Location func(r *http.Request, jobID string) string
+	// MaxBodyBytes bounds the body; larger ones get 413. Default: DefaultMaxBodyBytes.
+	MaxBodyBytes int64
+	// Timeout bounds the accept, one Redis round trip; past it, 503. Default:
+	// DefaultRouteTimeout.
+	Timeout time.Duration
+	// LockTTL, RetryAfter and MaxResponseBytes configure the route's idempotency
+	// middleware (idempotency.Config). Defaults: idempotency's.
+	LockTTL, RetryAfter time.Duration
+	MaxResponseBytes    int
+}
+
+// Route returns an http.Handler that enqueues a job of kind T from a POST, with the
+// full Idempotency-Key semantics (docs/api.md):
+//
+//   - the Idempotency-Key header is required (16 to 128 printable ASCII characters,
+//     the quoted form is the same key): missing or malformed, 400;
+//   - the body must be application/json (else 415), at most MaxBodyBytes (else 413),
+//     and decode strictly into T (case-sensitive names, no unknown or repeated fields:
+//     else 400 naming the field), then pass Validate (else 400);
+//   - a new key: the job is enqueued, its tenant recorded and the answer stored, in
+//     ONE Redis round trip (one script), and the answer is 202
+//     {"job_id": "<id>", "status": "queued"} with Location; the job id is JobID of the
+//     request's scope (tenant, method, path, key), so a duplicate collapses downstream;
+//   - the same key and body again: the stored answer, byte for byte, with
+//     Idempotent-Replayed: true; the same key with another body: 422;
+//   - Redis unavailable or slower than Timeout: 503 with Retry-After, nothing stored;
+//   - the same key from two tenants: two jobs.
+//
+// Mount it on the path of your choice (mux.Handle("POST /v1/tickets", h)); the path is
+// part of the scope. Its metrics are the idempotency middleware's and
+// onceflow_queue_enqueued_total, on Config.Registerer.
+func Route[T JobArgs](c *Client, cfg RouteConfig[T]) (http.Handler, error) {
+	if cfg.Tenant == nil {
+		return nil, errors.New("onceflow: RouteConfig.Tenant is required")
+	}
+	var zero T
+	kind := zero.Kind()
+	if !queue.ValidKind(kind) {
+		return nil, fmt.Errorf("%w: Route: kind %q of %T is not valid", ErrUnknownKind, kind, zero)
+	}
+	cfg.MaxBodyBytes = cmp.Or(cfg.MaxBodyBytes, DefaultMaxBodyBytes)
+	cfg.Timeout = cmp.Or(cfg.Timeout, DefaultRouteTimeout)
+	if cfg.Location == nil {
+		cfg.Location = func(r *http.Request, id string) string { return strings.TrimSuffix(r.URL.Path, "/") + "/" + id }
+	}
+	mw, err := idempotency.New(idempotency.Config{
+		Store: c.store, Tenant: cfg.Tenant, LockTTL: cfg.LockTTL, ResultTTL: c.cfg.ResultTTL,
+		RetryAfter: cfg.RetryAfter, StoreTimeout: cfg.Timeout, MaxBodyBytes: cfg.MaxBodyBytes,
+		MaxResponseBytes: cfg.MaxResponseBytes, Logger: c.log, Registerer: c.cfg.Registerer,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("onceflow: Route: %w", err)
+	}
+	return &route[T]{c: c, cfg: cfg, mw: mw, kind: kind}, nil
+}
+
+type route[T JobArgs] struct {
+	c    *Client
+	cfg  RouteConfig[T]
+	mw   *idempotency.Middleware
+	kind string
+}
+
+func (rt *route[T]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	mw := rt.mw
+	key, err := idempotency.KeyFromRequest(r.Header)
+	if err != nil {
+		mw.Respond(w, r, nil, false, err)
+		return
+	}
+	scope, err := mw.Scope(r, key)
+	if err != nil {
+		mw.Respond(w, r, nil, false, err)
+		return
+	}
+	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
+		writeDetail(w, http.StatusUnsupportedMediaType, "Content-Type must be application/json")
+		return
+	}
+	body, err := idempotency.ReadBody(r, rt.cfg.MaxBodyBytes)
+	if err != nil {
+		mw.Respond(w, r, nil, false, err)
+		return
+	}
+	args := new(T)
+	if err := strictjson.Decode(body, args); err != nil {
+		mw.Respond(w, r, nil, false, &idempotency.RequestError{Err: fieldError(err)})
+		return
+	}
+	if rt.cfg.Validate != nil {
+		if err := rt.cfg.Validate(args); err != nil {
+			mw.Respond(w, r, nil, false, &idempotency.RequestError{Err: err})
+			return
+		}
+	}
+	var opts EnqueueOpts
+	if rt.cfg.Opts != nil {
+		opts = rt.cfg.Opts(r, args)
+	}
+	opts.Tenant, opts.Key, opts.JobID = scope.Tenant, "", JobID(scope)
+	// The accept must not depend on the client staying connected: once Redis has the job
+	// the answer is stored with it, atomically.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), rt.cfg.Timeout)
+	defer cancel()
+	m, o, err := rt.c.message(r.Context(), *args, &opts)
+	if err != nil {
+		mw.Respond(w, r, nil, false, &idempotency.RequestError{Err: err})
+		return
+	}
+	location := rt.cfg.Location(r, m.JobID)
+	resp := &idempotency.Response{
+		Status: http.StatusAccepted,
+		Header: http.Header{"Content-Type": {"application/json"}, "Location": {location}},
+		Body:   []byte(`{"job_id":` + quoteJSON(m.JobID) + `,"status":"queued"}`),
+	}
+	// The fingerprint is of the arguments as re-encoded (m.Payload), so whitespace and
+	// key order in the body do not matter.
+	stored, replayed, err := rt.c.accept(ctx, scope, idempotency.Fingerprint(m.Payload), resp, m, rt.c.keys(o.Queue))
+	mw.Respond(w, r, stored, replayed, err)
+}
+
+// fieldError turns a strict decoding error into the 400 detail "field: what is wrong"
+// (or "body: ..." for the document).
+func fieldError(err error) error {
+	var se *strictjson.Error
+	if errors.As(err, &se) {
+		return fmt.Errorf("%s: %s", cmp.Or(se.Field, "body"), se.Msg)
+	}
+	return fmt.Errorf("body: %w", err)
+}
+
+// quoteJSON returns s as a JSON string.
+func quoteJSON(s string) string {
+	b, _ := json.Marshal(s)
+	return string(b)
+}
+
+// writeDetail writes the JSON error body every onceflow error uses: {"detail": "..."}.
+func writeDetail(w http.ResponseWriter, status int, detail string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(map[string]string{"detail": detail})
+}

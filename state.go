@@ -1,0 +1,160 @@
+package onceflow
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/onceflow/onceflow/queue"
+)
+
+// Status is where a job is.
+type Status string
+
+// The statuses JobState reports.
+const (
+	// StatusQueued: accepted, waiting for a worker (or handed back to wait again).
+	StatusQueued Status = "queued"
+	// StatusRunning: a worker holds it now.
+	StatusRunning Status = "running"
+	// StatusDone: its Commit won; Result holds what it stored.
+	StatusDone Status = "done"
+	// StatusFailed: dead-lettered; Error says why.
+	StatusFailed Status = "failed"
+)
+
+// JobState is what JobState knows about a job.
+type JobState struct {
+	// ID, Kind, Queue and Tenant are the job's (Kind and Queue when known).
+	ID     string `json:"job_id"`
+	Kind   string `json:"kind,omitempty"`
+	Queue  string `json:"queue,omitempty"`
+	Tenant string `json:"-"`
+	// Status is where the job is.
+	Status Status `json:"status"`
+	// Result is what the job's Commit stored with Commit.Result (StatusDone), or nil.
+	Result json.RawMessage `json:"result,omitempty"`
+	// Error is the dead-letter reason (StatusFailed).
+	Error string `json:"error,omitempty"`
+	// CompletedAt is when the job's Commit committed (StatusDone).
+	CompletedAt time.Time `json:"completed_at,omitzero"`
+}
+
+// ErrJobNotFound is returned by JobState for an id no job has, or has for another
+// tenant: a tenant cannot learn that another's job exists.
+var ErrJobNotFound = errors.New("onceflow: no such job")
+
+// JobState returns the state of job id for tenant: done (its completion record, read from
+// PostgreSQL), else failed, running or queued (its job index and its stream entry, read
+// from Redis, in each of the client's queues). An unknown id, another tenant's job, or
+// a job whose index expired after it finished gives ErrJobNotFound; a store that does not
+// answer gives its error (answer 503). It costs one PostgreSQL and, for a job not done,
+// one Redis round trip per queue (two when it is queued, to tell running from waiting).
+func (c *Client) JobState(ctx context.Context, tenant, id string) (*JobState, error) {
+	if !queue.ValidJobID(id) {
+		return nil, ErrJobNotFound
+	}
+	if c.cfg.DB != nil {
+		st, err := c.completed(ctx, tenant, id)
+		if err == nil || !errors.Is(err, ErrJobNotFound) {
+			return st, err
+		}
+	}
+	for _, name := range c.Queues() {
+		st, err := c.indexed(ctx, name, tenant, id)
+		if err == nil || !errors.Is(err, ErrJobNotFound) {
+			return st, err
+		}
+	}
+	return nil, ErrJobNotFound
+}
+
+// completed reads the completion record of id.
+func (c *Client) completed(ctx context.Context, tenant, id string) (*JobState, error) {
+	st := &JobState{ID: id, Status: StatusDone}
+	var result []byte
+	err := c.cfg.DB.QueryRow(ctx, `SELECT kind, tenant, result, completed_at FROM job_completions WHERE job_id = $1`, id).
+		Scan(&st.Kind, &st.Tenant, &result, &st.CompletedAt)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil, ErrJobNotFound
+	case err != nil:
+		return nil, fmt.Errorf("onceflow: read job %s: %w", id, err)
+	case st.Tenant != tenant:
+		return nil, ErrJobNotFound
+	}
+	st.Result = result
+	return st, nil
+}
+
+// indexed reads the job index of id in queue name.
+func (c *Client) indexed(ctx context.Context, name, tenant, id string) (*JobState, error) {
+	keys := c.keys(name)
+	owner, state, reason, err := queue.JobState(ctx, c.rdb, keys, id)
+	switch {
+	case errors.Is(err, queue.ErrUnknownJob) || err == nil && owner != tenant:
+		return nil, ErrJobNotFound
+	case err != nil:
+		return nil, fmt.Errorf("onceflow: read job %s: %w", id, err)
+	}
+	st := &JobState{ID: id, Queue: name, Tenant: owner, Status: StatusQueued}
+	if state == queue.StateFailed {
+		st.Status, st.Error = StatusFailed, reason
+		return st, nil
+	}
+	running, err := c.isRunning(ctx, keys, id)
+	if err != nil {
+		return nil, fmt.Errorf("onceflow: read job %s: %w", id, err)
+	}
+	if running {
+		st.Status = StatusRunning
+	}
+	return st, nil
+}
+
+// isRunning reports whether the stream entry the job index of id names is pending to a
+// consumer: delivered and not yet acknowledged or handed back idle.
+func (c *Client) isRunning(ctx context.Context, keys queue.Keys, id string) (bool, error) {
+	entry, err := c.rdb.HGet(ctx, keys.Job(id), "entry").Result()
+	if errors.Is(err, redis.Nil) || entry == "" {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return queue.EntryPending(ctx, c.rdb, keys, queue.DefaultGroup, entry)
+}
+
+// StateHandler returns an http.Handler for GET .../{job_id}: the state of the job
+// r.PathValue("job_id") for the tenant tenant returns, as JSON (JobState's fields: job_id,
+// kind, queue, status, and result, error or completed_at when known): 200, or 404 for
+// an unknown id or another tenant's job, 401 when tenant fails, 503 with Retry-After
+// when a store does not answer. Mount it with a {job_id} wildcard:
+// mux.Handle("GET /v1/tickets/{job_id}", onceflow.StateHandler(c, tenant)).
+func StateHandler(c *Client, tenant func(*http.Request) (string, error)) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		t, err := tenant(r)
+		if err != nil {
+			writeDetail(w, http.StatusUnauthorized, "authentication required")
+			return
+		}
+		st, err := c.JobState(r.Context(), t, r.PathValue("job_id"))
+		switch {
+		case errors.Is(err, ErrJobNotFound):
+			writeDetail(w, http.StatusNotFound, "no such job")
+		case err != nil:
+			c.log.WarnContext(r.Context(), "onceflow: job state unavailable", "err", err)
+			w.Header().Set("Retry-After", "1")
+			writeDetail(w, http.StatusServiceUnavailable, "job state unavailable; retry later")
+		default:
+			w.Header().Set("Content-Type", "application/json")
+			_ = json.NewEncoder(w).Encode(st)
+		}
+	})
+}
