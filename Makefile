@@ -7,7 +7,7 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # `#nosec RULE -- why` (docs/development.md).
 GOSEC := github.com/securego/gosec/v2/cmd/gosec@v2.30.0
 VERSION := $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-LDFLAGS := -X main.version=$(VERSION)
+LDFLAGS := -X github.com/onceflow/onceflow/cli.version=$(VERSION)
 FUZZTIME ?= 10s
 # Go test timeout for the whole suite; it normally takes a few minutes.
 TEST_TIMEOUT ?= 20m

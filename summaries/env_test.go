@@ -32,7 +32,7 @@ const (
 var testAPIKeys = map[string]string{keyAcme: "acme", keyGlobex: "globex"}
 
 // newAPIServer serves the summaries routes on a real HTTP server, assembled the way
-// cmd/onceflow's buildAPI assembles them: bearer-key authentication, the idempotency
+// package cli's buildAPI assembles them: bearer-key authentication, the idempotency
 // middleware (for its statuses and metrics) and the single-round-trip accept. rdb is the
 // server's own Redis client (hooks added to it count only the server's round trips).
 func newAPIServer(t testing.TB, rdb *redis.Client, prefix string, db summaries.Row) *httptest.Server {

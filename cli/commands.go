@@ -1,0 +1,145 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"strings"
+
+	"github.com/onceflow/onceflow/config"
+	"github.com/onceflow/onceflow/internal/tracing"
+)
+
+// env is what a subcommand gets from the process: output streams and the environment.
+type env struct {
+	stdout, stderr io.Writer
+	getenv         func(string) string
+}
+
+// command is one subcommand; each lives in its own file.
+type command struct {
+	name    string
+	summary string
+	run     func(ctx context.Context, e *env, args []string) error
+}
+
+// commands lists every subcommand, in the order `onceflow help` shows them.
+func commands() []command {
+	return []command{
+		{"migrate", "create or upgrade the PostgreSQL schema (safe to run twice and concurrently)", runMigrate},
+		{"serve", "run the HTTP API", runServe},
+		{"work", "run a Redis Streams worker (run several, on several machines)", runWork},
+		{"dlq", "list, replay or purge dead-lettered jobs: dlq list | replay ID|--all | purge ID|--all", runDLQ},
+		{"run", "run serve, work and relay in one process", runRun},
+		{"audit", "check the pipeline's invariants on live data and print counts (exit 4 on a violation)", runAudit},
+		{"relay", "run the outbox relay (run several: they never send the same row at once)", runRelay},
+		{"outbox", "list [--failed] [--json] | retry ID|--all: inspect outbox rows, reset exhausted ones", runOutbox},
+		{"fake-llm", "serve a fake OpenAI-compatible model with injectable faults (demos and tests)", runFakeLLM},
+		{"gateway", "an OpenAI-compatible proxy adding Idempotency-Key semantics to any upstream (ONCEFLOW_GATEWAY_ADDR)", runGateway},
+		{"probe", "does a provider honour Idempotency-Key? one key twice: honoured (0), ignored (3), inconclusive (1)", runProbe},
+		{"webhook-sink", "a webhook receiver counting deliveries per Idempotency-Key (make demo's email provider; GET shows duplicates)", runWebhookSink},
+		{"version", "print the version", runVersion},
+	}
+}
+
+// run dispatches args[0] to its subcommand.
+func run(ctx context.Context, args []string, e *env) error {
+	if len(args) == 0 || slices.Contains([]string{"help", "-h", "-help", "--help"}, args[0]) {
+		printUsage(e.stdout)
+		if len(args) == 0 {
+			return usageErrorf("missing command")
+		}
+		return nil
+	}
+	for _, c := range commands() {
+		if c.name == args[0] {
+			return c.run(ctx, e, args[1:])
+		}
+	}
+	return usageErrorf("unknown command %q; run `onceflow help`", args[0])
+}
+
+func printUsage(w io.Writer) {
+	fmt.Fprintln(w, "usage: onceflow COMMAND [flags]\n\ncommands:")
+	for _, c := range commands() {
+		fmt.Fprintf(w, "  %-12s %s\n", c.name, c.summary)
+	}
+	fmt.Fprintln(w, "\nRun `onceflow COMMAND -h` for a command's flags. Every setting is also an environment variable (see README).")
+}
+
+// usageError marks a usage or configuration mistake: exit status 2.
+type usageError struct{ err error }
+
+func (u *usageError) Error() string { return u.err.Error() }
+func (u *usageError) Unwrap() error { return u.err }
+
+func usageErrorf(format string, args ...any) error {
+	return &usageError{fmt.Errorf(format, args...)}
+}
+
+// isUsage reports whether err is a usage or configuration error.
+func isUsage(err error) bool {
+	var u *usageError
+	var c *config.Error
+	return errors.As(err, &u) || errors.As(err, &c)
+}
+
+// exitError carries a command-specific exit status (audit 4, probe 3).
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+func (e *exitError) Unwrap() error { return e.err }
+
+// flags returns a FlagSet for a subcommand that reports parse errors as usage errors.
+func flags(e *env, name, usage string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(e.stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(e.stderr, "usage: onceflow %s %s\n\nflags:\n", name, usage)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// parse parses args into fs, mapping errors to usage errors; -h returns flag.ErrHelp.
+func parse(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return &usageError{err}
+	}
+	return nil
+}
+
+// load parses args and resolves the configuration; the loader must have been registered
+// on fs. The logger it returns writes to stderr in the configured format.
+func load(e *env, fs *flag.FlagSet, l *config.Loader, args []string) (*config.Config, *slog.Logger, error) {
+	if err := parse(fs, args); err != nil {
+		return nil, nil, err
+	}
+	cfg, err := l.Load(e.getenv)
+	if err != nil {
+		return nil, nil, err
+	}
+	if _, err := tracing.FromEnv(e.getenv); err != nil {
+		return nil, nil, err // the OTEL_* variables are settings too: a bad one exits 2
+	}
+	return cfg, newLogger(e.stderr, cfg.LogFormat), nil
+}
+
+// newLogger returns the process logger: JSON (default) or text on stderr.
+func newLogger(w io.Writer, format string) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: slog.LevelInfo}
+	if strings.EqualFold(format, "text") {
+		return slog.New(slog.NewTextHandler(w, opts))
+	}
+	return slog.New(slog.NewJSONHandler(w, opts))
+}

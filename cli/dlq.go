@@ -1,0 +1,291 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"regexp"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/config"
+	"github.com/onceflow/onceflow/queue"
+)
+
+const dlqUsage = "list [--json] [--limit N] | replay ID|--all [--json] | purge ID|--all|--older-than DURATION [--json]\n\n" +
+	"ID is a dead-letter entry id (1700000000000-0, as `dlq list` shows) or a job id (a UUID: every\n" +
+	"dead letter of that job). replay re-enqueues with the same job id and removes the dead letter\n" +
+	"in one step; purge deletes it for good; purge --older-than deletes every dead letter that\n" +
+	"failed more than DURATION ago (as the workers do after ONCEFLOW_DLQ_RETENTION)."
+
+// streamID matches a Redis stream entry id.
+var streamID = regexp.MustCompile(`^[0-9]{1,20}-[0-9]{1,20}$`)
+
+// runDLQ inspects and acts on the service queue's dead letters.
+func runDLQ(ctx context.Context, e *env, args []string) error {
+	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
+		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "-help") {
+			fmt.Fprintf(e.stderr, "usage: onceflow dlq %s\n", dlqUsage)
+			return flag.ErrHelp
+		}
+		return usageErrorf("dlq: missing subcommand; usage: onceflow dlq %s", strings.SplitN(dlqUsage, "\n", 2)[0])
+	}
+	sub := args[0]
+	if sub != "list" && sub != "replay" && sub != "purge" {
+		return usageErrorf("dlq: unknown subcommand %q; want list, replay or purge", sub)
+	}
+	fs := flags(e, "dlq "+sub, dlqUsage)
+	loader := config.Register(fs)
+	asJSON := fs.Bool("json", false, "machine-readable output on stdout")
+	all := fs.Bool("all", false, "act on every dead letter (replay, purge)")
+	limit := fs.Int("limit", 1000, "most dead letters to list")
+	olderThan := fs.Duration("older-than", 0, "purge: every dead letter that failed more than this long ago")
+	pos, err := parseInterspersed(fs, args[1:])
+	if err != nil {
+		return err
+	}
+	cfg, err := loader.Load(e.getenv)
+	if err != nil {
+		return err
+	}
+	rdb, err := onceflow.NewRedis(cfg.RedisURL)
+	if err != nil {
+		return err
+	}
+	defer rdb.Close()
+	keys := serviceKeys(cfg)
+
+	if sub == "list" {
+		if len(pos) > 0 || *all {
+			return usageErrorf("dlq list takes no ID and no --all")
+		}
+		if *limit < 1 {
+			return usageErrorf("dlq list: --limit must be at least 1")
+		}
+		return dlqList(ctx, e, rdb, keys, *limit, *asJSON)
+	}
+	if olderThanSet(fs) {
+		switch {
+		case sub != "purge":
+			return usageErrorf("dlq %s: --older-than is for purge", sub)
+		case *all || len(pos) > 0:
+			return usageErrorf("dlq purge: give an ID, --all or --older-than, not several")
+		case *olderThan <= 0:
+			return usageErrorf("dlq purge: --older-than must be positive")
+		}
+		return dlqPurgeOlder(ctx, e, rdb, keys, *olderThan, cfg.ResultTTL, *asJSON)
+	}
+	switch {
+	case *all && len(pos) > 0:
+		return usageErrorf("dlq %s: give an ID or --all, not both", sub)
+	case !*all && len(pos) != 1:
+		return usageErrorf("dlq %s: give one ID (a dead-letter entry id or a job id) or --all", sub)
+	case !*all && !streamID.MatchString(pos[0]) && !queue.ValidJobID(pos[0]):
+		return usageErrorf("dlq %s: %q is neither a dead-letter entry id (1700000000000-0) nor a job id (printable ASCII without spaces)", sub, pos[0])
+	}
+	targets, err := dlqTargets(ctx, rdb, keys, pos, *all)
+	if err != nil {
+		return err
+	}
+	return dlqAct(ctx, e, rdb, keys, sub, targets, cfg.ResultTTL, *asJSON)
+}
+
+// parseInterspersed parses flags that may come before or after positional arguments
+// and returns the positional ones.
+func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := parse(fs, args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return pos, nil
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
+	}
+}
+
+// dlqList prints up to limit dead letters, oldest first.
+func dlqList(ctx context.Context, e *env, rdb redis.Cmdable, keys queue.Keys, limit int, asJSON bool) error {
+	var dead []queue.DeadLetter
+	for start := "-"; start != "" && len(dead) < limit; {
+		page, next, err := queue.ListDead(ctx, rdb, keys, start, int64(min(500, limit-len(dead))))
+		if err != nil {
+			return err
+		}
+		dead, start = append(dead, page...), next
+	}
+	if asJSON {
+		if dead == nil {
+			dead = []queue.DeadLetter{}
+		}
+		enc := json.NewEncoder(e.stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(dead)
+	}
+	if len(dead) == 0 {
+		fmt.Fprintln(e.stdout, "no dead letters")
+		return nil
+	}
+	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "DEAD ID\tJOB ID\tTENANT\tDELIVERIES\tFAILED AT\tREASON")
+	for _, d := range dead {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", d.ID, dash(d.JobID), dash(d.Tenant), d.Deliveries,
+			d.FailedAt.UTC().Format(time.RFC3339), oneLine(d.Reason))
+	}
+	return tw.Flush()
+}
+
+// dlqTargets resolves the dead letters to act on: every one (--all, a snapshot, so that
+// jobs dead-lettered again meanwhile are not looped over), one entry id, or every dead
+// letter of a job id.
+func dlqTargets(ctx context.Context, rdb redis.Cmdable, keys queue.Keys, pos []string, all bool) ([]queue.DeadLetter, error) {
+	switch {
+	case all:
+		var out []queue.DeadLetter
+		for start := "-"; start != ""; {
+			page, next, err := queue.ListDead(ctx, rdb, keys, start, 500)
+			if err != nil {
+				return nil, err
+			}
+			out, start = append(out, page...), next
+		}
+		return out, nil
+	case queue.ValidJobID(pos[0]):
+		out, err := queue.FindDead(ctx, rdb, keys, pos[0])
+		if err != nil {
+			return nil, err
+		}
+		if len(out) == 0 {
+			return nil, fmt.Errorf("job %s has no dead letter", pos[0])
+		}
+		return out, nil
+	default:
+		page, _, err := queue.ListDead(ctx, rdb, keys, pos[0], 1)
+		if err != nil {
+			return nil, err
+		}
+		if len(page) == 1 && page[0].ID == pos[0] {
+			return page, nil
+		}
+		return []queue.DeadLetter{{ID: pos[0]}}, nil // the action reports it missing
+	}
+}
+
+// dlqResult is one line of replay/purge output.
+type dlqResult struct {
+	DeadID  string `json:"dead_id"`
+	JobID   string `json:"job_id,omitempty"`
+	EntryID string `json:"entry_id,omitempty"` // replay: the new stream entry
+	// RetiredBy (replay) is the dead letter of the same job whose replay already
+	// removed this one.
+	RetiredBy string `json:"retired_by,omitempty"`
+	Error     string `json:"error,omitempty"`
+}
+
+// dlqAct replays or purges targets and reports each; it fails (exit 1) when any failed.
+func dlqAct(ctx context.Context, e *env, rdb redis.Cmdable, keys queue.Keys, sub string, targets []queue.DeadLetter, ttl time.Duration, asJSON bool) error {
+	results := make([]dlqResult, 0, len(targets))
+	replayed := map[string]string{} // job id -> the dead letter replayed for it
+	failed := 0
+	for _, d := range targets {
+		r := dlqResult{DeadID: d.ID, JobID: d.JobID}
+		var err error
+		if sub == "replay" {
+			r.EntryID, err = queue.Replay(ctx, rdb, keys, d.ID)
+			if errors.Is(err, queue.ErrDeadLetterNotFound) && replayed[d.JobID] != "" {
+				// The replay of this job's other dead letter retired this one (the
+				// enqueue retires the dead letter the job index points at).
+				r.RetiredBy, err = replayed[d.JobID], nil
+			} else if err == nil && d.JobID != "" {
+				replayed[d.JobID] = d.ID
+			}
+		} else {
+			err = queue.Purge(ctx, rdb, keys, d.ID, ttl)
+		}
+		if err != nil {
+			failed++
+			r.Error = err.Error()
+		}
+		results = append(results, r)
+		if asJSON {
+			continue
+		}
+		switch {
+		case err != nil:
+			fmt.Fprintf(e.stderr, "onceflow: dlq %s %s: %v\n", sub, d.ID, err)
+		case r.RetiredBy != "":
+			fmt.Fprintf(e.stdout, "retired %s by the replay of %s (job %s)\n", d.ID, r.RetiredBy, d.JobID)
+		case sub == "replay":
+			fmt.Fprintf(e.stdout, "replayed %s as %s (job %s)\n", d.ID, r.EntryID, dash(d.JobID))
+		default:
+			fmt.Fprintf(e.stdout, "purged %s\n", d.ID)
+		}
+	}
+	if asJSON {
+		enc := json.NewEncoder(e.stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(results); err != nil {
+			return err
+		}
+	} else if len(targets) == 0 {
+		fmt.Fprintln(e.stdout, "no dead letters")
+	}
+	if failed > 0 {
+		return fmt.Errorf("dlq %s: %d of %d failed", sub, failed, len(targets))
+	}
+	return nil
+}
+
+// olderThanSet reports whether --older-than was given.
+func olderThanSet(fs *flag.FlagSet) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == "older-than" })
+	return set
+}
+
+// dlqPurgeOlder deletes the dead letters that failed more than age ago (queue.TrimDead;
+// their job indexes get ttl) and prints how many.
+func dlqPurgeOlder(ctx context.Context, e *env, rdb redis.Cmdable, keys queue.Keys, age, ttl time.Duration, asJSON bool) error {
+	before := time.Now().Add(-age)
+	n, err := queue.TrimDead(ctx, rdb, keys, before, ttl)
+	if err != nil {
+		return fmt.Errorf("dlq purge --older-than %s: %w (%d deleted before the error)", age, err, n)
+	}
+	if asJSON {
+		enc := json.NewEncoder(e.stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(struct {
+			Purged int64     `json:"purged"`
+			Before time.Time `json:"before"`
+		}{n, before.UTC()})
+	}
+	fmt.Fprintf(e.stdout, "purged %d dead letters older than %s (failed before %s)\n", n, age, before.UTC().Format(time.RFC3339))
+	return nil
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
+
+// dlqRetention maps ONCEFLOW_DLQ_RETENTION to WorkerConfig.DeadLetterRetention: 0 (keep
+// for ever) is negative there, where 0 means the default.
+func dlqRetention(c *config.Config) time.Duration {
+	if c.DLQRetention == 0 {
+		return -1
+	}
+	return c.DLQRetention
+}

@@ -1,0 +1,97 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/onceflow/onceflow/config"
+	"github.com/onceflow/onceflow/internal/httpapi"
+	"github.com/onceflow/onceflow/llm/fakeserver"
+)
+
+// runFakeLLM serves llm/fakeserver: an OpenAI-compatible (and Anthropic Messages)
+// model server with injectable faults, for demos and tests (CONTRACT section 6). On
+// SIGINT/SIGTERM it releases hung and dripping requests and shuts down.
+func runFakeLLM(ctx context.Context, e *env, args []string) error {
+	fs := flags(e, "fake-llm", "--addr ADDR [fault flags]")
+	addr := fs.String("addr", "127.0.0.1:9090", "listen address (port 0 picks a free port)")
+	latency := fs.Duration("latency", 0, "time to produce each answer")
+	fail429 := fs.Float64("fail-429", 0, "probability (0 to 1) of a 429 rate_limit_exceeded with Retry-After")
+	retryAfter := fs.Int("retry-after", 1, "Retry-After of a 429, in seconds")
+	fail503 := fs.Float64("fail-503", 0, "probability of a 503 server_error (529 overloaded_error on /v1/messages)")
+	failQuota := fs.Float64("fail-quota", 0, "probability of a 429 insufficient_quota (not retryable)")
+	hang := fs.Float64("hang", 0, "probability that a request is never answered (until the client goes away)")
+	drip := fs.Float64("drip", 0, "probability that an answer is sent one byte every second")
+	drop := fs.Float64("drop-stream", 0, "probability that the connection closes halfway through an answer")
+	maxInput := fs.Int("max-input-chars", 0, "longer prompts get 400 context_length_exceeded (0: no limit)")
+	honour := fs.Bool("honour-idempotency", false, "replay the first answer to a repeated Idempotency-Key")
+	seed := fs.Uint64("seed", 0, "seed of faults, ids and samples (0: random)")
+	toolIDs := fs.String("tool-call-ids", fakeserver.ToolCallIDsRandom, "tool-call ids for a repeated request: stable or random")
+	tool := fs.String("tool", "", "when a request declares tool NAME, answer with a call to it (default: the first tool)")
+	toolArgs := fs.String("tool-args", "", "the arguments of the --tool call, a JSON object (default: derived from the tool's schema)")
+	noTools := fs.Bool("no-tool-calls", false, "answer requests that declare tools in text, as when the model needs none")
+	cfg, log, err := load(e, fs, config.Register(fs), args)
+	if err != nil {
+		return err
+	}
+	chooser, err := toolChooser(*tool, *toolArgs, *noTools)
+	if err != nil {
+		return err
+	}
+	if *retryAfter < 0 {
+		return usageErrorf("--retry-after %d: must not be negative", *retryAfter)
+	}
+	ra := time.Duration(*retryAfter) * time.Second
+	if ra == 0 {
+		ra = time.Nanosecond // Config's zero means its 1s default; the flag's 0 means "Retry-After: 0"
+	}
+	srv, err := fakeserver.New(fakeserver.Config{
+		Latency: *latency, Fail429: *fail429, Fail503: *fail503, FailQuota: *failQuota, Hang: *hang, Drip: *drip, DropStream: *drop,
+		RetryAfter: ra, MaxInputChars: *maxInput, HonourIdempotency: *honour, ToolCallIDs: *toolIDs, ToolChoice: chooser, Seed: *seed, Logger: log,
+	})
+	if err != nil {
+		return usageErrorf("fake-llm: %v", err)
+	}
+	go func() {
+		<-ctx.Done()
+		srv.Close() // release hung and dripping requests so shutdown does not wait for them
+	}()
+	ready := func(a net.Addr) {
+		log.InfoContext(ctx, "fake-llm listening", "addr", a.String(), "base_url", fmt.Sprintf("http://%s/v1", a),
+			"fail_429", *fail429, "retry_after_s", *retryAfter, "fail_503", *fail503, "fail_quota", *failQuota, "hang", *hang,
+			"drip", *drip, "drop_stream", *drop, "max_input_chars", *maxInput, "honour_idempotency", *honour, "tool_call_ids", *toolIDs,
+			"tool", *tool, "no_tool_calls", *noTools)
+	}
+	if err := httpapi.Serve(ctx, *addr, srv, serveConfig(cfg, log, ready)); err != nil {
+		return fmt.Errorf("fake-llm: %w", err)
+	}
+	log.InfoContext(ctx, "fake-llm stopped")
+	return nil
+}
+
+// toolChooser is the fakeserver.ToolChooser of the --tool, --tool-args and
+// --no-tool-calls flags: nil (the first tool) when none is given.
+func toolChooser(tool, args string, none bool) (fakeserver.ToolChooser, error) {
+	switch {
+	case none && (tool != "" || args != ""):
+		return nil, usageErrorf("--no-tool-calls excludes --tool and --tool-args")
+	case none:
+		return fakeserver.NoToolCalls, nil
+	case args != "" && tool == "":
+		return nil, usageErrorf("--tool-args needs --tool")
+	case tool == "":
+		return nil, nil
+	}
+	var raw json.RawMessage
+	if args != "" {
+		var obj map[string]json.RawMessage
+		if err := json.Unmarshal([]byte(args), &obj); err != nil || obj == nil {
+			return nil, usageErrorf("--tool-args %q: not a JSON object", args)
+		}
+		raw = json.RawMessage(args)
+	}
+	return fakeserver.CallTool(tool, raw), nil
+}

@@ -1,0 +1,134 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/llm"
+	"github.com/onceflow/onceflow/llm/fakeserver"
+	"github.com/onceflow/onceflow/llm/openai"
+)
+
+// startFakeLLM runs `onceflow fake-llm` on a free port and returns it and its /v1 URL.
+func startFakeLLM(t *testing.T, args ...string) (*testenv.Process, string) {
+	t.Helper()
+	p := testenv.Start(t, testenv.Binary(t), nil, append([]string{"fake-llm", "--addr", "127.0.0.1:0"}, args...)...)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	line := p.WaitLog(ctx, "fake-llm listening")
+	return p, fmt.Sprint(line["base_url"])
+}
+
+const chatRequest = `{"model":"gpt-4.1-mini","messages":[{"role":"user","content":"Summarise:\n\nhello world"}]}`
+
+func TestFakeLLMCommandFaultsAndStats(t *testing.T) {
+	t.Parallel()
+	p, base := startFakeLLM(t, "--fail-429", "1", "--retry-after", "3", "--seed", "5")
+	req, _ := http.NewRequest(http.MethodPost, base+"/chat/completions", strings.NewReader(chatRequest))
+	req.Header.Set("Idempotency-Key", "k-1")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	eb, ok := llm.ParseErrorBody(body)
+	if resp.StatusCode != 429 || resp.Header.Get("Retry-After") != "3" || !ok || eb.Code != "rate_limit_exceeded" {
+		t.Fatalf("%d Retry-After %q %s", resp.StatusCode, resp.Header.Get("Retry-After"), body)
+	}
+	st, err := fakeserver.FetchStats(context.Background(), nil, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Requests != 1 || st.ByStatus["429"] != 1 || st.ByIdempotencyKey["k-1"] != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+	p.Signal(syscall.SIGTERM)
+	if code := p.Wait(10 * time.Second); code != 0 {
+		t.Fatalf("exit %d after SIGTERM", code)
+	}
+}
+
+func TestFakeLLMCommandShutsDownWhileARequestHangs(t *testing.T) {
+	t.Parallel()
+	p, base := startFakeLLM(t, "--hang", "1")
+	errc := make(chan error, 1)
+	go func() {
+		resp, err := http.Post(base+"/chat/completions", "application/json", strings.NewReader(chatRequest))
+		if err == nil {
+			resp.Body.Close()
+		}
+		errc <- err
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for { // wait until the request is in flight
+		st, err := fakeserver.FetchStats(context.Background(), nil, base)
+		if err == nil && st.InFlight == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("request never arrived: %+v %v", st, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	p.Signal(syscall.SIGTERM)
+	if code := p.Wait(10 * time.Second); code != 0 {
+		t.Fatalf("exit %d after SIGTERM with a hung request", code)
+	}
+	if err := <-errc; err == nil {
+		t.Fatal("the hung request got an answer")
+	}
+}
+
+func TestFakeLLMCommandRejectsBadFlags(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{{"--hang", "2"}, {"--tool-call-ids", "sometimes"}, {"--retry-after", "-1"}, {"--fail-429", "x"},
+		{"--tool-args", `{"a":1}`}, {"--tool", "x", "--tool-args", "[1]"}, {"--tool", "x", "--no-tool-calls"}} {
+		p := testenv.Start(t, testenv.Binary(t), nil, append([]string{"fake-llm", "--addr", "127.0.0.1:0"}, args...)...)
+		if code := p.Wait(10 * time.Second); code != 2 {
+			t.Errorf("%v: exit %d, want 2; stderr:\n%s", args, code, p.Stderr())
+		}
+	}
+}
+
+// --tool and --tool-args make the answer a call to that tool with those arguments;
+// --no-tool-calls makes it text although the request declares tools.
+func TestFakeLLMCommandCallsTheToolItIsTold(t *testing.T) {
+	t.Parallel()
+	const tools = `,"tools":[{"type":"function","function":{"name":"lookup_order"}},{"type":"function","function":{"name":"issue_refund"}}]}`
+	body := strings.TrimSuffix(chatRequest, "}") + tools
+	for _, tc := range []struct {
+		args     []string
+		wantTool string
+		wantArgs string
+	}{
+		{[]string{"--tool", "issue_refund", "--tool-args", `{"order_id": "A-17", "amount_cents": 1299}`}, "issue_refund", `{"order_id":"A-17","amount_cents":1299}`},
+		{[]string{"--no-tool-calls"}, "", ""},
+		{nil, "lookup_order", "{}"},
+	} {
+		_, base := startFakeLLM(t, tc.args...)
+		resp, err := http.Post(base+"/chat/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		got, err := openai.DecodeCompletion(b)
+		if err != nil {
+			t.Fatalf("%v: %v: %s", tc.args, err, b)
+		}
+		switch {
+		case tc.wantTool == "" && (len(got.ToolCalls) != 0 || got.Content == ""):
+			t.Fatalf("%v: %s, want a text answer", tc.args, b)
+		case tc.wantTool != "" && (len(got.ToolCalls) != 1 || got.ToolCalls[0].Name != tc.wantTool || got.ToolCalls[0].Arguments != tc.wantArgs):
+			t.Fatalf("%v: %s, want %s(%s)", tc.args, b, tc.wantTool, tc.wantArgs)
+		}
+	}
+}

@@ -1,0 +1,70 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/onceflow/onceflow/config"
+	"github.com/onceflow/onceflow/internal/httpapi"
+	"github.com/onceflow/onceflow/llm/gateway"
+	"github.com/onceflow/onceflow/llm/ledger"
+	"github.com/onceflow/onceflow/llm/openai"
+)
+
+// runGateway serves llm/gateway on ONCEFLOW_GATEWAY_ADDR, in front of
+// ONCEFLOW_LLM_BASE_URL (CONTRACT section 7), with /healthz, /readyz and /metrics
+// beside /v1/, and purges expired ledger rows. On SIGINT/SIGTERM it stops accepting and
+// lets in-flight upstream calls finish and be recorded within ONCEFLOW_SHUTDOWN_TIMEOUT.
+func runGateway(ctx context.Context, e *env, args []string) error {
+	fs := flags(e, "gateway", "")
+	cfg, log, err := load(e, fs, config.Register(fs), args)
+	if err != nil {
+		return err
+	}
+	upstream := cfg.LLMBaseURL
+	if upstream == "" {
+		upstream = openai.DefaultBaseURL
+	}
+	d, err := newDeps(ctx, cfg, log, false, true)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	g, err := gateway.New(gateway.Config{
+		Upstream: upstream,
+		DB:       d.pool,
+		Ledger: ledger.Config{Lease: cfg.LedgerLease, Retention: cfg.LedgerRetention, RelaxedInsert: cfg.LedgerRelaxedInsert,
+			Models: []string{cfg.LLMModel}},
+		Timeout:           cfg.GatewayTimeout,
+		MaxBodyBytes:      int64(cfg.GatewayMaxBody),
+		CredentialHeaders: cfg.GatewayCredentialHeaders,
+		Logger:            log,
+		Registerer:        d.reg,
+	})
+	if err != nil { // config validated the header names: what is left is the upstream
+		return &config.Error{Name: "ONCEFLOW_LLM_BASE_URL", Value: config.RedactURL(upstream), Err: err}
+	}
+	s := d.httpServer()
+	s.Handle("/v1/", "/v1/", g)
+	log.InfoContext(ctx, "starting gateway", "config", cfg, "upstream", config.RedactURL(upstream))
+	serve := func(ctx context.Context) error {
+		err := httpapi.Serve(ctx, cfg.GatewayAddr, s, serveConfig(cfg, log, func(a net.Addr) {
+			log.InfoContext(ctx, "gateway listening", "addr", a.String(), "base_url", fmt.Sprintf("http://%s/v1", a))
+		}))
+		// Calls that outlived the shutdown timeout are given up: record them as ambiguous
+		// failures, so a retry sent to another gateway takes them over at once.
+		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if cerr := g.Close(cctx); cerr != nil {
+			log.Warn("gateway: calls given up at shutdown not all recorded; their leases will run out", "err", cerr)
+		}
+		return err
+	}
+	if err := runAll(ctx, d, s, "", serve, g.Ledger().Run); err != nil {
+		return fmt.Errorf("gateway: %w", err)
+	}
+	log.InfoContext(ctx, "gateway stopped")
+	return nil
+}

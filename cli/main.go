@@ -1,0 +1,69 @@
+// Package cli is the onceflow command as a library: the subcommands that run the API,
+// the workers, the outbox relay and the operator tools (migrate, dlq, outbox, audit,
+// probe, gateway). cmd/onceflow is Main and nothing else; a program of one's own embeds
+// the same subcommands the same way. Run `onceflow help` for the list.
+//
+// Exit status: 0 success, 1 failure, 2 usage or configuration error; `audit` exits 4 when
+// an invariant is violated and `probe` 3 when the provider ignores Idempotency-Key.
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+// Main runs the subcommand named by os.Args[1:] with the process's environment and
+// exits with its status (see the package doc). SIGINT and SIGTERM shut it down
+// gracefully; a second one exits at once.
+func Main() {
+	ctx, stop := signalContext(os.Stderr)
+	err := run(ctx, os.Args[1:], &env{stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv})
+	stop()
+	if err != nil && !errors.Is(err, flag.ErrHelp) {
+		fmt.Fprintf(os.Stderr, "onceflow: %v\n", err)
+	}
+	os.Exit(exitCode(err))
+}
+
+// exitCode maps an error to the documented exit status.
+func exitCode(err error) int {
+	var coded *exitError
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.As(err, &coded):
+		return coded.code
+	case isUsage(err):
+		return 2
+	default:
+		return 1
+	}
+}
+
+// signalContext returns a context cancelled by the first SIGINT or SIGTERM; a second
+// signal exits the process at once with status 1.
+func signalContext(stderr io.Writer) (context.Context, func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	go func() {
+		select {
+		case s := <-sigs:
+			fmt.Fprintf(stderr, "onceflow: %v: shutting down (send it again to exit at once)\n", s)
+			cancel()
+		case <-ctx.Done():
+			return
+		}
+		if s, ok := <-sigs; ok {
+			fmt.Fprintf(stderr, "onceflow: %v again: exiting now\n", s)
+			os.Exit(1)
+		}
+	}()
+	return ctx, func() { signal.Stop(sigs); cancel() }
+}

@@ -1,0 +1,25 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/onceflow/onceflow/config"
+	"github.com/onceflow/onceflow/migrations"
+)
+
+// runMigrate applies pending migrations. Several concurrent runs against one database
+// are safe: they serialise on an advisory lock and the schema is created once.
+func runMigrate(ctx context.Context, e *env, args []string) error {
+	fs := flags(e, "migrate", "")
+	cfg, log, err := load(e, fs, config.Register(fs), args)
+	if err != nil {
+		return err
+	}
+	v, err := migrations.Up(ctx, cfg.DatabaseURL, log)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stdout, "schema at version %d\n", v)
+	return nil
+}
