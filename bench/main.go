@@ -119,6 +119,8 @@ func buildSystems(names []string, redisAddr string, pool *pgxpool.Pool, concurre
 		switch n {
 		case "onceflow":
 			out = append(out, newOnceflowSystem(redisAddr, concurrency))
+		case "onceflow-api":
+			out = append(out, newOnceflowAPISystem(redisAddr, concurrency))
 		case "asynq":
 			out = append(out, &asynqSystem{redisAddr: redisAddr, concurrency: concurrency})
 		case "river":
