@@ -178,7 +178,9 @@ func TestMalformedMessagesDeadLetteredWithReason(t *testing.T) {
 	rdb, keys := setup(t)
 	ctx := context.Background()
 	var runs atomic.Int32
-	start(t, WorkerConfig{Redis: rdb, Keys: keys, ClaimIdle: 100 * time.Millisecond, ClaimInterval: 20 * time.Millisecond,
+	// A claim idle short enough that a redelivery loop shows within the wait below, long
+	// enough that a loaded machine dead-letters each entry before anyone may reclaim it.
+	start(t, WorkerConfig{Redis: rdb, Keys: keys, ClaimIdle: time.Second, ClaimInterval: 50 * time.Millisecond,
 		Handler: HandlerFunc(func(context.Context, *Job) error { runs.Add(1); return nil })})
 	good := message(1, nil).Values()
 	with := func(field string, value any) []any {
@@ -207,7 +209,7 @@ func TestMalformedMessagesDeadLetteredWithReason(t *testing.T) {
 		}
 	}
 	testenv.WaitFor(t, 10*time.Second, "dead letters", func() bool { return len(deadLetters(t, rdb, keys)) == len(cases) })
-	time.Sleep(300 * time.Millisecond) // no redelivery loop
+	time.Sleep(1500 * time.Millisecond) // past a claim idle: no redelivery loop
 	dead := deadLetters(t, rdb, keys)
 	if len(dead) != len(cases) {
 		t.Fatalf("%d dead letters, want %d", len(dead), len(cases))
