@@ -78,7 +78,9 @@ func (p *Process) Wait(timeout time.Duration) int { return p.p.Wait(timeout) }
 
 // WaitLog waits until the process logs a JSON line whose "msg" is msg and returns the
 // line, failing the test when ctx ends or the process exits first.
-func (p *Process) WaitLog(ctx context.Context, msg string) map[string]any { return p.p.WaitLog(ctx, msg) }
+func (p *Process) WaitLog(ctx context.Context, msg string) map[string]any {
+	return p.p.WaitLog(ctx, msg)
+}
 
 // Stderr returns what the process wrote to stderr so far.
 func (p *Process) Stderr() string { return p.p.Stderr() }
