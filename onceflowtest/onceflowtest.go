@@ -30,6 +30,13 @@ import (
 	"github.com/onceflow/onceflow/migrations"
 )
 
+// RedisURL returns ONCEFLOW_REDIS_URL, the test Redis, for a subprocess (give it the
+// prefix of Redis(t) too), or fails the test.
+func RedisURL(t testing.TB) string {
+	t.Helper()
+	return testenv.RedisURL(t)
+}
+
 // Redis returns a client of the test Redis (ONCEFLOW_REDIS_URL, with onceflow's client
 // settings, see onceflow.RedisOptions) and a key prefix of this test's own, for
 // onceflow.Config.Prefix. At cleanup every key under the prefix is deleted and the

@@ -130,3 +130,6 @@ func (r *RedisServer) PauseWrites(t testing.TB) (resume func()) {
 	t.Cleanup(resume)
 	return resume
 }
+
+// Stdout returns what the process wrote to stdout so far.
+func (p *Process) Stdout() string { return p.p.Stdout() }
