@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/llm/fake"
@@ -104,10 +106,11 @@ func post(t *testing.T, api, key string, tk Ticket) (int, string) {
 var refundTicket = Ticket{Customer: "ann@example.com", OrderID: "A-17", Message: "It arrived broken; I want my money back."}
 
 // rows counts the workflow's rows: tickets, refunds, replies, outbox.
-func rows(t *testing.T, e *onceflowtest.Env) [4]int {
+func rows(t *testing.T, db *pgxpool.Pool) [4]int {
 	t.Helper()
-	return [4]int{e.Count(`SELECT count(*) FROM tickets`), e.Count(`SELECT count(*) FROM refunds`),
-		e.Count(`SELECT count(*) FROM replies`), e.OutboxRows("")}
+	count := func(sql string) int { return onceflowtest.Count(t, db, sql) }
+	return [4]int{count(`SELECT count(*) FROM tickets`), count(`SELECT count(*) FROM refunds`),
+		count(`SELECT count(*) FROM replies`), onceflowtest.OutboxRows(t, db, "")}
 }
 
 // Both branches of the agent, and a retried POST: a refund ticket posted twice is one
@@ -129,7 +132,7 @@ func TestRefundAndQuestionTickets(t *testing.T) {
 	onceflowtest.WaitFor(t, 20*time.Second, "two replies", func() bool { return s.mail.Total() == 2 && s.payments.Total() == 1 })
 	s.payments.RequireOncePerKey(t, 1)
 	s.mail.RequireOncePerKey(t, 2)
-	if got := rows(t, env); got != [4]int{2, 1, 2, 3} || s.model.Requests() != 2 {
+	if got := rows(t, env.DB); got != [4]int{2, 1, 2, 3} || s.model.Requests() != 2 {
 		t.Fatalf("rows (tickets, refunds, replies, outbox) %v, %d model calls; want [2 1 2 3] and 2", got, s.model.Requests())
 	}
 	var refund Refund
