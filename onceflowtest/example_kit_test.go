@@ -80,4 +80,3 @@ func ExampleRedisServer_PauseWrites() {
 	// held
 	// <nil>
 }
-
