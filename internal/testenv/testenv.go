@@ -45,7 +45,7 @@ func mustGetenv(t testing.TB, name string) string {
 	t.Helper()
 	v := os.Getenv(name)
 	if v == "" {
-		t.Fatalf("%s is not set: run the tests with `make test`, which starts Redis and PostgreSQL (scripts/dev-services up) and exports it", name)
+		t.Fatalf("%s is not set: point it at the test server (in onceflow's repository, run the tests with `make test`, which starts Redis and PostgreSQL with scripts/dev-services and exports it)", name)
 	}
 	return v
 }
