@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -15,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/idempotency"
 	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/llm/fake"
 	"github.com/onceflow/onceflow/llm/fakeserver"
@@ -141,5 +143,86 @@ func TestRefundAndQuestionTickets(t *testing.T) {
 	}
 	if k := s.payments.Keys()[0]; env.Count(`SELECT count(*) FROM refunds WHERE refund_key = $1`, k) != 1 {
 		t.Fatalf("the payments key %s is not the refund row's tool-call key", k)
+	}
+}
+
+// The route refuses what it must (no bearer token, a bad body) with nothing enqueued,
+// and GET reports a done ticket with its result.
+func TestTicketRouteRefusesAndReportsState(t *testing.T) {
+	t.Parallel()
+	s := newStores(t)
+	env, api := s.inProcess(t, onceflow.Config{})
+	bad := Ticket{Customer: "not-an-address", OrderID: "A-17", Message: "Money back."}
+	if code, _ := post(t, api.URL, "ticket-0003-invalid", bad); code != http.StatusBadRequest {
+		t.Fatalf("POST with an invalid customer: %d, want 400", code)
+	}
+	req, _ := http.NewRequest(http.MethodPost, api.URL+"/v1/tickets", strings.NewReader(`{"customer":"a@example.com","order_id":"A","message":"m","extra":1}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", "ticket-0004-unknown-field")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("POST with an unknown field: %d, want 400", resp.StatusCode)
+	}
+	code, id := post(t, api.URL, "ticket-0005-refund", refundTicket)
+	if code != http.StatusAccepted {
+		t.Fatalf("POST: %d", code)
+	}
+	onceflowtest.WaitFor(t, 20*time.Second, "the reply", func() bool { return s.mail.Total() == 1 })
+	st, err := http.Get(api.URL + "/v1/tickets/" + id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Body.Close()
+	var state struct {
+		Status string            `json:"status"`
+		Result map[string]string `json:"result"`
+	}
+	if err := json.NewDecoder(st.Body).Decode(&state); err != nil || st.StatusCode != http.StatusOK || state.Status != "done" || state.Result["category"] != "refund" {
+		t.Fatalf("GET: %d %+v %v, want done with category refund", st.StatusCode, state, err)
+	}
+	if s.model.Requests() != 1 || onceflowtest.Completions(t, env.DB, "") != 1 || s.payments.Total() != 1 {
+		t.Fatalf("%d model calls, %d jobs done, %d refunds; want 1 each (the refused POSTs enqueued nothing)",
+			s.model.Requests(), onceflowtest.Completions(t, env.DB, ""), s.payments.Total())
+	}
+}
+
+// The program's bearer authentication: no token or an unknown one is 401.
+func TestBearer(t *testing.T) {
+	tenant := bearer("k1=acme,k2=globex")
+	for header, want := range map[string]string{"Bearer k1": "acme", "Bearer k2": "globex", "Bearer k3": "", "": "", "k1": ""} {
+		r := httptest.NewRequest(http.MethodPost, "/v1/tickets", nil)
+		if header != "" {
+			r.Header.Set("Authorization", header)
+		}
+		got, err := tenant(r)
+		if got != want || (want == "") != errors.Is(err, idempotency.ErrUnauthenticated) {
+			t.Errorf("Authorization %q: %q, %v; want %q", header, got, err, want)
+		}
+	}
+}
+
+// A model that calls the tool for another order is refused: the job is dead-lettered
+// with the reason after one model call, and nothing is written or sent.
+func TestRefundOfAnotherOrderIsDeadLettered(t *testing.T) {
+	t.Parallel()
+	s := &stores{model: onceflowtest.NewFakeLLM(t, fakeserver.Config{ToolChoice: fakeserver.CallTool("issue_refund", json.RawMessage(`{"order_id":"Z-9","amount_cents":99900}`))}),
+		payments: onceflowtest.NewSink(t), mail: onceflowtest.NewSink(t)}
+	env, api := s.inProcess(t, onceflow.Config{})
+	_, id := post(t, api.URL, "ticket-0006-wrong-order", refundTicket)
+	var state *onceflow.JobState
+	onceflowtest.WaitFor(t, 20*time.Second, "the dead letter", func() bool {
+		var err error
+		state, err = env.Client.JobState(context.Background(), "acme", id)
+		return err == nil && state.Status == onceflow.StatusFailed
+	})
+	if !strings.Contains(state.Error, "not a refund of order A-17") {
+		t.Fatalf("dead-letter reason %q", state.Error)
+	}
+	if got := rows(t, env.DB); got != [4]int{} || s.model.Requests() != 1 || s.payments.Total()+s.mail.Total() != 0 {
+		t.Fatalf("rows %v, %d model calls, %d deliveries; want none, 1, 0", got, s.model.Requests(), s.payments.Total()+s.mail.Total())
 	}
 }
