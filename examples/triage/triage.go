@@ -101,23 +101,24 @@ func (o Options) work(ctx context.Context, job *onceflow.Job[Ticket]) error {
 	if err != nil {
 		return err
 	}
-	category, reply := "question", step.Response.Content
-	var refunds []Refund
-	for _, call := range step.Response.ToolCalls {
-		var r Refund
-		if err := decodeStrict(call.Arguments, &r); err != nil || call.Name != refundTool.Name || r.OrderID != t.OrderID || r.AmountCents <= 0 {
+	category, reply, calls := "question", step.Response.Content, step.Response.ToolCalls
+	var refund Refund
+	if len(calls) > 1 {
+		return onceflow.Permanent(fmt.Errorf("model made %d tool calls; a ticket gets at most one refund", len(calls)))
+	}
+	for _, call := range calls {
+		if err := decodeStrict(call.Arguments, &refund); err != nil || call.Name != refundTool.Name || refund.OrderID != t.OrderID || refund.AmountCents <= 0 {
 			return onceflow.Permanent(fmt.Errorf("model called %s(%s): not a refund of order %s", call.Name, call.Arguments, t.OrderID))
 		}
-		refunds = append(refunds, r)
-		category, reply = "refund", fmt.Sprintf("We refunded %d.%02d for order %s.", r.AmountCents/100, r.AmountCents%100, r.OrderID)
+		category, reply = "refund", fmt.Sprintf("We refunded %d.%02d for order %s.", refund.AmountCents/100, refund.AmountCents%100, refund.OrderID)
 	}
 	return job.Commit(ctx, func(c *onceflow.Commit) error {
 		c.Exec(`INSERT INTO tickets (job_id, tenant, customer, order_id, category) VALUES ($1, $2, $3, $4, $5)`,
 			job.ID, job.Tenant, t.Customer, t.OrderID, category)
-		for i, r := range refunds {
-			key := step.ToolKey(step.Response.ToolCalls[i]) // the same for every delivery and retried request
-			c.Exec(`INSERT INTO refunds (refund_key, job_id, order_id, amount_cents) VALUES ($1, $2, $3, $4)`, key, job.ID, r.OrderID, r.AmountCents)
-			c.Emit("payments.refund", key, r)
+		if len(calls) == 1 {
+			key := step.ToolKey(calls[0]) // the same for every delivery and retried request of the step
+			c.Exec(`INSERT INTO refunds (refund_key, job_id, order_id, amount_cents) VALUES ($1, $2, $3, $4)`, key, job.ID, refund.OrderID, refund.AmountCents)
+			c.Emit("payments.refund", key, refund)
 		}
 		c.Exec(`INSERT INTO replies (job_id, to_addr, body) VALUES ($1, $2, $3)`, job.ID, t.Customer, reply)
 		c.Emit("email.reply", "reply:"+job.ID, Reply{To: t.Customer, Body: reply})
