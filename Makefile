@@ -15,7 +15,7 @@ TEST_TIMEOUT ?= 20m
 # (internal/testenv.Binary): `onceflow work --test-handler`. `make build` leaves them out.
 TEST_TAGS := onceflowtest
 
-.PHONY: all build test demo lint fuzz bench chaos services-up services-down clean
+.PHONY: all build test demo lint fuzz bench chaos services-up services-down clean example-minimal example-triage
 
 all: build
 
@@ -67,6 +67,16 @@ bench:
 	scripts/dev-services up
 	eval "$$(scripts/dev-services env)" && cd bench && $(GO) run . $(BENCH_ARGS)
 	eval "$$(scripts/dev-services env)" && $(GO) test -run '^$$' -bench Idempotency -benchtime 1x ./idempotency/redisstore/
+
+## example-minimal: the smallest workflow's test (examples/minimal), against real Redis and PostgreSQL
+example-minimal:
+	scripts/dev-services up
+	eval "$$(scripts/dev-services env)" && $(GO) test -race -count=1 ./examples/minimal/
+
+## example-triage: the support-ticket triage agent's tests, crash tests included (examples/triage)
+example-triage:
+	scripts/dev-services up
+	eval "$$(scripts/dev-services env)" && $(GO) test -race -count=1 ./examples/triage/
 
 services-up:
 	scripts/dev-services up

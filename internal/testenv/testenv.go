@@ -45,7 +45,7 @@ func mustGetenv(t testing.TB, name string) string {
 	t.Helper()
 	v := os.Getenv(name)
 	if v == "" {
-		t.Fatalf("%s is not set: run the tests with `make test`, which starts Redis and PostgreSQL (scripts/dev-services up) and exports it", name)
+		t.Fatalf("%s is not set: point it at the test server (in onceflow's repository, run the tests with `make test`, which starts Redis and PostgreSQL with scripts/dev-services and exports it)", name)
 	}
 	return v
 }
@@ -91,15 +91,16 @@ func DeleteKeys(ctx context.Context, c *redis.Client, prefix string) {
 }
 
 // Postgres creates a schema of this test's own on the shared test PostgreSQL, applies
-// onceflow's migrations to it and returns a pool whose search_path selects it, with the
-// URL that does the same (for subprocesses and code that opens its own connections).
-// The schema is dropped at cleanup.
-func Postgres(t testing.TB) (*pgxpool.Pool, string) {
+// onceflow's migrations to it (then extra, a program's own, as migrations.Up does) and
+// returns a pool whose search_path selects it, with the URL that does the same (for
+// subprocesses and code that opens its own connections). The schema is dropped at
+// cleanup.
+func Postgres(t testing.TB, extra ...migrations.Source) (*pgxpool.Pool, string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	dsn := EmptySchema(t)
-	if _, err := migrations.Up(ctx, dsn, discardLogger()); err != nil {
+	if _, err := migrations.Up(ctx, dsn, discardLogger(), extra...); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
 	pool, err := connect.Postgres(ctx, dsn, nil)

@@ -1,0 +1,205 @@
+package main
+
+import (
+	"context"
+	"net/http"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/llm/toolkey"
+	"github.com/onceflow/onceflow/onceflowtest"
+)
+
+// Crash tests: the program is a real process killed with SIGKILL, or a delivery fails
+// where a crash would stop it. Each counts the effects.
+
+// stop ends a triage process gracefully.
+func stop(t *testing.T, p *onceflowtest.Process) {
+	t.Helper()
+	p.Signal(syscall.SIGTERM)
+	if code := p.Wait(30 * time.Second); code != 0 {
+		t.Errorf("triage exited %d", code)
+	}
+}
+
+// The worker commits the ticket, refund and reply with their effects and is killed
+// (kill -9) before its acknowledgement: the entry stays pending; the next process
+// reclaims it, gets the model's answer from the ledger and finds the job committed. One
+// model call, one row of each, one refund and one email.
+//
+// To put the kill between the commit and the acknowledgement without racing, the
+// process runs on a Redis of the test's own whose writes the test pauses while the
+// model holds the answer: the worker then commits to PostgreSQL and blocks on its
+// acknowledgement. Its relay cannot reach the receivers, so nothing is sent before the
+// kill (its failed sends are retried by the next process).
+func TestWorkerKilledBetweenCommitAndAck(t *testing.T) {
+	t.Parallel()
+	s := newStores(t)
+	r := onceflowtest.PrivateRedis(t)
+	db, dsn := onceflowtest.Postgres(t, *Workflow(Options{}).Migrations)
+	env := s.processEnv(r.URL, "onceflow", dsn)
+	unreachable := append(env[:len(env):len(env)], "PAYMENTS_URL=http://127.0.0.1:1", "MAILER_URL=http://127.0.0.1:1")
+
+	s.model.Hold()
+	a, api := startProcess(t, unreachable)
+	if code, _ := post(t, api, "ticket-crash-commit-ack", refundTicket); code != http.StatusAccepted {
+		t.Fatalf("POST: %d", code)
+	}
+	s.model.WaitRequests(t, 1, 20*time.Second)
+	resume := r.PauseWrites(t)
+	s.model.Release()
+	onceflowtest.WaitFor(t, 20*time.Second, "the commit", func() bool { return onceflowtest.Count(t, db, `SELECT count(*) FROM tickets`) == 1 })
+	a.Kill() // its acknowledgement waits for the paused Redis
+	resume()
+	if n := onceflowtest.Pending(t, r.Client, "onceflow", "triage"); n != 1 {
+		t.Fatalf("%d pending after the kill, want the job unacknowledged", n)
+	}
+
+	b, _ := startProcess(t, env)
+	onceflowtest.WaitFor(t, 30*time.Second, "the reclaim and the effects", func() bool {
+		return onceflowtest.Pending(t, r.Client, "onceflow", "triage") == 0 && s.payments.Total() == 1 && s.mail.Total() == 1
+	})
+	stop(t, b)
+	if got, calls := rows(t, db), s.model.Requests(); got != [4]int{1, 1, 1, 2} || calls != 1 {
+		t.Fatalf("rows (tickets, refunds, replies, outbox) %v, %d model calls; want [1 1 1 2] and 1 (the ledger replayed the answer)", got, calls)
+	}
+	s.payments.RequireOncePerKey(t, 1)
+	s.mail.RequireOncePerKey(t, 1)
+}
+
+// The relay delivers the refund and is killed (kill -9) before recording it: after its
+// lease the next process's relay sends it again with the same key, the tool-call key,
+// so a payments API that honours Idempotency-Key refunds once. One model call, one row
+// of each, one refund key, one email key.
+func TestRelayKilledBetweenSendAndMark(t *testing.T) {
+	t.Parallel()
+	s := newStores(t)
+	_, prefix := onceflowtest.Redis(t)
+	db, dsn := onceflowtest.Postgres(t, *Workflow(Options{}).Migrations)
+	env := s.processEnv(onceflowtest.RedisURL(t), prefix, dsn)
+
+	s.payments.SetLatency(time.Hour) // the refund is recorded on arrival; the answer never comes
+	a, api := startProcess(t, env)
+	if code, _ := post(t, api, "ticket-crash-relay-mark", refundTicket); code != http.StatusAccepted {
+		t.Fatalf("POST: %d", code)
+	}
+	onceflowtest.WaitFor(t, 20*time.Second, "the refund's first delivery", func() bool { return s.payments.Total() == 1 })
+	a.Kill()
+	s.payments.SetLatency(0)
+	if n := onceflowtest.SentOutboxRows(t, db, "payments.refund"); n != 0 {
+		t.Fatalf("%d refunds marked sent before the kill, want 0", n)
+	}
+
+	b, _ := startProcess(t, env)
+	onceflowtest.WaitFor(t, 30*time.Second, "the refund sent again after the lease", func() bool {
+		return onceflowtest.SentOutboxRows(t, db, "") == 2
+	})
+	stop(t, b)
+	if got, calls := rows(t, db), s.model.Requests(); got != [4]int{1, 1, 1, 2} || calls != 1 {
+		t.Fatalf("rows (tickets, refunds, replies, outbox) %v, %d model calls; want [1 1 1 2] and 1", got, calls)
+	}
+	keys := s.payments.Keys()
+	if s.payments.Total() != 2 || len(keys) != 1 || s.payments.Count(keys[0]) != 2 || onceflowtest.Count(t, db, `SELECT count(*) FROM refunds WHERE refund_key = $1`, keys[0]) != 1 {
+		t.Fatalf("payments received %d POSTs with keys %v; want the refund twice, with its one tool-call key", s.payments.Total(), keys)
+	}
+	if len(s.mail.Keys()) != 1 || s.mail.Total() > 2 {
+		t.Fatalf("mailer received %d POSTs with keys %v; want one email key (sent at most twice: it was in the killed batch)", s.mail.Total(), s.mail.Keys())
+	}
+}
+
+// A delivery gets the model's answer (issue_refund) and fails before its commit (a
+// trigger refuses the first ticket insert, as a crash would stop it there); the next
+// delivery commits. When the ledger holds the answer, it is replayed: one model call.
+// When the record was lost (deleted, as a purge or a failed write would lose it), the
+// request is made again and the fake model answers the same call with a new id (as
+// providers do): two model calls, detected as an unstable id, and still one refund,
+// keyed by the first id seen: the key the payments API saw first.
+func TestRetriedModelRequestKeepsTheToolKey(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name       string
+		loseRecord bool
+		calls      int
+		unstable   float64
+	}{{"ledger replays", false, 1, 0}, {"record lost, new id", true, 2, 1}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := newStores(t)
+			var db atomic.Pointer[pgxpool.Pool]
+			loseRecord := func(next onceflow.JobFunc) onceflow.JobFunc {
+				return func(ctx context.Context, info *onceflow.JobInfo) error {
+					err := next(ctx, info)
+					if err != nil && tc.loseRecord && info.Delivery == 1 {
+						if _, err := db.Load().Exec(ctx, `DELETE FROM llm_calls`); err != nil {
+							t.Error(err)
+						}
+					}
+					return err
+				}
+			}
+			reg := prometheus.NewRegistry()
+			env, api := s.inProcess(t, onceflow.Config{Middleware: []onceflow.Middleware{loseRecord}, Registerer: reg})
+			db.Store(env.DB)
+			if _, err := env.DB.Exec(context.Background(), `
+				CREATE SEQUENCE crash_once;
+				CREATE FUNCTION crash_once() RETURNS trigger LANGUAGE plpgsql AS $$
+				BEGIN
+					IF nextval('crash_once') = 1 THEN RAISE EXCEPTION 'injected crash before the commit'; END IF;
+					RETURN NEW;
+				END $$;
+				CREATE TRIGGER crash_once BEFORE INSERT ON tickets FOR EACH ROW EXECUTE FUNCTION crash_once();`); err != nil {
+				t.Fatal(err)
+			}
+			if code, _ := post(t, api.URL, "ticket-retried-model-call", refundTicket); code != http.StatusAccepted {
+				t.Fatalf("POST: %d", code)
+			}
+			onceflowtest.WaitFor(t, 30*time.Second, "the refund and the email", func() bool { return s.payments.Total() == 1 && s.mail.Total() == 1 })
+			if n := onceflowtest.Count(t, env.DB, `SELECT last_value FROM crash_once`); n != 2 {
+				t.Fatalf("the ticket insert ran %d times, want 2 (the first refused)", n)
+			}
+			if got, calls := rows(t, env.DB), s.model.Requests(); got != [4]int{1, 1, 1, 2} || calls != tc.calls {
+				t.Fatalf("rows (tickets, refunds, replies, outbox) %v, %d model calls; want [1 1 1 2] and %d", got, calls, tc.calls)
+			}
+			s.payments.RequireOncePerKey(t, 1)
+			s.mail.RequireOncePerKey(t, 1)
+			var requestKey, firstID string
+			if err := env.DB.QueryRow(context.Background(), `SELECT request_key, call_id FROM llm_tool_calls`).Scan(&requestKey, &firstID); err != nil {
+				t.Fatal(err)
+			}
+			if key := s.payments.Keys()[0]; key != toolkey.IDKey(requestKey, firstID) {
+				t.Fatalf("refund keyed %s, want the key of the first id seen, %s", key, toolkey.IDKey(requestKey, firstID))
+			}
+			if got := counter(t, reg, "onceflow_llm_tool_call_ids_total", "stability", "unstable"); got != tc.unstable {
+				t.Fatalf("%v tool calls seen with a changed id, want %v", got, tc.unstable)
+			}
+		})
+	}
+}
+
+// counter returns the value of the counter name whose label has value (0 when absent).
+func counter(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == label && l.GetValue() == value {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}

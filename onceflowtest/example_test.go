@@ -1,0 +1,69 @@
+package onceflowtest_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/onceflowtest"
+	"github.com/onceflow/onceflow/outbox"
+)
+
+type Greeting struct {
+	To string `json:"to"`
+}
+
+func (Greeting) Kind() string { return "greeting" }
+
+// A worker's effect, counted three ways: the outbox row its Commit wrote, the
+// completion record, and the one POST the receiver got. In a test, t is the test's.
+func ExampleNew() {
+	t := newExampleT()
+	defer t.cleanup()
+
+	sink := onceflowtest.NewSink(t)
+	workers := onceflow.NewWorkers()
+	onceflow.AddWorker(workers, onceflow.WorkFunc[Greeting](func(ctx context.Context, job *onceflow.Job[Greeting]) error {
+		return job.Commit(ctx, func(c *onceflow.Commit) error {
+			c.Emit("greetings", "greeting:"+job.ID, map[string]string{"to": job.Args.To})
+			return nil
+		})
+	}))
+	env := onceflowtest.New(t, onceflow.Config{Workers: workers,
+		Senders: map[string]outbox.Sender{"greetings": sink.Sender(t, nil)}})
+	env.Start()
+
+	if _, err := env.Client.Enqueue(context.Background(), Greeting{To: "ann"}, &onceflow.EnqueueOpts{Key: "greet-ann"}); err != nil {
+		t.Fatal(err)
+	}
+	onceflowtest.WaitFor(t, 10*time.Second, "the greeting", func() bool { return sink.Total() == 1 })
+	fmt.Println(env.OutboxRows("greetings"), onceflowtest.Completions(t, env.DB, "greeting"), sink.Total())
+	// Output: 1 1 1
+}
+
+// exampleT stands in for the *testing.T a real test has: examples get none.
+type exampleT struct {
+	testing.TB // nil: only the methods below are called
+	cleanups   []func()
+}
+
+func newExampleT() *exampleT { return &exampleT{} }
+
+func (t *exampleT) Helper()                   {}
+func (t *exampleT) Name() string              { return "Example" }
+func (t *exampleT) Cleanup(f func())          { t.cleanups = append(t.cleanups, f) }
+func (t *exampleT) Failed() bool              { return false }
+func (t *exampleT) Log(args ...any)           {}
+func (t *exampleT) Logf(string, ...any)       {}
+func (t *exampleT) Error(args ...any)         { panic(fmt.Sprint(args...)) }
+func (t *exampleT) Errorf(f string, a ...any) { panic(fmt.Sprintf(f, a...)) }
+func (t *exampleT) Fatal(args ...any)         { panic(fmt.Sprint(args...)) }
+func (t *exampleT) Fatalf(f string, a ...any) { panic(fmt.Sprintf(f, a...)) }
+
+func (t *exampleT) cleanup() {
+	for i := len(t.cleanups) - 1; i >= 0; i-- {
+		t.cleanups[i]()
+	}
+}
