@@ -192,6 +192,16 @@ func (d *deps) appClient(e *env, withModel bool) (*onceflow.Client, error) {
 	if err != nil {
 		return nil, err
 	}
+	if d.tp != nil {
+		// Traced as the built-in service: a span per job run and per send.
+		for i, wf := range wfs {
+			senders := make(map[string]outbox.Sender, len(wf.Senders))
+			for topic, s := range wf.Senders {
+				senders[topic] = onceflowotel.Sender(d.tp, s)
+			}
+			wfs[i].Senders = senders
+		}
+	}
 	oc := onceflow.Config{
 		Redis: d.rdb, DB: d.pool, Prefix: cfg.Prefix, Workflows: wfs,
 		Relay:       relayConfig(cfg, d.log, d.reg),
@@ -201,6 +211,9 @@ func (d *deps) appClient(e *env, withModel bool) (*onceflow.Client, error) {
 		TraceParent: d.traceParent(),
 		Logger:      d.log,
 		Registerer:  d.reg,
+	}
+	if d.tp != nil {
+		oc.Middleware = []onceflow.Middleware{onceflowotel.Middleware(d.tp)}
 	}
 	if withModel && d.pool != nil {
 		model, err := newLLMClient(cfg)

@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"context"
 	"embed"
+	"errors"
 	"fmt"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -13,8 +16,10 @@ import (
 
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/cli"
+	"github.com/onceflow/onceflow/idempotency"
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/migrations"
+	"github.com/onceflow/onceflow/outbox"
 )
 
 //go:embed testdata/notes/*.sql
@@ -36,6 +41,7 @@ func (Note) EnqueueOpts() onceflow.EnqueueOpts { return onceflow.EnqueueOpts{Que
 func notesWorkflow(h cli.Host) onceflow.Workflow {
 	return onceflow.Workflow{
 		Name:       "notes",
+		Senders:    notesSenders,
 		Queues:     map[string]onceflow.QueueConfig{"notes": {}},
 		Migrations: &migrations.Source{FS: notesSQL, Dir: "testdata/notes", Table: "notes_migrations"},
 		Workers: func(ws *onceflow.Workers) error {
@@ -68,6 +74,10 @@ func notesWorkflow(h cli.Host) onceflow.Workflow {
 		},
 	}
 }
+
+// notesSenders are the notes workflow's senders: none, unless a test sets them before
+// it runs a command.
+var notesSenders map[string]outbox.Sender
 
 // notesApp hosts the notes workflow and one without queues, routes or audit.
 var notesApp = cli.App{Name: "notesd", Workflows: func(h cli.Host) ([]onceflow.Workflow, error) {
@@ -241,5 +251,93 @@ func TestRunHostsAWorkflow(t *testing.T) {
 	}
 	if out, code := run(t, getenv, "outbox", "list", "--topic", "email."); code != 0 || strings.Contains(out, "test.noted") {
 		t.Fatalf("outbox list --topic email.: exit %d:\n%s", code, out)
+	}
+}
+
+// run hosts the whole workflow in one process: the route accepts, the worker commits, the
+// relay sends the effect with the workflow's sender, once per note.
+func TestRunCommandServesWorksAndRelays(t *testing.T) {
+	getenv, addr := hostEnv(t)
+	var mu sync.Mutex
+	sent := map[string]int{}
+	notesSenders = map[string]outbox.Sender{"test.noted": outbox.SenderFunc(func(_ context.Context, m outbox.Message) error {
+		mu.Lock()
+		sent[m.DedupeKey]++
+		mu.Unlock()
+		return nil
+	})}
+	t.Cleanup(func() { notesSenders = nil })
+	if out, code := run(t, getenv, "migrate"); code != 0 {
+		t.Fatalf("migrate: exit %d: %s", code, out)
+	}
+	stop := start(t, getenv, "run", "--queue", "notes")
+	post := func(key string) int {
+		req, _ := http.NewRequest("POST", "http://"+addr+"/v1/notes", strings.NewReader(`{"body":"hi"}`))
+		req.Header.Set("Authorization", "Bearer key-acme-0123456789")
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return 0
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	testenv.WaitFor(t, 10*time.Second, "run accepting", func() bool { return post("run-note-00000001") == http.StatusAccepted })
+	for range 3 {
+		if code := post("run-note-00000001"); code != http.StatusAccepted {
+			t.Fatalf("a retried POST: %d", code)
+		}
+	}
+	total := func() (keys, sends int) {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, n := range sent {
+			keys, sends = keys+1, sends+n
+		}
+		return keys, sends
+	}
+	testenv.WaitFor(t, 20*time.Second, "the effect sent", func() bool { k, _ := total(); return k == 1 })
+	time.Sleep(500 * time.Millisecond) // a second send, if any, would come by now
+	if err := stop(); err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	if keys, sends := total(); keys != 1 || sends != 1 {
+		t.Fatalf("%d effects sent %d times, want one, once (four POSTs of one key)", keys, sends)
+	}
+}
+
+// Host gives the workflows what the command read from the environment.
+func TestHostGivesTheWorkflowsTheEnvironment(t *testing.T) {
+	var got *cli.Host
+	app := cli.App{Workflows: func(h cli.Host) ([]onceflow.Workflow, error) {
+		got = &h
+		return []onceflow.Workflow{{Name: "w", Queues: map[string]onceflow.QueueConfig{"w": {}}}}, nil
+	}}
+	env := map[string]string{
+		"ONCEFLOW_REDIS_URL": "redis://localhost:6379/0", "ONCEFLOW_DATABASE_URL": "postgres://localhost/app",
+		"ONCEFLOW_API_KEYS": "acme:key-acme-0123456789", "ONCEFLOW_PREFIX": "hostenv", "MY_SETTING": "42",
+	}
+	var stderr bytes.Buffer
+	err := cli.Run(context.Background(), app, []string{"work", "--queue", "other"}, io.Discard, &stderr, func(k string) string { return env[k] })
+	if cli.ExitCode(err) != 2 || !strings.Contains(stderr.String(), `onceflow: --queue "other": no such queue; this program's queues: w`) {
+		t.Fatalf("work --queue other: exit %d, stderr %q", cli.ExitCode(err), stderr.String())
+	}
+	if got == nil {
+		t.Fatal("App.Workflows was not called")
+	}
+	if got.Config.Prefix != "hostenv" || got.Getenv("MY_SETTING") != "42" || got.Logger == nil {
+		t.Fatalf("host: prefix %q, MY_SETTING %q, logger %v", got.Config.Prefix, got.Getenv("MY_SETTING"), got.Logger)
+	}
+	r := httptest.NewRequest("POST", "/v1/x", nil)
+	if _, err := got.Tenant(r); !errors.Is(err, idempotency.ErrUnauthenticated) {
+		t.Fatalf("Tenant without a key: %v, want ErrUnauthenticated", err)
+	}
+	r.Header.Set("Authorization", "Bearer key-acme-0123456789")
+	if tenant, err := got.Tenant(r); tenant != "acme" || err != nil {
+		t.Fatalf("Tenant with acme's key: %q %v", tenant, err)
+	}
+	if s, err := got.Sender(); s == nil || err != nil {
+		t.Fatalf("Sender (ONCEFLOW_SENDER's default): %v %v", s, err)
 	}
 }
