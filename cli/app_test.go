@@ -341,3 +341,14 @@ func TestHostGivesTheWorkflowsTheEnvironment(t *testing.T) {
 		t.Fatalf("Sender (ONCEFLOW_SENDER's default): %v %v", s, err)
 	}
 }
+
+// serve refuses to start without API keys when a workflow has routes (they authenticate
+// with Host.Tenant).
+func TestServeOfRoutesNeedsAPIKeys(t *testing.T) {
+	env := map[string]string{"ONCEFLOW_REDIS_URL": "redis://localhost:6379/0", "ONCEFLOW_DATABASE_URL": "postgres://localhost/app"}
+	var stderr bytes.Buffer
+	err := cli.Run(context.Background(), notesApp, []string{"serve"}, io.Discard, &stderr, func(k string) string { return env[k] })
+	if cli.ExitCode(err) != 2 || !strings.Contains(stderr.String(), "ONCEFLOW_API_KEYS") {
+		t.Fatalf("serve without keys: exit %d, stderr %q", cli.ExitCode(err), stderr.String())
+	}
+}
