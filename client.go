@@ -101,6 +101,9 @@ type Config struct {
 	// TraceParent returns the W3C traceparent a job enqueued from ctx carries (the
 	// onceflowotel package provides one). Default: none.
 	TraceParent func(ctx context.Context) string
+	// AuditMaxAge is how long an outbox row may stay unsent, or exhausted, before
+	// Client.Audit reports it (ONCEFLOW_AUDIT_MAX_AGE). Default: DefaultAuditMaxAge (10m).
+	AuditMaxAge time.Duration
 	// Logger receives the client's logs. Default: slog.Default().
 	Logger *slog.Logger
 	// Registerer exports the metrics of every part the client runs. Default: nil, not
@@ -153,6 +156,8 @@ type Client struct {
 	model *model
 	// router sends the outbox's topics: Config.Senders and EnqueueTx's (senders.go).
 	router *outbox.Router
+	// relay is the outbox relay Run and RunRelay run; nil without Config.DB.
+	relay *outbox.Relay
 
 	runMu   sync.Mutex
 	running bool
@@ -201,6 +206,9 @@ func NewClient(cfg Config) (*Client, error) {
 	}
 	if cfg.JobBudget < 0 || cfg.ResultTTL < 0 {
 		return nil, errors.New("onceflow: JobBudget and ResultTTL must not be negative")
+	}
+	if cfg.AuditMaxAge < 0 {
+		return nil, fmt.Errorf("onceflow: Config.AuditMaxAge %v must not be negative", cfg.AuditMaxAge)
 	}
 	for _, setup := range []func() error{c.setupModel, c.setupOutbox} {
 		if err := setup(); err != nil {

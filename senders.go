@@ -45,7 +45,7 @@ func (c *Client) setupOutbox() error {
 	if err != nil {
 		return fmt.Errorf("onceflow: Config.Relay: %w", err)
 	}
-	c.router = router
+	c.router, c.relay = router, relay
 	c.background = append(c.background, relay.Run)
 	return nil
 }

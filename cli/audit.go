@@ -15,7 +15,8 @@ import (
 var errViolations = errors.New("invariants violated")
 
 // runAudit checks the summaries pipeline's invariants on live data and prints the counts:
-// a table, or one JSON object with --json. It exits 4 when an invariant is violated.
+// a table, or one JSON object with --json. It exits 4 when an invariant is violated. In a
+// program with App.Workflows it runs runAuditHosted instead.
 func runAudit(ctx context.Context, e *env, args []string) error {
 	fs := flags(e, "audit", "[--json]")
 	loader := config.Register(fs)
@@ -23,6 +24,9 @@ func runAudit(ctx context.Context, e *env, args []string) error {
 	cfg, log, err := load(e, fs, loader, args)
 	if err != nil {
 		return err
+	}
+	if e.hosted() {
+		return runAuditHosted(ctx, e, cfg, log, *asJSON)
 	}
 	d, err := newDeps(ctx, cfg, log, true, true)
 	if err != nil {

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -18,6 +19,8 @@ import (
 type env struct {
 	stdout, stderr io.Writer
 	getenv         func(string) string
+	// app is the program's name and workflows (Run's App; Name set).
+	app App
 }
 
 // command is one subcommand; each lives in its own file.
@@ -49,7 +52,7 @@ func commands() []command {
 // run dispatches args[0] to its subcommand.
 func run(ctx context.Context, args []string, e *env) error {
 	if len(args) == 0 || slices.Contains([]string{"help", "-h", "-help", "--help"}, args[0]) {
-		printUsage(e.stdout)
+		printUsage(e.stdout, e.app.Name)
 		if len(args) == 0 {
 			return usageErrorf("missing command")
 		}
@@ -60,15 +63,15 @@ func run(ctx context.Context, args []string, e *env) error {
 			return c.run(ctx, e, args[1:])
 		}
 	}
-	return usageErrorf("unknown command %q; run `onceflow help`", args[0])
+	return usageErrorf("unknown command %q; run `%s help`", args[0], e.app.Name)
 }
 
-func printUsage(w io.Writer) {
-	fmt.Fprintln(w, "usage: onceflow COMMAND [flags]\n\ncommands:")
+func printUsage(w io.Writer, name string) {
+	fmt.Fprintf(w, "usage: %s COMMAND [flags]\n\ncommands:\n", name)
 	for _, c := range commands() {
 		fmt.Fprintf(w, "  %-12s %s\n", c.name, c.summary)
 	}
-	fmt.Fprintln(w, "\nRun `onceflow COMMAND -h` for a command's flags. Every setting is also an environment variable (see README).")
+	fmt.Fprintf(w, "\nRun `%s COMMAND -h` for a command's flags. Every setting is also an environment variable (see README).\n", name)
 }
 
 // usageError marks a usage or configuration mistake: exit status 2.
@@ -102,7 +105,7 @@ func flags(e *env, name, usage string) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(e.stderr)
 	fs.Usage = func() {
-		fmt.Fprintf(e.stderr, "usage: onceflow %s %s\n\nflags:\n", name, usage)
+		fmt.Fprintf(e.stderr, "usage: %s %s %s\n\nflags:\n", cmp.Or(e.app.Name, "onceflow"), name, usage)
 		fs.PrintDefaults()
 	}
 	return fs

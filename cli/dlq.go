@@ -18,7 +18,9 @@ import (
 	"github.com/onceflow/onceflow/queue"
 )
 
-const dlqUsage = "list [--json] [--limit N] | replay ID|--all [--json] | purge ID|--all|--older-than DURATION [--json]\n\n" +
+const dlqUsage = "list [--json] [--limit N] | replay ID|--all [--json] | purge ID|--all|--older-than DURATION [--json]\n" +
+	"    [--queue NAME]\n\n" +
+	"--queue names the queue (default: summaries; in a program with workflows, its one queue).\n" +
 	"ID is a dead-letter entry id (1700000000000-0, as `dlq list` shows) or a job id (a UUID: every\n" +
 	"dead letter of that job). replay re-enqueues with the same job id and removes the dead letter\n" +
 	"in one step; purge deletes it for good; purge --older-than deletes every dead letter that\n" +
@@ -46,6 +48,7 @@ func runDLQ(ctx context.Context, e *env, args []string) error {
 	all := fs.Bool("all", false, "act on every dead letter (replay, purge)")
 	limit := fs.Int("limit", 1000, "most dead letters to list")
 	olderThan := fs.Duration("older-than", 0, "purge: every dead letter that failed more than this long ago")
+	queueName := fs.String("queue", "", "the queue whose dead letters to act on (default: the program's only queue)")
 	pos, err := parseInterspersed(fs, args[1:])
 	if err != nil {
 		return err
@@ -54,12 +57,15 @@ func runDLQ(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
+	keys, err := dlqKeys(e, cfg, *queueName)
+	if err != nil {
+		return err
+	}
 	rdb, err := onceflow.NewRedis(cfg.RedisURL)
 	if err != nil {
 		return err
 	}
 	defer rdb.Close()
-	keys := serviceKeys(cfg)
 
 	if sub == "list" {
 		if len(pos) > 0 || *all {
@@ -288,4 +294,28 @@ func dlqRetention(c *config.Config) time.Duration {
 		return -1
 	}
 	return c.DLQRetention
+}
+
+// dlqKeys names the queue --queue selects: any valid name; without it the built-in
+// service's, or the only queue of App.Workflows (a usage error when they have several).
+func dlqKeys(e *env, cfg *config.Config, name string) (queue.Keys, error) {
+	keys := serviceKeys(cfg)
+	switch {
+	case name != "":
+		keys.Queue = name
+		if err := keys.Validate(); err != nil {
+			return queue.Keys{}, usageErrorf("--queue: %v", err)
+		}
+	case e.hosted():
+		wfs, err := e.workflows(cfg, newLogger(e.stderr, cfg.LogFormat))
+		if err != nil {
+			return queue.Keys{}, err
+		}
+		qs := workflowQueues(wfs)
+		if len(qs) != 1 {
+			return queue.Keys{}, usageErrorf("dlq: give --queue, one of: %s", strings.Join(qs, ", "))
+		}
+		keys.Queue = qs[0]
+	}
+	return keys, nil
 }

@@ -1,7 +1,8 @@
 // Package cli is the onceflow command as a library: the subcommands that run the API,
 // the workers, the outbox relay and the operator tools (migrate, dlq, outbox, audit,
 // probe, gateway). cmd/onceflow is Main and nothing else; a program of one's own embeds
-// the same subcommands the same way. Run `onceflow help` for the list.
+// the same subcommands with its own workflows (App, Main, Run). Run `onceflow help` for
+// the list.
 //
 // Exit status: 0 success, 1 failure, 2 usage or configuration error; `audit` exits 4 when
 // an invariant is violated and `probe` 3 when the provider ignores Idempotency-Key.
@@ -17,19 +18,6 @@ import (
 	"os/signal"
 	"syscall"
 )
-
-// Main runs the subcommand named by os.Args[1:] with the process's environment and
-// exits with its status (see the package doc). SIGINT and SIGTERM shut it down
-// gracefully; a second one exits at once.
-func Main() {
-	ctx, stop := signalContext(os.Stderr)
-	err := run(ctx, os.Args[1:], &env{stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv})
-	stop()
-	if err != nil && !errors.Is(err, flag.ErrHelp) {
-		fmt.Fprintf(os.Stderr, "onceflow: %v\n", err)
-	}
-	os.Exit(exitCode(err))
-}
 
 // exitCode maps an error to the documented exit status.
 func exitCode(err error) int {

@@ -9,14 +9,28 @@ import (
 )
 
 // runMigrate applies pending migrations. Several concurrent runs against one database
-// are safe: they serialise on an advisory lock and the schema is created once.
+// are safe: they serialise on an advisory lock and the schema is created once. In a
+// program with App.Workflows, the workflows' own migrations (Workflow.Migrations) run
+// after onceflow's, in order.
 func runMigrate(ctx context.Context, e *env, args []string) error {
 	fs := flags(e, "migrate", "")
 	cfg, log, err := load(e, fs, config.Register(fs), args)
 	if err != nil {
 		return err
 	}
-	v, err := migrations.Up(ctx, cfg.DatabaseURL, log)
+	var extra []migrations.Source
+	if e.hosted() {
+		wfs, err := e.workflows(cfg, log)
+		if err != nil {
+			return err
+		}
+		for _, wf := range wfs {
+			if wf.Migrations != nil {
+				extra = append(extra, *wf.Migrations)
+			}
+		}
+	}
+	v, err := migrations.Up(ctx, cfg.DatabaseURL, log, extra...)
 	if err != nil {
 		return err
 	}

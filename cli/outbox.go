@@ -15,7 +15,7 @@ import (
 	"github.com/onceflow/onceflow/outbox/pgoutbox"
 )
 
-const outboxUsage = "list [--failed] [--json] [--limit N] | retry ID...|--all"
+const outboxUsage = "list [--failed] [--json] [--limit N] [--topic TOPIC] | retry ID...|--all"
 
 // runOutbox inspects outbox rows (list) and makes exhausted rows due again (retry).
 func runOutbox(ctx context.Context, e *env, args []string) error {
@@ -37,7 +37,8 @@ func runOutbox(ctx context.Context, e *env, args []string) error {
 }
 
 func outboxList(ctx context.Context, e *env, args []string) error {
-	fs := flags(e, "outbox list", "[--failed] [--json] [--limit N]")
+	fs := flags(e, "outbox list", "[--failed] [--json] [--limit N] [--topic TOPIC]")
+	topic := fs.String("topic", "", `only this topic's rows, or a prefix's ending in "." or "*" ("email.")`)
 	failed := fs.Bool("failed", false, "only exhausted rows (they wait for `onceflow outbox retry`)")
 	asJSON := fs.Bool("json", false, "print a JSON array on stdout")
 	limit := fs.Int("limit", 100, "at most this many rows, newest first")
@@ -56,7 +57,7 @@ func outboxList(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	rows, err := pgoutbox.New(pool).List(ctx, pgoutbox.ListOptions{Failed: *failed, Limit: *limit})
+	rows, err := pgoutbox.New(pool).List(ctx, pgoutbox.ListOptions{Failed: *failed, Limit: *limit, Topic: *topic})
 	if err != nil {
 		return err
 	}

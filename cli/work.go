@@ -3,7 +3,9 @@ package cli
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net/http"
+	"strings"
 
 	"github.com/onceflow/onceflow/config"
 	"github.com/onceflow/onceflow/internal/httpapi"
@@ -11,14 +13,23 @@ import (
 	"github.com/onceflow/onceflow/queue"
 )
 
-// runWork runs a queue worker with the summaries job handler until SIGINT/SIGTERM, then
-// finishes or hands back the jobs in flight within ONCEFLOW_SHUTDOWN_TIMEOUT and exits 0.
+// runWork runs a queue worker with the summaries job handler (or, in a program with
+// App.Workflows, the workers of its queues: --queue selects them, default all) until
+// SIGINT/SIGTERM, then finishes or hands back the jobs in flight within
+// ONCEFLOW_SHUTDOWN_TIMEOUT and exits 0.
 func runWork(ctx context.Context, e *env, args []string) error {
-	fs := flags(e, "work", testHandlerUsage)
+	fs := flags(e, "work", strings.TrimSpace("[--queue NAME[,NAME...]] "+testHandlerUsage))
 	loader := config.Register(fs)
+	queues := queueFlag(fs, "work only this queue (repeatable or comma-separated; default: every queue of the program)")
 	testSpec := testHandlerFlag(fs) // test builds only (-tags onceflowtest)
 	cfg, log, err := load(e, fs, loader, args)
 	if err != nil {
+		return err
+	}
+	if e.hosted() && *testSpec == "" {
+		return runWorkHosted(ctx, e, cfg, log, *queues)
+	}
+	if _, err := selectQueues(*queues, []string{serviceKeys(cfg).Queue}); err != nil {
 		return err
 	}
 	d, err := newRoleDeps(ctx, e, cfg, log, true, *testSpec == "")
@@ -42,6 +53,25 @@ func runWork(ctx context.Context, e *env, args []string) error {
 	}
 	log.InfoContext(ctx, "starting work", "config", cfg, "consumer", w.Consumer(), "test_handler", *testSpec)
 	return runAll(ctx, d, d.httpServer(), cfg.MetricsAddr, append(d.background(), w.Run)...)
+}
+
+// runWorkHosted is work for App.Workflows: the Client's workers of the selected queues.
+func runWorkHosted(ctx context.Context, e *env, cfg *config.Config, log *slog.Logger, flagged queueList) error {
+	d, err := newRoleDeps(ctx, e, cfg, log, true, true)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	c, err := d.appClient(e, true)
+	if err != nil {
+		return err
+	}
+	queues, err := selectQueues(flagged, c.Queues())
+	if err != nil {
+		return err
+	}
+	log.InfoContext(ctx, "starting work", "config", cfg, "queues", queues)
+	return runAll(ctx, d, d.httpServer(), cfg.MetricsAddr, func(ctx context.Context) error { return c.RunWorkers(ctx, queues...) })
 }
 
 // runAll runs the roles' Run functions and, when addr is set, srv on addr (the API under

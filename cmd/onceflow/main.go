@@ -5,4 +5,4 @@ package main
 
 import "github.com/onceflow/onceflow/cli"
 
-func main() { cli.Main() }
+func main() { cli.Main(cli.App{}) }

@@ -27,6 +27,9 @@ type ListOptions struct {
 	Failed bool
 	// Limit caps the rows returned, newest first. Default: 100.
 	Limit int
+	// Topic selects the rows of one topic, or of a prefix when it ends in "." or "*"
+	// ("email." or "email.*"), as outbox.Router's keys. Default: "", every topic.
+	Topic string
 }
 
 const listSQL = `
@@ -37,7 +40,8 @@ SELECT id, topic, dedupe_key, payload, attempts, coalesce(traceparent, ''), crea
 	     ELSE 'pending' END,
 	coalesce(last_error, ''), sent_at, next_attempt_at, coalesce(claimed_by, ''), claimed_until, exhausted_at
 FROM outbox
-WHERE NOT $1 OR exhausted_at IS NOT NULL
+WHERE (NOT $1 OR exhausted_at IS NOT NULL)
+	AND ($3 = '' OR topic = $3 OR (right($3, 1) IN ('.', '*') AND starts_with(topic, rtrim($3, '*'))))
 ORDER BY id DESC
 LIMIT $2`
 
@@ -47,7 +51,7 @@ func (s *Store) List(ctx context.Context, opts ListOptions) ([]Row, error) {
 	if limit <= 0 {
 		limit = 100
 	}
-	rows, err := s.db.Query(ctx, listSQL, opts.Failed, limit)
+	rows, err := s.db.Query(ctx, listSQL, opts.Failed, limit, opts.Topic)
 	if err != nil {
 		return nil, fmt.Errorf("list outbox: %w", err)
 	}

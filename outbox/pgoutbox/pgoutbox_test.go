@@ -441,3 +441,37 @@ func TestQueueInsertIsStrictAndAtomicWithTheBatch(t *testing.T) {
 		t.Fatalf("invalid payload: %v, %d queued", err, b.Len())
 	}
 }
+
+// List's Topic selects one topic, or a prefix's ("email." or "email.*"), as the router's
+// keys do.
+func TestListByTopic(t *testing.T) {
+	t.Parallel()
+	pool, _ := testenv.Postgres(t)
+	ctx := ctxT(t)
+	s := pgoutbox.New(pool)
+	for i, topic := range []string{"email.reply", "email.summary_ready", "payments.refund", "emailer"} {
+		if _, err := pool.Exec(ctx, `INSERT INTO outbox (topic, dedupe_key, payload) VALUES ($1, $2, '{}')`, topic, fmt.Sprint("t-", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for topic, want := range map[string]string{
+		"":                "[emailer payments.refund email.summary_ready email.reply]",
+		"payments.refund": "[payments.refund]",
+		"email.":          "[email.summary_ready email.reply]",
+		"email.*":         "[email.summary_ready email.reply]",
+		"email":           "[]",
+		"email.reply":     "[email.reply]",
+	} {
+		rows, err := s.List(ctx, pgoutbox.ListOptions{Topic: topic})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, r := range rows {
+			got = append(got, r.Topic)
+		}
+		if g := fmt.Sprint(got); g != want && !(want == "[]" && got == nil) {
+			t.Errorf("Topic %q: %s, want %s", topic, g, want)
+		}
+	}
+}

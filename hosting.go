@@ -1,0 +1,61 @@
+package onceflow
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// ErrUnknownQueue is returned by RunWorkers for a queue the client's Config does not
+// list (Config.Queues and the workflows' queues).
+var ErrUnknownQueue = errors.New("onceflow: unknown queue")
+
+// RunWorkers is the worker half of Run, for processes that run the parts separately
+// (`onceflow work --queue` and `onceflow relay`): it works the named queues, all of the
+// client's when none is named, and purges the model ledger's expired rows when the
+// client has a Model, until ctx is cancelled; then it drains each queue within its
+// ShutdownTimeout and returns nil. It does not run the outbox relay (RunRelay does). A
+// name the client does not know is an error wrapping ErrUnknownQueue, before anything
+// runs. Unlike Run it may be called concurrently with RunRelay.
+func (c *Client) RunWorkers(ctx context.Context, queues ...string) error {
+	if len(queues) == 0 {
+		queues = c.Queues()
+	}
+	var parts []func(context.Context) error
+	seen := map[string]bool{}
+	for _, name := range queues {
+		if _, ok := c.queues[name]; !ok {
+			return fmt.Errorf("%w %q (the client's queues: %v)", ErrUnknownQueue, name, c.Queues())
+		}
+		if seen[name] {
+			continue
+		}
+		seen[name] = true
+		w, err := c.newWorker(name)
+		if err != nil {
+			return err
+		}
+		parts = append(parts, w.Run)
+	}
+	if c.model != nil {
+		parts = append(parts, c.model.ledger.Run)
+	}
+	return runParts(ctx, parts)
+}
+
+// RunRelay is the relay half of Run: it runs the outbox relay, which hands the effects
+// of committed jobs to Config.Senders by topic (and sends EnqueueTx's jobs), until ctx is
+// cancelled, and returns nil. It needs Config.DB. It may run in a process of its own,
+// several at once (they never send the same row at once), or beside RunWorkers.
+func (c *Client) RunRelay(ctx context.Context) error {
+	if c.relay == nil {
+		return errors.New("onceflow: RunRelay: Config.DB is required (the outbox is in PostgreSQL)")
+	}
+	return c.relay.Run(ctx)
+}
+
+// DB returns Config.DB, the pool of the client's PostgreSQL (nil without one): a
+// Workflow's Audit and Routes read the workflow's own tables with it.
+func (c *Client) DB() *pgxpool.Pool { return c.cfg.DB }
