@@ -143,7 +143,7 @@ func runPipeline(b *testing.B, jobs, clients, workers int, withLedger bool) pipe
 	if err != nil {
 		b.Fatal(err)
 	}
-	hc := summaries.HandlerConfig{Logger: quiet}
+	hc := handlerConfig{Logger: quiet}
 	if withLedger {
 		l, err := ledger.New(pool, ledger.Config{Logger: quiet})
 		if err != nil {
