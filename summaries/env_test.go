@@ -2,9 +2,9 @@ package summaries_test
 
 import (
 	"context"
-	"log/slog"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -22,8 +22,8 @@ import (
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/llm/ledger"
-	"github.com/onceflow/onceflow/retry"
 	"github.com/onceflow/onceflow/queue"
+	"github.com/onceflow/onceflow/retry"
 	"github.com/onceflow/onceflow/summaries"
 )
 
