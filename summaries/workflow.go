@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/idempotency"
 	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/queue"
 	"github.com/onceflow/onceflow/retry"
@@ -42,9 +43,9 @@ const (
 // to the job id its first attempt got.
 var JobNamespace = onceflow.JobNamespace
 
-// JobID returns the job id of a request with the given idempotency scope
-// (onceflow.JobID, which the route uses).
-var JobID = onceflow.JobID
+// JobID returns the job id of a request with the given idempotency scope: onceflow.JobID,
+// which the route uses.
+func JobID(scope idempotency.Scope) string { return onceflow.JobID(scope) }
 
 // DedupeKey returns the outbox dedupe key of a job's email: summary_ready:<job_id>.
 func DedupeKey(jobID string) string { return "summary_ready:" + jobID }
