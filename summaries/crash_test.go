@@ -142,7 +142,7 @@ type run struct {
 	at         time.Time
 }
 
-// recorder is a queue.Handler running a summaries.Handler and recording each run.
+// recorder is a queue.Handler running the summaries worker (testHandler) and recording each run.
 type recorder struct {
 	h    *testHandler
 	mu   sync.Mutex

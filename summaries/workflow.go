@@ -151,13 +151,6 @@ func Workflow(o Options) onceflow.Workflow {
 	}
 }
 
-// Handlers returns the two routes of the workflow, for a host that mounts them itself
-// (package cli wraps them in its own authentication and metrics): POST /v1/summaries
-// and GET /v1/summaries/{job_id}.
-func Handlers(c *onceflow.Client, o Options) (post, get http.Handler, err error) {
-	return routes(c, o, newMetrics(o.Registerer))
-}
-
 // routes builds the POST and GET handlers.
 func routes(c *onceflow.Client, o Options, m *workflowMetrics) (post, get http.Handler, err error) {
 	if o.Tenant == nil {
