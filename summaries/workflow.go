@@ -227,7 +227,7 @@ func (w *codeWriter) Write(b []byte) (int, error) {
 // Unwrap lets http.ResponseController reach the connection.
 func (w *codeWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// worker runs summary jobs: seed 000's handle_summary_job on the public API.
+// worker runs summary jobs: the reference handler (docs/workflows-summaries.md) on the public API.
 type worker struct {
 	o Options
 	m *workflowMetrics
