@@ -20,3 +20,10 @@ func (c *Client) accept(ctx context.Context, scope idempotency.Scope, fp string,
 		Lua: queue.EnqueueLua, Keys: keys.EnqueueKeys(m.JobID), Args: args,
 	})
 }
+
+// LoadScripts loads the accept script (Route's and a keyed Enqueue's) into Redis's
+// script cache, so that the first accept costs one round trip rather than two. It is
+// optional: a script missing from the cache is sent once, then cached.
+func (c *Client) LoadScripts(ctx context.Context) error {
+	return c.store.LoadScripts(ctx, queue.EnqueueLua)
+}

@@ -221,6 +221,18 @@ func NewClient(cfg Config) (*Client, error) {
 // keys names the Redis keys of queue name.
 func (c *Client) keys(name string) queue.Keys { return queue.Keys{Prefix: c.cfg.Prefix, Queue: name} }
 
+// DB returns Config.DB, the PostgreSQL pool of the client's tables (nil without one),
+// for a workflow's own reads of its tables (a GET of its rows, its audit).
+func (c *Client) DB() *pgxpool.Pool { return c.cfg.DB }
+
+// Redis returns Config.Redis, for reads of a queue's state (queue.ReadStats,
+// queue.ListDead) by a workflow's audit.
+func (c *Client) Redis() redis.UniversalClient { return c.rdb }
+
+// QueueKeys returns the Redis keys of queue name under Config.Prefix, for the queue
+// package's inspection functions.
+func (c *Client) QueueKeys(name string) queue.Keys { return c.keys(name) }
+
 // Queues returns the names of the queues Run works, sorted.
 func (c *Client) Queues() []string { return slices.Sorted(maps.Keys(c.queues)) }
 

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -169,6 +170,7 @@ type completion struct {
 	id, kind, tenant string
 	traceparent      string // written on the outbox rows
 	delivery         int
+	committed        *atomic.Bool // set once this delivery's commit wrote the record
 }
 
 // committer returns j's Client and the record of its commit, or an error when j cannot
@@ -185,7 +187,7 @@ func (j *Job[T]) committer(ctx context.Context) (*Client, completion, error) {
 	if tp == "" && j.run.delivery != nil {
 		tp = j.run.delivery.TraceParent
 	}
-	return c, completion{id: j.ID, kind: j.Kind, tenant: j.Tenant, traceparent: tp, delivery: j.Delivery}, nil
+	return c, completion{id: j.ID, kind: j.Kind, tenant: j.Tenant, traceparent: tp, delivery: j.Delivery, committed: &j.run.committed}, nil
 }
 
 // Commit writes the job's completion record, the statements, effects and result fn
@@ -252,6 +254,7 @@ func (cl *Client) commit(ctx context.Context, rec completion, c *Commit) error {
 	}
 	switch {
 	case err == nil:
+		rec.committed.Store(true)
 		return nil
 	case isCompletionConflict(err):
 		cl.log.InfoContext(ctx, "onceflow: job already done by another delivery; this delivery's commit is discarded",
@@ -388,5 +391,6 @@ func (cl *Client) commitTx(ctx context.Context, rec completion, fn func(context.
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("onceflow: commit job %s: commit: %w", rec.id, err)
 	}
+	rec.committed.Store(true)
 	return nil
 }

@@ -1,6 +1,7 @@
 package onceflow
 
 import (
+	"sync/atomic"
 	"time"
 
 	"github.com/onceflow/onceflow/queue"
@@ -52,10 +53,26 @@ type Job[T JobArgs] struct {
 	run *runtime // this delivery's machinery: model, ledger, database, deadline
 }
 
+// Client returns the Client that delivered the job (nil for a Job it did not deliver),
+// for a Worker's reads of its own tables (Client.DB).
+func (j *Job[T]) Client() *Client {
+	if j.run == nil {
+		return nil
+	}
+	return j.run.client
+}
+
+// Committed reports whether a Commit or CommitTx of this delivery wrote the job's
+// completion record: false before one returned, and after one that found the job
+// already done by another delivery (which returns nil too). For a Worker's metrics of
+// done against duplicate deliveries.
+func (j *Job[T]) Committed() bool { return j.run != nil && j.run.committed.Load() }
+
 // runtime is what one delivery carries for the Job helpers.
 type runtime struct {
-	client   *Client
-	queue    string
-	delivery *queue.Job
-	deadline retry.Deadline // the delivery's budget (Config.JobBudget), from its start
+	client    *Client
+	queue     string
+	delivery  *queue.Job
+	deadline  retry.Deadline // the delivery's budget (Config.JobBudget), from its start
+	committed atomic.Bool    // a Commit of this delivery wrote the completion record
 }

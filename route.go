@@ -166,10 +166,16 @@ func (rt *route[T]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // (or "body: ..." for the document).
 func fieldError(err error) error {
 	var se *strictjson.Error
-	if errors.As(err, &se) {
-		return fmt.Errorf("%s: %s", cmp.Or(se.Field, "body"), se.Msg)
+	if !errors.As(err, &se) {
+		return fmt.Errorf("body: %w", err)
 	}
-	return fmt.Errorf("body: %w", err)
+	switch se.Kind { // a job's arguments are a JSON object: say so
+	case strictjson.KindEmpty:
+		return errors.New("body: empty body; want a JSON object")
+	case strictjson.KindTrailingData:
+		return errors.New("body: unexpected data after the JSON object")
+	}
+	return fmt.Errorf("%s: %s", cmp.Or(se.Field, "body"), se.Msg)
 }
 
 // quoteJSON returns s as a JSON string.

@@ -16,7 +16,6 @@ import (
 	"github.com/onceflow/onceflow/breaker"
 	"github.com/onceflow/onceflow/config"
 	"github.com/onceflow/onceflow/idempotency"
-	"github.com/onceflow/onceflow/idempotency/redisstore"
 	"github.com/onceflow/onceflow/internal/httpapi"
 	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/llm/anthropic"
@@ -51,6 +50,9 @@ type deps struct {
 	// llmBreaker stops model calls while the provider's quota is exhausted, and holds
 	// the worker back meanwhile (its Gate); nil until buildHandler made it.
 	llmBreaker *breaker.Breaker
+	// client hosts the summaries workflow with the model, apiClient without it (serve
+	// alone); see summariesClient. Nil until made.
+	client, apiClient *onceflow.Client
 }
 
 // newRoleDeps is newDeps for the long-running roles (serve, work, relay, run): it also
@@ -119,19 +121,85 @@ func (d *deps) checks() map[string]httpapi.Check {
 	return c
 }
 
-// modelBreaker returns the breaker of the process's model calls, made on first use: the
-// roles that call the model (work, run) make it before their HTTP server, so /readyz
-// reports it.
+// modelBreaker returns the breaker of the process's model calls, the summaries
+// Client's (made on first use with the model): the roles that call the model (work, run)
+// make it before their HTTP server, so /readyz reports it.
 func (d *deps) modelBreaker() (*breaker.Breaker, error) {
 	if d.llmBreaker != nil {
 		return d.llmBreaker, nil
 	}
-	b, err := breaker.New(breaker.Config{Name: "llm", ProbeInterval: d.cfg.LLMQuotaProbe, Logger: d.log, Registerer: d.reg})
+	c, err := d.summariesClient(true)
 	if err != nil {
-		return nil, &config.Error{Name: "ONCEFLOW_LLM_QUOTA_PROBE", Err: err}
+		return nil, err
 	}
-	d.llmBreaker = b
-	return b, nil
+	d.llmBreaker = c.ModelBreaker()
+	return d.llmBreaker, nil
+}
+
+// summariesClient returns the process's onceflow.Client hosting the summaries workflow,
+// made on first use from the settings: with the model (the llm_calls ledger, the
+// breaker) when withModel, as the roles that run jobs need; without it for the routes of
+// serve alone. `onceflow run` makes it with the model first, so its API and worker
+// share one.
+func (d *deps) summariesClient(withModel bool) (*onceflow.Client, error) {
+	switch {
+	case d.client != nil:
+		return d.client, nil
+	case !withModel && d.apiClient != nil:
+		return d.apiClient, nil
+	}
+	cfg := onceflow.Config{
+		Redis: d.rdb, DB: d.pool, Prefix: d.cfg.Prefix, ResultTTL: d.cfg.ResultTTL,
+		Logger: d.log, Registerer: d.reg, TraceParent: d.traceParent(),
+	}
+	if withModel {
+		m := llmmetrics.New(d.reg)
+		client, err := newLLMClient(d.cfg)
+		if err != nil {
+			return nil, err
+		}
+		// Inside the ledger: llmmetrics counts and traces real calls only, not replays.
+		client = m.Instrument(d.cfg.LLM, client)
+		if d.tp != nil {
+			client = onceflowotel.LLMClient(d.tp, d.cfg.LLM, client)
+		}
+		cfg.Model, cfg.Provider, cfg.QuotaProbe, cfg.JobBudget = client, d.cfg.LLM, d.cfg.LLMQuotaProbe, d.cfg.JobBudget
+		cfg.ModelRetry = retry.Policy{MaxAttempts: d.cfg.LLMMaxAttempts, PerCallTimeout: d.cfg.LLMTimeout, OnRetry: m.OnRetry}
+		cfg.Ledger = ledger.Config{
+			Lease: d.cfg.LedgerLease, Retention: d.cfg.LedgerRetention, RelaxedInsert: d.cfg.LedgerRelaxedInsert,
+			Models: []string{d.cfg.LLMModel},
+		}
+	}
+	cfg.Workflows = []onceflow.Workflow{summaries.Workflow(summaries.Options{
+		Tenant: tenantFromAuth,
+		Model:  d.cfg.LLMModel,
+		Queue: onceflow.QueueConfig{
+			Concurrency: d.cfg.WorkerConcurrency, ClaimIdle: d.cfg.ClaimIdle, MaxDeliveries: d.cfg.MaxDeliveries,
+			ShutdownTimeout: d.cfg.ShutdownTimeout, StatsInterval: d.cfg.StatsInterval,
+		},
+		Timeout: d.cfg.IdempotencyTimeout, LockTTL: d.cfg.LockTTL, MaxResponseBytes: d.cfg.IdempotencyResponseLimit,
+		AuditMaxAge: d.cfg.AuditMaxAge, AuditRetention: d.cfg.OutboxRetention,
+		Logger: d.log, Registerer: d.reg,
+	})}
+	c, err := onceflow.NewClient(cfg)
+	if err != nil {
+		return nil, &config.Error{Name: "summaries settings", Err: err}
+	}
+	if withModel {
+		d.client, d.ledger = c, c.Ledger()
+	} else {
+		d.apiClient = c
+	}
+	return c, nil
+}
+
+// tenantFromAuth is the tenant httpapi's bearer-key authentication put in the request's
+// context.
+func tenantFromAuth(r *http.Request) (string, error) {
+	if t, ok := httpapi.TenantFrom(r.Context()); ok {
+		return t, nil
+	}
+	return "", idempotency.ErrUnauthenticated
 }
 
 // keys names the service's queue under ONCEFLOW_PREFIX.
@@ -156,92 +224,52 @@ func (d *deps) apiServer() (*httpapi.Server, error) {
 	return s, d.buildAPI(s)
 }
 
+// The statuses each summaries route answers, initialised at zero in
+// onceflow_http_requests_total.
+var (
+	postCodes = []int{http.StatusAccepted, http.StatusBadRequest, http.StatusUnauthorized, http.StatusRequestTimeout,
+		http.StatusRequestEntityTooLarge, http.StatusUnsupportedMediaType, http.StatusUnprocessableEntity, http.StatusServiceUnavailable}
+	getCodes = []int{http.StatusOK, http.StatusUnauthorized, http.StatusNotFound, http.StatusServiceUnavailable}
+)
+
+// buildAPI mounts the summaries workflow's routes (Client.Mount) on s behind bearer-key
+// authentication, each under its own route label.
 func (d *deps) buildAPI(s *httpapi.Server) error {
 	if err := d.cfg.RequireAPIKeys(); err != nil {
 		return err
 	}
-	store, err := redisstore.New(d.rdb, redisstore.Config{
-		Prefix:    d.cfg.Prefix,
-		ResultTTL: d.cfg.ResultTTL,
-		Logger:    d.log,
-	})
+	c, err := d.summariesClient(false)
 	if err != nil {
 		return err
 	}
-	mw, err := idempotency.New(idempotency.Config{
-		Store: store,
-		Tenant: func(r *http.Request) (string, error) {
-			if t, ok := httpapi.TenantFrom(r.Context()); ok {
-				return t, nil
-			}
-			return "", idempotency.ErrUnauthenticated
-		},
-		LockTTL:          d.cfg.LockTTL,
-		ResultTTL:        d.cfg.ResultTTL,
-		StoreTimeout:     d.cfg.IdempotencyTimeout,
-		MaxResponseBytes: d.cfg.IdempotencyResponseLimit,
-		Logger:           d.log,
-		Registerer:       d.reg,
-	})
-	if err != nil {
+	// Optional: the first accept then costs one round trip rather than two.
+	ctx, cancel := context.WithTimeout(context.Background(), d.cfg.IdempotencyTimeout)
+	defer cancel()
+	if err := c.LoadScripts(ctx); err != nil {
+		d.log.Warn("cannot load the accept script; it is sent with the first accept", "err", err)
+	}
+	mux := http.NewServeMux()
+	if err := c.Mount(mux); err != nil {
 		return err
 	}
-	api, err := summaries.NewAPI(summaries.APIConfig{
-		Redis: d.rdb, DB: d.pool, Keys: d.keys(), Idempotency: mw, Store: store,
-		Timeout: d.cfg.IdempotencyTimeout, Logger: d.log,
-		Registerer: d.reg, TraceParent: d.traceParent(),
-	})
-	if err != nil {
-		return err
-	}
-	api.Register(s, httpapi.NewAuthenticator(d.cfg.APIKeys))
+	auth := httpapi.NewAuthenticator(d.cfg.APIKeys)
+	s.Handle("POST /v1/summaries", "/v1/summaries", auth.Require(mux), postCodes...)
+	s.Handle("GET /v1/summaries/{job_id}", "/v1/summaries/{job_id}", auth.Require(mux), getCodes...)
 	return nil
 }
 
-// buildHandler returns the summaries job handler with the configured model, its calls
-// going through the llm_calls ledger (seed 001).
+// buildHandler returns the queue.Handler of the summaries queue: the summaries
+// Client's (Client.Handler), its model calls going through the llm_calls ledger, traced
+// when tracing is on.
 func (d *deps) buildHandler() (queue.Handler, error) {
-	m := llmmetrics.New(d.reg)
-	client, err := newLLMClient(d.cfg)
+	if _, err := d.modelBreaker(); err != nil {
+		return nil, err
+	}
+	c, err := d.summariesClient(true)
 	if err != nil {
 		return nil, err
 	}
-	l, err := ledger.New(d.pool, ledger.Config{
-		Lease: d.cfg.LedgerLease, Retention: d.cfg.LedgerRetention, RelaxedInsert: d.cfg.LedgerRelaxedInsert,
-		Models: []string{d.cfg.LLMModel}, Logger: d.log, Registerer: d.reg,
-	})
-	if err != nil {
-		return nil, &config.Error{Name: "ledger settings", Err: err}
-	}
-	d.ledger = l
-	b, err := d.modelBreaker()
-	if err != nil {
-		return nil, err
-	}
-	// Inside the ledger: llmmetrics counts and traces real calls only, not replays.
-	client = m.Instrument(d.cfg.LLM, client)
-	if d.tp != nil {
-		client = onceflowotel.LLMClient(d.tp, d.cfg.LLM, client)
-	}
-	h, err := summaries.NewHandler(summaries.HandlerConfig{
-		DB:       d.pool,
-		LLM:      client,
-		Model:    d.cfg.LLMModel,
-		Ledger:   l,
-		Breaker:  b,
-		Provider: d.cfg.LLM,
-		Retry: retry.Policy{
-			MaxAttempts:    d.cfg.LLMMaxAttempts,
-			PerCallTimeout: d.cfg.LLMTimeout,
-			OnRetry:        m.OnRetry,
-		},
-		Budget: d.cfg.JobBudget,
-		Logger: d.log,
-	})
-	if err != nil {
-		return nil, err
-	}
-	return d.traceJobs(summaries.Instrument(h, d.reg)), nil
+	return d.traceJobs(c.Handler(summaries.QueueName)), nil
 }
 
 // traceJobs wraps h with a span per delivery when tracing is on.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/idempotency"
 	"github.com/onceflow/onceflow/internal/connect"
 	"github.com/onceflow/onceflow/internal/roundtrip"
@@ -288,14 +289,15 @@ func TestHandlerRefusesALoosePayload(t *testing.T) {
 	t.Parallel()
 	pool, _ := testenv.Postgres(t)
 	client := fake.New()
-	h := newHandler(t, pool, client, summaries.HandlerConfig{})
+	h := newHandler(t, pool, client, handlerConfig{})
 	for _, payload := range []string{
 		`{"TEXT":"x","notify":"a@example.com"}`,
 		`{"text":"a","text":"b","notify":"a@example.com"}`,
 	} {
 		job := &queue.Job{Message: queue.Message{JobID: uuid.NewString(), Tenant: "acme", Payload: []byte(payload), EnqueuedAt: time.Now()}, ID: "1-1", Deliveries: 1}
 		_, err := h.Process(context.Background(), job)
-		if !errors.Is(err, queue.ErrPermanent) || !strings.Contains(err.Error(), "invalid payload") {
+		// onceflow decodes a job's arguments strictly before the worker runs.
+		if !errors.Is(err, queue.ErrPermanent) || !errors.Is(err, onceflow.ErrUndecodable) {
 			t.Fatalf("payload %s: %v, want a permanent invalid-payload error", payload, err)
 		}
 	}
@@ -398,7 +400,7 @@ func TestGetJobStates(t *testing.T) {
 	// Jobs run in stream order, one at a time: the first model call gets a 400.
 	client := fake.New()
 	client.FailNext(&llm.APIError{Provider: "openai", StatusCode: 400, Type: "invalid_request_error", Code: "context_length_exceeded", Message: "too long"})
-	h := newHandler(t, pool, client, summaries.HandlerConfig{})
+	h := newHandler(t, pool, client, handlerConfig{})
 	stop := startWorker(t, queue.WorkerConfig{Redis: rdb, Keys: keys, Handler: h, Concurrency: 1})
 	testenv.WaitFor(t, 20*time.Second, "the three jobs to finish", func() bool {
 		_, f := state(keyAcme, failing)

@@ -35,7 +35,7 @@ func TestAttackTextWithNULIsRefusedOrCompleted(t *testing.T) {
 	}
 	jobID := jobIDOf("acme", "nul-text-key-00000001")
 	model := fake.New()
-	rec := &recorder{h: newHandler(t, p.pool, model, summaries.HandlerConfig{Retry: fastRetries})}
+	rec := &recorder{h: newHandler(t, p.pool, model, handlerConfig{Retry: fastRetries})}
 	stop := startWorker(t, queue.WorkerConfig{Redis: p.rdb, Keys: p.keys, Handler: rec, ClaimIdle: 50 * time.Millisecond, MaxDeliveries: 3})
 	testenv.WaitFor(t, 20*time.Second, "the job to complete or be dead-lettered", func() bool {
 		return len(p.dead(jobID)) > 0 || count(t, p.pool, `SELECT count(*) FROM summaries WHERE job_id = $1`, jobID) == 1

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/llm/ledger"
 	"github.com/onceflow/onceflow/outbox/pgoutbox"
 	"github.com/onceflow/onceflow/queue"
@@ -21,7 +22,7 @@ type AuditConfig struct {
 		pgoutbox.DB
 	}
 	// Redis holds the queue. Required.
-	Redis *redis.Client
+	Redis redis.Cmdable
 	// Keys names the queue; Group its consumer group. Required; Group defaults to
 	// queue.DefaultGroup.
 	Keys  queue.Keys
@@ -190,4 +191,29 @@ func ids(ctx context.Context, db pgoutbox.DB, sql string, args ...any) ([]string
 		return nil, fmt.Errorf("audit: %w", err)
 	}
 	return out, nil
+}
+
+// auditWorkflow is the workflow's Audit: Audit over the Client's stores, as an
+// onceflow.AuditReport.
+func auditWorkflow(ctx context.Context, c *onceflow.Client, o Options) (*onceflow.AuditReport, error) {
+	if c.DB() == nil {
+		return nil, errors.New("audit: the Client needs Config.DB")
+	}
+	r, err := Audit(ctx, AuditConfig{
+		DB: c.DB(), Redis: c.Redis(), Keys: c.QueueKeys(QueueName),
+		ClaimIdle: o.Queue.ClaimIdle, MaxAge: o.AuditMaxAge, Retention: o.AuditRetention,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &onceflow.AuditReport{
+		Workflow: Name,
+		Checked:  []string{"summaries", "outbox", "llm_calls", "queue " + QueueName},
+		Counts: map[string]int64{
+			"summaries": r.Summaries, "outbox": r.OutboxTotal, "outbox sent": r.OutboxSent,
+			"outbox unsent": r.OutboxUnsent, "outbox exhausted": r.OutboxExhausted,
+			"dlq": r.DLQ, "stream": r.StreamLength, "pending": r.StreamPending,
+		},
+		Violations: r.Violations,
+	}, nil
 }

@@ -142,9 +142,9 @@ type run struct {
 	at         time.Time
 }
 
-// recorder is a queue.Handler running a summaries.Handler and recording each run.
+// recorder is a queue.Handler running the summaries worker (testHandler) and recording each run.
 type recorder struct {
-	h    *summaries.Handler
+	h    *testHandler
 	mu   sync.Mutex
 	runs []run
 }
@@ -269,7 +269,7 @@ func TestCrashBetweenCommitAndXACK(t *testing.T) {
 
 	// Worker b reclaims the entry and acknowledges it without calling the model.
 	client := fake.New()
-	b := &recorder{h: newHandler(t, p.pool, client, summaries.HandlerConfig{})}
+	b := &recorder{h: newHandler(t, p.pool, client, handlerConfig{})}
 	stop := startWorker(t, queue.WorkerConfig{Redis: rdb, Keys: p.keys, Handler: b, ClaimIdle: 300 * time.Millisecond})
 	testenv.WaitFor(t, 20*time.Second, "the reclaimed entry to be acknowledged", func() bool { return len(p.pending()) == 0 })
 	stop()
@@ -299,7 +299,7 @@ func TestSameJobEnqueuedTwice(t *testing.T) {
 	p.enqueue(jobID, "Two deliveries of one job.")
 	p.enqueue(jobID, "Two deliveries of one job.")
 	client := fake.New()
-	rec := &recorder{h: newHandler(t, p.pool, client, summaries.HandlerConfig{})}
+	rec := &recorder{h: newHandler(t, p.pool, client, handlerConfig{})}
 	// One at a time, so the second delivery runs after the first committed: the pre-check
 	// then saves its model call. (Run at once, both would call the model and the primary
 	// key would still let only one store: see TestSlowWorkerAndReclaimer.)
@@ -355,7 +355,7 @@ func TestSlowWorkerAndReclaimer(t *testing.T) {
 			close(slow.release)
 		}
 	})
-	a := &recorder{h: newHandler(t, p.pool, slow, summaries.HandlerConfig{})}
+	a := &recorder{h: newHandler(t, p.pool, slow, handlerConfig{})}
 	stopA := startWorker(t, queue.WorkerConfig{Redis: p.rdb, Keys: p.keys, Handler: a, Consumer: "worker-a",
 		ClaimIdle: time.Hour, RenewInterval: -1})
 	select {
@@ -365,7 +365,7 @@ func TestSlowWorkerAndReclaimer(t *testing.T) {
 	}
 
 	quick := fake.New()
-	b := &recorder{h: newHandler(t, p.pool, quick, summaries.HandlerConfig{})}
+	b := &recorder{h: newHandler(t, p.pool, quick, handlerConfig{})}
 	stopB := startWorker(t, queue.WorkerConfig{Redis: p.rdb, Keys: p.keys, Handler: b, Consumer: "worker-b",
 		ClaimIdle: 300 * time.Millisecond, RenewInterval: -1})
 	testenv.WaitFor(t, 20*time.Second, "worker b to reclaim and finish the job", func() bool { return len(b.Runs()) == 1 })
@@ -428,7 +428,7 @@ func TestConsumerKilledAfterXREADGROUP(t *testing.T) {
 	}
 
 	client := fake.New()
-	b := &recorder{h: newHandler(t, p.pool, client, summaries.HandlerConfig{})}
+	b := &recorder{h: newHandler(t, p.pool, client, handlerConfig{})}
 	stop := startWorker(t, queue.WorkerConfig{Redis: p.rdb, Keys: p.keys, Handler: b, ClaimIdle: claimIdle})
 	testenv.WaitFor(t, 30*time.Second, "worker b to finish the job", func() bool { return len(b.Runs()) == 1 && len(p.pending()) == 0 })
 	stop()
@@ -475,7 +475,7 @@ func Test429Forever(t *testing.T) {
 	fs, client := openAIModel(t, fakeserver.Config{Fail429: 1})
 	const jobID = "00000000-0000-4000-8000-000000000429"
 	p.enqueue(jobID, "Rate limited.")
-	rec := &recorder{h: newHandler(t, p.pool, client, summaries.HandlerConfig{Retry: fastRetries})}
+	rec := &recorder{h: newHandler(t, p.pool, client, handlerConfig{Retry: fastRetries})}
 	stop := startWorker(t, queue.WorkerConfig{Redis: p.rdb, Keys: p.keys, Handler: rec})
 	testenv.WaitFor(t, 20*time.Second, "the delivery to end", func() bool { return len(rec.Runs()) == 1 })
 	stop()
@@ -509,7 +509,7 @@ func TestContextLength400IsDeadLetteredAfterOneCall(t *testing.T) {
 	fs, client := openAIModel(t, fakeserver.Config{MaxInputChars: 200})
 	const jobID = "00000000-0000-4000-8000-000000000400"
 	p.enqueue(jobID, strings.Repeat("far too long ", 50))
-	rec := &recorder{h: newHandler(t, p.pool, client, summaries.HandlerConfig{Retry: fastRetries})}
+	rec := &recorder{h: newHandler(t, p.pool, client, handlerConfig{Retry: fastRetries})}
 	stop := startWorker(t, queue.WorkerConfig{Redis: p.rdb, Keys: p.keys, Handler: rec})
 	testenv.WaitFor(t, 20*time.Second, "the dead letter", func() bool { return len(p.dead(jobID)) == 1 })
 	stop()
@@ -536,7 +536,7 @@ func TestContextLength400IsDeadLetteredAfterOneCall(t *testing.T) {
 // process runs the handler on a job directly, as one delivery, to write its outbox row.
 func (p *pipeline) process(m queue.Message) {
 	p.t.Helper()
-	h := newHandler(p.t, p.pool, fake.New(), summaries.HandlerConfig{})
+	h := newHandler(p.t, p.pool, fake.New(), handlerConfig{})
 	if o, err := h.Process(context.Background(), &queue.Job{Message: m, ID: "1-1", Deliveries: 1}); err != nil || o != summaries.OutcomeDone {
 		p.t.Fatalf("process: %v %v", o, err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -12,14 +13,17 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/idempotency"
-	"github.com/onceflow/onceflow/idempotency/redisstore"
 	"github.com/onceflow/onceflow/internal/httpapi"
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/llm"
+	"github.com/onceflow/onceflow/llm/ledger"
 	"github.com/onceflow/onceflow/queue"
+	"github.com/onceflow/onceflow/retry"
 	"github.com/onceflow/onceflow/summaries"
 )
 
@@ -32,45 +36,40 @@ const (
 var testAPIKeys = map[string]string{keyAcme: "acme", keyGlobex: "globex"}
 
 // newAPIServer serves the summaries routes on a real HTTP server, assembled the way
-// package cli's buildAPI assembles them: bearer-key authentication, the idempotency
-// middleware (for its statuses and metrics) and the single-round-trip accept. rdb is the
-// server's own Redis client (hooks added to it count only the server's round trips).
-func newAPIServer(t testing.TB, rdb *redis.Client, prefix string, db summaries.Row) *httptest.Server {
+// package cli's buildAPI assembles them: an onceflow.Client with the summaries workflow,
+// its routes behind bearer-key authentication (the idempotency middleware for its
+// statuses and metrics, the single-round-trip accept). rdb is the server's own Redis
+// client (hooks added to it count only the server's round trips).
+func newAPIServer(t testing.TB, rdb *redis.Client, prefix string, db *pgxpool.Pool) *httptest.Server {
 	t.Helper()
 	log := testenv.Logger(t)
-	store, err := redisstore.New(rdb, redisstore.Config{Prefix: prefix, ResultTTL: 24 * time.Hour, Logger: log})
+	auth := httpapi.NewAuthenticator(testAPIKeys)
+	wf := summaries.Workflow(summaries.Options{Tenant: bearerTenant, Timeout: 500 * time.Millisecond, Logger: log})
+	c, err := onceflow.NewClient(onceflow.Config{Redis: rdb, DB: db, Prefix: prefix, Logger: log, Workflows: []onceflow.Workflow{wf}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	mw, err := idempotency.New(idempotency.Config{
-		Store: store,
-		Tenant: func(r *http.Request) (string, error) {
-			if t, ok := httpapi.TenantFrom(r.Context()); ok {
-				return t, nil
-			}
-			return "", idempotency.ErrUnauthenticated
-		},
-		StoreTimeout: 500 * time.Millisecond,
-		Logger:       log,
-	})
-	if err != nil {
+	if err := c.LoadScripts(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	api, err := summaries.NewAPI(summaries.APIConfig{
-		Redis: rdb, DB: db, Keys: queue.Keys{Prefix: prefix, Queue: summaries.QueueName},
-		Idempotency: mw, Store: store, Timeout: 500 * time.Millisecond, Logger: log,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := api.LoadScripts(context.Background()); err != nil {
+	mux := http.NewServeMux()
+	if err := c.Mount(mux); err != nil {
 		t.Fatal(err)
 	}
 	s := httpapi.New(httpapi.Config{Logger: log})
-	api.Register(s, httpapi.NewAuthenticator(testAPIKeys))
+	s.Handle("POST /v1/summaries", "/v1/summaries", auth.Require(mux))
+	s.Handle("GET /v1/summaries/{job_id}", "/v1/summaries/{job_id}", auth.Require(mux))
 	srv := httptest.NewServer(s)
 	t.Cleanup(srv.Close)
 	return srv
+}
+
+// bearerTenant is the tenant the authentication put in the request's context.
+func bearerTenant(r *http.Request) (string, error) {
+	if t, ok := httpapi.TenantFrom(r.Context()); ok {
+		return t, nil
+	}
+	return "", idempotency.ErrUnauthenticated
 }
 
 // reply is one HTTP answer.
@@ -170,18 +169,78 @@ func streamJobs(t *testing.T, rdb *redis.Client, keys queue.Keys) []queue.Messag
 	return out
 }
 
+// handlerConfig is what a test sets of the summaries worker.
+type handlerConfig struct {
+	// Ledger, when set, runs the worker's model calls through the llm_calls ledger (the
+	// Client's Config.Model) configured by LedgerConfig; without it the model is called
+	// directly (Options.Unledgered).
+	Ledger       *ledger.Ledger
+	LedgerConfig ledger.Config
+	// Breaker stops the direct model calls while it is open.
+	Breaker  llm.Breaker
+	Provider string
+	Model    string
+	Retry    retry.Policy
+	Logger   *slog.Logger
+	// Registerer receives the workflow's and the client's metrics.
+	Registerer prometheus.Registerer
+}
+
+// testHandler runs summary jobs through an onceflow.Client with the summaries workflow
+// (Client.Handler of the summaries queue), and reports each run's outcome.
+type testHandler struct {
+	h      queue.Handler
+	client *onceflow.Client
+}
+
+type outcomeKey struct{}
+
+// Handle implements queue.Handler.
+func (h *testHandler) Handle(ctx context.Context, job *queue.Job) error {
+	_, err := h.Process(ctx, job)
+	return err
+}
+
+// Process runs job and returns the worker's outcome with its error.
+func (h *testHandler) Process(ctx context.Context, job *queue.Job) (summaries.Outcome, error) {
+	var o summaries.Outcome
+	err := h.h.Handle(context.WithValue(ctx, outcomeKey{}, &o), job)
+	return o, err
+}
+
 // newHandler returns the summaries job handler on pool with client as the model.
-func newHandler(t testing.TB, pool *pgxpool.Pool, client llm.Client, cfg summaries.HandlerConfig) *summaries.Handler {
+func newHandler(t testing.TB, pool *pgxpool.Pool, client llm.Client, cfg handlerConfig) *testHandler {
 	t.Helper()
-	cfg.DB, cfg.LLM = pool, client
 	if cfg.Logger == nil {
 		cfg.Logger = testenv.Logger(t)
 	}
-	h, err := summaries.NewHandler(cfg)
+	rdb, err := onceflow.NewRedis(testenv.RedisURL(t)) // the handler does not use it
 	if err != nil {
 		t.Fatal(err)
 	}
-	return h
+	t.Cleanup(func() { rdb.Close() })
+	o := summaries.Options{Model: cfg.Model, Logger: cfg.Logger, Registerer: cfg.Registerer,
+		OnJob: func(ctx context.Context, _ string, outcome summaries.Outcome, _ error) {
+			if p, ok := ctx.Value(outcomeKey{}).(*summaries.Outcome); ok {
+				*p = outcome
+			}
+		}}
+	cc := onceflow.Config{Redis: rdb, DB: pool, Logger: cfg.Logger, Registerer: cfg.Registerer}
+	if cfg.Ledger != nil {
+		cc.Model, cc.Provider, cc.ModelRetry, cc.Ledger = client, cfg.Provider, cfg.Retry, cfg.LedgerConfig
+		cc.Ledger.Logger = cfg.Logger
+	} else {
+		o.Unledgered, o.Retry = client, cfg.Retry
+		if cfg.Breaker != nil {
+			o.Unledgered = llm.WithBreaker(client, cfg.Breaker)
+		}
+	}
+	cc.Workflows = []onceflow.Workflow{summaries.Workflow(o)}
+	c, err := onceflow.NewClient(cc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &testHandler{h: c.Handler(summaries.QueueName), client: c}
 }
 
 // startWorker runs a queue worker until the test ends (or the returned stop is called,

@@ -60,7 +60,7 @@ func TestHTTP2ResetLeavesTheJobForRedelivery(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			h := newHandler(t, pool, model, summaries.HandlerConfig{Provider: "openai", Ledger: l, Retry: h2Policy})
+			h := newHandler(t, pool, model, handlerConfig{Provider: "openai", Ledger: l, Retry: h2Policy})
 			job := h2Job(t, uuid.NewString())
 
 			err = h.Handle(context.Background(), job)
@@ -99,7 +99,7 @@ func TestHTTP2GoAwayBelowTheStreamIsAClearFailure(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := newHandler(t, pool, model, summaries.HandlerConfig{Provider: "openai", Ledger: l, Retry: h2Policy})
+	h := newHandler(t, pool, model, handlerConfig{Provider: "openai", Ledger: l, Retry: h2Policy})
 	_, err = h.Process(context.Background(), h2Job(t, uuid.NewString()))
 	if err == nil || errors.Is(err, queue.ErrPermanent) || !retry.Transient(err) {
 		t.Fatalf("Process: %v, want a transient error that leaves the job pending", err)

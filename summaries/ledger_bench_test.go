@@ -67,17 +67,15 @@ func BenchmarkWorkerLedger(b *testing.B) {
 			var rc roundtrip.Counter
 			rdb.AddHook(&rc)
 			quiet := slog.New(slog.DiscardHandler)
-			cfg := summaries.HandlerConfig{DB: pool, LLM: fake.New(), Model: "gpt-4.1-mini", Provider: "fake", Logger: quiet}
+			cfg := handlerConfig{Model: "gpt-4.1-mini", Provider: "fake", Logger: quiet}
 			if mode != "no-ledger" {
-				cfg.Ledger, err = ledger.New(pool, ledger.Config{RelaxedInsert: mode == "ledger-relaxed", Logger: quiet})
+				cfg.LedgerConfig = ledger.Config{RelaxedInsert: mode == "ledger-relaxed"}
+				cfg.Ledger, err = ledger.New(pool, cfg.LedgerConfig)
 				if err != nil {
 					b.Fatal(err)
 				}
 			}
-			h, err := summaries.NewHandler(cfg)
-			if err != nil {
-				b.Fatal(err)
-			}
+			h := newHandler(b, pool, fake.New(), cfg)
 			keys := queue.Keys{Prefix: prefix, Queue: summaries.QueueName}
 			ctx := context.Background()
 			for i := range b.N {

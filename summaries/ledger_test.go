@@ -105,7 +105,7 @@ type lgOutcome struct {
 
 // lgRecorder runs a handler and records what each run returned.
 type lgRecorder struct {
-	h    *summaries.Handler
+	h    *testHandler
 	mu   sync.Mutex
 	runs []lgOutcome
 }
@@ -126,15 +126,12 @@ func (r *lgRecorder) Runs() []lgOutcome {
 
 func (e *lgEnv) handler(t *testing.T, withLedger bool) *lgRecorder {
 	t.Helper()
-	cfg := summaries.HandlerConfig{DB: e.pool, LLM: e.model, Model: "gpt-4.1-mini", Provider: "openai", Logger: testenv.Logger(t),
+	cfg := handlerConfig{Model: "gpt-4.1-mini", Provider: "openai", Logger: testenv.Logger(t),
 		Retry: retry.Policy{Base: 10 * time.Millisecond, Cap: 50 * time.Millisecond, MinAttempt: 100 * time.Millisecond}}
 	if withLedger {
-		cfg.Ledger = e.ledger
+		cfg.Ledger, cfg.LedgerConfig = e.ledger, ledger.Config{Wait: 30 * time.Second}
 	}
-	h, err := summaries.NewHandler(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	h := newHandler(t, e.pool, e.model, cfg)
 	return &lgRecorder{h: h}
 }
 

@@ -1,35 +1,15 @@
 package summaries
 
 import (
-	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/internal/metrics"
-	"github.com/onceflow/onceflow/queue"
 )
-
-// The statuses each route answers, initialised at zero in onceflow_http_requests_total.
-var (
-	postCodes = []int{http.StatusAccepted, http.StatusBadRequest, http.StatusUnauthorized, http.StatusRequestTimeout,
-		http.StatusRequestEntityTooLarge, http.StatusUnsupportedMediaType, http.StatusUnprocessableEntity, http.StatusServiceUnavailable}
-	getCodes = []int{http.StatusOK, http.StatusUnauthorized, http.StatusNotFound, http.StatusServiceUnavailable}
-)
-
-// apiMetrics are the POST route's collectors.
-type apiMetrics struct {
-	enqueued prometheus.Counter
-}
-
-func newAPIMetrics(reg prometheus.Registerer) *apiMetrics {
-	vec := metrics.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: metrics.Namespace, Subsystem: "queue", Name: "enqueued_total",
-		Help: "Jobs added to the stream by the API: new requests only (a replayed response enqueues nothing).",
-	}, []string{"queue"}))
-	return &apiMetrics{enqueued: vec.WithLabelValues(QueueName)}
-}
 
 // Job outcomes, the values of onceflow_summaries_jobs_total's "outcome" label.
 const (
@@ -41,14 +21,19 @@ const (
 	jobUnavailable = "unavailable"
 )
 
-// handlerMetrics are the job handler's collectors: what each delivery did, and the
-// effects it wrote.
-type handlerMetrics struct {
-	jobs    map[string]prometheus.Counter
-	written prometheus.Counter
+// metrics are the workflow's collectors: what the route enqueued, what each delivery
+// did, and the effects it wrote.
+type workflowMetrics struct {
+	enqueued prometheus.Counter
+	jobs     map[string]prometheus.Counter
+	written  prometheus.Counter
 }
 
-func newHandlerMetrics(reg prometheus.Registerer) *handlerMetrics {
+func newMetrics(reg prometheus.Registerer) *workflowMetrics {
+	enq := metrics.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: metrics.Namespace, Subsystem: "queue", Name: "enqueued_total",
+		Help: "Jobs added to the stream by the API: new requests only (a replayed response enqueues nothing).",
+	}, []string{"queue"}))
 	jobs := metrics.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: metrics.Namespace, Subsystem: "summaries", Name: "jobs_total",
 		Help: "Deliveries of summaries jobs by outcome: done (summary and outbox row written), duplicate (summary existed, nothing written), retry (left pending), permanent (dead-lettered), unavailable (the provider is stopped: handed back without spending a delivery).",
@@ -57,34 +42,38 @@ func newHandlerMetrics(reg prometheus.Registerer) *handlerMetrics {
 		Namespace: metrics.Namespace, Subsystem: "outbox", Name: "written_total",
 		Help: "Outbox rows written by job handlers (committed with their result), by topic.",
 	}, []string{"topic"}))
-	m := &handlerMetrics{jobs: map[string]prometheus.Counter{}, written: written.WithLabelValues(TopicSummaryReady)}
+	m := &workflowMetrics{enqueued: enq.WithLabelValues(QueueName), jobs: map[string]prometheus.Counter{}, written: written.WithLabelValues(TopicSummaryReady)}
 	for _, o := range []string{jobDone, jobDuplicate, jobRetry, jobPermanent, jobUnavailable} {
 		m.jobs[o] = jobs.WithLabelValues(o)
 	}
 	return m
 }
 
-// Instrument returns h as a queue.Handler that also counts each delivery's outcome
-// (onceflow_summaries_jobs_total{outcome}) and the outbox rows it wrote
-// (onceflow_outbox_written_total{topic}) on reg; nil reg counts without exporting. It
-// is safe for concurrent use, like h.
-func Instrument(h *Handler, reg prometheus.Registerer) queue.Handler {
-	m := newHandlerMetrics(reg)
-	return queue.HandlerFunc(func(ctx context.Context, job *queue.Job) error {
-		outcome, err := h.Process(ctx, job)
-		switch {
-		case err == nil && outcome == OutcomeDone:
-			m.jobs[jobDone].Inc()
-			m.written.Inc() // storeSQL writes the outbox row with the summary, or neither
-		case err == nil:
-			m.jobs[jobDuplicate].Inc()
-		case errors.Is(err, queue.ErrPermanent):
-			m.jobs[jobPermanent].Inc()
-		case errors.Is(err, queue.ErrUnavailable):
-			m.jobs[jobUnavailable].Inc()
-		default:
-			m.jobs[jobRetry].Inc()
-		}
-		return err
-	})
+// count counts one delivery the worker ran.
+func (m *workflowMetrics) count(outcome Outcome, err error) {
+	switch {
+	case err == nil && outcome == OutcomeDone:
+		m.jobs[jobDone].Inc()
+		m.written.Inc() // the commit writes the outbox row with the summary, or neither
+	case err == nil:
+		m.jobs[jobDuplicate].Inc()
+	case errors.Is(err, onceflow.ErrPermanent):
+		m.jobs[jobPermanent].Inc()
+	case errors.Is(err, onceflow.ErrUnavailable):
+		m.jobs[jobUnavailable].Inc()
+	default:
+		m.jobs[jobRetry].Inc()
+	}
+}
+
+// writeJSON writes v as the JSON body of status.
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// writeDetail writes the JSON error body every onceflow error uses: {"detail": "..."}.
+func writeDetail(w http.ResponseWriter, status int, detail string) {
+	writeJSON(w, status, map[string]string{"detail": detail})
 }

@@ -70,7 +70,7 @@ func TestQuotaStopSpendsNoBacklog(t *testing.T) {
 		ids[i] = fmt.Sprintf("00000000-0000-4000-8000-%012d", 4290+i)
 		p.enqueue(ids[i], fmt.Sprintf("Quota job number %d.", i))
 	}
-	h := newHandler(t, p.pool, client, summaries.HandlerConfig{Retry: fastRetries, Breaker: b})
+	h := newHandler(t, p.pool, client, handlerConfig{Retry: fastRetries, Breaker: b})
 	rec := &recorder{h: h}
 	const claimIdle = 200 * time.Millisecond
 	startWorker(t, queue.WorkerConfig{Redis: p.rdb, Keys: p.keys, Handler: rec, Gate: b,

@@ -47,24 +47,29 @@ func DecodeRequest(body []byte) (Request, error) {
 	if err := strictjson.Decode(body, &r); err != nil {
 		return Request{}, decodeError(err)
 	}
+	return r, r.validate()
+}
+
+// validate checks a decoded request's fields; errors are *FieldError.
+func (r *Request) validate() error {
 	// PostgreSQL's text holds no U+0000: a job carrying one could never store its
 	// summary (or its email), so it is refused here rather than dead-lettered later.
 	for _, f := range []struct{ name, v string }{{"text", r.Text}, {"notify", r.Notify}} {
 		if strings.ContainsRune(f.v, 0) {
-			return r, &FieldError{f.name, "must not contain U+0000"}
+			return &FieldError{f.name, "must not contain U+0000"}
 		}
 	}
 	// A missing field and an empty one are alike to the checks below.
 	switch n := utf8.RuneCountInString(r.Text); {
 	case strings.TrimSpace(r.Text) == "":
-		return r, &FieldError{"text", "required and must not be blank"}
+		return &FieldError{"text", "required and must not be blank"}
 	case n > MaxTextChars:
-		return r, &FieldError{"text", fmt.Sprintf("too long: %d characters, at most %d", n, MaxTextChars)}
+		return &FieldError{"text", fmt.Sprintf("too long: %d characters, at most %d", n, MaxTextChars)}
 	}
 	if err := validEmail(r.Notify); err != nil {
-		return r, &FieldError{"notify", err.Error()}
+		return &FieldError{"notify", err.Error()}
 	}
-	return r, nil
+	return nil
 }
 
 // Canonical returns the request re-encoded with a fixed field order and no insignificant

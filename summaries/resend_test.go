@@ -50,7 +50,7 @@ func TestResendAfterStoredResponseExpiredRerunsDeadLetteredJob(t *testing.T) {
 	// The model refuses the first run (a 400 is permanent): the job is dead-lettered.
 	client := fake.New()
 	client.FailNext(&llm.APIError{Provider: "openai", StatusCode: 400, Type: "invalid_request_error", Code: "context_length_exceeded", Message: "too long"})
-	h := newHandler(t, pool, client, summaries.HandlerConfig{})
+	h := newHandler(t, pool, client, handlerConfig{})
 	const jobTTL = 300 * time.Millisecond // the workers' index TTL (ONCEFLOW_RESULT_TTL)
 	stop := startWorker(t, queue.WorkerConfig{Redis: rdb, Keys: keys, Handler: h, Concurrency: 1, JobTTL: jobTTL})
 	testenv.WaitFor(t, 20*time.Second, "the dead letter", func() bool {

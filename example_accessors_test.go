@@ -1,0 +1,76 @@
+package onceflow_test
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/onceflow/onceflow"
+)
+
+// Visit is a job kind whose Worker counts what its deliveries did.
+type Visit struct {
+	Page string `json:"page"`
+}
+
+func (Visit) Kind() string { return "visit" }
+
+// Committed tells a Worker whether its Commit wrote the job (done) or found it written
+// by an earlier delivery (a duplicate), both of which return nil: for its metrics.
+func ExampleJob_Committed() {
+	rdb, prefix, db, done := exampleStores(`CREATE TABLE visits (job_id text PRIMARY KEY, page text)`)
+	defer done()
+
+	outcomes := make(chan string, 2)
+	workers := onceflow.NewWorkers()
+	onceflow.AddWorker(workers, onceflow.WorkFunc[Visit](func(ctx context.Context, job *onceflow.Job[Visit]) error {
+		err := job.Commit(ctx, func(c *onceflow.Commit) error {
+			c.Exec(`INSERT INTO visits (job_id, page) VALUES ($1, $2)`, job.ID, job.Args.Page)
+			return nil
+		})
+		if err == nil && job.Committed() {
+			outcomes <- "done"
+		} else if err == nil {
+			outcomes <- "duplicate"
+		}
+		return err
+	}))
+	client, err := onceflow.NewClient(onceflow.Config{Redis: rdb, DB: db, Prefix: prefix, Workers: workers})
+	must(err)
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan error)
+	go func() { stopped <- client.Run(ctx) }()
+	defer func() { cancel(); <-stopped }()
+
+	// The same job id twice: two deliveries of one job.
+	for range 2 {
+		_, err := client.Enqueue(ctx, Visit{Page: "/pricing"}, &onceflow.EnqueueOpts{JobID: "visit-1"})
+		must(err)
+		fmt.Println(<-outcomes)
+	}
+	// Output:
+	// done
+	// duplicate
+}
+
+// A workflow reads its own tables through the client's pool (Client.DB) and inspects its
+// queue with the queue package (Client.Redis, Client.QueueKeys).
+func ExampleClient_QueueKeys() {
+	rdb, prefix, db, done := exampleStores(``)
+	defer done()
+	client, err := onceflow.NewClient(onceflow.Config{Redis: rdb, DB: db, Prefix: prefix})
+	must(err)
+	keys := client.QueueKeys("default")
+	fmt.Println(keys.Stream() == prefix+":{default}:stream", client.DB() == db, client.Redis() == rdb)
+	// Output: true true true
+}
+
+// LoadScripts, at start, saves the first accept of a route or a keyed Enqueue its second
+// round trip.
+func ExampleClient_LoadScripts() {
+	rdb, prefix, _, done := exampleStores(``)
+	defer done()
+	client, err := onceflow.NewClient(onceflow.Config{Redis: rdb, Prefix: prefix})
+	must(err)
+	fmt.Println(client.LoadScripts(context.Background()))
+	// Output: <nil>
+}
