@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // ErrUnknownQueue is returned by RunWorkers for a queue the client's Config does not
@@ -55,7 +53,3 @@ func (c *Client) RunRelay(ctx context.Context) error {
 	}
 	return c.relay.Run(ctx)
 }
-
-// DB returns Config.DB, the pool of the client's PostgreSQL (nil without one): a
-// Workflow's Audit and Routes read the workflow's own tables with it.
-func (c *Client) DB() *pgxpool.Pool { return c.cfg.DB }
