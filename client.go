@@ -153,6 +153,8 @@ type Client struct {
 	model *model
 	// router sends the outbox's topics: Config.Senders and EnqueueTx's (senders.go).
 	router *outbox.Router
+	// enqueued counts the jobs added to the queues (onceflow_queue_enqueued_total).
+	enqueued *prometheus.CounterVec
 
 	runMu   sync.Mutex
 	running bool
@@ -191,6 +193,7 @@ func NewClient(cfg Config) (*Client, error) {
 		return nil, fmt.Errorf("onceflow: %w", err)
 	}
 	c.store = store
+	c.enqueued = newEnqueuedCounter(cfg.Registerer, c.Queues())
 	for name, qc := range c.queues {
 		if err := c.keys(name).Validate(); err != nil {
 			return nil, fmt.Errorf("onceflow: queue %q: %w", name, err)
@@ -277,7 +280,7 @@ func (c *Client) handler(name string, qc QueueConfig) queue.Handler {
 	return queue.HandlerFunc(func(ctx context.Context, j *queue.Job) error {
 		kind := cmp.Or(j.Kind, qc.DefaultKind)
 		info := &JobInfo{
-			ID: j.JobID, Kind: kind, Queue: name, Tenant: j.Tenant, Delivery: int(j.Deliveries),
+			ID: j.JobID, Kind: kind, Queue: name, Tenant: j.Tenant, Delivery: int(j.Deliveries), EntryID: j.ID,
 			Args: j.Payload, TraceParent: j.TraceParent,
 			msg: j.Message,
 			rt:  &runtime{client: c, queue: name, delivery: j, deadline: retry.After(c.cfg.JobBudget)},
