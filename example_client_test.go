@@ -420,6 +420,19 @@ func ExampleEnqueueScope() {
 	// Output: acme ENQUEUE image.resize upload-7
 }
 
+// NewWorkers is the registry a Client takes in Config.Workers.
+func ExampleNewWorkers() {
+	workers := onceflow.NewWorkers()
+	onceflow.AddWorker[Resize](workers, &resizer{maxWidth: 4096})
+	rdb, _ := onceflow.NewRedis("redis://127.0.0.1:6379/0")
+	defer rdb.Close()
+	if _, err := onceflow.NewClient(onceflow.Config{Redis: rdb, Workers: workers}); err != nil {
+		panic(err)
+	}
+	fmt.Println(workers.Kinds())
+	// Output: [image.resize]
+}
+
 // AddWorker registers the Worker of a kind; the kind is its arguments' Kind().
 func ExampleAddWorker() {
 	workers := onceflow.NewWorkers()
