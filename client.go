@@ -148,6 +148,9 @@ type Client struct {
 	workers map[string]*kindWorker
 	queues  map[string]QueueConfig
 
+	// enqueued counts the jobs added to the queues (onceflow_queue_enqueued_total).
+	enqueued *prometheus.CounterVec
+
 	// background are the parts Run runs besides the queue workers (the outbox relay,
 	// the ledger's purge), added by the features NewClient sets up.
 	background []func(context.Context) error
@@ -156,8 +159,6 @@ type Client struct {
 	model *model
 	// router sends the outbox's topics: Config.Senders and EnqueueTx's (senders.go).
 	router *outbox.Router
-	// enqueued counts the jobs added to the queues (onceflow_queue_enqueued_total).
-	enqueued *prometheus.CounterVec
 
 	runMu   sync.Mutex
 	running bool

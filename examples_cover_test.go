@@ -39,6 +39,11 @@ func TestEveryEntryPointHasAnExample(t *testing.T) {
 		"Commit.Exec":     "ExampleJob_Commit",
 		"Commit.Emit":     "ExampleJob_Commit",
 		"Commit.Result":   "ExampleJob_Commit",
+		// Accessors shown in the examples of their neighbours.
+		"Client.DB":       "ExampleClient_QueueKeys",
+		"Client.Redis":    "ExampleClient_QueueKeys",
+		"Client.RunRelay": "ExampleClient_RunWorkers",
+		"Job.Client":      "ExampleJob_Committed",
 	}
 	var missing []string
 	check := func(name string, examples []*doc.Example) {

@@ -199,7 +199,7 @@ func (d *deps) buildAPI(s *httpapi.Server) error {
 }
 
 // buildHandler returns the summaries job handler with the configured model, its calls
-// going through the llm_calls ledger (docs/providers.md).
+// going through the llm_calls ledger (seed 001).
 func (d *deps) buildHandler() (queue.Handler, error) {
 	m := llmmetrics.New(d.reg)
 	client, err := newLLMClient(d.cfg)

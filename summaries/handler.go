@@ -44,7 +44,7 @@ type HandlerConfig struct {
 	LLM llm.Client
 	// Model is the model name sent with each request; empty means the client's default.
 	Model string
-	// Ledger, when set, sends the model call through the llm_calls ledger (docs/providers.md): the
+	// Ledger, when set, sends the model call through the llm_calls ledger (seed 001): the
 	// response is recorded in a commit of its own before the summary is stored, so a
 	// redelivered job whose response was recorded never calls the model again, even
 	// when the summary's transaction failed after the call; and a delivery that meets
@@ -71,7 +71,7 @@ type HandlerConfig struct {
 	Logger *slog.Logger
 }
 
-// Handler is the summaries job handler, the pipeline's job step: it skips a job
+// Handler is the summaries job handler, seed 000's handle_summary_job: it skips a job
 // whose summary exists, calls the model under the retry policy and the delivery budget,
 // and stores the summary together with the outbox row of its email in one transaction,
 // which only the first delivery to finish can win. It implements queue.Handler and is
