@@ -106,8 +106,11 @@ type Config struct {
 	AuditMaxAge time.Duration
 	// Logger receives the client's logs. Default: slog.Default().
 	Logger *slog.Logger
-	// Registerer exports the metrics of every part the client runs. Default: nil, not
-	// exported.
+	// Registerer exports the metrics of every part the client runs: the queues' workers,
+	// the outbox relay, the model calls (llmmetrics, counted inside the ledger: do not
+	// wrap Config.Model in llmmetrics yourself), the ledger, the breaker, and the jobs
+	// Enqueue, EnqueueTx's relay and Route add (onceflow_queue_enqueued_total, replays
+	// not counted). Default: nil, not exported.
 	Registerer prometheus.Registerer
 }
 
@@ -147,6 +150,9 @@ type Client struct {
 	store   *redisstore.Store
 	workers map[string]*kindWorker
 	queues  map[string]QueueConfig
+
+	// enqueued counts the jobs added to the queues (onceflow_queue_enqueued_total).
+	enqueued *prometheus.CounterVec
 
 	// background are the parts Run runs besides the queue workers (the outbox relay,
 	// the ledger's purge), added by the features NewClient sets up.
@@ -196,6 +202,7 @@ func NewClient(cfg Config) (*Client, error) {
 		return nil, fmt.Errorf("onceflow: %w", err)
 	}
 	c.store = store
+	c.enqueued = newEnqueuedCounter(cfg.Registerer, c.Queues())
 	for name, qc := range c.queues {
 		if err := c.keys(name).Validate(); err != nil {
 			return nil, fmt.Errorf("onceflow: queue %q: %w", name, err)
@@ -297,7 +304,7 @@ func (c *Client) handler(name string, qc QueueConfig) queue.Handler {
 	return queue.HandlerFunc(func(ctx context.Context, j *queue.Job) error {
 		kind := cmp.Or(j.Kind, qc.DefaultKind)
 		info := &JobInfo{
-			ID: j.JobID, Kind: kind, Queue: name, Tenant: j.Tenant, Delivery: int(j.Deliveries),
+			ID: j.JobID, Kind: kind, Queue: name, Tenant: j.Tenant, Delivery: int(j.Deliveries), EntryID: j.ID,
 			Args: j.Payload, TraceParent: j.TraceParent,
 			msg: j.Message,
 			rt:  &runtime{client: c, queue: name, delivery: j, deadline: retry.After(c.cfg.JobBudget)},

@@ -83,7 +83,7 @@ func (c *Client) Enqueue(ctx context.Context, args JobArgs, opts *EnqueueOpts) (
 	}
 	keys := c.keys(o.Queue)
 	if o.Key == "" {
-		if _, err := queue.Enqueue(ctx, c.rdb, keys, m); err != nil {
+		if err := c.enqueue(ctx, keys, m); err != nil {
 			return nil, fmt.Errorf("onceflow: enqueue %s job: %w", m.Kind, err)
 		}
 		return &EnqueueResult{JobID: m.JobID, Queue: o.Queue}, nil

@@ -100,6 +100,5 @@ func (c *Client) sendEnqueue(ctx context.Context, om outbox.Message) error {
 		}
 		return err
 	}
-	_, err := queue.Enqueue(ctx, c.rdb, keys, m)
-	return err
+	return c.enqueue(ctx, keys, m)
 }

@@ -20,9 +20,10 @@ import (
 
 // exampleStores gives a runnable example the test Redis (ONCEFLOW_REDIS_URL) with a key
 // prefix of its own, and a pool on a PostgreSQL schema of its own (ONCEFLOW_DATABASE_URL)
-// migrated by onceflow's migrations, with the user's tables created by ddl; done removes
-// both. The examples' logs are not part of their output: it discards slog's default.
-func exampleStores(ddl string) (rdb *redis.Client, prefix string, db *pgxpool.Pool, done func()) {
+// migrated by onceflow's migrations and extra's, with the user's tables created by ddl;
+// done removes both. The examples' logs are not part of their output: it discards
+// slog's default.
+func exampleStores(ddl string, extra ...migrations.Source) (rdb *redis.Client, prefix string, db *pgxpool.Pool, done func()) {
 	slog.SetDefault(slog.New(slog.DiscardHandler))
 	ctx := context.Background()
 	b := make([]byte, 6)
@@ -40,7 +41,7 @@ func exampleStores(ddl string) (rdb *redis.Client, prefix string, db *pgxpool.Po
 	q := u.Query()
 	q.Set("search_path", name)
 	u.RawQuery = q.Encode()
-	_, err = migrations.Up(ctx, u.String(), nil)
+	_, err = migrations.Up(ctx, u.String(), nil, extra...)
 	must(err)
 	db, err = connect.Postgres(ctx, u.String(), nil)
 	must(err)

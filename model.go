@@ -13,6 +13,7 @@ import (
 	"github.com/onceflow/onceflow/breaker"
 	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/llm/ledger"
+	"github.com/onceflow/onceflow/llm/llmmetrics"
 	"github.com/onceflow/onceflow/llm/toolkey"
 	"github.com/onceflow/onceflow/queue"
 	"github.com/onceflow/onceflow/retry"
@@ -77,8 +78,16 @@ func (c *Client) setupModel() error {
 		return fmt.Errorf("onceflow: Config.QuotaProbe: %w", err)
 	}
 	provider := cmp.Or(cfg.Provider, DefaultProvider)
-	// The breaker is outside the ledger: a call it stops writes no row.
-	c.model = &model{client: llm.WithBreaker(l.Wrap(provider, cfg.Model), b), ledger: l, breaker: b, provider: provider, policy: policy}
+	// llmmetrics is inside the ledger (it counts the calls that reach the provider, not
+	// the answers the ledger replays) and counts the policy's retries beside the user's
+	// OnRetry. The breaker is outside the ledger: a call it stops writes no row.
+	m := llmmetrics.New(cfg.Registerer)
+	if onRetry := policy.OnRetry; onRetry != nil {
+		policy.OnRetry = func(r retry.Retry) { m.OnRetry(r); onRetry(r) }
+	} else {
+		policy.OnRetry = m.OnRetry
+	}
+	c.model = &model{client: llm.WithBreaker(l.Wrap(provider, m.Instrument(provider, cfg.Model)), b), ledger: l, breaker: b, provider: provider, policy: policy}
 	for name, qc := range c.queues {
 		if qc.Gate == nil {
 			qc.Gate = b

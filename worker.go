@@ -41,6 +41,10 @@ type JobInfo struct {
 	ID, Kind, Queue, Tenant string
 	// Delivery counts this entry's deliveries, this one included.
 	Delivery int
+	// EntryID is the stream entry id of this delivery ("1700000000000-0"): a job
+	// enqueued twice under one job id is two entries with two EntryIDs. It names the
+	// entry in the dead-letter stream and in `onceflow dlq`.
+	EntryID string
 	// Args are the job's arguments as they were enqueued (JSON).
 	Args []byte
 	// TraceParent is the W3C traceparent the job was enqueued with, or "".

@@ -17,7 +17,7 @@ import (
 	"github.com/onceflow/onceflow/summaries"
 )
 
-// auditReport is what `onceflow audit --json` prints: the CONTRACT's fields, decoded
+// auditReport is what `onceflow audit --json` prints: the fields docs/operations.md lists, decoded
 // strictly so that a renamed field fails the test.
 type auditReport struct {
 	Summaries       *int64   `json:"summaries"`
@@ -29,7 +29,7 @@ type auditReport struct {
 	StreamLength    *int64   `json:"stream_length"`
 	StreamPending   *int64   `json:"stream_pending"`
 	Violations      []string `json:"violations"`
-	// Beyond the CONTRACT's fields: the ledger's figures per provider and model.
+	// Beyond the documented fields: the ledger's figures per provider and model.
 	LLMCalls []ledger.Stats `json:"llm_calls"`
 }
 
@@ -44,7 +44,7 @@ func (r auditReport) counts() string {
 		v(r.Summaries), v(r.OutboxTotal), v(r.OutboxSent), v(r.OutboxUnsent), v(r.OutboxExhausted), v(r.DLQ), v(r.StreamPending))
 }
 
-// `onceflow audit` on a clean pipeline exits 0 with the CONTRACT's JSON fields; each kind
+// `onceflow audit` on a clean pipeline exits 0 with the documented JSON fields; each kind
 // of violation, planted one after the other, is reported (exit 4, --json naming it) next
 // to the ones planted before.
 func TestAuditReportsEachPlantedViolation(t *testing.T) {
@@ -72,7 +72,7 @@ func TestAuditReportsEachPlantedViolation(t *testing.T) {
 		}
 		if r.Violations == nil || r.Summaries == nil || r.OutboxTotal == nil || r.OutboxSent == nil || r.OutboxUnsent == nil ||
 			r.OutboxExhausted == nil || r.DLQ == nil || r.StreamPending == nil {
-			t.Fatalf("audit --json lacks a CONTRACT field: %s", p.Stdout())
+			t.Fatalf("audit --json lacks a documented field: %s", p.Stdout())
 		}
 		return r
 	}

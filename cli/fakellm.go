@@ -13,7 +13,7 @@ import (
 )
 
 // runFakeLLM serves llm/fakeserver: an OpenAI-compatible (and Anthropic Messages)
-// model server with injectable faults, for demos and tests (CONTRACT section 6). On
+// model server with injectable faults, for demos and tests (docs/retries.md, "onceflow fake-llm"). On
 // SIGINT/SIGTERM it releases hung and dripping requests and shuts down.
 func runFakeLLM(ctx context.Context, e *env, args []string) error {
 	fs := flags(e, "fake-llm", "--addr ADDR [fault flags]")

@@ -14,7 +14,7 @@ import (
 )
 
 // runGateway serves llm/gateway on ONCEFLOW_GATEWAY_ADDR, in front of
-// ONCEFLOW_LLM_BASE_URL (CONTRACT section 7), with /healthz, /readyz and /metrics
+// ONCEFLOW_LLM_BASE_URL (docs/providers.md), with /healthz, /readyz and /metrics
 // beside /v1/, and purges expired ledger rows. On SIGINT/SIGTERM it stops accepting and
 // lets in-flight upstream calls finish and be recorded within ONCEFLOW_SHUTDOWN_TIMEOUT.
 func runGateway(ctx context.Context, e *env, args []string) error {

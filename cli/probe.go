@@ -23,7 +23,7 @@ var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 // runProbe sends one Idempotency-Key twice with a non-deterministic prompt and prints
 // honoured (exit 0), ignored (exit 3) or inconclusive (exit 1) with both response ids
-// (CONTRACT section 3).
+// (docs/providers.md, "Verifying a provider").
 func runProbe(ctx context.Context, e *env, args []string) error {
 	fs := flags(e, "probe", "--base-url URL --model M [--api-key-env VAR] [--json]")
 	loader := config.Register(fs)

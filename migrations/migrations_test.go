@@ -45,7 +45,7 @@ func TestUpIsIdempotentAndCreatesTheContractTables(t *testing.T) {
 	}
 }
 
-// The guarantees of seed 000 rest on these constraints; check them on the real schema.
+// The guarantees of docs/RELIABILITY.md rest on these constraints; check them on the real schema.
 func TestConstraintsTheSeedsRelyOn(t *testing.T) {
 	t.Parallel()
 	pool, _ := testenv.Postgres(t)

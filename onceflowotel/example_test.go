@@ -157,6 +157,19 @@ func ExampleTraceParent() {
 	// Output: 55 true
 }
 
+// ContextWithTraceParent continues a trace from a stored traceparent (a message field,
+// an outbox row): the next span is its child.
+func ExampleContextWithTraceParent() {
+	tp := sdktrace.NewTracerProvider()
+	defer tp.Shutdown(context.Background())
+
+	ctx := onceflowotel.ContextWithTraceParent(context.Background(), "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+	_, span := tp.Tracer("app").Start(ctx, "send refund")
+	defer span.End()
+	fmt.Println(span.SpanContext().TraceID())
+	// Output: 4bf92f3577b34da6a3ce929d0e0e4736
+}
+
 // A server span per request, named after the route, continuing the caller's trace.
 func ExampleHTTPHandler() {
 	rec := tracetest.NewSpanRecorder()

@@ -89,7 +89,7 @@ func (e *env) exec(t *testing.T, sql string, args ...any) {
 	}
 }
 
-// Seed 000: an email provider that is down. The send fails, attempts goes to 1, and the
+// docs/outbox.md: an email provider that is down. The send fails, attempts goes to 1, and the
 // next relay pass sends it.
 func TestProviderDownThenSentOnTheNextPass(t *testing.T) {
 	t.Parallel()
@@ -123,14 +123,14 @@ func TestProviderDownThenSentOnTheNextPass(t *testing.T) {
 }
 
 // crashAfterSend is a Store whose Settle never reaches the database: the relay sent and
-// then died before recording it (seed 000's BaseException standing in for SIGKILL).
+// then died before recording it (a panic standing in for SIGKILL).
 type crashAfterSend struct{ outbox.Store }
 
 func (crashAfterSend) Settle(context.Context, string, outbox.Settlement) (outbox.Settled, error) {
 	return outbox.Settled{}, errors.New("relay killed before marking")
 }
 
-// Seed 000: the sender delivers and the relay dies before marking. After the lease,
+// docs/outbox.md: the sender delivers and the relay dies before marking. After the lease,
 // another relay sends the row again, with the same dedupe key: the duplicate window the
 // provider's idempotency key must close.
 func TestSendThenDieBeforeMarkSendsAgainWithTheSameKeyAfterTheLease(t *testing.T) {

@@ -20,7 +20,7 @@ import (
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
-// Seed 000: a consumer dies right after XREADGROUP. Its message is not claimable before
+// docs/queue.md, "Failure cases": a consumer dies right after XREADGROUP. Its message is not claimable before
 // ClaimIdle, and afterwards a live worker claims it with times_delivered == 2.
 func TestDeadConsumerMessageReclaimedAfterClaimIdle(t *testing.T) {
 	t.Parallel()
@@ -72,7 +72,7 @@ func TestDeadConsumerMessageReclaimedAfterClaimIdle(t *testing.T) {
 	}
 }
 
-// Seed 000: an always-failing handler with MaxDeliveries=3 runs exactly three times and
+// docs/queue.md, "Failure cases": an always-failing handler with MaxDeliveries=3 runs exactly three times and
 // the fourth delivery dead-letters the message, atomically with its XACK and the job
 // index.
 func TestAlwaysFailingJobRunsMaxDeliveriesTimesThenDeadLetters(t *testing.T) {
@@ -148,7 +148,7 @@ func TestPermanentErrorDeadLettersAfterOneRun(t *testing.T) {
 	}
 }
 
-// Seed 000: the same job id enqueued twice (the API died after XADD and the client
+// docs/queue.md, "Failure cases": the same job id enqueued twice (the API died after XADD and the client
 // retried). Both entries are delivered; an idempotent handler makes one effect.
 func TestSameJobEnqueuedTwiceMakesOneEffect(t *testing.T) {
 	t.Parallel()

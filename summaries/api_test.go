@@ -48,7 +48,7 @@ func TestJobIDIsUUIDv5OfTheScope(t *testing.T) {
 	}
 }
 
-// The POST status table of CONTRACT section 4, over real HTTP against the shared Redis,
+// The POST status table of docs/api.md, over real HTTP against the shared Redis,
 // with the effects (stream entries, job index, stored records) checked after each row.
 func TestPostStatusTable(t *testing.T) {
 	t.Parallel()
@@ -231,7 +231,7 @@ func TestPostStatusTable(t *testing.T) {
 	}
 }
 
-// Strict JSON (CONTRACT section 4): member names are case-sensitive and may appear once.
+// Strict JSON (docs/api.md): member names are case-sensitive and may appear once.
 // Each loose body is a 400 naming the field, stores nothing and enqueues nothing, so the
 // same key is a new job afterwards.
 func TestPostRejectsCaseFoldedAndDuplicateNames(t *testing.T) {

@@ -60,7 +60,7 @@ func BenchmarkPipeline(b *testing.B) {
 	workers := benchEnvInt(b, "ONCEFLOW_WORKER_CONCURRENCY", queue.DefaultConcurrency)
 
 	ceiling := pgbenchCeiling(b, pgClients, pgTime)
-	// Both configurations in the same run: seed 000's handler, and the service's, whose
+	// Both configurations in the same run: the handler without the ledger, and the service's, whose
 	// model calls go through the llm_calls ledger (issue 7: what it costs against the
 	// 1,000 jobs/s target).
 	for _, withLedger := range []bool{false, true} {

@@ -29,7 +29,7 @@ import (
 	"github.com/onceflow/onceflow/summaries"
 )
 
-// Seed 000's crash tests, against real Redis and PostgreSQL, each counting the effects:
+// The crash tests of docs/RELIABILITY.md, against real Redis and PostgreSQL, each counting the effects:
 // model calls, summaries, outbox rows and emails delivered to a webhook sink. Where a
 // process dies it is a real `onceflow work` or `onceflow relay` killed with SIGKILL.
 
@@ -290,7 +290,7 @@ func TestCrashBetweenCommitAndXACK(t *testing.T) {
 	p.effects(jobID, 1, 1, 1)
 }
 
-// The same job id enqueued twice (the API crashing after XADD in seed 000's design): the
+// The same job id enqueued twice (the API crashing after XADD, docs/queue.md): the
 // second delivery finds the summary. One model call, one summary, one email.
 func TestSameJobEnqueuedTwice(t *testing.T) {
 	t.Parallel()
@@ -382,7 +382,7 @@ func TestSlowWorkerAndReclaimer(t *testing.T) {
 		t.Fatalf("%d entries pending, want 0", n)
 	}
 	// Two model calls: each delivery passed the pre-check before either stored. This is
-	// seed 000's handler, without the llm_calls ledger. The service runs the handler WITH
+	// the handler without the llm_calls ledger. The service runs the handler WITH
 	// the ledger (cli/roles.go), and then this case makes ONE model call: the
 	// reclaimer finds the slow worker's call in flight, waits for it and replays its
 	// answer (TestSlowWorkerAndReclaimerMakeOneModelCallWithTheLedger in ledger_test.go).

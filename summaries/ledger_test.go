@@ -161,7 +161,7 @@ func (e *lgEnv) rows(t *testing.T, sql string, args ...any) int {
 	return n
 }
 
-// A slow worker and a reclaimer on one job (seed 000's case): worker a is still waiting
+// A slow worker and a reclaimer on one job (docs/queue.md's case): worker a is still waiting
 // for the model when worker b reclaims the entry. With the ledger, b finds a's call in
 // flight (a renews its lease) and waits for it instead of calling too; when a's answer
 // is recorded, b replays it. ONE model call (without the ledger, the pipeline suite's
@@ -288,7 +288,7 @@ func TestSummaryTransactionFailedAfterTheCallRedeliveryDoesNotCallTheModel(t *te
 }
 
 // onceflow audit's report counts the ledger per provider and model, beside the
-// CONTRACT's fields.
+// documented fields.
 func TestAuditReportsTheLedger(t *testing.T) {
 	t.Parallel()
 	e := lgSetup(t)

@@ -35,7 +35,7 @@ func TestDecodeRequest(t *testing.T) {
 		{``, "body"},
 		{`nul`, "body"},
 		{"{\"text\":\"\xff\",\"notify\":\"a@example.com\"}", "body"},
-		// Member names are case-sensitive and may appear once (CONTRACT section 4).
+		// Member names are case-sensitive and may appear once (docs/api.md).
 		{`{"TEXT":"x","notify":"a@example.com"}`, "TEXT"},
 		{`{"Text":"x","notify":"a@example.com"}`, "Text"},
 		{`{"text":"x","NOTIFY":"a@example.com"}`, "NOTIFY"},

@@ -1,6 +1,6 @@
 // Package gateway is `onceflow gateway`: an OpenAI-compatible reverse proxy that gives
 // any upstream (a provider, a self-hosted model server) server-side Idempotency-Key
-// semantics, through the llm/ledger table (CONTRACT section 7).
+// semantics, through the llm/ledger table (docs/providers.md, "Running onceflow gateway").
 //
 // A POST carrying Idempotency-Key is recorded in llm_calls before it is forwarded:
 //

@@ -12,7 +12,7 @@ import (
 
 // IsAmbiguous reports whether a failed model call may nevertheless have been done (and
 // billed) by the provider: the request may have been sent, and no answer says what
-// became of it. Seed 001's "dangerous case". In order:
+// became of it. The "dangerous case" of docs/providers.md. In order:
 //
 //   - nil: false;
 //   - a provider's error answer (*llm.APIError): false, the provider said it failed,

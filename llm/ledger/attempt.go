@@ -156,7 +156,7 @@ func (a *Attempt) Succeed(ctx context.Context, res Result) (rec *Record, ours bo
 }
 
 // SucceedTx is Succeed inside the caller's transaction tx, so that the response and the
-// downstream write it causes commit together or not at all (seed 001, step 3). Call it
+// downstream write it causes commit together or not at all (docs/providers.md, "Tool calls"). Call it
 // first in tx and derive the write from the returned Record: when ours is false,
 // another attempt's response is the recorded one. It uses ctx as is. If tx rolls back,
 // call Fail (or the row stays owned until its lease runs out, and is then counted as

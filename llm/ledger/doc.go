@@ -1,4 +1,4 @@
-// Package ledger is onceflow's client-side deduplication of model calls (seed 001): the
+// Package ledger is onceflow's client-side deduplication of model calls (docs/providers.md): the
 // llm_calls table and the state machine around it, for providers that ignore
 // Idempotency-Key, which is most of them.
 //

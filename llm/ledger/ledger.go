@@ -30,7 +30,7 @@ type DB interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
 
-// States of an llm_calls row (CONTRACT section 5).
+// States of an llm_calls row (migrations/00001_schema.sql; docs/providers.md).
 const (
 	StateInFlight  = "in_flight"
 	StateSucceeded = "succeeded"
@@ -128,7 +128,7 @@ type Config struct {
 	Registerer prometheus.Registerer
 }
 
-// Ledger is the client-side record of model calls (seed 001): one llm_calls row per
+// Ledger is the client-side record of model calls (docs/providers.md): one llm_calls row per
 // call, inserted in_flight before the request goes out, so that a retry, a redelivery
 // or a second worker finds what happened instead of calling again. It is safe for
 // concurrent use.
@@ -273,8 +273,8 @@ func (e *InFlightError) HTTPStatus() int { return http.StatusConflict }
 
 var _ retry.HTTPStatuser = (*InFlightError)(nil)
 
-// Row is one llm_calls row as Get reads it; the fields are its columns (CONTRACT section
-// 5 and migrations 00001 and 00002), NULLs read as zero values.
+// Row is one llm_calls row as Get reads it; the fields are its columns (migrations
+// 00001 and 00002), NULLs read as zero values.
 type Row struct {
 	Key, Work, State, RequestHash, Provider, Model string
 	Attempt, Ambiguous                             int

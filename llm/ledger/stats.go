@@ -9,7 +9,7 @@ import (
 
 // Stats counts the ledger's rows of one provider and model: what `onceflow audit`
 // reports, so that the cost of a provider without server-side keys is measured from
-// your own ambiguous-failure rate (seed 001).
+// your own ambiguous-failure rate (docs/providers.md).
 type Stats struct {
 	Provider string `json:"provider"`
 	Model    string `json:"model"`

@@ -60,7 +60,7 @@ func (d *downstream) counts() (requests, effects int) {
 
 var errCrashed = errors.New("the process died after the refund went out, before the step was recorded")
 
-// TestRetryingAToolCallWithoutADuplicateSideEffect is seed 001's test: a model request
+// TestRetryingAToolCallWithoutADuplicateSideEffect is the test docs/providers.md describes: a model request
 // that returns a tool call is retried (the first attempt's outcome is lost: it died
 // after calling the tool), the same tool call comes back from a second generation, and
 // the downstream service that honours Idempotency-Key performs the side effect once.

@@ -1,8 +1,8 @@
 // Package probe answers one question about a model provider: does it honour
-// Idempotency-Key? It is seed 001's curl probe as a library (and `onceflow probe` as a
-// command): send one key twice with a deliberately non-deterministic prompt
-// (temperature 1, "Say one random word.") to an OpenAI-compatible Chat Completions
-// endpoint, and compare the two responses.
+// Idempotency-Key? It is the curl check of docs/providers.md ("Verifying a provider") as
+// a library (and `onceflow probe` as a command): send one key twice with a deliberately
+// non-deterministic prompt (temperature 1, "Say one random word.") to an
+// OpenAI-compatible Chat Completions endpoint, and compare the two responses.
 //
 // Servers ignore headers they do not understand, so an unsupported key fails silently:
 // the request succeeds, the header is dropped, and retry logic goes on believing it is

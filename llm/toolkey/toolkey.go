@@ -1,7 +1,7 @@
 // Package toolkey derives the idempotency key a tool call carries downstream, so that a
 // retried model request that produces the same tool call produces the same downstream
 // key, and the system the tool writes to (a payment API, an email provider, your own
-// service) rejects the duplicate (seed 001, "the part that really needs it").
+// service) rejects the duplicate (docs/providers.md, "Tool calls: carry the key downstream").
 //
 // Two derivations, both from the key of the model request that produced the call (for
 // onceflow, the llm/ledger key: derived from the work, never from the attempt):

@@ -1,5 +1,5 @@
-// Package webhook is an outbox.Sender that POSTs each message to a URL, as CONTRACT
-// section 8 describes: JSON {"topic", "dedupe_key", "payload"} with the dedupe key as
+// Package webhook is an outbox.Sender that POSTs each message to a URL, as docs/outbox.md
+// describes: JSON {"topic", "dedupe_key", "payload"} with the dedupe key as
 // the Idempotency-Key header, so a receiver that honours the header applies a
 // redelivered row once. Config.Body changes the body's shape: PayloadOnly posts just the
 // payload, for a receiver (a payments API) that expects its own document.
