@@ -21,7 +21,6 @@ import (
 	"github.com/onceflow/onceflow/llm/anthropic"
 	"github.com/onceflow/onceflow/llm/fake"
 	"github.com/onceflow/onceflow/llm/ledger"
-	"github.com/onceflow/onceflow/llm/llmmetrics"
 	"github.com/onceflow/onceflow/llm/openai"
 	"github.com/onceflow/onceflow/onceflowotel"
 	"github.com/onceflow/onceflow/outbox"
@@ -153,18 +152,16 @@ func (d *deps) summariesClient(withModel bool) (*onceflow.Client, error) {
 		Logger: d.log, Registerer: d.reg, TraceParent: d.traceParent(),
 	}
 	if withModel {
-		m := llmmetrics.New(d.reg)
 		client, err := newLLMClient(d.cfg)
 		if err != nil {
 			return nil, err
 		}
-		// Inside the ledger: llmmetrics counts and traces real calls only, not replays.
-		client = m.Instrument(d.cfg.LLM, client)
+		// The Client counts the calls (llmmetrics, inside the ledger) on cfg.Registerer.
 		if d.tp != nil {
 			client = onceflowotel.LLMClient(d.tp, d.cfg.LLM, client)
 		}
 		cfg.Model, cfg.Provider, cfg.QuotaProbe, cfg.JobBudget = client, d.cfg.LLM, d.cfg.LLMQuotaProbe, d.cfg.JobBudget
-		cfg.ModelRetry = retry.Policy{MaxAttempts: d.cfg.LLMMaxAttempts, PerCallTimeout: d.cfg.LLMTimeout, OnRetry: m.OnRetry}
+		cfg.ModelRetry = retry.Policy{MaxAttempts: d.cfg.LLMMaxAttempts, PerCallTimeout: d.cfg.LLMTimeout}
 		cfg.Ledger = ledger.Config{
 			Lease: d.cfg.LedgerLease, Retention: d.cfg.LedgerRetention, RelaxedInsert: d.cfg.LedgerRelaxedInsert,
 			Models: []string{d.cfg.LLMModel},

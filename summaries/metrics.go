@@ -24,16 +24,11 @@ const (
 // metrics are the workflow's collectors: what the route enqueued, what each delivery
 // did, and the effects it wrote.
 type workflowMetrics struct {
-	enqueued prometheus.Counter
-	jobs     map[string]prometheus.Counter
-	written  prometheus.Counter
+	jobs    map[string]prometheus.Counter
+	written prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *workflowMetrics {
-	enq := metrics.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: metrics.Namespace, Subsystem: "queue", Name: "enqueued_total",
-		Help: "Jobs added to the stream by the API: new requests only (a replayed response enqueues nothing).",
-	}, []string{"queue"}))
 	jobs := metrics.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: metrics.Namespace, Subsystem: "summaries", Name: "jobs_total",
 		Help: "Deliveries of summaries jobs by outcome: done (summary and outbox row written), duplicate (summary existed, nothing written), retry (left pending), permanent (dead-lettered), unavailable (the provider is stopped: handed back without spending a delivery).",
@@ -42,7 +37,7 @@ func newMetrics(reg prometheus.Registerer) *workflowMetrics {
 		Namespace: metrics.Namespace, Subsystem: "outbox", Name: "written_total",
 		Help: "Outbox rows written by job handlers (committed with their result), by topic.",
 	}, []string{"topic"}))
-	m := &workflowMetrics{enqueued: enq.WithLabelValues(QueueName), jobs: map[string]prometheus.Counter{}, written: written.WithLabelValues(TopicSummaryReady)}
+	m := &workflowMetrics{jobs: map[string]prometheus.Counter{}, written: written.WithLabelValues(TopicSummaryReady)}
 	for _, o := range []string{jobDone, jobDuplicate, jobRetry, jobPermanent, jobUnavailable} {
 		m.jobs[o] = jobs.WithLabelValues(o)
 	}

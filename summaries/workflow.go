@@ -186,12 +186,7 @@ func routes(c *onceflow.Client, o Options, m *workflowMetrics) (post, get http.H
 			unauthorized.ServeHTTP(w, r)
 			return
 		}
-		cw := &codeWriter{ResponseWriter: w}
-		route.ServeHTTP(cw, r)
-		// A new job only: a replay carries Idempotent-Replayed and enqueues nothing.
-		if cw.code == http.StatusAccepted && w.Header().Get("Idempotent-Replayed") == "" {
-			m.enqueued.Inc()
-		}
+		route.ServeHTTP(w, r) // onceflow_queue_enqueued_total is counted by the route
 	})
 	get = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		tenant, err := o.Tenant(r)
@@ -204,30 +199,7 @@ func routes(c *onceflow.Client, o Options, m *workflowMetrics) (post, get http.H
 	return post, get, nil
 }
 
-// codeWriter remembers the status a handler wrote.
-type codeWriter struct {
-	http.ResponseWriter
-	code int
-}
-
-func (w *codeWriter) WriteHeader(code int) {
-	if w.code == 0 {
-		w.code = code
-	}
-	w.ResponseWriter.WriteHeader(code)
-}
-
-func (w *codeWriter) Write(b []byte) (int, error) {
-	if w.code == 0 {
-		w.code = http.StatusOK
-	}
-	return w.ResponseWriter.Write(b)
-}
-
-// Unwrap lets http.ResponseController reach the connection.
-func (w *codeWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
-
-// worker runs summary jobs: the reference handler (docs/workflows-summaries.md) on the public API.
+// worker runs summary jobs (docs/workflows-summaries.md) on the public API.
 type worker struct {
 	o Options
 	m *workflowMetrics
