@@ -277,6 +277,7 @@ func (c *Client) newWorker(name string) (*queue.Worker, error) {
 		Redis: c.rdb, Keys: c.keys(name), Handler: c.handler(name, qc),
 		Concurrency: qc.Concurrency, ClaimIdle: qc.ClaimIdle, MaxDeliveries: qc.MaxDeliveries,
 		ShutdownTimeout: qc.ShutdownTimeout, StatsInterval: qc.StatsInterval, Gate: qc.Gate,
+		JobTTL: c.cfg.ResultTTL,
 		Logger: c.log, Registerer: c.cfg.Registerer,
 	})
 	if err != nil {
