@@ -23,8 +23,8 @@
 //  4. one XPENDING range call for the delivery counts of the reclaimed entries (a new
 //     entry read with ">" has been delivered exactly once);
 //  5. each job runs in its own goroutine. A nil error is acknowledged through a batching
-//     acknowledger (many ids per XACK, in one script that also starts the TTL of the
-//     jobs' indexes); an error wrapping ErrPermanent, a malformed
+//     acknowledger (many ids per XACK; the maintenance trim later starts the TTL of
+//     the jobs' indexes); an error wrapping ErrPermanent, a malformed
 //     message or a delivery count above MaxDeliveries moves the entry to the dead-letter
 //     stream (XADD dead + XACK + the job index, in one atomic script); any other error
 //     or a panic leaves the entry pending, to be reclaimed after ClaimIdle.
@@ -40,8 +40,8 @@
 //
 // Every enqueue (Enqueue, Replay, and any script embedding EnqueueLua, such as the API's
 // accept) records the job's tenant and state in its index; the index does not expire
-// while the job is queued, running or dead-lettered, and expires JobTTL after the job
-// was acknowledged or its dead letter deleted. Enqueueing a job whose index says failed
+// while the job is queued, running or dead-lettered, and expires JobTTL after the
+// trim removed the job's acknowledged entry or its dead letter was deleted. Enqueueing a job whose index says failed
 // runs it again and retires its dead letter, as a replay does.
 //
 // docs/queue.md explains the design in full: keys, the wire format, delivery counts and

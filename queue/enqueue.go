@@ -40,7 +40,8 @@ const DefaultJobTTL = 24 * time.Hour
 //
 // It adds the entry, and the index gets tenant, state=queued and entry (the new entry
 // id) and loses any TTL: the index of a job in the stream never expires (the worker
-// gives it WorkerConfig.JobTTL when it acknowledges the index's latest entry). When the
+// gives it WorkerConfig.JobTTL when its maintenance trims the acknowledged latest entry
+// from the stream, see Trim). When the
 // index records a failure, the job was asked for again and runs again, as after a
 // replay: the dead letter the index points at (dead_id) is deleted and reason, dead_id
 // and failed_at are removed. Invariant: a job is never queued in the index while the
@@ -94,7 +95,7 @@ func EnqueueArgs(m Message) ([]any, error) {
 // (see EnqueueLua).
 //
 // The index does not expire while the job waits or runs, however long; the worker gives
-// it WorkerConfig.JobTTL when it acknowledges the job.
+// it WorkerConfig.JobTTL when the trim removes the job's acknowledged entry.
 //
 // An m that fails Validate is refused with an error wrapping ErrMalformed and nothing is
 // written. Redis errors are returned wrapped; on a network error the job may or may not
@@ -124,7 +125,8 @@ const (
 )
 
 // ErrUnknownJob is returned by JobState for a job id that has no index: never enqueued,
-// or acknowledged (or its dead letter purged) longer ago than the index TTL.
+// or trimmed from the stream after its acknowledgement (or its dead letter purged)
+// longer ago than the index TTL.
 var ErrUnknownJob = errors.New("unknown job")
 
 // JobState reads the job index of jobID: the tenant that owns it, its state (StateQueued
