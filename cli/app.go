@@ -18,7 +18,6 @@ import (
 	"github.com/onceflow/onceflow/config"
 	"github.com/onceflow/onceflow/idempotency"
 	"github.com/onceflow/onceflow/internal/httpapi"
-	"github.com/onceflow/onceflow/llm/llmmetrics"
 	"github.com/onceflow/onceflow/onceflowotel"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/queue"
@@ -220,15 +219,12 @@ func (d *deps) appClient(e *env, withModel bool) (*onceflow.Client, error) {
 		if err != nil {
 			return nil, err
 		}
-		// As the summaries handler's: llmmetrics counts and traces real calls only (the
-		// Client puts the ledger outside).
-		m := llmmetrics.New(d.reg)
-		model = m.Instrument(cfg.LLM, model)
+		// The Client counts the calls (llmmetrics, inside the ledger) on oc.Registerer.
 		if d.tp != nil {
 			model = onceflowotel.LLMClient(d.tp, cfg.LLM, model)
 		}
 		oc.Model, oc.Provider, oc.QuotaProbe = model, cfg.LLM, cfg.LLMQuotaProbe
-		oc.ModelRetry = retry.Policy{MaxAttempts: cfg.LLMMaxAttempts, PerCallTimeout: cfg.LLMTimeout, OnRetry: m.OnRetry}
+		oc.ModelRetry = retry.Policy{MaxAttempts: cfg.LLMMaxAttempts, PerCallTimeout: cfg.LLMTimeout}
 		oc.Ledger.Lease, oc.Ledger.Retention, oc.Ledger.RelaxedInsert = cfg.LedgerLease, cfg.LedgerRetention, cfg.LedgerRelaxedInsert
 		oc.Ledger.Models = []string{cfg.LLMModel}
 	}
