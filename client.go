@@ -49,7 +49,8 @@ type Config struct {
 	// Prefix starts every Redis key (ONCEFLOW_PREFIX). Default: DefaultPrefix.
 	Prefix string
 	// Queues are the queues Run works, by name; a queue not listed can still be enqueued
-	// to (another process may work it). Default: {DefaultQueue: {}}.
+	// to (another process may work it). Default: DefaultQueue and the queue each of
+	// Workers' kinds names (JobArgsWithOpts), with default settings.
 	Queues map[string]QueueConfig
 	// Workers holds the Worker of each kind. A job of a kind without one is
 	// dead-lettered with ErrUnknownKind. Default: none (an enqueue-only Client).
@@ -194,7 +195,14 @@ func NewClient(cfg Config) (*Client, error) {
 		return nil, err
 	}
 	if len(cfg.Queues) == 0 {
+		// The default queue and every queue a registered kind names (JobArgsWithOpts):
+		// a worker registered for a kind is a worker its jobs reach.
 		cfg.Queues = map[string]QueueConfig{DefaultQueue: {}}
+		for _, kw := range cfg.Workers.snapshot() {
+			if kw.queue != "" {
+				cfg.Queues[kw.queue] = QueueConfig{}
+			}
+		}
 	}
 	c := &Client{cfg: cfg, log: cfg.Logger, rdb: cfg.Redis, workers: cfg.Workers.snapshot(), queues: maps.Clone(cfg.Queues)}
 	store, err := redisstore.New(cfg.Redis, redisstore.Config{Prefix: cfg.Prefix, ResultTTL: cfg.ResultTTL, Logger: cfg.Logger})

@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/onceflow/onceflow/idempotency"
+	"github.com/onceflow/onceflow/internal/strictjson"
 	"github.com/onceflow/onceflow/queue"
 )
 
@@ -118,7 +119,9 @@ func (c *Client) message(ctx context.Context, args JobArgs, opts *EnqueueOpts) (
 	if o.Key != "" && !validKey(o.Key) {
 		return queue.Message{}, o, fmt.Errorf("onceflow: enqueue %s: key is not 1-%d printable ASCII characters", kind, MaxKeyLen)
 	}
-	payload, err := json.Marshal(args)
+	// Encoded as the worker decodes (strictjson): arguments that would not decode back
+	// fail here, at the enqueue, not as a dead letter.
+	payload, err := strictjson.Encode(args)
 	if err != nil {
 		return queue.Message{}, o, fmt.Errorf("onceflow: encode %s arguments: %w", kind, err)
 	}

@@ -12,9 +12,11 @@ import (
 // 64 characters of a-z 0-9 . _ - and :, starting with a letter or a digit
 // ("triage.ticket"); it routes a job to its Worker and must be the same on every call,
 // including on the zero value (give it a value receiver). The arguments travel as JSON
-// (encoding/json tags apply) and are decoded strictly when the job runs: field names are
-// case-sensitive, unknown and repeated names are refused, and a job whose arguments do
-// not decode is dead-lettered with the reason.
+// with encoding/json/v2's semantics at both ends (`json:` tags apply; a type it cannot
+// represent, such as a time.Duration without a format option, is refused by Enqueue),
+// and are decoded strictly when the job runs: field names are case-sensitive, unknown
+// and repeated names are refused, and a job whose arguments do not decode (a producer
+// of its own wrote them) is dead-lettered with the reason.
 type JobArgs interface {
 	Kind() string
 }

@@ -30,7 +30,13 @@ import (
 // setting, as the onceflow binary hosts its built-in summaries service. A program of
 // one's own is
 //
-//	func main() { cli.Main(cli.App{Name: "triage", Workflows: triage.Workflows}) }
+//	func main() {
+//		cli.Main(cli.App{Name: "notesd", Workflows: func(h cli.Host) ([]onceflow.Workflow, error) {
+//			return []onceflow.Workflow{notes.Workflow(h.Tenant)}, nil
+//		}})
+//	}
+//
+// where notes.Workflow is the program's own (see ExampleRun).
 type App struct {
 	// Name is the command's name in its usage text and messages. Default: "onceflow".
 	Name string

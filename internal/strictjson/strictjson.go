@@ -110,6 +110,18 @@ func Decode(data []byte, v any) error {
 	return nil
 }
 
+// Encode marshals v with the same JSON semantics Decode reads (encoding/json/v2's), so
+// whatever Encode writes, Decode reads back into the same type: a type the two cannot
+// round-trip (a time.Duration without a format, a channel) fails here, not when the
+// other side decodes it.
+func Encode(v any) ([]byte, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("strictjson: %w", err)
+	}
+	return b, nil
+}
+
 // describe turns the decoder's errors into an *Error.
 func describe(err error) error {
 	var syn *jsontext.SyntacticError
