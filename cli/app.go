@@ -21,7 +21,6 @@ import (
 	"github.com/onceflow/onceflow/onceflowotel"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/queue"
-	"github.com/onceflow/onceflow/retry"
 )
 
 // App is a program built on the onceflow command: its name and the workflows it hosts.
@@ -207,32 +206,13 @@ func (d *deps) appClient(e *env, withModel bool) (*onceflow.Client, error) {
 			wfs[i].Senders = senders
 		}
 	}
-	oc := onceflow.Config{
-		Redis: d.rdb, DB: d.pool, Prefix: cfg.Prefix, Workflows: wfs,
-		Relay:       relayConfig(cfg, d.log, d.reg),
-		JobBudget:   cfg.JobBudget,
-		ResultTTL:   cfg.ResultTTL,
-		AuditMaxAge: cfg.AuditMaxAge,
-		TraceParent: d.traceParent(),
-		Logger:      d.log,
-		Registerer:  d.reg,
+	oc, err := d.clientConfig(withModel && d.pool != nil)
+	if err != nil {
+		return nil, err
 	}
+	oc.Workflows, oc.Relay, oc.AuditMaxAge = wfs, relayConfig(cfg, d.log, d.reg), cfg.AuditMaxAge
 	if d.tp != nil {
 		oc.Middleware = []onceflow.Middleware{onceflowotel.Middleware(d.tp)}
-	}
-	if withModel && d.pool != nil {
-		model, err := newLLMClient(cfg)
-		if err != nil {
-			return nil, err
-		}
-		// The Client counts the calls (llmmetrics, inside the ledger) on oc.Registerer.
-		if d.tp != nil {
-			model = onceflowotel.LLMClient(d.tp, cfg.LLM, model)
-		}
-		oc.Model, oc.Provider, oc.QuotaProbe = model, cfg.LLM, cfg.LLMQuotaProbe
-		oc.ModelRetry = retry.Policy{MaxAttempts: cfg.LLMMaxAttempts, PerCallTimeout: cfg.LLMTimeout}
-		oc.Ledger.Lease, oc.Ledger.Retention, oc.Ledger.RelaxedInsert = cfg.LedgerLease, cfg.LedgerRetention, cfg.LedgerRelaxedInsert
-		oc.Ledger.Models = []string{cfg.LLMModel}
 	}
 	c, err := onceflow.NewClient(oc)
 	if err != nil {

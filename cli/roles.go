@@ -147,25 +147,9 @@ func (d *deps) summariesClient(withModel bool) (*onceflow.Client, error) {
 	case !withModel && d.apiClient != nil:
 		return d.apiClient, nil
 	}
-	cfg := onceflow.Config{
-		Redis: d.rdb, DB: d.pool, Prefix: d.cfg.Prefix, ResultTTL: d.cfg.ResultTTL,
-		Logger: d.log, Registerer: d.reg, TraceParent: d.traceParent(),
-	}
-	if withModel {
-		client, err := newLLMClient(d.cfg)
-		if err != nil {
-			return nil, err
-		}
-		// The Client counts the calls (llmmetrics, inside the ledger) on cfg.Registerer.
-		if d.tp != nil {
-			client = onceflowotel.LLMClient(d.tp, d.cfg.LLM, client)
-		}
-		cfg.Model, cfg.Provider, cfg.QuotaProbe, cfg.JobBudget = client, d.cfg.LLM, d.cfg.LLMQuotaProbe, d.cfg.JobBudget
-		cfg.ModelRetry = retry.Policy{MaxAttempts: d.cfg.LLMMaxAttempts, PerCallTimeout: d.cfg.LLMTimeout}
-		cfg.Ledger = ledger.Config{
-			Lease: d.cfg.LedgerLease, Retention: d.cfg.LedgerRetention, RelaxedInsert: d.cfg.LedgerRelaxedInsert,
-			Models: []string{d.cfg.LLMModel},
-		}
+	cfg, err := d.clientConfig(withModel)
+	if err != nil {
+		return nil, err
 	}
 	cfg.Workflows = []onceflow.Workflow{summaries.Workflow(summaries.Options{
 		Tenant: tenantFromAuth,
@@ -188,6 +172,34 @@ func (d *deps) summariesClient(withModel bool) (*onceflow.Client, error) {
 		d.apiClient = c
 	}
 	return c, nil
+}
+
+// clientConfig is the onceflow.Config of the command's Clients, built-in and hosted:
+// d's connections, logger, metrics and tracing, the ONCEFLOW_* budget and TTL, and with
+// withModel the model of ONCEFLOW_LLM with its retry policy and ledger settings.
+func (d *deps) clientConfig(withModel bool) (onceflow.Config, error) {
+	cfg := onceflow.Config{
+		Redis: d.rdb, DB: d.pool, Prefix: d.cfg.Prefix, ResultTTL: d.cfg.ResultTTL, JobBudget: d.cfg.JobBudget,
+		Logger: d.log, Registerer: d.reg, TraceParent: d.traceParent(),
+	}
+	if !withModel {
+		return cfg, nil
+	}
+	client, err := newLLMClient(d.cfg)
+	if err != nil {
+		return cfg, err
+	}
+	// The Client counts the calls (llmmetrics, inside the ledger) on cfg.Registerer.
+	if d.tp != nil {
+		client = onceflowotel.LLMClient(d.tp, d.cfg.LLM, client)
+	}
+	cfg.Model, cfg.Provider, cfg.QuotaProbe = client, d.cfg.LLM, d.cfg.LLMQuotaProbe
+	cfg.ModelRetry = retry.Policy{MaxAttempts: d.cfg.LLMMaxAttempts, PerCallTimeout: d.cfg.LLMTimeout}
+	cfg.Ledger = ledger.Config{
+		Lease: d.cfg.LedgerLease, Retention: d.cfg.LedgerRetention, RelaxedInsert: d.cfg.LedgerRelaxedInsert,
+		Models: []string{d.cfg.LLMModel},
+	}
+	return cfg, nil
 }
 
 // tenantFromAuth is the tenant httpapi's bearer-key authentication put in the request's
