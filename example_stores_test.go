@@ -2,19 +2,14 @@ package onceflow_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"log/slog"
-	"net/url"
-	"os"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/onceflow/onceflow"
-	"github.com/onceflow/onceflow/internal/connect"
+	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/migrations"
 )
 
@@ -25,38 +20,12 @@ import (
 // slog's default.
 func exampleStores(ddl string, extra ...migrations.Source) (rdb *redis.Client, prefix string, db *pgxpool.Pool, done func()) {
 	slog.SetDefault(slog.New(slog.DiscardHandler))
-	ctx := context.Background()
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	name := "ex" + hex.EncodeToString(b)
-	rdb, err := connect.Redis(os.Getenv("ONCEFLOW_REDIS_URL"))
+	t := testenv.NewExampleT()
+	rdb, prefix = testenv.Redis(t)
+	db, _ = testenv.Postgres(t, extra...)
+	_, err := db.Exec(context.Background(), ddl)
 	must(err)
-	base := os.Getenv("ONCEFLOW_DATABASE_URL")
-	admin, err := pgx.Connect(ctx, base)
-	must(err)
-	_, err = admin.Exec(ctx, "CREATE SCHEMA "+name)
-	must(err)
-	u, err := url.Parse(base)
-	must(err)
-	q := u.Query()
-	q.Set("search_path", name)
-	u.RawQuery = q.Encode()
-	_, err = migrations.Up(ctx, u.String(), nil, extra...)
-	must(err)
-	db, err = connect.Postgres(ctx, u.String(), nil)
-	must(err)
-	_, err = db.Exec(ctx, ddl)
-	must(err)
-	return rdb, name, db, func() {
-		db.Close()
-		_, _ = admin.Exec(ctx, "DROP SCHEMA "+name+" CASCADE")
-		_ = admin.Close(ctx)
-		iter := rdb.Scan(ctx, 0, name+":*", 1000).Iterator()
-		for iter.Next(ctx) {
-			rdb.Unlink(ctx, iter.Val())
-		}
-		_ = rdb.Close()
-	}
+	return rdb, prefix, db, t.Done
 }
 
 // waitDone waits until job id of tenant is done, and returns its state.

@@ -1,19 +1,12 @@
 package summaries_test
 
 import (
-	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"log/slog"
-	"net/url"
-	"os"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/onceflow/onceflow"
-	"github.com/onceflow/onceflow/migrations"
+	"github.com/onceflow/onceflow/internal/testenv"
 )
 
 // exampleStores gives a runnable example the test Redis (ONCEFLOW_REDIS_URL) with a key
@@ -21,36 +14,10 @@ import (
 // (ONCEFLOW_DATABASE_URL); done removes both. It discards slog's default logger.
 func exampleStores() (rdb *redis.Client, prefix string, db *pgxpool.Pool, done func()) {
 	slog.SetDefault(slog.New(slog.DiscardHandler))
-	ctx := context.Background()
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	name := "ex" + hex.EncodeToString(b)
-	rdb, err := onceflow.NewRedis(os.Getenv("ONCEFLOW_REDIS_URL"))
-	must(err)
-	base := os.Getenv("ONCEFLOW_DATABASE_URL")
-	admin, err := pgx.Connect(ctx, base)
-	must(err)
-	_, err = admin.Exec(ctx, "CREATE SCHEMA "+name)
-	must(err)
-	u, err := url.Parse(base)
-	must(err)
-	q := u.Query()
-	q.Set("search_path", name)
-	u.RawQuery = q.Encode()
-	_, err = migrations.Up(ctx, u.String(), nil)
-	must(err)
-	db, err = onceflow.NewPostgres(ctx, u.String())
-	must(err)
-	return rdb, name, db, func() {
-		db.Close()
-		_, _ = admin.Exec(ctx, "DROP SCHEMA "+name+" CASCADE")
-		_ = admin.Close(ctx)
-		iter := rdb.Scan(ctx, 0, name+":*", 1000).Iterator()
-		for iter.Next(ctx) {
-			rdb.Unlink(ctx, iter.Val())
-		}
-		_ = rdb.Close()
-	}
+	t := testenv.NewExampleT()
+	rdb, prefix = testenv.Redis(t)
+	db, _ = testenv.Postgres(t)
+	return rdb, prefix, db, t.Done
 }
 
 func must(err error) {
