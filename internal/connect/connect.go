@@ -62,24 +62,34 @@ func RedisOptions(url string) (*redis.Options, error) {
 	if err != nil {
 		return nil, fmt.Errorf("parse redis url: %w", errors.New(strings.ReplaceAll(err.Error(), url, "...")))
 	}
-	opt.ContextTimeoutEnabled = true
+	opt.ContextTimeoutEnabled, opt.DialerRetries = true, 1
+	defaults(url, &opt.MaxRetries, &opt.DialTimeout, &opt.ReadTimeout, &opt.WriteTimeout)
+	opt.MaintNotificationsConfig = noMaintNotifications()
+	return opt, nil
+}
+
+// defaults sets the settings RedisOptions and RedisClusterOptions share that url does
+// not set: no go-redis retries, and onceflow's dial and I/O timeouts.
+func defaults(url string, maxRetries *int, dial, read, write *time.Duration) {
 	if !strings.Contains(url, "max_retries=") {
-		opt.MaxRetries = -1
+		*maxRetries = -1
 	}
 	if !strings.Contains(url, "dial_timeout=") {
-		opt.DialTimeout = DefaultRedisDialTimeout
+		*dial = DefaultRedisDialTimeout
 	}
 	if !strings.Contains(url, "read_timeout=") {
-		opt.ReadTimeout = DefaultRedisIOTimeout
+		*read = DefaultRedisIOTimeout
 	}
 	if !strings.Contains(url, "write_timeout=") {
-		opt.WriteTimeout = DefaultRedisIOTimeout
+		*write = DefaultRedisIOTimeout
 	}
-	opt.DialerRetries = 1
-	// Maintenance notifications are a Redis 8 / Redis Cloud feature; on Redis 7 the
-	// handshake command only fails and costs a round trip per connection.
-	opt.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
-	return opt, nil
+}
+
+// noMaintNotifications turns maintenance notifications off: they are a Redis 8 / Redis
+// Cloud feature, and on Redis 7 the handshake command only fails and costs a round trip
+// per connection.
+func noMaintNotifications() *maintnotifications.Config {
+	return &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
 }
 
 // RedisClusterOptions parses a Redis Cluster URL (redis://host:port?addr=host2:port2,
@@ -95,24 +105,12 @@ func RedisClusterOptions(url string) (*redis.ClusterOptions, error) {
 	if err != nil {
 		return nil, fmt.Errorf("parse redis cluster url: %w", errors.New(strings.ReplaceAll(err.Error(), url, "...")))
 	}
-	opt.ContextTimeoutEnabled = true
-	if !strings.Contains(url, "max_retries=") {
-		opt.MaxRetries = -1
-	}
+	opt.ContextTimeoutEnabled, opt.DialerRetries = true, 1
+	defaults(url, &opt.MaxRetries, &opt.DialTimeout, &opt.ReadTimeout, &opt.WriteTimeout)
 	if !strings.Contains(url, "max_redirects=") {
 		opt.MaxRedirects = -1
 	}
-	if !strings.Contains(url, "dial_timeout=") {
-		opt.DialTimeout = DefaultRedisDialTimeout
-	}
-	if !strings.Contains(url, "read_timeout=") {
-		opt.ReadTimeout = DefaultRedisIOTimeout
-	}
-	if !strings.Contains(url, "write_timeout=") {
-		opt.WriteTimeout = DefaultRedisIOTimeout
-	}
-	opt.DialerRetries = 1
-	opt.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
+	opt.MaintNotificationsConfig = noMaintNotifications()
 	return opt, nil
 }
 
