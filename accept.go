@@ -25,7 +25,7 @@ func (c *Client) accept(ctx context.Context, scope idempotency.Scope, fp string,
 	if err == nil && !replayed {
 		c.enqueued.WithLabelValues(keys.Queue).Inc()
 	}
-	return stored, replayed, err
+	return stored, replayed, queue.EnqueueError(err)
 }
 
 // enqueue adds m to keys' queue without a key (queue.Enqueue) and counts it.

@@ -165,6 +165,33 @@ func isCompletionConflict(err error) bool {
 	return errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == completionConstraint
 }
 
+// completionOwnerSQL reads who completed a job. $1 job_id.
+const completionOwnerSQL = `SELECT tenant, kind FROM job_completions WHERE job_id = $1`
+
+// checkCompletionOwner runs when rec's completion record exists already: it returns nil
+// when that record is rec's job's (the same tenant and kind: another delivery of the
+// job committed), and a permanent error matching ErrJobIDTaken when it is another job's
+// that had the same id (a caller-chosen EnqueueOpts.JobID reused by another tenant or
+// kind), so that job is dead-lettered with the reason instead of being taken as done.
+// It costs one round trip, on this path only (and pgx deallocates the failed batch's
+// statements before it, one more): a losing delivery's Commit takes three.
+func (cl *Client) checkCompletionOwner(ctx context.Context, rec completion) error {
+	var tenant, kind string
+	// QueryExecModeExec: one round trip, no statement prepared on the connection.
+	if err := cl.cfg.DB.QueryRow(ctx, completionOwnerSQL, pgx.QueryExecModeExec, rec.id).Scan(&tenant, &kind); err != nil {
+		return fmt.Errorf("onceflow: commit job %s: read its completion record: %w", rec.id, err)
+	}
+	if tenant != rec.tenant || kind != rec.kind {
+		// The reason reaches the job's tenant (JobState): it names neither the other
+		// tenant nor its kind; the log, for the operator, does.
+		cl.log.WarnContext(ctx, "onceflow: a job's id was completed by another job; it is dead-lettered",
+			"job_id", rec.id, "kind", rec.kind, "tenant", rec.tenant, "completed_kind", kind, "completed_tenant", tenant)
+		return Permanent(fmt.Errorf("onceflow: commit job %s: %w: the id was completed by another job (another tenant's or kind's)",
+			rec.id, ErrJobIDTaken))
+	}
+	return nil
+}
+
 // completion identifies the job a commit completes.
 type completion struct {
 	id, kind, tenant string
@@ -196,7 +223,8 @@ func (j *Job[T]) committer(ctx context.Context) (*Client, completion, error) {
 // happen once however many deliveries run it, and the user writes no ON CONFLICT.
 //
 // It returns nil when the job is done: this call committed it, or another delivery of
-// the job had (then nothing of this call is written, and it logs so). A Worker may end
+// the job had (then nothing of this call is written, it logs so, and it took two more
+// round trips, one to check that the completion is this job's: see ErrJobIDTaken). A Worker may end
 // with `return job.Commit(ctx, ...)`: a redelivered job is acknowledged. Otherwise:
 //
 //   - fn's error, as it is (nothing is sent);
@@ -257,6 +285,9 @@ func (cl *Client) commit(ctx context.Context, rec completion, c *Commit) error {
 		rec.committed.Store(true)
 		return nil
 	case isCompletionConflict(err):
+		if err := cl.checkCompletionOwner(ctx, rec); err != nil {
+			return err
+		}
 		cl.log.InfoContext(ctx, "onceflow: job already done by another delivery; this delivery's commit is discarded",
 			"job_id", rec.id, "kind", rec.kind, "delivery", rec.delivery)
 		return nil
@@ -335,6 +366,9 @@ func (cl *Client) commitTx(ctx context.Context, rec completion, fn func(context.
 		return fmt.Errorf("onceflow: commit job %s: completion record: %w", rec.id, err)
 	}
 	if tag.RowsAffected() == 0 {
+		if err := cl.checkCompletionOwner(ctx, rec); err != nil {
+			return err
+		}
 		cl.log.InfoContext(ctx, "onceflow: job already done by another delivery; this delivery's transaction is rolled back",
 			"job_id", rec.id, "kind", rec.kind, "delivery", rec.delivery)
 		return nil

@@ -56,7 +56,12 @@ type EnqueueOpts struct {
 	Key string
 	// JobID sets the job id outright: 1 to 200 printable ASCII characters without
 	// spaces, not shaped like a stream entry id. With a Key too, JobID wins but the key
-	// still deduplicates. Default: derived from Key, else a random UUID.
+	// still deduplicates. A job id is one job: enqueueing it again for the same tenant
+	// adds a delivery of that job (its Commit still runs once), and for another tenant
+	// fails with ErrJobIDTaken while its index lives (Config.ResultTTL after it is done);
+	// after that, a Commit finds the other tenant's completion and fails permanently with
+	// ErrJobIDTaken. Choose ids unique across tenants and kinds (prefix them with both).
+	// Default: derived from Key (with the tenant and kind), else a random UUID.
 	JobID string
 }
 

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/onceflow/onceflow/queue"
 	"github.com/onceflow/onceflow/retry"
 )
 
@@ -27,6 +28,11 @@ var (
 	// ErrUndecodable is matched by the error of a job whose arguments do not decode into
 	// its kind's type, which is dead-lettered with it.
 	ErrUndecodable = errors.New("onceflow: undecodable job arguments")
+	// ErrJobIDTaken is matched by Enqueue's error for a job id (EnqueueOpts.JobID) that
+	// belongs to another tenant: nothing is enqueued. A Commit of a job whose id was
+	// completed by a job of another tenant or kind fails permanently with it too (the
+	// job is dead-lettered with the reason, never silently taken as done).
+	ErrJobIDTaken = queue.ErrJobIDTaken
 )
 
 // Permanent marks err as a failure no retry can fix: a Worker that returns it has its job

@@ -298,7 +298,7 @@ func Replay(ctx context.Context, rdb redis.Cmdable, keys Keys, deadID string) (s
 		return "", fmt.Errorf("%w: %s", ErrDeadLetterNotFound, deadID)
 	}
 	if err != nil {
-		return "", fmt.Errorf("replay %s: %w", deadID, err)
+		return "", fmt.Errorf("replay %s: %w", deadID, EnqueueError(err))
 	}
 	return id, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -33,9 +34,10 @@ const DefaultJobTTL = 24 * time.Hour
 //	argv[2:] the entry's field/value list (Message.Values)
 //
 // as Keys.EnqueueKeys and EnqueueArgs return them; all three keys share the queue's hash
-// slot. It returns the new entry id. When a key holds another type it raises WRONGTYPE
-// before its first write (it reads the index first, and XADD is its first write), so a
-// script that writes only after it returns writes all or nothing. In the common case it
+// slot. It returns the new entry id. When the job's index names another tenant it raises
+// JOBIDTAKEN (see ErrJobIDTaken and EnqueueError), and when a key holds another type it
+// raises WRONGTYPE, both before its first write (it reads the index first, and XADD is
+// its first write), so a script that writes only after it returns writes all or nothing. In the common case it
 // costs four commands: HMGET, XADD, HSET, PERSIST.
 //
 // It adds the entry, and the index gets tenant, state=queued and entry (the new entry
@@ -47,7 +49,10 @@ const DefaultJobTTL = 24 * time.Hour
 // and failed_at are removed. Invariant: a job is never queued in the index while the
 // dead letter it points at exists, nor expires from the index while queued.
 const EnqueueLua = `
-local f = redis.call('HMGET', keys[3], 'state', 'dead_id')
+local f = redis.call('HMGET', keys[3], 'state', 'dead_id', 'tenant')
+if f[3] and f[3] ~= argv[1] then
+  error({err = 'JOBIDTAKEN the job id ' .. keys[3] .. ' belongs to another tenant'})
+end
 if f[2] then
   local t = redis.call('TYPE', keys[2]).ok
   if t ~= 'stream' and t ~= 'none' then
@@ -61,6 +66,27 @@ redis.call('HSET', keys[3], 'tenant', argv[1], 'state', 'queued', 'entry', id)
 redis.call('PERSIST', keys[3])
 return id
 `
+
+// ErrJobIDTaken is matched by the error of an enqueue of a job id whose index belongs to
+// another tenant (the index records the tenant of the job's first enqueue, "" for
+// none): a job id is one job, and a caller that chooses ids cannot take over, or have
+// its job confused with, another tenant's. Nothing is written. Another enqueue with the
+// index's own tenant is allowed, as before.
+var ErrJobIDTaken = errors.New("queue: the job id belongs to another tenant")
+
+// jobIDTakenReply starts the error EnqueueLua raises for ErrJobIDTaken.
+const jobIDTakenReply = "JOBIDTAKEN"
+
+// EnqueueError returns err, the error of a script that runs or embeds EnqueueLua, with
+// ErrJobIDTaken added to what it matches when the enqueue refused another tenant's job
+// id. Other errors, and nil, are returned as they are.
+func EnqueueError(err error) error {
+	var rerr redis.Error
+	if errors.As(err, &rerr) && strings.HasPrefix(rerr.Error(), jobIDTakenReply) {
+		return fmt.Errorf("%w: %w", ErrJobIDTaken, err)
+	}
+	return err
+}
 
 // enqueueFunc defines the Lua function enqueue(keys, argv) for the queue's own scripts.
 const enqueueFunc = "local function enqueue(keys, argv)\n" + EnqueueLua + "end\n"
@@ -90,7 +116,8 @@ func EnqueueArgs(m Message) ([]any, error) {
 // Enqueue adds m to the queue named by keys and records m.Tenant in the job index
 // (Keys.Job), in one round trip (EnqueueLua). It returns the stream entry id. A zero
 // m.EnqueuedAt is set to the current time. Enqueueing the same job id twice is allowed
-// and adds a second entry: handlers deduplicate on the job id. Enqueueing a job whose
+// and adds a second entry: handlers deduplicate on the job id; enqueueing it for another
+// tenant than its index's is refused with an error wrapping ErrJobIDTaken. Enqueueing a job whose
 // index says failed runs it again: its dead letter is deleted and its index says queued
 // (see EnqueueLua).
 //
@@ -110,7 +137,7 @@ func Enqueue(ctx context.Context, rdb redis.Scripter, keys Keys, m Message) (str
 	}
 	id, err := enqueueScript.Run(ctx, rdb, keys.EnqueueKeys(m.JobID), args...).Text()
 	if err != nil {
-		return "", fmt.Errorf("enqueue job %s: %w", m.JobID, err)
+		return "", fmt.Errorf("enqueue job %s: %w", m.JobID, EnqueueError(err))
 	}
 	return id, nil
 }

@@ -177,3 +177,33 @@ func TestTrimDeadInBatches(t *testing.T) {
 		t.Errorf("second TrimDead = %d, %v; want 0", n, err)
 	}
 }
+
+// A job id is one tenant's: an enqueue of it for another tenant (or none) is refused with
+// ErrJobIDTaken before anything is written, and the index keeps its owner and entry;
+// the owner enqueues it again, and an id without an index is anyone's.
+func TestEnqueueRefusesAnotherTenantsJobID(t *testing.T) {
+	t.Parallel()
+	rdb, keys := setup(t)
+	ctx := context.Background()
+	first := enqueue(t, rdb, keys, message(1, nil))[0]
+	for _, tenant := range []string{"globex", ""} {
+		m := message(1, nil)
+		m.Tenant, m.Kind = tenant, "k" // a message without a tenant needs a kind
+		if _, err := Enqueue(ctx, rdb, keys, m); !errors.Is(err, ErrJobIDTaken) {
+			t.Fatalf("enqueue of acme's job id for %q: %v, want ErrJobIDTaken", tenant, err)
+		}
+	}
+	if n := rdb.XLen(ctx, keys.Stream()).Val(); n != 1 {
+		t.Fatalf("%d entries, want acme's only", n)
+	}
+	if f := rdb.HMGet(ctx, keys.Job(jobID(1)), "tenant", "entry").Val(); f[0] != "acme" || f[1] != first {
+		t.Fatalf("index %v after the refusals, want acme's, entry %s", f, first)
+	}
+	enqueue(t, rdb, keys, message(1, nil))
+	m := message(2, nil)
+	m.Tenant = "globex"
+	enqueue(t, rdb, keys, m)
+	if n := rdb.XLen(ctx, keys.Stream()).Val(); n != 3 {
+		t.Fatalf("%d entries, want 3", n)
+	}
+}
