@@ -141,14 +141,14 @@ func clipText(s string) string {
 // delivery holds the row uncommitted, it waits for that one's outcome first. So exactly
 // one delivery's statements and effects are ever written.
 //
-//	$1 job_id, $2 kind, $3 tenant, $4 result (JSON text, or NULL)
-const completeSQL = `INSERT INTO job_completions (job_id, kind, tenant, result) VALUES ($1, $2, $3, $4)`
+//	$1 job_id, $2 kind, $3 tenant, $4 result (JSON text, or NULL), $5 queue
+const completeSQL = `INSERT INTO job_completions (job_id, kind, tenant, result, queue) VALUES ($1, $2, $3, $4, $5)`
 
 // claimCompletionSQL is the first statement of Job.CommitTx's transaction, sent with
 // its BEGIN: the same guard as completeSQL, but ON CONFLICT DO NOTHING so that losing
 // leaves the transaction usable for its rollback; no row affected means another
-// delivery committed first. $1 job_id, $2 kind, $3 tenant.
-const claimCompletionSQL = `INSERT INTO job_completions (job_id, kind, tenant) VALUES ($1, $2, $3) ON CONFLICT (job_id) DO NOTHING`
+// delivery committed first. $1 job_id, $2 kind, $3 tenant, $4 queue.
+const claimCompletionSQL = `INSERT INTO job_completions (job_id, kind, tenant, queue) VALUES ($1, $2, $3, $4) ON CONFLICT (job_id) DO NOTHING`
 
 // setResultSQL stores CommitTx's result on the completion record it inserted.
 // $1 job_id, $2 result (JSON text).
@@ -195,6 +195,7 @@ func (cl *Client) checkCompletionOwner(ctx context.Context, rec completion) erro
 // completion identifies the job a commit completes.
 type completion struct {
 	id, kind, tenant string
+	queue            string // the queue the job ran on
 	traceparent      string // written on the outbox rows
 	delivery         int
 	committed        *atomic.Bool // set once this delivery's commit wrote the record
@@ -214,7 +215,7 @@ func (j *Job[T]) committer(ctx context.Context) (*Client, completion, error) {
 	if tp == "" && j.run.delivery != nil {
 		tp = j.run.delivery.TraceParent
 	}
-	return c, completion{id: j.ID, kind: j.Kind, tenant: j.Tenant, traceparent: tp, delivery: j.Delivery, committed: &j.run.committed}, nil
+	return c, completion{id: j.ID, kind: j.Kind, tenant: j.Tenant, queue: j.Queue, traceparent: tp, delivery: j.Delivery, committed: &j.run.committed}, nil
 }
 
 // Commit writes the job's completion record, the statements, effects and result fn
@@ -258,7 +259,7 @@ func (j *Job[T]) Commit(ctx context.Context, fn func(c *Commit) error) error {
 // commit sends rec's completion record and c as one batch and classifies the outcome.
 func (cl *Client) commit(ctx context.Context, rec completion, c *Commit) error {
 	b := &pgx.Batch{}
-	b.Queue(completeSQL, rec.id, rec.kind, rec.tenant, c.resultArg())
+	b.Queue(completeSQL, rec.id, rec.kind, rec.tenant, c.resultArg(), rec.queue)
 	for _, s := range c.stmts {
 		b.Queue(s.sql, s.args...)
 	}
@@ -346,7 +347,7 @@ const rollbackTimeout = 5 * time.Second
 func (cl *Client) commitTx(ctx context.Context, rec completion, fn func(context.Context, pgx.Tx, *Commit) error) error {
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
-	b.Queue(claimCompletionSQL, rec.id, rec.kind, rec.tenant)
+	b.Queue(claimCompletionSQL, rec.id, rec.kind, rec.tenant, rec.queue)
 	br := cl.cfg.DB.SendBatch(ctx, b)
 	_, err := br.Exec() // BEGIN
 	var tag pgconn.CommandTag

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/onceflow/onceflow/queue"
 )
@@ -23,7 +22,9 @@ const (
 	StatusQueued Status = "queued"
 	// StatusRunning: a worker holds it now.
 	StatusRunning Status = "running"
-	// StatusDone: its Commit won; Result holds what it stored.
+	// StatusDone: its Commit won, and Result holds what it stored; or it finished
+	// without a Commit (its Worker returned nil, or the Client has no Config.DB) and was
+	// acknowledged: then Result and CompletedAt are empty.
 	StatusDone Status = "done"
 	// StatusFailed: dead-lettered; Error says why.
 	StatusFailed Status = "failed"
@@ -51,11 +52,13 @@ type JobState struct {
 var ErrJobNotFound = errors.New("onceflow: no such job")
 
 // JobState returns the state of job id for tenant: done (its completion record, read from
-// PostgreSQL), else failed, running or queued (its job index and its stream entry, read
-// from Redis, in each of the client's queues). An unknown id, another tenant's job, or
-// a job whose index expired after it finished gives ErrJobNotFound; a store that does not
-// answer gives its error (answer 503). It costs one PostgreSQL and, for a job not done,
-// one Redis round trip per queue (two when it is queued, to tell running from waiting).
+// PostgreSQL), else failed, running, done without a Commit or queued (its job index and
+// its stream entry, read from Redis, in each of the client's queues). An unknown id,
+// another tenant's job, or a job whose index expired after it finished gives
+// ErrJobNotFound; a store that does not answer gives its error (answer 503). It costs
+// one PostgreSQL round trip and, for a job not done, two Redis round trips per queue
+// (one for a failed job), plus a second PostgreSQL read for a job that finished between
+// the two.
 func (c *Client) JobState(ctx context.Context, tenant, id string) (*JobState, error) {
 	if !queue.ValidJobID(id) {
 		return nil, ErrJobNotFound
@@ -79,8 +82,8 @@ func (c *Client) JobState(ctx context.Context, tenant, id string) (*JobState, er
 func (c *Client) completed(ctx context.Context, tenant, id string) (*JobState, error) {
 	st := &JobState{ID: id, Status: StatusDone}
 	var result []byte
-	err := c.cfg.DB.QueryRow(ctx, `SELECT kind, tenant, result, completed_at FROM job_completions WHERE job_id = $1`, id).
-		Scan(&st.Kind, &st.Tenant, &result, &st.CompletedAt)
+	err := c.cfg.DB.QueryRow(ctx, `SELECT kind, queue, tenant, result, completed_at FROM job_completions WHERE job_id = $1`, id).
+		Scan(&st.Kind, &st.Queue, &st.Tenant, &result, &st.CompletedAt)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return nil, ErrJobNotFound
@@ -96,39 +99,40 @@ func (c *Client) completed(ctx context.Context, tenant, id string) (*JobState, e
 // indexed reads the job index of id in queue name.
 func (c *Client) indexed(ctx context.Context, name, tenant, id string) (*JobState, error) {
 	keys := c.keys(name)
-	owner, state, reason, err := queue.JobState(ctx, c.rdb, keys, id)
+	ix, err := queue.ReadJobIndex(ctx, c.rdb, keys, id)
 	switch {
-	case errors.Is(err, queue.ErrUnknownJob) || err == nil && owner != tenant:
+	case errors.Is(err, queue.ErrUnknownJob) || err == nil && ix.Tenant != tenant:
 		return nil, ErrJobNotFound
 	case err != nil:
 		return nil, fmt.Errorf("onceflow: read job %s: %w", id, err)
 	}
-	st := &JobState{ID: id, Queue: name, Tenant: owner, Status: StatusQueued}
-	if state == queue.StateFailed {
-		st.Status, st.Error = StatusFailed, reason
+	st := &JobState{ID: id, Queue: name, Tenant: ix.Tenant, Status: StatusQueued}
+	if ix.State == queue.StateFailed {
+		st.Status, st.Error = StatusFailed, ix.Reason
 		return st, nil
 	}
-	running, err := c.isRunning(ctx, keys, id)
+	entry := queue.EntryWaiting
+	if ix.Entry != "" {
+		entry, err = queue.EntryState(ctx, c.rdb, keys, queue.DefaultGroup, ix.Entry)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("onceflow: read job %s: %w", id, err)
 	}
-	if running {
+	switch entry {
+	case queue.EntryDelivered:
 		st.Status = StatusRunning
+	case queue.EntryAcknowledged:
+		// Finished. Its Commit may have landed after JobState looked in PostgreSQL:
+		// look again. Without a completion record (a Worker that returned nil without
+		// Commit, or a client without Config.DB) it is done, with no Result.
+		if c.cfg.DB != nil {
+			if done, err := c.completed(ctx, tenant, id); err == nil || !errors.Is(err, ErrJobNotFound) {
+				return done, err
+			}
+		}
+		st.Status = StatusDone
 	}
 	return st, nil
-}
-
-// isRunning reports whether the stream entry the job index of id names is pending to a
-// consumer: delivered and not yet acknowledged or handed back idle.
-func (c *Client) isRunning(ctx context.Context, keys queue.Keys, id string) (bool, error) {
-	entry, err := c.rdb.HGet(ctx, keys.Job(id), "entry").Result()
-	if errors.Is(err, redis.Nil) || entry == "" {
-		return false, nil
-	}
-	if err != nil {
-		return false, err
-	}
-	return queue.EntryPending(ctx, c.rdb, keys, queue.DefaultGroup, entry)
 }
 
 // StateHandler returns an http.Handler for GET .../{job_id}: the state of the job

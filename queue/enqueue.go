@@ -163,17 +163,43 @@ func JobState(ctx context.Context, rdb redis.Cmdable, keys Keys, jobID string) (
 	if !ValidJobID(jobID) {
 		return "", "", "", ErrUnknownJob
 	}
-	vals, err := rdb.HMGet(ctx, keys.Job(jobID), "tenant", "state", "reason").Result()
+	ix, err := ReadJobIndex(ctx, rdb, keys, jobID)
 	if err != nil {
-		return "", "", "", fmt.Errorf("read job index %s: %w", jobID, err)
+		return "", "", "", err
+	}
+	return ix.Tenant, ix.State, ix.Reason, nil
+}
+
+// JobIndex is what the job index (Keys.Job) of a job records.
+type JobIndex struct {
+	// Tenant owns the job ("" for none).
+	Tenant string
+	// State is StateQueued or StateFailed.
+	State string
+	// Reason is the dead-letter reason when failed.
+	Reason string
+	// Entry is the stream entry id of the job's latest enqueue ("" when failed, or for
+	// an index written before entries were recorded); see EntryState.
+	Entry string
+}
+
+// ReadJobIndex is JobState returning the whole index, in one round trip (HMGET). An id
+// without an index gives ErrUnknownJob.
+func ReadJobIndex(ctx context.Context, rdb redis.Cmdable, keys Keys, jobID string) (JobIndex, error) {
+	if !ValidJobID(jobID) {
+		return JobIndex{}, ErrUnknownJob
+	}
+	vals, err := rdb.HMGet(ctx, keys.Job(jobID), "tenant", "state", "reason", "entry").Result()
+	if err != nil {
+		return JobIndex{}, fmt.Errorf("read job index %s: %w", jobID, err)
 	}
 	str := func(v any) string { s, _ := v.(string); return s }
-	tenant, state, reason = str(vals[0]), str(vals[1]), str(vals[2])
-	if tenant == "" && state == "" {
-		return "", "", "", ErrUnknownJob
+	ix := JobIndex{Tenant: str(vals[0]), State: str(vals[1]), Reason: str(vals[2]), Entry: str(vals[3])}
+	if ix.Tenant == "" && ix.State == "" {
+		return JobIndex{}, ErrUnknownJob
 	}
-	if state == "" {
-		state = StateQueued
+	if ix.State == "" {
+		ix.State = StateQueued
 	}
-	return tenant, state, reason, nil
+	return ix, nil
 }
