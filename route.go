@@ -29,7 +29,10 @@ const (
 type RouteConfig[T JobArgs] struct {
 	// Tenant returns the tenant of a request, from its authentication (an API key, a
 	// session), never from a header the client chooses. Returning an error matching
-	// idempotency.ErrUnauthenticated answers 401; another error answers 500. Required.
+	// idempotency.ErrUnauthenticated answers 401; another error answers 500, or 503
+	// with Retry-After when it matches ErrUnavailable (the key store does not answer),
+	// and is logged, not shown. The tenant must be up to 64 characters of A-Z a-z 0-9
+	// . _ - (or empty for none); another is the server's mistake: 500. Required.
 	Tenant func(r *http.Request) (string, error)
 	// Validate checks the decoded arguments beyond the strict JSON rules (a required
 	// field, a range). Its error is a 400 whose detail is the error's text; start it with
@@ -114,6 +117,13 @@ func (rt *route[T]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	scope, err := mw.Scope(r, key)
 	if err != nil {
 		mw.Respond(w, r, nil, false, err)
+		return
+	}
+	if !queue.ValidTenant(scope.Tenant) {
+		// The server's tenant function is at fault, not the request: never a 400 that
+		// would show the client the server's tenant name.
+		rt.c.log.ErrorContext(r.Context(), "onceflow: Route: the tenant function returned a tenant onceflow cannot use (up to 64 characters of A-Z a-z 0-9 . _ -)", "path", r.URL.Path)
+		writeDetail(w, http.StatusInternalServerError, "authentication failed on the server")
 		return
 	}
 	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/onceflow/onceflow/idempotency"
 	"github.com/onceflow/onceflow/queue"
 )
 
@@ -138,14 +139,26 @@ func (c *Client) indexed(ctx context.Context, name, tenant, id string) (*JobStat
 // StateHandler returns an http.Handler for GET .../{job_id}: the state of the job
 // r.PathValue("job_id") for the tenant tenant returns, as JSON (JobState's fields: job_id,
 // kind, queue, status, and result, error or completed_at when known): 200, or 404 for
-// an unknown id or another tenant's job, 401 when tenant fails, 503 with Retry-After
-// when a store does not answer. Mount it with a {job_id} wildcard:
+// an unknown id or another tenant's job, 401 when tenant returns an error matching
+// idempotency.ErrUnauthenticated (500, or 503 with Retry-After for one matching
+// ErrUnavailable, when it fails otherwise: see idempotency.ErrTenantLookup), 503 with
+// Retry-After when a store does not answer. Mount it with a {job_id} wildcard:
 // mux.Handle("GET /v1/tickets/{job_id}", onceflow.StateHandler(c, tenant)).
 func StateHandler(c *Client, tenant func(*http.Request) (string, error)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		t, err := tenant(r)
-		if err != nil {
+		switch {
+		case errors.Is(err, idempotency.ErrUnauthenticated):
+			w.Header().Set("WWW-Authenticate", "Bearer")
 			writeDetail(w, http.StatusUnauthorized, "authentication required")
+			return
+		case err != nil:
+			c.log.ErrorContext(r.Context(), "onceflow: telling the request's tenant failed", "err", err, "path", r.URL.Path)
+			idempotency.WriteTenantLookupError(w, err, "1")
+			return
+		case !queue.ValidTenant(t):
+			c.log.ErrorContext(r.Context(), "onceflow: the tenant function returned a tenant onceflow cannot use", "path", r.URL.Path)
+			writeDetail(w, http.StatusInternalServerError, "authentication failed on the server")
 			return
 		}
 		st, err := c.JobState(r.Context(), t, r.PathValue("job_id"))

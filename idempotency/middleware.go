@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/onceflow/onceflow/retry"
 )
 
 // Defaults of Config.
@@ -30,9 +32,18 @@ const (
 	DefaultMaxResponseBytes = 64 << 10
 )
 
-// ErrUnauthenticated is what the middleware answers 401 for: Config.Tenant returned an
-// error (the error itself is logged, not shown).
+// ErrUnauthenticated is what the middleware answers 401 for: Config.Tenant returned it
+// (wrapped or not: the request carries no credential, or one no tenant has). The error
+// itself is logged at debug level, not shown.
 var ErrUnauthenticated = errors.New("authentication required")
+
+// ErrTenantLookup is matched by Scope's error when Config.Tenant failed with any other
+// error: the request may be fine, but telling its tenant failed (a key store that does
+// not answer, a bug). It answers 503 with Retry-After when the error matches
+// retry.ErrUnavailable (mark it with retry.Unavailable or onceflow.Unavailable), else 500;
+// either way the error is logged, never shown, and the client is not told its
+// credential is wrong.
+var ErrTenantLookup = errors.New("tenant lookup failed")
 
 // RequestError is a problem with the request the client can fix (400). Its Err's text is
 // shown to the client as the detail.
@@ -61,8 +72,10 @@ type Config struct {
 	// it, so tenants never share keys. It must not trust request headers a client can
 	// set freely: read what the caller's authentication established (usually from the
 	// request's context, with authentication running before the middleware) or verify a
-	// credential itself. An error answers 401 {"detail": "authentication required"} and
-	// is logged at debug level. Required.
+	// credential itself. An error matching ErrUnauthenticated answers 401 {"detail":
+	// "authentication required"} and is logged at debug level; any other error is a
+	// failure to tell the tenant (ErrTenantLookup): 503 + Retry-After when it matches
+	// retry.ErrUnavailable, else 500, logged. Required.
 	Tenant func(*http.Request) (string, error)
 	// Canonical returns the canonical form the fingerprint is computed from.
 	// Default: DefaultCanonical (CanonicalJSON for JSON bodies, the raw bytes otherwise).
@@ -199,12 +212,16 @@ func ReadBody(r *http.Request, limit int64) ([]byte, error) {
 }
 
 // Scope returns the scope of r under key: r's tenant (Config.Tenant), method and path.
-// The error, if any, matches ErrUnauthenticated.
+// The error, if any, matches ErrUnauthenticated (Config.Tenant said so) or
+// ErrTenantLookup (Config.Tenant failed otherwise); Respond answers it.
 func (m *Middleware) Scope(r *http.Request, key string) (Scope, error) {
 	tenant, err := m.cfg.Tenant(r)
 	if err != nil {
-		m.log.DebugContext(r.Context(), "idempotency tenant rejected", "error", err)
-		return Scope{}, fmt.Errorf("%w: %w", ErrUnauthenticated, err)
+		if errors.Is(err, ErrUnauthenticated) {
+			m.log.DebugContext(r.Context(), "idempotency tenant rejected", "error", err)
+			return Scope{}, err
+		}
+		return Scope{}, fmt.Errorf("%w: %w", ErrTenantLookup, err)
 	}
 	return Scope{Tenant: tenant, Method: r.Method, Path: r.URL.Path, Key: key}, nil
 }
@@ -323,6 +340,7 @@ func (m *Middleware) finish(r *http.Request, lock *Lock, o outcome, err error) {
 //
 //	*KeyError, *RequestError     400 {"detail": ...}
 //	ErrUnauthenticated           401
+//	ErrTenantLookup              503 + Retry-After (retry.ErrUnavailable) or 500 (logged)
 //	ErrBodyTooLarge              413
 //	ErrBodyTimeout               408
 //	ErrInProgress                409 + Retry-After
@@ -351,6 +369,10 @@ func (m *Middleware) Respond(w http.ResponseWriter, r *http.Request, resp *Respo
 		m.metrics.count(outcomeUnauthorized)
 		w.Header().Set("WWW-Authenticate", "Bearer")
 		writeDetail(w, http.StatusUnauthorized, "authentication required")
+	case errors.Is(err, ErrTenantLookup):
+		m.metrics.count(outcomeUnavailable)
+		m.log.ErrorContext(r.Context(), "idempotency: telling the request's tenant failed", "error", err, "method", r.Method, "path", r.URL.Path)
+		WriteTenantLookupError(w, err, m.retry)
 	case errors.Is(err, ErrBodyTooLarge):
 		m.metrics.count(outcomeTooLarge)
 		writeDetail(w, http.StatusRequestEntityTooLarge, err.Error()) // names the limit ReadBody applied
@@ -535,4 +557,17 @@ func (rc *recorder) flush() {
 	rc.commitHeader()
 	rc.w.WriteHeader(rc.status())
 	_, _ = rc.w.Write(rc.buf.Bytes())
+}
+
+// WriteTenantLookupError answers a request whose tenant could not be told (err matches
+// ErrTenantLookup, or is any error of a tenant function other than ErrUnauthenticated):
+// 503 with Retry-After retryAfter (seconds) when err matches retry.ErrUnavailable, else
+// 500; the detail never shows err.
+func WriteTenantLookupError(w http.ResponseWriter, err error, retryAfter string) {
+	if errors.Is(err, retry.ErrUnavailable) {
+		w.Header().Set("Retry-After", retryAfter)
+		writeDetail(w, http.StatusServiceUnavailable, "authentication unavailable; retry later")
+		return
+	}
+	writeDetail(w, http.StatusInternalServerError, "authentication failed on the server")
 }

@@ -36,7 +36,7 @@ func tenantFromBearer(r *http.Request) (string, error) {
 	if tenant, known := apiKeys[tok]; ok && known {
 		return tenant, nil
 	}
-	return "", errors.New("unknown API key")
+	return "", fmt.Errorf("unknown API key: %w", idempotency.ErrUnauthenticated)
 }
 
 // harness is a real HTTP server running the middleware on a real Redis.

@@ -2,7 +2,7 @@ package redisstore
 
 import (
 	"context"
-	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -24,7 +24,7 @@ func bearerTenant(r *http.Request) (string, error) {
 	if t, ok := benchKeys[tok]; ok {
 		return t, nil
 	}
-	return "", errors.New("unknown API key")
+	return "", fmt.Errorf("unknown API key: %w", idempotency.ErrUnauthenticated)
 }
 
 func newAcceptRoute(s *Store) (*acceptRoute, error) {
