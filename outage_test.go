@@ -7,11 +7,13 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/migrations"
+	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/queue"
 )
 
@@ -139,4 +141,65 @@ func pendingOf(ctx context.Context, rdb *redis.Client, keys queue.Keys) int64 {
 		return -1
 	}
 	return p.Count
+}
+
+// Redis is down when EnqueueTx's transaction commits, for longer than the relay's
+// MaxAttempts sends: every send of the outbox row fails, as Unavailable, without
+// counting an attempt, and once Redis is back the relay enqueues the job, which runs
+// once. The row is sent, never exhausted. (Before Redis outages were told apart, the
+// row was exhausted after MaxAttempts sends and the committed job never ran.)
+func TestRedisOutageNeverExhaustsEnqueueTx(t *testing.T) {
+	t.Parallel()
+	srv := testenv.PrivateRedis(t)
+	rdb, err := onceflow.NewRedis(testenv.RedisURLOf(srv))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rdb.Close() })
+	pool, _ := testenv.Postgres(t)
+	e := &dbEnv{t: t, pool: pool, rdb: rdb, prefix: testenv.Prefix(t)}
+	e.exec(`CREATE TABLE orders (id text PRIMARY KEY)`)
+	e.exec(`CREATE TABLE refunds (job_id text PRIMARY KEY, order_id text NOT NULL, amount_cents integer NOT NULL)`)
+	var runs atomic.Int64
+	reg := prometheus.NewRegistry()
+	const maxAttempts = 2
+	c := e.client(onceflow.Config{Workers: refundWorkers(&runs), Registerer: reg, Relay: outbox.Config{
+		MaxAttempts: maxAttempts, BackoffBase: 20 * time.Millisecond, BackoffCap: 100 * time.Millisecond,
+		PollInterval: 20 * time.Millisecond,
+	}})
+	runClient(t, c)
+
+	srv.Stop()
+	res := e.enqueueInTx(c, refundArgs{OrderID: "o-outage", AmountCents: 100}, nil, true)
+	// More failed sends than MaxAttempts (or, on the broken code, the exhaustion that
+	// ends them).
+	failures := func() float64 {
+		return metricValue(t, reg, "onceflow_outbox_send_failures_total", nil)
+	}
+	testenv.WaitFor(t, 90*time.Second, "failed sends during the outage", func() bool {
+		return failures() >= 3*maxAttempts || e.count(`SELECT count(*) FROM outbox WHERE exhausted_at IS NOT NULL`) > 0
+	})
+	if n := e.count(`SELECT count(*) FROM outbox WHERE exhausted_at IS NOT NULL`); n != 0 {
+		t.Fatalf("the enqueue row was exhausted during the outage, after %v failed sends", failures())
+	}
+	if n := e.count(`SELECT count(*) FROM outbox WHERE topic = $1 AND attempts = 0 AND sent_at IS NULL`, onceflow.TopicEnqueue); n != 1 {
+		t.Fatal("during the outage: want the enqueue row unsent with no attempt counted")
+	}
+	during := failures()
+	srv.Start()
+
+	testenv.WaitFor(t, 90*time.Second, "the job's commit after the outage", func() bool {
+		n, _, _ := e.effects(res.JobID)
+		return n == 1 && e.pending() == 0
+	})
+	if got := metricValue(t, reg, "onceflow_outbox_send_failures_total", map[string]string{"class": "unavailable"}); got < during {
+		t.Errorf("send_failures_total{class=unavailable} %v, want the %v failures of the outage", got, during)
+	}
+	completions, refunds, effects := e.effects(res.JobID)
+	sent := e.count(`SELECT count(*) FROM outbox WHERE topic = $1 AND sent_at IS NOT NULL AND exhausted_at IS NULL`, onceflow.TopicEnqueue)
+	if completions != 1 || refunds != 1 || effects != 2 || sent != 1 || runs.Load() != 1 || e.added() != 1 {
+		t.Fatalf("after the outage: %d completions, %d refunds, %d effects, %d enqueue rows sent, %d runs, %d entries added; want 1, 1, 2, 1, 1, 1",
+			completions, refunds, effects, sent, runs.Load(), e.added())
+	}
+	t.Logf("%v failed sends during the outage", during)
 }

@@ -156,7 +156,8 @@ type Relay struct {
 	log    *slog.Logger
 	m      *relayMetrics
 	// claim is store.Claim, or store.ClaimTopics of the sender's topics.
-	claim func(ctx context.Context, relay string, limit int, lease time.Duration) ([]Message, error)
+	claim   func(ctx context.Context, relay string, limit int, lease time.Duration) ([]Message, error)
+	outages outages
 }
 
 // NewRelay returns a relay that drains store with sender. When sender is a TopicSender
@@ -394,6 +395,7 @@ func (r *Relay) sendOne(ctx context.Context, m Message) (out outcome, f Failure)
 	err := r.safeSend(ctx, m)
 	r.m.latency.Observe(time.Since(start).Seconds())
 	if err == nil {
+		r.outages.over(m.Topic)
 		return outcomeSent, Failure{}
 	}
 	if errors.Is(context.Cause(ctx), errShutdown) {
@@ -407,15 +409,61 @@ func (r *Relay) sendOne(ctx context.Context, m Message) (out outcome, f Failure)
 	f = Failure{
 		ID:      m.ID,
 		Error:   truncate(err.Error(), maxErrorLen),
-		Exhaust: class == classPermanent || attempt >= r.cfg.MaxAttempts,
-		Delay:   retry.FullJitter(nil, r.cfg.BackoffBase, r.cfg.BackoffCap, attempt-1),
+		Exhaust: class == classPermanent || (class != classUnavailable && attempt >= r.cfg.MaxAttempts),
+		Outage:  class == classUnavailable,
+	}
+	if f.Outage {
+		f.Delay = r.outages.delay(m.Topic, time.Now(), r.cfg.BackoffBase, r.cfg.BackoffCap)
+	} else {
+		f.Delay = retry.FullJitter(nil, r.cfg.BackoffBase, r.cfg.BackoffCap, attempt-1)
 	}
 	if d, ok := RetryAfterOf(err); ok {
 		f.Delay = min(d, r.cfg.MaxRetryAfter)
 	}
+	if f.Outage {
+		r.log.WarnContext(ctx, "outbox send failed: a dependency is down; the row waits for it without spending an attempt",
+			append(logAttrs(m), "attempts", m.Attempts, "class", class, "retry_in", f.Delay, "err", err)...)
+		return outcomeFailed, f
+	}
 	r.log.WarnContext(ctx, "outbox send failed", append(logAttrs(m), "attempt", attempt,
 		"class", class, "exhausted", f.Exhaust, "retry_in", f.Delay, "err", err)...)
 	return outcomeFailed, f
+}
+
+// outages tracks, per topic, since when this relay's sends of it have met a
+// dependency's outage (errors matching ErrUnavailable), so that the retry delay grows
+// with the outage: rows that wait for a dependency spend no attempts, so their own
+// attempt counts cannot shape the backoff. Its state is one time per topic in an
+// outage, cleared by the topic's next successful send. Safe for concurrent use.
+type outages struct {
+	mu    sync.Mutex
+	since map[string]time.Time
+}
+
+// delay records that a send of topic met an outage at now and returns the wait before
+// the row is tried again: a uniformly random duration up to the outage's age so far,
+// between base and most (the relay's BackoffBase and BackoffCap). Each row is retried about when the outage has grown by
+// half again, so retries thin out as it lasts, like exponential backoff, and the rows
+// are spread over the interval.
+func (o *outages) delay(topic string, now time.Time, base, most time.Duration) time.Duration {
+	o.mu.Lock()
+	since, ok := o.since[topic]
+	if !ok {
+		if o.since == nil {
+			o.since = map[string]time.Time{}
+		}
+		o.since[topic], since = now, now
+	}
+	o.mu.Unlock()
+	upper := min(max(now.Sub(since), base), most)
+	return retry.FullJitter(nil, upper, upper, 0)
+}
+
+// over records that a send of topic succeeded: its outage, if any, is over.
+func (o *outages) over(topic string) {
+	o.mu.Lock()
+	delete(o.since, topic)
+	o.mu.Unlock()
 }
 
 // safeSend calls the sender, turning a panic into an error.
@@ -430,9 +478,10 @@ func (r *Relay) safeSend(ctx context.Context, m Message) (err error) {
 
 // Failure classes, the values of the metric label "class".
 const (
-	classPermanent = "permanent"
-	classTimeout   = "timeout"
-	classRetryable = "retryable"
+	classPermanent   = "permanent"
+	classUnavailable = "unavailable" // a dependency is down: no attempt counted
+	classTimeout     = "timeout"
+	classRetryable   = "retryable"
 )
 
 // classOf names the kind of a send failure for metrics and logs.
@@ -441,6 +490,8 @@ func classOf(ctx context.Context, err error) string {
 	switch {
 	case IsPermanent(err):
 		return classPermanent
+	case errors.Is(err, ErrUnavailable):
+		return classUnavailable
 	case errors.Is(err, context.DeadlineExceeded), ctx.Err() != nil, errors.As(err, &ne) && ne.Timeout():
 		return classTimeout
 	default:
