@@ -132,6 +132,7 @@ func TestPostgresUnreachableClassifiesRealErrors(t *testing.T) {
 	}
 
 	for _, r := range rows {
+		t.Logf("%s: %T: %v", r.name, r.err, r.err)
 		if got := postgresUnreachable(r.err); got != r.want {
 			t.Errorf("%s: postgresUnreachable(%T %v) = %v, want %v", r.name, r.err, r.err, got, r.want)
 		}

@@ -21,7 +21,8 @@ type Message struct {
 	DedupeKey string `json:"dedupe_key"`
 	// Payload is the effect's data as JSON.
 	Payload json.RawMessage `json:"payload"`
-	// Attempts counts the failed sends before this one.
+	// Attempts counts the failed sends before this one, not counting those that failed
+	// with an error marked Unavailable.
 	Attempts int `json:"attempts"`
 	// Traceparent is the W3C trace context of the transaction that wrote the row, or
 	// empty.

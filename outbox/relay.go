@@ -59,12 +59,15 @@ type Config struct {
 	// 5s), or another relay could claim and send the same rows. Default: 30s
 	// (ONCEFLOW_RELAY_LEASE).
 	Lease time.Duration
-	// MaxAttempts is the number of failed sends after which a row is exhausted.
-	// Default: 10 (ONCEFLOW_RELAY_MAX_ATTEMPTS).
+	// MaxAttempts is the number of failed sends after which a row is exhausted. Sends
+	// that failed with an error marked Unavailable (a dependency is down) are not
+	// counted and never exhaust a row. Default: 10 (ONCEFLOW_RELAY_MAX_ATTEMPTS).
 	MaxAttempts int
 	// BackoffBase and BackoffCap shape the full-jitter delay after a failed send: a
-	// random duration up to min(BackoffCap, BackoffBase * 2^(failures-1)).
-	// Default: 1s and 15m.
+	// random duration up to min(BackoffCap, BackoffBase * 2^(failures-1)); after a
+	// failure marked Unavailable, a random duration up to the outage's age so far (since
+	// this relay's sends of the topic first met it), at least BackoffBase and at most
+	// BackoffCap. Default: 1s and 15m.
 	BackoffBase, BackoffCap time.Duration
 	// MaxRetryAfter caps a delay the provider asked for (an error implementing
 	// RetryAfter() time.Duration), which replaces the backoff. Default: 1h.
@@ -146,6 +149,11 @@ func (c Config) leaseMargin() time.Duration { return min(c.Lease/5, 5*time.Secon
 // Relay drains an outbox: it claims due rows under a lease, sends them with a Sender and
 // records the outcome, batch by batch. Run several relays, in one process or many, for
 // throughput and availability; they never send the same row at once.
+//
+// A send's error decides the row's fate: Permanent exhausts it at once; Unavailable (a
+// dependency is down) retries it after a backoff that grows with the outage, counting no
+// attempt, so an outage never exhausts a row; any other error counts an attempt and
+// retries it, until MaxAttempts.
 //
 // A Relay is safe for concurrent use, but Run and Pass are meant to be called by one
 // goroutine at a time: the relay's name is its fencing token.
@@ -252,7 +260,7 @@ func (r *Relay) Run(ctx context.Context) error {
 type PassResult struct {
 	Claimed   int
 	Sent      int // marked sent
-	Retrying  int // failed, due again after a backoff
+	Retrying  int // failed, due again after a backoff (an outage's failures included)
 	Exhausted int // failed for good: permanent error or MaxAttempts reached
 	Released  int // claimed but not sent (shutdown), lease cleared
 	Fenced    int // outcome not recorded: the lease ran out and another relay claimed the row
