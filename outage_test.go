@@ -2,6 +2,8 @@ package onceflow_test
 
 import (
 	"context"
+	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -12,6 +14,8 @@ import (
 
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/llm/fakeserver"
+	"github.com/onceflow/onceflow/llm/openai"
 	"github.com/onceflow/onceflow/migrations"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/queue"
@@ -24,14 +28,26 @@ type outageArgs struct {
 
 func (outageArgs) Kind() string { return "outage.order" }
 
-// PostgreSQL is down while a job tries to commit, for longer than its queue's
-// MaxDeliveries × ClaimIdle: every delivery meets the outage, is handed back without
-// spending a delivery, and once PostgreSQL is back the job commits once. It is not
+// PostgreSQL is down while a job tries to commit (or, first, to call the model through
+// the llm_calls ledger), for longer than its queue's MaxDeliveries × ClaimIdle: every
+// delivery meets the outage, is handed back without spending a delivery, and once
+// PostgreSQL is back the job commits once (and calls the model once). It is not
 // dead-lettered. (Before outages were told apart from failing statements, the third
 // delivery dead-lettered it.)
 func TestPostgresOutageDuringCommitSpendsNoDelivery(t *testing.T) {
 	t.Parallel()
 	for name, commit := range map[string]func(ctx context.Context, j *onceflow.Job[outageArgs]) error{
+		"Complete then Commit": func(ctx context.Context, j *onceflow.Job[outageArgs]) error {
+			st, err := j.Complete(ctx, "summarise", prompt("order "+j.Args.Order))
+			if err != nil {
+				return err
+			}
+			return j.Commit(ctx, func(c *onceflow.Commit) error {
+				c.Exec(`INSERT INTO orders (job_id, order_id) VALUES ($1, $2)`, j.ID, st.Response.Content)
+				c.Emit("email.order", "order:"+j.ID, j.Args)
+				return nil
+			})
+		},
 		"Commit": func(ctx context.Context, j *onceflow.Job[outageArgs]) error {
 			return j.Commit(ctx, func(c *onceflow.Commit) error {
 				c.Exec(`INSERT INTO orders (job_id, order_id) VALUES ($1, $2)`, j.ID, j.Args.Order)
@@ -77,8 +93,19 @@ func TestPostgresOutageDuringCommitSpendsNoDelivery(t *testing.T) {
 				return commit(ctx, j)
 			}))
 			const maxDeliveries, claimIdle = 2, 300 * time.Millisecond
-			c, err := onceflow.NewClient(onceflow.Config{Redis: rdb, Prefix: prefix, DB: pool, Workers: ws, Logger: testenv.Logger(t),
-				Queues: map[string]onceflow.QueueConfig{onceflow.DefaultQueue: {MaxDeliveries: maxDeliveries, ClaimIdle: claimIdle}}})
+			cfg := onceflow.Config{Redis: rdb, Prefix: prefix, DB: pool, Workers: ws, Logger: testenv.Logger(t),
+				Queues: map[string]onceflow.QueueConfig{onceflow.DefaultQueue: {MaxDeliveries: maxDeliveries, ClaimIdle: claimIdle}}}
+			// The model, used by one case: fake-llm through the OpenAI adapter. A delivery
+			// retries the ledger within its budget (2s) before it hands the job back.
+			fs, err := fakeserver.New(fakeserver.Config{Logger: testenv.Logger(t)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv := httptest.NewServer(fs)
+			t.Cleanup(func() { fs.Close(); srv.Close() })
+			cfg.Model = openai.New(openai.Config{BaseURL: srv.URL + "/v1", APIKey: "test-key"})
+			cfg.ModelRetry, cfg.JobBudget = fastRetry, 2*time.Second
+			c, err := onceflow.NewClient(cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -128,6 +155,13 @@ func TestPostgresOutageDuringCommitSpendsNoDelivery(t *testing.T) {
 			if completions != 1 || rows != 1 || effects != 1 || dead() != 0 {
 				t.Fatalf("after the outage: %d completions, %d rows, %d effects, %d dead letters; want 1, 1, 1, 0",
 					completions, rows, effects, dead())
+			}
+			wantCalls := int64(0)
+			if strings.HasPrefix(name, "Complete") {
+				wantCalls = 1 // the ledger's row is written before the call: none during the outage
+			}
+			if got := fs.Stats().Requests; got != wantCalls {
+				t.Errorf("%d model calls, want %d", got, wantCalls)
 			}
 			t.Logf("%d runs during the outage, %d in all", during, runs.Load())
 		})
