@@ -450,9 +450,9 @@ type outages struct {
 
 // delay records that a send of topic met an outage at now and returns the wait before
 // the row is tried again: a uniformly random duration up to the outage's age so far,
-// between base and most (the relay's BackoffBase and BackoffCap). Each row is retried about when the outage has grown by
-// half again, so retries thin out as it lasts, like exponential backoff, and the rows
-// are spread over the interval.
+// that bound kept between base and most (the relay's BackoffBase and BackoffCap). Each
+// row is retried about when the outage has grown by half again, so retries thin out as
+// it lasts, like exponential backoff, and the rows are spread over the interval.
 func (o *outages) delay(topic string, now time.Time, base, most time.Duration) time.Duration {
 	o.mu.Lock()
 	since, ok := o.since[topic]

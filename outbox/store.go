@@ -57,7 +57,8 @@ type Failure struct {
 	// ErrUnavailable): the row is due again after Delay, like any failure, but the
 	// attempt is not counted (the row's attempts stay as they were), so an outage,
 	// however long, never brings it closer to exhaustion. The relay never sets Exhaust
-	// with it.
+	// with it; a Store that ignores Outage counts the attempt, and the relay still does
+	// not exhaust the row for this failure.
 	Outage bool
 }
 
