@@ -232,8 +232,16 @@ func (j *Job[T]) committer(ctx context.Context) (*Client, completion, error) {
 //   - a mistake fn made with the Commit (see Commit), or an effect whose dedupe key
 //     exists in the outbox without this job's completion: permanent (errors.Is
 //     ErrPermanent; the latter also pgoutbox.ErrDuplicate), the job is dead-lettered;
-//   - any other database error, a failing statement of fn's included: transient,
-//     wrapping the *pgconn.PgError (errors.As), so the job is delivered again.
+//   - PostgreSQL unreachable or going away (a refused or lost connection, a server
+//     shutting down or not yet accepting connections, too many connections): marked
+//     Unavailable (errors.Is ErrUnavailable), wrapping pgx's error (errors.As), so the
+//     job is handed back without spending a delivery and waits for the database. This
+//     holds when the outcome is unknown too (the connection was lost after the COMMIT
+//     was sent): the next delivery is safe, because if the commit did land its
+//     completion record makes that delivery's commit a no-op that returns nil;
+//   - any other database error, a failing statement of fn's included (a constraint, a
+//     syntax error): transient, wrapping the *pgconn.PgError (errors.As), so the job is
+//     delivered again and spends a delivery.
 //
 // Statements whose text is new to a pooled connection are first prepared by pgx (one
 // more round trip, once per connection and statement), and after a failed commit the
@@ -300,7 +308,7 @@ func (cl *Client) commit(ctx context.Context, rec completion, c *Commit) error {
 		return Permanent(fmt.Errorf("onceflow: commit job %s: effect %s exists without the job's completion: %w: %w",
 			rec.id, key, pgoutbox.ErrDuplicate, err))
 	}
-	return fmt.Errorf("onceflow: commit job %s: %s: %w", rec.id, batchStep(failed, firstEffect, c), err)
+	return postgresError(fmt.Errorf("onceflow: commit job %s: %s: %w", rec.id, batchStep(failed, firstEffect, c), err))
 }
 
 // batchStep names the statement failed is the index of in a commit batch.
@@ -328,8 +336,10 @@ func batchStep(failed, firstEffect int, c *Commit) string {
 // waits for it at the first statement.
 //
 // fn must not commit or roll back tx. Errors are Commit's: fn's as it is (the
-// transaction is rolled back), a mistake with c or a duplicate effect permanent, any
-// other database error transient.
+// transaction is rolled back), except that an error of fn's that says PostgreSQL is
+// unreachable, when tx's connection is indeed lost, is marked Unavailable; a mistake
+// with c or a duplicate effect permanent; PostgreSQL unreachable Unavailable (an
+// unknown outcome included, see Commit); any other database error transient.
 func (j *Job[T]) CommitTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx, c *Commit) error) error {
 	cl, rec, err := j.committer(ctx)
 	if err != nil {
@@ -364,7 +374,7 @@ func (cl *Client) commitTx(ctx context.Context, rec completion, fn func(context.
 		_ = tx.Rollback(rctx) // after Commit: ErrTxClosed, ignored
 	}()
 	if err != nil {
-		return fmt.Errorf("onceflow: commit job %s: completion record: %w", rec.id, err)
+		return postgresError(fmt.Errorf("onceflow: commit job %s: completion record: %w", rec.id, err))
 	}
 	if tag.RowsAffected() == 0 {
 		if err := cl.checkCompletionOwner(ctx, rec); err != nil {
@@ -376,6 +386,9 @@ func (cl *Client) commitTx(ctx context.Context, rec completion, fn func(context.
 	}
 	c := &Commit{}
 	if err := fn(ctx, tx, c); err != nil {
+		if tx.Conn().IsClosed() { // fn's statement met the outage, not another dependency's
+			return postgresError(err)
+		}
 		return err
 	}
 	if c.err != nil {
@@ -420,11 +433,11 @@ func (cl *Client) commitTx(ctx context.Context, rec completion, fn func(context.
 			if failed >= firstEffect {
 				step = "effect " + c.effects[failed-firstEffect].DedupeKey
 			}
-			return fmt.Errorf("onceflow: commit job %s: %s: %w", rec.id, step, err)
+			return postgresError(fmt.Errorf("onceflow: commit job %s: %s: %w", rec.id, step, err))
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("onceflow: commit job %s: commit: %w", rec.id, err)
+		return postgresError(fmt.Errorf("onceflow: commit job %s: commit: %w", rec.id, err))
 	}
 	rec.committed.Store(true)
 	return nil

@@ -78,7 +78,12 @@ func (c *Client) EnqueueTx(ctx context.Context, tx pgx.Tx, args JobArgs, opts *E
 // sendEnqueue is the built-in sender of TopicEnqueue: it adds the row's job to its
 // queue, through the keyed accept when it had a key (a key already used for the same
 // arguments adds nothing), with queue.Enqueue otherwise. A row that does not decode,
-// and a key used for other arguments, are permanent; Redis errors are retried.
+// and a key used for other arguments, are permanent. Redis unreachable or unable to
+// take writes (redisUnreachable: a refused or broken connection, LOADING, READONLY,
+// MASTERDOWN, ...) is marked Unavailable, so the relay retries the row for as long as
+// the outage lasts without counting attempts: a committed job is never exhausted
+// because Redis was down. Other Redis errors are retried and counted. The enqueue is
+// safe to repeat (same job id; a keyed one is a replay).
 func (c *Client) sendEnqueue(ctx context.Context, om outbox.Message) error {
 	var in enqueueIntent
 	if err := json.Unmarshal(om.Payload, &in); err != nil {
@@ -93,12 +98,17 @@ func (c *Client) sendEnqueue(ctx context.Context, om outbox.Message) error {
 	if err := m.Validate(); err != nil {
 		return outbox.Permanent(fmt.Errorf("%s row: %w", TopicEnqueue, err))
 	}
+	var err error
 	if in.Key != "" {
-		_, err := c.acceptKeyed(ctx, EnqueueScope(m.Tenant, m.Kind, in.Key), m, keys)
+		_, err = c.acceptKeyed(ctx, EnqueueScope(m.Tenant, m.Kind, in.Key), m, keys)
 		if errors.Is(err, idempotency.ErrKeyReused) {
 			return outbox.Permanent(err)
 		}
-		return err
+	} else {
+		err = c.enqueue(ctx, keys, m)
 	}
-	return c.enqueue(ctx, keys, m)
+	if redisUnreachable(err) && !errors.Is(err, outbox.ErrUnavailable) {
+		return outbox.Unavailable(err)
+	}
+	return err
 }

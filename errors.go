@@ -10,10 +10,20 @@ import (
 
 // The error vocabulary of a job, shared by the queue, the retry policy and the outbox
 // relay: a Worker returns nil (done), an error marked Permanent (dead-lettered at once,
-// with the error as its reason), an error from RetryAfter (run again after a delay), an
-// error marked Unavailable (a dependency is down: handed back without spending a
-// delivery), or any other error (run again later, until the queue's MaxDeliveries).
-// Match them with errors.Is and errors.As only.
+// with the error as its reason), an error from RetryAfter (run again after a delay, at
+// most the queue's ClaimIdle, spending a delivery), an error marked Unavailable (a
+// dependency is down: handed back without spending a delivery), or any other error (run
+// again later, until the queue's MaxDeliveries). Match them with errors.Is and errors.As
+// only.
+//
+// onceflow marks its own errors so: Job.Commit and Job.CommitTx return PostgreSQL
+// unreachable (a refused or lost connection, a server shutting down) as Unavailable,
+// and a failing statement as a plain error; Job.Complete and Job.Stream return an
+// exhausted provider quota and PostgreSQL unreachable under the ledger as Unavailable.
+// The outbox relay reads the same markers on a Sender's error: Permanent
+// (outbox.Permanent) exhausts the row at once, Unavailable (outbox.Unavailable) retries
+// it without counting an attempt, never exhausting it, and any other error counts an
+// attempt; the sender of EnqueueTx's rows returns Redis unreachable as Unavailable.
 var (
 	// ErrPermanent is matched by every error marked with Permanent, by whichever package
 	// marked it (retry.Permanent, queue.Permanent and outbox.Permanent are the same

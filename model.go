@@ -195,10 +195,13 @@ func (s *Step) ToolKeys() []ledger.ToolKey { return append([]ledger.ToolKey(nil)
 // The error is made to be returned as is by the Worker: an outage of the provider (an
 // exhausted quota, the breaker open because of one) matches ErrUnavailable, and the job
 // is handed back without spending a delivery while the queues wait for the breaker's
-// probe; a failure no retry can fix (a 400, a malformed answer, no Config.Model) matches
-// ErrPermanent and the job is dead-lettered; anything else (attempts exhausted, the
-// delivery deadline, PostgreSQL unavailable, shutdown) is plain and the job is
-// delivered again. ctx is the Work call's.
+// probe; so does PostgreSQL unreachable under the ledger (a refused or lost connection,
+// a server shutting down: the ledger's calls were retried within the delivery's budget
+// first), and the job is handed back to wait for it; a failure no retry can fix (a 400,
+// a malformed answer, no Config.Model) matches ErrPermanent and the job is
+// dead-lettered; anything else (attempts exhausted, the delivery deadline, a failing
+// ledger statement, shutdown) is plain and the job is delivered again. ctx is the Work
+// call's.
 func (j *Job[T]) Complete(ctx context.Context, step string, req *llm.Request) (*Step, error) {
 	return j.run.complete(ctx, j.ID, step, req)
 }
@@ -393,11 +396,15 @@ func (m *model) recordToolKeys(ctx context.Context, s *Step) error {
 }
 
 // modelError maps a model step's failure onto the job's error vocabulary: an outage of
-// the provider is Unavailable, a transient failure plain, anything else Permanent.
+// the provider, or of PostgreSQL under the ledger (a ledger.ErrUnavailable error that
+// postgresUnreachable says is PostgreSQL down, not a failing statement), is
+// Unavailable; a transient failure plain; anything else Permanent. Only the ledger's
+// errors are asked about PostgreSQL: a refused connection to the provider is the
+// provider's, transient.
 func modelError(step string, err error) error {
 	wrapped := fmt.Errorf("onceflow: model step %q: %w", step, err)
 	switch {
-	case retry.Outage(err):
+	case retry.Outage(err), errors.Is(err, ledger.ErrUnavailable) && postgresUnreachable(err):
 		return retry.Unavailable(wrapped)
 	case retry.Transient(err):
 		return wrapped

@@ -1,8 +1,11 @@
 package onceflow
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -98,4 +101,35 @@ func CheckRedis(rdb redis.UniversalClient) error {
 		return fmt.Errorf("%w: MaxRedirects: the cluster client re-sends commands after network errors up to %d times on its own (go-redis's default, 0, means 3); set MaxRedirects to -1, or build the client with onceflow.NewRedisCluster", ErrRedisOptions, redirects)
 	}
 	return nil
+}
+
+// redisUnreachable reports whether err says that Redis is unreachable or cannot take
+// writes for now, rather than that a command or its arguments failed: a connection
+// that could not be made or broke (a net.Error: refused, reset, a dial or read timeout;
+// io.EOF and io.ErrUnexpectedEOF: the server closed it), no pooled connection to be had
+// in time (redis.ErrPoolTimeout, redis.ErrPoolExhausted), or a server reply that names
+// the server's state, as go-redis's helpers recognise it (LOADING, READONLY, MASTERDOWN,
+// CLUSTERDOWN, TRYAGAIN, OOM, NOREPLICAS, max number of clients reached). The end of the caller's context is not
+// an outage (a shutdown, a budget), unless it ended a dial; neither is a client closed
+// by the program (redis.ErrClosed), nor a reply about the command (a script's error,
+// WRONGTYPE, NOSCRIPT, MOVED).
+func redisUnreachable(err error) bool {
+	if err == nil || errors.Is(err, redis.ErrClosed) {
+		return false
+	}
+	var opErr *net.OpError
+	if errors.As(err, &opErr) && opErr.Op == "dial" {
+		return true
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	var netErr net.Error
+	if errors.As(err, &netErr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrPoolExhausted) {
+		return true
+	}
+	return redis.IsLoadingError(err) || redis.IsReadOnlyError(err) || redis.IsMasterDownError(err) ||
+		redis.IsClusterDownError(err) || redis.IsTryAgainError(err) || redis.IsMaxClientsError(err) ||
+		redis.IsOOMError(err) || redis.IsNoReplicasError(err)
 }

@@ -20,7 +20,10 @@
 // full-jitter exponential backoff (Config.BackoffBase, Config.BackoffCap), or after the
 // delay the error carries when it implements RetryAfter() time.Duration (an HTTP
 // Retry-After header), until Config.MaxAttempts attempts have failed; then the row is
-// exhausted too.
+// exhausted too. Unavailable(err) means "the dependency is down, not the row": the
+// attempt is not counted and the row is never exhausted for it; it is tried again after
+// a delay that grows with the outage (up to Config.BackoffCap), so it is sent once the
+// dependency is back.
 //
 // # Routing by topic
 //

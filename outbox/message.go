@@ -21,7 +21,8 @@ type Message struct {
 	DedupeKey string `json:"dedupe_key"`
 	// Payload is the effect's data as JSON.
 	Payload json.RawMessage `json:"payload"`
-	// Attempts counts the failed sends before this one.
+	// Attempts counts the failed sends before this one, not counting those that failed
+	// with an error marked Unavailable.
 	Attempts int `json:"attempts"`
 	// Traceparent is the W3C trace context of the transaction that wrote the row, or
 	// empty.
@@ -34,8 +35,9 @@ type Message struct {
 //
 // Send must pass m.DedupeKey to the provider as its idempotency key where the provider
 // has one. It returns nil when the provider accepted the message, an error wrapped with
-// Permanent when retrying cannot help, and any other error for a failure a later
-// attempt may fix. It must return when ctx is done. A Relay calls Send concurrently for
+// Permanent when retrying cannot help, an error wrapped with Unavailable when the
+// provider (or a dependency of the send) is down, and any other error for a failure a
+// later attempt may fix. It must return when ctx is done. A Relay calls Send concurrently for
 // different messages, so implementations must be safe for concurrent use.
 type Sender interface {
 	Send(ctx context.Context, m Message) error
@@ -60,6 +62,20 @@ func Permanent(err error) error { return retry.Permanent(err) }
 
 // IsPermanent reports whether err, or an error it wraps, was marked permanent.
 func IsPermanent(err error) bool { return retry.IsPermanent(err) }
+
+// ErrUnavailable matches, with errors.Is, every error marked Unavailable: a send that
+// failed because a dependency is down (the provider unreachable, Redis for the enqueue
+// of a committed job), not because of the row. It is retry.ErrUnavailable, the one
+// outage marker of onceflow, which queue.Unavailable marks too.
+var ErrUnavailable = retry.ErrUnavailable
+
+// Unavailable marks err as a dependency's outage: the relay tries the row again after
+// a backoff that grows with the outage, without counting the attempt, and never
+// exhausts it for this failure. The result unwraps to err and matches ErrUnavailable
+// with errors.Is; it is retry.Unavailable. Unavailable(nil) is nil. Return it only for
+// failures that say the dependency is down (a refused connection): a row whose sends
+// fail with it waits for as long as they do.
+func Unavailable(err error) error { return retry.Unavailable(err) }
 
 // RetryAfter returns err annotated with the delay the provider asked for (an HTTP
 // Retry-After header): the relay schedules the next attempt after d instead of its own

@@ -27,14 +27,14 @@ func newRelayMetrics(reg prometheus.Registerer) *relayMetrics {
 	}
 	m := &relayMetrics{
 		sent:      counter("sent_total", "Outbox rows sent and marked sent."),
-		exhausted: counter("exhausted_total", "Outbox rows exhausted: a permanent error or the last attempt failed."),
+		exhausted: counter("exhausted_total", "Outbox rows exhausted: a permanent error or the last attempt failed (an unavailable dependency never exhausts a row)."),
 		released:  counter("released_total", "Claimed outbox rows released unsent at shutdown."),
 		fenced:    counter("fenced_marks_total", "Outbox outcomes not recorded because another relay had claimed the row since (lease ran out)."),
 		purged:    counter("purged_total", "Sent outbox rows deleted after the retention."),
 		batches:   counter("claimed_batches_total", "Non-empty batches claimed."),
 		failures: metrics.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: metrics.Namespace, Subsystem: "outbox", Name: "send_failures_total",
-			Help: "Failed sends by class: retryable, timeout or permanent.",
+			Help: "Failed sends by class: retryable, timeout, permanent, or unavailable (a dependency is down: no attempt counted).",
 		}, []string{"class"})),
 		latency: metrics.Register(reg, prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: metrics.Namespace, Subsystem: "outbox", Name: "send_duration_seconds",
@@ -46,6 +46,6 @@ func newRelayMetrics(reg prometheus.Registerer) *relayMetrics {
 			Help: "Age of the oldest unsent, not exhausted outbox row when last sampled; 0 when none.",
 		})),
 	}
-	metrics.Init(m.failures, []string{classRetryable, classTimeout, classPermanent})
+	metrics.Init(m.failures, []string{classRetryable, classTimeout, classPermanent, classUnavailable})
 	return m
 }

@@ -59,12 +59,15 @@ type Config struct {
 	// 5s), or another relay could claim and send the same rows. Default: 30s
 	// (ONCEFLOW_RELAY_LEASE).
 	Lease time.Duration
-	// MaxAttempts is the number of failed sends after which a row is exhausted.
-	// Default: 10 (ONCEFLOW_RELAY_MAX_ATTEMPTS).
+	// MaxAttempts is the number of failed sends after which a row is exhausted. Sends
+	// that failed with an error marked Unavailable (a dependency is down) are not
+	// counted and never exhaust a row. Default: 10 (ONCEFLOW_RELAY_MAX_ATTEMPTS).
 	MaxAttempts int
 	// BackoffBase and BackoffCap shape the full-jitter delay after a failed send: a
-	// random duration up to min(BackoffCap, BackoffBase * 2^(failures-1)).
-	// Default: 1s and 15m.
+	// random duration up to min(BackoffCap, BackoffBase * 2^(failures-1)); after a
+	// failure marked Unavailable, a random duration up to the outage's age so far (since
+	// this relay's sends of the topic first met it), at least BackoffBase and at most
+	// BackoffCap. Default: 1s and 15m.
 	BackoffBase, BackoffCap time.Duration
 	// MaxRetryAfter caps a delay the provider asked for (an error implementing
 	// RetryAfter() time.Duration), which replaces the backoff. Default: 1h.
@@ -147,6 +150,11 @@ func (c Config) leaseMargin() time.Duration { return min(c.Lease/5, 5*time.Secon
 // records the outcome, batch by batch. Run several relays, in one process or many, for
 // throughput and availability; they never send the same row at once.
 //
+// A send's error decides the row's fate: Permanent exhausts it at once; Unavailable (a
+// dependency is down) retries it after a backoff that grows with the outage, counting no
+// attempt, so an outage never exhausts a row; any other error counts an attempt and
+// retries it, until MaxAttempts.
+//
 // A Relay is safe for concurrent use, but Run and Pass are meant to be called by one
 // goroutine at a time: the relay's name is its fencing token.
 type Relay struct {
@@ -156,7 +164,8 @@ type Relay struct {
 	log    *slog.Logger
 	m      *relayMetrics
 	// claim is store.Claim, or store.ClaimTopics of the sender's topics.
-	claim func(ctx context.Context, relay string, limit int, lease time.Duration) ([]Message, error)
+	claim   func(ctx context.Context, relay string, limit int, lease time.Duration) ([]Message, error)
+	outages outages
 }
 
 // NewRelay returns a relay that drains store with sender. When sender is a TopicSender
@@ -251,7 +260,7 @@ func (r *Relay) Run(ctx context.Context) error {
 type PassResult struct {
 	Claimed   int
 	Sent      int // marked sent
-	Retrying  int // failed, due again after a backoff
+	Retrying  int // failed, due again after a backoff (an outage's failures included)
 	Exhausted int // failed for good: permanent error or MaxAttempts reached
 	Released  int // claimed but not sent (shutdown), lease cleared
 	Fenced    int // outcome not recorded: the lease ran out and another relay claimed the row
@@ -394,6 +403,7 @@ func (r *Relay) sendOne(ctx context.Context, m Message) (out outcome, f Failure)
 	err := r.safeSend(ctx, m)
 	r.m.latency.Observe(time.Since(start).Seconds())
 	if err == nil {
+		r.outages.over(m.Topic)
 		return outcomeSent, Failure{}
 	}
 	if errors.Is(context.Cause(ctx), errShutdown) {
@@ -407,15 +417,61 @@ func (r *Relay) sendOne(ctx context.Context, m Message) (out outcome, f Failure)
 	f = Failure{
 		ID:      m.ID,
 		Error:   truncate(err.Error(), maxErrorLen),
-		Exhaust: class == classPermanent || attempt >= r.cfg.MaxAttempts,
-		Delay:   retry.FullJitter(nil, r.cfg.BackoffBase, r.cfg.BackoffCap, attempt-1),
+		Exhaust: class == classPermanent || (class != classUnavailable && attempt >= r.cfg.MaxAttempts),
+		Outage:  class == classUnavailable,
+	}
+	if f.Outage {
+		f.Delay = r.outages.delay(m.Topic, time.Now(), r.cfg.BackoffBase, r.cfg.BackoffCap)
+	} else {
+		f.Delay = retry.FullJitter(nil, r.cfg.BackoffBase, r.cfg.BackoffCap, attempt-1)
 	}
 	if d, ok := RetryAfterOf(err); ok {
 		f.Delay = min(d, r.cfg.MaxRetryAfter)
 	}
+	if f.Outage {
+		r.log.WarnContext(ctx, "outbox send failed: a dependency is down; the row waits for it without spending an attempt",
+			append(logAttrs(m), "attempts", m.Attempts, "class", class, "retry_in", f.Delay, "err", err)...)
+		return outcomeFailed, f
+	}
 	r.log.WarnContext(ctx, "outbox send failed", append(logAttrs(m), "attempt", attempt,
 		"class", class, "exhausted", f.Exhaust, "retry_in", f.Delay, "err", err)...)
 	return outcomeFailed, f
+}
+
+// outages tracks, per topic, since when this relay's sends of it have met a
+// dependency's outage (errors matching ErrUnavailable), so that the retry delay grows
+// with the outage: rows that wait for a dependency spend no attempts, so their own
+// attempt counts cannot shape the backoff. Its state is one time per topic in an
+// outage, cleared by the topic's next successful send. Safe for concurrent use.
+type outages struct {
+	mu    sync.Mutex
+	since map[string]time.Time
+}
+
+// delay records that a send of topic met an outage at now and returns the wait before
+// the row is tried again: a uniformly random duration up to the outage's age so far,
+// that bound kept between base and most (the relay's BackoffBase and BackoffCap). Each
+// row is retried about when the outage has grown by half again, so retries thin out as
+// it lasts, like exponential backoff, and the rows are spread over the interval.
+func (o *outages) delay(topic string, now time.Time, base, most time.Duration) time.Duration {
+	o.mu.Lock()
+	since, ok := o.since[topic]
+	if !ok {
+		if o.since == nil {
+			o.since = map[string]time.Time{}
+		}
+		o.since[topic], since = now, now
+	}
+	o.mu.Unlock()
+	upper := min(max(now.Sub(since), base), most)
+	return retry.FullJitter(nil, upper, upper, 0)
+}
+
+// over records that a send of topic succeeded: its outage, if any, is over.
+func (o *outages) over(topic string) {
+	o.mu.Lock()
+	delete(o.since, topic)
+	o.mu.Unlock()
 }
 
 // safeSend calls the sender, turning a panic into an error.
@@ -430,9 +486,10 @@ func (r *Relay) safeSend(ctx context.Context, m Message) (err error) {
 
 // Failure classes, the values of the metric label "class".
 const (
-	classPermanent = "permanent"
-	classTimeout   = "timeout"
-	classRetryable = "retryable"
+	classPermanent   = "permanent"
+	classUnavailable = "unavailable" // a dependency is down: no attempt counted
+	classTimeout     = "timeout"
+	classRetryable   = "retryable"
 )
 
 // classOf names the kind of a send failure for metrics and logs.
@@ -441,6 +498,8 @@ func classOf(ctx context.Context, err error) string {
 	switch {
 	case IsPermanent(err):
 		return classPermanent
+	case errors.Is(err, ErrUnavailable):
+		return classUnavailable
 	case errors.Is(err, context.DeadlineExceeded), ctx.Err() != nil, errors.As(err, &ne) && ne.Timeout():
 		return classTimeout
 	default:

@@ -53,6 +53,13 @@ type Failure struct {
 	Delay time.Duration
 	// Exhaust marks the row exhausted: it is not tried again until a person resets it.
 	Exhaust bool
+	// Outage marks a failure that says a dependency is down (the send's error matched
+	// ErrUnavailable): the row is due again after Delay, like any failure, but the
+	// attempt is not counted (the row's attempts stay as they were), so an outage,
+	// however long, never brings it closer to exhaustion. The relay never sets Exhaust
+	// with it; a Store that ignores Outage counts the attempt, and the relay still does
+	// not exhaust the row for this failure.
+	Outage bool
 }
 
 // Settled reports which rows a Settle applied to. Rows of the Settlement missing here

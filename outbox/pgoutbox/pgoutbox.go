@@ -234,13 +234,16 @@ const (
 	settleFailed   = 1
 	settleExhaust  = 2
 	settleReleased = 3
+	settleOutage   = 4
 )
 
 // settleSQL records a batch's outcome in one statement: for each ($2 id, $3 outcome,
 // $4 error, $5 delay in microseconds), sent marks sent_at; failed adds an attempt,
 // stores the error and schedules the next attempt after the delay; exhaust adds an
-// attempt, stores the error and sets exhausted_at; released only clears the lease.
-// Every outcome clears the lease.
+// attempt, stores the error and sets exhausted_at; outage (a dependency was down,
+// outbox.Failure.Outage) stores the error and schedules the next attempt after the
+// delay without adding an attempt; released only clears the lease. Every outcome
+// clears the lease.
 //
 // Fencing: only rows still claimed by relay $1, and not yet sent or exhausted, are
 // touched. A relay whose lease ran out and whose rows another relay claimed since
@@ -249,8 +252,8 @@ const settleSQL = `
 UPDATE outbox o SET
 	sent_at         = CASE WHEN f.outcome = 0 THEN now() ELSE o.sent_at END,
 	attempts        = CASE WHEN f.outcome IN (1, 2) THEN o.attempts + 1 ELSE o.attempts END,
-	last_error      = CASE WHEN f.outcome IN (1, 2) THEN f.err ELSE o.last_error END,
-	next_attempt_at = CASE WHEN f.outcome = 1 THEN now() + f.delay_us * interval '1 microsecond' ELSE o.next_attempt_at END,
+	last_error      = CASE WHEN f.outcome IN (1, 2, 4) THEN f.err ELSE o.last_error END,
+	next_attempt_at = CASE WHEN f.outcome IN (1, 4) THEN now() + f.delay_us * interval '1 microsecond' ELSE o.next_attempt_at END,
 	exhausted_at    = CASE WHEN f.outcome = 2 THEN now() ELSE o.exhausted_at END,
 	claimed_by      = NULL,
 	claimed_until   = NULL
@@ -276,8 +279,11 @@ func (s *Store) Settle(ctx context.Context, relay string, st outbox.Settlement) 
 	}
 	for _, f := range st.Failed {
 		o := int16(settleFailed)
-		if f.Exhaust {
+		switch {
+		case f.Exhaust:
 			o = settleExhaust
+		case f.Outage:
+			o = settleOutage
 		}
 		add(f.ID, o, f.Error, max(f.Delay, 0))
 	}
@@ -299,7 +305,7 @@ func (s *Store) Settle(ctx context.Context, relay string, st outbox.Settlement) 
 		switch o {
 		case settleSent:
 			out.Sent = append(out.Sent, id)
-		case settleFailed:
+		case settleFailed, settleOutage:
 			out.Retrying = append(out.Retrying, id)
 		case settleExhaust:
 			out.Exhausted = append(out.Exhausted, id)

@@ -1,0 +1,163 @@
+package onceflow
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/onceflow/onceflow/internal/connect"
+	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/llm/ledger"
+	"github.com/onceflow/onceflow/migrations"
+	"github.com/onceflow/onceflow/retry"
+)
+
+// postgresUnreachable tells PostgreSQL's outages from failing statements, on errors
+// produced by a real server: one stopped, one restarted under an open connection, one
+// that terminates a session, and statements that fail on their own account. Only the
+// SQLSTATEs no test can cheaply provoke are built by hand.
+func TestPostgresUnreachableClassifiesRealErrors(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	pg := testenv.PrivatePostgres(t)
+	url := testenv.PostgresURLOf(pg) + "&connect_timeout=2"
+	if _, err := migrations.Up(ctx, url, testenv.Logger(t)); err != nil {
+		t.Fatal(err)
+	}
+	conn := func() *pgx.Conn {
+		t.Helper()
+		c, err := pgx.Connect(ctx, url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close(context.Background()) })
+		return c
+	}
+	exec := func(c *pgx.Conn, sql string) error {
+		_, err := c.Exec(ctx, sql)
+		return err
+	}
+	type row struct {
+		name string
+		err  error
+		want bool
+	}
+	var rows []row
+	add := func(name string, err error, want bool) {
+		t.Helper()
+		if err == nil {
+			t.Fatalf("%s: no error", name)
+		}
+		rows = append(rows, row{name, err, want})
+	}
+
+	// Failing statements, on a live server: the job's own failures.
+	live := conn()
+	if err := exec(live, `CREATE TABLE t (id int PRIMARY KEY CHECK (id > 0))`); err != nil {
+		t.Fatal(err)
+	}
+	if err := exec(live, `INSERT INTO t VALUES (1)`); err != nil {
+		t.Fatal(err)
+	}
+	add("unique violation", exec(live, `INSERT INTO t VALUES (1)`), false)
+	add("check violation", exec(live, `INSERT INTO t VALUES (-1)`), false)
+	add("syntax error", exec(live, `INSERT INTO`), false)
+	add("undefined table", exec(live, `SELECT * FROM no_such_table`), false)
+	add("division by zero", exec(live, `SELECT 1/0`), false)
+	add("statement timeout", exec(live, `SET statement_timeout = '10ms'; SELECT pg_sleep(1)`), false)
+	if err := exec(live, `SET statement_timeout = 0`); err != nil {
+		t.Fatal(err)
+	}
+	short, stop := context.WithTimeout(ctx, 20*time.Millisecond)
+	_, err := conn().Exec(short, `SELECT pg_sleep(1)`) // pgx closes a connection its context interrupts
+	stop()
+	add("the caller's deadline", err, false)
+	done, stop := context.WithCancel(ctx)
+	stop()
+	_, err = conn().Exec(done, `SELECT 1`)
+	add("the caller's cancel", err, false)
+
+	// A session the server terminates (pg_terminate_backend): admin_shutdown, then a
+	// closed connection.
+	victim := conn()
+	if err := exec(live, fmt.Sprintf(`SELECT pg_terminate_backend(%d)`, victim.PgConn().PID())); err != nil {
+		t.Fatal(err)
+	}
+	add("terminated session", exec(victim, `SELECT 1`), true)
+	add("terminated session, used again", exec(victim, `SELECT 1`), true)
+
+	// The server stops under open connections, a pool and the ledger.
+	open := conn()
+	pool, err := connect.Postgres(ctx, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if err := pool.Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l, err := ledger.New(pool, ledger.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pg.Stop()
+	add("open connection, server stopped", exec(open, `SELECT 1`), true)
+	add("open connection, used again", exec(open, `SELECT 1`), true)
+	_, err = pool.Exec(ctx, `SELECT 1`)
+	add("pool, server stopped", err, true)
+	b := &pgx.Batch{}
+	b.Queue(`INSERT INTO t VALUES (2)`)
+	add("pool batch, server stopped", pool.SendBatch(ctx, b).Close(), true)
+	_, err = pool.Begin(ctx)
+	add("pool begin, server stopped", err, true)
+	_, err = pgx.Connect(ctx, url)
+	add("connect refused", err, true)
+	_, err = l.Get(ctx, "some-key")
+	add("ledger, server stopped", err, true)
+	ledgerDown := err
+	pg.Start()
+
+	// SQLSTATEs no test here can cheaply provoke, as pgx reports them.
+	for code, want := range map[string]bool{
+		"08006": true, "08003": true, "57P02": true, "57P03": true, "53300": true,
+		"53100": false, "40001": false, "23505": false, "57014": false,
+	} {
+		rows = append(rows, row{"SQLSTATE " + code, fmt.Errorf("wrapped: %w", &pgconn.PgError{Code: code}), want})
+	}
+
+	for _, r := range rows {
+		t.Logf("%s: %T: %v", r.name, r.err, r.err)
+		if got := postgresUnreachable(r.err); got != r.want {
+			t.Errorf("%s: postgresUnreachable(%T %v) = %v, want %v", r.name, r.err, r.err, got, r.want)
+		}
+		marked := postgresError(r.err)
+		if errors.Is(marked, ErrUnavailable) != r.want || !errors.Is(marked, r.err) {
+			t.Errorf("%s: postgresError(%v) = %v: Unavailable %v, want %v, still wrapping the error", r.name, r.err, marked, errors.Is(marked, ErrUnavailable), r.want)
+		}
+	}
+	// A model step whose ledger calls failed while PostgreSQL was down (retry.Do gave
+	// up on them) is handed back, not spent.
+	for _, err := range []error{&retry.ExhaustedError{Attempts: 3, Err: ledgerDown},
+		&retry.DeadlineExceededError{Attempts: 2, Err: ledgerDown}} {
+		if got := modelError("summarise", err); !errors.Is(got, ErrUnavailable) || !errors.Is(got, ledger.ErrUnavailable) {
+			t.Errorf("model step on a stopped PostgreSQL: %v, want it Unavailable", got)
+		}
+	}
+	if postgresUnreachable(nil) || postgresError(nil) != nil {
+		t.Error("nil is an outage")
+	}
+	perm := Permanent(fmt.Errorf("commit: %w", &pgconn.PgError{Code: "08006"}))
+	if got := postgresError(perm); got != perm {
+		t.Errorf("a permanent error was marked again: %v", got)
+	}
+	una := Unavailable(&pgconn.PgError{Code: "08006"})
+	if got := postgresError(una); got != una {
+		t.Errorf("an Unavailable error was marked twice: %v", got)
+	}
+}
