@@ -179,7 +179,7 @@ func (cl *Client) checkCompletionOwner(ctx context.Context, rec completion) erro
 	var tenant, kind string
 	// QueryExecModeExec: one round trip, no statement prepared on the connection.
 	if err := cl.cfg.DB.QueryRow(ctx, completionOwnerSQL, pgx.QueryExecModeExec, rec.id).Scan(&tenant, &kind); err != nil {
-		return fmt.Errorf("onceflow: commit job %s: read its completion record: %w", rec.id, err)
+		return PostgresError(fmt.Errorf("onceflow: commit job %s: read its completion record: %w", rec.id, err))
 	}
 	if tenant != rec.tenant || kind != rec.kind {
 		// The reason reaches the job's tenant (JobState): it names neither the other
@@ -308,7 +308,7 @@ func (cl *Client) commit(ctx context.Context, rec completion, c *Commit) error {
 		return Permanent(fmt.Errorf("onceflow: commit job %s: effect %s exists without the job's completion: %w: %w",
 			rec.id, key, pgoutbox.ErrDuplicate, err))
 	}
-	return postgresError(fmt.Errorf("onceflow: commit job %s: %s: %w", rec.id, batchStep(failed, firstEffect, c), err))
+	return PostgresError(fmt.Errorf("onceflow: commit job %s: %s: %w", rec.id, batchStep(failed, firstEffect, c), err))
 }
 
 // batchStep names the statement failed is the index of in a commit batch.
@@ -374,7 +374,7 @@ func (cl *Client) commitTx(ctx context.Context, rec completion, fn func(context.
 		_ = tx.Rollback(rctx) // after Commit: ErrTxClosed, ignored
 	}()
 	if err != nil {
-		return postgresError(fmt.Errorf("onceflow: commit job %s: completion record: %w", rec.id, err))
+		return PostgresError(fmt.Errorf("onceflow: commit job %s: completion record: %w", rec.id, err))
 	}
 	if tag.RowsAffected() == 0 {
 		if err := cl.checkCompletionOwner(ctx, rec); err != nil {
@@ -387,7 +387,7 @@ func (cl *Client) commitTx(ctx context.Context, rec completion, fn func(context.
 	c := &Commit{}
 	if err := fn(ctx, tx, c); err != nil {
 		if tx.Conn().IsClosed() { // fn's statement met the outage, not another dependency's
-			return postgresError(err)
+			return PostgresError(err)
 		}
 		return err
 	}
@@ -433,11 +433,11 @@ func (cl *Client) commitTx(ctx context.Context, rec completion, fn func(context.
 			if failed >= firstEffect {
 				step = "effect " + c.effects[failed-firstEffect].DedupeKey
 			}
-			return postgresError(fmt.Errorf("onceflow: commit job %s: %s: %w", rec.id, step, err))
+			return PostgresError(fmt.Errorf("onceflow: commit job %s: %s: %w", rec.id, step, err))
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return postgresError(fmt.Errorf("onceflow: commit job %s: commit: %w", rec.id, err))
+		return PostgresError(fmt.Errorf("onceflow: commit job %s: commit: %w", rec.id, err))
 	}
 	rec.committed.Store(true)
 	return nil

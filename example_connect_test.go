@@ -113,3 +113,23 @@ func ExamplePostgresConfig() {
 	fmt.Println(pool.Config().MaxConns, pool.Config().ConnConfig.ConnectTimeout)
 	// Output: 8 3s
 }
+
+// A Worker that reads its own tables returns their errors through PostgresError: a
+// database that does not answer hands the job back without spending a delivery, a
+// failing statement does not.
+func ExamplePostgresError() {
+	_, _, db, done := exampleStores(`CREATE TABLE tickets (id text PRIMARY KEY)`)
+	defer done()
+	ctx := context.Background()
+
+	_, err := db.Exec(ctx, `INSERT INTO no_such_table VALUES (1)`)
+	fmt.Println("failing statement, unavailable:", errors.Is(onceflow.PostgresError(err), onceflow.ErrUnavailable))
+
+	down, _ := onceflow.NewPostgres(ctx, "postgres://app@127.0.0.1:1/app?connect_timeout=1") // nothing listens
+	defer down.Close()
+	_, err = down.Exec(ctx, `SELECT 1`)
+	fmt.Println("database down, unavailable:", errors.Is(onceflow.PostgresError(err), onceflow.ErrUnavailable))
+	// Output:
+	// failing statement, unavailable: false
+	// database down, unavailable: true
+}

@@ -71,12 +71,16 @@ func postgresUnreachable(err error) bool {
 		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }
 
-// postgresError marks err Unavailable when postgresUnreachable says PostgreSQL is
-// down, so that the job is handed back without spending a delivery; any other error is
-// returned as it is. An error already marked Unavailable or Permanent is not marked
-// again.
-func postgresError(err error) error {
-	if retry.IsPermanent(err) || errors.Is(err, ErrUnavailable) || !postgresUnreachable(err) {
+// PostgresError returns err marked Unavailable (errors.Is ErrUnavailable) when it says
+// PostgreSQL is unreachable or going away, rather than that a statement failed: a failed
+// connection attempt, a lost or closed connection, a server shutting down, starting up
+// or out of connections. Any other error, nil, and an error already marked Unavailable
+// or Permanent are returned as they are. A Worker that reads or writes its own tables
+// through Client.DB returns its errors through it, as Commit, CommitTx and the model
+// ledger do, so that a database outage hands the job back without spending a delivery
+// while a failing statement still does.
+func PostgresError(err error) error {
+	if err == nil || retry.IsPermanent(err) || errors.Is(err, ErrUnavailable) || !postgresUnreachable(err) {
 		return err
 	}
 	return Unavailable(err)

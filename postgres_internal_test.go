@@ -136,9 +136,9 @@ func TestPostgresUnreachableClassifiesRealErrors(t *testing.T) {
 		if got := postgresUnreachable(r.err); got != r.want {
 			t.Errorf("%s: postgresUnreachable(%T %v) = %v, want %v", r.name, r.err, r.err, got, r.want)
 		}
-		marked := postgresError(r.err)
+		marked := PostgresError(r.err)
 		if errors.Is(marked, ErrUnavailable) != r.want || !errors.Is(marked, r.err) {
-			t.Errorf("%s: postgresError(%v) = %v: Unavailable %v, want %v, still wrapping the error", r.name, r.err, marked, errors.Is(marked, ErrUnavailable), r.want)
+			t.Errorf("%s: PostgresError(%v) = %v: Unavailable %v, want %v, still wrapping the error", r.name, r.err, marked, errors.Is(marked, ErrUnavailable), r.want)
 		}
 	}
 	// A model step whose ledger calls failed while PostgreSQL was down (retry.Do gave
@@ -149,15 +149,15 @@ func TestPostgresUnreachableClassifiesRealErrors(t *testing.T) {
 			t.Errorf("model step on a stopped PostgreSQL: %v, want it Unavailable", got)
 		}
 	}
-	if postgresUnreachable(nil) || postgresError(nil) != nil {
+	if postgresUnreachable(nil) || PostgresError(nil) != nil {
 		t.Error("nil is an outage")
 	}
 	perm := Permanent(fmt.Errorf("commit: %w", &pgconn.PgError{Code: "08006"}))
-	if got := postgresError(perm); got != perm {
+	if got := PostgresError(perm); got != perm {
 		t.Errorf("a permanent error was marked again: %v", got)
 	}
 	una := Unavailable(&pgconn.PgError{Code: "08006"})
-	if got := postgresError(una); got != una {
+	if got := PostgresError(una); got != una {
 		t.Errorf("an Unavailable error was marked twice: %v", got)
 	}
 }

@@ -234,7 +234,7 @@ func (w *worker) process(ctx context.Context, job *onceflow.Job[Request]) (Outco
 	// optimisation; the guarantee is the job's completion record.
 	var exists bool
 	if err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM summaries WHERE job_id = $1)`, job.ID).Scan(&exists); err != nil {
-		return "", fmt.Errorf("check for an existing summary: %w", err)
+		return "", onceflow.PostgresError(fmt.Errorf("check for an existing summary: %w", err))
 	}
 	if exists {
 		log.InfoContext(ctx, "summary exists: duplicate delivery acknowledged", "deliveries", job.Delivery)
