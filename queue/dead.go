@@ -20,7 +20,8 @@ const (
 	deadRaw        = "raw" // malformed messages only: their fields as a JSON object
 )
 
-// Dead-letter reasons are "malformed: ...", "permanent: ..." or "exceeded N deliveries";
+// Dead-letter reasons are "malformed: ...", "permanent: ..." or "exceeded N deliveries"
+// (followed by "; last error: ..." when the last failed run's error is known);
 // these are their bounded metric labels.
 const (
 	reasonMalformed     = "malformed"
@@ -39,7 +40,8 @@ type DeadLetter struct {
 	Tenant string `json:"tenant"`
 	// Kind is the job's kind; empty for a version 1 message.
 	Kind string `json:"kind,omitempty"`
-	// Reason says why: "malformed: ...", "permanent: ..." or "exceeded N deliveries".
+	// Reason says why: "malformed: ...", "permanent: ..." or "exceeded N deliveries"
+	// (with "; last error: ..." when known).
 	Reason string `json:"reason"`
 	// Deliveries is the entry's delivery count when it was dead-lettered.
 	Deliveries int64 `json:"deliveries"`

@@ -66,7 +66,8 @@ type WorkerConfig struct {
 	// failed run's, are retried. Default: 2m.
 	ClaimIdle time.Duration
 	// MaxDeliveries is the most deliveries of one entry that run the handler; the next
-	// one dead-letters it with the reason "exceeded N deliveries". Default: 5.
+	// one dead-letters it with the reason "exceeded N deliveries; last error: ..." (the
+	// error of its last failed run, which the worker keeps in the job index). Default: 5.
 	MaxDeliveries int
 	// Block is how long one XREADGROUP waits for new messages; it bounds how late the
 	// worker notices cancellation. Default: 1s.
@@ -606,7 +607,7 @@ func (w *Worker) process(ctx context.Context, d delivery) {
 		return
 	}
 	if d.deliveries > int64(w.cfg.MaxDeliveries) {
-		w.bury(d, &msg, reasonMaxDeliveries, fmt.Sprintf("exceeded %d deliveries", w.cfg.MaxDeliveries))
+		w.bury(d, &msg, reasonMaxDeliveries, fmt.Sprintf("exceeded %d deliveries", w.cfg.MaxDeliveries)+w.lastError(msg.JobID, d.id))
 		return
 	}
 	job := &Job{Message: msg, ID: d.id, Deliveries: d.deliveries}
@@ -629,9 +630,55 @@ func (w *Worker) process(ctx context.Context, d delivery) {
 		if errors.As(err, &de) && de.Delay < w.cfg.ClaimIdle {
 			w.runAgainAfter(d, de.Delay)
 		}
+		w.recordFailure(msg.JobID, d.id, err)
 		w.log.Warn("job failed; it stays pending and is retried after ClaimIdle (or the delay it asked for)", "job_id", job.JobID, "tenant", job.Tenant, "entry", d.id,
 			"deliveries", d.deliveries, "max_deliveries", w.cfg.MaxDeliveries, "err", err)
 	}
+}
+
+// maxLastErrorLen bounds the error recordFailure keeps, in bytes.
+const maxLastErrorLen = 512
+
+// recordFailureScript stores a failed delivery's error in the job index, when the index
+// exists (it never creates one).
+//
+//	KEYS[1]  the job index
+//	ARGV[1]  "<entry id> <error>"
+var recordFailureScript = redis.NewScript(`
+if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HSET', KEYS[1], 'last_error', ARGV[1]) end
+return 1
+`)
+
+// recordFailure keeps err, the error of a failed delivery of entry, in the job index
+// (field last_error, with the entry id), so that the dead letter the entry gets once it
+// exceeds MaxDeliveries, on whichever worker, names it. One round trip, on the failure
+// path only; when it fails the dead letter just does not name the error.
+func (w *Worker) recordFailure(jobID, entry string, err error) {
+	msg := err.Error()
+	if len(msg) > maxLastErrorLen {
+		msg = strings.ToValidUTF8(msg[:maxLastErrorLen], "") + "..."
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if rerr := recordFailureScript.Run(ctx, w.rdb, []string{w.keys.Job(jobID)}, entry+" "+msg).Err(); rerr != nil {
+		w.m.redisError("record_failure")
+		w.log.Debug("recording a job's error failed", "job_id", jobID, "entry", entry, "err", rerr)
+	}
+}
+
+// lastError returns "; last error: ..." with the error recordFailure kept for entry, or
+// "" when there is none (the entry's runs crashed, or recording failed).
+func (w *Worker) lastError(jobID, entry string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	v, err := w.rdb.HGet(ctx, w.keys.Job(jobID), "last_error").Result()
+	if err != nil {
+		return ""
+	}
+	if rest, ok := strings.CutPrefix(v, entry+" "); ok {
+		return "; last error: " + rest
+	}
+	return ""
 }
 
 // run calls the handler, turning a panic into an error.

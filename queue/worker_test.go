@@ -105,14 +105,14 @@ func TestAlwaysFailingJobRunsMaxDeliveriesTimesThenDeadLetters(t *testing.T) {
 		t.Fatalf("%d dead letters, want 1", len(dead))
 	}
 	d := dead[0]
-	if d.Reason != "exceeded 3 deliveries" || d.Deliveries != 4 || d.JobID != jobID(7) || d.Tenant != "acme" || d.OriginalID != ids[0] || d.Message == nil || string(d.Message.Payload) != `{"n":7}` {
+	if d.Reason != "exceeded 3 deliveries; last error: model unavailable" || d.Deliveries != 4 || d.JobID != jobID(7) || d.Tenant != "acme" || d.OriginalID != ids[0] || d.Message == nil || string(d.Message.Payload) != `{"n":7}` {
 		t.Errorf("dead letter = %+v", d)
 	}
 	if p := pendingIDs(t, rdb, keys, DefaultGroup); len(p) != 0 {
 		t.Errorf("still pending: %v", p)
 	}
 	tenant, state, reason, err := JobState(context.Background(), rdb, keys, jobID(7))
-	if err != nil || tenant != "acme" || state != StateFailed || reason != "exceeded 3 deliveries" {
+	if err != nil || tenant != "acme" || state != StateFailed || reason != "exceeded 3 deliveries; last error: model unavailable" {
 		t.Errorf("JobState = %q %q %q %v", tenant, state, reason, err)
 	}
 	if ttl := rdb.PTTL(context.Background(), keys.Job(jobID(7))).Val(); ttl != -1 {
