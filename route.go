@@ -23,6 +23,9 @@ const (
 	// DefaultRouteTimeout bounds the accept of one request; past it the route answers
 	// 503 with Retry-After.
 	DefaultRouteTimeout = 2 * time.Second
+	// DefaultBodyReadTimeout bounds how long a route waits for a request's body; a
+	// slower client gets 408.
+	DefaultBodyReadTimeout = 10 * time.Second
 )
 
 // RouteConfig configures Route. Tenant is required.
@@ -46,6 +49,13 @@ type RouteConfig[T JobArgs] struct {
 	Location func(r *http.Request, jobID string) string
 	// MaxBodyBytes bounds the body; larger ones get 413. Default: DefaultMaxBodyBytes.
 	MaxBodyBytes int64
+	// BodyReadTimeout bounds the time to receive the body, from the moment the route
+	// starts reading it, so that a client that trickles its body cannot hold a
+	// goroutine and a connection for long: past it, 408. The route sets the
+	// connection's read deadline with http.ResponseController for the read (replacing
+	// the server's http.Server.ReadTimeout deadline meanwhile) and clears it after.
+	// Negative: no bound of the route's own. Default: DefaultBodyReadTimeout.
+	BodyReadTimeout time.Duration
 	// Timeout bounds the accept, one Redis round trip; past it, 503. Default:
 	// DefaultRouteTimeout.
 	Timeout time.Duration
@@ -86,6 +96,7 @@ func Route[T JobArgs](c *Client, cfg RouteConfig[T]) (http.Handler, error) {
 	}
 	cfg.MaxBodyBytes = cmp.Or(cfg.MaxBodyBytes, DefaultMaxBodyBytes)
 	cfg.Timeout = cmp.Or(cfg.Timeout, DefaultRouteTimeout)
+	cfg.BodyReadTimeout = cmp.Or(cfg.BodyReadTimeout, DefaultBodyReadTimeout)
 	if cfg.Location == nil {
 		cfg.Location = func(r *http.Request, id string) string { return strings.TrimSuffix(r.URL.Path, "/") + "/" + id }
 	}
@@ -130,7 +141,7 @@ func (rt *route[T]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeDetail(w, http.StatusUnsupportedMediaType, "Content-Type must be application/json")
 		return
 	}
-	body, err := idempotency.ReadBody(r, rt.cfg.MaxBodyBytes)
+	body, err := rt.readBody(w, r)
 	if err != nil {
 		mw.Respond(w, r, nil, false, err)
 		return
@@ -170,6 +181,26 @@ func (rt *route[T]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// key order in the body do not matter.
 	stored, replayed, err := rt.c.accept(ctx, scope, idempotency.Fingerprint(m.Payload), resp, m, rt.c.keys(o.Queue))
 	mw.Respond(w, r, stored, replayed, err)
+}
+
+// readBody reads the request's body (idempotency.ReadBody, up to MaxBodyBytes) under
+// the connection read deadline BodyReadTimeout. Once the whole body is in the deadline
+// is cleared, so that net/http's watch for a client that goes away is not cut off by
+// it; after a failed read it stays, so that net/http gives up reading the rest and
+// closes the connection after the answer instead of waiting for it. A ResponseWriter
+// without deadlines (a test recorder) leaves the server's own deadlines alone in force.
+func (rt *route[T]) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	d := rt.cfg.BodyReadTimeout
+	if d <= 0 {
+		return idempotency.ReadBody(r, rt.cfg.MaxBodyBytes)
+	}
+	rc := http.NewResponseController(w)
+	set := rc.SetReadDeadline(time.Now().Add(d)) == nil
+	body, err := idempotency.ReadBody(r, rt.cfg.MaxBodyBytes)
+	if set && err == nil {
+		_ = rc.SetReadDeadline(time.Time{})
+	}
+	return body, err
 }
 
 // fieldError turns a strict decoding error into the 400 detail "field: what is wrong"

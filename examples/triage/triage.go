@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"net/mail"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/migrations"
@@ -92,7 +94,8 @@ func validate(t *Ticket) error {
 }
 
 // work asks the model (once per ticket, through the ledger), then commits the triage,
-// the refund and the reply with their two effects in one transaction.
+// the refund (unless the order was refunded already) and the reply with their effects
+// in one transaction.
 func (o Options) work(ctx context.Context, job *onceflow.Job[Ticket]) error {
 	t := job.Args
 	step, err := job.Complete(ctx, "triage", &llm.Request{Model: o.Model, MaxTokens: 400, Tools: []llm.Tool{refundTool},
@@ -112,12 +115,23 @@ func (o Options) work(ctx context.Context, job *onceflow.Job[Ticket]) error {
 		}
 		category, reply = "refund", fmt.Sprintf("We refunded %d.%02d for order %s.", refund.AmountCents/100, refund.AmountCents%100, refund.OrderID)
 	}
-	return job.Commit(ctx, func(c *onceflow.Commit) error {
+	return job.CommitTx(ctx, func(ctx context.Context, tx pgx.Tx, c *onceflow.Commit) error {
+		if len(calls) == 1 { // one refund per order: another ticket's may have come first
+			var refunded bool
+			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM refunds WHERE tenant = $1 AND order_id = $2)`,
+				job.Tenant, refund.OrderID).Scan(&refunded); err != nil {
+				return onceflow.PostgresError(err)
+			}
+			if refunded {
+				calls, category, reply = nil, "question", fmt.Sprintf("Order %s was refunded already.", refund.OrderID)
+			}
+		}
 		c.Exec(`INSERT INTO tickets (job_id, tenant, customer, order_id, category) VALUES ($1, $2, $3, $4, $5)`,
 			job.ID, job.Tenant, t.Customer, t.OrderID, category)
 		if len(calls) == 1 {
 			key := step.ToolKey(calls[0]) // the same for every delivery and retried request of the step
-			c.Exec(`INSERT INTO refunds (refund_key, job_id, order_id, amount_cents) VALUES ($1, $2, $3, $4)`, key, job.ID, refund.OrderID, refund.AmountCents)
+			c.Exec(`INSERT INTO refunds (refund_key, job_id, tenant, order_id, amount_cents) VALUES ($1, $2, $3, $4, $5)`,
+				key, job.ID, job.Tenant, refund.OrderID, refund.AmountCents) // a concurrent refund of the order: retried, then refunded already
 			c.Emit("payments.refund", key, refund)
 		}
 		c.Exec(`INSERT INTO replies (job_id, to_addr, body) VALUES ($1, $2, $3)`, job.ID, t.Customer, reply)

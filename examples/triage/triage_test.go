@@ -226,3 +226,27 @@ func TestRefundOfAnotherOrderIsDeadLettered(t *testing.T) {
 		t.Fatalf("rows %v, %d model calls, %d deliveries; want none, 1, 0", got, s.model.Requests(), s.payments.Total()+s.mail.Total())
 	}
 }
+
+// Two tickets about one order (two keys, two jobs, one model call each): one refund,
+// and the second ticket's reply says the order was refunded already. Posted at once,
+// the two jobs may commit at the same moment; the unique index makes one of them retry
+// and answer the same.
+func TestOneRefundPerOrderAcrossTickets(t *testing.T) {
+	t.Parallel()
+	s := newStores(t)
+	env, api := s.inProcess(t, onceflow.Config{})
+	for _, key := range []string{"ticket-0007-first", "ticket-0008-again"} {
+		if code, _ := post(t, api.URL, key, refundTicket); code != http.StatusAccepted {
+			t.Fatalf("POST %s: %d", key, code)
+		}
+	}
+	onceflowtest.WaitFor(t, 30*time.Second, "two replies", func() bool { return s.mail.Total() == 2 })
+	time.Sleep(500 * time.Millisecond) // a second refund, if any, would be sent by now
+	if got := rows(t, env.DB); got != [4]int{2, 1, 2, 3} || s.payments.Total() != 1 || s.model.Requests() != 2 {
+		t.Fatalf("rows (tickets, refunds, replies, outbox) %v, %d refunds sent, %d model calls; want [2 1 2 3], 1, 2",
+			got, s.payments.Total(), s.model.Requests())
+	}
+	if n := env.Count(`SELECT count(*) FROM replies WHERE body = 'Order A-17 was refunded already.'`); n != 1 {
+		t.Fatalf("%d replies say the order was refunded already, want 1", n)
+	}
+}
