@@ -53,12 +53,20 @@ func (a *Authenticator) Require(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		tenant, ok := a.Tenant(r)
 		if !ok {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="onceflow"`)
-			WriteError(w, http.StatusUnauthorized, "missing or unknown API key (Authorization: Bearer KEY)")
+			Unauthorized(w, r)
 			return
 		}
 		h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), tenantKey{}, tenant)))
 	})
+}
+
+// Unauthorized answers a request without a known API key: 401 with
+// `WWW-Authenticate: Bearer realm="onceflow"` and {"detail": "missing or unknown API key
+// (Authorization: Bearer KEY)"}, the answer of Require and of every route of the onceflow
+// command.
+func Unauthorized(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("WWW-Authenticate", `Bearer realm="onceflow"`)
+	WriteError(w, http.StatusUnauthorized, "missing or unknown API key (Authorization: Bearer KEY)")
 }
 
 type tenantKey struct{}
