@@ -108,6 +108,15 @@ func (s *Server) Handle(pattern, route string, h http.Handler, codes ...int) {
 // serving.
 func (s *Server) Mount(mux *http.ServeMux) { s.routes = mux }
 
+// Statuses creates at zero the series of the statuses a mounted route answers (pattern
+// as it was registered on Mount's mux, "POST /v1/summaries"), as Handle does for its
+// codes, so they are visible before the first request.
+func (s *Server) Statuses(pattern string, codes ...int) {
+	for _, c := range codes {
+		s.metrics.requests.WithLabelValues(routeLabel(pattern), strconv.Itoa(c))
+	}
+}
+
 // ServeHTTP implements http.Handler. A request no route matches is answered like every
 // other error, {"detail": ...} in JSON (404, or 405 with Allow), not with net/http's
 // text/plain.

@@ -178,6 +178,10 @@ func TestMountedRoutesAreCountedByTheirPattern(t *testing.T) {
 		WriteJSON(w, http.StatusOK, map[string]string{"id": r.PathValue("id")})
 	})
 	s.Mount(mux)
+	s.Statuses("POST /things", http.StatusAccepted, http.StatusBadRequest)
+	if got, err := testutil.GatherAndCount(reg, "onceflow_http_requests_total"); err != nil || got != 6 {
+		t.Fatalf("%d series before any request (%v), want 6: the server's 4 and the mounted route's 202 and 400", got, err)
+	}
 	for _, tc := range []struct {
 		method, path string
 		code         int
