@@ -231,7 +231,7 @@ func (d *deps) appClient(e *env, withModel bool) (*onceflow.Client, error) {
 		return nil, err
 	}
 	if len(wfs) == 0 {
-		return nil, &config.Error{Name: "workflows", Err: errNoWorkflows}
+		return nil, &usageError{errNoWorkflows}
 	}
 	if d.tp != nil {
 		// A span per job run (the middleware below) and per send.
@@ -263,7 +263,7 @@ func (d *deps) appClient(e *env, withModel bool) (*onceflow.Client, error) {
 
 // errNoWorkflows is the error of a command that hosts workflows in a program that has
 // none.
-var errNoWorkflows = errors.New("this program hosts none (cli.App.Workflows is nil or returned none)")
+var errNoWorkflows = errors.New("this program hosts no workflows (cli.App.Workflows is nil or returned none)")
 
 // host returns what the workflows get from d's settings, logger and registry; the
 // routes' statuses they declare are kept for appServer.

@@ -365,7 +365,7 @@ func TestAppWithoutWorkflowsHostsNothing(t *testing.T) {
 		var stderr bytes.Buffer
 		err := cli.Run(ctx, cli.App{}, args, io.Discard, &stderr, func(k string) string { return env[k] })
 		cancel()
-		want := "hosts none"
+		want := "onceflow: this program hosts no workflows"
 		if args[0] == "dlq" {
 			want = "give --queue"
 		}
