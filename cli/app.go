@@ -29,7 +29,7 @@ import (
 // `onceflow work`, `run`, `serve`, `relay`, `dlq` and `audit` host and inspect those
 // workflows (their queues, routes, senders and audits) with every ONCEFLOW_* setting.
 // The onceflow binary is one such program: it hosts the summaries service
-// (package summaries/service). A program of one's own is
+// (package service). A program of one's own is
 //
 //	func main() {
 //		cli.Main(cli.App{Name: "notesd", Workflows: func(h cli.Host) ([]onceflow.Workflow, error) {

@@ -353,7 +353,7 @@ func TestHostGivesTheWorkflowsTheEnvironment(t *testing.T) {
 }
 
 // cli.App{} hosts no workflows (the onceflow binary's summaries service is
-// summaries/service's): the commands that host workflows exit 2 saying so, before
+// package service's): the commands that host workflows exit 2 saying so, before
 // touching a store, and dlq needs --queue.
 func TestAppWithoutWorkflowsHostsNothing(t *testing.T) {
 	env := map[string]string{

@@ -2,7 +2,7 @@
 // the workers, the outbox relay and the operator tools (migrate, dlq, outbox, audit,
 // probe, gateway), hosting the workflows of the program that embeds it (App, Main,
 // Run). It knows no workflow of its own: cmd/onceflow is Main with the summaries
-// service's workflow and audit (package summaries/service), and a program of one's own
+// service's workflow and audit (package service), and a program of one's own
 // is Main with its workflows, on the same path. Run `onceflow help` for the list.
 //
 // Exit status: 0 success, 1 failure, 2 usage or configuration error; `audit` exits 4 when

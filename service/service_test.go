@@ -10,8 +10,8 @@ import (
 	"github.com/onceflow/onceflow/cli"
 	"github.com/onceflow/onceflow/config"
 	"github.com/onceflow/onceflow/outbox"
+	"github.com/onceflow/onceflow/service"
 	"github.com/onceflow/onceflow/summaries"
-	"github.com/onceflow/onceflow/summaries/service"
 )
 
 // The settings reach the summaries workflow: its queue's settings, its sender, its
