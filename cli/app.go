@@ -115,8 +115,9 @@ func Run(ctx context.Context, app App, args []string, stdout, stderr io.Writer, 
 }
 
 // ExitCode returns the exit status of Run's error: 0 for nil (and -h), 2 for a usage or
-// configuration error, 4 when audit found a violation, 3 when probe found the provider
-// ignoring Idempotency-Key, 1 otherwise.
+// configuration error (a program without workflows among them), 4 when audit found a
+// violation (ErrViolations), 3 when probe found the provider ignoring Idempotency-Key, 1
+// otherwise.
 func ExitCode(err error) int { return exitCode(err) }
 
 // host returns what the workflows get from the environment; reg is the process's

@@ -3,7 +3,6 @@ package cli
 import (
 	"context"
 	"errors"
-	"fmt"
 
 	"github.com/onceflow/onceflow/config"
 )
@@ -37,8 +36,5 @@ func runAudit(ctx context.Context, e *env, args []string) error {
 	if errors.Is(err, ErrViolations) {
 		return &exitError{code: 4, err: err}
 	}
-	if err != nil {
-		return fmt.Errorf("audit: %w", err)
-	}
-	return nil
+	return err
 }
