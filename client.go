@@ -139,6 +139,11 @@ type QueueConfig struct {
 	// StatsInterval is how often the queue's gauges are sampled (only with a
 	// Registerer). Default: queue.DefaultStatsInterval.
 	StatsInterval time.Duration
+	// DeadLetterRetention is how long the queue's dead letters are kept before the
+	// workers' maintenance deletes them; negative keeps them for ever
+	// (ONCEFLOW_DLQ_RETENTION, where 0 means for ever). Default:
+	// queue.DefaultDeadLetterRetention (30 days).
+	DeadLetterRetention time.Duration
 }
 
 // Client enqueues jobs, runs the workers of its queues and the relay of their effects,
@@ -285,7 +290,7 @@ func (c *Client) newWorker(name string) (*queue.Worker, error) {
 		Redis: c.rdb, Keys: c.keys(name), Handler: c.handler(name, qc),
 		Concurrency: qc.Concurrency, ClaimIdle: qc.ClaimIdle, MaxDeliveries: qc.MaxDeliveries,
 		ShutdownTimeout: qc.ShutdownTimeout, StatsInterval: qc.StatsInterval, Gate: qc.Gate,
-		JobTTL: c.cfg.ResultTTL,
+		JobTTL: c.cfg.ResultTTL, DeadLetterRetention: qc.DeadLetterRetention,
 		Logger: c.log, Registerer: c.cfg.Registerer,
 	})
 	if err != nil {

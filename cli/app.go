@@ -14,6 +14,8 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/config"
 	"github.com/onceflow/onceflow/idempotency"
@@ -24,10 +26,10 @@ import (
 )
 
 // App is a program built on the onceflow command: its name and the workflows it hosts.
-// `onceflow work`, `run`, `serve`, `relay`, `dlq` and `audit` then host and inspect
-// those workflows (their queues, routes, senders and audits) with every ONCEFLOW_*
-// setting, as the onceflow binary hosts its built-in summaries service. A program of
-// one's own is
+// `onceflow work`, `run`, `serve`, `relay`, `dlq` and `audit` host and inspect those
+// workflows (their queues, routes, senders and audits) with every ONCEFLOW_* setting.
+// The onceflow binary is one such program: it hosts the summaries service
+// (package service). A program of one's own is
 //
 //	func main() {
 //		cli.Main(cli.App{Name: "notesd", Workflows: func(h cli.Host) ([]onceflow.Workflow, error) {
@@ -41,9 +43,22 @@ type App struct {
 	Name string
 	// Workflows returns the workflows the program hosts, built from what the command
 	// read from the environment (h). It is called once per command, after the
-	// settings are loaded. Default: nil, the built-in summaries service.
+	// settings are loaded. Default: nil, no workflows: the operator commands (migrate,
+	// dlq --queue, outbox, probe, gateway, fake-llm, webhook-sink) work, and the
+	// commands that host workflows (serve, work, relay, run, audit) exit 2.
 	Workflows func(h Host) ([]onceflow.Workflow, error)
+	// Audit, when set, is what `audit` checks and prints in place of its reports: it
+	// gets the command's Client (c.Workflows() are the program's), writes what it found
+	// on w, as JSON when asJSON, and returns an error wrapping ErrViolations when an
+	// invariant does not hold (exit 4). The onceflow binary's is the summaries
+	// service's (service.Audit). Default: nil, onceflow's checks (Client.Audit), then
+	// each workflow's Workflow.Audit, one report each.
+	Audit func(ctx context.Context, h Host, c *onceflow.Client, w io.Writer, asJSON bool) error
 }
+
+// ErrViolations is matched by the error of `audit` when an invariant does not hold (exit
+// status 4); an App.Audit wraps it for the same.
+var ErrViolations = errors.New("invariants violated")
 
 // Host is what the command built from the environment for the workflows: App.Workflows
 // gets it.
@@ -54,13 +69,26 @@ type Host struct {
 	Getenv func(string) string
 	// Logger is the process's logger (ONCEFLOW_LOG_FORMAT, on stderr).
 	Logger *slog.Logger
+	// Registerer is the process's metrics registry, which /metrics serves: a workflow's
+	// own metrics. Nil for the commands that serve none (dlq, migrate).
+	Registerer prometheus.Registerer
 	// Tenant authenticates a request by its `Authorization: Bearer KEY` against
 	// ONCEFLOW_API_KEYS and returns the key's tenant, or idempotency.ErrUnauthenticated
 	// (401): the RouteConfig.Tenant of the workflows' routes.
 	Tenant func(r *http.Request) (string, error)
+	// Unauthorized answers a request Tenant refused as the command does: 401 with
+	// `WWW-Authenticate: Bearer realm="onceflow"` and {"detail": "missing or unknown API
+	// key (Authorization: Bearer KEY)"}, for a workflow route's own 401.
+	Unauthorized http.Handler
 	// Sender returns the sender ONCEFLOW_SENDER selects (webhook, smtp or log, with their
 	// settings), for a workflow's Senders.
 	Sender func() (outbox.Sender, error)
+	// RouteStatuses declares the statuses a workflow's route answers, by the pattern it
+	// mounts ("POST /v1/summaries"), so that /metrics shows their
+	// onceflow_http_requests_total series at zero before the first request (every
+	// route's requests are counted under its pattern's path, declared or not).
+	// Optional; a no-op in the commands that serve no routes.
+	RouteStatuses func(pattern string, codes ...int)
 }
 
 // Main runs app's subcommand named by os.Args[1:] with the process's environment and
@@ -87,33 +115,37 @@ func Run(ctx context.Context, app App, args []string, stdout, stderr io.Writer, 
 }
 
 // ExitCode returns the exit status of Run's error: 0 for nil (and -h), 2 for a usage or
-// configuration error, 4 when audit found a violation, 3 when probe found the provider
-// ignoring Idempotency-Key, 1 otherwise.
+// configuration error (a program without workflows among them), 4 when audit found a
+// violation (ErrViolations), 3 when probe found the provider ignoring Idempotency-Key, 1
+// otherwise.
 func ExitCode(err error) int { return exitCode(err) }
 
-// hosted reports whether the command hosts App.Workflows (else the built-in summaries
-// service).
-func (e *env) hosted() bool { return e.app.Workflows != nil }
-
-// host returns what the workflows get from the environment.
-func (e *env) host(cfg *config.Config, log *slog.Logger) Host {
+// host returns what the workflows get from the environment; reg is the process's
+// metrics registry (nil for the commands without /metrics).
+func (e *env) host(cfg *config.Config, log *slog.Logger, reg prometheus.Registerer) Host {
 	auth := httpapi.NewAuthenticator(cfg.APIKeys)
 	return Host{
-		Config: cfg, Getenv: e.getenv, Logger: log,
+		Config: cfg, Getenv: e.getenv, Logger: log, Registerer: reg,
+		Unauthorized: http.HandlerFunc(httpapi.Unauthorized),
 		Tenant: func(r *http.Request) (string, error) {
 			if t, ok := auth.Tenant(r); ok {
 				return t, nil
 			}
 			return "", idempotency.ErrUnauthenticated
 		},
-		Sender: func() (outbox.Sender, error) { return newOutboxSender(cfg, log) },
+		Sender:        func() (outbox.Sender, error) { return newOutboxSender(cfg, log) },
+		RouteStatuses: func(string, ...int) {},
 	}
 }
 
-// workflows returns App.Workflows' workflows, each queue's zero settings taking the
-// ONCEFLOW_* ones (a workflow's own settings win).
-func (e *env) workflows(cfg *config.Config, log *slog.Logger) ([]onceflow.Workflow, error) {
-	wfs, err := e.app.Workflows(e.host(cfg, log))
+// workflows returns App.Workflows' workflows (none when it is nil), each queue's zero
+// settings taking the ONCEFLOW_* ones (a workflow's own settings win).
+func (e *env) workflows(h Host) ([]onceflow.Workflow, error) {
+	if e.app.Workflows == nil {
+		return nil, nil
+	}
+	cfg := h.Config
+	wfs, err := e.app.Workflows(h)
 	if err != nil {
 		return nil, fmt.Errorf("workflows: %w", err)
 	}
@@ -126,6 +158,7 @@ func (e *env) workflows(cfg *config.Config, log *slog.Logger) ([]onceflow.Workfl
 			qc.MaxDeliveries = cmp.Or(qc.MaxDeliveries, cfg.MaxDeliveries)
 			qc.ShutdownTimeout = cmp.Or(qc.ShutdownTimeout, cfg.ShutdownTimeout)
 			qc.StatsInterval = cmp.Or(qc.StatsInterval, cfg.StatsInterval)
+			qc.DeadLetterRetention = cmp.Or(qc.DeadLetterRetention, dlqRetention(cfg))
 			qs[name] = qc
 		}
 		out[i].Queues = qs
@@ -186,18 +219,23 @@ func selectQueues(flagged queueList, known []string) ([]string, error) {
 	return flagged, nil
 }
 
-// appClient returns the onceflow.Client of App.Workflows on d's connections, configured
-// from the ONCEFLOW_* settings; withModel gives it the model (the roles that run jobs).
-// It registers its metrics on d's registry and makes d's readiness report its model
-// breaker.
+// appClient returns the process's onceflow.Client, hosting App.Workflows on d's
+// connections, configured from the ONCEFLOW_* settings; withModel gives it the model
+// (the roles that run jobs). `onceflow run` makes one, with the model, for its API,
+// workers and relay; serve alone one without. It registers its metrics on d's registry
+// and makes d's readiness report its model breaker. A program without workflows is a
+// configuration error.
 func (d *deps) appClient(e *env, withModel bool) (*onceflow.Client, error) {
 	cfg := d.cfg
-	wfs, err := e.workflows(cfg, d.log)
+	wfs, err := e.workflows(d.host(e))
 	if err != nil {
 		return nil, err
 	}
+	if len(wfs) == 0 {
+		return nil, &usageError{errNoWorkflows}
+	}
 	if d.tp != nil {
-		// Traced as the built-in service: a span per job run and per send.
+		// A span per job run (the middleware below) and per send.
 		for i, wf := range wfs {
 			senders := make(map[string]outbox.Sender, len(wf.Senders))
 			for topic, s := range wf.Senders {
@@ -222,4 +260,21 @@ func (d *deps) appClient(e *env, withModel bool) (*onceflow.Client, error) {
 		d.llmBreaker = b
 	}
 	return c, nil
+}
+
+// errNoWorkflows is the error of a command that hosts workflows in a program that has
+// none.
+var errNoWorkflows = errors.New("this program hosts no workflows (cli.App.Workflows is nil or returned none)")
+
+// host returns what the workflows get from d's settings, logger and registry; the
+// routes' statuses they declare are kept for appServer.
+func (d *deps) host(e *env) Host {
+	h := e.host(d.cfg, d.log, d.reg)
+	h.RouteStatuses = func(pattern string, codes ...int) {
+		if d.routeStatuses == nil {
+			d.routeStatuses = map[string][]int{}
+		}
+		d.routeStatuses[pattern] = append(d.routeStatuses[pattern], codes...)
+	}
+	return h
 }

@@ -340,6 +340,39 @@ func TestHostGivesTheWorkflowsTheEnvironment(t *testing.T) {
 	if s, err := got.Sender(); s == nil || err != nil {
 		t.Fatalf("Sender (ONCEFLOW_SENDER's default): %v %v", s, err)
 	}
+	if got.Registerer == nil || got.RouteStatuses == nil {
+		t.Fatalf("host of work: Registerer %v, RouteStatuses set %v", got.Registerer, got.RouteStatuses != nil)
+	}
+	got.RouteStatuses("POST /v1/x", 202) // declared: serve's /metrics would show it at zero
+	rec := httptest.NewRecorder()
+	got.Unauthorized.ServeHTTP(rec, httptest.NewRequest("POST", "/v1/x", nil))
+	if rec.Code != 401 || rec.Header().Get("WWW-Authenticate") != `Bearer realm="onceflow"` ||
+		rec.Body.String() != `{"detail":"missing or unknown API key (Authorization: Bearer KEY)"}`+"\n" {
+		t.Fatalf("Unauthorized: %d %v %q, want the command's 401", rec.Code, rec.Header(), rec.Body)
+	}
+}
+
+// cli.App{} hosts no workflows (the onceflow binary's summaries service is
+// package service's): the commands that host workflows exit 2 saying so, before
+// touching a store, and dlq needs --queue.
+func TestAppWithoutWorkflowsHostsNothing(t *testing.T) {
+	env := map[string]string{
+		"ONCEFLOW_REDIS_URL": "redis://127.0.0.1:1/0", "ONCEFLOW_DATABASE_URL": "postgres://127.0.0.1:1/app",
+		"ONCEFLOW_API_KEYS": "acme:key-acme-0123456789", "ONCEFLOW_HTTP_ADDR": "127.0.0.1:0",
+	}
+	for _, args := range [][]string{{"serve"}, {"work"}, {"relay"}, {"run"}, {"audit"}, {"dlq", "list"}} {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		var stderr bytes.Buffer
+		err := cli.Run(ctx, cli.App{}, args, io.Discard, &stderr, func(k string) string { return env[k] })
+		cancel()
+		want := "onceflow: this program hosts no workflows"
+		if args[0] == "dlq" {
+			want = "give --queue"
+		}
+		if cli.ExitCode(err) != 2 || !strings.Contains(stderr.String(), want) {
+			t.Errorf("%v: exit %d, stderr %q, want 2 and %q", args, cli.ExitCode(err), stderr.String(), want)
+		}
+	}
 }
 
 // serve refuses to start without API keys when a workflow has routes (they authenticate

@@ -4,32 +4,21 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"maps"
 	"slices"
 	"strings"
 	"text/tabwriter"
 
 	"github.com/onceflow/onceflow"
-	"github.com/onceflow/onceflow/config"
 )
 
-// runAuditHosted is audit for App.Workflows: onceflow's own checks over every kind and
-// queue (Client.Audit), then each workflow's Workflow.Audit. It prints, per report, what
+// runAuditReports is audit without an App.Audit: onceflow's own checks over every kind
+// and queue (Client.Audit), then each workflow's Workflow.Audit. It prints, per report, what
 // was read, the counts and the violations, and says "all hold" only for what a report
 // read; a workflow without an audit of its own is named as such. With --json it prints
 // {"reports": [...]}, one onceflow.AuditReport each ("workflow": "" is onceflow's). It
 // exits 4 when any report has a violation.
-func runAuditHosted(ctx context.Context, e *env, cfg *config.Config, log *slog.Logger, asJSON bool) error {
-	d, err := newDeps(ctx, cfg, log, true, true)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	c, err := d.appClient(e, false)
-	if err != nil {
-		return err
-	}
+func runAuditReports(ctx context.Context, e *env, c *onceflow.Client, asJSON bool) error {
 	own, err := c.Audit(ctx)
 	if err != nil {
 		return err
@@ -73,7 +62,7 @@ func runAuditHosted(ctx context.Context, e *env, cfg *config.Config, log *slog.L
 		}
 	}
 	if violations > 0 {
-		return &exitError{code: 4, err: fmt.Errorf("%w: %d", errViolations, violations)}
+		return &exitError{code: 4, err: fmt.Errorf("%w: %d", ErrViolations, violations)}
 	}
 	return nil
 }

@@ -20,7 +20,7 @@ import (
 
 const dlqUsage = "list [--json] [--limit N] | replay ID|--all [--json] | purge ID|--all|--older-than DURATION [--json]\n" +
 	"    [--queue NAME]\n\n" +
-	"--queue names the queue (default: summaries; in a program with workflows, its one queue).\n" +
+	"--queue names the queue (default: the program's only queue; the onceflow binary's is summaries).\n" +
 	"ID is a dead-letter entry id (1700000000000-0, as `dlq list` shows) or a job id (a UUID: every\n" +
 	"dead letter of that job). replay re-enqueues with the same job id and removes the dead letter\n" +
 	"in one step; purge deletes it for good; purge --older-than deletes every dead letter that\n" +
@@ -296,26 +296,27 @@ func dlqRetention(c *config.Config) time.Duration {
 	return c.DLQRetention
 }
 
-// dlqKeys names the queue --queue selects: any valid name; without it the built-in
-// service's, or the only queue of App.Workflows (a usage error when they have several).
+// dlqKeys names the queue --queue selects: any valid name; without it the only queue of
+// the program's workflows (a usage error when they have several, or none).
 func dlqKeys(e *env, cfg *config.Config, name string) (queue.Keys, error) {
-	keys := serviceKeys(cfg)
-	switch {
-	case name != "":
-		keys.Queue = name
+	keys := queue.Keys{Prefix: cfg.Prefix, Queue: name}
+	if name != "" {
 		if err := keys.Validate(); err != nil {
 			return queue.Keys{}, usageErrorf("--queue: %v", err)
 		}
-	case e.hosted():
-		wfs, err := e.workflows(cfg, newLogger(e.stderr, cfg.LogFormat))
-		if err != nil {
-			return queue.Keys{}, err
-		}
-		qs := workflowQueues(wfs)
-		if len(qs) != 1 {
-			return queue.Keys{}, usageErrorf("dlq: give --queue, one of: %s", strings.Join(qs, ", "))
-		}
-		keys.Queue = qs[0]
+		return keys, nil
 	}
-	return keys, nil
+	wfs, err := e.workflows(e.host(cfg, newLogger(e.stderr, cfg.LogFormat), nil))
+	if err != nil {
+		return queue.Keys{}, err
+	}
+	switch qs := workflowQueues(wfs); len(qs) {
+	case 1:
+		keys.Queue = qs[0]
+		return keys, nil
+	case 0:
+		return queue.Keys{}, usageErrorf("dlq: give --queue NAME (this program hosts no queues)")
+	default:
+		return queue.Keys{}, usageErrorf("dlq: give --queue, one of: %s", strings.Join(qs, ", "))
+	}
 }

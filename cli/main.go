@@ -1,8 +1,9 @@
 // Package cli is the onceflow command as a library: the subcommands that run the API,
 // the workers, the outbox relay and the operator tools (migrate, dlq, outbox, audit,
-// probe, gateway). cmd/onceflow is Main and nothing else; a program of one's own embeds
-// the same subcommands with its own workflows (App, Main, Run). Run `onceflow help` for
-// the list.
+// probe, gateway), hosting the workflows of the program that embeds it (App, Main,
+// Run). It knows no workflow of its own: cmd/onceflow is Main with the summaries
+// service's workflow and audit (package service), and a program of one's own
+// is Main with its workflows, on the same path. Run `onceflow help` for the list.
 //
 // Exit status: 0 success, 1 failure, 2 usage or configuration error; `audit` exits 4 when
 // an invariant is violated and `probe` 3 when the provider ignores Idempotency-Key.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"syscall"
@@ -224,5 +225,81 @@ func TestServeMetricsAndGracefulShutdown(t *testing.T) {
 	}
 	if !strings.Contains(p.Stderr(), `"msg":"serve stopped"`) {
 		t.Errorf("no clean stop logged:\n%s", p.Stderr())
+	}
+}
+
+// The summaries routes as the binary serves them: their statuses' series at zero before
+// the first request, each request counted under its route's pattern, the API's 401 byte
+// for byte (both routes), 405 with Allow for the other method, and no route label for a
+// path no route has.
+func TestServeSummariesRoutesMetricsAnd401(t *testing.T) {
+	t.Parallel()
+	_, dsn := testenv.Postgres(t)
+	_, prefix := testenv.Redis(t)
+	p, base := startServe(t, "ONCEFLOW_REDIS_URL="+testenv.RedisURL(t), "ONCEFLOW_DATABASE_URL="+dsn, "ONCEFLOW_PREFIX="+prefix)
+	const post, get = `route="/v1/summaries"`, `route="/v1/summaries/{job_id}"`
+	series := func() map[string]float64 {
+		m, _ := scrape(t, base+"/metrics")
+		return m
+	}
+	fresh := series()
+	for _, s := range []string{
+		`onceflow_http_requests_total{code="202",` + post + `}`, `onceflow_http_requests_total{code="401",` + post + `}`,
+		`onceflow_http_requests_total{code="503",` + post + `}`, `onceflow_http_requests_total{code="200",` + get + `}`,
+		`onceflow_http_requests_total{code="404",` + get + `}`, `onceflow_http_requests_total{code="503",` + get + `}`,
+	} {
+		if v, ok := fresh[s]; !ok || v != 0 {
+			t.Errorf("fresh serve: %s = %v (present %v), want 0", s, v, ok)
+		}
+	}
+
+	const want401 = `{"detail":"missing or unknown API key (Authorization: Bearer KEY)"}` + "\n"
+	for _, req := range []*http.Request{
+		func() *http.Request {
+			r, _ := http.NewRequest(http.MethodPost, base+"/v1/summaries", strings.NewReader(`{"text":"x","notify":"a@example.com"}`))
+			r.Header.Set("Idempotency-Key", "serve-401-key-000001")
+			r.Header.Set("Content-Type", "application/json")
+			return r
+		}(),
+		func() *http.Request {
+			r, _ := http.NewRequest(http.MethodGet, base+"/v1/summaries/6f1c2d3e-0000-5000-8000-000000000000", nil)
+			r.Header.Set("Authorization", "Bearer nobody-0123456789abcdef")
+			return r
+		}(),
+	} {
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 401 || string(body) != want401 || resp.Header.Get("WWW-Authenticate") != `Bearer realm="onceflow"` ||
+			resp.Header.Get("Content-Type") != "application/json" {
+			t.Errorf("%s %s: %d %q %v, want 401 %q", req.Method, req.URL.Path, resp.StatusCode, body, resp.Header, want401)
+		}
+	}
+	if code, body := httpGet(t, base+"/v1/summaries", testKeyAcme); code != http.StatusMethodNotAllowed || !strings.Contains(body, `"detail"`) {
+		t.Errorf("GET /v1/summaries: %d %s, want 405 with a JSON detail", code, body)
+	}
+	if code, _ := httpGet(t, base+"/nowhere", testKeyAcme); code != http.StatusNotFound {
+		t.Errorf("GET /nowhere: %d, want 404", code)
+	}
+	after := series()
+	for s, want := range map[string]float64{
+		`onceflow_http_requests_total{code="401",` + post + `}`: 1,
+		`onceflow_http_requests_total{code="401",` + get + `}`:  1,
+	} {
+		if after[s] != want {
+			t.Errorf("%s = %v, want %v", s, after[s], want)
+		}
+	}
+	for s := range after {
+		if strings.Contains(s, "nowhere") || strings.Contains(s, `route="workflows"`) || strings.Contains(s, `route="/"`) {
+			t.Errorf("unexpected route label: %s", s)
+		}
+	}
+	p.Signal(syscall.SIGTERM)
+	if code := p.Wait(10 * time.Second); code != 0 {
+		t.Fatalf("exit %d after SIGTERM", code)
 	}
 }

@@ -19,15 +19,13 @@ func runMigrate(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	var extra []migrations.Source
-	if e.hosted() {
-		wfs, err := e.workflows(cfg, log)
-		if err != nil {
-			return err
-		}
-		for _, wf := range wfs {
-			if wf.Migrations != nil {
-				extra = append(extra, *wf.Migrations)
-			}
+	wfs, err := e.workflows(e.host(cfg, log, nil))
+	if err != nil {
+		return err
+	}
+	for _, wf := range wfs {
+		if wf.Migrations != nil {
+			extra = append(extra, *wf.Migrations)
 		}
 	}
 	v, err := migrations.Up(ctx, cfg.DatabaseURL, log, extra...)

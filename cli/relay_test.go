@@ -261,3 +261,35 @@ func TestWebhookSinkCommandCountsDeliveriesPerKey(t *testing.T) {
 		t.Fatalf("webhook-sink, a documented command, must be in help:\n%s", help.Stdout())
 	}
 }
+
+// The binary's relay sends the summaries workflow's topic with ONCEFLOW_SENDER and
+// claims nothing else: a row of a topic no workflow of the binary sends (written by
+// another program into the same outbox) waits untouched, never tried nor exhausted, for
+// a relay that has a sender for it; audit reports it once it is old.
+func TestRelaySendsOnlyTheSummariesTopic(t *testing.T) {
+	t.Parallel()
+	pool, dsn := testenv.Postgres(t)
+	// The foreign row first: the oldest, so a relay claiming every topic takes it first.
+	if _, err := pool.Exec(context.Background(), `INSERT INTO outbox (topic, dedupe_key, payload)
+		VALUES ('payments.refund', 'refund:1', '{}')`); err != nil {
+		t.Fatal(err)
+	}
+	seedOutbox(t, pool, 3)
+	sink := webhooksink.New(webhooksink.Options{})
+	srv := httptest.NewServer(sink)
+	t.Cleanup(srv.Close)
+	p := testenv.Start(t, testenv.Binary(t), relayEnv(dsn, srv.URL, "ONCEFLOW_SHUTDOWN_TIMEOUT=10s"), "relay")
+	testenv.WaitFor(t, 20*time.Second, "the summaries emails sent", func() bool {
+		return countOutbox(t, pool, "topic = 'email.summary_ready' AND sent_at IS NOT NULL") == 3
+	})
+	p.Signal(syscall.SIGTERM)
+	if code := p.Wait(20 * time.Second); code != 0 {
+		t.Fatalf("exit %d after SIGTERM", code)
+	}
+	if st := sink.Stats(); st.Deliveries != 3 || sink.Count("refund:1") != 0 {
+		t.Fatalf("%d deliveries (%d of refund:1), want the 3 summaries emails only", st.Deliveries, sink.Count("refund:1"))
+	}
+	if n := countOutbox(t, pool, "topic = 'payments.refund' AND sent_at IS NULL AND exhausted_at IS NULL AND attempts = 0 AND claimed_by IS NULL"); n != 1 {
+		t.Fatalf("the foreign row was touched (%d untouched, want 1)", n)
+	}
+}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"net/http"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -15,7 +14,6 @@ import (
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/breaker"
 	"github.com/onceflow/onceflow/config"
-	"github.com/onceflow/onceflow/idempotency"
 	"github.com/onceflow/onceflow/internal/httpapi"
 	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/llm/anthropic"
@@ -23,11 +21,8 @@ import (
 	"github.com/onceflow/onceflow/llm/ledger"
 	"github.com/onceflow/onceflow/llm/openai"
 	"github.com/onceflow/onceflow/onceflowotel"
-	"github.com/onceflow/onceflow/outbox"
-	"github.com/onceflow/onceflow/outbox/pgoutbox"
 	"github.com/onceflow/onceflow/queue"
 	"github.com/onceflow/onceflow/retry"
-	"github.com/onceflow/onceflow/summaries"
 )
 
 // deps are the connections and the metrics registry the roles of one process share:
@@ -43,15 +38,15 @@ type deps struct {
 	tp trace.TracerProvider
 	// stopTracing flushes the last spans; Close calls it. Nil when tracing is off.
 	stopTracing func()
-	// ledger is the llm_calls ledger buildHandler made (nil before); its Run purges
-	// expired rows and runs beside the worker.
-	ledger *ledger.Ledger
 	// llmBreaker stops model calls while the provider's quota is exhausted, and holds
-	// the worker back meanwhile (its Gate); nil until buildHandler made it.
+	// the workers back meanwhile; nil until appClient made a Client with the model.
 	llmBreaker *breaker.Breaker
-	// client hosts the summaries workflow with the model, apiClient without it (serve
-	// alone); see summariesClient. Nil until made.
-	client, apiClient *onceflow.Client
+	// routeStatuses are the statuses of the workflows' routes, by pattern
+	// (Host.RouteStatuses), created at zero by appServer.
+	routeStatuses map[string][]int
+	// redisDegraded makes /readyz report Redis without failing on it: the relay needs it
+	// only for EnqueueTx's jobs and sends every other effect without it.
+	redisDegraded bool
 }
 
 // newRoleDeps is newDeps for the long-running roles (serve, work, relay, run): it also
@@ -108,6 +103,9 @@ func (d *deps) checks() map[string]httpapi.Check {
 	c := map[string]httpapi.Check{}
 	if d.rdb != nil {
 		c["redis"] = func(ctx context.Context) error { return d.rdb.Ping(ctx).Err() }
+		if d.redisDegraded {
+			c["redis"] = func(ctx context.Context) error { return httpapi.Degraded(d.rdb.Ping(ctx).Err()) }
+		}
 	}
 	if d.pool != nil {
 		c["postgres"] = d.pool.Ping
@@ -120,61 +118,7 @@ func (d *deps) checks() map[string]httpapi.Check {
 	return c
 }
 
-// modelBreaker returns the breaker of the process's model calls, the summaries
-// Client's (made on first use with the model): the roles that call the model (work, run)
-// make it before their HTTP server, so /readyz reports it.
-func (d *deps) modelBreaker() (*breaker.Breaker, error) {
-	if d.llmBreaker != nil {
-		return d.llmBreaker, nil
-	}
-	c, err := d.summariesClient(true)
-	if err != nil {
-		return nil, err
-	}
-	d.llmBreaker = c.ModelBreaker()
-	return d.llmBreaker, nil
-}
-
-// summariesClient returns the process's onceflow.Client hosting the summaries workflow,
-// made on first use from the settings: with the model (the llm_calls ledger, the
-// breaker) when withModel, as the roles that run jobs need; without it for the routes of
-// serve alone. `onceflow run` makes it with the model first, so its API and worker
-// share one.
-func (d *deps) summariesClient(withModel bool) (*onceflow.Client, error) {
-	switch {
-	case d.client != nil:
-		return d.client, nil
-	case !withModel && d.apiClient != nil:
-		return d.apiClient, nil
-	}
-	cfg, err := d.clientConfig(withModel)
-	if err != nil {
-		return nil, err
-	}
-	cfg.Workflows = []onceflow.Workflow{summaries.Workflow(summaries.Options{
-		Tenant: tenantFromAuth,
-		Model:  d.cfg.LLMModel,
-		Queue: onceflow.QueueConfig{
-			Concurrency: d.cfg.WorkerConcurrency, ClaimIdle: d.cfg.ClaimIdle, MaxDeliveries: d.cfg.MaxDeliveries,
-			ShutdownTimeout: d.cfg.ShutdownTimeout, StatsInterval: d.cfg.StatsInterval,
-		},
-		Timeout: d.cfg.IdempotencyTimeout, LockTTL: d.cfg.LockTTL, MaxResponseBytes: d.cfg.IdempotencyResponseLimit,
-		AuditMaxAge: d.cfg.AuditMaxAge, AuditRetention: d.cfg.OutboxRetention,
-		Logger: d.log, Registerer: d.reg,
-	})}
-	c, err := onceflow.NewClient(cfg)
-	if err != nil {
-		return nil, &config.Error{Name: "summaries settings", Err: err}
-	}
-	if withModel {
-		d.client, d.ledger = c, c.Ledger()
-	} else {
-		d.apiClient = c
-	}
-	return c, nil
-}
-
-// clientConfig is the onceflow.Config of the command's Clients, built-in and hosted:
+// clientConfig is the onceflow.Config of the command's Client (appClient):
 // d's connections, logger, metrics and tracing, the ONCEFLOW_* budget and TTL, and with
 // withModel the model of ONCEFLOW_LLM with its retry policy and ledger settings.
 func (d *deps) clientConfig(withModel bool) (onceflow.Config, error) {
@@ -202,91 +146,10 @@ func (d *deps) clientConfig(withModel bool) (onceflow.Config, error) {
 	return cfg, nil
 }
 
-// tenantFromAuth is the tenant httpapi's bearer-key authentication put in the request's
-// context.
-func tenantFromAuth(r *http.Request) (string, error) {
-	if t, ok := httpapi.TenantFrom(r.Context()); ok {
-		return t, nil
-	}
-	return "", idempotency.ErrUnauthenticated
-}
-
-// keys names the service's queue under ONCEFLOW_PREFIX.
-func (d *deps) keys() queue.Keys { return serviceKeys(d.cfg) }
-
-// serviceKeys names the service's queue, summaries, under ONCEFLOW_PREFIX.
-func serviceKeys(cfg *config.Config) queue.Keys {
-	return queue.Keys{Prefix: cfg.Prefix, Queue: summaries.QueueName}
-}
-
 // httpServer returns the health, readiness and metrics endpoints over d's stores; the
 // API adds its routes to it, work and relay serve it on ONCEFLOW_METRICS_ADDR.
 func (d *deps) httpServer() *httpapi.Server {
 	return httpapi.New(httpapi.Config{Logger: d.log, Registry: d.reg, Checks: d.checks()})
-}
-
-// apiServer returns the HTTP server of serve and run: d's health, readiness and metrics
-// endpoints plus the summaries routes behind bearer-key authentication (the
-// single-round-trip idempotent accept and the status read).
-func (d *deps) apiServer() (*httpapi.Server, error) {
-	s := d.httpServer()
-	return s, d.buildAPI(s)
-}
-
-// The statuses each summaries route answers, initialised at zero in
-// onceflow_http_requests_total.
-var (
-	postCodes = []int{http.StatusAccepted, http.StatusBadRequest, http.StatusUnauthorized, http.StatusRequestTimeout,
-		http.StatusRequestEntityTooLarge, http.StatusUnsupportedMediaType, http.StatusUnprocessableEntity, http.StatusServiceUnavailable}
-	getCodes = []int{http.StatusOK, http.StatusUnauthorized, http.StatusNotFound, http.StatusServiceUnavailable}
-)
-
-// buildAPI mounts the summaries workflow's routes (Client.Mount) on s behind bearer-key
-// authentication, each under its own route label.
-func (d *deps) buildAPI(s *httpapi.Server) error {
-	if err := d.cfg.RequireAPIKeys(); err != nil {
-		return err
-	}
-	c, err := d.summariesClient(false)
-	if err != nil {
-		return err
-	}
-	// Optional: the first accept then costs one round trip rather than two.
-	ctx, cancel := context.WithTimeout(context.Background(), d.cfg.IdempotencyTimeout)
-	defer cancel()
-	if err := c.LoadScripts(ctx); err != nil {
-		d.log.Warn("cannot load the accept script; it is sent with the first accept", "err", err)
-	}
-	mux := http.NewServeMux()
-	if err := c.Mount(mux); err != nil {
-		return err
-	}
-	auth := httpapi.NewAuthenticator(d.cfg.APIKeys)
-	s.Handle("POST /v1/summaries", "/v1/summaries", auth.Require(mux), postCodes...)
-	s.Handle("GET /v1/summaries/{job_id}", "/v1/summaries/{job_id}", auth.Require(mux), getCodes...)
-	return nil
-}
-
-// buildHandler returns the queue.Handler of the summaries queue: the summaries
-// Client's (Client.Handler), its model calls going through the llm_calls ledger, traced
-// when tracing is on.
-func (d *deps) buildHandler() (queue.Handler, error) {
-	if _, err := d.modelBreaker(); err != nil {
-		return nil, err
-	}
-	c, err := d.summariesClient(true)
-	if err != nil {
-		return nil, err
-	}
-	return d.traceJobs(c.Handler(summaries.QueueName)), nil
-}
-
-// traceJobs wraps h with a span per delivery when tracing is on.
-func (d *deps) traceJobs(h queue.Handler) queue.Handler {
-	if d.tp == nil {
-		return h
-	}
-	return onceflowotel.QueueHandler(d.tp, summaries.QueueName, h)
 }
 
 // traceParent returns what the API writes in a job's traceparent field: the request
@@ -313,19 +176,12 @@ func newLLMClient(cfg *config.Config) (llm.Client, error) {
 	return nil, &config.Error{Name: "ONCEFLOW_LLM", Value: cfg.LLM, Err: errors.New("unknown provider")}
 }
 
-// background returns the background roles of what d built: the ledger's purge of
-// expired rows once buildHandler ran.
-func (d *deps) background() []func(context.Context) error {
-	if d.ledger == nil {
-		return nil
-	}
-	return []func(context.Context) error{d.ledger.Run}
-}
-
-// buildWorker returns the queue worker running h.
-func (d *deps) buildWorker(h queue.Handler) (*queue.Worker, error) {
+// buildWorker returns a queue worker running h on the queue keys names, with the
+// ONCEFLOW_* worker settings: `work --test-handler`'s (test builds only); the workflows'
+// workers are their Client's (Client.RunWorkers).
+func (d *deps) buildWorker(keys queue.Keys, h queue.Handler) (*queue.Worker, error) {
 	wc := queue.WorkerConfig{
-		Redis: d.rdb, Keys: d.keys(), Handler: h,
+		Redis: d.rdb, Keys: keys, Handler: h,
 		Concurrency:     d.cfg.WorkerConcurrency,
 		ClaimIdle:       d.cfg.ClaimIdle,
 		MaxDeliveries:   d.cfg.MaxDeliveries,
@@ -338,28 +194,9 @@ func (d *deps) buildWorker(h queue.Handler) (*queue.Worker, error) {
 		JobTTL:              d.cfg.ResultTTL,
 		DeadLetterRetention: dlqRetention(d.cfg),
 	}
-	if d.llmBreaker != nil {
-		wc.Gate = d.llmBreaker
-	}
 	w, err := queue.NewWorker(wc)
 	if err != nil {
 		return nil, &config.Error{Name: "worker settings", Err: err}
 	}
 	return w, nil
-}
-
-// buildRelay returns the outbox relay with the sender ONCEFLOW_SENDER selects.
-func (d *deps) buildRelay() (*outbox.Relay, error) {
-	sender, err := newOutboxSender(d.cfg, d.log)
-	if err != nil {
-		return nil, err
-	}
-	if d.tp != nil {
-		sender = onceflowotel.Sender(d.tp, sender)
-	}
-	r, err := outbox.NewRelay(pgoutbox.New(d.pool), sender, relayConfig(d.cfg, d.log, d.reg))
-	if err != nil {
-		return nil, &config.Error{Name: "relay settings", Err: err}
-	}
-	return r, nil
 }

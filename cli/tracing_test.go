@@ -15,12 +15,14 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/config"
 	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/summaries"
 )
 
-// One trace across the queue, with the service's own wiring (deps) and the SDK's
-// in-memory recorder: the client's traceparent → the POST's server span → (stream
+// One trace across the queue, with the command's own wiring (deps, appClient,
+// appServer) hosting the summaries workflow and the SDK's in-memory recorder: the client's traceparent → the POST's server span → (stream
 // message) → the delivery's span → the model call's span, and → (outbox row) → the
 // relay's send span → the webhook's Traceparent header.
 func TestOneTraceFromThePOSTThroughTheQueueAndTheOutbox(t *testing.T) {
@@ -54,24 +56,26 @@ func TestOneTraceFromThePOSTThroughTheQueueAndTheOutbox(t *testing.T) {
 	}
 	defer d.Close()
 	d.tp = tp
-	s := d.httpServer()
-	if err := d.buildAPI(s); err != nil {
-		t.Fatal(err)
-	}
-	h, err := d.buildHandler()
+	e := &env{app: App{Workflows: func(h Host) ([]onceflow.Workflow, error) {
+		sender, err := h.Sender()
+		if err != nil {
+			return nil, err
+		}
+		return []onceflow.Workflow{summaries.Workflow(summaries.Options{Tenant: h.Tenant, Sender: sender,
+			Model: h.Config.LLMModel, Logger: h.Logger, Registerer: h.Registerer})}, nil
+	}}}
+	c, err := d.appClient(e, true)
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := d.buildWorker(h)
-	if err != nil {
-		t.Fatal(err)
-	}
-	relay, err := d.buildRelay()
+	s, err := d.appServer(c)
 	if err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
-	go func() { done <- runAll(ctx, d, s, cfg.HTTPAddr, w.Run, relay.Run) }()
+	go func() {
+		done <- runAll(ctx, d, s, cfg.HTTPAddr, func(ctx context.Context) error { return c.RunWorkers(ctx) }, c.RunRelay)
+	}()
 	defer func() {
 		cancel()
 		if err := <-done; err != nil {

@@ -13,9 +13,8 @@ import (
 	"github.com/onceflow/onceflow/queue"
 )
 
-// runWork runs a queue worker with the summaries job handler (or, in a program with
-// App.Workflows, the workers of its queues: --queue selects them, default all) until
-// SIGINT/SIGTERM, then finishes or hands back the jobs in flight within
+// runWork runs the workers of the program's queues (--queue selects them, default all)
+// until SIGINT/SIGTERM, then finishes or hands back the jobs in flight within
 // ONCEFLOW_SHUTDOWN_TIMEOUT and exits 0.
 func runWork(ctx context.Context, e *env, args []string) error {
 	fs := flags(e, "work", strings.TrimSpace("[--queue NAME[,NAME...]] "+testHandlerUsage))
@@ -26,52 +25,61 @@ func runWork(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	if e.hosted() && *testSpec == "" {
-		return runWorkHosted(ctx, e, cfg, log, *queues)
-	}
-	if _, err := selectQueues(*queues, []string{serviceKeys(cfg).Queue}); err != nil {
-		return err
-	}
-	d, err := newRoleDeps(ctx, e, cfg, log, true, *testSpec == "")
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	var h queue.Handler
 	if *testSpec != "" {
-		h, err = newTestHandler(*testSpec, d.rdb, d.keys())
-		h = d.traceJobs(h)
-	} else {
-		h, err = d.buildHandler()
+		return runTestWork(ctx, e, cfg, log, *queues, *testSpec)
 	}
-	if err != nil {
-		return err
-	}
-	w, err := d.buildWorker(h)
-	if err != nil {
-		return err
-	}
-	log.InfoContext(ctx, "starting work", "config", cfg, "consumer", w.Consumer(), "test_handler", *testSpec)
-	return runAll(ctx, d, d.httpServer(), cfg.MetricsAddr, append(d.background(), w.Run)...)
-}
-
-// runWorkHosted is work for App.Workflows: the Client's workers of the selected queues.
-func runWorkHosted(ctx context.Context, e *env, cfg *config.Config, log *slog.Logger, flagged queueList) error {
 	d, err := newRoleDeps(ctx, e, cfg, log, true, true)
 	if err != nil {
 		return err
 	}
 	defer d.Close()
-	c, err := d.appClient(e, true)
+	c, err := d.appClient(e, true) // before the server, so /readyz reports its model breaker
 	if err != nil {
 		return err
 	}
-	queues, err := selectQueues(flagged, c.Queues())
+	selected, err := selectQueues(*queues, c.Queues())
 	if err != nil {
 		return err
 	}
-	log.InfoContext(ctx, "starting work", "config", cfg, "queues", queues)
-	return runAll(ctx, d, d.httpServer(), cfg.MetricsAddr, func(ctx context.Context) error { return c.RunWorkers(ctx, queues...) })
+	log.InfoContext(ctx, "starting work", "config", cfg, "queues", selected)
+	return runAll(ctx, d, d.httpServer(), cfg.MetricsAddr, func(ctx context.Context) error { return c.RunWorkers(ctx, selected...) })
+}
+
+// runTestWork is `work --test-handler=SPEC` (test builds only): a worker running the
+// test handler on one queue of the program (--queue, or its only one), without
+// PostgreSQL or a model.
+func runTestWork(ctx context.Context, e *env, cfg *config.Config, log *slog.Logger, flagged queueList, spec string) error {
+	wfs, err := e.workflows(e.host(cfg, log, nil))
+	if err != nil {
+		return err
+	}
+	known := workflowQueues(wfs)
+	selected, err := selectQueues(flagged, known)
+	if err != nil {
+		return err
+	}
+	if len(selected) != 1 {
+		return usageErrorf("--test-handler works one queue: give --queue, one of: %s", strings.Join(known, ", "))
+	}
+	d, err := newRoleDeps(ctx, e, cfg, log, true, false)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	keys := queue.Keys{Prefix: cfg.Prefix, Queue: selected[0]}
+	h, err := newTestHandler(spec, d.rdb, keys)
+	if err != nil {
+		return err
+	}
+	if d.tp != nil {
+		h = onceflowotel.QueueHandler(d.tp, keys.Queue, h)
+	}
+	w, err := d.buildWorker(keys, h)
+	if err != nil {
+		return err
+	}
+	log.InfoContext(ctx, "starting work", "config", cfg, "queues", selected, "consumer", w.Consumer(), "test_handler", spec)
+	return runAll(ctx, d, d.httpServer(), cfg.MetricsAddr, w.Run)
 }
 
 // runAll runs the roles' Run functions and, when addr is set, srv on addr (the API under

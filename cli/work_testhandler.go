@@ -25,18 +25,18 @@ const testHandlerSpecs = "noop | sleep:DURATION | record:DURATION | fail | perma
 const testHandlerUsage = "[--test-handler SPEC]"
 
 // testHandlerFlag registers --test-handler on fs and returns its value: the SPEC of the
-// handler to run instead of the summaries one, "" for the summaries one.
+// handler to run on one queue instead of its workers, "" for the workers.
 func testHandlerFlag(fs *flag.FlagSet) *string {
-	return fs.String("test-handler", "", "TEST AID, not for production: run `"+testHandlerSpecs+"` instead of the summaries handler")
+	return fs.String("test-handler", "", "TEST AID, not for production: run `"+testHandlerSpecs+"` on the queue instead of its workers")
 }
 
 // newTestHandler builds the handler `onceflow work --test-handler=SPEC` runs instead of
-// the service's own. It is a test aid, kept apart from the real handler, so that tests
+// the queue's workers. It is a test aid, kept apart from the real handler, so that tests
 // can run `work` as a real process (and kill -9 it) without a model or database:
 //
 //	noop             acknowledge every job at once
 //	sleep:DURATION   take DURATION per job (less if cancelled by the shutdown timeout)
-//	record:DURATION  like sleep, and count runs in Redis, in the hash PREFIX:{summaries}:test:runs:
+//	record:DURATION  like sleep, and count runs in Redis, in the hash PREFIX:{QUEUE}:test:runs:
 //	                 started:JOB_ID and finished:JOB_ID incremented, deliveries:JOB_ID set
 //	fail             fail every job with a transient error (redelivered until MaxDeliveries)
 //	permanent        fail every job with a permanent error (dead-lettered at once)

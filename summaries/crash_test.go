@@ -383,7 +383,7 @@ func TestSlowWorkerAndReclaimer(t *testing.T) {
 	}
 	// Two model calls: each delivery passed the pre-check before either stored. This is
 	// the handler without the llm_calls ledger. The service runs the handler WITH
-	// the ledger (cli/roles.go), and then this case makes ONE model call: the
+	// the ledger (cli.deps.clientConfig), and then this case makes ONE model call: the
 	// reclaimer finds the slow worker's call in flight, waits for it and replays its
 	// answer (TestSlowWorkerAndReclaimerMakeOneModelCallWithTheLedger in ledger_test.go).
 	if calls := slow.Calls() + quick.Calls(); calls != 2 {

@@ -36,15 +36,16 @@ const (
 var testAPIKeys = map[string]string{keyAcme: "acme", keyGlobex: "globex"}
 
 // newAPIServer serves the summaries routes on a real HTTP server, assembled the way
-// package cli's buildAPI assembles them: an onceflow.Client with the summaries workflow,
-// its routes behind bearer-key authentication (the idempotency middleware for its
-// statuses and metrics, the single-round-trip accept). rdb is the server's own Redis
-// client (hooks added to it count only the server's round trips).
+// package cli's appServer assembles them: an onceflow.Client with the summaries
+// workflow, its routes authenticating by bearer key and answering the command's 401
+// (the idempotency middleware for its statuses and metrics, the single-round-trip
+// accept), mounted beside the health endpoints. rdb is the server's own Redis client
+// (hooks added to it count only the server's round trips).
 func newAPIServer(t testing.TB, rdb *redis.Client, prefix string, db *pgxpool.Pool) *httptest.Server {
 	t.Helper()
 	log := testenv.Logger(t)
-	auth := httpapi.NewAuthenticator(testAPIKeys)
-	wf := summaries.Workflow(summaries.Options{Tenant: bearerTenant, Timeout: 500 * time.Millisecond, Logger: log})
+	wf := summaries.Workflow(summaries.Options{Tenant: bearerTenant, Unauthorized: http.HandlerFunc(httpapi.Unauthorized),
+		Timeout: 500 * time.Millisecond, Logger: log})
 	c, err := onceflow.NewClient(onceflow.Config{Redis: rdb, DB: db, Prefix: prefix, Logger: log, Workflows: []onceflow.Workflow{wf}})
 	if err != nil {
 		t.Fatal(err)
@@ -57,16 +58,19 @@ func newAPIServer(t testing.TB, rdb *redis.Client, prefix string, db *pgxpool.Po
 		t.Fatal(err)
 	}
 	s := httpapi.New(httpapi.Config{Logger: log})
-	s.Handle("POST /v1/summaries", "/v1/summaries", auth.Require(mux))
-	s.Handle("GET /v1/summaries/{job_id}", "/v1/summaries/{job_id}", auth.Require(mux))
+	s.Mount(mux)
 	srv := httptest.NewServer(s)
 	t.Cleanup(srv.Close)
 	return srv
 }
 
-// bearerTenant is the tenant the authentication put in the request's context.
+// testAuth authenticates the test tenants' keys.
+var testAuth = httpapi.NewAuthenticator(testAPIKeys)
+
+// bearerTenant is the tenant of a request's bearer key, as package cli's Host.Tenant
+// returns it.
 func bearerTenant(r *http.Request) (string, error) {
-	if t, ok := httpapi.TenantFrom(r.Context()); ok {
+	if t, ok := testAuth.Tenant(r); ok {
 		return t, nil
 	}
 	return "", idempotency.ErrUnauthenticated

@@ -16,6 +16,7 @@ import (
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/idempotency"
 	"github.com/onceflow/onceflow/llm"
+	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/queue"
 	"github.com/onceflow/onceflow/retry"
 )
@@ -80,6 +81,10 @@ type Options struct {
 	// Unauthorized writes the 401 of a request Tenant refused. Default: 401
 	// {"detail": "authentication required"} with WWW-Authenticate: Bearer.
 	Unauthorized http.Handler
+	// Sender delivers the workflow's "summary ready" emails (its Senders'
+	// TopicSummaryReady; package cli: the sender ONCEFLOW_SENDER selects). Default: none:
+	// the emails wait in the outbox for a process whose Client has a sender for the topic.
+	Sender outbox.Sender
 	// Model is the model name sent with each request (ONCEFLOW_LLM_MODEL). Default: ""
 	// (the model client's default).
 	Model string
@@ -120,7 +125,8 @@ type Options struct {
 
 // Workflow returns the summaries workflow for onceflow.Config.Workflows: the queue
 // QueueName, the worker of JobKind, the routes POST /v1/summaries and
-// GET /v1/summaries/{job_id} (Client.Mount), and its audit. Its table, summaries, is
+// GET /v1/summaries/{job_id} (Client.Mount), the sender of its emails (o.Sender), and
+// its audit. Its table, summaries, is
 // created by onceflow's migrations. The Client needs Config.DB, and Config.Model unless
 // o.Unledgered is set.
 func Workflow(o Options) onceflow.Workflow {
@@ -130,9 +136,14 @@ func Workflow(o Options) onceflow.Workflow {
 	q.DefaultKind = JobKind
 	m := newMetrics(o.Registerer)
 	w := &worker{o: o, m: m}
+	var senders map[string]outbox.Sender
+	if o.Sender != nil {
+		senders = map[string]outbox.Sender{TopicSummaryReady: o.Sender}
+	}
 	return onceflow.Workflow{
-		Name:   Name,
-		Queues: map[string]onceflow.QueueConfig{QueueName: q},
+		Name:    Name,
+		Queues:  map[string]onceflow.QueueConfig{QueueName: q},
+		Senders: senders,
 		Workers: func(ws *onceflow.Workers) error {
 			return onceflow.AddWorkerSafely[Request](ws, w)
 		},

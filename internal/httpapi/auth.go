@@ -1,7 +1,6 @@
 package httpapi
 
 import (
-	"context"
 	"crypto/sha256"
 	"crypto/subtle"
 	"net/http"
@@ -47,24 +46,11 @@ func (a *Authenticator) Tenant(r *http.Request) (string, bool) {
 	return tenant, found == 1
 }
 
-// Require wraps h so that only requests with a known API key reach it; the tenant is
-// put in the request's context (see TenantFrom). Others get 401.
-func (a *Authenticator) Require(h http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		tenant, ok := a.Tenant(r)
-		if !ok {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="onceflow"`)
-			WriteError(w, http.StatusUnauthorized, "missing or unknown API key (Authorization: Bearer KEY)")
-			return
-		}
-		h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), tenantKey{}, tenant)))
-	})
-}
-
-type tenantKey struct{}
-
-// TenantFrom returns the tenant Require put in ctx.
-func TenantFrom(ctx context.Context) (string, bool) {
-	t, ok := ctx.Value(tenantKey{}).(string)
-	return t, ok && t != ""
+// Unauthorized answers a request without a known API key: 401 with
+// `WWW-Authenticate: Bearer realm="onceflow"` and {"detail": "missing or unknown API key
+// (Authorization: Bearer KEY)"}, the answer of every route of the onceflow command
+// (package cli's Host.Unauthorized).
+func Unauthorized(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("WWW-Authenticate", `Bearer realm="onceflow"`)
+	WriteError(w, http.StatusUnauthorized, "missing or unknown API key (Authorization: Bearer KEY)")
 }

@@ -6,12 +6,18 @@ import (
 	"testing"
 )
 
-func TestRequireAuthenticatesByKeyOnly(t *testing.T) {
+func TestAuthenticatorAuthenticatesByKeyOnly(t *testing.T) {
 	a := NewAuthenticator(map[string]string{"key-acme-0123456789": "acme", "key-globex-0123456789": "globex"})
 	var seen string
-	h := a.Require(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		seen, _ = TenantFrom(r.Context())
-	}))
+	// As the command's routes do: the tenant, or Unauthorized's 401.
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		t, ok := a.Tenant(r)
+		if !ok {
+			Unauthorized(w, r)
+			return
+		}
+		seen = t
+	})
 	cases := []struct {
 		auth, tenantHeader string
 		code               int
@@ -40,8 +46,9 @@ func TestRequireAuthenticatesByKeyOnly(t *testing.T) {
 		if rec.Code != tc.code || seen != tc.tenant {
 			t.Errorf("auth %q: code %d tenant %q, want %d %q", tc.auth, rec.Code, seen, tc.code, tc.tenant)
 		}
-		if rec.Code == 401 && rec.Header().Get("WWW-Authenticate") == "" {
-			t.Errorf("auth %q: 401 without WWW-Authenticate", tc.auth)
+		if rec.Code == 401 && (rec.Header().Get("WWW-Authenticate") != `Bearer realm="onceflow"` ||
+			rec.Body.String() != `{"detail":"missing or unknown API key (Authorization: Bearer KEY)"}`+"\n") {
+			t.Errorf("auth %q: 401 %v %q, want the API's", tc.auth, rec.Header(), rec.Body)
 		}
 	}
 }

@@ -64,6 +64,8 @@ type Server struct {
 	log     *slog.Logger
 	mux     *http.ServeMux
 	metrics *httpMetrics
+	// routes are the routes Mount added, consulted after mux; nil before.
+	routes *http.ServeMux
 }
 
 // New returns a Server with /healthz, /readyz and /metrics routed.
@@ -99,21 +101,62 @@ func (s *Server) Handle(pattern, route string, h http.Handler, codes ...int) {
 	s.mux.Handle(pattern, s.metrics.instrument(route, h))
 }
 
+// Mount serves the routes of mux (a program's workflows', which register on a mux of
+// their own) beside the server's: each request is counted under the path of the pattern
+// it matched ("GET /v1/summaries/{job_id}" under the route "/v1/summaries/{job_id}"), so
+// label values stay bounded. The routes of Handle win. Call it at most once, before
+// serving.
+func (s *Server) Mount(mux *http.ServeMux) { s.routes = mux }
+
+// Statuses creates at zero the series of the statuses a mounted route answers (pattern
+// as it was registered on Mount's mux, "POST /v1/summaries"), as Handle does for its
+// codes, so they are visible before the first request.
+func (s *Server) Statuses(pattern string, codes ...int) {
+	for _, c := range codes {
+		s.metrics.requests.WithLabelValues(routeLabel(pattern), strconv.Itoa(c))
+	}
+}
+
 // ServeHTTP implements http.Handler. A request no route matches is answered like every
 // other error, {"detail": ...} in JSON (404, or 405 with Allow), not with net/http's
 // text/plain.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if _, pattern := s.mux.Handler(r); pattern == "" {
-		rec := &unrouted{header: http.Header{}}
-		s.mux.ServeHTTP(rec, r) // only to learn the status and Allow net/http would send
-		if allow := rec.header.Get("Allow"); allow != "" {
-			w.Header().Set("Allow", allow)
-		}
-		code := cmp.Or(rec.status, http.StatusNotFound)
-		WriteError(w, code, strings.ToLower(http.StatusText(code)))
+	if _, pattern := s.mux.Handler(r); pattern != "" {
+		s.mux.ServeHTTP(w, r)
 		return
 	}
-	s.mux.ServeHTTP(w, r)
+	if s.routes != nil {
+		if _, pattern := s.routes.Handler(r); pattern != "" {
+			// ServeHTTP, not the handler Handler returned: it sets the path values.
+			s.metrics.instrument(routeLabel(pattern), s.routes).ServeHTTP(w, r)
+			return
+		}
+	}
+	// Only to learn the status and Allow net/http would send: a method another route
+	// of the path has is 405.
+	rec := &unrouted{header: http.Header{}}
+	s.mux.ServeHTTP(rec, r)
+	if s.routes != nil && cmp.Or(rec.status, http.StatusNotFound) == http.StatusNotFound {
+		rec = &unrouted{header: http.Header{}}
+		s.routes.ServeHTTP(rec, r)
+	}
+	if allow := rec.header.Get("Allow"); allow != "" {
+		w.Header().Set("Allow", allow)
+	}
+	code := cmp.Or(rec.status, http.StatusNotFound)
+	WriteError(w, code, strings.ToLower(http.StatusText(code)))
+}
+
+// routeLabel returns the route label of a ServeMux pattern, "[METHOD ][HOST]/PATH": its
+// path.
+func routeLabel(pattern string) string {
+	if method, rest, ok := strings.Cut(pattern, " "); ok && !strings.Contains(method, "/") {
+		pattern = strings.TrimLeft(rest, " \t")
+	}
+	if i := strings.IndexByte(pattern, '/'); i > 0 {
+		pattern = pattern[i:]
+	}
+	return pattern
 }
 
 // unrouted records the status and headers of net/http's answer to an unmatched request.

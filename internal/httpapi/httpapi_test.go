@@ -164,3 +164,65 @@ func TestUnroutedRequestsGetJSONErrors(t *testing.T) {
 		t.Fatalf("routed request: %d %s", rec.Code, rec.Body)
 	}
 }
+
+// Mounted routes (a program's workflows' mux) are served beside the server's own, each
+// request counted under the path of the pattern it matched, with its path values; a
+// request none matches gets the JSON 404, or 405 with the mounted route's Allow, and is
+// not counted.
+func TestMountedRoutesAreCountedByTheirPattern(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	s := New(Config{Registry: reg})
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /things", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusAccepted) })
+	mux.HandleFunc("GET /things/{id}", func(w http.ResponseWriter, r *http.Request) {
+		WriteJSON(w, http.StatusOK, map[string]string{"id": r.PathValue("id")})
+	})
+	s.Mount(mux)
+	s.Statuses("POST /things", http.StatusAccepted, http.StatusBadRequest)
+	if got, err := testutil.GatherAndCount(reg, "onceflow_http_requests_total"); err != nil || got != 6 {
+		t.Fatalf("%d series before any request (%v), want 6: the server's 4 and the mounted route's 202 and 400", got, err)
+	}
+	for _, tc := range []struct {
+		method, path string
+		code         int
+		allow        string
+	}{
+		{"POST", "/things", http.StatusAccepted, ""},
+		{"POST", "/things", http.StatusAccepted, ""},
+		{"GET", "/things/7", http.StatusOK, ""},
+		{"GET", "/healthz", http.StatusOK, ""},
+		{"GET", "/things", http.StatusMethodNotAllowed, "POST"},
+		{"GET", "/nowhere", http.StatusNotFound, ""},
+	} {
+		rec := httptest.NewRecorder()
+		s.ServeHTTP(rec, httptest.NewRequest(tc.method, tc.path, nil))
+		if rec.Code != tc.code || rec.Header().Get("Allow") != tc.allow {
+			t.Errorf("%s %s: %d Allow %q, want %d Allow %q", tc.method, tc.path, rec.Code, rec.Header().Get("Allow"), tc.code, tc.allow)
+		}
+		if tc.code >= 400 && rec.Header().Get("Content-Type") != "application/json" {
+			t.Errorf("%s %s: %q, want a JSON detail", tc.method, tc.path, rec.Body)
+		}
+		if tc.path == "/things/7" && !strings.Contains(rec.Body.String(), `"id":"7"`) {
+			t.Errorf("GET /things/7: %s, want its path value", rec.Body)
+		}
+	}
+	for labels, want := range map[[2]string]float64{
+		{"/things", "202"}: 2, {"/things/{id}", "200"}: 1, {"/healthz", "200"}: 1,
+		{"/things", "405"}: 0, {"/nowhere", "404"}: 0,
+	} {
+		if got := testutil.ToFloat64(s.metrics.requests.WithLabelValues(labels[0], labels[1])); got != want {
+			t.Errorf("requests%v = %v, want %v", labels, got, want)
+		}
+	}
+}
+
+func TestRouteLabelIsThePatternsPath(t *testing.T) {
+	for pattern, want := range map[string]string{
+		"/": "/", "POST /v1/summaries": "/v1/summaries", "GET /v1/summaries/{job_id}": "/v1/summaries/{job_id}",
+		"example.com/x": "/x", "GET  example.com/y/{z...}": "/y/{z...}",
+	} {
+		if got := routeLabel(pattern); got != want {
+			t.Errorf("routeLabel(%q) = %q, want %q", pattern, got, want)
+		}
+	}
+}
