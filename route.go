@@ -51,10 +51,10 @@ type RouteConfig[T JobArgs] struct {
 	MaxBodyBytes int64
 	// BodyReadTimeout bounds the time to receive the body, from the moment the route
 	// starts reading it, so that a client that trickles its body cannot hold a
-	// goroutine and a connection for long: past it, 408. The route sets the
-	// connection's read deadline with http.ResponseController for the read (replacing
-	// the server's http.Server.ReadTimeout deadline meanwhile) and clears it after.
-	// Negative: no bound of the route's own. Default: DefaultBodyReadTimeout.
+	// goroutine and a connection for long: past it, 408. It only brings the
+	// connection's read deadline forward (http.ResponseController), so a server's own
+	// shorter deadline (http.Server.ReadTimeout) still applies first. Negative: no bound
+	// of the route's own. Default: DefaultBodyReadTimeout.
 	BodyReadTimeout time.Duration
 	// Timeout bounds the accept, one Redis round trip; past it, 503. Default:
 	// DefaultRouteTimeout.
@@ -183,22 +183,23 @@ func (rt *route[T]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	mw.Respond(w, r, stored, replayed, err)
 }
 
-// readBody reads the request's body (idempotency.ReadBody, up to MaxBodyBytes) under
-// the connection read deadline BodyReadTimeout. Once the whole body is in the deadline
-// is cleared, so that net/http's watch for a client that goes away is not cut off by
-// it; after a failed read it stays, so that net/http gives up reading the rest and
-// closes the connection after the answer instead of waiting for it. A ResponseWriter
-// without deadlines (a test recorder) leaves the server's own deadlines alone in force.
+// readBody reads the request's body (idempotency.ReadBody, up to MaxBodyBytes) within
+// BodyReadTimeout: if the read is still going on then, it moves the connection's read
+// deadline to that moment (http.ResponseController), so the read fails with a timeout.
+// It only ever brings a deadline forward: a server's own, earlier one (http.Server's
+// ReadTimeout, or a deadline a middleware set) applies as it is. After a timed-out read
+// the deadline stays, so that net/http gives up reading the rest and closes the
+// connection after the answer instead of waiting for it. A ResponseWriter without
+// deadlines (a test recorder) leaves the server's own deadlines alone in force.
 func (rt *route[T]) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
-	d := rt.cfg.BodyReadTimeout
-	if d <= 0 {
+	if rt.cfg.BodyReadTimeout <= 0 || r.Body == nil || r.Body == http.NoBody {
 		return idempotency.ReadBody(r, rt.cfg.MaxBodyBytes)
 	}
 	rc := http.NewResponseController(w)
-	set := rc.SetReadDeadline(time.Now().Add(d)) == nil
+	cut := time.AfterFunc(rt.cfg.BodyReadTimeout, func() { _ = rc.SetReadDeadline(time.Now()) })
 	body, err := idempotency.ReadBody(r, rt.cfg.MaxBodyBytes)
-	if set && err == nil {
-		_ = rc.SetReadDeadline(time.Time{})
+	if !cut.Stop() && err == nil {
+		_ = rc.SetReadDeadline(time.Time{}) // it fired just as the body came in
 	}
 	return body, err
 }
