@@ -25,7 +25,7 @@ func TestAuditChecksEveryKindAndQueue(t *testing.T) {
 		})
 	}))
 	c, err := onceflow.NewClient(onceflow.Config{Redis: rdb, DB: pool, Prefix: prefix, Workers: ws,
-		Queues: map[string]onceflow.QueueConfig{"default": {}, "mail": {}}, AuditMaxAge: time.Hour, Logger: testenv.Logger(t)})
+		Queues: map[string]onceflow.QueueConfig{"default": {}, "mail": {MaxDeliveries: 1, ClaimIdle: 300 * time.Millisecond}}, AuditMaxAge: time.Hour, Logger: testenv.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

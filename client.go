@@ -52,8 +52,11 @@ type Config struct {
 	// to (another process may work it). Default: DefaultQueue and the queue each of
 	// Workers' kinds names (JobArgsWithOpts), with default settings.
 	Queues map[string]QueueConfig
-	// Workers holds the Worker of each kind. A job of a kind without one is
-	// dead-lettered with ErrUnknownKind. Default: none (an enqueue-only Client).
+	// Workers holds the Worker of each kind. A job of a kind without one fails with
+	// ErrUnknownKind, spending a delivery: retried after ClaimIdle (another process, a
+	// newer version in a rolling deploy, may know the kind), it is dead-lettered after
+	// the queue's MaxDeliveries, the reason naming the kind. Default: none (an
+	// enqueue-only Client).
 	Workers *Workers
 	// Middleware wraps every job run, the first the outermost. Default: none.
 	Middleware []Middleware
@@ -130,8 +133,8 @@ type QueueConfig struct {
 	// (ONCEFLOW_SHUTDOWN_TIMEOUT). Default: queue.DefaultShutdownTimeout.
 	ShutdownTimeout time.Duration
 	// DefaultKind is the kind of a message without one: what producers from before job
-	// kinds wrote (queue wire format version 1). Default: none (such messages are
-	// dead-lettered with ErrUnknownKind).
+	// kinds wrote (queue wire format version 1). Default: none (such messages fail with
+	// ErrUnknownKind, as a job of a kind without a Worker does).
 	DefaultKind string
 	// Gate, when set, holds the queue's workers back while a dependency is down (see
 	// queue.WorkerConfig.Gate). Default: the client's model breaker, when it has a model.
@@ -308,7 +311,11 @@ func (c *Client) handler(name string, qc QueueConfig) queue.Handler {
 	var run JobFunc = func(ctx context.Context, info *JobInfo) error {
 		kw := c.workers[info.Kind]
 		if kw == nil {
-			return Permanent(fmt.Errorf("%w %q on queue %q: no worker registered", ErrUnknownKind, info.Kind, name))
+			// Not permanent: in a rolling deploy a job of a new kind may reach a worker
+			// of the previous version first; retried after ClaimIdle, a worker that
+			// knows the kind may take it. A kind no worker knows is dead-lettered after
+			// MaxDeliveries, the reason naming it.
+			return fmt.Errorf("%w %q on queue %q: no worker registered in this process", ErrUnknownKind, info.Kind, name)
 		}
 		return kw.run(ctx, info.rt, info.msg, info.Delivery)
 	}

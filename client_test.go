@@ -6,6 +6,7 @@ import (
 	"errors"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -92,7 +93,9 @@ func TestKindsAreRoutedAndBadJobsDeadLettered(t *testing.T) {
 		rec.add("email " + j.Queue + " " + j.Args.To + " " + j.Tenant)
 		return nil
 	}))
-	c := newClient(t, rdb, prefix, ws, map[string]onceflow.QueueConfig{"default": {}, "mail": {}})
+	// An unknown kind is retried (in a rolling deploy another worker may know it), then
+	// dead-lettered after MaxDeliveries, here 2.
+	c := newClient(t, rdb, prefix, ws, map[string]onceflow.QueueConfig{"default": {MaxDeliveries: 2, ClaimIdle: 300 * time.Millisecond}, "mail": {}})
 	ctx := context.Background()
 	if _, err := c.Enqueue(ctx, sortArgs{Strings: []string{"b", "a"}}, nil); err != nil {
 		t.Fatal(err)
@@ -122,7 +125,7 @@ func TestKindsAreRoutedAndBadJobsDeadLettered(t *testing.T) {
 		t.Fatal(err)
 	}
 	reasons := []string{dead[0].Reason, dead[1].Reason}
-	if !containsPrefix(reasons, `permanent: onceflow: unknown job kind "nobody.runs.this" on queue "default"`) ||
+	if !containsPrefix(reasons, `exceeded 2 deliveries; last error: onceflow: unknown job kind "nobody.runs.this" on queue "default"`) ||
 		!containsPrefix(reasons, `permanent: onceflow: undecodable job arguments for kind "sort": Strings: unknown field`) {
 		t.Fatalf("dead-letter reasons %q", reasons)
 	}
@@ -217,4 +220,38 @@ func containsPrefix(ss []string, p string) bool {
 		}
 	}
 	return false
+}
+
+// A rolling deploy: a job of a new kind reaches a worker of the previous version first,
+// which does not know the kind. It is not dead-lettered: once the old worker stopped, a
+// new one that knows the kind runs it, once.
+func TestANewKindSurvivesARollingDeploy(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.Redis(t)
+	queues := map[string]onceflow.QueueConfig{"default": {ClaimIdle: 300 * time.Millisecond}}
+	old := newClient(t, rdb, prefix, onceflow.NewWorkers(), queues)
+	ctx, stopOld := context.WithCancel(context.Background())
+	oldDone := make(chan error, 1)
+	go func() { oldDone <- old.Run(ctx) }()
+	res, err := old.Enqueue(context.Background(), sortArgs{Strings: []string{"b", "a"}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := queue.Keys{Prefix: prefix, Queue: "default"}
+	testenv.WaitFor(t, 10*time.Second, "the old worker's failed run", func() bool {
+		return rdb.HExists(context.Background(), keys.Job(res.JobID), "last_error").Val()
+	})
+	stopOld()
+	if err := <-oldDone; err != nil {
+		t.Fatal(err)
+	}
+	var runs atomic.Int64
+	ws := onceflow.NewWorkers()
+	onceflow.AddWorker(ws, onceflow.WorkFunc[sortArgs](func(context.Context, *onceflow.Job[sortArgs]) error { runs.Add(1); return nil }))
+	runClient(t, newClient(t, rdb, prefix, ws, queues))
+	testenv.WaitFor(t, 10*time.Second, "the new worker's run", func() bool { return runs.Load() == 1 })
+	time.Sleep(time.Second) // more than two claim cycles: no second run, no dead letter
+	if n := rdb.XLen(context.Background(), keys.Dead()).Val(); n != 0 || runs.Load() != 1 {
+		t.Fatalf("%d dead letters, %d runs; want 0 and 1", n, runs.Load())
+	}
 }

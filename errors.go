@@ -32,8 +32,10 @@ var (
 	// ErrUnavailable is matched by errors that say a dependency is down rather than
 	// that the job failed: Unavailable's, and an open circuit breaker's.
 	ErrUnavailable = retry.ErrUnavailable
-	// ErrUnknownKind is matched by the error of a job whose kind has no Worker, which is
-	// dead-lettered with it, and by Enqueue's for arguments whose Kind is not valid.
+	// ErrUnknownKind is matched by the error of a job whose kind has no Worker in the
+	// process that took it (retried, as another process may know the kind, then
+	// dead-lettered after MaxDeliveries with it in the reason), and by Enqueue's for
+	// arguments whose Kind is not valid.
 	ErrUnknownKind = errors.New("onceflow: unknown job kind")
 	// ErrUndecodable is matched by the error of a job whose arguments do not decode into
 	// its kind's type, which is dead-lettered with it.
