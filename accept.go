@@ -25,11 +25,13 @@ func (c *Client) accept(ctx context.Context, scope idempotency.Scope, fp string,
 	if err == nil && !replayed {
 		c.enqueued.WithLabelValues(keys.Queue).Inc()
 	}
+	c.noteQueue(keys.Queue)
 	return stored, replayed, queue.EnqueueError(err)
 }
 
 // enqueue adds m to keys' queue without a key (queue.Enqueue) and counts it.
 func (c *Client) enqueue(ctx context.Context, keys queue.Keys, m queue.Message) error {
+	c.noteQueue(keys.Queue)
 	if _, err := queue.Enqueue(ctx, c.rdb, keys, m); err != nil {
 		return err
 	}

@@ -29,7 +29,8 @@ const (
 	DefaultQueue = "default"
 	// DefaultPrefix starts every Redis key.
 	DefaultPrefix = "onceflow"
-	// DefaultJobBudget is the deadline of one delivery, across model attempts and sleeps.
+	// DefaultJobBudget is the deadline of one delivery's model calls, across attempts and
+	// sleeps (Config.JobBudget).
 	DefaultJobBudget = 60 * time.Second
 	// DefaultResultTTL is how long an idempotency key is remembered (a duplicate enqueue
 	// or POST replays the first answer) and how long a finished job's index is kept.
@@ -49,9 +50,16 @@ type Config struct {
 	// Prefix starts every Redis key (ONCEFLOW_PREFIX). Default: DefaultPrefix.
 	Prefix string
 	// Queues are the queues Run works, by name; a queue not listed can still be enqueued
-	// to (another process may work it). Default: DefaultQueue and the queue each of
-	// Workers' kinds names (JobArgsWithOpts), with default settings.
+	// to (another process may work it). Set, it is the whole list (a process that works
+	// some queues only). Default: the queues Workflows declare, plus the queue of every
+	// registered kind (DefaultQueue for a kind that names none, JobArgsWithOpts), with
+	// default settings; DefaultQueue alone when that is nothing.
 	Queues map[string]QueueConfig
+	// QueueDefaults are the settings of every queue (Queues, Workflows' and the kinds')
+	// where its own QueueConfig leaves them zero: Concurrency, ClaimIdle,
+	// MaxDeliveries, ShutdownTimeout, StatsInterval and DeadLetterRetention (the onceflow
+	// command sets them from ONCEFLOW_*). Default: none (queue's defaults).
+	QueueDefaults QueueConfig
 	// Workers holds the Worker of each kind. A job of a kind without one fails with
 	// ErrUnknownKind, spending a delivery: retried after ClaimIdle (another process, a
 	// newer version in a rolling deploy, may know the kind), it is dead-lettered after
@@ -96,8 +104,11 @@ type Config struct {
 	// whether it is back (ONCEFLOW_LLM_QUOTA_PROBE); meanwhile the queues take no work.
 	// Default: breaker.DefaultProbeInterval (1m).
 	QuotaProbe time.Duration
-	// JobBudget is the deadline of one delivery, across model attempts and sleeps
-	// (ONCEFLOW_JOB_BUDGET). Default: DefaultJobBudget (60s).
+	// JobBudget is the deadline of one delivery's model calls (Job.Complete and
+	// Job.Stream), across their attempts and backoff sleeps, counted from the start of
+	// the delivery (ONCEFLOW_JOB_BUDGET). It does not cancel the Worker's context: a
+	// Worker that needs a deadline for its own calls sets one (context.WithTimeout), and
+	// Commit still runs after the budget is spent. Default: DefaultJobBudget (60s).
 	JobBudget time.Duration
 	// ResultTTL is how long an idempotency key is remembered and a finished job's index
 	// kept (ONCEFLOW_RESULT_TTL). Default: DefaultResultTTL (24h).
@@ -162,6 +173,9 @@ type Client struct {
 
 	// enqueued counts the jobs added to the queues (onceflow_queue_enqueued_total).
 	enqueued *prometheus.CounterVec
+	// elsewhere are the queues, other than those it works, that this Client enqueued to
+	// or routes to (queue name -> struct{}): JobState looks in them too.
+	elsewhere sync.Map
 
 	// background are the parts Run runs besides the queue workers (the outbox relay,
 	// the ledger's purge), added by the features NewClient sets up.
@@ -199,18 +213,29 @@ func NewClient(cfg Config) (*Client, error) {
 	if cfg.TraceParent == nil {
 		cfg.TraceParent = func(context.Context) string { return "" }
 	}
+	explicit := len(cfg.Queues) > 0
 	if err := mergeWorkflows(&cfg); err != nil {
 		return nil, err
 	}
-	if len(cfg.Queues) == 0 {
-		// The default queue and every queue a registered kind names (JobArgsWithOpts):
-		// a worker registered for a kind is a worker its jobs reach.
-		cfg.Queues = map[string]QueueConfig{DefaultQueue: {}}
+	if !explicit {
+		// Every queue a registered kind's jobs go to: a worker registered for a kind is a
+		// worker its jobs reach, whatever queues the workflows declared settings for.
+		queues := maps.Clone(cfg.Queues)
+		if queues == nil {
+			queues = map[string]QueueConfig{}
+		}
 		for _, kw := range cfg.Workers.snapshot() {
-			if kw.queue != "" {
-				cfg.Queues[kw.queue] = QueueConfig{}
+			if q := cmp.Or(kw.queue, DefaultQueue); !hasQueue(queues, q) {
+				queues[q] = QueueConfig{}
 			}
 		}
+		if len(queues) == 0 {
+			queues[DefaultQueue] = QueueConfig{}
+		}
+		cfg.Queues = queues
+	}
+	for name, qc := range cfg.Queues {
+		cfg.Queues[name] = qc.withDefaults(cfg.QueueDefaults)
 	}
 	c := &Client{cfg: cfg, log: cfg.Logger, rdb: cfg.Redis, workers: cfg.Workers.snapshot(), queues: maps.Clone(cfg.Queues)}
 	store, err := redisstore.New(cfg.Redis, redisstore.Config{Prefix: cfg.Prefix, ResultTTL: cfg.ResultTTL, Logger: cfg.Logger})
@@ -241,6 +266,20 @@ func NewClient(cfg Config) (*Client, error) {
 	return c, nil
 }
 
+// hasQueue reports whether queues has name.
+func hasQueue(queues map[string]QueueConfig, name string) bool { _, ok := queues[name]; return ok }
+
+// withDefaults returns qc with its zero settings taken from d (Config.QueueDefaults).
+func (qc QueueConfig) withDefaults(d QueueConfig) QueueConfig {
+	qc.Concurrency = cmp.Or(qc.Concurrency, d.Concurrency)
+	qc.ClaimIdle = cmp.Or(qc.ClaimIdle, d.ClaimIdle)
+	qc.MaxDeliveries = cmp.Or(qc.MaxDeliveries, d.MaxDeliveries)
+	qc.ShutdownTimeout = cmp.Or(qc.ShutdownTimeout, d.ShutdownTimeout)
+	qc.StatsInterval = cmp.Or(qc.StatsInterval, d.StatsInterval)
+	qc.DeadLetterRetention = cmp.Or(qc.DeadLetterRetention, d.DeadLetterRetention)
+	return qc
+}
+
 // keys names the Redis keys of queue name.
 func (c *Client) keys(name string) queue.Keys { return queue.Keys{Prefix: c.cfg.Prefix, Queue: name} }
 
@@ -258,6 +297,23 @@ func (c *Client) QueueKeys(name string) queue.Keys { return c.keys(name) }
 
 // Queues returns the names of the queues Run works, sorted.
 func (c *Client) Queues() []string { return slices.Sorted(maps.Keys(c.queues)) }
+
+// noteQueue records that the Client enqueues to queue name, for JobState.
+func (c *Client) noteQueue(name string) {
+	if _, works := c.queues[name]; !works {
+		c.elsewhere.LoadOrStore(name, struct{}{})
+	}
+}
+
+// stateQueues are the queues JobState looks in: those the Client works, then those it
+// enqueued to or routes to, sorted.
+func (c *Client) stateQueues() []string {
+	out := c.Queues()
+	var more []string
+	c.elsewhere.Range(func(k, _ any) bool { more = append(more, k.(string)); return true })
+	slices.Sort(more)
+	return append(out, more...)
+}
 
 // Run works every configured queue until ctx is cancelled, then drains each within its
 // ShutdownTimeout and returns nil. Redis and PostgreSQL errors do not stop it (its parts

@@ -28,11 +28,25 @@ func JobID(scope idempotency.Scope) string {
 	return uuid.NewSHA1(JobNamespace, scope.Encode()).String()
 }
 
-// EnqueueScope returns the idempotency scope of a job enqueued from Go with a key: the
-// tenant, the method "ENQUEUE", the kind as the path and the key. Route uses the HTTP
-// request's method and path instead.
+// EnqueueScope returns the idempotency scope of a job enqueued from Go with a key on
+// DefaultQueue: the tenant, the method "ENQUEUE", the kind as the path and the key.
+// Route uses the HTTP request's method and path instead. EnqueueScopeOn is the scope on
+// any queue.
 func EnqueueScope(tenant, kind, key string) idempotency.Scope {
-	return idempotency.Scope{Tenant: tenant, Method: "ENQUEUE", Path: kind, Key: key}
+	return EnqueueScopeOn(DefaultQueue, tenant, kind, key)
+}
+
+// EnqueueScopeOn returns the idempotency scope of a job enqueued from Go with a key on
+// queue: EnqueueScope's on DefaultQueue, else with the path kind + "@" + queue. A key is
+// scoped by its queue because its record is kept with the queue (in the queue's hash
+// slot, so that the accept is one atomic script on Redis Cluster too): the same key on
+// another queue is another key, and another job id.
+func EnqueueScopeOn(queue, tenant, kind, key string) idempotency.Scope {
+	path := kind
+	if queue != DefaultQueue {
+		path = kind + "@" + queue
+	}
+	return idempotency.Scope{Tenant: tenant, Method: "ENQUEUE", Path: path, Key: key}
 }
 
 // MaxKeyLen is the longest idempotency key Enqueue takes, in bytes.
@@ -48,19 +62,24 @@ type EnqueueOpts struct {
 	Tenant string
 	// Key is the idempotency key: 1 to MaxKeyLen printable ASCII characters. With a key,
 	// enqueueing is idempotent for Config.ResultTTL: a second Enqueue with the same
-	// tenant, kind and key adds nothing and returns the first job's id (Replayed), and
-	// one with other arguments fails with idempotency.ErrKeyReused. The job id is
-	// derived from the key (JobID of EnqueueScope), so even a second enqueue after the
-	// key expired carries the same id and the job's Commit runs once. Default: none (a
+	// tenant, kind, queue and key adds nothing and returns the first job's id
+	// (Replayed), and one with other arguments fails with idempotency.ErrKeyReused. The
+	// job id is derived from the key (JobID of EnqueueScopeOn), so even a second enqueue
+	// after the key expired carries the same id and the job's Commit runs once. The same
+	// key on another queue is another key (see EnqueueScopeOn). Default: none (a
 	// random job id, and every Enqueue adds a job).
 	Key string
 	// JobID sets the job id outright: 1 to 200 printable ASCII characters without
 	// spaces, not shaped like a stream entry id. With a Key too, JobID wins but the key
 	// still deduplicates. A job id is one job: enqueueing it again for the same tenant
 	// adds a delivery of that job (its Commit still runs once), and for another tenant
-	// fails with ErrJobIDTaken while its index lives (Config.ResultTTL after it is done);
-	// after that, a Commit finds the other tenant's completion and fails permanently with
-	// ErrJobIDTaken. Choose ids unique across tenants and kinds (prefix them with both).
+	// on the same queue fails with ErrJobIDTaken while its index lives (Config.ResultTTL
+	// after it is done; the index lives with the queue). On another queue, or later, the
+	// enqueue is accepted, but the job whose Commit comes second finds the other's
+	// completion and fails permanently with ErrJobIDTaken (dead-lettered, nothing
+	// written): the first to commit wins. So choose ids unique across tenants, queues and
+	// kinds (prefix them with all three), or give a Key instead: a derived id includes
+	// the tenant, the kind and the queue.
 	// Default: derived from Key (with the tenant and kind), else a random UUID.
 	JobID string
 }
@@ -94,7 +113,7 @@ func (c *Client) Enqueue(ctx context.Context, args JobArgs, opts *EnqueueOpts) (
 		}
 		return &EnqueueResult{JobID: m.JobID, Queue: o.Queue}, nil
 	}
-	return c.acceptKeyed(ctx, EnqueueScope(o.Tenant, m.Kind, o.Key), m, keys)
+	return c.acceptKeyed(ctx, EnqueueScopeOn(o.Queue, o.Tenant, m.Kind, o.Key), m, keys)
 }
 
 // message validates args and opts and returns the job's message and the effective
@@ -104,6 +123,13 @@ func (c *Client) message(ctx context.Context, args JobArgs, opts *EnqueueOpts) (
 	if opts != nil {
 		o = *opts
 	}
+	return c.messageFor(ctx, args, o, false)
+}
+
+// messageFor is message with the options as they are; with fixedTenant, o.Tenant is the
+// job's tenant even when empty (a route's request's: the arguments' default tenant
+// must not replace it).
+func (c *Client) messageFor(ctx context.Context, args JobArgs, o EnqueueOpts, fixedTenant bool) (queue.Message, EnqueueOpts, error) {
 	if args == nil {
 		return queue.Message{}, o, fmt.Errorf("%w: nil arguments", ErrUnknownKind)
 	}
@@ -117,7 +143,9 @@ func (c *Client) message(ctx context.Context, args JobArgs, opts *EnqueueOpts) (
 		def = d.EnqueueOpts()
 	}
 	o.Queue = cmp.Or(o.Queue, def.Queue, DefaultQueue)
-	o.Tenant = cmp.Or(o.Tenant, def.Tenant)
+	if !fixedTenant {
+		o.Tenant = cmp.Or(o.Tenant, def.Tenant)
+	}
 	if err := c.keys(o.Queue).Validate(); err != nil {
 		return queue.Message{}, o, fmt.Errorf("onceflow: enqueue %s: %w", kind, err)
 	}
@@ -134,7 +162,7 @@ func (c *Client) message(ctx context.Context, args JobArgs, opts *EnqueueOpts) (
 	switch {
 	case id != "":
 	case o.Key != "":
-		id = JobID(EnqueueScope(o.Tenant, kind, o.Key))
+		id = JobID(EnqueueScopeOn(o.Queue, o.Tenant, kind, o.Key))
 	default:
 		id = uuid.NewString()
 	}

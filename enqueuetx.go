@@ -47,7 +47,8 @@ type enqueueIntent struct {
 // Arguments and options are Enqueue's, checked the same way. The result has the job id
 // and queue; Replayed reports that a row for this job id was in the outbox already (an
 // EnqueueTx with the same Key or JobID whose row was not purged yet): nothing was added,
-// and the arguments were not compared. The row's insert never aborts tx; its database
+// and the arguments were not compared; a row of another tenant's with that job id is
+// ErrJobIDTaken (one more round trip, on this path only). The row's insert never aborts tx; its database
 // error is returned and tx is the caller's to roll back.
 func (c *Client) EnqueueTx(ctx context.Context, tx pgx.Tx, args JobArgs, opts *EnqueueOpts) (*EnqueueResult, error) {
 	if tx == nil {
@@ -57,6 +58,7 @@ func (c *Client) EnqueueTx(ctx context.Context, tx pgx.Tx, args JobArgs, opts *E
 	if err != nil {
 		return nil, err
 	}
+	c.noteQueue(o.Queue)
 	payload, err := json.Marshal(enqueueIntent{
 		Queue: o.Queue, Key: o.Key, JobID: m.JobID, Kind: m.Kind, Tenant: m.Tenant, Args: string(m.Payload),
 		EnqueuedAt: m.EnqueuedAt.UnixMilli(), TraceParent: m.TraceParent,
@@ -68,6 +70,16 @@ func (c *Client) EnqueueTx(ctx context.Context, tx pgx.Tx, args JobArgs, opts *E
 		Payload: payload, Traceparent: m.TraceParent})
 	switch {
 	case errors.Is(err, pgoutbox.ErrDuplicate):
+		// The row of this job id exists: this job's (a replay), or another tenant's
+		// that chose the same JobID, which this caller must not be told is its own.
+		var tenant string
+		if err := tx.QueryRow(ctx, `SELECT coalesce(payload->>'tenant', '') FROM outbox WHERE dedupe_key = $1`,
+			enqueueDedupeKey(m.JobID)).Scan(&tenant); err != nil {
+			return nil, fmt.Errorf("onceflow: enqueue %s in a transaction: read the job's row: %w", m.Kind, err)
+		}
+		if tenant != m.Tenant {
+			return nil, fmt.Errorf("onceflow: enqueue %s in a transaction: %w", m.Kind, ErrJobIDTaken)
+		}
 		return &EnqueueResult{JobID: m.JobID, Queue: o.Queue, Replayed: true}, nil
 	case err != nil:
 		return nil, fmt.Errorf("onceflow: enqueue %s in a transaction: %w", m.Kind, err)
@@ -77,8 +89,9 @@ func (c *Client) EnqueueTx(ctx context.Context, tx pgx.Tx, args JobArgs, opts *E
 
 // sendEnqueue is the built-in sender of TopicEnqueue: it adds the row's job to its
 // queue, through the keyed accept when it had a key (a key already used for the same
-// arguments adds nothing), with queue.Enqueue otherwise. A row that does not decode,
-// and a key used for other arguments, are permanent. Redis unreachable or unable to
+// arguments adds nothing), with queue.Enqueue otherwise. A row that does not decode, a
+// key used for other arguments and a job id of another tenant's (ErrJobIDTaken) are
+// permanent. Redis unreachable or unable to
 // take writes (redisUnreachable: a refused or broken connection, LOADING, READONLY,
 // MASTERDOWN, ...) is marked Unavailable, so the relay retries the row for as long as
 // the outage lasts without counting attempts: a committed job is never exhausted
@@ -100,12 +113,15 @@ func (c *Client) sendEnqueue(ctx context.Context, om outbox.Message) error {
 	}
 	var err error
 	if in.Key != "" {
-		_, err = c.acceptKeyed(ctx, EnqueueScope(m.Tenant, m.Kind, in.Key), m, keys)
+		_, err = c.acceptKeyed(ctx, EnqueueScopeOn(keys.Queue, m.Tenant, m.Kind, in.Key), m, keys)
 		if errors.Is(err, idempotency.ErrKeyReused) {
 			return outbox.Permanent(err)
 		}
 	} else {
 		err = c.enqueue(ctx, keys, m)
+	}
+	if errors.Is(err, ErrJobIDTaken) { // another tenant's job id: no retry can change that
+		return outbox.Permanent(err)
 	}
 	if redisUnreachable(err) && !errors.Is(err, outbox.ErrUnavailable) {
 		return outbox.Unavailable(err)

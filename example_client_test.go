@@ -309,21 +309,30 @@ func ExampleClient_Sender() {
 	// Output: queued default
 }
 
+// Thumbnail is the images workflow's job kind; its jobs go to the images queue.
+type Thumbnail struct {
+	URL   string `json:"url"`
+	Width int    `json:"width"`
+}
+
+func (Thumbnail) Kind() string { return "image.thumbnail" }
+
+func (Thumbnail) EnqueueOpts() onceflow.EnqueueOpts { return onceflow.EnqueueOpts{Queue: "images"} }
+
 // images is a workflow: its queue, its worker, its table and its routes, in one value.
 func images(tables *migrations.Source) onceflow.Workflow {
 	return onceflow.Workflow{
 		Name:   "images",
 		Queues: map[string]onceflow.QueueConfig{"images": {Concurrency: 4}},
 		Workers: func(ws *onceflow.Workers) error {
-			return onceflow.AddWorkerSafely(ws, onceflow.WorkFunc[Resize](func(ctx context.Context, job *onceflow.Job[Resize]) error {
+			return onceflow.AddWorkerSafely(ws, onceflow.WorkFunc[Thumbnail](func(ctx context.Context, job *onceflow.Job[Thumbnail]) error {
 				return nil // resize job.Args.URL
 			}))
 		},
 		Migrations: tables,
 		Routes: func(c *onceflow.Client, mux *http.ServeMux) error {
-			post, err := onceflow.Route(c, onceflow.RouteConfig[Resize]{
+			post, err := onceflow.Route(c, onceflow.RouteConfig[Thumbnail]{
 				Tenant: func(*http.Request) (string, error) { return "acme", nil },
-				Opts:   func(*http.Request, *Resize) onceflow.EnqueueOpts { return onceflow.EnqueueOpts{Queue: "images"} },
 			})
 			if err != nil {
 				return err
@@ -418,6 +427,14 @@ func ExampleEnqueueScope() {
 	s := onceflow.EnqueueScope("acme", "image.resize", "upload-7")
 	fmt.Println(s.Tenant, s.Method, s.Path, s.Key)
 	// Output: acme ENQUEUE image.resize upload-7
+}
+
+// On another queue than DefaultQueue the scope names the queue: the same key there is
+// another key, and another job.
+func ExampleEnqueueScopeOn() {
+	s := onceflow.EnqueueScopeOn("images", "acme", "image.resize", "upload-7")
+	fmt.Println(s.Path, onceflow.EnqueueScopeOn(onceflow.DefaultQueue, "acme", "image.resize", "upload-7") == onceflow.EnqueueScope("acme", "image.resize", "upload-7"))
+	// Output: image.resize@images true
 }
 
 // NewWorkers is the registry a Client takes in Config.Workers.

@@ -41,9 +41,12 @@ type RouteConfig[T JobArgs] struct {
 	// field, a range). Its error is a 400 whose detail is the error's text; start it with
 	// the field's name ("notify: not an email address"). Default: none.
 	Validate func(args *T) error
-	// Opts returns the enqueue options of a request (its queue); the key, the tenant and
-	// the job id always come from the request. Default: the arguments' own.
-	Opts func(r *http.Request, args *T) EnqueueOpts
+	// Queue is the queue the route's jobs go to, the same for every request, so that an
+	// Idempotency-Key names one job whatever the body (its record lives with the
+	// queue). Default: the kind's own (JobArgsWithOpts), else DefaultQueue. The tenant
+	// and the job id always come from the request (Tenant and the key), never from the
+	// arguments' defaults.
+	Queue string
 	// Location returns the Location header of the 202 (where the job's state is read).
 	// Default: the request's path, a slash and the job id.
 	Location func(r *http.Request, jobID string) string
@@ -94,6 +97,16 @@ func Route[T JobArgs](c *Client, cfg RouteConfig[T]) (http.Handler, error) {
 	if !queue.ValidKind(kind) {
 		return nil, fmt.Errorf("%w: Route: kind %q of %T is not valid", ErrUnknownKind, kind, zero)
 	}
+	if cfg.Queue == "" {
+		if o, ok := any(zero).(JobArgsWithOpts); ok {
+			cfg.Queue = o.EnqueueOpts().Queue
+		}
+		cfg.Queue = cmp.Or(cfg.Queue, DefaultQueue)
+	}
+	if err := c.keys(cfg.Queue).Validate(); err != nil {
+		return nil, fmt.Errorf("onceflow: Route: queue %q: %w", cfg.Queue, err)
+	}
+	c.noteQueue(cfg.Queue)
 	cfg.MaxBodyBytes = cmp.Or(cfg.MaxBodyBytes, DefaultMaxBodyBytes)
 	cfg.Timeout = cmp.Or(cfg.Timeout, DefaultRouteTimeout)
 	cfg.BodyReadTimeout = cmp.Or(cfg.BodyReadTimeout, DefaultBodyReadTimeout)
@@ -157,16 +170,12 @@ func (rt *route[T]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	var opts EnqueueOpts
-	if rt.cfg.Opts != nil {
-		opts = rt.cfg.Opts(r, args)
-	}
-	opts.Tenant, opts.Key, opts.JobID = scope.Tenant, "", JobID(scope)
+	opts := EnqueueOpts{Queue: rt.cfg.Queue, Tenant: scope.Tenant, JobID: JobID(scope)}
 	// The accept must not depend on the client staying connected: once Redis has the job
 	// the answer is stored with it, atomically.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), rt.cfg.Timeout)
 	defer cancel()
-	m, o, err := rt.c.message(r.Context(), *args, &opts)
+	m, o, err := rt.c.messageFor(r.Context(), *args, opts, true)
 	if err != nil {
 		mw.Respond(w, r, nil, false, &idempotency.RequestError{Err: err})
 		return

@@ -54,7 +54,8 @@ var ErrJobNotFound = errors.New("onceflow: no such job")
 
 // JobState returns the state of job id for tenant: done (its completion record, read from
 // PostgreSQL), else failed, running, done without a Commit or queued (its job index and
-// its stream entry, read from Redis, in each of the client's queues). An unknown id,
+// its stream entry, read from Redis, in each queue the client works, enqueued to or
+// routes to). An unknown id,
 // another tenant's job, or a job whose index expired after it finished gives
 // ErrJobNotFound; a store that does not answer gives its error (answer 503). It costs
 // one PostgreSQL round trip and, for a job not done, two Redis round trips per queue
@@ -70,7 +71,7 @@ func (c *Client) JobState(ctx context.Context, tenant, id string) (*JobState, er
 			return st, err
 		}
 	}
-	for _, name := range c.Queues() {
+	for _, name := range c.stateQueues() {
 		st, err := c.indexed(ctx, name, tenant, id)
 		if err == nil || !errors.Is(err, ErrJobNotFound) {
 			return st, err
@@ -136,13 +137,18 @@ func (c *Client) indexed(ctx context.Context, name, tenant, id string) (*JobStat
 	return st, nil
 }
 
+// DefaultStateTimeout bounds StateHandler's reads of one request: a store that does not
+// answer in time (a hung PostgreSQL, a Redis that stopped reading) gets 503 with
+// Retry-After, not a request that hangs.
+const DefaultStateTimeout = 2 * time.Second
+
 // StateHandler returns an http.Handler for GET .../{job_id}: the state of the job
 // r.PathValue("job_id") for the tenant tenant returns, as JSON (JobState's fields: job_id,
 // kind, queue, status, and result, error or completed_at when known): 200, or 404 for
 // an unknown id or another tenant's job, 401 when tenant returns an error matching
 // idempotency.ErrUnauthenticated (500, or 503 with Retry-After for one matching
 // ErrUnavailable, when it fails otherwise: see idempotency.ErrTenantLookup), 503 with
-// Retry-After when a store does not answer. Mount it with a {job_id} wildcard:
+// Retry-After when a store does not answer within DefaultStateTimeout. Mount it with a {job_id} wildcard:
 // mux.Handle("GET /v1/tickets/{job_id}", onceflow.StateHandler(c, tenant)).
 func StateHandler(c *Client, tenant func(*http.Request) (string, error)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -161,7 +167,9 @@ func StateHandler(c *Client, tenant func(*http.Request) (string, error)) http.Ha
 			writeDetail(w, http.StatusInternalServerError, "authentication failed on the server")
 			return
 		}
-		st, err := c.JobState(r.Context(), t, r.PathValue("job_id"))
+		ctx, cancel := context.WithTimeout(r.Context(), DefaultStateTimeout)
+		defer cancel()
+		st, err := c.JobState(ctx, t, r.PathValue("job_id"))
 		switch {
 		case errors.Is(err, ErrJobNotFound):
 			writeDetail(w, http.StatusNotFound, "no such job")

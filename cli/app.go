@@ -138,32 +138,27 @@ func (e *env) host(cfg *config.Config, log *slog.Logger, reg prometheus.Register
 	}
 }
 
-// workflows returns App.Workflows' workflows (none when it is nil), each queue's zero
-// settings taking the ONCEFLOW_* ones (a workflow's own settings win).
+// workflows returns App.Workflows' workflows (none when it is nil). Their queues take
+// the ONCEFLOW_* settings through the Client's QueueDefaults (see queueDefaults).
 func (e *env) workflows(h Host) ([]onceflow.Workflow, error) {
 	if e.app.Workflows == nil {
 		return nil, nil
 	}
-	cfg := h.Config
 	wfs, err := e.app.Workflows(h)
 	if err != nil {
 		return nil, fmt.Errorf("workflows: %w", err)
 	}
-	out := slices.Clone(wfs)
-	for i, wf := range out {
-		qs := make(map[string]onceflow.QueueConfig, len(wf.Queues))
-		for name, qc := range wf.Queues {
-			qc.Concurrency = cmp.Or(qc.Concurrency, cfg.WorkerConcurrency)
-			qc.ClaimIdle = cmp.Or(qc.ClaimIdle, cfg.ClaimIdle)
-			qc.MaxDeliveries = cmp.Or(qc.MaxDeliveries, cfg.MaxDeliveries)
-			qc.ShutdownTimeout = cmp.Or(qc.ShutdownTimeout, cfg.ShutdownTimeout)
-			qc.StatsInterval = cmp.Or(qc.StatsInterval, cfg.StatsInterval)
-			qc.DeadLetterRetention = cmp.Or(qc.DeadLetterRetention, dlqRetention(cfg))
-			qs[name] = qc
-		}
-		out[i].Queues = qs
+	return wfs, nil
+}
+
+// queueDefaults are the ONCEFLOW_* queue settings, the Client's QueueDefaults: every
+// queue it works (the workflows' and their kinds') takes them where its own
+// QueueConfig leaves a setting zero.
+func queueDefaults(cfg *config.Config) onceflow.QueueConfig {
+	return onceflow.QueueConfig{
+		Concurrency: cfg.WorkerConcurrency, ClaimIdle: cfg.ClaimIdle, MaxDeliveries: cfg.MaxDeliveries,
+		ShutdownTimeout: cfg.ShutdownTimeout, StatsInterval: cfg.StatsInterval, DeadLetterRetention: dlqRetention(cfg),
 	}
-	return out, nil
 }
 
 // workflowQueues returns the names of the queues of wfs, sorted.
@@ -249,6 +244,7 @@ func (d *deps) appClient(e *env, withModel bool) (*onceflow.Client, error) {
 		return nil, err
 	}
 	oc.Workflows, oc.Relay, oc.AuditMaxAge = wfs, relayConfig(cfg, d.log, d.reg), cfg.AuditMaxAge
+	oc.QueueDefaults = queueDefaults(cfg)
 	if d.tp != nil {
 		oc.Middleware = []onceflow.Middleware{onceflowotel.Middleware(d.tp)}
 	}

@@ -4,37 +4,26 @@ import (
 	"testing"
 	"time"
 
-	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/config"
 )
 
-// A workflow's zero queue settings take the ONCEFLOW_* ones, ONCEFLOW_DLQ_RETENTION
-// among them (0 there keeps dead letters for ever: negative in QueueConfig); its own
-// settings win.
+// The Client's QueueDefaults are the ONCEFLOW_* queue settings, ONCEFLOW_DLQ_RETENTION
+// among them (0 there keeps dead letters for ever: negative in QueueConfig); a queue's
+// own settings win over them (onceflow's TestQueueDefaultsFillOnlyZeroSettings).
 func TestWorkflowQueuesTakeTheSettings(t *testing.T) {
-	e := &env{app: App{Workflows: func(Host) ([]onceflow.Workflow, error) {
-		return []onceflow.Workflow{{Name: "w", Queues: map[string]onceflow.QueueConfig{
-			"zero": {}, "own": {Concurrency: 3, DeadLetterRetention: time.Hour},
-		}}}, nil
-	}}}
 	for _, tc := range []struct {
 		retention, want time.Duration
 	}{{0, -1}, {72 * time.Hour, 72 * time.Hour}} {
 		cfg := config.Defaults()
 		cfg.DLQRetention, cfg.WorkerConcurrency = tc.retention, 17
-		wfs, err := e.workflows(e.host(cfg, nil, nil))
-		if err != nil {
-			t.Fatal(err)
-		}
-		zero, own := wfs[0].Queues["zero"], wfs[0].Queues["own"]
-		if zero.DeadLetterRetention != tc.want || zero.Concurrency != 17 || zero.ClaimIdle != cfg.ClaimIdle {
-			t.Errorf("ONCEFLOW_DLQ_RETENTION=%v: zero queue %+v, want retention %v, concurrency 17", tc.retention, zero, tc.want)
-		}
-		if own.DeadLetterRetention != time.Hour || own.Concurrency != 3 {
-			t.Errorf("the workflow's own settings lost: %+v", own)
+		d := queueDefaults(cfg)
+		if d.DeadLetterRetention != tc.want || d.Concurrency != 17 || d.ClaimIdle != cfg.ClaimIdle ||
+			d.MaxDeliveries != cfg.MaxDeliveries || d.ShutdownTimeout != cfg.ShutdownTimeout || d.StatsInterval != cfg.StatsInterval {
+			t.Errorf("ONCEFLOW_DLQ_RETENTION=%v: queue defaults %+v, want retention %v, concurrency 17 and the settings", tc.retention, d, tc.want)
 		}
 	}
-	if wfs, err := (&env{}).workflows(e.host(config.Defaults(), nil, nil)); wfs != nil || err != nil {
+	e := &env{}
+	if wfs, err := e.workflows(e.host(config.Defaults(), nil, nil)); wfs != nil || err != nil {
 		t.Errorf("App.Workflows nil: %v %v, want none", wfs, err)
 	}
 }

@@ -82,7 +82,9 @@ type WorkerConfig struct {
 	// Default: ClaimIdle/3. It must be shorter than ClaimIdle.
 	RenewInterval time.Duration
 	// ShutdownTimeout is how long Run waits, once its context is cancelled, for running
-	// handlers before it cancels their context. Default: 30s.
+	// handlers before it cancels their context. A job whose handler then fails is handed
+	// back without spending a delivery (a restart is not the job's failure), and runs
+	// again after ClaimIdle. Default: 30s.
 	ShutdownTimeout time.Duration
 	// AckBatch is the most ids one XACK carries. Default: 512.
 	AckBatch int
@@ -221,6 +223,7 @@ type Worker struct {
 	handlers sync.WaitGroup
 	acks     *acker
 	started  atomic.Bool
+	cut      atomic.Bool // the shutdown timeout passed: in-flight handlers are cancelled
 
 	mu       sync.Mutex
 	inFlight map[string]jobRef // entries whose handler runs, with their job for logs
@@ -289,7 +292,8 @@ func (w *Worker) Run(ctx context.Context) error {
 	n := w.inFlightCount()
 	w.log.Info("worker stopping: waiting for in-flight jobs", "in_flight", n, "timeout", w.cfg.ShutdownTimeout)
 	if !waitTimeout(&w.handlers, w.cfg.ShutdownTimeout) {
-		w.log.Warn("shutdown timeout: cancelling in-flight jobs, which stay pending", "in_flight", w.inFlightCount())
+		w.log.Warn("shutdown timeout: cancelling in-flight jobs, which are handed back without spending a delivery", "in_flight", w.inFlightCount())
+		w.cut.Store(true)
 		cancelHandlers()
 		grace := min(w.cfg.ShutdownTimeout, 5*time.Second)
 		if !waitTimeout(&w.handlers, grace) {
@@ -625,6 +629,14 @@ func (w *Worker) process(ctx context.Context, d delivery) {
 		w.bury(d, &msg, reasonPermanent, "permanent: "+err.Error())
 	case outcomeUnavailable:
 		w.handBack(d, err)
+	case outcomeError, outcomePanic:
+		if w.cut.Load() && ctx.Err() != nil {
+			// Cut by this worker's shutdown (a deploy, a restart): not the job's failure,
+			// so it spends none of its deliveries.
+			w.handBack(d, err)
+			return
+		}
+		fallthrough
 	default:
 		var de *retry.DelayError
 		if errors.As(err, &de) && de.Delay < w.cfg.ClaimIdle {
