@@ -16,7 +16,6 @@ import (
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/llm/fakeserver"
 	"github.com/onceflow/onceflow/llm/openai"
-	"github.com/onceflow/onceflow/migrations"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/queue"
 )
@@ -71,16 +70,7 @@ func TestPostgresOutageDuringCommitSpendsNoDelivery(t *testing.T) {
 			t.Parallel()
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 			defer cancel()
-			pg := testenv.PrivatePostgres(t)
-			url := testenv.PostgresURLOf(pg) + "&connect_timeout=1"
-			if _, err := migrations.Up(ctx, url, testenv.Logger(t)); err != nil {
-				t.Fatal(err)
-			}
-			pool, err := onceflow.NewPostgres(ctx, url)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(pool.Close)
+			pg, _, pool := testenv.MigratedPrivatePostgres(t, "&connect_timeout=1")
 			if _, err := pool.Exec(ctx, `CREATE TABLE orders (job_id text PRIMARY KEY, order_id text NOT NULL)`); err != nil {
 				t.Fatal(err)
 			}

@@ -13,7 +13,6 @@ import (
 	"github.com/onceflow/onceflow/internal/connect"
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/llm/ledger"
-	"github.com/onceflow/onceflow/migrations"
 	"github.com/onceflow/onceflow/retry"
 )
 
@@ -25,11 +24,7 @@ func TestPostgresUnreachableClassifiesRealErrors(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	pg := testenv.PrivatePostgres(t)
-	url := testenv.PostgresURLOf(pg) + "&connect_timeout=2"
-	if _, err := migrations.Up(ctx, url, testenv.Logger(t)); err != nil {
-		t.Fatal(err)
-	}
+	pg, url, _ := testenv.MigratedPrivatePostgres(t, "&connect_timeout=2")
 	conn := func() *pgx.Conn {
 		t.Helper()
 		c, err := pgx.Connect(ctx, url)

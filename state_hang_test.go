@@ -2,7 +2,6 @@ package onceflow_test
 
 import (
 	"bytes"
-	"context"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -15,7 +14,6 @@ import (
 
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/internal/testenv"
-	"github.com/onceflow/onceflow/migrations"
 )
 
 // pausePostgres stops (SIGSTOP) the PostgreSQL server listening on port and its
@@ -70,17 +68,7 @@ func pausePostgres(t *testing.T, port int) func() {
 // share) until the client gives up. It should answer 503 within a bound like Route's.
 func TestStateHandlerAnswersWhilePostgresHangs(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	pg := testenv.PrivatePostgres(t)
-	url := testenv.PostgresURLOf(pg)
-	if _, err := migrations.Up(ctx, url, testenv.Logger(t)); err != nil {
-		t.Fatal(err)
-	}
-	pool, err := onceflow.NewPostgres(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pg, _, pool := testenv.MigratedPrivatePostgres(t, "")
 	rdb, prefix := testenv.Redis(t)
 	c, err := onceflow.NewClient(onceflow.Config{Redis: rdb, Prefix: prefix, DB: pool, Logger: testenv.Logger(t)})
 	if err != nil {

@@ -1,10 +1,16 @@
 package testenv
 
 import (
+	"context"
 	"os"
 	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onceflow/onceflow/internal/cluster"
+	"github.com/onceflow/onceflow/internal/connect"
+	"github.com/onceflow/onceflow/migrations"
 )
 
 // Server is a Redis or PostgreSQL server of one test's own, on a free port (see
@@ -84,4 +90,24 @@ func FreePort(t testing.TB) int {
 		t.Fatalf("free port: %v", err)
 	}
 	return p
+}
+
+// MigratedPrivatePostgres is PrivatePostgres with onceflow's schema applied: it returns
+// the server, its URL with params appended ("&connect_timeout=1", or "") and a pool on it,
+// closed at cleanup.
+func MigratedPrivatePostgres(t testing.TB, params string) (*Server, string, *pgxpool.Pool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s := PrivatePostgres(t)
+	url := PostgresURLOf(s) + params
+	if _, err := migrations.Up(ctx, url, discardLogger()); err != nil {
+		t.Fatalf("migrate the private postgres: %v", err)
+	}
+	pool, err := connect.Postgres(ctx, url, nil)
+	if err != nil {
+		t.Fatalf("private postgres pool: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	return s, url, pool
 }
