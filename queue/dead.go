@@ -400,7 +400,7 @@ func TrimDead(ctx context.Context, rdb redis.Cmdable, keys Keys, before time.Tim
 		}
 		cut := threshold
 		if len(msgs) == trimDeadBatch { // more may follow: trim this batch only
-			ms, seq := splitID(msgs[len(msgs)-1].ID)
+			ms, seq, _ := splitID(msgs[len(msgs)-1].ID)
 			cut = strconv.FormatUint(ms, 10) + "-" + strconv.FormatUint(seq+1, 10)
 		}
 		keyList := []string{keys.Dead()}

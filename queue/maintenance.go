@@ -116,7 +116,7 @@ func Trim(ctx context.Context, rdb redis.Cmdable, keys Keys, jobTTL time.Duratio
 
 // nextID returns the stream entry id just after id (ms-seq).
 func nextID(id string) string {
-	ms, seq := splitID(id)
+	ms, seq, _ := splitID(id)
 	return strconv.FormatUint(ms, 10) + "-" + strconv.FormatUint(seq+1, 10)
 }
 

@@ -3,8 +3,6 @@ package queue
 import (
 	"context"
 	"fmt"
-	"strconv"
-	"strings"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -45,7 +43,7 @@ const (
 // (XPENDING and XINFO GROUPS) in one pipelined round trip. An id that is not a stream
 // entry id gives an error. Safe for concurrent use.
 func EntryState(ctx context.Context, rdb redis.Cmdable, keys Keys, group, id string) (EntryStatus, error) {
-	if _, _, ok := parseEntryID(id); !ok {
+	if _, _, ok := splitID(id); !ok {
 		return EntryWaiting, fmt.Errorf("entry state: %q is not a stream entry id", clip(id))
 	}
 	pipe := rdb.Pipeline()
@@ -70,20 +68,9 @@ func EntryState(ctx context.Context, rdb redis.Cmdable, keys Keys, group, id str
 		if g.Name != group {
 			continue
 		}
-		if _, _, ok := parseEntryID(g.LastDeliveredID); ok && compareIDs(id, g.LastDeliveredID) <= 0 {
+		if compareIDs(id, g.LastDeliveredID) <= 0 {
 			return EntryAcknowledged, nil
 		}
 	}
 	return EntryWaiting, nil
-}
-
-// parseEntryID splits a stream entry id "ms-seq", reporting whether it is one.
-func parseEntryID(id string) (ms, seq uint64, ok bool) {
-	a, b, found := strings.Cut(id, "-")
-	if !found {
-		return 0, 0, false
-	}
-	ms, err1 := strconv.ParseUint(a, 10, 64)
-	seq, err2 := strconv.ParseUint(b, 10, 64)
-	return ms, seq, err1 == nil && err2 == nil
 }

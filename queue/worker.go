@@ -1015,17 +1015,19 @@ func waitTimeout(wg *sync.WaitGroup, d time.Duration) bool {
 
 // compareIDs orders two stream ids (ms-seq).
 func compareIDs(a, b string) int {
-	am, as := splitID(a)
-	bm, bs := splitID(b)
+	am, as, _ := splitID(a)
+	bm, bs, _ := splitID(b)
 	if c := cmp.Compare(am, bm); c != 0 {
 		return c
 	}
 	return cmp.Compare(as, bs)
 }
 
-func splitID(id string) (ms, seq uint64) {
-	m, q, _ := strings.Cut(id, "-")
-	ms, _ = strconv.ParseUint(m, 10, 64)
-	seq, _ = strconv.ParseUint(q, 10, 64)
-	return ms, seq
+// splitID splits a stream entry id "ms-seq", reporting whether it is one (zeros when
+// not).
+func splitID(id string) (ms, seq uint64, ok bool) {
+	m, q, found := strings.Cut(id, "-")
+	ms, err1 := strconv.ParseUint(m, 10, 64)
+	seq, err2 := strconv.ParseUint(q, 10, 64)
+	return ms, seq, found && err1 == nil && err2 == nil
 }
