@@ -114,7 +114,7 @@ func Route[T JobArgs](c *Client, cfg RouteConfig[T]) (http.Handler, error) {
 		cfg.Location = func(r *http.Request, id string) string { return strings.TrimSuffix(r.URL.Path, "/") + "/" + id }
 	}
 	mw, err := idempotency.New(idempotency.Config{
-		Store: c.store, Tenant: cfg.Tenant, LockTTL: cfg.LockTTL, ResultTTL: c.cfg.ResultTTL,
+		Store: c.store, Tenant: usableTenant(cfg.Tenant), LockTTL: cfg.LockTTL, ResultTTL: c.cfg.ResultTTL,
 		RetryAfter: cfg.RetryAfter, StoreTimeout: cfg.Timeout, MaxBodyBytes: cfg.MaxBodyBytes,
 		MaxResponseBytes: cfg.MaxResponseBytes, Logger: c.log, Registerer: c.cfg.Registerer,
 	})
@@ -141,13 +141,6 @@ func (rt *route[T]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	scope, err := mw.Scope(r, key)
 	if err != nil {
 		mw.Respond(w, r, nil, false, err)
-		return
-	}
-	if !queue.ValidTenant(scope.Tenant) {
-		// The server's tenant function is at fault, not the request: never a 400 that
-		// would show the client the server's tenant name.
-		rt.c.log.ErrorContext(r.Context(), "onceflow: Route: the tenant function returned a tenant onceflow cannot use (up to 64 characters of A-Z a-z 0-9 . _ -)", "path", r.URL.Path)
-		writeDetail(w, http.StatusInternalServerError, "authentication failed on the server")
 		return
 	}
 	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
@@ -190,6 +183,23 @@ func (rt *route[T]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// key order in the body do not matter.
 	stored, replayed, err := rt.c.accept(ctx, scope, idempotency.Fingerprint(m.Payload), resp, m, rt.c.keys(o.Queue))
 	mw.Respond(w, r, stored, replayed, err)
+}
+
+// errUnusableTenant is the error of a tenant function that returned a tenant onceflow
+// cannot use: the server's mistake, answered 500 like any failure to tell the tenant
+// (idempotency.ErrTenantLookup), never a 400 that would show the client the name.
+var errUnusableTenant = errors.New("onceflow: the tenant function returned a tenant onceflow cannot use (up to 64 characters of A-Z a-z 0-9 . _ -)")
+
+// usableTenant wraps a Route's or StateHandler's tenant function so that a tenant
+// onceflow cannot use is an error (errUnusableTenant), not a tenant.
+func usableTenant(tenant func(*http.Request) (string, error)) func(*http.Request) (string, error) {
+	return func(r *http.Request) (string, error) {
+		t, err := tenant(r)
+		if err == nil && !queue.ValidTenant(t) {
+			return "", errUnusableTenant
+		}
+		return t, err
+	}
 }
 
 // readBody reads the request's body (idempotency.ReadBody, up to MaxBodyBytes) within

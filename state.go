@@ -151,6 +151,7 @@ const DefaultStateTimeout = 2 * time.Second
 // Retry-After when a store does not answer within DefaultStateTimeout. Mount it with a {job_id} wildcard:
 // mux.Handle("GET /v1/tickets/{job_id}", onceflow.StateHandler(c, tenant)).
 func StateHandler(c *Client, tenant func(*http.Request) (string, error)) http.Handler {
+	tenant = usableTenant(tenant)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		t, err := tenant(r)
 		switch {
@@ -161,10 +162,6 @@ func StateHandler(c *Client, tenant func(*http.Request) (string, error)) http.Ha
 		case err != nil:
 			c.log.ErrorContext(r.Context(), "onceflow: telling the request's tenant failed", "err", err, "path", r.URL.Path)
 			idempotency.WriteTenantLookupError(w, err, "1")
-			return
-		case !queue.ValidTenant(t):
-			c.log.ErrorContext(r.Context(), "onceflow: the tenant function returned a tenant onceflow cannot use", "path", r.URL.Path)
-			writeDetail(w, http.StatusInternalServerError, "authentication failed on the server")
 			return
 		}
 		ctx, cancel := context.WithTimeout(r.Context(), DefaultStateTimeout)
