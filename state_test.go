@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/internal/roundtrip"
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
@@ -47,8 +48,16 @@ func TestJobStateFollowsAJobToDone(t *testing.T) {
 		}
 		return st
 	}
+	trips := &roundtrip.Counter{}
+	e.rdb.AddHook(trips)
 	if st := state(plain.JobID); st.Status != onceflow.StatusQueued || st.Queue != "default" {
 		t.Fatalf("before any worker: %+v, want queued on default", st)
+	}
+	// The job index, then the entry's pending record and the group's last delivered id
+	// in one pipeline (queue.EntryState): two Redis round trips for a job on the first
+	// queue looked in.
+	if n := trips.Redis(); n != 2 {
+		t.Fatalf("JobState of a queued job cost %d Redis round trips, want 2", n)
 	}
 	if st := state(committed.JobID); st.Status != onceflow.StatusQueued || st.Queue != "payments" {
 		t.Fatalf("before any worker: %+v, want queued on payments", st)
