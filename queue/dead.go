@@ -82,8 +82,9 @@ func (m Message) MarshalJSON() ([]byte, error) {
 //	ARGV[4]  reason
 //	ARGV[5]  failed_at, Unix milliseconds
 //	ARGV[6]  tenant, or "" when unknown
-//	ARGV[7:] the dead-letter record's field/value list; the script appends "deliveries"
-//	         with the entry's delivery count from the PEL
+//	ARGV[7]  the attempts the job spent, or 0 to record the entry's delivery count
+//	ARGV[8:] the dead-letter record's field/value list; the script appends "deliveries"
+//	         with ARGV[7] or the entry's delivery count from the PEL
 //
 // Returns the dead-letter entry id, or nil when the entry is no longer pending to
 // ARGV[2] (acknowledged, or reclaimed by another consumer whose run now decides).
@@ -96,9 +97,9 @@ var deadLetterScript = redis.NewScript(`
 local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1, ARGV[2])
 if #p == 0 then return false end
 local rec = {}
-for i = 7, #ARGV do rec[#rec + 1] = ARGV[i] end
+for i = 8, #ARGV do rec[#rec + 1] = ARGV[i] end
 rec[#rec + 1] = 'deliveries'
-rec[#rec + 1] = tostring(p[1][4])
+if tonumber(ARGV[7]) > 0 then rec[#rec + 1] = ARGV[7] else rec[#rec + 1] = tostring(p[1][4]) end
 local dead = redis.call('XADD', KEYS[2], '*', unpack(rec))
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
 if KEYS[3] then
@@ -113,7 +114,7 @@ return dead
 // deadLetter moves entry id (pending to consumer) to the dead-letter stream. msg is the
 // parsed message, or nil when fields were malformed. It reports ok=false when the entry
 // was no longer this consumer's.
-func deadLetter(ctx context.Context, rdb redis.Scripter, keys Keys, group, consumer, id string, fields map[string]any, msg *Message, reason string, now time.Time) (deadID string, ok bool, err error) {
+func deadLetter(ctx context.Context, rdb redis.Scripter, keys Keys, group, consumer, id string, fields map[string]any, msg *Message, reason string, attempts int64, now time.Time) (deadID string, ok bool, err error) {
 	ms := strconv.FormatInt(now.UnixMilli(), 10)
 	var rec []any
 	var jobID, tenant string
@@ -140,7 +141,7 @@ func deadLetter(ctx context.Context, rdb redis.Scripter, keys Keys, group, consu
 	if jobID != "" {
 		keyList = append(keyList, keys.Job(jobID))
 	}
-	args := append([]any{group, consumer, id, reason, ms, tenant}, rec...)
+	args := append([]any{group, consumer, id, reason, ms, tenant, attempts}, rec...)
 	deadID, err = deadLetterScript.Run(ctx, rdb, keyList, args...).Text()
 	if errors.Is(err, redis.Nil) {
 		return "", false, nil

@@ -45,23 +45,14 @@ const DefaultJobTTL = 24 * time.Hour
 // gives it WorkerConfig.JobTTL when its maintenance trims the acknowledged latest entry
 // from the stream, see Trim). When the
 // index records a failure, the job was asked for again and runs again, as after a
-// replay: the dead letter the index points at (dead_id) is deleted and reason, dead_id
-// and failed_at are removed. Invariant: a job is never queued in the index while the
+// replay: the dead letter the index points at (dead_id) is deleted and reason, dead_id,
+// failed_at and last_error are removed; its new entry runs with the whole budget. Invariant: a job is never queued in the index while the
 // dead letter it points at exists, nor expires from the index while queued.
 const EnqueueLua = `
 local f = redis.call('HMGET', keys[3], 'state', 'dead_id', 'tenant')
-if f[3] and f[3] ~= argv[1] then
-  error({err = 'JOBIDTAKEN the job id ' .. keys[3] .. ' belongs to another tenant'})
-end
-if f[2] then
-  local t = redis.call('TYPE', keys[2]).ok
-  if t ~= 'stream' and t ~= 'none' then
-    error({err = 'WRONGTYPE ' .. keys[2] .. ' holds a ' .. t .. ', not a stream'})
-  end
-end
+` + jobIDCheckLua + `
 local id = redis.call('XADD', keys[1], '*', unpack(argv, 2))
-if f[2] then redis.call('XDEL', keys[2], f[2]) end
-if f[1] == 'failed' or f[2] then redis.call('HDEL', keys[3], 'reason', 'dead_id', 'failed_at') end
+` + retireLua + `
 redis.call('HSET', keys[3], 'tenant', argv[1], 'state', 'queued', 'entry', id)
 redis.call('PERSIST', keys[3])
 return id

@@ -2,6 +2,8 @@ package queue
 
 import (
 	"context"
+	"fmt"
+	"time"
 
 	"github.com/onceflow/onceflow/retry"
 )
@@ -12,8 +14,11 @@ type Job struct {
 	// ID is the stream entry id (1700000000000-0); a repeated enqueue of one job id has a
 	// different ID.
 	ID string
-	// Deliveries counts the deliveries of this entry, this one included: 1 for the first,
-	// 2 after one reclaim, and so on (the consumer group's counter, from XPENDING).
+	// Deliveries is the number of this attempt: 1 for the first run, then 1 + the
+	// attempts the job spent (runs that failed on it, and deliveries that never
+	// reported because their worker died). Hand-backs and snoozes do not count, so two
+	// runs may see the same number. Message.Attempts is the part recorded in the entry;
+	// the rest is the consumer group's delivery counter.
 	Deliveries int64
 }
 
@@ -23,11 +28,14 @@ type Job struct {
 //
 // Its result decides the entry's fate: nil acknowledges it; an error wrapping
 // ErrPermanent (see Permanent) moves it to the dead-letter stream at once; an error
-// wrapping ErrUnavailable (see Unavailable) hands it back without spending a delivery;
-// any other error, or a panic, leaves it pending so that it is delivered again after
-// ClaimIdle, until MaxDeliveries; an error from retry.RetryAfter(d, err) is delivered
-// again after d instead, when d is shorter than ClaimIdle. ctx is cancelled when the worker's shutdown timeout
-// expires.
+// wrapping ErrUnavailable (see Unavailable) hands it back without spending an attempt,
+// to run again after a short wait (its Retry-After, if it carries one); a *SnoozeError
+// (see Snooze) runs it again after its delay without spending an attempt; any other
+// error, or a panic, spends an attempt and schedules the next after a full-jitter
+// backoff (WorkerConfig.RetryBase, RetryMax) or the error's Retry-After
+// (retry.RetryAfterer: retry.RetryAfter's, a provider's 429), until the budget
+// (MaxDeliveries) is spent. ctx is cancelled when the worker's shutdown timeout expires
+// (the job is then handed back) and after MaxRunTime (a failed attempt).
 type Handler interface {
 	Handle(ctx context.Context, job *Job) error
 }
@@ -70,4 +78,29 @@ type Gate interface {
 	// Admit blocks until the worker may take jobs and returns how many it may take at
 	// most (0: no limit), or ctx's error when ctx ends first.
 	Admit(ctx context.Context) (int, error)
+}
+
+// SnoozeError asks the worker to run the job again after Delay without spending an
+// attempt: the job is not failing, it is waiting for something (a time, a limit, a
+// resource another job holds). Return it with Snooze.
+type SnoozeError struct {
+	// Delay is the wait before the next run; never negative.
+	Delay time.Duration
+}
+
+// Snooze returns a *SnoozeError: the job runs again after d (0: at once) without
+// spending an attempt. A job that snoozes for ever never fails: bound it yourself.
+func Snooze(d time.Duration) error { return &SnoozeError{Delay: max(d, 0)} }
+
+// Error says how long.
+func (e *SnoozeError) Error() string { return fmt.Sprintf("snoozed for %v", e.Delay) }
+
+// Completer is implemented by a Handler that records the jobs it completed (the onceflow
+// Client's handler reads its completion records). Before a job whose budget is spent is
+// dead-lettered, the worker asks: a job that completed (its effects committed, then its
+// worker died before the acknowledgement) is acknowledged instead, so it is never both
+// done and dead-lettered. An error means the answer is unknown (the store is down): the
+// job is handed back, not buried.
+type Completer interface {
+	Completed(ctx context.Context, job *Job) (bool, error)
 }

@@ -84,6 +84,10 @@ func start(t *testing.T, cfg WorkerConfig) *running {
 	if cfg.ShutdownTimeout == 0 {
 		cfg.ShutdownTimeout = 5 * time.Second
 	}
+	if cfg.RetryBase == 0 { // tests wait for retries: keep them short unless a test sets them
+		cfg.RetryBase = 10 * time.Millisecond
+		cfg.RetryMax = max(cfg.RetryMax, 100*time.Millisecond)
+	}
 	w, err := NewWorker(cfg)
 	if err != nil {
 		t.Fatalf("NewWorker: %v", err)

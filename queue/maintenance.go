@@ -190,52 +190,6 @@ end
 return {lost, deleted}
 `)
 
-// settleScript changes the delivery count or the idle time of an entry the caller still
-// owns, without counting a delivery.
-//
-//	KEYS[1]  the stream
-//	ARGV[1]  consumer group
-//	ARGV[2]  consumer (the caller)
-//	ARGV[3]  entry id
-//	ARGV[4]  the delivery count to set, or "" to keep it
-//	ARGV[5]  the idle time to set, in milliseconds (0: reclaimable after the full claim
-//	         idle time; ClaimIdle - d: reclaimable d from now)
-//
-// Returns 1 when done, 0 when the entry is no longer pending to ARGV[2]. XCLAIM with
-// JUSTID does not count as a delivery; RETRYCOUNT sets the counter; IDLE sets the idle
-// time. Invariant: as renewScript, only the current owner's entry is touched.
-var settleScript = redis.NewScript(`
-if #redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1, ARGV[2]) == 0 then return 0 end
-local args = {KEYS[1], ARGV[1], ARGV[2], 0, ARGV[3], 'IDLE', ARGV[5]}
-if ARGV[4] ~= '' then
-  args[#args + 1] = 'RETRYCOUNT'
-  args[#args + 1] = ARGV[4]
-end
-args[#args + 1] = 'JUSTID'
-redis.call('XCLAIM', unpack(args))
-return 1
-`)
-
-// handBack runs settleScript for entry id, setting its delivery count to count and its
-// idle time to zero (reclaimable after ClaimIdle).
-func handBack(ctx context.Context, rdb redis.Scripter, keys Keys, group, consumer, id string, count int64) (bool, error) {
-	n, err := settleScript.Run(ctx, rdb, []string{keys.Stream()}, group, consumer, id, max(count, 0), 0).Int()
-	if err != nil {
-		return false, fmt.Errorf("hand back %s: %w", id, err)
-	}
-	return n == 1, nil
-}
-
-// setIdle runs settleScript for entry id, keeping its delivery count and setting its
-// idle time to idle.
-func setIdle(ctx context.Context, rdb redis.Scripter, keys Keys, group, consumer, id string, idle time.Duration) (bool, error) {
-	n, err := settleScript.Run(ctx, rdb, []string{keys.Stream()}, group, consumer, id, "", max(idle.Milliseconds(), 0)).Int()
-	if err != nil {
-		return false, fmt.Errorf("set idle time of %s: %w", id, err)
-	}
-	return n == 1, nil
-}
-
 // renew runs renewScript for ids (at most renewChunk per call).
 func renew(ctx context.Context, rdb redis.Scripter, keys Keys, group, consumer string, ids []string) (lost, deleted []string, err error) {
 	args := make([]any, 0, 2+len(ids))
@@ -272,18 +226,29 @@ type Stats struct {
 	// OldestPendingIdle is the idle time of the pending entry with the lowest id (the
 	// longest waiting one, unless it was reclaimed or renewed), 0 when none is pending.
 	OldestPendingIdle time.Duration `json:"oldest_pending_idle"`
+	// OldestPendingAge is how long ago the pending entry with the lowest id was added to
+	// the stream (its id's time, on this process's clock), 0 when none is pending. Unlike
+	// the idle time, lease renewals do not reset it: a run that holds its entry for long
+	// (a hung handler whose lease is still renewed) shows here. An entry is added at
+	// enqueue and again at each retry or hand-back, so this bounds one run's wait and
+	// duration.
+	OldestPendingAge time.Duration `json:"oldest_pending_age"`
 	// Dead is the number of entries in the dead-letter stream.
 	Dead int64 `json:"dead"`
+	// Scheduled is the number of jobs in the scheduled set (retries, snoozes,
+	// hand-backs and EnqueueAt's jobs waiting for their time).
+	Scheduled int64 `json:"scheduled"`
 }
 
-// ReadStats reads Stats for group in one round trip (a pipeline of XLEN, XPENDING and
-// XLEN). A missing stream or group counts as empty. Safe for concurrent use.
+// ReadStats reads Stats for group in one round trip (a pipeline of XLEN, XPENDING, XLEN
+// and ZCARD). A missing stream or group counts as empty. Safe for concurrent use.
 func ReadStats(ctx context.Context, rdb redis.Cmdable, keys Keys, group string) (Stats, error) {
 	pipe := rdb.Pipeline()
 	length := pipe.XLen(ctx, keys.Stream())
 	summary := pipe.XPending(ctx, keys.Stream(), group)
 	oldest := pipe.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: keys.Stream(), Group: group, Start: "-", End: "+", Count: 1})
 	dead := pipe.XLen(ctx, keys.Dead())
+	scheduled := pipe.ZCard(ctx, keys.Scheduled())
 	_, _ = pipe.Exec(ctx)
 	var s Stats
 	var err error
@@ -294,12 +259,18 @@ func ReadStats(ctx context.Context, rdb redis.Cmdable, keys Keys, group string) 
 	if s.Dead, err = dead.Result(); err != nil {
 		return Stats{}, fmt.Errorf("read queue stats: %w", err)
 	}
+	if s.Scheduled, err = scheduled.Result(); err != nil {
+		return Stats{}, fmt.Errorf("read queue stats: %w", err)
+	}
 	sum, err := summary.Result()
 	if err != nil && !isNoGroup(err) && !errors.Is(err, redis.Nil) {
 		return Stats{}, fmt.Errorf("read queue stats: %w", err)
 	}
 	if sum != nil {
 		s.Pending = sum.Count
+		if ms, _, ok := splitID(sum.Lower); ok && sum.Count > 0 {
+			s.OldestPendingAge = max(time.Since(time.UnixMilli(int64(ms))), 0) // #nosec G115 -- stream ids hold Unix ms
+		}
 	}
 	if o, err := oldest.Result(); err == nil && len(o) > 0 {
 		s.OldestPendingIdle = o[0].Idle

@@ -25,6 +25,9 @@ const (
 	fieldPayload     = "payload"
 	fieldEnqueuedAt  = "enqueued_at"
 	fieldTraceParent = "traceparent"
+	// fieldAttempts is optional in both versions: the attempts the job spent before this
+	// entry, written by the worker when it schedules a retry (a positive decimal).
+	fieldAttempts = "attempts"
 
 	// FormatVersion is the version this package writes for a message with a Kind.
 	FormatVersion = "2"
@@ -71,6 +74,11 @@ type Message struct {
 	// TraceParent is the W3C traceparent of the request that enqueued the job, or empty;
 	// field "traceparent".
 	TraceParent string
+	// Attempts is how many attempts of the job's budget (WorkerConfig.MaxDeliveries)
+	// were spent before this entry: 0 for a job as enqueued; the worker writes it in the
+	// entry of the next attempt after a failure. Field "attempts", optional in both
+	// versions, present only when positive.
+	Attempts int
 }
 
 // ErrMalformed is wrapped by every error ParseMessage returns. A Worker dead-letters a
@@ -79,9 +87,18 @@ var ErrMalformed = errors.New("malformed message")
 
 // Values returns the XADD field/value list of m, the complete wire format, every value a
 // string: v, job_id, kind, tenant, payload, enqueued_at, traceparent (version 2), or
-// without kind (version 1) when m has no Kind. Anything that XADDs a job (including a
-// Lua script) must write exactly this list.
+// without kind (version 1) when m has no Kind, then attempts when m.Attempts is
+// positive. Anything that XADDs a job (including a Lua script) must write exactly this
+// list.
 func (m Message) Values() []any {
+	v := m.values()
+	if m.Attempts > 0 {
+		v = append(v, fieldAttempts, strconv.Itoa(m.Attempts))
+	}
+	return v
+}
+
+func (m Message) values() []any {
 	if m.Kind == "" {
 		return []any{
 			fieldVersion, FormatVersion1,
@@ -116,6 +133,8 @@ func (m Message) Validate() error {
 		return malformedf("kind %q is not 1-%d characters of a-z 0-9 . _ - : starting with a letter or digit", clip(m.Kind), MaxKindLen)
 	case v1 && m.Tenant == "":
 		return malformedf("tenant is empty (a message without a kind needs one)")
+	case m.Attempts < 0:
+		return malformedf("attempts %d is negative", m.Attempts)
 	case !ValidTenant(m.Tenant):
 		return malformedf("tenant %q is not up to %d characters of A-Z a-z 0-9 . _ -", clip(m.Tenant), MaxTenantLen)
 	case m.EnqueuedAt.UnixMilli() <= 0:
@@ -133,7 +152,7 @@ func (m Message) Validate() error {
 // ParseMessage decodes the fields of one stream entry (as go-redis returns them: string
 // values), in either version. It is strict: "v" must be FormatVersion or
 // FormatVersion1, every field of that version must be present with a string value, no
-// other field may be, and each value must be valid (see Message; a version 2 message
+// other field may be but the optional "attempts", and each value must be valid (see Message; a version 2 message
 // must have a Kind). Its errors wrap ErrMalformed and say what was wrong.
 func ParseMessage(fields map[string]any) (Message, error) {
 	ver, ok := fields[fieldVersion]
@@ -165,10 +184,19 @@ func ParseMessage(fields map[string]any) (Message, error) {
 		}
 		vals[f] = s
 	}
-	if len(fields) != len(names) {
+	attempts := 0
+	if v, ok := fields[fieldAttempts]; ok {
+		s, _ := v.(string)
+		n, err := strconv.Atoi(s)
+		if err != nil || n <= 0 || s[0] == '0' || s[0] == '+' {
+			return Message{}, malformedf("attempts %q is not a positive decimal", clip(s))
+		}
+		attempts = n
+	}
+	if len(fields) != len(names)+min(attempts, 1) {
 		var extra []string
 		for k := range fields {
-			if !slices.Contains(names, k) {
+			if !slices.Contains(names, k) && k != fieldAttempts {
 				extra = append(extra, clip(k))
 			}
 		}
@@ -187,6 +215,7 @@ func ParseMessage(fields map[string]any) (Message, error) {
 		Payload:     json.RawMessage(vals[fieldPayload]),
 		EnqueuedAt:  time.UnixMilli(ms),
 		TraceParent: vals[fieldTraceParent],
+		Attempts:    attempts,
 	}
 	if vs == FormatVersion && m.Kind == "" {
 		return Message{}, malformedf("kind is empty")

@@ -19,30 +19,35 @@ const (
 // workerMetrics are a Worker's collectors. Every series carries the queue name, a
 // configured (bounded) value; none carries a job id or tenant.
 type workerMetrics struct {
-	deliveries       prometheus.Counter
-	reclaimed        prometheus.Counter
-	redeliveries     prometheus.Counter
-	deadLettered     map[string]prometheus.Counter // by reason label
-	deletedPending   prometheus.Counter
-	acks             prometheus.Counter
-	leaseRenewals    prometheus.Counter
-	leasesLost       prometheus.Counter
-	trimmed          prometheus.Counter
-	deadTrimmed      prometheus.Counter
-	consumersDeleted prometheus.Counter
-	handedBack       prometheus.Counter
-	errors           map[string]prometheus.Counter  // by operation (errorOps)
-	handlerDuration  map[string]prometheus.Observer // by outcome
-	inFlight         prometheus.Gauge
+	deliveries         prometheus.Counter
+	reclaimed          prometheus.Counter
+	redeliveries       prometheus.Counter
+	deadLettered       map[string]prometheus.Counter // by reason label
+	deletedPending     prometheus.Counter
+	acks               prometheus.Counter
+	leaseRenewals      prometheus.Counter
+	leasesLost         prometheus.Counter
+	trimmed            prometheus.Counter
+	deadTrimmed        prometheus.Counter
+	consumersDeleted   prometheus.Counter
+	handedBack         prometheus.Counter
+	snoozed            prometheus.Counter
+	retries            prometheus.Counter
+	moved              prometheus.Counter
+	completedNotBuried prometheus.Counter
+	errors             map[string]prometheus.Counter  // by operation (errorOps)
+	handlerDuration    map[string]prometheus.Observer // by outcome
+	inFlight           prometheus.Gauge
 
 	streamLength      prometheus.Gauge
 	pending           prometheus.Gauge
 	oldestPendingIdle prometheus.Gauge
 	deadLetters       prometheus.Gauge
+	scheduled         prometheus.Gauge
 }
 
 // Operations whose Redis errors are counted, the bounded values of the "op" label.
-var errorOps = []string{"read", "reclaim", "pending", "ack", "renew", "dead_letter", "hand_back", "trim", "trim_dead", "consumers", "stats", "group"}
+var errorOps = []string{"read", "reclaim", "pending", "ack", "renew", "dead_letter", "hand_back", "move", "trim", "trim_dead", "consumers", "stats", "group"}
 
 func newWorkerMetrics(reg prometheus.Registerer, queue string) *workerMetrics {
 	q := []string{"queue"}
@@ -57,22 +62,27 @@ func newWorkerMetrics(reg prometheus.Registerer, queue string) *workerMetrics {
 		}, q)).WithLabelValues(queue)
 	}
 	m := &workerMetrics{
-		deliveries:        counter("deliveries_total", "Messages handed to the worker (new and reclaimed), malformed and over-delivered ones included."),
-		reclaimed:         counter("reclaimed_total", "Messages taken over with XAUTOCLAIM after ClaimIdle (a dead or stuck consumer's, or a failed run's)."),
-		redeliveries:      counter("redeliveries_total", "Deliveries whose delivery count was above 1."),
-		deletedPending:    counter("deleted_while_pending_total", "Pending entries Redis reported deleted from the stream (XDEL or MAXLEN trimming by someone else) before they were acknowledged: jobs lost outside the queue's control."),
-		acks:              counter("acks_total", "Entries acknowledged after a successful run."),
-		leaseRenewals:     counter("lease_renewals_total", "In-flight entries whose idle time the lease renewer reset."),
-		leasesLost:        counter("leases_lost_total", "In-flight entries found owned by another consumer at renewal (the run outlived its lease)."),
-		trimmed:           counter("trimmed_entries_total", "Acknowledged entries removed from the stream by XTRIM MINID."),
-		deadTrimmed:       counter("dead_letters_trimmed_total", "Dead letters older than the retention (ONCEFLOW_DLQ_RETENTION) deleted by maintenance."),
-		consumersDeleted:  counter("consumers_deleted_total", "Idle consumers with no pending entries deleted from the group."),
-		handedBack:        counter("handed_back_total", "Deliveries handed back without spending a delivery because the handler reported a dependency down (ErrUnavailable)."),
-		inFlight:          gauge("in_flight", "Jobs whose handler is running."),
-		streamLength:      gauge("stream_length", "Entries in the job stream (sampled)."),
-		pending:           gauge("pending", "Entries delivered to the group and not yet acknowledged (sampled)."),
-		oldestPendingIdle: gauge("oldest_pending_idle_seconds", "Idle time of the oldest pending entry, 0 when none (sampled)."),
-		deadLetters:       gauge("dead_letters", "Entries in the dead-letter stream (sampled)."),
+		deliveries:         counter("deliveries_total", "Messages handed to the worker (new and reclaimed), malformed and over-delivered ones included."),
+		reclaimed:          counter("reclaimed_total", "Messages taken over with XAUTOCLAIM after ClaimIdle (a dead or stuck consumer's, or a failed run's)."),
+		redeliveries:       counter("redeliveries_total", "Deliveries whose delivery count was above 1."),
+		deletedPending:     counter("deleted_while_pending_total", "Pending entries Redis reported deleted from the stream (XDEL or MAXLEN trimming by someone else) before they were acknowledged: jobs lost outside the queue's control."),
+		acks:               counter("acks_total", "Entries acknowledged after a successful run."),
+		leaseRenewals:      counter("lease_renewals_total", "In-flight entries whose idle time the lease renewer reset."),
+		leasesLost:         counter("leases_lost_total", "In-flight entries found owned by another consumer at renewal (the run outlived its lease)."),
+		trimmed:            counter("trimmed_entries_total", "Acknowledged entries removed from the stream by XTRIM MINID."),
+		deadTrimmed:        counter("dead_letters_trimmed_total", "Dead letters older than the retention (ONCEFLOW_DLQ_RETENTION) deleted by maintenance."),
+		consumersDeleted:   counter("consumers_deleted_total", "Idle consumers with no pending entries deleted from the group."),
+		handedBack:         counter("handed_back_total", "Runs handed back without spending an attempt because the handler reported a dependency down (ErrUnavailable)."),
+		snoozed:            counter("snoozed_total", "Runs that snoozed (Snooze): run again later without spending an attempt."),
+		retries:            counter("retries_scheduled_total", "Failed runs whose next attempt was scheduled after a backoff or Retry-After."),
+		moved:              counter("scheduled_moved_total", "Scheduled jobs (retries, snoozes, hand-backs, EnqueueAt) moved to the stream when due."),
+		completedNotBuried: counter("completed_not_dead_lettered_total", "Jobs whose budget was spent but which had completed (Completer): acknowledged instead of dead-lettered."),
+		inFlight:           gauge("in_flight", "Jobs whose handler is running."),
+		streamLength:       gauge("stream_length", "Entries in the job stream (sampled)."),
+		pending:            gauge("pending", "Entries delivered to the group and not yet acknowledged (sampled)."),
+		oldestPendingIdle:  gauge("oldest_pending_idle_seconds", "Idle time of the oldest pending entry, 0 when none (sampled)."),
+		deadLetters:        gauge("dead_letters", "Entries in the dead-letter stream (sampled)."),
+		scheduled:          gauge("scheduled", "Jobs in the scheduled set, waiting for their time (sampled)."),
 	}
 	dead := metrics.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: metrics.Namespace, Subsystem: "queue", Name: "dead_lettered_total",

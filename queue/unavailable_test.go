@@ -12,10 +12,9 @@ import (
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
-// A handler that reports a dependency down (Unavailable) spends no delivery: with
-// MaxDeliveries 2, eight such runs leave the job pending with the delivery count of its
-// first delivery each time, never dead-lettered; when the dependency is back the next
-// run succeeds and is acknowledged.
+// A handler that reports a dependency down (Unavailable) spends no attempt: with
+// MaxDeliveries 2, eight such runs each see attempt 1, the job is never dead-lettered,
+// and when the dependency is back the next run succeeds and is acknowledged.
 func TestUnavailableSpendsNoDelivery(t *testing.T) {
 	t.Parallel()
 	rdb, keys := setup(t)

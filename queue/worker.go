@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"runtime/debug"
@@ -36,6 +37,15 @@ const (
 	DefaultTrimInterval    = time.Minute
 	DefaultConsumerMaxIdle = time.Hour
 	DefaultStatsInterval   = 15 * time.Second
+	// DefaultRetryBase and DefaultRetryMax bound the full-jitter delay before the next
+	// attempt of a failed job (ONCEFLOW_RETRY_BASE, ONCEFLOW_RETRY_MAX).
+	DefaultRetryBase = time.Second
+	DefaultRetryMax  = 5 * time.Minute
+	// DefaultScheduleInterval is how often a worker looks for scheduled jobs that are
+	// due when it knows of none due sooner.
+	DefaultScheduleInterval = time.Second
+	// DefaultMaxRunTime bounds one run of a job (ONCEFLOW_MAX_RUN_TIME).
+	DefaultMaxRunTime = 15 * time.Minute
 	// DefaultDeadLetterRetention is 30 days.
 	DefaultDeadLetterRetention = 30 * 24 * time.Hour
 )
@@ -65,10 +75,30 @@ type WorkerConfig struct {
 	// renewed) before a worker reclaims it: the time in which a dead worker's jobs, and a
 	// failed run's, are retried. Default: 2m.
 	ClaimIdle time.Duration
-	// MaxDeliveries is the most deliveries of one entry that run the handler; the next
-	// one dead-letters it with the reason "exceeded N deliveries; last error: ..." (the
-	// error of its last failed run, which the worker keeps in the job index). Default: 5.
+	// MaxDeliveries is the job's budget of failed attempts (the name is kept from when
+	// it counted deliveries): a run whose handler failed on the job spends one, and so
+	// does a delivery that never reported (its worker died: a job that kills its worker
+	// cannot be told from a worker killed by someone else); a run cut by a shutdown, a
+	// dependency's outage (ErrUnavailable) and a snooze spend none. The failure that
+	// spends the last one dead-letters the job with the reason "failed N attempts; last
+	// error: ..." unless the handler reports it completed (Completer). Default: 5.
 	MaxDeliveries int
+	// RetryBase and RetryMax shape the wait before the next attempt after a failure: a
+	// full-jitter exponential delay (retry.FullJitter: uniform in [0, min(RetryMax,
+	// RetryBase·2ⁿ)] after the n+1-th failure), or the failure's own Retry-After
+	// (retry.RetryAfterer, as a provider's 429 and RetryAfter carry). The entry leaves
+	// the worker at once: it waits in the scheduled set, not in the pending list.
+	// Defaults: 1s and 5m.
+	RetryBase, RetryMax time.Duration
+	// ScheduleInterval is how often the worker moves due scheduled jobs (retries,
+	// snoozes, EnqueueAt's) to the stream when it knows of none due sooner; a job this
+	// worker scheduled wakes it at the job's time. Default: 1s.
+	ScheduleInterval time.Duration
+	// MaxRunTime bounds one run: the handler's context is cancelled after it, the
+	// entry's lease is no longer renewed (so another worker takes it over after
+	// ClaimIdle even if the handler ignores its context), and the run counts as a failed
+	// attempt. Negative: no bound. Default: 15m.
+	MaxRunTime time.Duration
 	// Block is how long one XREADGROUP waits for new messages; it bounds how late the
 	// worker notices cancellation. Default: 1s.
 	Block time.Duration
@@ -82,9 +112,9 @@ type WorkerConfig struct {
 	// Default: ClaimIdle/3. It must be shorter than ClaimIdle.
 	RenewInterval time.Duration
 	// ShutdownTimeout is how long Run waits, once its context is cancelled, for running
-	// handlers before it cancels their context. A job whose handler then fails is handed
-	// back without spending a delivery (a restart is not the job's failure), and runs
-	// again after ClaimIdle. Default: 30s.
+	// handlers before it cancels their context and hands their jobs back: each is
+	// re-added to the stream at once, so another worker starts it within its next read,
+	// without spending an attempt (a restart is not the job's failure). Default: 30s.
 	ShutdownTimeout time.Duration
 	// AckBatch is the most ids one XACK carries. Default: 512.
 	AckBatch int
@@ -146,6 +176,10 @@ func (c WorkerConfig) withDefaults() WorkerConfig {
 	c.StatsInterval = cmp.Or(c.StatsInterval, DefaultStatsInterval)
 	c.JobTTL = cmp.Or(c.JobTTL, DefaultJobTTL)
 	c.DeadLetterRetention = cmp.Or(c.DeadLetterRetention, DefaultDeadLetterRetention)
+	c.RetryBase = cmp.Or(c.RetryBase, DefaultRetryBase)
+	c.RetryMax = cmp.Or(c.RetryMax, DefaultRetryMax)
+	c.ScheduleInterval = cmp.Or(c.ScheduleInterval, DefaultScheduleInterval)
+	c.MaxRunTime = cmp.Or(c.MaxRunTime, DefaultMaxRunTime)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -177,6 +211,10 @@ func (c WorkerConfig) validate() error {
 		return fmt.Errorf("queue: AckBatch %d must be at least 1", c.AckBatch)
 	case c.StatsInterval <= 0:
 		return fmt.Errorf("queue: StatsInterval %v must be positive", c.StatsInterval)
+	case c.RetryBase < 0 || c.RetryMax < c.RetryBase:
+		return fmt.Errorf("queue: RetryBase %v must not be negative nor above RetryMax %v", c.RetryBase, c.RetryMax)
+	case c.ScheduleInterval < time.Millisecond:
+		return fmt.Errorf("queue: ScheduleInterval %v must be at least 1ms", c.ScheduleInterval)
 	case c.JobTTL < time.Millisecond:
 		return fmt.Errorf("queue: JobTTL %v must be at least 1ms", c.JobTTL)
 	case strings.ContainsAny(c.Group, " \t\r\n") || strings.ContainsAny(c.Consumer, " \t\r\n"):
@@ -228,6 +266,14 @@ type Worker struct {
 	mu       sync.Mutex
 	inFlight map[string]jobRef // entries whose handler runs, with their job for logs
 
+	// unavailable counts the runs in a row that reported a dependency down, for the
+	// hand-back delay; a successful run resets it.
+	unavailable atomic.Int64
+	// wake tells the mover that this worker scheduled a job (buffered 1).
+	wake chan struct{}
+	// wakeAt is the earliest due time (Unix ns) the mover was woken for, 0 for none.
+	wakeAt atomic.Int64
+
 	// Owned by the read loop.
 	cursor   string    // XAUTOCLAIM cursor
 	lastScan time.Time // when the last XAUTOCLAIM scan reached the end
@@ -249,6 +295,7 @@ func NewWorker(cfg WorkerConfig) (*Worker, error) {
 		acks:     newAcker(cfg.Redis, cfg.Keys, cfg.Group, cfg.AckBatch, cfg.AckLinger, log, m),
 		inFlight: make(map[string]jobRef),
 		cursor:   "0-0",
+		wake:     make(chan struct{}, 1),
 	}, nil
 }
 
@@ -285,6 +332,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		background.Go(func() { w.renewLoop(bg) })
 	}
 	background.Go(func() { w.maintainLoop(ctx) })
+	background.Go(func() { w.moveLoop(bg) })
 
 	w.readLoop(ctx, hctx)
 	close(w.jobs)
@@ -292,12 +340,13 @@ func (w *Worker) Run(ctx context.Context) error {
 	n := w.inFlightCount()
 	w.log.Info("worker stopping: waiting for in-flight jobs", "in_flight", n, "timeout", w.cfg.ShutdownTimeout)
 	if !waitTimeout(&w.handlers, w.cfg.ShutdownTimeout) {
-		w.log.Warn("shutdown timeout: cancelling in-flight jobs, which are handed back without spending a delivery", "in_flight", w.inFlightCount())
+		w.log.Warn("shutdown timeout: cancelling in-flight jobs, which are handed back to the queue at once without spending an attempt", "in_flight", w.inFlightCount())
 		w.cut.Store(true)
 		cancelHandlers()
 		grace := min(w.cfg.ShutdownTimeout, 5*time.Second)
 		if !waitTimeout(&w.handlers, grace) {
-			w.log.Error("handlers ignored cancellation; abandoning them, their entries stay pending", "in_flight", w.inFlightCount())
+			w.log.Error("handlers ignored cancellation; handing their jobs back anyway (another worker runs them; these runs may still complete)", "in_flight", w.inFlightCount())
+			w.handBackAbandoned()
 		}
 	}
 	stopBG()
@@ -484,18 +533,48 @@ func (w *Worker) fetch(ctx context.Context, n int) ([]delivery, error) {
 	return out, nil
 }
 
-// reclaim runs one XAUTOCLAIM step for up to n entries and reads their delivery counts
-// with one XPENDING range call.
+// reclaimScript claims idle entries and reads their delivery counts in one step.
+//
+//	KEYS[1]  the stream
+//	ARGV[1]  consumer group
+//	ARGV[2]  consumer
+//	ARGV[3]  min idle time in milliseconds
+//	ARGV[4]  the scan cursor
+//	ARGV[5]  the most entries to claim
+//
+// Returns {next cursor, {{id, fields}...}, {deleted ids}, {delivery count of each
+// claimed entry}}. One script, so the claim, which spends a delivery of each entry, never
+// happens without its counts reaching the worker that must run the entries (an XPENDING
+// that failed after a successful XAUTOCLAIM left entries claimed and unrun until the next
+// ClaimIdle, their delivery spent).
+var reclaimScript = redis.NewScript(`
+local r = redis.call('XAUTOCLAIM', KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4], 'COUNT', ARGV[5])
+local msgs, counts = {}, {}
+for _, m in ipairs(r[2]) do
+  if type(m) == 'table' then
+    local p = redis.call('XPENDING', KEYS[1], ARGV[1], m[1], m[1], 1)
+    msgs[#msgs + 1] = m
+    counts[#counts + 1] = (#p > 0) and p[1][4] or 0
+  end
+end
+return {r[1], msgs, r[3] or {}, counts}
+`)
+
+// reclaim claims up to n entries idle for ClaimIdle with their delivery counts, in one
+// round trip (reclaimScript).
 func (w *Worker) reclaim(ctx context.Context, n int) ([]delivery, error) {
-	msgs, cursor, deleted, err := w.rdb.XAutoClaimWithDeleted(ctx, &redis.XAutoClaimArgs{
-		Stream: w.keys.Stream(), Group: w.cfg.Group, Consumer: w.cfg.Consumer,
-		MinIdle: w.cfg.ClaimIdle, Start: w.cursor, Count: int64(n),
-	}).Result()
+	res, err := reclaimScript.Run(ctx, w.rdb, []string{w.keys.Stream()},
+		w.cfg.Group, w.cfg.Consumer, w.cfg.ClaimIdle.Milliseconds(), w.cursor, n).Slice()
 	if err != nil {
 		w.m.redisError("reclaim")
 		if isNoGroup(err) {
 			w.createGroup(ctx)
 		}
+		return nil, fmt.Errorf("reclaim idle messages: %w", err)
+	}
+	cursor, msgs, deleted, counts, err := parseReclaim(res)
+	if err != nil {
+		w.m.redisError("reclaim")
 		return nil, fmt.Errorf("reclaim idle messages: %w", err)
 	}
 	w.cursor = cursor
@@ -510,69 +589,52 @@ func (w *Worker) reclaim(ctx context.Context, n int) ([]delivery, error) {
 		return nil, nil
 	}
 	w.m.reclaimed.Add(float64(len(msgs)))
-	var claimed []redis.XMessage
-	for _, m := range msgs {
+	out := make([]delivery, 0, len(msgs))
+	for i, m := range msgs {
 		if w.isInFlight(m.ID) {
 			// Our own run of it is still going (renewal off or late): do not start a second.
 			w.log.Warn("reclaimed an entry this worker is still running; not running it twice", append(refOf(m.Values).attrs(), "entry", m.ID)...)
 			continue
 		}
-		claimed = append(claimed, m)
-	}
-	if len(claimed) == 0 {
-		return nil, nil
-	}
-	counts, err := w.deliveryCounts(ctx, claimed)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]delivery, 0, len(claimed))
-	for _, m := range claimed {
-		c, ok := counts[m.ID]
-		if !ok {
-			w.log.Warn("reclaimed entry is no longer pending to this worker; skipping it", append(refOf(m.Values).attrs(), "entry", m.ID)...)
-			continue
-		}
-		out = append(out, delivery{id: m.ID, fields: m.Values, deliveries: c})
+		out = append(out, delivery{id: m.ID, fields: m.Values, deliveries: max(counts[i], 1)})
 	}
 	return out, nil
 }
 
-// deliveryCounts reads the delivery counts of msgs with one XPENDING range call over
-// their ids, limited to this consumer (more calls only if other entries of ours in that
-// range fill the reply).
-func (w *Worker) deliveryCounts(ctx context.Context, msgs []redis.XMessage) (map[string]int64, error) {
-	want := make(map[string]bool, len(msgs))
-	lo, hi := msgs[0].ID, msgs[0].ID
-	for _, m := range msgs {
-		want[m.ID] = true
-		if compareIDs(m.ID, lo) < 0 {
-			lo = m.ID
+// parseReclaim decodes reclaimScript's reply.
+func parseReclaim(res []any) (cursor string, msgs []redis.XMessage, deleted []string, counts []int64, err error) {
+	if len(res) != 4 {
+		return "", nil, nil, nil, fmt.Errorf("reclaim reply has %d parts, want 4", len(res))
+	}
+	cursor, _ = res[0].(string)
+	raw, _ := res[1].([]any)
+	cs, _ := res[3].([]any)
+	if len(cs) != len(raw) {
+		return "", nil, nil, nil, fmt.Errorf("reclaim reply has %d entries and %d counts", len(raw), len(cs))
+	}
+	for i, r := range raw {
+		e, _ := r.([]any)
+		if len(e) != 2 {
+			return "", nil, nil, nil, fmt.Errorf("reclaim reply entry %d is malformed", i)
 		}
-		if compareIDs(m.ID, hi) > 0 {
-			hi = m.ID
+		id, _ := e[0].(string)
+		kv, _ := e[1].([]any)
+		values := make(map[string]any, len(kv)/2)
+		for j := 0; j+1 < len(kv); j += 2 {
+			k, _ := kv[j].(string)
+			values[k] = kv[j+1]
+		}
+		msgs = append(msgs, redis.XMessage{ID: id, Values: values})
+		c, _ := cs[i].(int64)
+		counts = append(counts, c)
+	}
+	dl, _ := res[2].([]any)
+	for _, d := range dl {
+		if id, ok := d.(string); ok {
+			deleted = append(deleted, id)
 		}
 	}
-	count := int64(len(msgs) + w.inFlightCount() + 16)
-	counts := make(map[string]int64, len(msgs))
-	for start := lo; ; {
-		res, err := w.rdb.XPendingExt(ctx, &redis.XPendingExtArgs{
-			Stream: w.keys.Stream(), Group: w.cfg.Group, Start: start, End: hi, Count: count, Consumer: w.cfg.Consumer,
-		}).Result()
-		if err != nil {
-			w.m.redisError("pending")
-			return nil, fmt.Errorf("read delivery counts: %w", err)
-		}
-		for _, p := range res {
-			if want[p.ID] {
-				counts[p.ID] = p.RetryCount
-			}
-		}
-		if int64(len(res)) < count || len(counts) == len(want) {
-			return counts, nil
-		}
-		start = "(" + res[len(res)-1].ID
-	}
+	return cursor, msgs, deleted, counts, nil
 }
 
 // dispatch hands d to an idle handler goroutine, or starts one. The goroutines stay for
@@ -602,95 +664,222 @@ func (w *Worker) dispatch(hctx context.Context, d delivery) {
 	})
 }
 
+// errRunTime is the cause of a run's context cancelled after MaxRunTime.
+var errRunTime = errors.New("queue: the run exceeded MaxRunTime")
+
 // process decides the fate of one delivery.
 func (w *Worker) process(ctx context.Context, d delivery) {
 	msg, err := ParseMessage(d.fields)
 	if err != nil {
 		detail := strings.TrimPrefix(err.Error(), ErrMalformed.Error()+": ")
-		w.bury(d, nil, reasonMalformed, "malformed: "+detail)
+		w.bury(d, nil, reasonMalformed, "malformed: "+detail, 0)
 		return
 	}
-	if d.deliveries > int64(w.cfg.MaxDeliveries) {
-		w.bury(d, &msg, reasonMaxDeliveries, fmt.Sprintf("exceeded %d deliveries", w.cfg.MaxDeliveries)+w.lastError(msg.JobID, d.id))
-		return
-	}
-	job := &Job{Message: msg, ID: d.id, Deliveries: d.deliveries}
-	w.track(d.id, jobRef{msg.JobID, msg.Tenant})
+	job := &Job{Message: msg, ID: d.id, Deliveries: int64(msg.Attempts) + d.deliveries}
+	w.track(d.id, jobRef{jobID: msg.JobID, tenant: msg.Tenant, start: time.Now(), deliveries: d.deliveries})
 	// Tracked until its fate is settled: a reclaim scan in between must not take the
 	// entry and run it again while this run still acknowledges, buries or hands it back.
 	defer w.untrack(d.id)
-	outcome, err := w.run(ctx, job)
-	switch outcome {
-	case outcomeOK:
+	// Deliveries of this entry before this one never reported (their worker died): each
+	// spent an attempt.
+	if spent := int64(msg.Attempts) + d.deliveries - 1; spent >= int64(w.cfg.MaxDeliveries) {
+		w.exhausted(ctx, d, job, spent, nil)
+		return
+	}
+	rctx, cancel := ctx, context.CancelFunc(func() {})
+	if w.cfg.MaxRunTime > 0 {
+		rctx, cancel = context.WithTimeoutCause(ctx, w.cfg.MaxRunTime, errRunTime)
+	}
+	outcome, err := w.run(rctx, job)
+	overran := errors.Is(context.Cause(rctx), errRunTime)
+	cancel()
+	var snooze *SnoozeError
+	switch {
+	case outcome == outcomeOK:
+		w.unavailable.Store(0)
 		if !w.acks.add(d.id) {
 			w.log.Warn("job finished after shutdown; it stays pending and will run again", "job_id", job.JobID, "tenant", job.Tenant, "entry", d.id)
 		}
-	case outcomePermanent:
-		w.bury(d, &msg, reasonPermanent, "permanent: "+err.Error())
-	case outcomeUnavailable:
-		w.handBack(d, err)
-	case outcomeError, outcomePanic:
-		if w.cut.Load() && ctx.Err() != nil {
-			// Cut by this worker's shutdown (a deploy, a restart): not the job's failure,
-			// so it spends none of its deliveries.
-			w.handBack(d, err)
-			return
-		}
-		fallthrough
-	default:
-		var de *retry.DelayError
-		if errors.As(err, &de) && de.Delay < w.cfg.ClaimIdle {
-			w.runAgainAfter(d, de.Delay)
-		}
-		w.recordFailure(msg.JobID, d.id, err)
-		w.log.Warn("job failed; it stays pending and is retried after ClaimIdle (or the delay it asked for)", "job_id", job.JobID, "tenant", job.Tenant, "entry", d.id,
-			"deliveries", d.deliveries, "max_deliveries", w.cfg.MaxDeliveries, "err", err)
+	case outcome == outcomePermanent:
+		w.bury(d, &msg, reasonPermanent, "permanent: "+err.Error(), 0)
+	case w.cut.Load() && ctx.Err() != nil:
+		// Cut by this worker's shutdown (a deploy, a restart): not the job's failure. It
+		// goes back to the stream at once for another worker.
+		w.handBack(ctx, d, job, 0, "shutdown", err)
+	case overran:
+		w.retry(ctx, d, job, fmt.Errorf("%w (%v): %w", errRunTime, w.cfg.MaxRunTime, err))
+	case errors.As(err, &snooze):
+		w.m.snoozed.Inc()
+		w.handBack(ctx, d, job, snooze.Delay, "snooze", nil)
+	case outcome == outcomeUnavailable:
+		n := w.unavailable.Add(1)
+		w.m.handedBack.Inc()
+		w.handBack(ctx, d, job, w.handBackDelay(err, n), "dependency unavailable", err)
+	default: // outcomeError, outcomePanic
+		w.retry(ctx, d, job, err)
 	}
 }
 
-// maxLastErrorLen bounds the error recordFailure keeps, in bytes.
-const maxLastErrorLen = 512
+// handBackMax bounds the wait before a job handed back for a dependency's outage runs
+// again (without a Retry-After): while the dependency is down the Gate keeps workers
+// from taking it, so a short wait only bounds how late it starts once it is back.
+const handBackMax = 10 * time.Second
 
-// recordFailureScript stores a failed delivery's error in the job index, when the index
-// exists (it never creates one).
-//
-//	KEYS[1]  the job index
-//	ARGV[1]  "<entry id> <error>"
-var recordFailureScript = redis.NewScript(`
-if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HSET', KEYS[1], 'last_error', ARGV[1]) end
-return 1
-`)
+// handBackDelay is the wait before a job handed back because of err runs again: err's
+// Retry-After when it has one, else a full-jitter delay growing with the n-th hand-back
+// in a row, at most handBackMax.
+func (w *Worker) handBackDelay(err error, n int64) time.Duration {
+	var ra retry.RetryAfterer
+	if errors.As(err, &ra) {
+		if d, ok := ra.RetryAfter(); ok {
+			return d
+		}
+	}
+	return retry.FullJitter(nil, w.cfg.RetryBase, min(w.cfg.RetryMax, handBackMax), int(min(n-1, 62)))
+}
 
-// recordFailure keeps err, the error of a failed delivery of entry, in the job index
-// (field last_error, with the entry id), so that the dead letter the entry gets once it
-// exceeds MaxDeliveries, on whichever worker, names it. One round trip, on the failure
-// path only; when it fails the dead letter just does not name the error.
-func (w *Worker) recordFailure(jobID, entry string, err error) {
-	msg := err.Error()
+// retryDelays returns the full-jitter delays before the next attempt after each number
+// of attempts already spent (retry.FullJitter), up to the budget, or err's Retry-After.
+func (w *Worker) retryDelays(err error) (explicit time.Duration, draws []time.Duration) {
+	var ra retry.RetryAfterer
+	if errors.As(err, &ra) {
+		if d, ok := ra.RetryAfter(); ok {
+			return d, nil
+		}
+	}
+	n := min(w.cfg.MaxDeliveries, 64)
+	draws = make([]time.Duration, n)
+	for i := range draws {
+		draws[i] = retry.FullJitter(nil, w.cfg.RetryBase, w.cfg.RetryMax, i)
+	}
+	return -1, draws
+}
+
+// retry settles a failed run: the job spends an attempt (and those of unreported
+// deliveries) and is scheduled for its next attempt, or, when that was its last,
+// dead-lettered (unless it completed).
+func (w *Worker) retry(ctx context.Context, d delivery, job *Job, cause error) {
+	delay, draws := w.retryDelays(cause)
+	msg := cause.Error()
 	if len(msg) > maxLastErrorLen {
 		msg = strings.ToValidUTF8(msg[:maxLastErrorLen], "") + "..."
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if rerr := recordFailureScript.Run(ctx, w.rdb, []string{w.keys.Job(jobID)}, entry+" "+msg).Err(); rerr != nil {
-		w.m.redisError("record_failure")
-		w.log.Debug("recording a job's error failed", "job_id", jobID, "entry", entry, "err", rerr)
+	s := settlement{spend: d.deliveries, budget: int64(w.cfg.MaxDeliveries), lastError: msg, delay: delay, delays: draws}
+	res, ok := w.settle(ctx, d, job, s)
+	switch {
+	case !ok:
+		return
+	case res.exhausted:
+		w.exhausted(ctx, d, job, res.attempts, cause)
+		return
 	}
+	w.m.retries.Inc()
+	w.log.Warn("job failed; its next attempt is scheduled", "job_id", job.JobID, "tenant", job.Tenant, "entry", d.id,
+		"in", res.delay, "attempts_spent_now", d.deliveries, "max_attempts", w.cfg.MaxDeliveries, "err", cause)
 }
 
-// lastError returns "; last error: ..." with the error recordFailure kept for entry, or
-// "" when there is none (the entry's runs crashed, or recording failed).
-func (w *Worker) lastError(jobID, entry string) string {
+// handBack settles a run that did not fail on the job (a shutdown, a snooze, a
+// dependency down): the job runs again after delay, spending only the attempts of its
+// unreported deliveries.
+func (w *Worker) handBack(ctx context.Context, d delivery, job *Job, delay time.Duration, why string, cause error) {
+	res, ok := w.settle(ctx, d, job, settlement{spend: d.deliveries - 1, delay: max(delay, 0)})
+	if !ok {
+		return
+	}
+	attrs := []any{"job_id", job.JobID, "tenant", job.Tenant, "entry", d.id, "why", why, "in", res.delay}
+	if cause != nil {
+		attrs = append(attrs, "err", cause)
+	}
+	w.log.Info("job handed back without spending an attempt", attrs...)
+}
+
+// settleTimeout bounds how long a worker keeps trying to settle an entry while Redis
+// does not answer: a settlement that never lands leaves the entry pending, and a
+// reclaim counts it as a delivery that never reported.
+const settleTimeout = 30 * time.Second
+
+// settle runs scheduleScript for d, retrying Redis errors with backoff for up to
+// settleTimeout (the entry stays this worker's meanwhile: its lease is renewed). ok is
+// false when it did not land or the entry was no longer this worker's; both are logged.
+func (w *Worker) settle(ctx context.Context, d delivery, job *Job, s settlement) (res settleResult, ok bool) {
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	defer cancel()
+	var b backoff
+	for {
+		actx, acancel := context.WithTimeout(sctx, 5*time.Second)
+		var err error
+		res, err = settle(actx, w.rdb, w.keys, w.cfg.Group, w.cfg.Consumer, d.id, &job.Message, s)
+		acancel()
+		if err == nil {
+			break
+		}
+		w.m.redisError("hand_back")
+		if !b.sleep(sctx) {
+			w.log.Error("settling a job failed; it stays pending and is reclaimed after ClaimIdle", "job_id", job.JobID, "tenant", job.Tenant, "entry", d.id, "err", err)
+			return res, false
+		}
+	}
+	switch {
+	case !res.owned:
+		w.log.Warn("not settling an entry another worker now owns", "job_id", job.JobID, "tenant", job.Tenant, "entry", d.id)
+		return res, false
+	case res.gone:
+		w.m.deletedPending.Inc()
+		w.log.Error("a pending entry was deleted from the stream (XDEL or MAXLEN trimming outside the worker); its job is lost", "job_id", job.JobID, "tenant", job.Tenant, "entry", d.id)
+		return res, false
+	}
+	if res.delay > 0 {
+		w.wakeMover(res.delay)
+	}
+	return res, true
+}
+
+// exhausted handles a job whose budget is spent (attempts of them): it asks the
+// handler whether the job completed anyway (Completer), and acknowledges it if so;
+// else it dead-letters it. When the handler cannot tell (its store is down), the job is
+// handed back rather than buried on a guess.
+func (w *Worker) exhausted(ctx context.Context, d delivery, job *Job, attempts int64, cause error) {
+	if c, ok := w.cfg.Handler.(Completer); ok {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		done, err := c.Completed(cctx, job)
+		cancel()
+		switch {
+		case err != nil:
+			n := w.unavailable.Add(1)
+			w.log.Warn("a job's budget is spent but whether it completed is unknown; handing it back", "job_id", job.JobID, "tenant", job.Tenant, "entry", d.id, "err", err)
+			w.handBack(ctx, d, job, w.handBackDelay(err, n), "completion unknown", err)
+			return
+		case done:
+			w.m.completedNotBuried.Inc()
+			w.log.Warn("a job whose budget is spent had completed; acknowledged, not dead-lettered", "job_id", job.JobID, "tenant", job.Tenant, "entry", d.id, "attempts", attempts)
+			if !w.acks.add(d.id) {
+				w.log.Warn("job finished after shutdown; it stays pending and will run again", "job_id", job.JobID, "tenant", job.Tenant, "entry", d.id)
+			}
+			return
+		}
+	}
+	reason := fmt.Sprintf("failed %d attempts", attempts)
+	if cause != nil {
+		reason += "; last error: " + cause.Error()
+	} else {
+		reason += " (the last never reported: its worker died)" + w.lastError(job.JobID)
+	}
+	w.bury(d, &job.Message, reasonMaxDeliveries, reason, attempts)
+}
+
+// maxLastErrorLen bounds the error kept in the index, in bytes.
+const maxLastErrorLen = 512
+
+// lastError returns "; last error: ..." with the error the index keeps for the job's
+// last failed attempt, or "" when there is none.
+func (w *Worker) lastError(jobID string) string {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	v, err := w.rdb.HGet(ctx, w.keys.Job(jobID), "last_error").Result()
-	if err != nil {
+	if err != nil || v == "" {
 		return ""
 	}
-	if rest, ok := strings.CutPrefix(v, entry+" "); ok {
-		return "; last error: " + rest
-	}
-	return ""
+	return "; last error: " + v
 }
 
 // run calls the handler, turning a panic into an error.
@@ -700,7 +889,7 @@ func (w *Worker) run(ctx context.Context, job *Job) (outcome string, err error) 
 	defer func() {
 		if p := recover(); p != nil {
 			outcome, err = outcomePanic, fmt.Errorf("handler panic: %v", p)
-			w.log.Error("job handler panicked; the job stays pending", "job_id", job.JobID, "tenant", job.Tenant, "entry", job.ID,
+			w.log.Error("job handler panicked", "job_id", job.JobID, "tenant", job.Tenant, "entry", job.ID,
 				"panic", fmt.Sprint(p), "stack", string(debug.Stack()))
 		}
 		w.m.inFlight.Dec()
@@ -719,12 +908,12 @@ func (w *Worker) run(ctx context.Context, job *Job) (outcome string, err error) 
 	}
 }
 
-// bury moves d to the dead-letter stream. On a Redis error the entry stays pending and
-// is buried on a later delivery.
-func (w *Worker) bury(d delivery, msg *Message, label, reason string) {
+// bury moves d to the dead-letter stream, recording attempts (0: the entry's delivery
+// count). On a Redis error the entry stays pending and is buried on a later delivery.
+func (w *Worker) bury(d delivery, msg *Message, label, reason string, attempts int64) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	deadID, ok, err := deadLetter(ctx, w.rdb, w.keys, w.cfg.Group, w.cfg.Consumer, d.id, d.fields, msg, reason, time.Now())
+	deadID, ok, err := deadLetter(ctx, w.rdb, w.keys, w.cfg.Group, w.cfg.Consumer, d.id, d.fields, msg, reason, attempts, time.Now())
 	job := refOf(d.fields).attrs()
 	switch {
 	case err != nil:
@@ -738,48 +927,101 @@ func (w *Worker) bury(d delivery, msg *Message, label, reason string) {
 	}
 }
 
-// handBack returns d to the pending list with the delivery count it had before this
-// delivery, so the run spends nothing of MaxDeliveries; it is reclaimed after ClaimIdle.
-// On a Redis error the entry stays pending with its count spent, as after any failure.
-func (w *Worker) handBack(d delivery, cause error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	job := refOf(d.fields).attrs()
-	ok, err := handBack(ctx, w.rdb, w.keys, w.cfg.Group, w.cfg.Consumer, d.id, d.deliveries-1)
-	switch {
-	case err != nil:
-		w.m.redisError("hand_back")
-		w.log.Error("handing a job back failed; it stays pending with this delivery counted", append(job, "entry", d.id, "err", err)...)
-	case !ok:
-		w.log.Warn("not handing back an entry another worker now owns", append(job, "entry", d.id)...)
+// handBackAbandoned hands back, at once and without spending an attempt, the jobs
+// whose handlers ignored the shutdown's cancellation. Their runs may still complete
+// before the process exits: the handler's idempotency absorbs the second run.
+func (w *Worker) handBackAbandoned() {
+	w.mu.Lock()
+	refs := make(map[string]jobRef, len(w.inFlight))
+	maps.Copy(refs, w.inFlight)
+	w.mu.Unlock()
+	for id, ref := range refs {
+		d := delivery{id: id, deliveries: ref.deliveries}
+		job := &Job{Message: Message{JobID: ref.jobID, Tenant: ref.tenant}, ID: id, Deliveries: ref.deliveries}
+		w.handBack(context.Background(), d, job, 0, "shutdown (handler ignored cancellation)", nil)
+	}
+}
+
+// wakeMover tells the mover that a job this worker scheduled is due in d.
+func (w *Worker) wakeMover(d time.Duration) {
+	at := time.Now().Add(d).UnixNano()
+	for {
+		cur := w.wakeAt.Load()
+		if cur != 0 && cur <= at {
+			return
+		}
+		if w.wakeAt.CompareAndSwap(cur, at) {
+			break
+		}
+	}
+	select {
+	case w.wake <- struct{}{}:
 	default:
-		w.m.handedBack.Inc()
-		w.log.Warn("a dependency is down: job handed back without spending a delivery", append(job, "entry", d.id,
-			"deliveries", d.deliveries-1, "err", cause)...)
 	}
 }
 
-// runAgainAfter makes d reclaimable after delay (shorter than ClaimIdle) instead of
-// after ClaimIdle, by setting its idle time to ClaimIdle - delay. On a Redis error the
-// entry is reclaimed after ClaimIdle, as after any failure.
-func (w *Worker) runAgainAfter(d delivery, delay time.Duration) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if _, err := setIdle(ctx, w.rdb, w.keys, w.cfg.Group, w.cfg.Consumer, d.id, w.cfg.ClaimIdle-delay); err != nil {
-		w.m.redisError("hand_back")
-		w.log.Warn("could not shorten the wait before a retry; the job is retried after ClaimIdle", append(refOf(d.fields).attrs(), "entry", d.id, "err", err)...)
+// moveLoop moves due scheduled jobs to the stream until ctx is cancelled: it waits
+// until the earliest scheduled job is due, at most ScheduleInterval, or until this
+// worker schedules one due sooner.
+func (w *Worker) moveLoop(ctx context.Context) {
+	var b backoff
+	t := time.NewTimer(time.Duration(rand.Int64N(int64(w.cfg.ScheduleInterval))) + 1) // #nosec G404 -- spreads workers' polls, not a secret
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-w.wake:
+			t.Stop()
+		}
+		wait := w.cfg.ScheduleInterval
+		if at := w.wakeAt.Load(); at != 0 {
+			if until := time.Until(time.Unix(0, at)); until > 0 {
+				wait = min(wait, until)
+				t.Reset(wait)
+				continue
+			}
+			w.wakeAt.Store(0)
+		}
+		mctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		moved, next, err := MoveDue(mctx, w.rdb, w.keys, moveBatch)
+		cancel()
+		if err != nil {
+			w.m.redisError("move")
+			w.log.Warn("moving due scheduled jobs failed; retrying", "err", err)
+			if !b.sleep(ctx) {
+				return
+			}
+			t.Reset(0)
+			continue
+		}
+		b.reset()
+		w.m.moved.Add(float64(moved))
+		if next >= 0 {
+			wait = min(wait, next)
+		}
+		if at := w.wakeAt.Load(); at != 0 {
+			wait = min(wait, max(time.Until(time.Unix(0, at)), 0))
+		}
+		t.Reset(wait)
 	}
 }
 
-// jobRef names the job of an entry in logs.
-type jobRef struct{ jobID, tenant string }
+// jobRef names the job of an in-flight entry in logs, with when its run started and
+// its delivery count.
+type jobRef struct {
+	jobID, tenant string
+	start         time.Time
+	deliveries    int64
+}
 
 // refOf reads the job id and tenant of an entry's raw fields, clipped (they may be
 // malformed).
 func refOf(fields map[string]any) jobRef {
 	id, _ := fields[fieldJobID].(string)
 	tenant, _ := fields[fieldTenant].(string)
-	return jobRef{clip(id), clip(tenant)}
+	return jobRef{jobID: clip(id), tenant: clip(tenant)}
 }
 
 // attrs returns the job_id and tenant log attributes.
@@ -815,11 +1057,18 @@ func (w *Worker) inFlightCount() int {
 	return len(w.inFlight)
 }
 
-func (w *Worker) inFlightIDs() []string {
+// renewable returns the in-flight entries whose lease is renewed: all of them, but for
+// runs older than MaxRunTime, whose lease is let go so that another worker takes the
+// job over after ClaimIdle even when its handler ignores its context.
+func (w *Worker) renewable() []string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	ids := make([]string, 0, len(w.inFlight))
-	for id := range w.inFlight {
+	now := time.Now()
+	for id, j := range w.inFlight {
+		if w.cfg.MaxRunTime > 0 && now.Sub(j.start) > w.cfg.MaxRunTime {
+			continue
+		}
 		ids = append(ids, id)
 	}
 	return ids
@@ -836,7 +1085,7 @@ func (w *Worker) renewLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		ids := w.inFlightIDs()
+		ids := w.renewable()
 		for len(ids) > 0 {
 			chunk := ids[:min(len(ids), renewChunk)]
 			ids = ids[len(chunk):]
@@ -947,6 +1196,7 @@ func (w *Worker) sample(ctx context.Context) {
 	w.m.pending.Set(float64(s.Pending))
 	w.m.oldestPendingIdle.Set(s.OldestPendingIdle.Seconds())
 	w.m.deadLetters.Set(float64(s.Dead))
+	w.m.scheduled.Set(float64(s.Scheduled))
 }
 
 // jitterTicker ticks every d, the first time after a random fraction of d.

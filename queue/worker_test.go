@@ -72,9 +72,9 @@ func TestDeadConsumerMessageReclaimedAfterClaimIdle(t *testing.T) {
 	}
 }
 
-// docs/queue.md, "Failure cases": an always-failing handler with MaxDeliveries=3 runs exactly three times and
-// the fourth delivery dead-letters the message, atomically with its XACK and the job
-// index.
+// docs/queue.md, "Failure cases": an always-failing handler with MaxDeliveries=3 runs
+// exactly three times, seeing attempts 1, 2 and 3, and its third failure dead-letters the
+// message, atomically with its XACK and the job index.
 func TestAlwaysFailingJobRunsMaxDeliveriesTimesThenDeadLetters(t *testing.T) {
 	t.Parallel()
 	rdb, keys := setup(t)
@@ -105,14 +105,14 @@ func TestAlwaysFailingJobRunsMaxDeliveriesTimesThenDeadLetters(t *testing.T) {
 		t.Fatalf("%d dead letters, want 1", len(dead))
 	}
 	d := dead[0]
-	if d.Reason != "exceeded 3 deliveries; last error: model unavailable" || d.Deliveries != 4 || d.JobID != jobID(7) || d.Tenant != "acme" || d.OriginalID != ids[0] || d.Message == nil || string(d.Message.Payload) != `{"n":7}` {
+	if d.Reason != "failed 3 attempts; last error: model unavailable" || d.Deliveries != 3 || d.JobID != jobID(7) || d.Tenant != "acme" || d.OriginalID == ids[0] || d.Message == nil || string(d.Message.Payload) != `{"n":7}` {
 		t.Errorf("dead letter = %+v", d)
 	}
 	if p := pendingIDs(t, rdb, keys, DefaultGroup); len(p) != 0 {
 		t.Errorf("still pending: %v", p)
 	}
 	tenant, state, reason, err := JobState(context.Background(), rdb, keys, jobID(7))
-	if err != nil || tenant != "acme" || state != StateFailed || reason != "exceeded 3 deliveries; last error: model unavailable" {
+	if err != nil || tenant != "acme" || state != StateFailed || reason != "failed 3 attempts; last error: model unavailable" {
 		t.Errorf("JobState = %q %q %q %v", tenant, state, reason, err)
 	}
 	if ttl := rdb.PTTL(context.Background(), keys.Job(jobID(7))).Val(); ttl != -1 {
@@ -393,8 +393,10 @@ func TestBatchedRoundTripsPerJob(t *testing.T) {
 	}
 }
 
-// Reclaimed entries get their delivery counts from one XPENDING call per batch.
-func TestDeliveryCountsOneXPendingPerBatch(t *testing.T) {
+// Reclaimed entries are claimed and get their delivery counts in one script per batch
+// (reclaimScript): no XAUTOCLAIM whose XPENDING can then fail, leaving the claimed
+// entries unrun with a delivery spent.
+func TestReclaimClaimsAndCountsInOneStep(t *testing.T) {
 	t.Parallel()
 	rdb, keys := setup(t)
 	ctx := context.Background()
@@ -427,13 +429,14 @@ func TestDeliveryCountsOneXPendingPerBatch(t *testing.T) {
 	if deliveries[2] != n {
 		t.Errorf("deliveries seen = %v, want all %d at 2", deliveries, n)
 	}
-	if got := cmds.c.get("xpending"); got != 1 {
-		t.Errorf("%d XPENDING calls for one reclaimed batch of %d, want 1", got, n)
+	if x, p := cmds.c.get("xautoclaim"), cmds.c.get("xpending"); x != 0 || p != 0 {
+		t.Errorf("%d XAUTOCLAIM and %d XPENDING calls outside a script for one reclaimed batch, want 0 (one script)", x, p)
 	}
 }
 
 // Graceful shutdown: jobs that finish within ShutdownTimeout are acknowledged; jobs still
-// running are cancelled and stay pending; jobs never read stay in the stream unread.
+// running are cancelled and handed back at once, as new entries any worker reads next,
+// without spending an attempt; jobs never read stay in the stream unread.
 func TestShutdownLosesNothingAndAcksNothingUnfinished(t *testing.T) {
 	t.Parallel()
 	rdb, keys := setup(t)
@@ -465,7 +468,7 @@ func TestShutdownLosesNothingAndAcksNothingUnfinished(t *testing.T) {
 	if took := time.Since(began); took < 700*time.Millisecond {
 		t.Errorf("Run returned after %v, before the shutdown timeout, with jobs running", took)
 	}
-	var wantPending []string
+	var wantBack []string
 	for _, id := range ids[:4] {
 		if _, ok := started.Load(id); !ok {
 			t.Fatalf("entry %s of the first four did not start", id)
@@ -476,21 +479,38 @@ func TestShutdownLosesNothingAndAcksNothingUnfinished(t *testing.T) {
 			t.Errorf("entry %s: finished %v, cancelled %v", id, fin, can)
 		}
 		if can {
-			wantPending = append(wantPending, id)
+			wantBack = append(wantBack, id)
 		}
 	}
 	if n := nStarted.Load(); n != 4 {
 		t.Errorf("%d jobs started, want 4 (no reads after the signal)", n)
 	}
-	if got := pendingIDs(t, rdb, keys, DefaultGroup); !slices.Equal(got, wantPending) {
-		t.Errorf("pending after shutdown = %v, want the unfinished %v", got, wantPending)
+	if got := pendingIDs(t, rdb, keys, DefaultGroup); len(got) != 0 {
+		t.Errorf("pending after shutdown = %v, want none (the unfinished %v handed back)", got, wantBack)
 	}
-	if n := rdb.XLen(ctx, keys.Stream()).Val(); n != 10 {
-		t.Errorf("stream length %d, want 10", n)
+	if n := rdb.XLen(ctx, keys.Stream()).Val(); n != 10+int64(len(wantBack)) {
+		t.Errorf("stream length %d, want %d", n, 10+len(wantBack))
 	}
 	res, err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: DefaultGroup, Consumer: "next", Streams: []string{keys.Stream(), ">"}, Count: 100}).Result()
-	if err != nil || len(res[0].Messages) != 6 {
-		t.Errorf("undelivered entries after shutdown: %v %v, want 6", res, err)
+	if err != nil || len(res[0].Messages) != 6+len(wantBack) {
+		t.Fatalf("undelivered entries after shutdown: %v %v, want %d", res, err, 6+len(wantBack))
+	}
+	// The handed-back jobs are the unfinished ones, with no attempt spent.
+	back := map[string]bool{}
+	for _, m := range res[0].Messages[6:] {
+		msg, err := ParseMessage(m.Values)
+		if err != nil || msg.Attempts != 0 {
+			t.Errorf("handed-back entry %v: %+v %v, want no attempt spent", m.Values, msg, err)
+		}
+		back[msg.JobID] = true
+	}
+	for i, id := range ids[:4] {
+		if slices.Contains(wantBack, id) && !back[jobID(i)] {
+			t.Errorf("the unfinished job %s (entry %s) was not handed back: %v", jobID(i), id, back)
+		}
+	}
+	if len(back) != len(wantBack) {
+		t.Errorf("handed back %v, want %d distinct jobs", back, len(wantBack))
 	}
 }
 
