@@ -31,6 +31,19 @@ import (
 // ClaimIdle), or in the set (moved by any worker's mover). The crash tests in
 // schedule_crash_test.go kill a process at each of these points.
 
+// crashPoint, set by the crash tests only, is called at each step of a job's way
+// between the stream and the scheduled set, with the step's name: "settle.before" and
+// "settle.after" around scheduleScript, "move.read" between dueScript and moveScript,
+// "move.after" after moveScript.
+var crashPoint func(step string)
+
+// reach calls crashPoint for step.
+func reach(step string) {
+	if crashPoint != nil {
+		crashPoint(step)
+	}
+}
+
 // Scheduled returns the key of the scheduled set: Prefix:{Queue}:scheduled.
 func (k Keys) Scheduled() string { return k.base() + "scheduled" }
 
@@ -369,8 +382,12 @@ func MoveDue(ctx context.Context, rdb redis.Scripter, keys Keys, max int) (moved
 			ks = append(ks, keys.Job(job))
 			args = append(args, m)
 		}
+		reach("move.read")
 		k, err := moveScript.Run(ctx, rdb, ks, args...).Int()
 		moved += k
+		if err == nil {
+			reach("move.after")
+		}
 		if err != nil {
 			return moved, -1, fmt.Errorf("move scheduled jobs: %w", err)
 		}

@@ -334,12 +334,21 @@ func (w *Worker) Run(ctx context.Context) error {
 	background.Go(func() { w.maintainLoop(ctx) })
 	background.Go(func() { w.moveLoop(bg) })
 
+	// The shutdown timeout counts from the signal, not from the end of the read in
+	// progress (up to Block later).
+	var signalled atomic.Int64
+	stopTimer := context.AfterFunc(ctx, func() { signalled.Store(time.Now().UnixNano()) })
+	defer stopTimer()
 	w.readLoop(ctx, hctx)
 	close(w.jobs)
 
 	n := w.inFlightCount()
 	w.log.Info("worker stopping: waiting for in-flight jobs", "in_flight", n, "timeout", w.cfg.ShutdownTimeout)
-	if !waitTimeout(&w.handlers, w.cfg.ShutdownTimeout) {
+	remaining := w.cfg.ShutdownTimeout
+	if at := signalled.Load(); at != 0 {
+		remaining = max(w.cfg.ShutdownTimeout-time.Since(time.Unix(0, at)), 0)
+	}
+	if !waitTimeout(&w.handlers, remaining) {
 		w.log.Warn("shutdown timeout: cancelling in-flight jobs, which are handed back to the queue at once without spending an attempt", "in_flight", w.inFlightCount())
 		w.cut.Store(true)
 		cancelHandlers()
@@ -592,13 +601,27 @@ func (w *Worker) reclaim(ctx context.Context, n int) ([]delivery, error) {
 	out := make([]delivery, 0, len(msgs))
 	for i, m := range msgs {
 		if w.isInFlight(m.ID) {
-			// Our own run of it is still going (renewal off or late): do not start a second.
+			// Our own run of it is still going (renewal off or late, or the run overran
+			// MaxRunTime): do not start a second. Undo the claim's delivery and leave the
+			// entry reclaimable, so that another worker may take it over.
 			w.log.Warn("reclaimed an entry this worker is still running; not running it twice", append(refOf(m.Values).attrs(), "entry", m.ID)...)
+			w.unclaim(ctx, m.ID, counts[i]-1)
 			continue
 		}
 		out = append(out, delivery{id: m.ID, fields: m.Values, deliveries: max(counts[i], 1)})
 	}
 	return out, nil
+}
+
+// unclaim sets entry id back to delivery count count and idle ClaimIdle (reclaimable at
+// once), undoing this worker's reclaim of its own in-flight entry.
+func (w *Worker) unclaim(ctx context.Context, id string, count int64) {
+	err := w.rdb.Do(ctx, "XCLAIM", w.keys.Stream(), w.cfg.Group, w.cfg.Consumer, 0, id,
+		"IDLE", w.cfg.ClaimIdle.Milliseconds(), "RETRYCOUNT", max(count, 0), "JUSTID").Err()
+	if err != nil {
+		w.m.redisError("reclaim")
+		w.log.Warn("could not undo the reclaim of an in-flight entry; its delivery count stays one higher", "entry", id, "err", err)
+	}
 }
 
 // parseReclaim decodes reclaimScript's reply.
@@ -808,9 +831,11 @@ func (w *Worker) settle(ctx context.Context, d delivery, job *Job, s settlement)
 	for {
 		actx, acancel := context.WithTimeout(sctx, 5*time.Second)
 		var err error
+		reach("settle.before")
 		res, err = settle(actx, w.rdb, w.keys, w.cfg.Group, w.cfg.Consumer, d.id, &job.Message, s)
 		acancel()
 		if err == nil {
+			reach("settle.after")
 			break
 		}
 		w.m.redisError("hand_back")

@@ -3,6 +3,7 @@ package testenv
 import (
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -32,8 +33,21 @@ type tWriter struct {
 func (w *tWriter) Write(p []byte) (int, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if !w.done {
-		w.t.Log(string(p[:len(p)-1]))
+	if !w.done && len(p) > 0 {
+		w.t.Log(strings.TrimSuffix(string(p), "\n"))
 	}
 	return len(p), nil
+}
+
+// Writer returns an io.Writer that writes through t.Log (a child process's output, for
+// example), dropping what is written after the test ended.
+func Writer(t testing.TB) io.Writer {
+	t.Helper()
+	w := &tWriter{t: t}
+	t.Cleanup(func() {
+		w.mu.Lock()
+		w.done = true
+		w.mu.Unlock()
+	})
+	return w
 }
