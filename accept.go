@@ -1,6 +1,7 @@
 package onceflow
 
 import (
+	"time"
 	"context"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -14,14 +15,19 @@ import (
 // accept runs the one-round-trip accept: in one script, it checks scope's record (a
 // replay or a reused key) or runs the queue's own enqueue of m on keys' queue (its entry
 // and its job index, queue.EnqueueLua) and stores resp for Config.ResultTTL.
-func (c *Client) accept(ctx context.Context, scope idempotency.Scope, fp string, resp *idempotency.Response, m queue.Message, keys queue.Keys) (*idempotency.Response, bool, error) {
-	args, err := queue.EnqueueArgs(m)
+func (c *Client) accept(ctx context.Context, scope idempotency.Scope, fp string, resp *idempotency.Response, m queue.Message, keys queue.Keys, runAt time.Time) (*idempotency.Response, bool, error) {
+	w := redisstore.Write{Lua: queue.EnqueueLua, Keys: keys.EnqueueKeys(m.JobID)}
+	var err error
+	if later(runAt) {
+		w.Lua, w.Keys = queue.EnqueueAtLua, keys.EnqueueAtKeys(m.JobID)
+		w.Args, err = queue.EnqueueAtArgs(m, runAt)
+	} else {
+		w.Args, err = queue.EnqueueArgs(m)
+	}
 	if err != nil {
 		return nil, false, err
 	}
-	stored, replayed, err := c.store.AcceptWrite(ctx, scope, fp, resp, redisstore.Write{
-		Lua: queue.EnqueueLua, Keys: keys.EnqueueKeys(m.JobID), Args: args,
-	})
+	stored, replayed, err := c.store.AcceptWrite(ctx, scope, fp, resp, w)
 	if err == nil && !replayed {
 		c.enqueued.WithLabelValues(keys.Queue).Inc()
 	}
@@ -29,10 +35,21 @@ func (c *Client) accept(ctx context.Context, scope idempotency.Scope, fp string,
 	return stored, replayed, queue.EnqueueError(err)
 }
 
-// enqueue adds m to keys' queue without a key (queue.Enqueue) and counts it.
-func (c *Client) enqueue(ctx context.Context, keys queue.Keys, m queue.Message) error {
+// later reports whether runAt is a time in the future: the job waits in the scheduled
+// set until then.
+func later(runAt time.Time) bool { return !runAt.IsZero() && time.Until(runAt) > 0 }
+
+// enqueue adds m to keys' queue without a key (queue.Enqueue, or queue.EnqueueAt for a
+// runAt in the future) and counts it.
+func (c *Client) enqueue(ctx context.Context, keys queue.Keys, m queue.Message, runAt time.Time) error {
 	c.noteQueue(keys.Queue)
-	if _, err := queue.Enqueue(ctx, c.rdb, keys, m); err != nil {
+	var err error
+	if later(runAt) {
+		_, err = queue.EnqueueAt(ctx, c.rdb, keys, m, runAt)
+	} else {
+		_, err = queue.Enqueue(ctx, c.rdb, keys, m)
+	}
+	if err != nil {
 		return err
 	}
 	c.enqueued.WithLabelValues(keys.Queue).Inc()

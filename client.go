@@ -137,9 +137,20 @@ type QueueConfig struct {
 	// ClaimIdle is how long a job may stay unacknowledged without a renewal before
 	// another worker takes it over (ONCEFLOW_CLAIM_IDLE). Default: queue.DefaultClaimIdle.
 	ClaimIdle time.Duration
-	// MaxDeliveries is the most deliveries of a job that run its worker; the next one
-	// dead-letters it (ONCEFLOW_MAX_DELIVERIES). Default: queue.DefaultMaxDeliveries.
+	// MaxDeliveries is a job's budget of failed attempts (ONCEFLOW_MAX_DELIVERIES): a run
+	// whose Worker failed on the job spends one, and so does a delivery that never
+	// reported (its process died); an outage (Unavailable), a snooze and a shutdown
+	// spend none. The failure that spends the last dead-letters the job, unless its
+	// completion record says it completed. Default: queue.DefaultMaxDeliveries (5).
 	MaxDeliveries int
+	// RetryBase and RetryMax bound the full-jitter wait before the attempt after a
+	// failure (ONCEFLOW_RETRY_BASE, ONCEFLOW_RETRY_MAX); a failure's Retry-After wins.
+	// Defaults: queue.DefaultRetryBase (1s), queue.DefaultRetryMax (5m).
+	RetryBase, RetryMax time.Duration
+	// MaxRunTime bounds one run of a job (ONCEFLOW_MAX_RUN_TIME): its context is
+	// cancelled, its lease lapses, and the run is a failed attempt. Negative: none.
+	// Default: queue.DefaultMaxRunTime (15m).
+	MaxRunTime time.Duration
 	// ShutdownTimeout is how long Run waits for running jobs once its context ends
 	// (ONCEFLOW_SHUTDOWN_TIMEOUT). Default: queue.DefaultShutdownTimeout.
 	ShutdownTimeout time.Duration
@@ -277,6 +288,9 @@ func (qc QueueConfig) withDefaults(d QueueConfig) QueueConfig {
 	qc.ShutdownTimeout = cmp.Or(qc.ShutdownTimeout, d.ShutdownTimeout)
 	qc.StatsInterval = cmp.Or(qc.StatsInterval, d.StatsInterval)
 	qc.DeadLetterRetention = cmp.Or(qc.DeadLetterRetention, d.DeadLetterRetention)
+	qc.RetryBase = cmp.Or(qc.RetryBase, d.RetryBase)
+	qc.RetryMax = cmp.Or(qc.RetryMax, d.RetryMax)
+	qc.MaxRunTime = cmp.Or(qc.MaxRunTime, d.MaxRunTime)
 	return qc
 }
 
@@ -350,6 +364,7 @@ func (c *Client) newWorker(name string) (*queue.Worker, error) {
 		Concurrency: qc.Concurrency, ClaimIdle: qc.ClaimIdle, MaxDeliveries: qc.MaxDeliveries,
 		ShutdownTimeout: qc.ShutdownTimeout, StatsInterval: qc.StatsInterval, Gate: qc.Gate,
 		JobTTL: c.cfg.ResultTTL, DeadLetterRetention: qc.DeadLetterRetention,
+		RetryBase: qc.RetryBase, RetryMax: qc.RetryMax, MaxRunTime: qc.MaxRunTime,
 		Logger: c.log, Registerer: c.cfg.Registerer,
 	})
 	if err != nil {
@@ -378,7 +393,7 @@ func (c *Client) handler(name string, qc QueueConfig) queue.Handler {
 	for i := len(c.cfg.Middleware) - 1; i >= 0; i-- {
 		run = c.cfg.Middleware[i](run)
 	}
-	return queue.HandlerFunc(func(ctx context.Context, j *queue.Job) error {
+	return &queueHandler{c: c, run: func(ctx context.Context, j *queue.Job) error {
 		kind := cmp.Or(j.Kind, qc.DefaultKind)
 		info := &JobInfo{
 			ID: j.JobID, Kind: kind, Queue: name, Tenant: j.Tenant, Delivery: int(j.Deliveries), EntryID: j.ID,
@@ -387,7 +402,35 @@ func (c *Client) handler(name string, qc QueueConfig) queue.Handler {
 			rt:  &runtime{client: c, queue: name, delivery: j, deadline: retry.After(c.cfg.JobBudget)},
 		}
 		return run(ctx, info)
-	})
+	}}
+}
+
+// queueHandler is the queue.Handler of a queue: it runs jobs, and answers the worker's
+// question whether a job whose budget is spent completed (queue.Completer) from the
+// completion records.
+type queueHandler struct {
+	c   *Client
+	run func(context.Context, *queue.Job) error
+}
+
+// Handle runs j.
+func (h *queueHandler) Handle(ctx context.Context, j *queue.Job) error { return h.run(ctx, j) }
+
+// Completed reports whether j has a completion record of its own tenant (a job of
+// another tenant's that completed with this id does not make this one done). Without
+// Config.DB nothing records completions: false.
+func (h *queueHandler) Completed(ctx context.Context, j *queue.Job) (bool, error) {
+	if h.c.cfg.DB == nil {
+		return false, nil
+	}
+	_, err := h.c.completed(ctx, j.Tenant, j.JobID)
+	switch {
+	case errors.Is(err, ErrJobNotFound):
+		return false, nil
+	case err != nil:
+		return false, err
+	}
+	return true, nil
 }
 
 // runParts runs every part until ctx is cancelled or one of them fails, and returns the

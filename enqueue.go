@@ -82,6 +82,13 @@ type EnqueueOpts struct {
 	// the tenant, the kind and the queue.
 	// Default: derived from Key (with the tenant and kind), else a random UUID.
 	JobID string
+	// RunAt delays the job: it waits in the queue's scheduled set, and its JobState is
+	// queued with RunAt, until that time, when a worker's mover adds it to the queue
+	// (within WorkerConfig.ScheduleInterval, 1s by default). It is read on this
+	// process's clock; workers compare it with Redis'. A keyed enqueue deduplicates as
+	// without it (a second one replays the first's answer, whatever its RunAt).
+	// Default: zero, at once (as is a time already past).
+	RunAt time.Time
 }
 
 // EnqueueResult says what an Enqueue did.
@@ -108,12 +115,12 @@ func (c *Client) Enqueue(ctx context.Context, args JobArgs, opts *EnqueueOpts) (
 	}
 	keys := c.keys(o.Queue)
 	if o.Key == "" {
-		if err := c.enqueue(ctx, keys, m); err != nil {
+		if err := c.enqueue(ctx, keys, m, o.RunAt); err != nil {
 			return nil, fmt.Errorf("onceflow: enqueue %s job: %w", m.Kind, err)
 		}
 		return &EnqueueResult{JobID: m.JobID, Queue: o.Queue}, nil
 	}
-	return c.acceptKeyed(ctx, EnqueueScopeOn(o.Queue, o.Tenant, m.Kind, o.Key), m, keys)
+	return c.acceptKeyed(ctx, EnqueueScopeOn(o.Queue, o.Tenant, m.Kind, o.Key), m, keys, o.RunAt)
 }
 
 // message validates args and opts and returns the job's message and the effective
@@ -194,10 +201,10 @@ type enqueueAnswer struct {
 
 // acceptKeyed enqueues m under scope in one round trip through the idempotency store's
 // accept script, or returns the first enqueue's answer.
-func (c *Client) acceptKeyed(ctx context.Context, scope idempotency.Scope, m queue.Message, keys queue.Keys) (*EnqueueResult, error) {
+func (c *Client) acceptKeyed(ctx context.Context, scope idempotency.Scope, m queue.Message, keys queue.Keys, runAt time.Time) (*EnqueueResult, error) {
 	body, _ := json.Marshal(enqueueAnswer{JobID: m.JobID, Queue: keys.Queue})
 	resp := &idempotency.Response{Status: http.StatusAccepted, Header: http.Header{"Content-Type": {"application/json"}}, Body: body}
-	stored, replayed, err := c.accept(ctx, scope, idempotency.Fingerprint(m.Payload), resp, m, keys)
+	stored, replayed, err := c.accept(ctx, scope, idempotency.Fingerprint(m.Payload), resp, m, keys, runAt)
 	if err != nil {
 		return nil, fmt.Errorf("onceflow: enqueue %s: %w", m.Kind, err)
 	}

@@ -34,6 +34,7 @@ type enqueueIntent struct {
 	Args        string `json:"args"`
 	EnqueuedAt  int64  `json:"enqueued_at"` // Unix milliseconds
 	TraceParent string `json:"traceparent,omitempty"`
+	RunAt       int64  `json:"run_at,omitempty"` // Unix milliseconds; 0: at once
 }
 
 // EnqueueTx enqueues a job inside tx, the caller's own pgx transaction: the job exists
@@ -61,7 +62,7 @@ func (c *Client) EnqueueTx(ctx context.Context, tx pgx.Tx, args JobArgs, opts *E
 	c.noteQueue(o.Queue)
 	payload, err := json.Marshal(enqueueIntent{
 		Queue: o.Queue, Key: o.Key, JobID: m.JobID, Kind: m.Kind, Tenant: m.Tenant, Args: string(m.Payload),
-		EnqueuedAt: m.EnqueuedAt.UnixMilli(), TraceParent: m.TraceParent,
+		EnqueuedAt: m.EnqueuedAt.UnixMilli(), TraceParent: m.TraceParent, RunAt: runAtMillis(o.RunAt),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("onceflow: enqueue %s in a transaction: %w", m.Kind, err)
@@ -85,6 +86,14 @@ func (c *Client) EnqueueTx(ctx context.Context, tx pgx.Tx, args JobArgs, opts *E
 		return nil, fmt.Errorf("onceflow: enqueue %s in a transaction: %w", m.Kind, err)
 	}
 	return &EnqueueResult{JobID: m.JobID, Queue: o.Queue}, nil
+}
+
+// runAtMillis is t in Unix milliseconds, 0 for the zero time.
+func runAtMillis(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixMilli()
 }
 
 // sendEnqueue is the built-in sender of TopicEnqueue: it adds the row's job to its
@@ -111,14 +120,18 @@ func (c *Client) sendEnqueue(ctx context.Context, om outbox.Message) error {
 	if err := m.Validate(); err != nil {
 		return outbox.Permanent(fmt.Errorf("%s row: %w", TopicEnqueue, err))
 	}
+	var runAt time.Time
+	if in.RunAt > 0 {
+		runAt = time.UnixMilli(in.RunAt)
+	}
 	var err error
 	if in.Key != "" {
-		_, err = c.acceptKeyed(ctx, EnqueueScopeOn(keys.Queue, m.Tenant, m.Kind, in.Key), m, keys)
+		_, err = c.acceptKeyed(ctx, EnqueueScopeOn(keys.Queue, m.Tenant, m.Kind, in.Key), m, keys, runAt)
 		if errors.Is(err, idempotency.ErrKeyReused) {
 			return outbox.Permanent(err)
 		}
 	} else {
-		err = c.enqueue(ctx, keys, m)
+		err = c.enqueue(ctx, keys, m, runAt)
 	}
 	if errors.Is(err, ErrJobIDTaken) { // another tenant's job id: no retry can change that
 		return outbox.Permanent(err)

@@ -10,11 +10,12 @@ import (
 
 // The error vocabulary of a job, shared by the queue, the retry policy and the outbox
 // relay: a Worker returns nil (done), an error marked Permanent (dead-lettered at once,
-// with the error as its reason), an error from RetryAfter (run again after a delay, at
-// most the queue's ClaimIdle, spending a delivery), an error marked Unavailable (a
-// dependency is down: handed back without spending a delivery), or any other error (run
-// again later, until the queue's MaxDeliveries). Match them with errors.Is and errors.As
-// only.
+// with the error as its reason), an error from RetryAfter (a failed attempt: run again
+// after that delay), an error marked Unavailable (a dependency is down: handed back
+// without spending an attempt), Snooze's (run again after a delay without spending an
+// attempt), or any other error (a failed attempt: run again after a full-jitter backoff,
+// QueueConfig.RetryBase and RetryMax, until the queue's MaxDeliveries attempts are
+// spent). Match them with errors.Is and errors.As only.
 //
 // onceflow marks its own errors so: Job.Commit and Job.CommitTx return PostgreSQL
 // unreachable (a refused or lost connection, a server shutting down) as Unavailable,
@@ -55,9 +56,9 @@ func Permanent(err error) error { return retry.Permanent(err) }
 // IsPermanent reports whether err was marked permanent (errors.Is(err, ErrPermanent)).
 func IsPermanent(err error) bool { return retry.IsPermanent(err) }
 
-// RetryAfter returns err with a request to run the job again after d: the worker
-// reclaims it after d instead of after its queue's claim idle time (at most that), and
-// the run counts as a failed delivery. A nil err becomes "retry requested". The result is
+// RetryAfter returns err with a request to run the job again after d instead of after
+// the queue's backoff; the run counts as a failed attempt. A provider error carrying a
+// Retry-After (a 429, a 503) is treated so without it. A nil err becomes "retry requested". The result is
 // a *retry.DelayError.
 func RetryAfter(d time.Duration, err error) error { return retry.RetryAfter(d, err) }
 
@@ -65,3 +66,10 @@ func RetryAfter(d time.Duration, err error) error { return retry.RetryAfter(d, e
 // is handed back with its delivery count as it was, so the outage spends none of its
 // budget. The result matches ErrUnavailable and unwraps to err. Unavailable(nil) is nil.
 func Unavailable(err error) error { return retry.Unavailable(err) }
+
+// Snooze returns the request to run the job again after d (0: at once) without spending
+// an attempt: the job is not failing, it waits for something (a time, a resource, a
+// limit). It waits in its queue's scheduled set, holding no worker. A job that snoozes
+// for ever never fails: bound it yourself (JobInfo.EnqueuedAt tells its age). The
+// result is a *queue.SnoozeError.
+func Snooze(d time.Duration) error { return queue.Snooze(d) }

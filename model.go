@@ -65,8 +65,9 @@ func (c *Client) setupModel() error {
 	for _, name := range c.Queues() {
 		qc := c.queues[name]
 		deliveries := cmp.Or(qc.MaxDeliveries, queue.DefaultMaxDeliveries)
-		if horizon := time.Duration(deliveries) * (cmp.Or(qc.ClaimIdle, queue.DefaultClaimIdle) + cfg.JobBudget); retention < horizon {
-			return fmt.Errorf("onceflow: Config.Ledger.Retention %v must cover queue %q's retry horizon, MaxDeliveries × (ClaimIdle + JobBudget) = %v", retention, name, horizon)
+		wait := max(cmp.Or(qc.ClaimIdle, queue.DefaultClaimIdle), cmp.Or(qc.RetryMax, queue.DefaultRetryMax))
+		if horizon := time.Duration(deliveries) * (wait + cfg.JobBudget); retention < horizon {
+			return fmt.Errorf("onceflow: Config.Ledger.Retention %v must cover queue %q's retry horizon, MaxDeliveries × (max(ClaimIdle, RetryMax) + JobBudget) = %v", retention, name, horizon)
 		}
 	}
 	l, err := ledger.New(cfg.DB, lc)

@@ -46,6 +46,9 @@ type JobState struct {
 	Error string `json:"error,omitempty"`
 	// CompletedAt is when the job's Commit committed (StatusDone).
 	CompletedAt time.Time `json:"completed_at,omitzero"`
+	// RunAt is when a queued job waiting in the scheduled set runs: its next attempt
+	// after a failure, after a snooze or hand-back, or EnqueueOpts.RunAt.
+	RunAt time.Time `json:"run_at,omitzero"`
 }
 
 // ErrJobNotFound is returned by JobState for an id no job has, or has for another
@@ -109,8 +112,12 @@ func (c *Client) indexed(ctx context.Context, name, tenant, id string) (*JobStat
 		return nil, fmt.Errorf("onceflow: read job %s: %w", id, err)
 	}
 	st := &JobState{ID: id, Queue: name, Tenant: ix.Tenant, Status: StatusQueued}
-	if ix.State == queue.StateFailed {
+	switch ix.State {
+	case queue.StateFailed:
 		st.Status, st.Error = StatusFailed, ix.Reason
+		return st, nil
+	case queue.StateScheduled:
+		st.RunAt = ix.RunAt
 		return st, nil
 	}
 	entry := queue.EntryWaiting

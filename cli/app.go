@@ -158,6 +158,7 @@ func queueDefaults(cfg *config.Config) onceflow.QueueConfig {
 	return onceflow.QueueConfig{
 		Concurrency: cfg.WorkerConcurrency, ClaimIdle: cfg.ClaimIdle, MaxDeliveries: cfg.MaxDeliveries,
 		ShutdownTimeout: cfg.ShutdownTimeout, StatsInterval: cfg.StatsInterval, DeadLetterRetention: dlqRetention(cfg),
+		RetryBase: cfg.RetryBase, RetryMax: cfg.RetryMax, MaxRunTime: cfg.MaxRunTime,
 	}
 }
 

@@ -89,9 +89,16 @@ type Config struct {
 	// ClaimIdle is the idle time after which another worker may reclaim a message.
 	// Default: 2m.
 	ClaimIdle time.Duration
-	// MaxDeliveries is the number of deliveries before a message is dead-lettered.
-	// Default: 5.
+	// MaxDeliveries is a job's budget of failed attempts (the name is kept from when it
+	// counted deliveries): runs that failed on the job, and deliveries whose process
+	// died; outages, snoozes and shutdowns spend none. Default: 5.
 	MaxDeliveries int
+	// RetryBase and RetryMax bound the full-jitter wait before the attempt after a
+	// failure, unless the failure carried a Retry-After. Defaults: 1s and 5m.
+	RetryBase, RetryMax time.Duration
+	// MaxRunTime bounds one run of a job: after it the run is cancelled, its lease
+	// lapses, and it counts as a failed attempt. Default: 15m.
+	MaxRunTime time.Duration
 	// LockTTL is the lifetime of an idempotency in-progress marker. Default: 30s.
 	LockTTL time.Duration
 	// ResultTTL is how long a stored idempotent response is replayed, and how long a job's
@@ -289,8 +296,17 @@ var settings = []setting{
 	{env: "ONCEFLOW_CLAIM_IDLE", def: "2m", usage: "idle time after which another worker may reclaim a message", parse: func(c *Config, v string) error {
 		return parseDuration(&c.ClaimIdle, v)
 	}},
-	{env: "ONCEFLOW_MAX_DELIVERIES", def: "5", usage: "deliveries before a message is dead-lettered", parse: func(c *Config, v string) error {
+	{env: "ONCEFLOW_MAX_DELIVERIES", def: "5", usage: "failed attempts before a job is dead-lettered (outages, snoozes and shutdowns spend none)", parse: func(c *Config, v string) error {
 		return parseInt(&c.MaxDeliveries, v, 1, 1000)
+	}},
+	{env: "ONCEFLOW_RETRY_BASE", def: "1s", usage: "base of the full-jitter exponential wait before the attempt after a failure", parse: func(c *Config, v string) error {
+		return parseDuration(&c.RetryBase, v)
+	}},
+	{env: "ONCEFLOW_RETRY_MAX", def: "5m", usage: "longest wait before the attempt after a failure (a Retry-After wins)", parse: func(c *Config, v string) error {
+		return parseDuration(&c.RetryMax, v)
+	}},
+	{env: "ONCEFLOW_MAX_RUN_TIME", def: "15m", usage: "longest run of one job: then it is cancelled and counts as a failed attempt", parse: func(c *Config, v string) error {
+		return parseDuration(&c.MaxRunTime, v)
 	}},
 	{env: "ONCEFLOW_LOCK_TTL", def: "30s", usage: "idempotency in-progress marker lifetime", parse: func(c *Config, v string) error {
 		return parseDuration(&c.LockTTL, v)
@@ -440,9 +456,12 @@ func (c *Config) validate() error {
 	case c.Sender == "smtp" && c.SMTPFrom == "":
 		return &Error{Name: "ONCEFLOW_SMTP_FROM", Err: errors.New("required when ONCEFLOW_SENDER=smtp")}
 	}
-	if horizon := time.Duration(c.MaxDeliveries) * (c.ClaimIdle + c.JobBudget); c.LedgerRetention < horizon {
+	if c.RetryMax < c.RetryBase {
+		return &Error{Name: "ONCEFLOW_RETRY_MAX", Value: c.raw["ONCEFLOW_RETRY_MAX"], Err: fmt.Errorf("must be at least ONCEFLOW_RETRY_BASE (%s)", c.RetryBase)}
+	}
+	if horizon := time.Duration(c.MaxDeliveries) * (max(c.ClaimIdle, c.RetryMax) + c.JobBudget); c.LedgerRetention < horizon {
 		return &Error{Name: "ONCEFLOW_LEDGER_RETENTION", Value: c.raw["ONCEFLOW_LEDGER_RETENTION"],
-			Err: fmt.Errorf("must cover the retry horizon ONCEFLOW_MAX_DELIVERIES × (ONCEFLOW_CLAIM_IDLE + ONCEFLOW_JOB_BUDGET) = %s", horizon)}
+			Err: fmt.Errorf("must cover the retry horizon ONCEFLOW_MAX_DELIVERIES × (max(ONCEFLOW_CLAIM_IDLE, ONCEFLOW_RETRY_MAX) + ONCEFLOW_JOB_BUDGET) = %s", horizon)}
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -147,8 +148,8 @@ const (
 // longer ago than the index TTL.
 var ErrUnknownJob = errors.New("unknown job")
 
-// JobState reads the job index of jobID: the tenant that owns it, its state (StateQueued
-// or StateFailed) and, when failed, the dead-letter reason. An id without an index gives
+// JobState reads the job index of jobID: the tenant that owns it, its state (StateQueued,
+// StateScheduled or StateFailed) and, when failed, the dead-letter reason. An id without an index gives
 // ErrUnknownJob. One round trip; safe for concurrent use.
 func JobState(ctx context.Context, rdb redis.Cmdable, keys Keys, jobID string) (tenant, state, reason string, err error) {
 	if !ValidJobID(jobID) {
@@ -169,9 +170,11 @@ type JobIndex struct {
 	State string
 	// Reason is the dead-letter reason when failed.
 	Reason string
-	// Entry is the stream entry id of the job's latest enqueue ("" when failed, or for
-	// an index written before entries were recorded); see EntryState.
+	// Entry is the stream entry id of the job's latest enqueue ("" when failed or
+	// scheduled, or for an index written before entries were recorded); see EntryState.
 	Entry string
+	// RunAt is when a scheduled job (StateScheduled) is due.
+	RunAt time.Time
 }
 
 // ReadJobIndex is JobState returning the whole index, in one round trip (HMGET). An id
@@ -180,12 +183,15 @@ func ReadJobIndex(ctx context.Context, rdb redis.Cmdable, keys Keys, jobID strin
 	if !ValidJobID(jobID) {
 		return JobIndex{}, ErrUnknownJob
 	}
-	vals, err := rdb.HMGet(ctx, keys.Job(jobID), "tenant", "state", "reason", "entry").Result()
+	vals, err := rdb.HMGet(ctx, keys.Job(jobID), "tenant", "state", "reason", "entry", "run_at").Result()
 	if err != nil {
 		return JobIndex{}, fmt.Errorf("read job index %s: %w", jobID, err)
 	}
 	str := func(v any) string { s, _ := v.(string); return s }
 	ix := JobIndex{Tenant: str(vals[0]), State: str(vals[1]), Reason: str(vals[2]), Entry: str(vals[3])}
+	if ms, err := strconv.ParseInt(str(vals[4]), 10, 64); err == nil && ix.State == StateScheduled {
+		ix.RunAt = time.UnixMilli(ms).UTC()
+	}
 	if ix.Tenant == "" && ix.State == "" {
 		return JobIndex{}, ErrUnknownJob
 	}
