@@ -37,7 +37,8 @@ type model struct {
 }
 
 // setupModel prepares the model calls of Config.Model: the ledger, the breaker that
-// gates the queues while the quota is exhausted, and the ledger's purge in Run.
+// gates the queues while the provider is down (an exhausted quota, a run of failures),
+// and the ledger's purge in Run.
 func (c *Client) setupModel() error {
 	cfg := c.cfg
 	if cfg.Model == nil {
@@ -73,9 +74,10 @@ func (c *Client) setupModel() error {
 	if err != nil {
 		return fmt.Errorf("onceflow: Config.Ledger: %w", err)
 	}
-	b, err := breaker.New(breaker.Config{Name: "llm", ProbeInterval: cfg.QuotaProbe, Logger: c.log, Registerer: cfg.Registerer})
+	b, err := breaker.New(breaker.Config{Name: "llm", ProbeInterval: cfg.QuotaProbe, Threshold: cfg.BreakerThreshold,
+		Logger: c.log, Registerer: cfg.Registerer})
 	if err != nil {
-		return fmt.Errorf("onceflow: Config.QuotaProbe: %w", err)
+		return fmt.Errorf("onceflow: Config.QuotaProbe or BreakerThreshold: %w", err)
 	}
 	provider := cmp.Or(cfg.Provider, DefaultProvider)
 	// llmmetrics is inside the ledger (it counts the calls that reach the provider, not
@@ -88,12 +90,6 @@ func (c *Client) setupModel() error {
 		policy.OnRetry = m.OnRetry
 	}
 	c.model = &model{client: llm.WithBreaker(l.Wrap(provider, m.Instrument(provider, cfg.Model)), b), ledger: l, breaker: b, provider: provider, policy: policy}
-	for name, qc := range c.queues {
-		if qc.Gate == nil {
-			qc.Gate = b
-			c.queues[name] = qc
-		}
-	}
 	c.background = append(c.background, l.Run)
 	return nil
 }
@@ -298,8 +294,10 @@ func (rt *runtime) stream(ctx context.Context, jobID, step string, req *llm.Requ
 			return struct{}{}, nil
 		})
 		if err != nil && !stopped {
-			yield(llm.Chunk{}, modelError(step, err))
+			yield(llm.Chunk{}, m.callError(step, err))
+			return
 		}
+		rt.client.postgresWorked() // the ledger wrote the call
 	}
 	return s
 }
@@ -376,8 +374,9 @@ func (rt *runtime) complete(ctx context.Context, jobID, step string, req *llm.Re
 		return s, m.recordToolKeys(ctx, s)
 	})
 	if err != nil {
-		return nil, modelError(step, err)
+		return nil, m.callError(step, err)
 	}
+	rt.client.postgresWorked() // the ledger wrote the call
 	return s, nil
 }
 
