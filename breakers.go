@@ -79,6 +79,23 @@ func (c *Client) watchers() []func(context.Context) error {
 	return parts
 }
 
+// storeDown returns the *breaker.OpenError of Redis's or PostgreSQL's breaker when one
+// is open and watched, else nil. The handler returns it instead of running a job that
+// a read in flight when the breaker opened delivered (the gate holds back the reads
+// after it): the job is handed back (the error matches ErrUnavailable) and runs once
+// the store is back. An unwatched breaker lets the job run: it may be the probe.
+func (c *Client) storeDown() error {
+	for _, b := range [...]*breaker.Breaker{c.redisBreaker, c.pgBreaker} {
+		if b == nil {
+			continue
+		}
+		if err := b.Err(); err != nil && b.Watched() {
+			return fmt.Errorf("onceflow: job not run: %w", err)
+		}
+	}
+	return nil
+}
+
 // observeJob counts a job that failed because PostgreSQL is unreachable (an
 // Unavailable error that postgresUnreachable says is PostgreSQL's: Commit's, the
 // ledger's, a Worker's own PostgresError) as a failure of PostgreSQL's breaker. The

@@ -393,6 +393,9 @@ func (c *Client) Handler(name string) queue.Handler { return c.handler(name, c.q
 
 func (c *Client) handler(name string, qc QueueConfig) queue.Handler {
 	var run JobFunc = func(ctx context.Context, info *JobInfo) error {
+		if err := c.storeDown(); err != nil {
+			return err // read just before its breaker opened: handed back, not run
+		}
 		kw := c.workers[info.Kind]
 		if kw == nil {
 			// Not permanent: in a rolling deploy a job of a new kind may reach a worker

@@ -109,8 +109,10 @@ func checkPolicy(p retry.Policy) error {
 }
 
 // ModelBreaker returns the circuit breaker of the client's model calls (nil without
-// Config.Model): open while the provider's quota is exhausted. Report it in a readiness
-// check; its Err says why it is open.
+// Config.Model): open while the provider's quota is exhausted, or after
+// BreakerThreshold calls in a row failed with a 5xx, a timeout or a lost connection,
+// until a probe succeeds. Report it in a readiness check; its Err says since when and
+// why it is open. It is one of Breakers.
 func (c *Client) ModelBreaker() *breaker.Breaker {
 	if c.model == nil {
 		return nil

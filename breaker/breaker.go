@@ -495,6 +495,11 @@ func (b *Breaker) Watch(ctx context.Context, interval time.Duration, check func(
 	}
 }
 
+// Watched reports whether a Watch loop of b is running: while it does, its checks are
+// b's probes, and work that needs the dependency need not run to probe it. Like Err,
+// it is an atomic load.
+func (b *Breaker) Watched() bool { return b.watchers.Load() > 0 }
+
 // checked records the outcome of one of Watch's checks.
 func (b *Breaker) checked(err error) {
 	b.mu.Lock()
