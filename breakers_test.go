@@ -334,4 +334,3 @@ func TestModelOutageTripsTheLLMBreaker(t *testing.T) {
 	t.Logf("%d runs, %d model requests (%d answered 503; %d in the 4s after the trip), %v in all",
 		entries.Load(), model.requests.Load(), model.s503.Load(), during, time.Since(start).Round(time.Millisecond))
 }
-
