@@ -138,7 +138,7 @@ type Config struct {
 	Logger *slog.Logger
 	// Registerer exports the metrics of every part the client runs: the queues' workers,
 	// the outbox relay, the model calls (llmmetrics, counted inside the ledger: do not
-	// wrap Config.Model in llmmetrics yourself), the ledger, the breaker, and the jobs
+	// wrap Config.Model in llmmetrics yourself), the ledger, the breakers (Breakers), and the jobs
 	// Enqueue, EnqueueTx's relay and Route add (onceflow_queue_enqueued_total, replays
 	// not counted). Default: nil, not exported.
 	Registerer prometheus.Registerer
