@@ -120,6 +120,9 @@ func (c *Client) postgresWorked() {
 // is open, is Unavailable, so the job is handed back without spending a delivery.
 func (m *model) callError(step string, err error) error {
 	if providerFailure(err) && m.breaker.Failure(err) {
+		if open := m.breaker.Err(); open != nil {
+			return retry.Unavailable(fmt.Errorf("onceflow: model step %q: %w (%w)", step, err, open))
+		}
 		return retry.Unavailable(fmt.Errorf("onceflow: model step %q: %w", step, err))
 	}
 	return modelError(step, err)

@@ -191,9 +191,10 @@ func (s *Step) ToolKeys() []ledger.ToolKey { return append([]ledger.ToolKey(nil)
 //     round trip): see Step.ToolKey.
 //
 // The error is made to be returned as is by the Worker: an outage of the provider (an
-// exhausted quota, the breaker open because of one) matches ErrUnavailable, and the job
-// is handed back without spending a delivery while the queues wait for the breaker's
-// probe; so does PostgreSQL unreachable under the ledger (a refused or lost connection,
+// exhausted quota, the breaker open because of one or because Config.BreakerThreshold
+// calls in a row, this one included, failed with a 5xx, a timeout or a lost connection
+// after their retries) matches ErrUnavailable, and the job is handed back without
+// spending a delivery while the queues wait for the breaker's probe; so does PostgreSQL unreachable under the ledger (a refused or lost connection,
 // a server shutting down: the ledger's calls were retried within the delivery's budget
 // first), and the job is handed back to wait for it; a failure no retry can fix (a 400,
 // a malformed answer, no Config.Model) matches ErrPermanent and the job is

@@ -208,7 +208,8 @@ func (b *Breaker) trip(reason string, wait time.Duration, quiet bool) {
 // Failure reports a transient failure of the dependency (a connection refused, a 503,
 // a timeout, after the caller's own retries) and returns whether the breaker is open
 // after it. The Threshold-th failure in a row opens it, the reason naming the count
-// and err; while it is open, a failure changes nothing (a call that went before the
+// and err, until the probe after err's Retry-After when it carries one (a 429's, a
+// 503's), else after ProbeInterval; while it is open, a failure changes nothing (a call that went before the
 // trip says nothing new) and Failure returns true. Callers report the failure that
 // opened the breaker, and any failure while it is open, as the dependency's
 // unavailability (retry.Unavailable), not as the job's.
@@ -226,7 +227,7 @@ func (b *Breaker) Failure(err error) (open bool) {
 		b.mu.Unlock()
 		return false
 	}
-	b.trip(fmt.Sprintf("%d failures in a row, the last: %v", n, err), 0, false)
+	b.trip(fmt.Sprintf("%d failures in a row, the last: %v", n, err), retry.Classify(err).RetryAfter, false)
 	return true
 }
 

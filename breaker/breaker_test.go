@@ -416,3 +416,15 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// The failure that opens the breaker sets the first probe after its Retry-After.
+func TestFailureRunHonoursRetryAfter(t *testing.T) {
+	b, c := newBreaker(t, time.Minute, nil)
+	for range breaker.DefaultThreshold {
+		b.Failure(retry.RetryAfter(10*time.Second, errors.New("HTTP 503")))
+	}
+	var oe *breaker.OpenError
+	if err := b.Err(); !errors.As(err, &oe) || !oe.NextProbe.Equal(c.Now().Add(10*time.Second)) {
+		t.Fatalf("Err = %v, want the next probe 10s after the trip", err)
+	}
+}
