@@ -207,12 +207,12 @@ func (b *Breaker) trip(reason string, wait time.Duration, quiet bool) {
 
 // Failure reports a transient failure of the dependency (a connection refused, a 503,
 // a timeout, after the caller's own retries) and returns whether the breaker is open
-// after it. The Threshold-th failure in a row opens it, the reason naming the count
-// and err, until the probe after err's Retry-After when it carries one (a 429's, a
-// 503's), else after ProbeInterval; while it is open, a failure changes nothing (a call that went before the
-// trip says nothing new) and Failure returns true. Callers report the failure that
-// opened the breaker, and any failure while it is open, as the dependency's
-// unavailability (retry.Unavailable), not as the job's.
+// after it. The Threshold-th failure in a row opens it, the reason naming the count and
+// err, with the first probe after err's Retry-After when it carries one (a 429's, a
+// 503's), else after ProbeInterval. While it is open, a failure changes nothing (a call
+// that went before the trip says nothing new) and Failure returns true. Callers report
+// the failure that opened the breaker, and any failure while it is open, as the
+// dependency's unavailability (retry.Unavailable), not as the job's.
 func (b *Breaker) Failure(err error) (open bool) {
 	if b.open.Load() {
 		return true
@@ -397,20 +397,21 @@ func (s Set) Admit(ctx context.Context) (int, error) {
 		if closed {
 			return 0, nil
 		}
-		limit, blocker, wait := s.admit()
-		if blocker == nil {
+		limit, changed, wait := s.admit()
+		if changed == nil {
 			return limit, nil
 		}
-		if err := blocker.waitChange(ctx, wait); err != nil {
+		if err := waitChange(ctx, changed, wait); err != nil {
 			return 0, err
 		}
 	}
 }
 
 // admit checks every open breaker of s and, when all would admit work, claims their
-// probes and returns the smallest limit; otherwise it returns the first that would
-// not, with how long to wait for it (0: until it changes).
-func (s Set) admit() (limit int, blocker *Breaker, wait time.Duration) {
+// probes and returns the smallest limit; otherwise it returns the change channel of the
+// first that would not, read with its state, and how long to wait for it (0: until it
+// changes).
+func (s Set) admit() (limit int, changed <-chan struct{}, wait time.Duration) {
 	for _, claim := range []bool{false, true} {
 		limit = 0
 		for _, b := range s {
@@ -419,9 +420,10 @@ func (s Set) admit() (limit int, blocker *Breaker, wait time.Duration) {
 			}
 			b.mu.Lock()
 			n, ok, w := b.admission(b.cfg.Now(), claim)
+			ch := b.changed
 			b.mu.Unlock()
 			if !ok {
-				return 0, b, w
+				return 0, ch, w
 			}
 			if n > 0 && (limit == 0 || n < limit) {
 				limit = n
@@ -431,12 +433,9 @@ func (s Set) admit() (limit int, blocker *Breaker, wait time.Duration) {
 	return limit, nil, 0
 }
 
-// waitChange waits until b changes state, wait passes (when positive) or ctx ends
-// (then it returns ctx's error).
-func (b *Breaker) waitChange(ctx context.Context, wait time.Duration) error {
-	b.mu.Lock()
-	changed := b.changed
-	b.mu.Unlock()
+// waitChange waits until changed is closed (its breaker changed state), wait passes
+// (when positive) or ctx ends (then it returns ctx's error).
+func waitChange(ctx context.Context, changed <-chan struct{}, wait time.Duration) error {
 	var timeout <-chan time.Time
 	if wait > 0 {
 		t := time.NewTimer(wait)
