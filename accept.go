@@ -1,8 +1,8 @@
 package onceflow
 
 import (
-	"time"
 	"context"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 

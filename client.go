@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/onceflow/onceflow/breaker"
 	"github.com/onceflow/onceflow/idempotency/redisstore"
 	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/llm/ledger"
@@ -35,6 +36,9 @@ const (
 	// DefaultResultTTL is how long an idempotency key is remembered (a duplicate enqueue
 	// or POST replays the first answer) and how long a finished job's index is kept.
 	DefaultResultTTL = 24 * time.Hour
+	// DefaultHealthInterval is how often the workers' process checks Redis and
+	// PostgreSQL, and probes one whose breaker is open (Config.HealthInterval).
+	DefaultHealthInterval = 2 * time.Second
 )
 
 // Config configures a Client. Redis is required; the other fields have defaults.
@@ -100,10 +104,21 @@ type Config struct {
 	// Ledger configures the llm_calls ledger (lease, retention); its Logger and
 	// Registerer default to the client's. Default: ledger's defaults.
 	Ledger ledger.Config
-	// QuotaProbe is how often, while the model's quota is exhausted, one call probes
-	// whether it is back (ONCEFLOW_LLM_QUOTA_PROBE); meanwhile the queues take no work.
-	// Default: breaker.DefaultProbeInterval (1m).
+	// QuotaProbe is how often, while the model's breaker is open (an exhausted quota, a
+	// run of failures), one call probes whether the provider is back
+	// (ONCEFLOW_LLM_QUOTA_PROBE); meanwhile the queues take no work. Default:
+	// breaker.DefaultProbeInterval (1m).
 	QuotaProbe time.Duration
+	// BreakerThreshold is how many transient failures of a dependency in a row, across
+	// jobs, open its circuit breaker (ONCEFLOW_BREAKER_THRESHOLD): failing health
+	// checks of Redis or PostgreSQL, commits and ledger calls that found PostgreSQL
+	// unreachable, model calls that failed with a 5xx, a timeout or a lost connection
+	// after their retries. See Client.Breakers. Default: breaker.DefaultThreshold (5).
+	BreakerThreshold int
+	// HealthInterval is how often Run and RunWorkers check Redis (PING) and PostgreSQL
+	// (a pool ping), and, while one's breaker is open, probe it; a passing probe closes
+	// the breaker (ONCEFLOW_HEALTH_INTERVAL). Default: DefaultHealthInterval (2s).
+	HealthInterval time.Duration
 	// JobBudget is the deadline of one delivery's model calls (Job.Complete and
 	// Job.Stream), across their attempts and backoff sleeps, counted from the start of
 	// the delivery (ONCEFLOW_JOB_BUDGET). It does not cancel the Worker's context: a
@@ -123,7 +138,7 @@ type Config struct {
 	Logger *slog.Logger
 	// Registerer exports the metrics of every part the client runs: the queues' workers,
 	// the outbox relay, the model calls (llmmetrics, counted inside the ledger: do not
-	// wrap Config.Model in llmmetrics yourself), the ledger, the breaker, and the jobs
+	// wrap Config.Model in llmmetrics yourself), the ledger, the breakers (Breakers), and the jobs
 	// Enqueue, EnqueueTx's relay and Route add (onceflow_queue_enqueued_total, replays
 	// not counted). Default: nil, not exported.
 	Registerer prometheus.Registerer
@@ -159,7 +174,9 @@ type QueueConfig struct {
 	// ErrUnknownKind, as a job of a kind without a Worker does).
 	DefaultKind string
 	// Gate, when set, holds the queue's workers back while a dependency is down (see
-	// queue.WorkerConfig.Gate). Default: the client's model breaker, when it has a model.
+	// queue.WorkerConfig.Gate). Default: the client's breakers (Client.Breakers)
+	// combined in a breaker.Set: no job is taken while Redis, PostgreSQL or the model is
+	// known to be down, except one to probe the model.
 	Gate queue.Gate
 	// StatsInterval is how often the queue's gauges are sampled (only with a
 	// Registerer). Default: queue.DefaultStatsInterval.
@@ -194,6 +211,9 @@ type Client struct {
 	// model is the machinery of Job.Complete and Job.Stream (setupModel); nil without
 	// Config.Model.
 	model *model
+	// redisBreaker and pgBreaker are the circuit breakers of Redis and PostgreSQL
+	// (setupBreakers; pgBreaker nil without Config.DB).
+	redisBreaker, pgBreaker *breaker.Breaker
 	// router sends the outbox's topics: Config.Senders and EnqueueTx's (senders.go).
 	router *outbox.Router
 	// relay is the outbox relay Run and RunRelay run; nil without Config.DB.
@@ -269,9 +289,16 @@ func NewClient(cfg Config) (*Client, error) {
 	if cfg.AuditMaxAge < 0 {
 		return nil, fmt.Errorf("onceflow: Config.AuditMaxAge %v must not be negative", cfg.AuditMaxAge)
 	}
-	for _, setup := range []func() error{c.setupModel, c.setupOutbox} {
+	for _, setup := range []func() error{c.setupBreakers, c.setupModel, c.setupOutbox} {
 		if err := setup(); err != nil {
 			return nil, err
+		}
+	}
+	gate := breaker.Set(c.Breakers())
+	for name, qc := range c.queues {
+		if qc.Gate == nil {
+			qc.Gate = gate
+			c.queues[name] = qc
 		}
 	}
 	return c, nil
@@ -353,6 +380,7 @@ func (c *Client) Run(ctx context.Context) error {
 		}
 		parts = append(parts, w.Run)
 	}
+	parts = append(parts, c.watchers()...)
 	return runParts(ctx, append(parts, c.background...))
 }
 
@@ -380,6 +408,9 @@ func (c *Client) Handler(name string) queue.Handler { return c.handler(name, c.q
 
 func (c *Client) handler(name string, qc QueueConfig) queue.Handler {
 	var run JobFunc = func(ctx context.Context, info *JobInfo) error {
+		if err := c.storeDown(); err != nil {
+			return err // read just before its breaker opened: handed back, not run
+		}
 		kw := c.workers[info.Kind]
 		if kw == nil {
 			// Not permanent: in a rolling deploy a job of a new kind may reach a worker
@@ -401,7 +432,9 @@ func (c *Client) handler(name string, qc QueueConfig) queue.Handler {
 			msg: j.Message,
 			rt:  &runtime{client: c, queue: name, delivery: j, deadline: retry.After(c.cfg.JobBudget)},
 		}
-		return run(ctx, info)
+		err := run(ctx, info)
+		c.observeJob(err)
+		return err
 	}}
 }
 

@@ -261,7 +261,11 @@ func (j *Job[T]) Commit(ctx context.Context, fn func(c *Commit) error) error {
 	if c.err != nil {
 		return Permanent(fmt.Errorf("onceflow: commit job %s: %w", rec.id, c.err))
 	}
-	return cl.commit(ctx, rec, c)
+	err = cl.commit(ctx, rec, c)
+	if err == nil {
+		cl.postgresWorked()
+	}
+	return err
 }
 
 // commit sends rec's completion record and c as one batch and classifies the outcome.
@@ -348,7 +352,11 @@ func (j *Job[T]) CommitTx(ctx context.Context, fn func(ctx context.Context, tx p
 	if fn == nil {
 		fn = func(context.Context, pgx.Tx, *Commit) error { return nil }
 	}
-	return cl.commitTx(ctx, rec, fn)
+	err = cl.commitTx(ctx, rec, fn)
+	if err == nil {
+		cl.postgresWorked()
+	}
+	return err
 }
 
 // rollbackTimeout bounds a rollback, which runs even when the job's context is done.

@@ -74,3 +74,19 @@ func ExampleClient_LoadScripts() {
 	fmt.Println(client.LoadScripts(context.Background()))
 	// Output: <nil>
 }
+
+// Breakers are the circuit breakers the queues wait on: a readiness check reports the
+// open ones (Err says since when and why), and breaker.Set combines them into the gate
+// of a worker of one's own.
+func ExampleClient_Breakers() {
+	rdb, prefix, db, done := exampleStores(``)
+	defer done()
+	client, err := onceflow.NewClient(onceflow.Config{Redis: rdb, DB: db, Prefix: prefix})
+	must(err)
+	for _, b := range client.Breakers() {
+		fmt.Println(b.Name(), b.Err())
+	}
+	// Output:
+	// redis <nil>
+	// postgres <nil>
+}

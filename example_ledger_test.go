@@ -43,8 +43,8 @@ func ExampleClient_Ledger() {
 	// Output: succeeded openai gpt-4.1-mini attempts: 1
 }
 
-// ModelBreaker is open while the model's quota is exhausted (the queues then take no
-// work); report it in a readiness check.
+// ModelBreaker is open while the model's quota is exhausted or its calls keep failing
+// (the queues then take no work); report it in a readiness check.
 func ExampleClient_ModelBreaker() {
 	env := newModelExample(fakeserver.Config{})
 	defer env.close()

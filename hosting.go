@@ -12,8 +12,9 @@ var ErrUnknownQueue = errors.New("onceflow: unknown queue")
 
 // RunWorkers is the worker half of Run, for processes that run the parts separately
 // (`onceflow work --queue` and `onceflow relay`): it works the named queues, all of the
-// client's when none is named, and purges the model ledger's expired rows when the
-// client has a Model, until ctx is cancelled; then it drains each queue within its
+// client's when none is named, purges the model ledger's expired rows when the client
+// has a Model, and checks Redis and PostgreSQL for their breakers (Client.Breakers),
+// until ctx is cancelled; then it drains each queue within its
 // ShutdownTimeout and returns nil. It does not run the outbox relay (RunRelay does). A
 // name the client does not know is an error wrapping ErrUnknownQueue, before anything
 // runs. Unlike Run it may be called concurrently with RunRelay.
@@ -40,7 +41,7 @@ func (c *Client) RunWorkers(ctx context.Context, queues ...string) error {
 	if c.model != nil {
 		parts = append(parts, c.model.ledger.Run)
 	}
-	return runParts(ctx, parts)
+	return runParts(ctx, append(parts, c.watchers()...))
 }
 
 // RunRelay is the relay half of Run: it runs the outbox relay, which hands the effects

@@ -37,7 +37,8 @@ type model struct {
 }
 
 // setupModel prepares the model calls of Config.Model: the ledger, the breaker that
-// gates the queues while the quota is exhausted, and the ledger's purge in Run.
+// gates the queues while the provider is down (an exhausted quota, a run of failures),
+// and the ledger's purge in Run.
 func (c *Client) setupModel() error {
 	cfg := c.cfg
 	if cfg.Model == nil {
@@ -74,9 +75,10 @@ func (c *Client) setupModel() error {
 	if err != nil {
 		return fmt.Errorf("onceflow: Config.Ledger: %w", err)
 	}
-	b, err := breaker.New(breaker.Config{Name: "llm", ProbeInterval: cfg.QuotaProbe, Logger: c.log, Registerer: cfg.Registerer})
+	b, err := breaker.New(breaker.Config{Name: "llm", ProbeInterval: cfg.QuotaProbe, Threshold: cfg.BreakerThreshold,
+		Logger: c.log, Registerer: cfg.Registerer})
 	if err != nil {
-		return fmt.Errorf("onceflow: Config.QuotaProbe: %w", err)
+		return fmt.Errorf("onceflow: Config.QuotaProbe or BreakerThreshold: %w", err)
 	}
 	provider := cmp.Or(cfg.Provider, DefaultProvider)
 	// llmmetrics is inside the ledger (it counts the calls that reach the provider, not
@@ -89,12 +91,6 @@ func (c *Client) setupModel() error {
 		policy.OnRetry = m.OnRetry
 	}
 	c.model = &model{client: llm.WithBreaker(l.Wrap(provider, m.Instrument(provider, cfg.Model)), b), ledger: l, breaker: b, provider: provider, policy: policy}
-	for name, qc := range c.queues {
-		if qc.Gate == nil {
-			qc.Gate = b
-			c.queues[name] = qc
-		}
-	}
 	c.background = append(c.background, l.Run)
 	return nil
 }
@@ -114,8 +110,10 @@ func checkPolicy(p retry.Policy) error {
 }
 
 // ModelBreaker returns the circuit breaker of the client's model calls (nil without
-// Config.Model): open while the provider's quota is exhausted. Report it in a readiness
-// check; its Err says why it is open.
+// Config.Model): open while the provider's quota is exhausted, or after
+// BreakerThreshold calls in a row failed with a 5xx, a timeout or a lost connection,
+// until a probe succeeds. Report it in a readiness check; its Err says since when and
+// why it is open. It is one of Breakers.
 func (c *Client) ModelBreaker() *breaker.Breaker {
 	if c.model == nil {
 		return nil
@@ -194,9 +192,10 @@ func (s *Step) ToolKeys() []ledger.ToolKey { return append([]ledger.ToolKey(nil)
 //     round trip): see Step.ToolKey.
 //
 // The error is made to be returned as is by the Worker: an outage of the provider (an
-// exhausted quota, the breaker open because of one) matches ErrUnavailable, and the job
-// is handed back without spending a delivery while the queues wait for the breaker's
-// probe; so does PostgreSQL unreachable under the ledger (a refused or lost connection,
+// exhausted quota, the breaker open because of one or because Config.BreakerThreshold
+// calls in a row, this one included, failed with a 5xx, a timeout or a lost connection
+// after their retries) matches ErrUnavailable, and the job is handed back without
+// spending a delivery while the queues wait for the breaker's probe; so does PostgreSQL unreachable under the ledger (a refused or lost connection,
 // a server shutting down: the ledger's calls were retried within the delivery's budget
 // first), and the job is handed back to wait for it; a failure no retry can fix (a 400,
 // a malformed answer, no Config.Model) matches ErrPermanent and the job is
@@ -299,8 +298,10 @@ func (rt *runtime) stream(ctx context.Context, jobID, step string, req *llm.Requ
 			return struct{}{}, nil
 		})
 		if err != nil && !stopped {
-			yield(llm.Chunk{}, modelError(step, err))
+			yield(llm.Chunk{}, m.callError(step, err))
+			return
 		}
+		rt.client.postgresWorked() // the ledger wrote the call
 	}
 	return s
 }
@@ -377,8 +378,9 @@ func (rt *runtime) complete(ctx context.Context, jobID, step string, req *llm.Re
 		return s, m.recordToolKeys(ctx, s)
 	})
 	if err != nil {
-		return nil, modelError(step, err)
+		return nil, m.callError(step, err)
 	}
+	rt.client.postgresWorked() // the ledger wrote the call
 	return s, nil
 }
 

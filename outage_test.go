@@ -83,7 +83,9 @@ func TestPostgresOutageDuringCommitSpendsNoDelivery(t *testing.T) {
 				return commit(ctx, j)
 			}))
 			const maxDeliveries, claimIdle = 2, 300 * time.Millisecond
-			cfg := onceflow.Config{Redis: rdb, Prefix: prefix, DB: pool, Workers: ws, Logger: testenv.Logger(t),
+			// BreakerThreshold: this test is about each delivery that meets the outage; the
+			// breaker that stops the deliveries is TestPostgresBreakerHoldsTheWorkersBack's.
+			cfg := onceflow.Config{Redis: rdb, Prefix: prefix, DB: pool, Workers: ws, Logger: testenv.Logger(t), BreakerThreshold: 1000,
 				Queues: map[string]onceflow.QueueConfig{onceflow.DefaultQueue: {MaxDeliveries: maxDeliveries, ClaimIdle: claimIdle}}}
 			// The model, used by one case: fake-llm through the OpenAI adapter. A delivery
 			// retries the ledger within its budget (2s) before it hands the job back.

@@ -2,14 +2,26 @@
 // while it is open, callers do not call the dependency and workers do not take new work
 // that needs it, so an outage spends no job's budget.
 //
-// A Breaker is closed until Trip opens it (an exhausted provider quota, for example).
-// While open, Allow refuses calls with an *OpenError, which matches
-// retry.ErrUnavailable (so retry.Classify reports ClassUnavailable: not retried
-// in-process, but transient), and Admit, the queue.Gate a worker consults before it
-// reads new work, blocks. Once the probe interval has passed, the breaker is half-open:
-// Allow lets exactly one call through as a probe (and schedules the next probe one
-// interval later), Admit lets one job through to make it. A probe that succeeds closes
-// the breaker (Succeed); one that trips it again keeps it open for another interval.
+// A Breaker is closed until it opens, in one of three ways: Trip opens it at once (an
+// exhausted provider quota, for example); Failure counts a transient failure of the
+// dependency and opens it after Config.Threshold of them in a row, across calls, a
+// success in between (Success, or Succeed) ending the run; and Watch, a health probe,
+// calls a check every interval and counts its failures as Failure does.
+//
+// While open, Allow refuses calls with an *OpenError, which matches retry.ErrUnavailable
+// (so retry.Classify reports ClassUnavailable: not retried in-process, but transient),
+// and Admit, the queue.Gate a worker consults before it reads new work, blocks. Once
+// the probe interval has passed, the breaker is half-open. A watched breaker (one whose
+// Watch runs) is probed by its check: a check that succeeds closes it, one that fails
+// keeps it open for another interval, and Admit lets no job through until it closes.
+// An unwatched one is probed by a call: Allow lets exactly one call through (and
+// schedules the next probe one interval later), Admit lets one job through to make it;
+// a probe that succeeds closes the breaker (Succeed), one that trips it again keeps it
+// open for another interval.
+//
+// Set combines the breakers of the dependencies a worker needs into one queue.Gate.
+// While every breaker is closed, Admit, Allow, Succeed and Success cost an atomic load
+// each: no lock, no allocation.
 //
 // Every change of state is logged (opening at Error level, so it alerts), and exported
 // as metrics labelled with the dependency's name: onceflow_breaker_open (1 while open),
@@ -33,9 +45,19 @@ import (
 	"github.com/onceflow/onceflow/retry"
 )
 
-// DefaultProbeInterval is how long a tripped breaker waits before its first probe, and
-// between probes, when Config.ProbeInterval is zero and the trip named no wait.
-const DefaultProbeInterval = time.Minute
+// Defaults of Config.
+const (
+	// DefaultProbeInterval is how long a tripped breaker waits before its first probe,
+	// and between probes, when Config.ProbeInterval is zero and the trip named no wait.
+	DefaultProbeInterval = time.Minute
+	// DefaultThreshold is how many transient failures in a row (Failure, or failing
+	// checks of Watch) open a breaker when Config.Threshold is zero.
+	DefaultThreshold = 5
+)
+
+// MinCheckTimeout is the least time Watch gives one check: its timeout is the interval,
+// or this when the interval is shorter.
+const MinCheckTimeout = time.Second
 
 // Config configures a Breaker.
 type Config struct {
@@ -46,6 +68,11 @@ type Config struct {
 	// call through to probe whether the dependency is back, and between probes.
 	// Default: DefaultProbeInterval (1m).
 	ProbeInterval time.Duration
+	// Threshold is how many transient failures of the dependency in a row, across
+	// calls (Failure, or failing checks of Watch), open the breaker; a success in
+	// between (Success, Succeed, a passing check) starts the count again. Default:
+	// DefaultThreshold (5).
+	Threshold int
 	// Logger receives the state changes. Default: slog.Default().
 	Logger *slog.Logger
 	// Registerer exports the breaker's metrics; nil leaves them unexported.
@@ -60,7 +87,13 @@ type Breaker struct {
 	cfg  Config
 	log  *slog.Logger
 	m    *breakerMetrics
-	open atomic.Bool // fast path of Allow and Succeed
+	open atomic.Bool // fast path of Allow, Admit, Succeed and Success
+	// failing is the length of the current run of failures (written under mu): the
+	// fast path of Success, which has nothing to do while it is 0.
+	failing atomic.Int64
+	// watchers counts the Watch loops running: while one runs, its checks are the
+	// probes and Admit lets no job through an open breaker.
+	watchers atomic.Int32
 
 	mu      sync.Mutex
 	since   time.Time // when it opened
@@ -82,7 +115,11 @@ func New(cfg Config) (*Breaker, error) {
 	if cfg.ProbeInterval < 0 {
 		return nil, fmt.Errorf("breaker %s: ProbeInterval %v is negative", cfg.Name, cfg.ProbeInterval)
 	}
+	if cfg.Threshold < 0 {
+		return nil, fmt.Errorf("breaker %s: Threshold %d is negative", cfg.Name, cfg.Threshold)
+	}
 	cfg.ProbeInterval = cmp.Or(cfg.ProbeInterval, DefaultProbeInterval)
+	cfg.Threshold = cmp.Or(cfg.Threshold, DefaultThreshold)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -123,15 +160,22 @@ func (e *OpenError) Unwrap() error { return retry.ErrUnavailable }
 // probe). The next probe may go after wait when it is positive (a Retry-After the
 // dependency sent), else after ProbeInterval.
 func (b *Breaker) Trip(cause error, wait time.Duration) {
-	now := b.cfg.Now()
-	if wait <= 0 {
-		wait = b.cfg.ProbeInterval
-	}
 	reason := "tripped"
 	if cause != nil {
 		reason = cause.Error()
 	}
 	b.mu.Lock()
+	b.trip(reason, wait, false)
+}
+
+// trip opens the breaker or keeps it open, for reason, and unlocks b.mu, which the
+// caller holds; quiet logs a failed probe at Debug level rather than Warn (Watch's
+// checks, every interval).
+func (b *Breaker) trip(reason string, wait time.Duration, quiet bool) {
+	now := b.cfg.Now()
+	if wait <= 0 {
+		wait = b.cfg.ProbeInterval
+	}
 	wasOpen := b.open.Load()
 	if !wasOpen {
 		b.since = now
@@ -141,13 +185,18 @@ func (b *Breaker) Trip(cause error, wait time.Duration) {
 	b.probeAt = now.Add(wait)
 	b.gen++
 	b.probe = 0
+	b.resetRunLocked()
 	since := b.since
 	b.notifyLocked()
 	b.mu.Unlock()
 
 	b.m.trips.Inc()
 	if wasOpen {
-		b.log.Warn("dependency still unavailable; staying stopped", "since", since, "next_probe_in", wait, "reason", reason)
+		level := slog.LevelWarn
+		if quiet {
+			level = slog.LevelDebug
+		}
+		b.log.Log(context.Background(), level, "dependency still unavailable; staying stopped", "since", since, "next_probe_in", wait, "reason", reason)
 		return
 	}
 	b.m.open.Set(1)
@@ -155,6 +204,56 @@ func (b *Breaker) Trip(cause error, wait time.Duration) {
 	b.log.Error("dependency unavailable: stopped calling it and taking work that needs it, until a probe succeeds",
 		"next_probe_in", wait, "reason", reason)
 }
+
+// Failure reports a transient failure of the dependency (a connection refused, a 503,
+// a timeout, after the caller's own retries) and returns whether the breaker is open
+// after it. The Threshold-th failure in a row opens it, the reason naming the count and
+// err, with the first probe after err's Retry-After when it carries one (a 429's, a
+// 503's), else after ProbeInterval. While it is open, a failure changes nothing (a call
+// that went before the trip says nothing new) and Failure returns true. Callers report
+// the failure that opened the breaker, and any failure while it is open, as the
+// dependency's unavailability (retry.Unavailable), not as the job's.
+func (b *Breaker) Failure(err error) (open bool) {
+	if b.open.Load() {
+		return true
+	}
+	b.mu.Lock()
+	if b.open.Load() {
+		b.mu.Unlock()
+		return true
+	}
+	n := b.failing.Add(1)
+	if n < int64(b.cfg.Threshold) {
+		b.mu.Unlock()
+		return false
+	}
+	b.trip(fmt.Sprintf("%d failures in a row, the last: %v", n, err), retry.Classify(err).RetryAfter, false)
+	return true
+}
+
+// Success reports a call to the dependency that worked, made without a ticket (a
+// commit, a ping): it ends the current run of failures. An open breaker closes only
+// once its probe is due, as a probe that worked would close it; before that, a call
+// that went before the trip may be what succeeded.
+func (b *Breaker) Success() {
+	if !b.open.Load() {
+		if b.failing.Load() != 0 {
+			b.mu.Lock()
+			b.resetRunLocked()
+			b.mu.Unlock()
+		}
+		return
+	}
+	b.mu.Lock()
+	if !b.open.Load() || b.cfg.Now().Before(b.probeAt) {
+		b.mu.Unlock()
+		return
+	}
+	b.close()
+}
+
+// resetRunLocked ends the run of failures; b.mu is held.
+func (b *Breaker) resetRunLocked() { b.failing.Store(0) }
 
 // Ticket identifies a call Allow let through, for Succeed.
 type Ticket uint64
@@ -184,11 +283,17 @@ func (b *Breaker) Allow() (Ticket, error) {
 	return 0, &OpenError{Name: b.cfg.Name, Reason: b.reason, Since: b.since, NextProbe: b.probeAt}
 }
 
-// Succeed reports that the call of ticket t worked. An open breaker closes only when t
-// is the probe let through since its last trip: a call allowed before the trip (a long
-// generation the provider accepted earlier) says nothing about the dependency now.
+// Succeed reports that the call of ticket t worked. On a closed breaker it ends the
+// run of failures, as Success does. An open breaker closes only when t is the probe
+// let through since its last trip: a call allowed before the trip (a long generation
+// the provider accepted earlier) says nothing about the dependency now.
 func (b *Breaker) Succeed(t Ticket) {
 	if !b.open.Load() {
+		if b.failing.Load() != 0 {
+			b.mu.Lock()
+			b.resetRunLocked()
+			b.mu.Unlock()
+		}
 		return
 	}
 	b.mu.Lock()
@@ -196,9 +301,15 @@ func (b *Breaker) Succeed(t Ticket) {
 		b.mu.Unlock()
 		return
 	}
+	b.close()
+}
+
+// close closes the open breaker and unlocks b.mu, which the caller holds.
+func (b *Breaker) close() {
 	b.open.Store(false)
 	since := b.since
 	b.since, b.reason, b.probeAt = time.Time{}, "", time.Time{}
+	b.resetRunLocked()
 	b.notifyLocked()
 	b.mu.Unlock()
 	b.m.open.Set(0)
@@ -223,47 +334,198 @@ func (b *Breaker) Err() error {
 // Admit blocks while the breaker is open and no probe is due, and returns how many
 // jobs a worker may take: 0 (no limit) when closed, 1 when open with a probe due, so
 // that the job it takes makes the probe (one job per probe, across every worker that
-// shares the breaker; another after a few seconds if that job made no call). It
-// returns ctx's error when ctx ends first. It implements queue.Gate.
+// shares the breaker; another after a few seconds if that job made no call). A watched
+// breaker (see Watch) admits no probe job: its check is the probe, and Admit blocks
+// until the breaker closes. It returns ctx's error when ctx ends first. It implements
+// queue.Gate.
 func (b *Breaker) Admit(ctx context.Context) (int, error) {
-	for {
-		if !b.open.Load() {
-			return 0, nil
-		}
-		b.mu.Lock()
-		if !b.open.Load() {
-			b.mu.Unlock()
-			return 0, nil
-		}
-		now := b.cfg.Now()
-		wait := b.probeAt.Sub(now)
-		if wait <= 0 {
-			// One job per due probe; another only if that one has not made its call
-			// (Allow) within probeAdmitGrace, as when it needed no call at all.
-			if b.admitted.Before(b.probeAt) || now.Sub(b.admitted) >= probeAdmitGrace {
-				b.admitted = now
-				b.mu.Unlock()
-				return 1, nil
-			}
-			wait = b.admitted.Add(probeAdmitGrace).Sub(now)
-		}
-		changed := b.changed
-		b.mu.Unlock()
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return 0, ctx.Err()
-		case <-changed:
-		case <-t.C:
-		}
-		t.Stop()
+	if !b.open.Load() {
+		return 0, nil
 	}
+	return Set{b}.Admit(ctx)
 }
 
 // probeAdmitGrace is how long Admit waits for the job it let through to make the probe
 // before it lets another through.
 const probeAdmitGrace = 5 * time.Second
+
+// admission says whether Admit may let work through b now; b.mu is held. When it may,
+// limit is 0 (closed) or 1 (a probe job), and claim records the probe job's admission.
+// When it may not, wait is when to look again (0: only when b changes).
+func (b *Breaker) admission(now time.Time, claim bool) (limit int, ok bool, wait time.Duration) {
+	if !b.open.Load() {
+		return 0, true, 0
+	}
+	if b.watchers.Load() > 0 {
+		return 0, false, 0 // the check probes; wait for it to close the breaker
+	}
+	wait = b.probeAt.Sub(now)
+	if wait > 0 {
+		return 0, false, wait
+	}
+	// One job per due probe; another only if that one has not made its call (Allow)
+	// within probeAdmitGrace, as when it needed no call at all.
+	if b.admitted.Before(b.probeAt) || now.Sub(b.admitted) >= probeAdmitGrace {
+		if claim {
+			b.admitted = now
+		}
+		return 1, true, 0
+	}
+	return 0, false, b.admitted.Add(probeAdmitGrace).Sub(now)
+}
+
+// Set is the breakers of the dependencies some work needs (Redis, PostgreSQL, the
+// model), combined into one queue.Gate: Admit blocks while any of them is open and
+// not due a probe, and admits the smallest limit of them (1 while one is probed).
+// Nil entries are ignored. A Set is safe for concurrent use; do not change its
+// elements while it is in use.
+type Set []*Breaker
+
+// Admit blocks until every breaker of s would admit work (see Breaker.Admit) and
+// returns the smallest limit among them, 0 meaning none; it returns ctx's error when
+// ctx ends first. While every breaker is closed it costs one atomic load per breaker:
+// no lock, no allocation. It implements queue.Gate.
+func (s Set) Admit(ctx context.Context) (int, error) {
+	for {
+		closed := true
+		for _, b := range s {
+			if b != nil && b.open.Load() {
+				closed = false
+				break
+			}
+		}
+		if closed {
+			return 0, nil
+		}
+		limit, changed, wait := s.admit()
+		if changed == nil {
+			return limit, nil
+		}
+		if err := waitChange(ctx, changed, wait); err != nil {
+			return 0, err
+		}
+	}
+}
+
+// admit checks every open breaker of s and, when all would admit work, claims their
+// probes and returns the smallest limit; otherwise it returns the change channel of the
+// first that would not, read with its state, and how long to wait for it (0: until it
+// changes).
+func (s Set) admit() (limit int, changed <-chan struct{}, wait time.Duration) {
+	for _, claim := range []bool{false, true} {
+		limit = 0
+		for _, b := range s {
+			if b == nil || !b.open.Load() {
+				continue
+			}
+			b.mu.Lock()
+			n, ok, w := b.admission(b.cfg.Now(), claim)
+			ch := b.changed
+			b.mu.Unlock()
+			if !ok {
+				return 0, ch, w
+			}
+			if n > 0 && (limit == 0 || n < limit) {
+				limit = n
+			}
+		}
+	}
+	return limit, nil, 0
+}
+
+// waitChange waits until changed is closed (its breaker changed state), wait passes
+// (when positive) or ctx ends (then it returns ctx's error).
+func waitChange(ctx context.Context, changed <-chan struct{}, wait time.Duration) error {
+	var timeout <-chan time.Time
+	if wait > 0 {
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		timeout = t.C
+	}
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-changed:
+	case <-timeout:
+	}
+	return nil
+}
+
+// Watch probes the dependency's health until ctx ends, then returns nil: it calls
+// check at once and then every interval, each call under a timeout of the interval (at
+// least MinCheckTimeout). A failing check counts as a Failure, so Threshold of them in
+// a row open the breaker; a passing check ends the run. While the breaker is open, the
+// checks are its probes: one runs when the probe is due (at most an interval apart), a
+// passing one closes the breaker and a failing one keeps it open for another
+// ProbeInterval; Admit lets no job through meanwhile. It returns an error at once when
+// interval is not positive or check is nil. Several Watch loops may run at once.
+func (b *Breaker) Watch(ctx context.Context, interval time.Duration, check func(ctx context.Context) error) error {
+	if interval <= 0 || check == nil {
+		return fmt.Errorf("breaker %s: Watch needs a positive interval (%v) and a check", b.cfg.Name, interval)
+	}
+	b.watchers.Add(1)
+	b.wake() // an Admit waiting for a probe job's turn now waits for the check
+	defer func() {
+		b.watchers.Add(-1)
+		b.wake() // unwatched again: probe jobs may go
+	}()
+	timeout := max(interval, MinCheckTimeout)
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		cctx, cancel := context.WithTimeout(ctx, timeout)
+		err := check(cctx)
+		cancel()
+		if ctx.Err() != nil {
+			return nil
+		}
+		b.checked(err)
+		next := interval
+		b.mu.Lock()
+		if b.open.Load() {
+			next = min(next, max(b.probeAt.Sub(b.cfg.Now()), 0))
+		}
+		b.mu.Unlock()
+		t.Reset(next)
+	}
+}
+
+// Watched reports whether a Watch loop of b is running: while it does, its checks are
+// b's probes, and work that needs the dependency need not run to probe it. Like Err,
+// it is an atomic load.
+func (b *Breaker) Watched() bool { return b.watchers.Load() > 0 }
+
+// checked records the outcome of one of Watch's checks.
+func (b *Breaker) checked(err error) {
+	b.mu.Lock()
+	open := b.open.Load()
+	switch {
+	case !open && err == nil:
+		b.resetRunLocked()
+		b.mu.Unlock()
+	case !open:
+		b.mu.Unlock()
+		b.Failure(fmt.Errorf("health check: %w", err))
+	case err == nil:
+		b.m.probes.Inc()
+		b.close()
+	default:
+		b.m.probes.Inc()
+		b.trip(fmt.Sprintf("health check: %v", err), 0, true)
+	}
+}
+
+// wake wakes every Admit waiting on the current state.
+func (b *Breaker) wake() {
+	b.mu.Lock()
+	b.notifyLocked()
+	b.mu.Unlock()
+}
 
 // notifyLocked wakes every Admit waiting on the current state; b.mu is held.
 func (b *Breaker) notifyLocked() {

@@ -3,8 +3,10 @@ package breaker_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -210,4 +212,219 @@ func value(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	}
 	t.Fatalf("metric %s not exported", name)
 	return 0
+}
+
+// Threshold failures in a row open the breaker, the reason naming the last; a success
+// in between starts the count again; once open, a failure changes nothing.
+func TestFailureRunTrips(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	c := &clock{now: time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)}
+	b, err := breaker.New(breaker.Config{Name: "postgres", Threshold: 3, ProbeInterval: time.Second, Now: c.Now, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fail := func(i int) bool { return b.Failure(fmt.Errorf("connection refused (%d)", i)) }
+	if fail(1) || fail(2) {
+		t.Fatal("opened before Threshold failures")
+	}
+	b.Success() // the run ends
+	if fail(3) || fail(4) {
+		t.Fatal("a success did not end the run of failures")
+	}
+	b.Succeed(0) // a call through Allow while closed ends it too
+	if fail(5) || fail(6) {
+		t.Fatal("Succeed did not end the run of failures")
+	}
+	if !fail(7) {
+		t.Fatal("the third failure in a row did not open the breaker")
+	}
+	var oe *breaker.OpenError
+	if err := b.Err(); !errors.As(err, &oe) || !strings.Contains(oe.Reason, "3 failures in a row") || !strings.Contains(oe.Reason, "connection refused (7)") {
+		t.Fatalf("Err = %v, want the run and the last failure", err)
+	}
+	since := oe.Since
+	if !fail(8) {
+		t.Fatal("a failure while open reported closed")
+	}
+	if err := b.Err(); !errors.As(err, &oe) || !oe.Since.Equal(since) || !strings.Contains(oe.Reason, "(7)") {
+		t.Fatalf("a failure while open changed the breaker: %v", err)
+	}
+	if got := value(t, reg, "onceflow_breaker_trips_total"); got != 1 {
+		t.Fatalf("trips %v, want 1", got)
+	}
+	b.Success() // before the probe is due: a call from before the trip
+	if b.Err() == nil {
+		t.Fatal("a success before the probe was due closed the breaker")
+	}
+	c.Advance(time.Second)
+	b.Success() // after it: the dependency works
+	if b.Err() != nil {
+		t.Fatal("a success once the probe was due did not close the breaker")
+	}
+	if fail(9) || fail(10) {
+		t.Fatal("the run did not start again after closing")
+	}
+}
+
+// Watch: Threshold failing checks open the breaker, Admit lets no job through while
+// it is watched (the check probes), and the first passing check closes it.
+func TestWatch(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	b, err := breaker.New(breaker.Config{Name: "redis", Threshold: 2, ProbeInterval: 20 * time.Millisecond, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var down atomic.Bool
+	var checks atomic.Int64
+	done := make(chan error, 1)
+	go func() {
+		done <- b.Watch(ctx, 10*time.Millisecond, func(ctx context.Context) error {
+			checks.Add(1)
+			if down.Load() {
+				return errors.New("dial tcp: connection refused")
+			}
+			return nil
+		})
+	}()
+	waitFor(t, "checks", func() bool { return checks.Load() >= 3 })
+	if b.Err() != nil {
+		t.Fatal("passing checks opened the breaker")
+	}
+	down.Store(true)
+	waitFor(t, "the breaker to open", func() bool { return b.Err() != nil })
+	var oe *breaker.OpenError
+	if err := b.Err(); !errors.As(err, &oe) || !strings.Contains(oe.Reason, "health check: dial tcp: connection refused") {
+		t.Fatalf("Err = %v", err)
+	}
+	// Watched and open: no probe job, however long it stays open.
+	short, cancelShort := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancelShort()
+	if n, err := b.Admit(short); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("watched, open: Admit = %d, %v, want to block", n, err)
+	}
+	if got := value(t, reg, "onceflow_breaker_probes_total"); got < 2 {
+		t.Fatalf("%v probes while open, want one per check", got)
+	}
+	admitted := make(chan int, 1)
+	go func() {
+		n, _ := b.Admit(ctx)
+		admitted <- n
+	}()
+	down.Store(false)
+	waitFor(t, "the breaker to close", func() bool { return b.Err() == nil })
+	select {
+	case n := <-admitted:
+		if n != 0 {
+			t.Fatalf("Admit after the check closed it = %d, want 0", n)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Admit did not wake when the check closed the breaker")
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Watch = %v", err)
+	}
+	if err := b.Watch(context.Background(), 0, func(context.Context) error { return nil }); err == nil {
+		t.Fatal("Watch with no interval started")
+	}
+}
+
+// Set admits nothing while any breaker is open and not due a probe, and the smallest
+// limit once all would admit.
+func TestSetAdmit(t *testing.T) {
+	a, clk := newBreaker(t, time.Minute, nil)
+	b, err := breaker.New(breaker.Config{Name: "postgres", ProbeInterval: time.Minute, Now: clk.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := breaker.Set{a, nil, b}
+	ctx := context.Background()
+	if n, err := s.Admit(ctx); n != 0 || err != nil {
+		t.Fatalf("all closed: Admit = %d, %v", n, err)
+	}
+	b.Trip(errors.New("down"), time.Hour)
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if n, err := s.Admit(short); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("one open: Admit = %d, %v, want to block", n, err)
+	}
+	a.Trip(errors.New("quota"), time.Minute)
+	clk.Advance(time.Minute) // a's probe is due, b's is not
+	short2, cancel2 := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel2()
+	if n, err := s.Admit(short2); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a due, b not: Admit = %d, %v, want to block", n, err)
+	}
+	clk.Advance(time.Hour) // both due: one job probes
+	if n, err := s.Admit(ctx); n != 1 || err != nil {
+		t.Fatalf("both due: Admit = %d, %v, want 1", n, err)
+	}
+	pa, _ := a.Allow()
+	a.Succeed(pa)
+	pb, _ := b.Allow()
+	b.Succeed(pb)
+	if n, err := s.Admit(ctx); n != 0 || err != nil {
+		t.Fatalf("closed again: Admit = %d, %v", n, err)
+	}
+}
+
+// The gate of closed breakers is on every read of a worker: a few atomic loads, no
+// lock, no allocation.
+func BenchmarkGateAllClosed(b *testing.B) {
+	var s breaker.Set
+	for _, name := range []string{"redis", "postgres", "llm"} {
+		br, err := breaker.New(breaker.Config{Name: name})
+		if err != nil {
+			b.Fatal(err)
+		}
+		s = append(s, br)
+	}
+	var gate interface {
+		Admit(context.Context) (int, error)
+	} = s
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		if n, err := gate.Admit(ctx); n != 0 || err != nil {
+			b.Fatal(n, err)
+		}
+	}
+}
+
+func TestGateAllClosedAllocatesNothing(t *testing.T) {
+	br, err := breaker.New(breaker.Config{Name: "redis"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := breaker.Set{br, br}
+	ctx := context.Background()
+	if n := testing.AllocsPerRun(100, func() { _, _ = s.Admit(ctx) }); n != 0 {
+		t.Fatalf("Admit of closed breakers allocates %v times", n)
+	}
+}
+
+// waitFor polls cond for up to 10s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// The failure that opens the breaker sets the first probe after its Retry-After.
+func TestFailureRunHonoursRetryAfter(t *testing.T) {
+	b, c := newBreaker(t, time.Minute, nil)
+	for range breaker.DefaultThreshold {
+		b.Failure(retry.RetryAfter(10*time.Second, errors.New("HTTP 503")))
+	}
+	var oe *breaker.OpenError
+	if err := b.Err(); !errors.As(err, &oe) || !oe.NextProbe.Equal(c.Now().Add(10*time.Second)) {
+		t.Fatalf("Err = %v, want the next probe 10s after the trip", err)
+	}
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/breaker"
 	"github.com/onceflow/onceflow/config"
 	"github.com/onceflow/onceflow/idempotency"
 	"github.com/onceflow/onceflow/internal/httpapi"
@@ -219,7 +220,7 @@ func selectQueues(flagged queueList, known []string) ([]string, error) {
 // connections, configured from the ONCEFLOW_* settings; withModel gives it the model
 // (the roles that run jobs). `onceflow run` makes one, with the model, for its API,
 // workers and relay; serve alone one without. It registers its metrics on d's registry
-// and makes d's readiness report its model breaker. A program without workflows is a
+// and, with withModel, makes d's readiness report the Client's breakers. A program without workflows is a
 // configuration error.
 func (d *deps) appClient(e *env, withModel bool) (*onceflow.Client, error) {
 	cfg := d.cfg
@@ -253,8 +254,13 @@ func (d *deps) appClient(e *env, withModel bool) (*onceflow.Client, error) {
 	if err != nil {
 		return nil, &config.Error{Name: "workflows", Err: err}
 	}
-	if b := c.ModelBreaker(); b != nil {
-		d.llmBreaker = b
+	if withModel {
+		// This process runs the Client's workers (run, work): its readiness reports
+		// their breakers, which RunWorkers checks.
+		d.breakers = map[string]*breaker.Breaker{}
+		for _, b := range c.Breakers() {
+			d.breakers[b.Name()] = b
+		}
 	}
 	return c, nil
 }

@@ -79,7 +79,7 @@ func TestRunQuotaStopIsReportedAndSpendsNothing(t *testing.T) {
 	}
 	code, body := httpGet(t, base+"/readyz", "")
 	if err := json.Unmarshal([]byte(body), &ready); err != nil || code != 200 || ready.Status != "degraded" ||
-		!strings.Contains(ready.Checks["llm"], "llm unavailable since") || !strings.Contains(ready.Checks["llm"], "insufficient_quota") {
+		!strings.Contains(ready.Checks["llm"], "unavailable since") || !strings.Contains(ready.Checks["llm"], "insufficient_quota") {
 		t.Fatalf("/readyz during the stop: %d %s, want 200 degraded naming the llm and the quota", code, body)
 	}
 	_, metrics := httpGet(t, base+"/metrics", "")

@@ -38,9 +38,10 @@ type deps struct {
 	tp trace.TracerProvider
 	// stopTracing flushes the last spans; Close calls it. Nil when tracing is off.
 	stopTracing func()
-	// llmBreaker stops model calls while the provider's quota is exhausted, and holds
-	// the workers back meanwhile; nil until appClient made a Client with the model.
-	llmBreaker *breaker.Breaker
+	// breakers are the circuit breakers of the Client whose workers this process runs
+	// (Client.Breakers: redis, postgres, llm), by name, which /readyz reports; nil until
+	// appClient made a Client with the model (run, work).
+	breakers map[string]*breaker.Breaker
 	// routeStatuses are the statuses of the workflows' routes, by pattern
 	// (Host.RouteStatuses), created at zero by appServer.
 	routeStatuses map[string][]int
@@ -102,17 +103,19 @@ func (d *deps) Close() {
 func (d *deps) checks() map[string]httpapi.Check {
 	c := map[string]httpapi.Check{}
 	if d.rdb != nil {
-		c["redis"] = func(ctx context.Context) error { return d.rdb.Ping(ctx).Err() }
+		// While the workers' breaker of a store is open, /readyz says since when and why
+		// (and answers without waiting for the store).
+		c["redis"] = httpapi.BreakerCheck(d.breakers["redis"], func(ctx context.Context) error { return d.rdb.Ping(ctx).Err() })
 		if d.redisDegraded {
 			c["redis"] = func(ctx context.Context) error { return httpapi.Degraded(d.rdb.Ping(ctx).Err()) }
 		}
 	}
 	if d.pool != nil {
-		c["postgres"] = d.pool.Ping
+		c["postgres"] = httpapi.BreakerCheck(d.breakers["postgres"], d.pool.Ping)
 	}
-	if b := d.llmBreaker; b != nil {
+	if b := d.breakers["llm"]; b != nil {
 		// Reported, never failing: the API still accepts jobs while the provider is
-		// stopped, and the workers hold theirs.
+		// stopped (an exhausted quota, a run of 5xx), and the workers hold theirs.
 		c["llm"] = func(context.Context) error { return httpapi.Degraded(b.Err()) }
 	}
 	return c
@@ -125,6 +128,7 @@ func (d *deps) clientConfig(withModel bool) (onceflow.Config, error) {
 	cfg := onceflow.Config{
 		Redis: d.rdb, DB: d.pool, Prefix: d.cfg.Prefix, ResultTTL: d.cfg.ResultTTL, JobBudget: d.cfg.JobBudget,
 		Logger: d.log, Registerer: d.reg, TraceParent: d.traceParent(),
+		BreakerThreshold: d.cfg.BreakerThreshold, HealthInterval: d.cfg.HealthInterval,
 	}
 	if !withModel {
 		return cfg, nil

@@ -76,6 +76,13 @@ type Config struct {
 	// exhausted, one model call probes whether it is back (the provider's Retry-After
 	// wins when it sent one). Default: 1m.
 	LLMQuotaProbe time.Duration
+	// BreakerThreshold is how many transient failures of a dependency in a row (Redis,
+	// PostgreSQL, the model provider) open its circuit breaker, which stops the
+	// workers taking work until a probe passes. Default: 5.
+	BreakerThreshold int
+	// HealthInterval is how often the workers check Redis and PostgreSQL, and probe one
+	// whose breaker is open. Default: 2s.
+	HealthInterval time.Duration
 
 	// Sender selects how outbox rows are delivered: webhook, smtp or log. Default: log.
 	Sender string
@@ -264,6 +271,12 @@ var settings = []setting{
 	}},
 	{env: "ONCEFLOW_LLM_QUOTA_PROBE", def: "1m", usage: "how often one model call probes an exhausted quota", parse: func(c *Config, v string) error {
 		return parseDuration(&c.LLMQuotaProbe, v)
+	}},
+	{env: "ONCEFLOW_BREAKER_THRESHOLD", def: "5", usage: "transient failures of a dependency in a row that stop the workers until a probe passes", parse: func(c *Config, v string) error {
+		return parseInt(&c.BreakerThreshold, v, 1, 1000)
+	}},
+	{env: "ONCEFLOW_HEALTH_INTERVAL", def: "2s", usage: "how often the workers check Redis and PostgreSQL (and probe one that is down)", parse: func(c *Config, v string) error {
+		return parseDuration(&c.HealthInterval, v)
 	}},
 	{env: "ONCEFLOW_SENDER", def: "log", usage: "outbox sender: webhook, smtp or log", parse: func(c *Config, v string) error {
 		return parseEnum(&c.Sender, v, "webhook", "smtp", "log")

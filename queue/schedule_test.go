@@ -56,7 +56,8 @@ func TestFailureSchedulesTheNextAttemptAndReleasesTheEntry(t *testing.T) {
 		})})
 	ids := enqueue(t, rdb, keys, message(1, nil))
 	testenv.WaitFor(t, 10*time.Second, "the first run's settlement", func() bool {
-		at, _ := log.snapshot(); return rdb.ZCard(ctx, keys.Scheduled()).Val() == 1 || len(at) > 1
+		at, _ := log.snapshot()
+		return rdb.ZCard(ctx, keys.Scheduled()).Val() == 1 || len(at) > 1
 	})
 	if slices.Contains(pendingIDs(t, rdb, keys, DefaultGroup), ids[0]) {
 		t.Errorf("the failed entry %s is still pending: it should have left the worker at once", ids[0])

@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/onceflow/onceflow/breaker"
 	"github.com/onceflow/onceflow/internal/metrics"
 )
 
@@ -180,7 +181,9 @@ func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
 
 // readyz checks every dependency in parallel, each within ReadyTimeout, and answers 200
 // when all answer, else 503 naming the ones that did not. A degraded check (Degraded)
-// is named, with status "degraded", and keeps the answer 200.
+// is named, with status "degraded", and keeps the answer 200. An open circuit breaker
+// (a *breaker.OpenError, see BreakerCheck) is reported as "unavailable since <RFC 3339
+// time>: <why>".
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	type result struct {
 		name string
@@ -200,7 +203,16 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	checks := map[string]string{}
 	status, code := "ok", http.StatusOK
 	for res := range results {
+		var open *breaker.OpenError
 		switch {
+		case errors.As(res.err, &open) && errors.Is(res.err, ErrDegraded):
+			checks[res.name] = "degraded: " + openText(open)
+			if code == http.StatusOK {
+				status = "degraded"
+			}
+		case errors.As(res.err, &open):
+			checks[res.name] = openText(open)
+			status, code = "unavailable", http.StatusServiceUnavailable
 		case errors.Is(res.err, ErrDegraded):
 			checks[res.name] = res.err.Error()
 			if code == http.StatusOK {
@@ -214,6 +226,27 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	WriteJSON(w, code, map[string]any{"status": status, "checks": checks})
+}
+
+// openText is how /readyz reports an open breaker: since when and why.
+func openText(e *breaker.OpenError) string {
+	return "unavailable since " + e.Since.UTC().Format(time.RFC3339) + ": " + e.Reason
+}
+
+// BreakerCheck returns a Check of a dependency that has a circuit breaker: while b is
+// open it answers b's *breaker.OpenError at once, without calling the dependency (so a
+// hung dependency does not slow /readyz down once its breaker opened), and /readyz
+// reports since when and why; otherwise it answers ping's result. A nil b is ping.
+func BreakerCheck(b *breaker.Breaker, ping Check) Check {
+	if b == nil {
+		return ping
+	}
+	return func(ctx context.Context) error {
+		if err := b.Err(); err != nil {
+			return err
+		}
+		return ping(ctx)
+	}
 }
 
 // WriteJSON writes v as a JSON response with the given status.

@@ -12,6 +12,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/onceflow/onceflow/breaker"
 )
 
 func TestReadyzNamesTheDependencyThatIsDown(t *testing.T) {
@@ -224,5 +226,44 @@ func TestRouteLabelIsThePatternsPath(t *testing.T) {
 		if got := routeLabel(pattern); got != want {
 			t.Errorf("routeLabel(%q) = %q, want %q", pattern, got, want)
 		}
+	}
+}
+
+// An open breaker is reported with since when and why, at once, without calling the
+// dependency behind it (which hangs here); a degraded one keeps 200.
+func TestReadyzReportsAnOpenBreakerSince(t *testing.T) {
+	since := time.Date(2026, 12, 1, 18, 10, 0, 0, time.UTC)
+	newBreaker := func(name string) *breaker.Breaker {
+		b, err := breaker.New(breaker.Config{Name: name, Now: func() time.Time { return since }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	pg, llm := newBreaker("postgres"), newBreaker("llm")
+	hung := func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() }
+	s := New(Config{ReadyTimeout: time.Minute, Checks: map[string]Check{
+		"postgres": BreakerCheck(pg, hung),
+		"llm":      func(context.Context) error { return Degraded(llm.Err()) },
+	}})
+	pg.Trip(errors.New("5 failures in a row, the last: connection refused"), 0)
+	llm.Trip(errors.New("insufficient_quota"), 0)
+	rec := httptest.NewRecorder()
+	start := time.Now()
+	s.ServeHTTP(rec, httptest.NewRequest("GET", "/readyz", nil))
+	var body struct {
+		Status string            `json:"status"`
+		Checks map[string]string `json:"checks"`
+	}
+	if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
+		t.Fatal(err)
+	}
+	if rec.Code != http.StatusServiceUnavailable || body.Status != "unavailable" ||
+		body.Checks["postgres"] != "unavailable since 2026-12-01T18:10:00Z: 5 failures in a row, the last: connection refused" ||
+		body.Checks["llm"] != "degraded: unavailable since 2026-12-01T18:10:00Z: insufficient_quota" {
+		t.Fatalf("code %d body %s", rec.Code, rec.Body)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("/readyz waited %v for the dependency behind an open breaker", took)
 	}
 }
