@@ -125,7 +125,7 @@ func TestKindsAreRoutedAndBadJobsDeadLettered(t *testing.T) {
 		t.Fatal(err)
 	}
 	reasons := []string{dead[0].Reason, dead[1].Reason}
-	if !containsPrefix(reasons, `exceeded 2 deliveries; last error: onceflow: unknown job kind "nobody.runs.this" on queue "default"`) ||
+	if !containsPrefix(reasons, `failed 2 attempts; last error: onceflow: unknown job kind "nobody.runs.this" on queue "default"`) ||
 		!containsPrefix(reasons, `permanent: onceflow: undecodable job arguments for kind "sort": Strings: unknown field`) {
 		t.Fatalf("dead-letter reasons %q", reasons)
 	}

@@ -22,13 +22,13 @@ func TestLedgerAndGatewaySettings(t *testing.T) {
 	if _, err := load(t, map[string]string{"ONCEFLOW_LEDGER_RELAXED_INSERT": "maybe"}); err == nil {
 		t.Fatal("a non-boolean accepted")
 	}
-	// The retention must cover the retry horizon: 5 × (2m + 60s) = 15m by default.
+	// The retention must cover the retry horizon: 5 × (max(2m, 5m) + 60s) = 30m by default.
 	_, err = load(t, map[string]string{"ONCEFLOW_LEDGER_RETENTION": "10m"})
 	var ce *Error
-	if !errors.As(err, &ce) || ce.Name != "ONCEFLOW_LEDGER_RETENTION" || !strings.Contains(err.Error(), "15m0s") {
+	if !errors.As(err, &ce) || ce.Name != "ONCEFLOW_LEDGER_RETENTION" || !strings.Contains(err.Error(), "30m0s") {
 		t.Fatalf("retention below the retry horizon: %v", err)
 	}
-	if _, err := load(t, map[string]string{"ONCEFLOW_LEDGER_RETENTION": "15m"}); err != nil {
+	if _, err := load(t, map[string]string{"ONCEFLOW_LEDGER_RETENTION": "30m"}); err != nil {
 		t.Fatalf("retention equal to the horizon: %v", err)
 	}
 }

@@ -467,8 +467,8 @@ func openAIModel(t *testing.T, cfg fakeserver.Config) (*fakeserver.Server, llm.C
 }
 
 // A model that answers 429 forever: four attempts within the delivery (the same
-// Idempotency-Key each time), then the job stays pending for redelivery, not
-// dead-lettered.
+// Idempotency-Key each time), then the job leaves the worker for its next attempt (in
+// the scheduled set, or back in the stream when the backoff drew 0), not dead-lettered.
 func Test429Forever(t *testing.T) {
 	t.Parallel()
 	p := newPipeline(t)
@@ -489,14 +489,17 @@ func Test429Forever(t *testing.T) {
 	if st.Requests != 4 || st.ByStatus["429"] != 4 || st.ByIdempotencyKey["summary:"+jobID] != 4 {
 		t.Fatalf("fake-llm saw %+v, want 4 requests, all 429, all with the job's key", st)
 	}
-	if ps := p.pending(); len(ps) != 1 {
-		t.Fatalf("pending %+v, want the job left pending", ps)
+	if ps := p.pending(); len(ps) != 0 {
+		t.Fatalf("pending %+v, want the job released for its next attempt", ps)
 	}
 	if d := p.dead(jobID); len(d) != 0 {
 		t.Fatalf("dead letters %+v, want none", d)
 	}
-	if _, state, _, err := queue.JobState(context.Background(), p.rdb, p.keys, jobID); err != nil || state != queue.StateQueued {
-		t.Fatalf("job state %q (%v), want queued", state, err)
+	ctx := context.Background()
+	_, state, _, err := queue.JobState(ctx, p.rdb, p.keys, jobID)
+	scheduled := p.rdb.ZCard(ctx, p.keys.Scheduled()).Val()
+	if err != nil || !(state == queue.StateScheduled && scheduled == 1 || state == queue.StateQueued && scheduled == 0) {
+		t.Fatalf("job state %q (%v) with %d scheduled, want scheduled for its next attempt (or queued again)", state, err, scheduled)
 	}
 	p.effects(jobID, 0, 0, 0)
 }
