@@ -34,7 +34,9 @@ const auditMaxListed = 10
 //  1. no dead letter is of a job that has a completion record (a completed job that
 //     was dead-lettered anyway: its redelivery outlived MaxDeliveries after its commit);
 //  2. no stream entry has been pending for longer than twice its queue's ClaimIdle
-//     (nothing reclaims it);
+//     (nothing reclaims it), nor was added to the stream longer ago than its queue's
+//     MaxRunTime plus twice its ClaimIdle and is still pending (a run held longer than
+//     any run may take: lease renewals keep such an entry from looking idle);
 //  3. no outbox row has been unsent, or exhausted, for longer than Config.AuditMaxAge
 //     (its sender fails, or no process has a sender for its topic).
 //
@@ -79,6 +81,20 @@ func (c *Client) Audit(ctx context.Context) (*AuditReport, error) {
 				ids[i] = fmt.Sprintf("%s (consumer %s, idle %s)", p.ID, p.Consumer, p.Idle.Round(time.Second))
 			}
 			violate("queue %s: stream entries pending for longer than 2 x ClaimIdle (%s): %v", name, idle, ids)
+		}
+		if run := cmp.Or(qc.MaxRunTime, queue.DefaultMaxRunTime); run > 0 {
+			age := run + idle
+			old, err := queue.OldPending(ctx, c.rdb, keys, queue.DefaultGroup, time.Now().Add(-age), auditMaxListed)
+			if err != nil {
+				return nil, fmt.Errorf("onceflow: audit queue %q: %w", name, err)
+			}
+			if len(old) > 0 {
+				ids := make([]string, len(old))
+				for i, p := range old {
+					ids[i] = fmt.Sprintf("%s (consumer %s, deliveries %d)", p.ID, p.Consumer, p.Deliveries)
+				}
+				violate("queue %s: stream entries still pending although their attempt began longer ago than MaxRunTime + 2 x ClaimIdle (%s): %v", name, age, ids)
+			}
 		}
 	}
 	db := c.cfg.DB

@@ -3,12 +3,16 @@ package onceflow_test
 import (
 	"context"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/queue"
 )
 
 // On a clean system Audit says what it read and finds nothing; a dead letter of a
@@ -108,5 +112,34 @@ func TestNewClientRefusesNegativeAuditMaxAge(t *testing.T) {
 	_, err := onceflow.NewClient(onceflow.Config{Redis: rdb, Prefix: prefix, AuditMaxAge: -time.Second})
 	if err == nil || !strings.Contains(err.Error(), "AuditMaxAge") {
 		t.Fatalf("negative AuditMaxAge: %v", err)
+	}
+}
+
+// An entry whose attempt began long ago but whose lease is kept fresh (a hung run that
+// still renews) never looks idle; Audit reports it by its age.
+func TestAuditReportsEntriesPendingSinceLongAgo(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.Redis(t)
+	c := newClient(t, rdb, prefix, nil, nil)
+	ctx := context.Background()
+	keys := c.QueueKeys(onceflow.DefaultQueue)
+	if err := queue.CreateGroup(ctx, rdb, keys, queue.DefaultGroup); err != nil {
+		t.Fatal(err)
+	}
+	// An entry added an hour ago (its id says so), delivered just now: pending, not idle.
+	old := strconv.FormatInt(time.Now().Add(-time.Hour).UnixMilli(), 10) + "-0"
+	m := queue.Message{JobID: "audit-old-1", Kind: "k", Tenant: "acme", Payload: []byte(`{}`), EnqueuedAt: time.Now().Add(-time.Hour)}
+	if err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: keys.Stream(), ID: old, Values: m.Values()}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: queue.DefaultGroup, Consumer: "hung", Streams: []string{keys.Stream(), ">"}, Count: 1}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	r, err := c.Audit(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Violations) != 1 || !strings.Contains(r.Violations[0], old) || !strings.Contains(r.Violations[0], "MaxRunTime") {
+		t.Fatalf("violations %q, want one naming the hour-old entry %s", r.Violations, old)
 	}
 }

@@ -16,8 +16,10 @@ import (
 
 // PostgresConfig parses a PostgreSQL URL (postgres://user:password@host:port/db?options,
 // see pgxpool.ParseConfig) into a pool configuration with onceflow's defaults: at most
-// DefaultPostgresMaxConns connections unless pool_max_conns is in the URL, and a connect
-// timeout of DefaultPostgresConnectTimeout unless connect_timeout is. Errors do not show
+// DefaultPostgresMaxConns connections unless pool_max_conns is in the URL, a connect
+// timeout of DefaultPostgresConnectTimeout unless connect_timeout is, and the sessions'
+// statement_timeout (DefaultPostgresStatementTimeout) and
+// idle_in_transaction_session_timeout unless the URL sets them. Errors do not show
 // the password. Change the result (a ConnConfig.Tracer, AfterConnect, ...) as you need
 // before pgxpool.NewWithConfig.
 func PostgresConfig(url string) (*pgxpool.Config, error) { return connect.PostgresConfig(url) }

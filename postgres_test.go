@@ -31,6 +31,40 @@ func TestPostgresConfigDefaults(t *testing.T) {
 	}
 }
 
+// Every session gets a statement timeout (so a stuck statement cannot hold a job for
+// ever), unless the URL sets its own.
+func TestPostgresSessionsHaveStatementTimeouts(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	show := func(url, setting string) string {
+		t.Helper()
+		pool, err := onceflow.NewPostgres(ctx, url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pool.Close()
+		var v string
+		if err := pool.QueryRow(ctx, "SHOW "+setting).Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	url := testenv.DatabaseURL(t)
+	if got := show(url, "statement_timeout"); got != "30s" {
+		t.Errorf("statement_timeout = %q, want 30s", got)
+	}
+	if got := show(url, "idle_in_transaction_session_timeout"); got != "1min" {
+		t.Errorf("idle_in_transaction_session_timeout = %q, want 1min", got)
+	}
+	sep := "?"
+	if strings.Contains(url, "?") {
+		sep = "&"
+	}
+	if got := show(url+sep+"statement_timeout=5000", "statement_timeout"); got != "5s" {
+		t.Errorf("statement_timeout with the URL's 5000 = %q, want 5s", got)
+	}
+}
+
 func TestNewPostgresConnects(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

@@ -15,7 +15,7 @@ import (
 
 // Connection defaults of RedisOptions, RedisClusterOptions and PostgresConfig. Each can
 // be overridden in the URL (dial_timeout, read_timeout, write_timeout, pool_max_conns,
-// connect_timeout).
+// connect_timeout, statement_timeout, idle_in_transaction_session_timeout).
 const (
 	// DefaultRedisDialTimeout bounds connecting to Redis, so a stopped Redis fails fast.
 	DefaultRedisDialTimeout = 2 * time.Second
@@ -26,6 +26,13 @@ const (
 	DefaultPostgresConnectTimeout = 3 * time.Second
 	// DefaultPostgresMaxConns is the PostgreSQL pool size.
 	DefaultPostgresMaxConns = 32
+	// DefaultPostgresStatementTimeout is every session's statement_timeout: a statement
+	// that runs longer (a lock wait on a stuck row, a runaway query) fails, so it cannot
+	// hold a job for ever.
+	DefaultPostgresStatementTimeout = connect.DefaultPostgresStatementTimeout
+	// DefaultPostgresIdleInTransactionTimeout is every session's
+	// idle_in_transaction_session_timeout.
+	DefaultPostgresIdleInTransactionTimeout = connect.DefaultPostgresIdleInTransactionTimeout
 )
 
 // RedisOptions parses a Redis URL (redis://[user:password@]host:port/db?options, see

@@ -168,7 +168,8 @@ func TestRunMetricsFreshAtZeroThenEachFamilyMoves(t *testing.T) {
 	post("metrics-job-a-000001", "first text", "a@example.com")   // replayed
 	post("metrics-job-a-000001", "another text", "a@example.com") // 422
 	// B: two attempts that hang past ONCEFLOW_LLM_TIMEOUT (ambiguous), so the delivery
-	// fails and is reclaimed after ClaimIdle; the second delivery gets an answer. Its
+	// fails and its next attempt is scheduled (not reclaimed: the failed entry left the
+	// worker at once); the second delivery gets an answer. Its
 	// email is refused for good (400).
 	model.Script(fakeserver.Fault{Kind: fakeserver.FaultHang}, fakeserver.Fault{Kind: fakeserver.FaultHang})
 	if c := post("metrics-job-b-000002", "second text", "reject@example.com"); c != 202 {
@@ -201,8 +202,9 @@ func TestRunMetricsFreshAtZeroThenEachFamilyMoves(t *testing.T) {
 		`onceflow_idempotency_requests_total{outcome="reused_422"}`:                            1,
 		"onceflow_queue_enqueued_total" + q:                                                    3,
 		"onceflow_queue_deliveries_total" + q:                                                  5,
-		"onceflow_queue_reclaimed_total" + q:                                                   1,
-		"onceflow_queue_redeliveries_total" + q:                                                1,
+		"onceflow_queue_reclaimed_total" + q:                                                   0,
+		"onceflow_queue_redeliveries_total" + q:                                                0,
+		"onceflow_queue_retries_scheduled_total" + q:                                           1,
 		"onceflow_queue_acks_total" + q:                                                        3,
 		`onceflow_queue_dead_lettered_total{queue="summaries",reason="permanent"}`:             1,
 		`onceflow_queue_handler_duration_seconds_count{outcome="ok",queue="summaries"}`:        3,

@@ -87,12 +87,12 @@ func TestServeSIGTERMDrainsTheRequestInFlight(t *testing.T) {
 }
 
 // work at the shutdown timeout: the job that finished before the signal is
-// acknowledged; the one still running is cancelled and handed back (pending, not
-// acknowledged, its delivery not spent); the process exits 0 soon after the timeout;
-// another worker finishes the job after ClaimIdle.
+// acknowledged; the one still running is cancelled and handed back (re-added to the
+// stream as a new entry, nothing left pending, no attempt spent); the process exits 0
+// soon after the timeout; another worker (ClaimIdle an hour: no reclaim) finishes it.
 func TestWorkSIGTERMHandsBackTheJobsStillRunningAtTheTimeout(t *testing.T) {
 	t.Parallel()
-	env, rdb, keys := workEnv(t, "ONCEFLOW_SHUTDOWN_TIMEOUT=1s", "ONCEFLOW_CLAIM_IDLE=1s")
+	env, rdb, keys := workEnv(t, "ONCEFLOW_SHUTDOWN_TIMEOUT=1s", "ONCEFLOW_CLAIM_IDLE=1h")
 	a := startWork(t, env, "--test-handler=record:3s")
 	done := testJob(t, rdb, keys, 1)
 	testenv.WaitFor(t, 15*time.Second, "the first job to finish", func() bool { return runCount(t, rdb, keys, "finished:"+done) == 1 })
@@ -108,8 +108,13 @@ func TestWorkSIGTERMHandsBackTheJobsStillRunningAtTheTimeout(t *testing.T) {
 	}
 	ctx := context.Background()
 	pending := rdb.XPending(ctx, keys.Stream(), queue.DefaultGroup).Val()
-	if pending == nil || pending.Count != 1 || runCount(t, rdb, keys, "finished:"+slow) != 0 {
-		t.Fatalf("after the stop: pending %+v (want 1, the unfinished job), finished %d", pending, runCount(t, rdb, keys, "finished:"+slow))
+	lag := int64(-1)
+	if groups, err := rdb.XInfoGroups(ctx, keys.Stream()).Result(); err == nil && len(groups) == 1 {
+		lag = groups[0].Lag
+	}
+	if pending == nil || pending.Count != 0 || lag != 1 || runCount(t, rdb, keys, "finished:"+slow) != 0 {
+		t.Fatalf("after the stop: pending %+v (want none), undelivered %d (want 1, the handed-back job), finished %d",
+			pending, lag, runCount(t, rdb, keys, "finished:"+slow))
 	}
 	b := startWork(t, env, "--test-handler=record:0s")
 	testenv.WaitFor(t, 15*time.Second, "another worker to finish the handed-back job", func() bool { return runCount(t, rdb, keys, "finished:"+slow) == 1 })

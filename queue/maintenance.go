@@ -312,3 +312,28 @@ func StalePending(ctx context.Context, rdb redis.Cmdable, keys Keys, group strin
 	}
 	return out, nil
 }
+
+// OldPending returns up to count entries pending in group that were added to the stream
+// before before (their id's time), oldest first, whatever their idle time: lease
+// renewals keep a hung run's entry from ever looking idle (StalePending misses it), but
+// its id says when its attempt began. One round trip (XPENDING over the id range).
+func OldPending(ctx context.Context, rdb redis.Cmdable, keys Keys, group string, before time.Time, count int64) ([]PendingEntry, error) {
+	ms := before.UnixMilli()
+	if ms <= 0 {
+		return nil, nil
+	}
+	res, err := rdb.XPendingExt(ctx, &redis.XPendingExtArgs{
+		Stream: keys.Stream(), Group: group, Start: "-", End: "(" + strconv.FormatInt(ms, 10) + "-0", Count: count,
+	}).Result()
+	if isNoGroup(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read old pending entries: %w", err)
+	}
+	out := make([]PendingEntry, 0, len(res))
+	for _, p := range res {
+		out = append(out, PendingEntry{ID: p.ID, Consumer: p.Consumer, Idle: p.Idle, Deliveries: p.RetryCount})
+	}
+	return out, nil
+}

@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -33,6 +34,12 @@ const (
 	DefaultPostgresConnectTimeout = 3 * time.Second
 	// DefaultPostgresMaxConns is the pool size unless pool_max_conns is in the URL.
 	DefaultPostgresMaxConns = 32
+	// DefaultPostgresStatementTimeout is the server's statement_timeout unless the URL
+	// sets one: no statement holds a job (and its entry) for longer.
+	DefaultPostgresStatementTimeout = 30 * time.Second
+	// DefaultPostgresIdleInTransactionTimeout is idle_in_transaction_session_timeout
+	// unless the URL sets one: a transaction whose client vanished releases its locks.
+	DefaultPostgresIdleInTransactionTimeout = time.Minute
 )
 
 // Redis returns a go-redis client for url. It does not connect: the first command does,
@@ -125,8 +132,11 @@ func RedisCluster(url string) (*redis.ClusterClient, error) {
 }
 
 // PostgresConfig parses url into a pgx pool configuration with onceflow's defaults: at
-// most DefaultPostgresMaxConns connections unless pool_max_conns is in the URL, and a
-// connect timeout of DefaultPostgresConnectTimeout unless connect_timeout is.
+// most DefaultPostgresMaxConns connections unless pool_max_conns is in the URL, a
+// connect timeout of DefaultPostgresConnectTimeout unless connect_timeout is, and the
+// session settings statement_timeout and idle_in_transaction_session_timeout
+// (DefaultPostgresStatementTimeout, DefaultPostgresIdleInTransactionTimeout) unless the
+// URL names them (as a parameter or in options).
 func PostgresConfig(url string) (*pgxpool.Config, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
@@ -137,6 +147,14 @@ func PostgresConfig(url string) (*pgxpool.Config, error) {
 	}
 	if cfg.ConnConfig.ConnectTimeout == 0 {
 		cfg.ConnConfig.ConnectTimeout = DefaultPostgresConnectTimeout
+	}
+	for name, d := range map[string]time.Duration{
+		"statement_timeout":                   DefaultPostgresStatementTimeout,
+		"idle_in_transaction_session_timeout": DefaultPostgresIdleInTransactionTimeout,
+	} {
+		if _, ok := cfg.ConnConfig.RuntimeParams[name]; !ok && !strings.Contains(url, name) {
+			cfg.ConnConfig.RuntimeParams[name] = strconv.FormatInt(d.Milliseconds(), 10)
+		}
 	}
 	return cfg, nil
 }
