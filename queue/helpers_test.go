@@ -18,7 +18,7 @@ import (
 
 // setup returns a client of the shared test Redis and keys under a prefix of the test's
 // own (deleted at cleanup).
-func setup(t *testing.T) (*redis.Client, Keys) {
+func setup(t testing.TB) (*redis.Client, Keys) {
 	t.Helper()
 	rdb, prefix := testenv.Redis(t)
 	return rdb, Keys{Prefix: prefix, Queue: "summaries"}
