@@ -394,3 +394,30 @@ func TestMaxRunTimeBoundsARun(t *testing.T) {
 		t.Errorf("takeover %v after the hung run started, want after MaxRunTime + ClaimIdle", gap)
 	}
 }
+
+// A handler that ignores the shutdown's cancellation does not keep its job: after the
+// grace its job is handed back anyway (a new entry, no attempt spent), so another worker
+// runs it without waiting for ClaimIdle.
+func TestAbandonedHandlerIsHandedBackAnyway(t *testing.T) {
+	t.Parallel()
+	rdb, keys := setup(t)
+	ctx := context.Background()
+	stuck := make(chan struct{})
+	started := make(chan struct{}, 1)
+	w := start(t, WorkerConfig{Redis: rdb, Keys: keys, ClaimIdle: time.Hour, ShutdownTimeout: 200 * time.Millisecond,
+		Handler: HandlerFunc(func(context.Context, *Job) error { started <- struct{}{}; <-stuck; return nil })})
+	t.Cleanup(func() { close(stuck) })
+	enqueue(t, rdb, keys, message(1, nil))
+	<-started
+	w.stop(t)
+	if p := pendingIDs(t, rdb, keys, DefaultGroup); len(p) != 0 {
+		t.Errorf("pending after the stop: %v, want none", p)
+	}
+	res, err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: DefaultGroup, Consumer: "next", Streams: []string{keys.Stream(), ">"}, Count: 10}).Result()
+	if err != nil || len(res[0].Messages) != 1 {
+		t.Fatalf("undelivered after the stop: %v %v, want the handed-back job", res, err)
+	}
+	if m, err := ParseMessage(res[0].Messages[0].Values); err != nil || m.JobID != jobID(1) || m.Attempts != 0 {
+		t.Errorf("handed-back entry %+v %v, want job 1 with no attempt spent", m, err)
+	}
+}

@@ -335,25 +335,34 @@ func (w *Worker) Run(ctx context.Context) error {
 	background.Go(func() { w.moveLoop(bg) })
 
 	// The shutdown timeout counts from the signal, not from the end of the read in
-	// progress (up to Block later).
-	var signalled atomic.Int64
-	stopTimer := context.AfterFunc(ctx, func() { signalled.Store(time.Now().UnixNano()) })
-	defer stopTimer()
+	// progress (up to Block later): a timer started at the signal cuts the handlers.
+	var cutOnce sync.Once
+	cut := func() {
+		cutOnce.Do(func() {
+			w.log.Warn("shutdown timeout: cancelling in-flight jobs, which are handed back to the queue at once without spending an attempt", "in_flight", w.inFlightCount())
+			w.cut.Store(true)
+			cancelHandlers()
+		})
+	}
+	var timer atomic.Pointer[time.Timer]
+	stopSignal := context.AfterFunc(ctx, func() { timer.Store(time.AfterFunc(w.cfg.ShutdownTimeout, cut)) })
+	defer func() {
+		stopSignal()
+		if t := timer.Load(); t != nil {
+			t.Stop()
+		}
+	}()
 	w.readLoop(ctx, hctx)
 	close(w.jobs)
 
 	n := w.inFlightCount()
 	w.log.Info("worker stopping: waiting for in-flight jobs", "in_flight", n, "timeout", w.cfg.ShutdownTimeout)
-	remaining := w.cfg.ShutdownTimeout
-	if at := signalled.Load(); at != 0 {
-		remaining = max(w.cfg.ShutdownTimeout-time.Since(time.Unix(0, at)), 0)
-	}
-	if !waitTimeout(&w.handlers, remaining) {
-		w.log.Warn("shutdown timeout: cancelling in-flight jobs, which are handed back to the queue at once without spending an attempt", "in_flight", w.inFlightCount())
-		w.cut.Store(true)
-		cancelHandlers()
-		grace := min(w.cfg.ShutdownTimeout, 5*time.Second)
-		if !waitTimeout(&w.handlers, grace) {
+	done := make(chan struct{})
+	go func() { w.handlers.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-hctx.Done(): // the timer cut them: a short grace to return
+		if !waitTimeout(&w.handlers, min(w.cfg.ShutdownTimeout, 5*time.Second)) {
 			w.log.Error("handlers ignored cancellation; handing their jobs back anyway (another worker runs them; these runs may still complete)", "in_flight", w.inFlightCount())
 			w.handBackAbandoned()
 		}
