@@ -441,10 +441,12 @@ func (o *outageRun) timeDrain(ctx context.Context, i int, ended time.Time, backl
 	deadline := ended.Add(o.ocfg.DrainTimeout)
 	for time.Now().Before(deadline) && ctx.Err() == nil {
 		if o.accountedFor(ctx, backlog) {
+			took := time.Since(ended)
 			o.mu.Lock()
-			o.phases[i].Drained = time.Since(ended)
+			o.phases[i].Drained = took
+			name := o.phases[i].Name
 			o.mu.Unlock()
-			o.logf("backlog of the %s outage (%d jobs) drained after %s", o.phases[i].Name, len(backlog), time.Since(ended).Round(100*time.Millisecond))
+			o.logf("backlog of the %s outage (%d jobs) done after %s", name, len(backlog), took.Round(100*time.Millisecond))
 			return
 		}
 		time.Sleep(500 * time.Millisecond)
