@@ -218,7 +218,6 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if cfg.Log == nil {
 		cfg.Log = io.Discard
 	}
-	// #nosec G404 -- a seeded, replayable fault schedule (CHAOS_SEED), not a secret.
 	r := newRun(cfg, chaosSpec(cfg.Seed))
 	defer r.stopAll()
 	if err := r.setup(ctx); err != nil {
@@ -246,6 +245,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	return rep, nil
 }
 
+// newRun returns a run of cfg (defaults applied) with the process set-up spec.
 func newRun(cfg Config, spec setupSpec) *run {
 	// #nosec G404 -- a seeded, replayable fault schedule (CHAOS_SEED), not a secret.
 	return &run{cfg: cfg, spec: spec, rng: rand.New(rand.NewPCG(cfg.Seed, 0x0ce)), start: time.Now(),
