@@ -25,7 +25,9 @@ import (
 // dead-letter work. With load running throughout and the workers restarted one at a
 // time with SIGTERM every RestartEvery, it stops PostgreSQL cleanly for Postgres, makes
 // the model answer 503 to everything for Model, and stops Redis cleanly for Redis, one
-// after the other with Gap of plain load before, between and after them.
+// after the other with Gap of plain load before, between and after them; an outage
+// begins only once the backlog of the one before it is done, so that each outage's
+// drain time is its own.
 type OutageConfig struct {
 	// Bin is the onceflow binary. Required.
 	Bin string
@@ -37,7 +39,8 @@ type OutageConfig struct {
 	// 2m, 1m (the long profile).
 	Postgres, Model, Redis time.Duration
 	// Gap is the load without an outage before the first outage, between two and after
-	// the last. Default: 20s.
+	// the last: at least Gap, and after an outage until its backlog is done (at most
+	// DrainTimeout after its end). Default: 20s.
 	Gap time.Duration
 	// RestartEvery is the pause between two rolling SIGTERM restarts of the workers
 	// (one at a time, restarted once it exited), for the whole load phase. Default: 10s.
@@ -92,7 +95,8 @@ func (c *OutageConfig) withDefaults() {
 	}
 }
 
-// loadDuration is the length of the load phase: the outages and the gaps around them.
+// loadDuration is the shortest length of the load phase: the outages and the gaps
+// around them.
 func (c *OutageConfig) loadDuration() time.Duration {
 	return 4*c.Gap + c.Postgres + c.Model + c.Redis
 }
@@ -278,12 +282,11 @@ type outageRun struct {
 	*run
 	ocfg OutageConfig
 
-	mu        sync.Mutex
-	restarts  int
-	badExits  []string
-	phases    []PhaseReport
-	starts    []time.Time // of each phase
-	drainWait sync.WaitGroup
+	mu       sync.Mutex
+	restarts int
+	badExits []string
+	phases   []PhaseReport
+	starts   []time.Time // of each phase
 }
 
 // RunOutage performs one outage run and returns its report; an error means the run
@@ -319,9 +322,9 @@ func RunOutage(ctx context.Context, cfg OutageConfig) (*OutageReport, error) {
 	settings := fmt.Sprintf("ClaimIdle %s, MaxDeliveries %d, %d workers (SIGTERM restarts every %s, shutdown timeout %s), "+
 		"model calls %s, %d clients (think %s, %.0f%% poison)", cfg.ClaimIdle, cfg.MaxDeliveries, cfg.Workers, cfg.RestartEvery,
 		cfg.ShutdownTimeout, cfg.ModelLatency, cfg.Clients, cfg.Think, 100*cfg.PoisonRate)
-	o.logf("seed %d: %s; load for %s", cfg.Seed, settings, cfg.loadDuration())
+	o.logf("seed %d: %s; load for %s or more", cfg.Seed, settings, cfg.loadDuration())
 
-	loadCtx, stopLoad := context.WithTimeout(ctx, cfg.loadDuration())
+	loadCtx, stopLoad := context.WithCancel(ctx)
 	defer stopLoad()
 	wait := o.startClients(loadCtx)
 	restartCtx, stopRestarts := context.WithCancel(ctx)
@@ -330,9 +333,7 @@ func RunOutage(ctx context.Context, cfg OutageConfig) (*OutageReport, error) {
 
 	o.beginPhase("baseline", "baseline: load and rolling restarts only", 0)
 	err := o.outages(ctx)
-	if err == nil {
-		err = o.sleep(ctx, cfg.Gap)
-	}
+	stopLoad()
 	stopRestarts()
 	restarts.Wait()
 	if err != nil {
@@ -348,7 +349,6 @@ func RunOutage(ctx context.Context, cfg OutageConfig) (*OutageReport, error) {
 	if err != nil {
 		return nil, err
 	}
-	o.drainWait.Wait()
 	rep := o.check(ctx, eff)
 	rep.Settings = settings
 	if drained {
@@ -384,8 +384,9 @@ func (o *outageRun) beginPhase(name, what string, length time.Duration) int {
 	return len(o.phases) - 1
 }
 
-// outages runs the three outages in turn, each after Gap of plain load, polling the
-// workers while each lasts and timing its backlog's drain afterwards.
+// outages runs the three outages in turn after Gap of plain load, polling the workers
+// while each lasts, then timing its backlog's drain while the load goes on for at least
+// Gap and until the backlog is done.
 func (o *outageRun) outages(ctx context.Context) error {
 	c := o.ocfg
 	list := []outage{
@@ -399,10 +400,10 @@ func (o *outageRun) outages(ctx context.Context) error {
 			begin: func(context.Context) error { o.redis.Down(); return nil },
 			end:   func(context.Context) error { return o.redis.Up() }},
 	}
+	if err := o.sleep(ctx, c.Gap); err != nil {
+		return err
+	}
 	for _, out := range list {
-		if err := o.sleep(ctx, c.Gap); err != nil {
-			return err
-		}
 		i := o.beginPhase(out.dep, out.what, out.length)
 		o.event("outage begins: %s for %s", out.what, out.length)
 		if err := out.begin(ctx); err != nil {
@@ -417,7 +418,16 @@ func (o *outageRun) outages(ctx context.Context) error {
 		o.event("outage ends: %s", out.dep)
 		ended := time.Now()
 		backlog := o.acceptedBefore(ended)
-		o.drainWait.Go(func() { o.timeDrain(ctx, i, ended, backlog) })
+		done := make(chan struct{})
+		go func() { defer close(done); o.timeDrain(ctx, i, ended, backlog) }()
+		if err := o.sleep(ctx, c.Gap); err != nil {
+			return err
+		}
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
 	return nil
 }
