@@ -15,7 +15,7 @@ TEST_TIMEOUT ?= 20m
 # (internal/testenv.Binary): `onceflow work --test-handler`. `make build` leaves them out.
 TEST_TAGS := onceflowtest
 
-.PHONY: all build test demo lint fuzz bench chaos services-up services-down clean example-minimal example-triage
+.PHONY: all build test demo lint fuzz bench chaos chaos-outage services-up services-down clean example-minimal example-triage
 
 all: build
 
@@ -55,11 +55,24 @@ fuzz:
 	  done; \
 	done
 
-## chaos: the long chaos run (CHAOS_DURATION, default 5m; CHAOS_SEED to replay a run)
+## chaos: the long chaos runs: kill -9 (CHAOS_DURATION, default 5m; CHAOS_SEED to replay a
+## run), then the outage profile (CHAOS_OUTAGE_POSTGRES / _MODEL / _REDIS, default 2m, 2m,
+## 1m, with CHAOS_OUTAGE_GAP, default 20s, of plain load around them); chaos-outage runs
+## only the latter
 CHAOS_DURATION ?= 5m
+CHAOS_OUTAGE_POSTGRES ?= 2m
+CHAOS_OUTAGE_MODEL ?= 2m
+CHAOS_OUTAGE_REDIS ?= 1m
+CHAOS_OUTAGE_GAP ?= 20s
+CHAOS_ENV = CHAOS_DURATION=$(CHAOS_DURATION) CHAOS_SEED=$(CHAOS_SEED) CHAOS_OUTAGE_POSTGRES=$(CHAOS_OUTAGE_POSTGRES) \
+	CHAOS_OUTAGE_MODEL=$(CHAOS_OUTAGE_MODEL) CHAOS_OUTAGE_REDIS=$(CHAOS_OUTAGE_REDIS) CHAOS_OUTAGE_GAP=$(CHAOS_OUTAGE_GAP)
 chaos:
 	scripts/dev-services up
-	CHAOS_DURATION=$(CHAOS_DURATION) CHAOS_SEED=$(CHAOS_SEED) $(GO) test -count=1 -run '^TestChaos$$' -v -timeout 2h ./internal/chaos
+	$(CHAOS_ENV) $(GO) test -count=1 -run '^(TestChaos|TestChaosOutage)$$' -v -timeout 2h ./internal/chaos
+
+chaos-outage:
+	scripts/dev-services up
+	$(CHAOS_ENV) $(GO) test -count=1 -run '^TestChaosOutage$$' -v -timeout 2h ./internal/chaos
 
 ## bench: onceflow's worker beside asynq and River (bench/ module), and the guarded POST
 ## beside a bare handler; figures go to docs/BENCHMARKS.md

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/onceflow/onceflow/config"
@@ -16,7 +17,9 @@ import (
 // model server with injectable faults, for demos and tests (docs/retries.md, "onceflow fake-llm"). On
 // SIGINT/SIGTERM it releases hung and dripping requests and shuts down.
 func runFakeLLM(ctx context.Context, e *env, args []string) error {
-	fs := flags(e, "fake-llm", "--addr ADDR [fault flags]")
+	fs := flags(e, "fake-llm", "--addr ADDR [fault flags]\n\n"+
+		"At run time, POST /_fault with {\"fault\": KIND} answers every model request with fault KIND\n"+
+		"(an outage of the provider) until {\"fault\": \"\"}; GET /_fault reports it. KIND: "+forcibleFaults()+".")
 	addr := fs.String("addr", "127.0.0.1:9090", "listen address (port 0 picks a free port)")
 	latency := fs.Duration("latency", 0, "time to produce each answer")
 	fail429 := fs.Float64("fail-429", 0, "probability (0 to 1) of a 429 rate_limit_exceeded with Retry-After")
@@ -28,6 +31,7 @@ func runFakeLLM(ctx context.Context, e *env, args []string) error {
 	drop := fs.Float64("drop-stream", 0, "probability that the connection closes halfway through an answer")
 	maxInput := fs.Int("max-input-chars", 0, "longer prompts get 400 context_length_exceeded (0: no limit)")
 	honour := fs.Bool("honour-idempotency", false, "replay the first answer to a repeated Idempotency-Key")
+	force := fs.String("fault", "", "answer every request with this fault from the start, until POST /_fault ends it (KIND as for /_fault)")
 	seed := fs.Uint64("seed", 0, "seed of faults, ids and samples (0: random)")
 	toolIDs := fs.String("tool-call-ids", fakeserver.ToolCallIDsRandom, "tool-call ids for a repeated request: stable or random")
 	tool := fs.String("tool", "", "when a request declares tool NAME, answer with a call to it (default: the first tool)")
@@ -51,6 +55,7 @@ func runFakeLLM(ctx context.Context, e *env, args []string) error {
 	srv, err := fakeserver.New(fakeserver.Config{
 		Latency: *latency, Fail429: *fail429, Fail503: *fail503, FailQuota: *failQuota, Hang: *hang, Drip: *drip, DropStream: *drop,
 		RetryAfter: ra, MaxInputChars: *maxInput, HonourIdempotency: *honour, ToolCallIDs: *toolIDs, ToolChoice: chooser, Seed: *seed, Logger: log,
+		Fault: fakeserver.FaultKind(*force),
 	})
 	if err != nil {
 		return usageErrorf("fake-llm: %v", err)
@@ -63,13 +68,22 @@ func runFakeLLM(ctx context.Context, e *env, args []string) error {
 		log.InfoContext(ctx, "fake-llm listening", "addr", a.String(), "base_url", fmt.Sprintf("http://%s/v1", a),
 			"fail_429", *fail429, "retry_after_s", *retryAfter, "fail_503", *fail503, "fail_quota", *failQuota, "hang", *hang,
 			"drip", *drip, "drop_stream", *drop, "max_input_chars", *maxInput, "honour_idempotency", *honour, "tool_call_ids", *toolIDs,
-			"tool", *tool, "no_tool_calls", *noTools)
+			"tool", *tool, "no_tool_calls", *noTools, "fault", *force)
 	}
 	if err := httpapi.Serve(ctx, *addr, srv, serveConfig(cfg, log, ready)); err != nil {
 		return fmt.Errorf("fake-llm: %w", err)
 	}
 	log.InfoContext(ctx, "fake-llm stopped")
 	return nil
+}
+
+// forcibleFaults lists the kinds --fault and POST /_fault accept.
+func forcibleFaults() string {
+	kinds := make([]string, len(fakeserver.ForcibleFaults))
+	for i, k := range fakeserver.ForcibleFaults {
+		kinds[i] = string(k)
+	}
+	return strings.Join(kinds, ", ")
 }
 
 // toolChooser is the fakeserver.ToolChooser of the --tool, --tool-args and

@@ -11,6 +11,14 @@
 //
 // The same seed replays the same schedule of faults and the same jobs (process timing
 // still varies).
+//
+// RunOutage is the second profile, for the claim that outages never dead-letter work:
+// ClaimIdle 2s, MaxDeliveries 3, three workers restarted one at a time with SIGTERM
+// every 10 s during 5 s model calls, and, one after the other under load, PostgreSQL
+// stopped, the model answering 503 to everything (fake-llm's POST /_fault), Redis
+// stopped. It checks that only the poison jobs are dead-lettered, that every other job
+// has one summary and one email, and that the workers' /readyz and breaker metrics
+// named each outage while it lasted; its report is a Markdown table per phase.
 package chaos
 
 import (
@@ -125,37 +133,72 @@ const (
 	maxInput = 4000 // fake-llm refuses longer prompts with 400 context_length_exceeded
 )
 
+// setupSpec is what differs between the profiles' process set-ups.
+type setupSpec struct {
+	// workers is the number of `onceflow work` processes.
+	workers int
+	// llmArgs are fake-llm's fault and latency flags.
+	llmArgs []string
+	// settings are the ONCEFLOW_* time scales and limits every process gets.
+	settings []string
+	// metrics gives each worker a /readyz and /metrics listener (ONCEFLOW_METRICS_ADDR)
+	// whose base URLs go to run.workerURLs.
+	metrics bool
+}
+
+// chaosSpec is TestChaos's set-up: two workers, a model with random faults, and
+// short time scales so that a killed worker's jobs are reclaimed, and a killed relay's
+// rows re-claimed, within seconds; enough deliveries that a job hit by several kills
+// and faults is not dead-lettered for it.
+func chaosSpec(seed uint64) setupSpec {
+	return setupSpec{
+		workers: 2,
+		llmArgs: []string{"--fail-429", "0.05", "--retry-after", "1", "--fail-503", "0.05", "--hang", "0.01", "--drip", "0.01",
+			"--max-input-chars", fmt.Sprint(maxInput), "--seed", fmt.Sprint(seed)},
+		settings: []string{
+			"ONCEFLOW_WORKER_CONCURRENCY=32", "ONCEFLOW_CLAIM_IDLE=4s", "ONCEFLOW_MAX_DELIVERIES=40",
+			"ONCEFLOW_JOB_BUDGET=3s", "ONCEFLOW_LLM_TIMEOUT=1s", "ONCEFLOW_LEDGER_LEASE=3s",
+			"ONCEFLOW_RELAY_INTERVAL=100ms", "ONCEFLOW_RELAY_LEASE=3s", "ONCEFLOW_SHUTDOWN_TIMEOUT=5s",
+		},
+	}
+}
+
 // run is one chaos run's state.
 type run struct {
 	cfg   Config
+	spec  setupSpec
 	rng   *rand.Rand
 	start time.Time
 
-	redis    *cluster.Server
-	pg       *cluster.Server
-	llm      *cluster.Proc
-	sink     *cluster.Proc
-	serve    *cluster.Proc
-	workers  []*cluster.Proc
-	relay    *cluster.Proc
-	llmURL   string
-	sinkURL  string
-	apiURL   string
-	env      []string
-	redisURL string
-	dbURL    string
+	redis   *cluster.Server
+	pg      *cluster.Server
+	llm     *cluster.Proc
+	sink    *cluster.Proc
+	serve   *cluster.Proc
+	workers []*cluster.Proc
+	relay   *cluster.Proc
+	// workerURLs are the workers' /readyz and /metrics base URLs (spec.metrics).
+	workerURLs []string
+	llmURL     string
+	sinkURL    string
+	apiURL     string
+	env        []string
+	redisURL   string
+	dbURL      string
 
 	evMu   sync.Mutex
 	events []string
 
 	jobsMu   sync.Mutex
 	accepted map[string]string // idempotency key -> job id
-	poison   map[string]bool   // job ids of poison jobs
-	mismatch []string
-	jobs     atomic.Int64
-	requests atomic.Int64
-	replayed atomic.Int64
-	rejected []string
+	// acceptedAt is when each job id was first acknowledged with 202.
+	acceptedAt map[string]time.Time
+	poison     map[string]bool // job ids of poison jobs
+	mismatch   []string
+	jobs       atomic.Int64
+	requests   atomic.Int64
+	replayed   atomic.Int64
+	rejected   []string
 }
 
 // Run performs one chaos run and returns its report; an error means the run itself
@@ -175,9 +218,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if cfg.Log == nil {
 		cfg.Log = io.Discard
 	}
-	// #nosec G404 -- a seeded, replayable fault schedule (CHAOS_SEED), not a secret.
-	r := &run{cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, 0x0ce)), start: time.Now(),
-		accepted: map[string]string{}, poison: map[string]bool{}}
+	r := newRun(cfg, chaosSpec(cfg.Seed))
 	defer r.stopAll()
 	if err := r.setup(ctx); err != nil {
 		return nil, err
@@ -186,11 +227,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 
 	loadCtx, stopLoad := context.WithTimeout(ctx, cfg.Duration)
 	defer stopLoad()
-	var wg sync.WaitGroup
-	for c := range cfg.Clients {
-		rng := rand.New(rand.NewPCG(cfg.Seed, uint64(c+1))) // #nosec G404 G115 -- seeded client behaviour, not a secret; c is a small count
-		wg.Go(func() { r.client(loadCtx, c, rng) })
-	}
+	wait := r.startClients(loadCtx)
 	if err := r.faults(loadCtx); err != nil {
 		return nil, err
 	}
@@ -198,7 +235,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err := r.ensureRunning(ctx); err != nil {
 		return nil, err
 	}
-	wg.Wait()
+	wait()
 	r.logf("faults stopped; %d jobs accepted; draining", len(r.accepted))
 	rep, err := r.drainAndCheck(ctx)
 	if err != nil {
@@ -206,6 +243,24 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	rep.Duration = time.Since(r.start).Round(time.Second)
 	return rep, nil
+}
+
+// newRun returns a run of cfg (defaults applied) with the process set-up spec.
+func newRun(cfg Config, spec setupSpec) *run {
+	// #nosec G404 -- a seeded, replayable fault schedule (CHAOS_SEED), not a secret.
+	return &run{cfg: cfg, spec: spec, rng: rand.New(rand.NewPCG(cfg.Seed, 0x0ce)), start: time.Now(),
+		accepted: map[string]string{}, acceptedAt: map[string]time.Time{}, poison: map[string]bool{}}
+}
+
+// startClients starts cfg.Clients clients that submit until ctx ends; wait returns
+// once each has a final answer for its last job.
+func (r *run) startClients(ctx context.Context) (wait func()) {
+	var wg sync.WaitGroup
+	for c := range r.cfg.Clients {
+		rng := rand.New(rand.NewPCG(r.cfg.Seed, uint64(c+1))) // #nosec G404 G115 -- seeded client behaviour, not a secret; c is a small count
+		wg.Go(func() { r.client(ctx, c, rng) })
+	}
+	return wg.Wait
 }
 
 func (r *run) logf(format string, args ...any) {
@@ -249,9 +304,7 @@ func (r *run) setup(ctx context.Context) error {
 	}
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	r.llm = r.proc("fake-llm", nil, "fake-llm", "--addr", "127.0.0.1:0",
-		"--fail-429", "0.05", "--retry-after", "1", "--fail-503", "0.05", "--hang", "0.01", "--drip", "0.01",
-		"--max-input-chars", fmt.Sprint(maxInput), "--seed", fmt.Sprint(r.cfg.Seed))
+	r.llm = r.proc("fake-llm", nil, append([]string{"fake-llm", "--addr", "127.0.0.1:0"}, r.spec.llmArgs...)...)
 	r.sink = r.proc("webhook-sink", nil, "webhook-sink", "--addr", "127.0.0.1:0")
 	for _, p := range []*cluster.Proc{r.llm, r.sink} {
 		if err := p.Start(); err != nil {
@@ -277,15 +330,22 @@ func (r *run) setup(ctx context.Context) error {
 		fmt.Sprintf("ONCEFLOW_HTTP_ADDR=127.0.0.1:%d", apiPort), "ONCEFLOW_API_KEYS=chaos:" + apiKey,
 		"ONCEFLOW_LLM=openai", "ONCEFLOW_LLM_BASE_URL=" + r.llmURL + "/v1", "OPENAI_API_KEY=sk-chaos",
 		"ONCEFLOW_SENDER=webhook", "ONCEFLOW_WEBHOOK_URL=" + r.sinkURL + "/hook",
-		// Short time scales so that a killed worker's jobs are reclaimed, and a killed
-		// relay's rows re-claimed, within seconds; enough deliveries that a job hit by
-		// several kills and faults is not dead-lettered for it.
-		"ONCEFLOW_WORKER_CONCURRENCY=32", "ONCEFLOW_CLAIM_IDLE=4s", "ONCEFLOW_MAX_DELIVERIES=40",
-		"ONCEFLOW_JOB_BUDGET=3s", "ONCEFLOW_LLM_TIMEOUT=1s", "ONCEFLOW_LEDGER_LEASE=3s",
-		"ONCEFLOW_RELAY_INTERVAL=100ms", "ONCEFLOW_RELAY_LEASE=3s", "ONCEFLOW_SHUTDOWN_TIMEOUT=5s",
 	}
+	r.env = append(r.env, r.spec.settings...)
 	r.serve = r.proc("serve", r.env, "serve")
-	r.workers = []*cluster.Proc{r.proc("work-1", r.env, "work"), r.proc("work-2", r.env, "work")}
+	r.workers, r.workerURLs = nil, nil
+	for i := range r.spec.workers {
+		env := r.env
+		if r.spec.metrics {
+			port, err := cluster.FreePort()
+			if err != nil {
+				return err
+			}
+			env = append(slices.Clip(r.env), fmt.Sprintf("ONCEFLOW_METRICS_ADDR=127.0.0.1:%d", port))
+			r.workerURLs = append(r.workerURLs, fmt.Sprintf("http://127.0.0.1:%d", port))
+		}
+		r.workers = append(r.workers, r.proc(fmt.Sprintf("work-%d", i+1), env, "work"))
+	}
 	r.relay = r.proc("relay", r.env, "relay")
 	for _, p := range append([]*cluster.Proc{r.serve, r.relay}, r.workers...) {
 		if err := p.Start(); err != nil {
@@ -356,6 +416,9 @@ func (r *run) submit(ctx context.Context, hc *http.Client, key string, body []by
 					r.mismatch = append(r.mismatch, fmt.Sprintf("%s: %s then %s", key, prev, out.JobID))
 				}
 				r.accepted[key] = out.JobID
+				if _, ok := r.acceptedAt[out.JobID]; !ok {
+					r.acceptedAt[out.JobID] = time.Now()
+				}
 				if poison {
 					r.poison[out.JobID] = true
 				}
@@ -537,39 +600,18 @@ func (r *run) check(ctx context.Context, a *summaries.Report, sink sinkStats) (*
 	}
 
 	// Summaries, dead letters and deliveries, job by job.
-	conn, err := pgx.Connect(ctx, r.dbURL)
+	hasSummary, err := r.summaryCounts(ctx)
 	if err != nil {
 		return nil, err
 	}
-	defer conn.Close(ctx)
-	rows, err := conn.Query(ctx, `SELECT job_id::text FROM summaries`)
+	delivered := deliveriesByJob(sink)
+	letters, err := r.deadLetters(ctx)
 	if err != nil {
 		return nil, err
 	}
-	summarised, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, err
-	}
-	hasSummary := map[string]int{}
-	for _, id := range summarised {
-		hasSummary[id]++
-	}
-	delivered := map[string]int{}
-	for _, d := range sink.Delivered {
-		delivered[strings.TrimPrefix(d.Key, "summary_ready:")]++
-	}
-	rdb := redis.NewClient(&redis.Options{Addr: strings.TrimSuffix(strings.TrimPrefix(r.redisURL, "redis://"), "/0")})
-	defer rdb.Close()
 	dead := map[string]bool{}
-	for start := "-"; start != ""; {
-		page, next, err := queue.ListDead(ctx, rdb, queue.Keys{Prefix: "chaos", Queue: summaries.QueueName}, start, 1000)
-		if err != nil {
-			return nil, err
-		}
-		for _, d := range page {
-			dead[d.JobID] = true
-		}
-		start = next
+	for _, d := range letters {
+		dead[d.JobID] = true
 	}
 	var noSummary, twoSummaries, noEmail, wrongDead, notDead []string
 	for _, id := range r.accepted {
@@ -634,6 +676,54 @@ func (r *run) check(ctx context.Context, a *summaries.Report, sink sinkStats) (*
 			w.CountLog("a concurrent delivery stored the summary first: duplicate")
 	}
 	return rep, nil
+}
+
+// summaryCounts returns the number of summary rows of each job id.
+func (r *run) summaryCounts(ctx context.Context) (map[string]int, error) {
+	conn, err := pgx.Connect(ctx, r.dbURL)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close(ctx)
+	rows, err := conn.Query(ctx, `SELECT job_id::text FROM summaries`)
+	if err != nil {
+		return nil, err
+	}
+	summarised, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, err
+	}
+	n := map[string]int{}
+	for _, id := range summarised {
+		n[id]++
+	}
+	return n, nil
+}
+
+// deliveriesByJob counts the sink's deliveries per job id (its dedupe key is
+// "summary_ready:" and the job id).
+func deliveriesByJob(sink sinkStats) map[string]int {
+	delivered := map[string]int{}
+	for _, d := range sink.Delivered {
+		delivered[strings.TrimPrefix(d.Key, "summary_ready:")]++
+	}
+	return delivered
+}
+
+// deadLetters lists the summaries queue's dead-letter stream.
+func (r *run) deadLetters(ctx context.Context) ([]queue.DeadLetter, error) {
+	rdb := redis.NewClient(&redis.Options{Addr: strings.TrimSuffix(strings.TrimPrefix(r.redisURL, "redis://"), "/0")})
+	defer rdb.Close()
+	var all []queue.DeadLetter
+	for start := "-"; start != ""; {
+		page, next, err := queue.ListDead(ctx, rdb, queue.Keys{Prefix: "chaos", Queue: summaries.QueueName}, start, 1000)
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, page...)
+		start = next
+	}
+	return all, nil
 }
 
 func clip(ids []string) string {

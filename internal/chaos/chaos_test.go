@@ -11,12 +11,18 @@ import (
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
-// The short profile runs in `make test`; `make chaos` runs the long one. Flags (after
-// -args) or CHAOS_DURATION / CHAOS_SEED set them: go test ./internal/chaos -run TestChaos
-// -v -args -duration 5m -seed 42.
+// The short profiles run in `make test`; `make chaos` runs the long ones. Flags (after
+// -args) or CHAOS_* variables set them: go test ./internal/chaos -run TestChaos -v -args
+// -duration 5m -seed 42; the outage profile's long lengths are CHAOS_OUTAGE_POSTGRES=2m
+// CHAOS_OUTAGE_MODEL=2m CHAOS_OUTAGE_REDIS=1m CHAOS_OUTAGE_GAP=20s.
 var (
 	duration = flag.Duration("duration", envDuration("CHAOS_DURATION", 75*time.Second), "load-and-faults phase")
 	seed     = flag.Uint64("seed", envUint("CHAOS_SEED", 0), "seed of the jobs and the fault schedule (0: from the clock)")
+
+	outagePostgres = flag.Duration("outage-postgres", envDuration("CHAOS_OUTAGE_POSTGRES", 20*time.Second), "TestChaosOutage: PostgreSQL outage")
+	outageModel    = flag.Duration("outage-model", envDuration("CHAOS_OUTAGE_MODEL", 20*time.Second), "TestChaosOutage: window of 503s from the model")
+	outageRedis    = flag.Duration("outage-redis", envDuration("CHAOS_OUTAGE_REDIS", 10*time.Second), "TestChaosOutage: Redis outage")
+	outageGap      = flag.Duration("outage-gap", envDuration("CHAOS_OUTAGE_GAP", 10*time.Second), "TestChaosOutage: load without an outage before, between and after the outages")
 )
 
 func envDuration(name string, def time.Duration) time.Duration {
@@ -55,6 +61,40 @@ func TestChaos(t *testing.T) {
 	}
 	if len(rep.Events) < 4 {
 		t.Errorf("only %d fault events", len(rep.Events))
+	}
+	if rep.Failed() {
+		t.Fatalf("invariants violated (seed %d; logs in %s):\n%s", rep.Seed, dir, rep)
+	}
+	_ = os.RemoveAll(dir)
+}
+
+// TestChaosOutage checks that outages never dead-letter work: with ClaimIdle 2s,
+// MaxDeliveries 3, three workers restarted one at a time with SIGTERM every 10 s
+// (shutdown timeout 2s) during 5 s model calls, and load throughout, it stops
+// PostgreSQL, makes the model answer 503 to everything, then stops Redis, one after
+// the other. Afterwards only the poison jobs are dead-lettered (permanent), every other
+// accepted job has exactly one summary and exactly one email, audit is clean, and each
+// outage was named by the workers' /readyz and by onceflow_breaker_open while it lasted.
+func TestChaosOutage(t *testing.T) {
+	bin := testenv.Binary(t)
+	dir, err := os.MkdirTemp("", "onceflow-chaos-outage-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil { // the postgres user must reach its data
+		t.Fatal(err)
+	}
+	rep, err := RunOutage(context.Background(), OutageConfig{Bin: bin, Dir: dir, Seed: *seed,
+		Postgres: *outagePostgres, Model: *outageModel, Redis: *outageRedis, Gap: *outageGap, Log: testWriter{t}})
+	if err != nil {
+		t.Fatalf("outage run could not complete: %v (logs in %s)", err, dir)
+	}
+	t.Log("\n" + rep.String())
+	if rep.Accepted < 100 {
+		t.Errorf("only %d jobs accepted: the run proves little", rep.Accepted)
+	}
+	if rep.Restarts < 3 {
+		t.Errorf("only %d rolling restarts", rep.Restarts)
 	}
 	if rep.Failed() {
 		t.Fatalf("invariants violated (seed %d; logs in %s):\n%s", rep.Seed, dir, rep)

@@ -345,12 +345,15 @@ func (s *Server) generate(req *chatRequest, d dialect) completion {
 	return c
 }
 
-// nextFault takes the next scripted fault, or draws one from the probabilities.
+// nextFault returns the forced fault, else takes the next scripted one, else draws one
+// from the probabilities.
 func (s *Server) nextFault() Fault {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var f Fault
-	if len(s.script) > 0 {
+	if s.forced != FaultNone {
+		f.Kind = s.forced
+	} else if len(s.script) > 0 {
 		f, s.script = s.script[0], s.script[1:]
 	} else {
 		for _, c := range []struct {

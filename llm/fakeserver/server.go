@@ -22,11 +22,16 @@
 // retried), Drip (the whole answer one byte per DripInterval) and DropStream (the
 // connection closes halfway through the answer: a stream after half its events, a
 // plain answer after half its bytes). Script queues exact faults for the next requests
-// ahead of the probabilities, for tests. Every request counts in /stats, faulted or
-// not.
+// ahead of the probabilities, for tests. Force (Config.Fault at start, or at run time
+// POST /_fault with {"fault": "fail_503"}, and {"fault": ""} to end it) answers every
+// request with one fault, ahead of the script and the probabilities: an outage of the
+// provider that a chaos run switches on and off. GET /_fault reports the forced fault.
+// The /_fault endpoint is outside the providers' wire paths (/v1/...). Every request
+// counts in /stats, faulted or not.
 package fakeserver
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -35,6 +40,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -89,6 +95,9 @@ type Config struct {
 	// (to the first tool). Default: nil, a call to the first tool with deterministic
 	// arguments.
 	ToolChoice ToolChooser
+	// Fault, when set, is forced on every request from the start (see Force).
+	// Default: FaultNone.
+	Fault FaultKind
 	// Seed seeds the random source of faults, ids and samples; 0 picks a random seed.
 	Seed uint64
 	// DripInterval is the pause between two bytes of a dripped answer. Default: 1s.
@@ -141,7 +150,21 @@ func (c Config) Validate() error {
 	case c.ToolCallIDs != "" && c.ToolCallIDs != ToolCallIDsRandom && c.ToolCallIDs != ToolCallIDsStable:
 		return fmt.Errorf("tool-call-ids %q: want stable or random", c.ToolCallIDs)
 	}
-	return nil
+	return checkForcible(c.Fault)
+}
+
+// ErrUnknownFault is matched by the error of Force (and of Config.Validate, and the 400
+// of POST /_fault) for a fault kind it cannot force.
+var ErrUnknownFault = errors.New("unknown fault")
+
+// ForcibleFaults are the kinds Force accepts, besides FaultNone.
+var ForcibleFaults = []FaultKind{Fault429, Fault503, FaultQuota, FaultHang, FaultDrip, FaultDrop, FaultMalformed, FaultStreamError}
+
+func checkForcible(k FaultKind) error {
+	if k == FaultNone || slices.Contains(ForcibleFaults, k) {
+		return nil
+	}
+	return fmt.Errorf("fault %q: %w (want one of %v, or empty)", k, ErrUnknownFault, ForcibleFaults)
 }
 
 // Server is the fake model server, an http.Handler safe for concurrent use.
@@ -155,6 +178,7 @@ type Server struct {
 	mu     sync.Mutex
 	rng    *rand.Rand
 	script []Fault
+	forced FaultKind
 	stats  Stats
 	// replays holds, per endpoint, stream mode and Idempotency-Key, the first answer
 	// (nil while it is being produced).
@@ -196,6 +220,7 @@ func New(cfg Config) (*Server, error) {
 		rng:     rand.New(rand.NewPCG(seed, seed^0x5851f42d4c957f2d)), // #nosec G404 -- seeded faults, replayable
 		replays: map[string]*recorded{},
 		stats:   newStats(),
+		forced:  cfg.Fault,
 	}
 	if s.log == nil {
 		s.log = slog.Default()
@@ -205,6 +230,8 @@ func New(cfg Config) (*Server, error) {
 	s.mux.HandleFunc("POST /v1/messages", func(w http.ResponseWriter, r *http.Request) { s.model(w, r, anthropicDialect{}) })
 	s.mux.HandleFunc("GET /v1/models", s.models)
 	s.mux.HandleFunc("GET /stats", s.statsHandler)
+	s.mux.HandleFunc("GET /_fault", s.faultHandler)
+	s.mux.HandleFunc("POST /_fault", s.faultHandler)
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
@@ -229,6 +256,75 @@ func (s *Server) Script(faults ...Fault) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.script = append(s.script, faults...)
+}
+
+// Force answers every later request to the model endpoints with a fault of kind k
+// (one of ForcibleFaults), ahead of the script (which waits) and the probabilities,
+// until Force(FaultNone). Requests already being answered are not affected. It fails
+// with ErrUnknownFault for another kind. Safe for concurrent use.
+func (s *Server) Force(k FaultKind) error {
+	if err := checkForcible(k); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if k != s.forced {
+		s.log.Info("fake-llm forced fault", "fault", string(k), "previous", string(s.forced))
+	}
+	s.forced = k
+	return nil
+}
+
+// Forced returns the fault Force set (FaultNone when none).
+func (s *Server) Forced() FaultKind {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.forced
+}
+
+// faultHandler serves /_fault: GET reports the forced fault, POST {"fault": KIND}
+// forces one ("" ends it); both answer {"fault": KIND}.
+func (s *Server) faultHandler(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodPost {
+		var in struct {
+			Fault *FaultKind `json:"fault"`
+		}
+		dec := json.NewDecoder(io.LimitReader(r.Body, 4096))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&in); err != nil || in.Fault == nil {
+			writeJSON(w, http.StatusBadRequest, map[string]string{"detail": `want {"fault": KIND}, KIND "" to end a forced fault`})
+			return
+		}
+		if err := s.Force(*in.Fault); err != nil {
+			writeJSON(w, http.StatusBadRequest, map[string]string{"detail": err.Error()})
+			return
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]FaultKind{"fault": s.Forced()})
+}
+
+// SetFault forces kind on the server at baseURL (with or without a trailing /v1)
+// through POST /_fault, using client (nil: http.DefaultClient); FaultNone ends it.
+func SetFault(ctx context.Context, client *http.Client, baseURL string, kind FaultKind) error {
+	if client == nil {
+		client = http.DefaultClient
+	}
+	body, _ := json.Marshal(map[string]FaultKind{"fault": kind})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, rootURL(baseURL)+"/_fault", bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := client.Do(req)
+	if err != nil {
+		return fmt.Errorf("set fault %q: %w", kind, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
+		return fmt.Errorf("set fault %q: HTTP %d: %s", kind, resp.StatusCode, bytes.TrimSpace(b))
+	}
+	return nil
 }
 
 // Stats is what GET /stats reports.

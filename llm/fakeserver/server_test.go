@@ -308,6 +308,63 @@ func TestErrorFaultsAreProviderShaped(t *testing.T) {
 	}
 }
 
+// TestForcedFault switches a provider outage on and off at run time through POST
+// /_fault: every request in between gets the fault, the script waits, and the
+// endpoint refuses kinds it cannot force.
+func TestForcedFault(t *testing.T) {
+	t.Parallel()
+	s, url := start(t, fakeserver.Config{})
+	s.Script(fakeserver.Fault{Kind: fakeserver.Fault429})
+	short := `{"model":"m","messages":[{"role":"user","content":"hi"}]}`
+	ctx := context.Background()
+	if err := fakeserver.SetFault(ctx, nil, url+"/v1", fakeserver.Fault503); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		if resp, b := post(t, url+"/v1/chat/completions", short); resp.StatusCode != 503 {
+			t.Fatalf("request %d while 503 is forced: %d %s", i, resp.StatusCode, b)
+		}
+	}
+	resp, err := http.Get(url + "/_fault")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got struct{ Fault string }
+	_ = json.NewDecoder(resp.Body).Decode(&got)
+	resp.Body.Close()
+	if got.Fault != "fail_503" {
+		t.Fatalf("GET /_fault: %+v", got)
+	}
+	for _, bad := range []string{`{"fault":"teapot"}`, `{}`, `{"fault":"fail_503","extra":1}`} {
+		if resp, b := post(t, url+"/_fault", bad); resp.StatusCode != 400 {
+			t.Errorf("POST /_fault %s: %d %s", bad, resp.StatusCode, b)
+		}
+	}
+	if err := fakeserver.SetFault(ctx, nil, url, "teapot"); err == nil || !strings.Contains(err.Error(), "400") {
+		t.Errorf("SetFault(teapot) = %v, want the 400", err)
+	}
+	if err := s.Force("teapot"); !errors.Is(err, fakeserver.ErrUnknownFault) {
+		t.Errorf("Force(teapot) = %v, want ErrUnknownFault", err)
+	}
+	if err := fakeserver.SetFault(ctx, nil, url, fakeserver.FaultNone); err != nil {
+		t.Fatal(err)
+	}
+	// The scripted 429 waited for the outage to end, then the server answers again.
+	if resp, b := post(t, url+"/v1/chat/completions", short); resp.StatusCode != 429 {
+		t.Fatalf("first request after the outage: %d %s, want the scripted 429", resp.StatusCode, b)
+	}
+	if resp, b := post(t, url+"/v1/chat/completions", short); resp.StatusCode != 200 {
+		t.Fatalf("second request after the outage: %d %s", resp.StatusCode, b)
+	}
+	if st := s.Stats(); st.Requests != 5 || st.ByStatus["503"] != 3 || st.ByFault["fail_503"] != 3 || st.ByStatus["200"] != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+	forced, _ := start(t, fakeserver.Config{Fault: fakeserver.FaultHang})
+	if forced.Forced() != fakeserver.FaultHang {
+		t.Fatalf("Config.Fault hang: forced %q", forced.Forced())
+	}
+}
+
 func TestBadRequests(t *testing.T) {
 	t.Parallel()
 	_, url := start(t, fakeserver.Config{})
@@ -520,7 +577,7 @@ func TestProbabilitiesAreSeeded(t *testing.T) {
 
 func TestConfigValidate(t *testing.T) {
 	t.Parallel()
-	for _, c := range []fakeserver.Config{{Fail429: 1.5}, {Hang: -0.1}, {ToolCallIDs: "sometimes"}, {MaxInputChars: -1}, {Latency: -time.Second}} {
+	for _, c := range []fakeserver.Config{{Fail429: 1.5}, {Hang: -0.1}, {ToolCallIDs: "sometimes"}, {MaxInputChars: -1}, {Latency: -time.Second}, {Fault: "teapot"}} {
 		if _, err := fakeserver.New(c); err == nil {
 			t.Errorf("New(%+v) accepted", c)
 		}
