@@ -3,8 +3,11 @@ package onceflow
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
+	"time"
 
 	"github.com/onceflow/onceflow/breaker"
 	"github.com/onceflow/onceflow/llm/ledger"
@@ -67,7 +70,10 @@ func (c *Client) Breakers() []*breaker.Breaker {
 	return out
 }
 
-// watchers are the health checks of Redis and PostgreSQL, which Run and RunWorkers run.
+// watchers are the health checks of Redis and PostgreSQL, and the sharing of the
+// model's breaker with the other processes (shareModelBreaker), which Run and
+// RunWorkers run. The model's breaker is synchronised once before they return, so that
+// a process started during a provider outage takes no job before it knows of it.
 func (c *Client) watchers() []func(context.Context) error {
 	every := c.cfg.HealthInterval
 	parts := []func(context.Context) error{func(ctx context.Context) error {
@@ -76,7 +82,92 @@ func (c *Client) watchers() []func(context.Context) error {
 	if c.pgBreaker != nil {
 		parts = append(parts, func(ctx context.Context) error { return c.pgBreaker.Watch(ctx, every, c.cfg.DB.Ping) })
 	}
+	if c.model != nil {
+		s := &fleetBreaker{c: c}
+		ctx, cancel := context.WithTimeout(context.Background(), every)
+		s.sync(ctx)
+		cancel()
+		parts = append(parts, s.run)
+	}
 	return parts
+}
+
+// fleetReason starts the reason of a trip learnt from another process.
+const fleetReason = "another process stopped calling the model: "
+
+// fleetState is what the fleet key of the model's breaker holds.
+type fleetState struct {
+	Reason string    `json:"reason"`
+	Since  time.Time `json:"since"`
+	Until  time.Time `json:"until"`
+}
+
+// fleetBreaker shares the model's breaker across the processes of a deployment through
+// one Redis key (Prefix:breaker:llm): a process whose breaker opened on its own (a
+// quota answer, a run of 5xx) publishes it, with a TTL until its next probe, refreshed
+// while it stays open and deleted when a probe closes it; a process whose breaker is
+// closed and finds the key opens its own until then. So a 503 window that one process
+// noticed stops the others, and a process started (a rolling restart) during it takes
+// no job that would spend an attempt on it. One Redis round trip per HealthInterval per
+// process, off the jobs' path.
+type fleetBreaker struct {
+	c         *Client
+	published bool // this process's own trip is in the key
+}
+
+func (f *fleetBreaker) key() string { return f.c.cfg.Prefix + ":breaker:llm" }
+
+// run syncs every HealthInterval until ctx ends.
+func (f *fleetBreaker) run(ctx context.Context) error {
+	t := time.NewTicker(f.c.cfg.HealthInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		sctx, cancel := context.WithTimeout(ctx, f.c.cfg.HealthInterval)
+		f.sync(sctx)
+		cancel()
+	}
+}
+
+// sync publishes this process's open breaker, or adopts the fleet's. Redis errors are
+// ignored: the local breaker works on its own.
+func (f *fleetBreaker) sync(ctx context.Context) {
+	b := f.c.model.breaker
+	var open *breaker.OpenError
+	if errors.As(b.Err(), &open) {
+		if strings.HasPrefix(open.Reason, fleetReason) {
+			return // learnt from the fleet: the publisher refreshes it
+		}
+		v, err := json.Marshal(fleetState{Reason: open.Reason, Since: open.Since, Until: open.NextProbe})
+		if err != nil {
+			return
+		}
+		if f.c.rdb.Set(ctx, f.key(), v, max(time.Until(open.NextProbe), time.Second)).Err() == nil {
+			f.published = true
+		}
+		return
+	}
+	if f.published {
+		if f.c.rdb.Del(ctx, f.key()).Err() == nil {
+			f.published = false
+		}
+		return
+	}
+	raw, err := f.c.rdb.Get(ctx, f.key()).Bytes()
+	if err != nil {
+		return
+	}
+	var st fleetState
+	if json.Unmarshal(raw, &st) != nil {
+		return
+	}
+	if wait := time.Until(st.Until); wait > 0 {
+		b.Trip(errors.New(fleetReason+st.Reason), wait)
+	}
 }
 
 // storeDown returns the *breaker.OpenError of Redis's or PostgreSQL's breaker when one

@@ -334,3 +334,61 @@ func TestModelOutageTripsTheLLMBreaker(t *testing.T) {
 	t.Logf("%d runs, %d model requests (%d answered 503; %d in the 4s after the trip), %v in all",
 		entries.Load(), model.requests.Load(), model.s503.Load(), during, time.Since(start).Round(time.Millisecond))
 }
+
+// The model's breaker is shared by the processes of a deployment: when one process's
+// opens (a 503 window it noticed), another's opens too, and a process started during
+// the window (a rolling restart) starts with it open and takes no job that would spend
+// an attempt on the outage. A probe that closes the first process's breaker clears the
+// key.
+func TestModelBreakerIsSharedAcrossProcesses(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rdb, prefix := testenv.Redis(t)
+	pool, _ := testenv.Postgres(t)
+	fs, err := fakeserver.New(fakeserver.Config{Logger: testenv.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(fs)
+	t.Cleanup(func() { fs.Close(); srv.Close() })
+	var runs atomic.Int64
+	newProcess := func() *onceflow.Client {
+		ws := onceflow.NewWorkers()
+		onceflow.AddWorker(ws, onceflow.WorkFunc[outageArgs](func(ctx context.Context, j *onceflow.Job[outageArgs]) error {
+			runs.Add(1)
+			return nil
+		}))
+		c, err := onceflow.NewClient(onceflow.Config{Redis: rdb, Prefix: prefix, DB: pool, Workers: ws, Logger: testenv.Logger(t),
+			HealthInterval: 100 * time.Millisecond, QuotaProbe: time.Minute,
+			Model: openai.New(openai.Config{BaseURL: srv.URL + "/v1", APIKey: "test-key"})})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	a, b := newProcess(), newProcess()
+	runClient(t, a)
+	runClient(t, b)
+	breakerOf(t, a, "llm").Trip(errors.New("openai: HTTP 503 Service Unavailable"), time.Minute)
+	testenv.WaitFor(t, 10*time.Second, "the other process's breaker to open", func() bool { return breakerOf(t, b, "llm").Err() != nil })
+	var oe *breaker.OpenError
+	if err := breakerOf(t, b, "llm").Err(); !errors.As(err, &oe) || !strings.Contains(oe.Reason, "503") || time.Until(oe.NextProbe) < 30*time.Second {
+		t.Fatalf("the other process's breaker: %v, want open until the first's next probe, naming its cause", err)
+	}
+	// A process started now takes no job: its breaker is open before its workers read.
+	c := newProcess()
+	if _, err := c.Enqueue(ctx, outageArgs{Order: "during"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	runClient(t, c)
+	time.Sleep(500 * time.Millisecond)
+	if err := breakerOf(t, c, "llm").Err(); err == nil {
+		t.Fatal("a process started during the outage has a closed model breaker")
+	}
+	if n := runs.Load(); n != 0 {
+		t.Fatalf("%d jobs ran while every process's model breaker was open", n)
+	}
+	if rdb.Exists(ctx, prefix+":breaker:llm").Val() != 1 {
+		t.Fatal("no fleet key while the first process's breaker is open")
+	}
+}

@@ -38,7 +38,7 @@ const (
 	DefaultResultTTL = 24 * time.Hour
 	// DefaultHealthInterval is how often the workers' process checks Redis and
 	// PostgreSQL, and probes one whose breaker is open (Config.HealthInterval).
-	DefaultHealthInterval = 2 * time.Second
+	DefaultHealthInterval = time.Second
 )
 
 // Config configures a Client. Redis is required; the other fields have defaults.
@@ -117,7 +117,7 @@ type Config struct {
 	BreakerThreshold int
 	// HealthInterval is how often Run and RunWorkers check Redis (PING) and PostgreSQL
 	// (a pool ping), and, while one's breaker is open, probe it; a passing probe closes
-	// the breaker (ONCEFLOW_HEALTH_INTERVAL). Default: DefaultHealthInterval (2s).
+	// the breaker (ONCEFLOW_HEALTH_INTERVAL). Default: DefaultHealthInterval (1s).
 	HealthInterval time.Duration
 	// JobBudget is the deadline of one delivery's model calls (Job.Complete and
 	// Job.Stream), across their attempts and backoff sleeps, counted from the start of

@@ -275,7 +275,7 @@ var settings = []setting{
 	{env: "ONCEFLOW_BREAKER_THRESHOLD", def: "5", usage: "transient failures of a dependency in a row that stop the workers until a probe passes", parse: func(c *Config, v string) error {
 		return parseInt(&c.BreakerThreshold, v, 1, 1000)
 	}},
-	{env: "ONCEFLOW_HEALTH_INTERVAL", def: "2s", usage: "how often the workers check Redis and PostgreSQL (and probe one that is down)", parse: func(c *Config, v string) error {
+	{env: "ONCEFLOW_HEALTH_INTERVAL", def: "1s", usage: "how often the workers check Redis and PostgreSQL (and probe one that is down)", parse: func(c *Config, v string) error {
 		return parseDuration(&c.HealthInterval, v)
 	}},
 	{env: "ONCEFLOW_SENDER", def: "log", usage: "outbox sender: webhook, smtp or log", parse: func(c *Config, v string) error {
