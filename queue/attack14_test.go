@@ -297,3 +297,46 @@ func TestAttack14FarFutureRunAtDoesNotRunAtOnce(t *testing.T) {
 		t.Errorf("a job asked to run at %v is due at %v (score %v): the Unix millisecond time wrapped", at.UTC(), due.UTC(), score)
 	}
 }
+
+// FINDING (attacker, tenant isolation through a delayed duplicate): EnqueueAt of a job
+// (due in an hour), then Enqueue of the same id by the same tenant (a client's retry
+// without RunAt). The immediate entry runs and is acknowledged; the trim then gives the
+// job index JobTTL because its "entry" is the trimmed one, although the job is still in
+// the scheduled set (EnqueueLua set "entry" and left "scheduled" and "run_at"). Once the
+// index expires, the delayed job has no index: JobState says unknown, and another
+// tenant's enqueue of the id is accepted (ErrJobIDTaken no longer holds) while the first
+// tenant's job still waits to run.
+//
+// Expected: the index of a job that is still scheduled never expires (as the trim's
+// invariant says: "an index expires only after its job left the stream", and the
+// scheduled set), so the id stays the first tenant's.
+func TestAttack14DelayedDuplicateKeepsItsIndexAfterTrim(t *testing.T) {
+	t.Parallel()
+	rdb, keys := setup(t)
+	ctx := context.Background()
+	var runs atomic.Int32
+	start(t, WorkerConfig{Redis: rdb, Keys: keys, Handler: HandlerFunc(func(context.Context, *Job) error { runs.Add(1); return nil })})
+	m := message(7, nil)
+	if _, err := EnqueueAt(ctx, rdb, keys, m, time.Now().Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	enqueue(t, rdb, keys, m)
+	testenv.WaitFor(t, 10*time.Second, "the immediate run's ack", func() bool {
+		return runs.Load() == 1 && len(pendingIDs(t, rdb, keys, DefaultGroup)) == 0
+	})
+	if _, err := Trim(ctx, rdb, keys, 200*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	if n := rdb.ZCard(ctx, keys.Scheduled()).Val(); n != 1 {
+		t.Fatalf("%d scheduled, want the delayed job still waiting", n)
+	}
+	if rdb.Exists(ctx, keys.Job(m.JobID)).Val() == 0 {
+		t.Errorf("the job index expired while the job is still scheduled")
+	}
+	evil := m
+	evil.Tenant = "mallory"
+	if _, err := Enqueue(ctx, rdb, keys, evil); !errors.Is(err, ErrJobIDTaken) {
+		t.Errorf("another tenant's enqueue of a job id still scheduled for %q: %v, want ErrJobIDTaken", m.Tenant, err)
+	}
+}
