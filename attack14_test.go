@@ -5,6 +5,7 @@ package onceflow_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/queue"
 )
 
 type attackArgs struct {
@@ -65,5 +67,52 @@ func TestAttack14AuditDoesNotFlagAHealthyRunOfABackloggedJob(t *testing.T) {
 		if strings.Contains(v, "MaxRunTime") {
 			t.Errorf("audit reports a run that began 200ms ago: %s", v)
 		}
+	}
+}
+
+// FINDING (operator, PostgreSQL down when a spent job's completion must be checked): a
+// job with MaxDeliveries 1 whose handler fails (without touching PostgreSQL) spends its
+// budget; the client's handler is asked whether it completed, cannot tell (PostgreSQL is
+// down), and the worker hands the job back, re-added with the attempts it had before the
+// failure. So the job is not spent any more: the Worker runs it again during the
+// outage, and again after every hand-back (about 150 runs in 5s, with the default
+// breakers: the PostgreSQL breaker does not hold the queue back in time). docs/queue.md says a spent job
+// whose completion is unknown is handed back "rather than bury it on a guess", not that
+// it gets a new budget.
+//
+// Expected: exactly MaxDeliveries runs; the completion question is repeated, the run is
+// not; once PostgreSQL answers (no completion) the job is dead-lettered.
+func TestAttack14SpentJobIsNotRerunWhilePostgresIsDown(t *testing.T) {
+	t.Parallel()
+	pg, _, pool := testenv.MigratedPrivatePostgres(t, "&connect_timeout=1")
+	rdb, prefix := testenv.Redis(t)
+	var runs atomic.Int64
+	var failing atomic.Bool
+	failing.Store(true)
+	ws := onceflow.NewWorkers()
+	onceflow.AddWorker(ws, onceflow.WorkFunc[attackArgs](func(context.Context, *onceflow.Job[attackArgs]) error {
+		if runs.Add(1) == 1 {
+			pg.Stop() // the store goes down while the run fails
+		}
+		return errors.New("boom")
+	}))
+	c, err := onceflow.NewClient(onceflow.Config{Redis: rdb, Prefix: prefix, DB: pool, Workers: ws, Logger: testenv.Logger(t),
+		Queues: map[string]onceflow.QueueConfig{onceflow.DefaultQueue: {MaxDeliveries: 1, ClaimIdle: time.Hour, RetryBase: 10 * time.Millisecond, RetryMax: 50 * time.Millisecond}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := c.Enqueue(ctx, attackArgs{}, &onceflow.EnqueueOpts{Tenant: "acme"}); err != nil {
+		t.Fatal(err)
+	}
+	runClient(t, c)
+	testenv.WaitFor(t, 20*time.Second, "the first run", func() bool { return runs.Load() >= 1 })
+	time.Sleep(5 * time.Second) // PostgreSQL stays down
+	during := runs.Load()
+	pg.Start()
+	keys := queue.Keys{Prefix: prefix, Queue: onceflow.DefaultQueue}
+	testenv.WaitFor(t, 60*time.Second, "the dead letter", func() bool { return rdb.XLen(ctx, keys.Dead()).Val() == 1 })
+	if n := runs.Load(); n != 1 {
+		t.Errorf("the job ran %d times (%d during a 5s PostgreSQL outage), want 1: MaxDeliveries is 1", n, during)
 	}
 }
