@@ -340,3 +340,33 @@ func TestAttack14DelayedDuplicateKeepsItsIndexAfterTrim(t *testing.T) {
 		t.Errorf("another tenant's enqueue of a job id still scheduled for %q: %v, want ErrJobIDTaken", m.Tenant, err)
 	}
 }
+
+// FINDING (new user, docs/queue.md "Handler outcomes"): the table says a run that
+// passed MaxRunTime is "a failed attempt, whatever it returned (not Unavailable)". The
+// worker checks a nil result (and ErrPermanent) before it checks the overrun, so a
+// handler that ignored the cancellation and then returned nil is acknowledged as a
+// success (and one that returned Permanent is dead-lettered as permanent).
+//
+// Expected (as documented): the overrun run spends an attempt and the job runs again as
+// attempt 2. (If acknowledging is the intended behaviour, the docs are what is wrong.)
+func TestAttack14OverrunRunIsAFailedAttemptWhateverItReturned(t *testing.T) {
+	t.Parallel()
+	rdb, keys := setup(t)
+	var log runLog
+	start(t, WorkerConfig{Redis: rdb, Keys: keys, MaxRunTime: 100 * time.Millisecond, ClaimIdle: time.Hour,
+		Handler: HandlerFunc(func(_ context.Context, j *Job) error {
+			if log.add(j) == 1 {
+				time.Sleep(300 * time.Millisecond) // ignores its context, then reports success
+			}
+			return nil
+		})})
+	enqueue(t, rdb, keys, message(8, nil))
+	testenv.WaitFor(t, 10*time.Second, "the first run's settlement", func() bool {
+		return len(pendingIDs(t, rdb, keys, DefaultGroup)) == 0 && func() bool { at, _ := log.snapshot(); return len(at) >= 1 }()
+	})
+	time.Sleep(time.Second)
+	_, tries := log.snapshot()
+	if len(tries) != 2 || tries[1] != 2 {
+		t.Errorf("runs saw attempts %v, want [1 2]: the overrun run is a failed attempt whatever it returned (docs/queue.md)", tries)
+	}
+}
