@@ -6,6 +6,7 @@ package onceflow_test
 import (
 	"context"
 	"errors"
+	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -114,5 +115,31 @@ func TestAttack14SpentJobIsNotRerunWhilePostgresIsDown(t *testing.T) {
 	testenv.WaitFor(t, 60*time.Second, "the dead letter", func() bool { return rdb.XLen(ctx, keys.Dead()).Val() == 1 })
 	if n := runs.Load(); n != 1 {
 		t.Errorf("the job ran %d times (%d during a 5s PostgreSQL outage), want 1: MaxDeliveries is 1", n, during)
+	}
+}
+
+// FINDING (new user reading the docs): two texts still describe the budget before
+// issue 14. docs/coming-from-river-asynq.md's design notes say "A delivery budget rather
+// than an attempt count with backoff: the queue's MaxDeliveries and ClaimIdle bound how
+// often and how soon a job runs again", while the queue now counts failed attempts and
+// waits a full-jitter backoff (RetryBase, RetryMax), not ClaimIdle. Job.Delivery's doc
+// comment (job.go) says it "counts the deliveries of this job's stream entry", while it
+// is the attempt number across entries: 1 + the attempts spent (a retry is a new entry;
+// a snooze keeps the number), as the same doc's table says.
+//
+// Expected: neither text contradicts docs/queue.md "Attempts and retries".
+func TestAttack14DocsDescribeTheAttemptBudget(t *testing.T) {
+	t.Parallel()
+	for file, stale := range map[string]string{
+		"docs/coming-from-river-asynq.md": "`MaxDeliveries` and `ClaimIdle` bound how often and how soon a job runs again",
+		"job.go":                          "Delivery counts the deliveries of this job's stream entry",
+	} {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(strings.Join(strings.Fields(strings.ReplaceAll(string(b), "//", "")), " "), stale) {
+			t.Errorf("%s still says %q", file, stale)
+		}
 	}
 }
