@@ -370,3 +370,28 @@ func TestAttack14OverrunRunIsAFailedAttemptWhateverItReturned(t *testing.T) {
 		t.Errorf("runs saw attempts %v, want [1 2]: the overrun run is a failed attempt whatever it returned (docs/queue.md)", tries)
 	}
 }
+
+// FINDING (attacker, a huge error): the index's last_error is clipped to
+// maxLastErrorLen (512 bytes), but the dead-letter reason of a job whose last attempt
+// failed is "failed N attempts; last error: " + the whole error: a handler error that
+// carries a big response body (1 MiB here) is stored whole in the dead letter and the
+// index's reason (which the API's GET returns as the job's error), and logged whole.
+//
+// Expected: the reason is clipped as last_error is.
+func TestAttack14DeadLetterReasonIsClipped(t *testing.T) {
+	t.Parallel()
+	rdb, keys := setup(t)
+	huge := strings.Repeat("x", 1<<20)
+	start(t, WorkerConfig{Redis: rdb, Keys: keys, MaxDeliveries: 1, Logger: slog.New(slog.DiscardHandler),
+		Handler: HandlerFunc(func(context.Context, *Job) error { return errors.New("provider said: " + huge) })})
+	enqueue(t, rdb, keys, message(9, nil))
+	testenv.WaitFor(t, 10*time.Second, "the dead letter", func() bool { return len(deadLetters(t, rdb, keys)) == 1 })
+	d := deadLetters(t, rdb, keys)[0]
+	_, _, reason, err := JobState(context.Background(), rdb, keys, jobID(9))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(d.Reason) > 4*maxLastErrorLen || len(reason) > 4*maxLastErrorLen {
+		t.Errorf("dead-letter reason is %d bytes, the index's %d, want them clipped near %d like last_error", len(d.Reason), len(reason), maxLastErrorLen)
+	}
+}
