@@ -395,3 +395,35 @@ func TestAttack14DeadLetterReasonIsClipped(t *testing.T) {
 		t.Errorf("dead-letter reason is %d bytes, the index's %d, want them clipped near %d like last_error", len(d.Reason), len(reason), maxLastErrorLen)
 	}
 }
+
+// FINDING (operator, one worker, a handler that ignores its context): MaxRunTime is
+// documented to bound one run ("A handler that ignores its context ... loses its lease,
+// and another worker takes the job over ClaimIdle later"). With a single worker (one
+// `onceflow run` process, a common deployment) there is no other worker: the worker
+// reclaims its own hung entry, refuses to run it twice, and undoes the claim, for ever.
+// The job never runs again while the hung handler lives (here: 5s after MaxRunTime 100ms
+// + ClaimIdle 300ms), whatever its budget says.
+//
+// Expected: past MaxRunTime + ClaimIdle the job's next attempt runs (on this worker if
+// no other takes it), the hung run counted as a failed attempt; or, if that is not
+// wanted, the docs say that a single worker never retries a hung run.
+func TestAttack14HungRunIsRetriedWithOneWorker(t *testing.T) {
+	t.Parallel()
+	rdb, keys := setup(t)
+	stuck := make(chan struct{})
+	var log runLog
+	start(t, WorkerConfig{Redis: rdb, Keys: keys, MaxRunTime: 100 * time.Millisecond, ClaimIdle: 300 * time.Millisecond,
+		RenewInterval: 50 * time.Millisecond, ClaimInterval: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler),
+		Handler: HandlerFunc(func(_ context.Context, j *Job) error {
+			if log.add(j) == 1 {
+				<-stuck
+			}
+			return nil
+		})})
+	t.Cleanup(func() { close(stuck) })
+	enqueue(t, rdb, keys, message(10, nil))
+	time.Sleep(5 * time.Second)
+	if at, tries := log.snapshot(); len(at) < 2 {
+		t.Errorf("runs with attempts %v in 5s, want a second run (attempt 2) after MaxRunTime + ClaimIdle", tries)
+	}
+}
