@@ -427,3 +427,55 @@ func TestAttack14HungRunIsRetriedWithOneWorker(t *testing.T) {
 		t.Errorf("runs with attempts %v in 5s, want a second run (attempt 2) after MaxRunTime + ClaimIdle", tries)
 	}
 }
+
+// FINDING (operator, SIGTERM while Redis is down): at the shutdown timeout the handlers
+// are cancelled and each returning job is handed back, a settlement that retries for up
+// to settleTimeout (30s) while Redis does not answer. Run waits only the short grace
+// (min(ShutdownTimeout, 5s)) for that, then calls handBackAbandoned for every entry still
+// tracked, which includes the ones that honoured the cancellation and are only
+// settling; it settles them one after the other, each again for up to 30s. With N jobs
+// in flight a SIGTERM during a Redis outage takes about N x 30s (4 jobs: two minutes or
+// more; 64, the default Concurrency: over half an hour) before Run returns.
+//
+// Expected: Run returns within about ShutdownTimeout + grace + one settleTimeout, however
+// many jobs were in flight (their entries stay pending and are reclaimed, as when
+// settling fails).
+func TestAttack14ShutdownDuringRedisOutageIsBounded(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits out settleTimeout")
+	}
+	t.Parallel()
+	srv := testenv.PrivateRedis(t)
+	rdb, err := connect.Redis(testenv.RedisURLOf(srv))
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := Keys{Prefix: "attack14", Queue: "summaries"}
+	var running atomic.Int32
+	w, err := NewWorker(WorkerConfig{Redis: rdb, Keys: keys, Concurrency: 4, ShutdownTimeout: 200 * time.Millisecond,
+		Block: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler),
+		Handler: HandlerFunc(func(ctx context.Context, _ *Job) error {
+			running.Add(1)
+			<-ctx.Done() // honours the cancellation
+			return ctx.Err()
+		})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 4 {
+		enqueue(t, rdb, keys, message(40+i, nil))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = w.Run(ctx); close(done) }() // not joined on failure: it may outlive the test by minutes
+	testenv.WaitFor(t, 10*time.Second, "four runs", func() bool { return running.Load() == 4 })
+	srv.Stop()
+	cancel()
+	start := time.Now()
+	const bound = 45 * time.Second // 200ms + 200ms grace + 30s settleTimeout, with margin
+	select {
+	case <-done:
+	case <-time.After(bound):
+		t.Errorf("Run has not returned %v after the signal with 4 jobs in flight and Redis down; want about one settleTimeout (%v)", time.Since(start).Round(time.Second), settleTimeout)
+	}
+}
