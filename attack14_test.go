@@ -76,8 +76,10 @@ func TestAttack14AuditDoesNotFlagAHealthyRunOfABackloggedJob(t *testing.T) {
 // budget; the client's handler is asked whether it completed, cannot tell (PostgreSQL is
 // down), and the worker hands the job back, re-added with the attempts it had before the
 // failure. So the job is not spent any more: the Worker runs it again during the
-// outage, and again after every hand-back (about 150 runs in 5s, with the default
-// breakers: the PostgreSQL breaker does not hold the queue back in time). docs/queue.md says a spent job
+// outage, and again after every hand-back (about 150 runs in 5s with the default
+// breakers: the PostgreSQL breaker opens only after 5 failing health checks 2s apart,
+// and the completion check's own errors do not count toward it; once it closes again
+// the job runs once more anyway). docs/queue.md says a spent job
 // whose completion is unknown is handed back "rather than bury it on a guess", not that
 // it gets a new budget.
 //
