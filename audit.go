@@ -34,9 +34,9 @@ const auditMaxListed = 10
 //  1. no dead letter is of a job that has a completion record (a completed job that
 //     was dead-lettered anyway: its redelivery outlived MaxDeliveries after its commit);
 //  2. no stream entry has been pending for longer than twice its queue's ClaimIdle
-//     (nothing reclaims it), nor was added to the stream longer ago than its queue's
-//     MaxRunTime plus twice its ClaimIdle and is still pending (a run held longer than
-//     any run may take: lease renewals keep such an entry from looking idle);
+//     (nothing reclaims it), nor is held by a run that started longer ago than its
+//     queue's MaxRunTime plus twice its ClaimIdle (a run longer than any run may take,
+//     which lease renewals keep from looking idle: queue.LongRuns);
 //  3. no outbox row has been unsent, or exhausted, for longer than Config.AuditMaxAge
 //     (its sender fails, or no process has a sender for its topic).
 //
@@ -84,16 +84,16 @@ func (c *Client) Audit(ctx context.Context) (*AuditReport, error) {
 		}
 		if run := cmp.Or(qc.MaxRunTime, queue.DefaultMaxRunTime); run > 0 {
 			age := run + idle
-			old, err := queue.OldPending(ctx, c.rdb, keys, queue.DefaultGroup, time.Now().Add(-age), auditMaxListed)
+			old, err := queue.LongRuns(ctx, c.rdb, keys, queue.DefaultGroup, time.Now().Add(-age), auditMaxListed)
 			if err != nil {
 				return nil, fmt.Errorf("onceflow: audit queue %q: %w", name, err)
 			}
 			if len(old) > 0 {
 				ids := make([]string, len(old))
 				for i, p := range old {
-					ids[i] = fmt.Sprintf("%s (consumer %s, deliveries %d)", p.ID, p.Consumer, p.Deliveries)
+					ids[i] = fmt.Sprintf("%s (consumer %s, started %s)", p.ID, p.Consumer, p.Started.Format(time.RFC3339))
 				}
-				violate("queue %s: stream entries still pending although their attempt began longer ago than MaxRunTime + 2 x ClaimIdle (%s): %v", name, age, ids)
+				violate("queue %s: runs still holding their entry although they started longer ago than MaxRunTime + 2 x ClaimIdle (%s): %v", name, age, ids)
 			}
 		}
 	}

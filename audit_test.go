@@ -3,12 +3,9 @@ package onceflow_test
 import (
 	"context"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/internal/testenv"
@@ -115,31 +112,43 @@ func TestNewClientRefusesNegativeAuditMaxAge(t *testing.T) {
 	}
 }
 
-// An entry whose attempt began long ago but whose lease is kept fresh (a hung run that
-// still renews) never looks idle; Audit reports it by its age.
-func TestAuditReportsEntriesPendingSinceLongAgo(t *testing.T) {
+// A run that has held its entry for longer than any run may take, its lease kept fresh
+// by renewals (a worker whose runs are unbounded, MaxRunTime negative, while its queue's
+// settings say 100ms), never looks idle; Audit reports it by its start.
+func TestAuditReportsRunsHeldLongerThanMaxRunTime(t *testing.T) {
 	t.Parallel()
 	rdb, prefix := testenv.Redis(t)
-	c := newClient(t, rdb, prefix, nil, nil)
 	ctx := context.Background()
+	c, err := onceflow.NewClient(onceflow.Config{Redis: rdb, Prefix: prefix, Logger: testenv.Logger(t),
+		Queues: map[string]onceflow.QueueConfig{onceflow.DefaultQueue: {MaxRunTime: 100 * time.Millisecond, ClaimIdle: 150 * time.Millisecond}}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	keys := c.QueueKeys(onceflow.DefaultQueue)
-	if err := queue.CreateGroup(ctx, rdb, keys, queue.DefaultGroup); err != nil {
+	release := make(chan struct{})
+	w, err := queue.NewWorker(queue.WorkerConfig{Redis: rdb, Keys: keys, MaxRunTime: -1, ClaimIdle: 150 * time.Millisecond,
+		RenewInterval: 30 * time.Millisecond, Logger: testenv.Logger(t),
+		Handler: queue.HandlerFunc(func(context.Context, *queue.Job) error { <-release; return nil })})
+	if err != nil {
 		t.Fatal(err)
 	}
-	// An entry added an hour ago (its id says so), delivered just now: pending, not idle.
-	old := strconv.FormatInt(time.Now().Add(-time.Hour).UnixMilli(), 10) + "-0"
-	m := queue.Message{JobID: "audit-old-1", Kind: "k", Tenant: "acme", Payload: []byte(`{}`), EnqueuedAt: time.Now().Add(-time.Hour)}
-	if err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: keys.Stream(), ID: old, Values: m.Values()}).Err(); err != nil {
+	wctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { _ = w.Run(wctx); close(done) }()
+	t.Cleanup(func() { close(release); stop(); <-done })
+	m := queue.Message{JobID: "audit-long-1", Kind: "k", Tenant: "acme", Payload: []byte(`{}`)}
+	if _, err := queue.Enqueue(ctx, rdb, keys, m); err != nil {
 		t.Fatal(err)
 	}
-	if err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: queue.DefaultGroup, Consumer: "hung", Streams: []string{keys.Stream(), ">"}, Count: 1}).Err(); err != nil {
-		t.Fatal(err)
-	}
+	time.Sleep(time.Second) // the run holds its entry, renewed, well past 100ms + 2 x 150ms
 	r, err := c.Audit(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(r.Violations) != 1 || !strings.Contains(r.Violations[0], old) || !strings.Contains(r.Violations[0], "MaxRunTime") {
-		t.Fatalf("violations %q, want one naming the hour-old entry %s", r.Violations, old)
+	if len(r.Violations) != 1 || !strings.Contains(r.Violations[0], "MaxRunTime") {
+		t.Fatalf("violations %q, want one naming the run held past MaxRunTime", r.Violations)
+	}
+	if stale, err := queue.StalePending(ctx, rdb, keys, queue.DefaultGroup, 300*time.Millisecond, 10); err != nil || len(stale) != 0 {
+		t.Fatalf("StalePending = %v %v: the renewed entry should not look idle (that is the point)", stale, err)
 	}
 }

@@ -461,8 +461,11 @@ func (h *queueHandler) Completed(ctx context.Context, j *queue.Job) (bool, error
 	case errors.Is(err, ErrJobNotFound):
 		return false, nil
 	case err != nil:
+		err = PostgresError(err)
+		h.c.observeJob(err) // PostgreSQL unreachable: counts toward its breaker
 		return false, err
 	}
+	h.c.postgresWorked()
 	return true, nil
 }
 

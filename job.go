@@ -46,8 +46,10 @@ type Job[T JobArgs] struct {
 	Tenant string
 	// Args are the job's decoded arguments.
 	Args T
-	// Delivery counts the deliveries of this job's stream entry, this one included (1
-	// for the first); deliveries handed back because a dependency was down do not count.
+	// Delivery is the attempt number: 1 for the first run, then 1 + the attempts the
+	// job spent (runs that failed, deliveries whose process died). Hand-backs (a
+	// dependency down, a shutdown) and snoozes do not count, so two runs may see the
+	// same number. The queue's MaxDeliveries bounds it.
 	Delivery int
 	// EnqueuedAt is when the job was enqueued.
 	EnqueuedAt time.Time

@@ -39,7 +39,7 @@ type JobFunc func(ctx context.Context, info *JobInfo) error
 type JobInfo struct {
 	// ID, Kind, Queue and Tenant are the job's.
 	ID, Kind, Queue, Tenant string
-	// Delivery counts this entry's deliveries, this one included.
+	// Delivery is the attempt number (Job.Delivery).
 	Delivery int
 	// EntryID is the stream entry id of this delivery ("1700000000000-0"): a job
 	// enqueued twice under one job id is two entries with two EntryIDs. It names the

@@ -30,6 +30,10 @@ func (k Keys) Dead() string { return k.base() + "dead" }
 // trimmed from the stream or its dead letter purged.
 func (k Keys) Job(jobID string) string { return k.base() + "job:" + jobID }
 
+// Runs returns the key of the hash of long runs' starts: Prefix:{Queue}:runs, entry id
+// -> Unix milliseconds, written at a run's first lease renewal (see LongRuns).
+func (k Keys) Runs() string { return k.base() + "runs" }
+
 // Key returns Prefix:{Queue}:name, a further key in the queue's Cluster slot, for data
 // that a Lua script must touch together with the queue's keys.
 func (k Keys) Key(name string) string { return k.base() + name }

@@ -106,7 +106,7 @@ func TestRenewDoesNotStealReclaimedEntry(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := rdb.XPendingExt(ctx, pendingArgs(keys)).Val()
-	lost, deleted, err := renew(ctx, rdb, keys, DefaultGroup, "a", ids)
+	lost, deleted, err := renew(ctx, rdb, keys, DefaultGroup, "a", ids, make([]time.Time, len(ids)))
 	if err != nil {
 		t.Fatal(err)
 	}

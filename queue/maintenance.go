@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -52,13 +53,14 @@ return string.format('%d-%d', best_ms, best_seq)
 //	ARGV[2+i]  the i-th entry id
 //
 // Returns the number of entries trimmed. An index gets the TTL only when its "entry" is
-// the trimmed entry: not when the job was enqueued again and a newer entry waits (its
-// index must not expire while it does), and not when the job was dead-lettered (the
+// the trimmed entry and the job has no copy in the scheduled set ("scheduled"): not when
+// the job was enqueued again and a newer entry, or a delayed one, waits (its index must
+// not expire while it does), and not when the job was dead-lettered (the
 // dead-letter script removes "entry": the index must outlive the dead letter).
 // Invariant: an index expires only after its job left the stream.
 var trimBatchScript = redis.NewScript(`
 for i = 2, #KEYS do
-  if redis.call('HGET', KEYS[i], 'entry') == ARGV[i + 1] then
+  if redis.call('HGET', KEYS[i], 'entry') == ARGV[i + 1] and redis.call('HEXISTS', KEYS[i], 'scheduled') == 0 then
     redis.call('PEXPIRE', KEYS[i], ARGV[1])
   end
 end
@@ -155,23 +157,28 @@ func DeleteIdleConsumers(ctx context.Context, rdb redis.Scripter, keys Keys, gro
 	return names, nil
 }
 
-// renewScript resets the idle time of entries the caller still owns.
+// renewScript resets the idle time of entries the caller still owns, and records when
+// their runs started.
 //
 //	KEYS[1]  the stream
+//	KEYS[2]  the runs hash (Keys.Runs)
 //	ARGV[1]  consumer group
 //	ARGV[2]  consumer (the caller)
-//	ARGV[3:] entry ids
+//	ARGV[3:] pairs of an entry id and the Unix millisecond time its run started
 //
 // Returns {ids owned by another consumer or no longer pending, ids deleted from the
 // stream while pending}. XCLAIM with JUSTID and min-idle-time 0 resets the idle time
-// without incrementing the delivery counter. Invariant: only entries still pending to
-// ARGV[2] are claimed; a plain XCLAIM would take back an entry another worker reclaimed
-// after a pause of ours, and both would run it at once.
+// without incrementing the delivery counter. Each owned entry's start is kept in the
+// runs hash (HSETNX: the first renewal's), since renewals hide a long run's age from its
+// idle time; the worker deletes it when it settles the entry. Invariant: only entries
+// still pending to ARGV[2] are claimed; a plain XCLAIM would take back an entry another
+// worker reclaimed after a pause of ours, and both would run it at once.
 var renewScript = redis.NewScript(`
 local owned, lost = {}, {}
-for i = 3, #ARGV do
+for i = 3, #ARGV - 1, 2 do
   if #redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1, ARGV[2]) == 1 then
     owned[#owned + 1] = ARGV[i]
+    redis.call('HSETNX', KEYS[2], ARGV[i], ARGV[i + 1])
   else
     lost[#lost + 1] = ARGV[i]
   end
@@ -184,20 +191,24 @@ if #owned > 0 then
   local claimed = {}
   for _, id in ipairs(redis.call('XCLAIM', unpack(args))) do claimed[id] = true end
   for _, id in ipairs(owned) do
-    if not claimed[id] then deleted[#deleted + 1] = id end
+    if not claimed[id] then
+      deleted[#deleted + 1] = id
+      redis.call('HDEL', KEYS[2], id)
+    end
   end
 end
 return {lost, deleted}
 `)
 
-// renew runs renewScript for ids (at most renewChunk per call).
-func renew(ctx context.Context, rdb redis.Scripter, keys Keys, group, consumer string, ids []string) (lost, deleted []string, err error) {
-	args := make([]any, 0, 2+len(ids))
+// renew runs renewScript for ids, whose runs started at starts (at most renewChunk per
+// call).
+func renew(ctx context.Context, rdb redis.Scripter, keys Keys, group, consumer string, ids []string, starts []time.Time) (lost, deleted []string, err error) {
+	args := make([]any, 0, 2+2*len(ids))
 	args = append(args, group, consumer)
-	for _, id := range ids {
-		args = append(args, id)
+	for i, id := range ids {
+		args = append(args, id, starts[i].UnixMilli())
 	}
-	res, err := renewScript.Run(ctx, rdb, []string{keys.Stream()}, args...).Slice()
+	res, err := renewScript.Run(ctx, rdb, []string{keys.Stream(), keys.Runs()}, args...).Slice()
 	if err != nil {
 		return nil, nil, fmt.Errorf("renew leases: %w", err)
 	}
@@ -313,27 +324,82 @@ func StalePending(ctx context.Context, rdb redis.Cmdable, keys Keys, group strin
 	return out, nil
 }
 
-// OldPending returns up to count entries pending in group that were added to the stream
-// before before (their id's time), oldest first, whatever their idle time: lease
-// renewals keep a hung run's entry from ever looking idle (StalePending misses it), but
-// its id says when its attempt began. One round trip (XPENDING over the id range).
-func OldPending(ctx context.Context, rdb redis.Cmdable, keys Keys, group string, before time.Time, count int64) ([]PendingEntry, error) {
-	ms := before.UnixMilli()
-	if ms <= 0 {
-		return nil, nil
-	}
-	res, err := rdb.XPendingExt(ctx, &redis.XPendingExtArgs{
-		Stream: keys.Stream(), Group: group, Start: "-", End: "(" + strconv.FormatInt(ms, 10) + "-0", Count: count,
-	}).Result()
-	if isNoGroup(err) {
-		return nil, nil
-	}
+// LongRun is a run whose lease was renewed: its entry, when it started, and its entry's
+// pending record.
+type LongRun struct {
+	PendingEntry
+	// Started is when the run began (the worker's clock).
+	Started time.Time `json:"started"`
+}
+
+// LongRuns returns up to count runs that started before before and whose entries are
+// still pending in group, oldest first: runs that renewals keep from looking idle
+// (StalePending misses them). Their starts are in the runs hash (Keys.Runs), written at
+// a run's first lease renewal and deleted when its worker settles it; an entry that is
+// no longer pending (its worker died after the start was written) is left out. Two
+// round trips (HGETALL, then one pipelined XPENDING per old run).
+func LongRuns(ctx context.Context, rdb redis.Cmdable, keys Keys, group string, before time.Time, count int) ([]LongRun, error) {
+	all, err := rdb.HGetAll(ctx, keys.Runs()).Result()
 	if err != nil {
-		return nil, fmt.Errorf("read old pending entries: %w", err)
+		return nil, fmt.Errorf("read long runs: %w", err)
 	}
-	out := make([]PendingEntry, 0, len(res))
-	for _, p := range res {
-		out = append(out, PendingEntry{ID: p.ID, Consumer: p.Consumer, Idle: p.Idle, Deliveries: p.RetryCount})
+	var old []LongRun
+	for id, v := range all {
+		ms, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || !time.UnixMilli(ms).Before(before) {
+			continue
+		}
+		old = append(old, LongRun{PendingEntry: PendingEntry{ID: id}, Started: time.UnixMilli(ms).UTC()})
+	}
+	if len(old) == 0 {
+		return nil, nil
+	}
+	slices.SortFunc(old, func(a, b LongRun) int { return a.Started.Compare(b.Started) })
+	pipe := rdb.Pipeline()
+	cmds := make([]*redis.XPendingExtCmd, len(old))
+	for i, r := range old {
+		cmds[i] = pipe.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: keys.Stream(), Group: group, Start: r.ID, End: r.ID, Count: 1})
+	}
+	_, _ = pipe.Exec(ctx)
+	out := make([]LongRun, 0, min(len(old), count))
+	for i, r := range old {
+		p, err := cmds[i].Result()
+		if isNoGroup(err) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read long runs: %w", err)
+		}
+		if len(p) == 1 && len(out) < count {
+			r.Consumer, r.Idle, r.Deliveries = p[0].Consumer, p[0].Idle, p[0].RetryCount
+			out = append(out, r)
+		}
 	}
 	return out, nil
+}
+
+// forgetRuns deletes from the runs hash the starts of entries no longer pending in group
+// (their worker died between writing the start and settling the entry). Maintenance
+// runs it; its cost grows with the long runs in flight.
+func forgetRuns(ctx context.Context, rdb redis.Cmdable, keys Keys, group string) (int, error) {
+	ids, err := rdb.HKeys(ctx, keys.Runs()).Result()
+	if err != nil || len(ids) == 0 {
+		return 0, err
+	}
+	pipe := rdb.Pipeline()
+	cmds := make([]*redis.XPendingExtCmd, len(ids))
+	for i, id := range ids {
+		cmds[i] = pipe.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: keys.Stream(), Group: group, Start: id, End: id, Count: 1})
+	}
+	_, _ = pipe.Exec(ctx)
+	var gone []string
+	for i, c := range cmds {
+		if p, err := c.Result(); err == nil && len(p) == 0 {
+			gone = append(gone, ids[i])
+		}
+	}
+	if len(gone) == 0 {
+		return 0, nil
+	}
+	return len(gone), rdb.HDel(ctx, keys.Runs(), gone...).Err()
 }

@@ -49,6 +49,8 @@ const (
 	MaxKindLen = 64
 	// MaxTenantLen is the longest tenant name, in bytes.
 	MaxTenantLen = 64
+	// MaxAttempts is the largest "attempts" field a message may carry.
+	MaxAttempts = 1 << 20
 )
 
 // Message is one job as it travels through the stream.
@@ -133,8 +135,8 @@ func (m Message) Validate() error {
 		return malformedf("kind %q is not 1-%d characters of a-z 0-9 . _ - : starting with a letter or digit", clip(m.Kind), MaxKindLen)
 	case v1 && m.Tenant == "":
 		return malformedf("tenant is empty (a message without a kind needs one)")
-	case m.Attempts < 0:
-		return malformedf("attempts %d is negative", m.Attempts)
+	case m.Attempts < 0 || m.Attempts > MaxAttempts:
+		return malformedf("attempts %d is not between 0 and %d", m.Attempts, MaxAttempts)
 	case !ValidTenant(m.Tenant):
 		return malformedf("tenant %q is not up to %d characters of A-Z a-z 0-9 . _ -", clip(m.Tenant), MaxTenantLen)
 	case m.EnqueuedAt.UnixMilli() <= 0:
@@ -188,8 +190,8 @@ func ParseMessage(fields map[string]any) (Message, error) {
 	if v, ok := fields[fieldAttempts]; ok {
 		s, _ := v.(string)
 		n, err := strconv.Atoi(s)
-		if err != nil || n <= 0 || s[0] == '0' || s[0] == '+' {
-			return Message{}, malformedf("attempts %q is not a positive decimal", clip(s))
+		if err != nil || n <= 0 || s[0] == '0' || s[0] == '+' || n > MaxAttempts {
+			return Message{}, malformedf("attempts %q is not a positive decimal up to %d", clip(s), MaxAttempts)
 		}
 		attempts = n
 	}

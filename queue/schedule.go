@@ -120,9 +120,15 @@ func EnqueueAtArgs(m Message, at time.Time) ([]any, error) {
 	if err != nil {
 		return nil, err
 	}
+	if at.Before(time.UnixMilli(1)) || at.After(maxRunAt) {
+		return nil, fmt.Errorf("enqueue job %q: %w: run at %s is not between 1970 and 9999", clip(m.JobID), ErrMalformed, at.UTC().Format(time.RFC3339))
+	}
 	member := m.JobID + " " + strconv.FormatInt(time.Now().UnixNano(), 36) + newToken()
 	return append([]any{args[0], strconv.FormatInt(at.UnixMilli(), 10), member}, args[1:]...), nil
 }
+
+// maxRunAt is the latest time EnqueueAt takes.
+var maxRunAt = time.Date(9999, 12, 31, 23, 59, 59, 0, time.UTC)
 
 // EnqueueAt adds m to the queue to run at at (or as soon as a worker's mover sees it,
 // when at is past), in one round trip (EnqueueAtLua): until then it waits in the
@@ -130,7 +136,8 @@ func EnqueueAtArgs(m Message, at time.Time) ([]any, error) {
 // process's clock; workers compare it with Redis' clock. The rest is as Enqueue: the
 // job id's tenant is checked (ErrJobIDTaken), a job whose index says failed runs
 // again, nothing is written for a malformed m. It returns the set member. Safe for
-// concurrent use.
+// concurrent use. A time before 1970 or after 9999 is refused with an error wrapping
+// ErrMalformed.
 func EnqueueAt(ctx context.Context, rdb redis.Scripter, keys Keys, m Message, at time.Time) (string, error) {
 	if err := keys.Validate(); err != nil {
 		return "", err
@@ -219,6 +226,7 @@ else
   if current then
     redis.call('HSET', KEYS[4], 'state', 'scheduled', 'run_at', at, 'scheduled', member)
     redis.call('HDEL', KEYS[4], 'entry')
+    redis.call('PERSIST', KEYS[4])
   end
   result = {'scheduled', delay}
 end
@@ -313,14 +321,18 @@ return {now, due, first[2] or false}
 //	KEYS[1]    the stream
 //	KEYS[2]    the scheduled set
 //	KEYS[3]    the scheduled entries
-//	KEYS[3+i]  the job index of the i-th member
+//	KEYS[4]    the dead-letter stream
+//	KEYS[4+i]  the job index of the i-th member
 //	ARGV[i]    the i-th member
 //
 // A member moves only when it is still in the set and due by Redis' clock now: its
 // removal from the set, the XADD of its entry and the index update are one step, so two
 // movers racing move it once, and a crash on either side of the script leaves it in
-// exactly one place. The index says queued with the new entry when it still points at
-// this member (a later enqueue of the job may have replaced it). Returns how many moved.
+// exactly one place. When the index still points at this member (a later enqueue of the
+// job may have replaced it), it says queued with the new entry, without a TTL; and, as
+// for any enqueue of a job whose index records a failure (EnqueueLua), the dead letter
+// it points at is retired, so the index never says queued while that dead letter
+// exists. Returns how many moved.
 var moveScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -334,9 +346,13 @@ for i = 1, #ARGV do
     redis.call('HDEL', KEYS[3], m)
     if raw then
       local id = redis.call('XADD', KEYS[1], '*', unpack(cjson.decode(raw)))
-      if redis.call('HGET', KEYS[3 + i], 'scheduled') == m then
-        redis.call('HSET', KEYS[3 + i], 'state', 'queued', 'entry', id)
-        redis.call('HDEL', KEYS[3 + i], 'scheduled', 'run_at')
+      local ix = KEYS[4 + i]
+      if redis.call('HGET', ix, 'scheduled') == m then
+        local dead = redis.call('HGET', ix, 'dead_id')
+        if dead then redis.call('XDEL', KEYS[4], dead) end
+        redis.call('HDEL', ix, 'scheduled', 'run_at', 'reason', 'dead_id', 'failed_at')
+        redis.call('HSET', ix, 'state', 'queued', 'entry', id)
+        redis.call('PERSIST', ix)
       end
       moved = moved + 1
     end
@@ -374,7 +390,7 @@ func MoveDue(ctx context.Context, rdb redis.Scripter, keys Keys, max int) (moved
 		if len(raw) == 0 {
 			return moved, next, nil
 		}
-		ks := []string{keys.Stream(), keys.Scheduled(), keys.ScheduledData()}
+		ks := []string{keys.Stream(), keys.Scheduled(), keys.ScheduledData(), keys.Dead()}
 		args := make([]any, 0, len(raw))
 		for _, r := range raw {
 			m, _ := r.(string)

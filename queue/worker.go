@@ -273,6 +273,9 @@ type Worker struct {
 	wake chan struct{}
 	// wakeAt is the earliest due time (Unix ns) the mover was woken for, 0 for none.
 	wakeAt atomic.Int64
+	// life ends when Run returns: settlements retry until then. Set by Run before any
+	// handler starts.
+	life context.Context
 
 	// Owned by the read loop.
 	cursor   string    // XAUTOCLAIM cursor
@@ -323,6 +326,9 @@ func (w *Worker) Run(ctx context.Context) error {
 		"max_deliveries", w.cfg.MaxDeliveries, "renew_interval", w.cfg.RenewInterval)
 
 	// Handlers and the renewer outlive ctx: they stop after the drain, not at the signal.
+	life, endLife := context.WithCancel(context.WithoutCancel(ctx))
+	defer endLife()
+	w.life = life
 	hctx, cancelHandlers := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelHandlers()
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
@@ -708,10 +714,17 @@ func (w *Worker) process(ctx context.Context, d delivery) {
 		return
 	}
 	job := &Job{Message: msg, ID: d.id, Deliveries: int64(msg.Attempts) + d.deliveries}
-	w.track(d.id, jobRef{jobID: msg.JobID, tenant: msg.Tenant, start: time.Now(), deliveries: d.deliveries})
+	started := time.Now()
+	w.track(d.id, jobRef{jobID: msg.JobID, tenant: msg.Tenant, start: started, deliveries: d.deliveries})
 	// Tracked until its fate is settled: a reclaim scan in between must not take the
 	// entry and run it again while this run still acknowledges, buries or hands it back.
 	defer w.untrack(d.id)
+	// A run long enough to have its lease renewed has its start in the runs hash.
+	defer func() {
+		if w.cfg.RenewInterval > 0 && time.Since(started) >= w.cfg.RenewInterval {
+			w.forgetRun(d.id)
+		}
+	}()
 	// Deliveries of this entry before this one never reported (their worker died): each
 	// spent an attempt.
 	if spent := int64(msg.Attempts) + d.deliveries - 1; spent >= int64(w.cfg.MaxDeliveries) {
@@ -719,12 +732,28 @@ func (w *Worker) process(ctx context.Context, d delivery) {
 		return
 	}
 	rctx, cancel := ctx, context.CancelFunc(func() {})
+	// settled is taken by whichever settles the delivery first: the run's end, or the
+	// watchdog that abandons a run which ignored its MaxRunTime.
+	var settled atomic.Bool
 	if w.cfg.MaxRunTime > 0 {
 		rctx, cancel = context.WithTimeoutCause(ctx, w.cfg.MaxRunTime, errRunTime)
+		watchdog := time.AfterFunc(w.cfg.MaxRunTime+w.abandonGrace(), func() {
+			if settled.CompareAndSwap(false, true) {
+				w.log.Error("a run ignored the end of its MaxRunTime; abandoning it: its job's next attempt is scheduled (the handler may still complete, and its idempotency absorb it)",
+					"job_id", job.JobID, "tenant", job.Tenant, "entry", d.id, "max_run_time", w.cfg.MaxRunTime)
+				w.retry(ctx, d, job, fmt.Errorf("%w (%v), and the handler did not return", errRunTime, w.cfg.MaxRunTime))
+				w.untrack(d.id)
+			}
+		})
+		defer watchdog.Stop()
 	}
 	outcome, err := w.run(rctx, job)
 	overran := errors.Is(context.Cause(rctx), errRunTime)
 	cancel()
+	if !settled.CompareAndSwap(false, true) {
+		w.log.Warn("an abandoned run returned; its job was already handed on", "job_id", job.JobID, "tenant", job.Tenant, "entry", d.id, "err", err)
+		return
+	}
 	var snooze *SnoozeError
 	switch {
 	case outcome == outcomeOK:
@@ -751,6 +780,22 @@ func (w *Worker) process(ctx context.Context, d delivery) {
 		w.retry(ctx, d, job, err)
 	}
 }
+
+// forgetRun deletes entry id's start from the runs hash (LongRuns). One round trip, for
+// runs long enough to have been renewed only; maintenance deletes what a failure here
+// leaves.
+func (w *Worker) forgetRun(id string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := w.rdb.HDel(ctx, w.keys.Runs(), id).Err(); err != nil {
+		w.m.redisError("renew")
+	}
+}
+
+// abandonGrace is how long after MaxRunTime a run that ignores its cancelled context is
+// abandoned: ClaimIdle/2, at most 10s, so before another worker could reclaim its entry
+// (its lease stopped being renewed at MaxRunTime).
+func (w *Worker) abandonGrace() time.Duration { return min(w.cfg.ClaimIdle/2, 10*time.Second) }
 
 // handBackMax bounds the wait before a job handed back for a dependency's outage runs
 // again (without a Retry-After): while the dependency is down the Gate keeps workers
@@ -797,7 +842,7 @@ func (w *Worker) retry(ctx context.Context, d delivery, job *Job, cause error) {
 		msg = strings.ToValidUTF8(msg[:maxLastErrorLen], "") + "..."
 	}
 	s := settlement{spend: d.deliveries, budget: int64(w.cfg.MaxDeliveries), lastError: msg, delay: delay, delays: draws}
-	res, ok := w.settle(ctx, d, job, s)
+	res, ok := w.settle(d, job, s)
 	switch {
 	case !ok:
 		return
@@ -814,7 +859,13 @@ func (w *Worker) retry(ctx context.Context, d delivery, job *Job, cause error) {
 // dependency down): the job runs again after delay, spending only the attempts of its
 // unreported deliveries.
 func (w *Worker) handBack(ctx context.Context, d delivery, job *Job, delay time.Duration, why string, cause error) {
-	res, ok := w.settle(ctx, d, job, settlement{spend: d.deliveries - 1, delay: max(delay, 0)})
+	w.handBackSpending(ctx, d, job, d.deliveries-1, delay, why, cause)
+}
+
+// handBackSpending is handBack recording spend attempts (those the settlement found
+// spent, for a job whose completion is unknown).
+func (w *Worker) handBackSpending(ctx context.Context, d delivery, job *Job, spend int64, delay time.Duration, why string, cause error) {
+	res, ok := w.settle(d, job, settlement{spend: max(spend, 0), delay: max(delay, 0)})
 	if !ok {
 		return
 	}
@@ -825,20 +876,20 @@ func (w *Worker) handBack(ctx context.Context, d delivery, job *Job, delay time.
 	w.log.Info("job handed back without spending an attempt", attrs...)
 }
 
-// settleTimeout bounds how long a worker keeps trying to settle an entry while Redis
-// does not answer: a settlement that never lands leaves the entry pending, and a
-// reclaim counts it as a delivery that never reported.
-const settleTimeout = 30 * time.Second
+// settle runs scheduleScript for d, retrying Redis errors with a backoff of at most a
+// second for as long as the worker runs (the entry stays this worker's meanwhile, and
+// its slot busy: a Redis outage, however long, spends no attempt, and the settlement
+// lands within a second of Redis' return, before other workers' breakers let them
+// reclaim). ok is false when it did not land or the entry was no longer this worker's;
+// both are logged.
+func (w *Worker) settle(d delivery, job *Job, s settlement) (res settleResult, ok bool) {
+	return w.settleWithin(w.life, d, job, s)
+}
 
-// settle runs scheduleScript for d, retrying Redis errors with backoff for up to
-// settleTimeout (the entry stays this worker's meanwhile: its lease is renewed). ok is
-// false when it did not land or the entry was no longer this worker's; both are logged.
-func (w *Worker) settle(ctx context.Context, d delivery, job *Job, s settlement) (res settleResult, ok bool) {
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
-	defer cancel()
-	var b backoff
-	for {
-		actx, acancel := context.WithTimeout(sctx, 5*time.Second)
+// settleWithin is settle, retrying until ctx ends.
+func (w *Worker) settleWithin(ctx context.Context, d delivery, job *Job, s settlement) (res settleResult, ok bool) {
+	for n := 0; ; n++ {
+		actx, acancel := context.WithTimeout(ctx, 5*time.Second)
 		var err error
 		reach("settle.before")
 		res, err = settle(actx, w.rdb, w.keys, w.cfg.Group, w.cfg.Consumer, d.id, &job.Message, s)
@@ -848,7 +899,14 @@ func (w *Worker) settle(ctx context.Context, d delivery, job *Job, s settlement)
 			break
 		}
 		w.m.redisError("hand_back")
-		if !b.sleep(sctx) {
+		if n == 0 {
+			w.log.Warn("settling a job failed; retrying until Redis answers", "job_id", job.JobID, "tenant", job.Tenant, "entry", d.id, "err", err)
+		}
+		t := time.NewTimer(min(100*time.Millisecond<<min(n, 4), time.Second))
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
 			w.log.Error("settling a job failed; it stays pending and is reclaimed after ClaimIdle", "job_id", job.JobID, "tenant", job.Tenant, "entry", d.id, "err", err)
 			return res, false
 		}
@@ -879,9 +937,11 @@ func (w *Worker) exhausted(ctx context.Context, d delivery, job *Job, attempts i
 		cancel()
 		switch {
 		case err != nil:
+			// Every attempt it spent is recorded (the failure that spent the last one
+			// included), so the job does not run again: its next delivery asks again.
 			n := w.unavailable.Add(1)
 			w.log.Warn("a job's budget is spent but whether it completed is unknown; handing it back", "job_id", job.JobID, "tenant", job.Tenant, "entry", d.id, "err", err)
-			w.handBack(ctx, d, job, w.handBackDelay(err, n), "completion unknown", err)
+			w.handBackSpending(ctx, d, job, attempts-int64(job.Attempts), w.handBackDelay(err, n), "completion unknown", err)
 			return
 		case done:
 			w.m.completedNotBuried.Inc()
@@ -903,6 +963,18 @@ func (w *Worker) exhausted(ctx context.Context, d delivery, job *Job, attempts i
 
 // maxLastErrorLen bounds the error kept in the index, in bytes.
 const maxLastErrorLen = 512
+
+// maxReasonLen bounds a dead-letter reason, in bytes: it is stored in the dead letter
+// and the job index, returned by JobState and logged.
+const maxReasonLen = 2 * maxLastErrorLen
+
+// clipReason cuts reason to maxReasonLen bytes of valid UTF-8, marking the cut.
+func clipReason(reason string) string {
+	if len(reason) <= maxReasonLen {
+		return reason
+	}
+	return strings.ToValidUTF8(reason[:maxReasonLen], "") + "..."
+}
 
 // lastError returns "; last error: ..." with the error the index keeps for the job's
 // last failed attempt, or "" when there is none.
@@ -945,6 +1017,7 @@ func (w *Worker) run(ctx context.Context, job *Job) (outcome string, err error) 
 // bury moves d to the dead-letter stream, recording attempts (0: the entry's delivery
 // count). On a Redis error the entry stays pending and is buried on a later delivery.
 func (w *Worker) bury(d delivery, msg *Message, label, reason string, attempts int64) {
+	reason = clipReason(reason)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	deadID, ok, err := deadLetter(ctx, w.rdb, w.keys, w.cfg.Group, w.cfg.Consumer, d.id, d.fields, msg, reason, attempts, time.Now())
@@ -969,12 +1042,24 @@ func (w *Worker) handBackAbandoned() {
 	refs := make(map[string]jobRef, len(w.inFlight))
 	maps.Copy(refs, w.inFlight)
 	w.mu.Unlock()
+	// In parallel and bounded: during a Redis outage each would wait for Redis.
+	ctx, cancel := context.WithTimeout(context.Background(), abandonTimeout)
+	defer cancel()
+	var wg sync.WaitGroup
 	for id, ref := range refs {
-		d := delivery{id: id, deliveries: ref.deliveries}
-		job := &Job{Message: Message{JobID: ref.jobID, Tenant: ref.tenant}, ID: id, Deliveries: ref.deliveries}
-		w.handBack(context.Background(), d, job, 0, "shutdown (handler ignored cancellation)", nil)
+		wg.Go(func() {
+			d := delivery{id: id, deliveries: ref.deliveries}
+			job := &Job{Message: Message{JobID: ref.jobID, Tenant: ref.tenant}, ID: id, Deliveries: ref.deliveries}
+			if _, ok := w.settleWithin(ctx, d, job, settlement{spend: max(ref.deliveries-1, 0)}); ok {
+				w.log.Info("job handed back without spending an attempt", "job_id", job.JobID, "tenant", job.Tenant, "entry", id, "why", "shutdown (handler ignored cancellation)")
+			}
+		})
 	}
+	wg.Wait()
 }
+
+// abandonTimeout bounds the hand-back of the jobs whose handlers ignored the shutdown.
+const abandonTimeout = 5 * time.Second
 
 // wakeMover tells the mover that a job this worker scheduled is due in d.
 func (w *Worker) wakeMover(d time.Duration) {
@@ -1094,18 +1179,20 @@ func (w *Worker) inFlightCount() int {
 // renewable returns the in-flight entries whose lease is renewed: all of them, but for
 // runs older than MaxRunTime, whose lease is let go so that another worker takes the
 // job over after ClaimIdle even when its handler ignores its context.
-func (w *Worker) renewable() []string {
+func (w *Worker) renewable() ([]string, []time.Time) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	ids := make([]string, 0, len(w.inFlight))
+	starts := make([]time.Time, 0, len(w.inFlight))
 	now := time.Now()
 	for id, j := range w.inFlight {
 		if w.cfg.MaxRunTime > 0 && now.Sub(j.start) > w.cfg.MaxRunTime {
 			continue
 		}
 		ids = append(ids, id)
+		starts = append(starts, j.start)
 	}
-	return ids
+	return ids, starts
 }
 
 // renewLoop resets the idle time of in-flight entries every RenewInterval until ctx is
@@ -1119,19 +1206,19 @@ func (w *Worker) renewLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		ids := w.renewable()
+		ids, starts := w.renewable()
 		for len(ids) > 0 {
-			chunk := ids[:min(len(ids), renewChunk)]
-			ids = ids[len(chunk):]
-			w.renewChunk(ctx, chunk)
+			n := min(len(ids), renewChunk)
+			w.renewChunk(ctx, ids[:n], starts[:n])
+			ids, starts = ids[n:], starts[n:]
 		}
 	}
 }
 
-func (w *Worker) renewChunk(ctx context.Context, ids []string) {
+func (w *Worker) renewChunk(ctx context.Context, ids []string, starts []time.Time) {
 	rctx, cancel := context.WithTimeout(ctx, w.cfg.RenewInterval)
 	defer cancel()
-	lost, deleted, err := renew(rctx, w.rdb, w.keys, w.cfg.Group, w.cfg.Consumer, ids)
+	lost, deleted, err := renew(rctx, w.rdb, w.keys, w.cfg.Group, w.cfg.Consumer, ids, starts)
 	if err != nil {
 		w.m.redisError("renew")
 		w.log.Warn("lease renewal failed", "entries", len(ids), "err", err)
@@ -1200,6 +1287,10 @@ func (w *Worker) maintain(ctx context.Context) {
 		} else if n > 0 {
 			w.log.Info("deleted dead letters older than the retention", "dead_letters", n, "retention", w.cfg.DeadLetterRetention)
 		}
+	}
+	if _, err := forgetRuns(ctx, w.rdb, w.keys, w.cfg.Group); err != nil {
+		w.m.redisError("trim")
+		w.log.Warn("deleting the starts of finished runs failed", "err", err)
 	}
 	if w.cfg.ConsumerMaxIdle < 0 {
 		return
