@@ -91,6 +91,8 @@ type Breaker struct {
 	// failing is the length of the current run of failures (written under mu): the
 	// fast path of Success, which has nothing to do while it is 0.
 	failing atomic.Int64
+	// runStart is when the current run of failures began (under mu).
+	runStart time.Time
 	// watchers counts the Watch loops running: while one runs, its checks are the
 	// probes and Admit lets no job through an open breaker.
 	watchers atomic.Int32
@@ -223,6 +225,9 @@ func (b *Breaker) Failure(err error) (open bool) {
 		return true
 	}
 	n := b.failing.Add(1)
+	if n == 1 {
+		b.runStart = b.cfg.Now()
+	}
 	if n < int64(b.cfg.Threshold) {
 		b.mu.Unlock()
 		return false
@@ -302,6 +307,25 @@ func (b *Breaker) Succeed(t Ticket) {
 		return
 	}
 	b.close()
+}
+
+// SucceedStarted is Succeed for a call that started at started. While the breaker is
+// closed, its success ends the current run of failures only when it started after the
+// run's first failure: a long call begun before the dependency went down (a 5 s model
+// call that was already streaming) says nothing about it now, and must not hold off the
+// trip while every new call fails.
+func (b *Breaker) SucceedStarted(t Ticket, started time.Time) {
+	if !b.open.Load() {
+		if b.failing.Load() != 0 {
+			b.mu.Lock()
+			if !started.Before(b.runStart) {
+				b.resetRunLocked()
+			}
+			b.mu.Unlock()
+		}
+		return
+	}
+	b.Succeed(t)
 }
 
 // close closes the open breaker and unlocks b.mu, which the caller holds.

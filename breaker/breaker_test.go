@@ -428,3 +428,38 @@ func TestFailureRunHonoursRetryAfter(t *testing.T) {
 		t.Fatalf("Err = %v, want the next probe 10s after the trip", err)
 	}
 }
+
+// A call that started before a run of failures began and succeeds during it (a long
+// model call begun before the provider went down) does not end the run; one that started
+// after the run's first failure does.
+func TestSuccessOfAnOlderCallDoesNotEndTheRun(t *testing.T) {
+	c := &clock{now: time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)}
+	b, err := breaker.New(breaker.Config{Name: "llm", Threshold: 3, ProbeInterval: time.Second, Now: c.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := c.Now()
+	c.Advance(time.Second)
+	b.Failure(errors.New("503 (1)"))
+	b.Failure(errors.New("503 (2)"))
+	b.SucceedStarted(0, before) // began before the first 503
+	if !b.Failure(errors.New("503 (3)")) {
+		t.Fatal("a success of a call begun before the run ended it")
+	}
+	c.Advance(2 * time.Second) // the probe is due
+	t1, err := b.Allow()
+	if err != nil || t1 == 0 {
+		t.Fatalf("probe: %v %v", t1, err)
+	}
+	b.SucceedStarted(t1, c.Now())
+	if b.Err() != nil {
+		t.Fatal("the probe's success did not close the breaker")
+	}
+	b.Failure(errors.New("503 (4)"))
+	c.Advance(time.Millisecond)
+	b.SucceedStarted(0, c.Now()) // began after the run's first failure: ends it
+	b.Failure(errors.New("503 (5)"))
+	if b.Failure(errors.New("503 (6)")) {
+		t.Fatal("a success of a call begun during the run did not end it")
+	}
+}

@@ -17,8 +17,9 @@ type Breaker interface {
 	Allow() (breaker.Ticket, error)
 	// Trip stops calls because of cause, for wait when positive.
 	Trip(cause error, wait time.Duration)
-	// Succeed reports that the call of a ticket worked.
-	Succeed(breaker.Ticket)
+	// SucceedStarted reports that the call of a ticket, which started at the given
+	// time, worked.
+	SucceedStarted(breaker.Ticket, time.Time)
 }
 
 // WithBreaker returns c behind b: a call is made only when b.Allow permits it (while
@@ -39,8 +40,9 @@ func (c *breakerClient) Complete(ctx context.Context, req *Request) (*Response, 
 	if err != nil {
 		return nil, err
 	}
+	start := time.Now()
 	resp, err := c.next.Complete(ctx, req)
-	c.observe(t, err)
+	c.observe(t, start, err)
 	return resp, err
 }
 
@@ -51,14 +53,15 @@ func (c *breakerClient) Stream(ctx context.Context, req *Request) iter.Seq2[Chun
 			yield(Chunk{}, err)
 			return
 		}
+		start := time.Now()
 		for ch, err := range c.next.Stream(ctx, req) {
 			if err != nil {
-				c.observe(t, err)
+				c.observe(t, start, err)
 				yield(ch, err)
 				return
 			}
 			if ch.Done {
-				c.observe(t, nil)
+				c.observe(t, start, nil)
 			}
 			if !yield(ch, nil) {
 				return
@@ -68,9 +71,9 @@ func (c *breakerClient) Stream(ctx context.Context, req *Request) iter.Seq2[Chun
 }
 
 // observe trips the breaker on a quota verdict and reports success.
-func (c *breakerClient) observe(t breaker.Ticket, err error) {
+func (c *breakerClient) observe(t breaker.Ticket, start time.Time, err error) {
 	if err == nil {
-		c.b.Succeed(t)
+		c.b.SucceedStarted(t, start)
 		return
 	}
 	if v := retry.Classify(err); v.Class == retry.ClassQuota && !v.Retryable {

@@ -36,7 +36,10 @@ func TestDevServicesUpTwiceDownUpKeepsData(t *testing.T) {
 	redisPort, pgPort := testenv.FreePort(t), testenv.FreePort(t)
 	ds := func(arg string) (string, int) {
 		t.Helper()
-		cmd := exec.Command(script, arg)
+		// Through bash rather than exec'ing the copy: a fork elsewhere in this test
+		// binary may still hold the copy's write descriptor, and exec then fails with
+		// "text file busy" (ETXTBSY).
+		cmd := exec.Command("bash", script, arg)
 		cmd.Env = append(os.Environ(),
 			fmt.Sprintf("ONCEFLOW_DEV_REDIS_PORT=%d", redisPort), fmt.Sprintf("ONCEFLOW_DEV_PG_PORT=%d", pgPort))
 		out, err := cmd.CombinedOutput()
