@@ -36,6 +36,10 @@ const (
 	// DefaultResultTTL is how long an idempotency key is remembered (a duplicate enqueue
 	// or POST replays the first answer) and how long a finished job's index is kept.
 	DefaultResultTTL = 24 * time.Hour
+	// DefaultModelFailureProbe is how often the model's breaker, opened by a run of
+	// failing calls (a 503 window), lets one call probe the provider
+	// (Config.ModelFailureProbe).
+	DefaultModelFailureProbe = 10 * time.Second
 	// DefaultHealthInterval is how often the workers' process checks Redis and
 	// PostgreSQL, and probes one whose breaker is open (Config.HealthInterval).
 	DefaultHealthInterval = time.Second
@@ -119,6 +123,11 @@ type Config struct {
 	// (a pool ping), and, while one's breaker is open, probe it; a passing probe closes
 	// the breaker (ONCEFLOW_HEALTH_INTERVAL). Default: DefaultHealthInterval (1s).
 	HealthInterval time.Duration
+	// ModelFailureProbe is how often the model's breaker, once a run of
+	// BreakerThreshold failing calls opened it, lets one call probe the provider (an
+	// exhausted quota is probed every QuotaProbe instead). Default:
+	// DefaultModelFailureProbe (10s).
+	ModelFailureProbe time.Duration
 	// JobBudget is the deadline of one delivery's model calls (Job.Complete and
 	// Job.Stream), across their attempts and backoff sleeps, counted from the start of
 	// the delivery (ONCEFLOW_JOB_BUDGET). It does not cancel the Worker's context: a

@@ -75,7 +75,7 @@ func (c *Client) setupModel() error {
 	if err != nil {
 		return fmt.Errorf("onceflow: Config.Ledger: %w", err)
 	}
-	b, err := breaker.New(breaker.Config{Name: "llm", ProbeInterval: cfg.QuotaProbe, Threshold: cfg.BreakerThreshold,
+	b, err := breaker.New(breaker.Config{Name: "llm", ProbeInterval: cfg.QuotaProbe, RunProbeInterval: cmp.Or(cfg.ModelFailureProbe, DefaultModelFailureProbe), Threshold: cfg.BreakerThreshold,
 		Logger: c.log, Registerer: cfg.Registerer})
 	if err != nil {
 		return fmt.Errorf("onceflow: Config.QuotaProbe or BreakerThreshold: %w", err)

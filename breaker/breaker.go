@@ -68,6 +68,10 @@ type Config struct {
 	// call through to probe whether the dependency is back, and between probes.
 	// Default: DefaultProbeInterval (1m).
 	ProbeInterval time.Duration
+	// RunProbeInterval is ProbeInterval for a breaker opened by a run of failures
+	// (Failure) rather than by Trip: a run of 5xx usually clears sooner than an
+	// exhausted quota, so it may be probed more often. Default: ProbeInterval.
+	RunProbeInterval time.Duration
 	// Threshold is how many transient failures of the dependency in a row, across
 	// calls (Failure, or failing checks of Watch), open the breaker; a success in
 	// between (Success, Succeed, a passing check) starts the count again. Default:
@@ -93,6 +97,8 @@ type Breaker struct {
 	failing atomic.Int64
 	// runStart is when the current run of failures began (under mu).
 	runStart time.Time
+	// interval is the time between probes of the current opening (under mu).
+	interval time.Duration
 	// watchers counts the Watch loops running: while one runs, its checks are the
 	// probes and Admit lets no job through an open breaker.
 	watchers atomic.Int32
@@ -121,6 +127,10 @@ func New(cfg Config) (*Breaker, error) {
 		return nil, fmt.Errorf("breaker %s: Threshold %d is negative", cfg.Name, cfg.Threshold)
 	}
 	cfg.ProbeInterval = cmp.Or(cfg.ProbeInterval, DefaultProbeInterval)
+	if cfg.RunProbeInterval < 0 {
+		return nil, fmt.Errorf("breaker %s: RunProbeInterval %v is negative", cfg.Name, cfg.RunProbeInterval)
+	}
+	cfg.RunProbeInterval = cmp.Or(cfg.RunProbeInterval, cfg.ProbeInterval)
 	cfg.Threshold = cmp.Or(cfg.Threshold, DefaultThreshold)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -167,16 +177,17 @@ func (b *Breaker) Trip(cause error, wait time.Duration) {
 		reason = cause.Error()
 	}
 	b.mu.Lock()
-	b.trip(reason, wait, false)
+	b.trip(reason, wait, false, b.cfg.ProbeInterval)
 }
 
 // trip opens the breaker or keeps it open, for reason, and unlocks b.mu, which the
 // caller holds; quiet logs a failed probe at Debug level rather than Warn (Watch's
 // checks, every interval).
-func (b *Breaker) trip(reason string, wait time.Duration, quiet bool) {
+func (b *Breaker) trip(reason string, wait time.Duration, quiet bool, interval time.Duration) {
 	now := b.cfg.Now()
+	b.interval = interval
 	if wait <= 0 {
-		wait = b.cfg.ProbeInterval
+		wait = interval
 	}
 	wasOpen := b.open.Load()
 	if !wasOpen {
@@ -232,7 +243,7 @@ func (b *Breaker) Failure(err error) (open bool) {
 		b.mu.Unlock()
 		return false
 	}
-	b.trip(fmt.Sprintf("%d failures in a row, the last: %v", n, err), retry.Classify(err).RetryAfter, false)
+	b.trip(fmt.Sprintf("%d failures in a row, the last: %v", n, err), retry.Classify(err).RetryAfter, false, b.cfg.RunProbeInterval)
 	return true
 }
 
@@ -278,7 +289,7 @@ func (b *Breaker) Allow() (Ticket, error) {
 		return 0, nil
 	}
 	if !now.Before(b.probeAt) {
-		b.probeAt = now.Add(b.cfg.ProbeInterval)
+		b.probeAt = now.Add(b.interval)
 		b.gen++
 		b.probe = b.gen
 		b.m.probes.Inc()
@@ -540,7 +551,7 @@ func (b *Breaker) checked(err error) {
 		b.close()
 	default:
 		b.m.probes.Inc()
-		b.trip(fmt.Sprintf("health check: %v", err), 0, true)
+		b.trip(fmt.Sprintf("health check: %v", err), 0, true, b.interval)
 	}
 }
 

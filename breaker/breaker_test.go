@@ -463,3 +463,29 @@ func TestSuccessOfAnOlderCallDoesNotEndTheRun(t *testing.T) {
 		t.Fatal("a success of a call begun during the run did not end it")
 	}
 }
+
+// A breaker opened by a run of failures is probed every RunProbeInterval, one opened by
+// Trip (an exhausted quota) every ProbeInterval.
+func TestRunProbeInterval(t *testing.T) {
+	c := &clock{now: time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)}
+	b, err := breaker.New(breaker.Config{Name: "llm", Threshold: 1, ProbeInterval: time.Minute, RunProbeInterval: 10 * time.Second, Now: c.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Failure(errors.New("503"))
+	var oe *breaker.OpenError
+	if !errors.As(b.Err(), &oe) || oe.NextProbe.Sub(c.Now()) != 10*time.Second {
+		t.Fatalf("after a run: %v, want the first probe in 10s", b.Err())
+	}
+	c.Advance(10 * time.Second)
+	if _, err := b.Allow(); err != nil {
+		t.Fatalf("probe not allowed after 10s: %v", err)
+	}
+	if !errors.As(b.Err(), &oe) || oe.NextProbe.Sub(c.Now()) != 10*time.Second {
+		t.Fatalf("after a probe: %v, want the next in 10s", b.Err())
+	}
+	b.Trip(errors.New("insufficient_quota"), 0)
+	if !errors.As(b.Err(), &oe) || oe.NextProbe.Sub(c.Now()) != time.Minute {
+		t.Fatalf("after a quota trip: %v, want the next probe in 1m", b.Err())
+	}
+}
