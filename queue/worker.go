@@ -276,6 +276,9 @@ type Worker struct {
 	// life ends when Run returns: settlements retry until then. Set by Run before any
 	// handler starts.
 	life context.Context
+	// epoch is the current run epoch (epochFor), created under epochMu.
+	epoch   atomic.Pointer[runEpoch]
+	epochMu sync.Mutex
 
 	// Owned by the read loop.
 	cursor   string    // XAUTOCLAIM cursor
@@ -713,44 +716,31 @@ func (w *Worker) process(ctx context.Context, d delivery) {
 		w.bury(d, nil, reasonMalformed, "malformed: "+detail, 0)
 		return
 	}
-	job := &Job{Message: msg, ID: d.id, Deliveries: int64(msg.Attempts) + d.deliveries}
+	run := &runState{job: Job{Message: msg, ID: d.id, Deliveries: int64(msg.Attempts) + d.deliveries}}
+	job := &run.job
 	started := time.Now()
-	w.track(d.id, jobRef{jobID: msg.JobID, tenant: msg.Tenant, start: started, deliveries: d.deliveries})
+	w.track(d.id, jobRef{jobID: msg.JobID, tenant: msg.Tenant, start: started, deliveries: d.deliveries, run: run, d: d})
 	// Tracked until its fate is settled: a reclaim scan in between must not take the
 	// entry and run it again while this run still acknowledges, buries or hands it back.
-	defer w.untrack(d.id)
-	// A run long enough to have its lease renewed has its start in the runs hash.
-	defer func() {
-		if w.cfg.RenewInterval > 0 && time.Since(started) >= w.cfg.RenewInterval {
-			w.forgetRun(d.id)
-		}
-	}()
+	// A run whose lease was renewed has its start in the runs hash: forget it then.
+	defer w.untrackRun(d.id)
 	// Deliveries of this entry before this one never reported (their worker died): each
 	// spent an attempt.
 	if spent := int64(msg.Attempts) + d.deliveries - 1; spent >= int64(w.cfg.MaxDeliveries) {
 		w.exhausted(ctx, d, job, spent, nil)
 		return
 	}
-	rctx, cancel := ctx, context.CancelFunc(func() {})
-	// settled is taken by whichever settles the delivery first: the run's end, or the
-	// watchdog that abandons a run which ignored its MaxRunTime.
-	var settled atomic.Bool
+	// The run's context ends MaxRunTime after it started (to within an epoch: runs that
+	// start in one epoch share one context and one watchdog, so a job costs no timer).
+	rctx := ctx
+	var ep *runEpoch
 	if w.cfg.MaxRunTime > 0 {
-		rctx, cancel = context.WithTimeoutCause(ctx, w.cfg.MaxRunTime, errRunTime)
-		watchdog := time.AfterFunc(w.cfg.MaxRunTime+w.abandonGrace(), func() {
-			if settled.CompareAndSwap(false, true) {
-				w.log.Error("a run ignored the end of its MaxRunTime; abandoning it: its job's next attempt is scheduled (the handler may still complete, and its idempotency absorb it)",
-					"job_id", job.JobID, "tenant", job.Tenant, "entry", d.id, "max_run_time", w.cfg.MaxRunTime)
-				w.retry(ctx, d, job, fmt.Errorf("%w (%v), and the handler did not return", errRunTime, w.cfg.MaxRunTime))
-				w.untrack(d.id)
-			}
-		})
-		defer watchdog.Stop()
+		ep = w.epochFor(ctx, started)
+		rctx = ep.ctx
 	}
-	outcome, err := w.run(rctx, job)
-	overran := errors.Is(context.Cause(rctx), errRunTime)
-	cancel()
-	if !settled.CompareAndSwap(false, true) {
+	outcome, err := w.run(rctx, job, started)
+	overran := ep != nil && errors.Is(context.Cause(ep.ctx), errRunTime)
+	if !run.settle.CompareAndSwap(runRunning, runSettling) {
 		w.log.Warn("an abandoned run returned; its job was already handed on", "job_id", job.JobID, "tenant", job.Tenant, "entry", d.id, "err", err)
 		return
 	}
@@ -988,9 +978,8 @@ func (w *Worker) lastError(jobID string) string {
 	return "; last error: " + v
 }
 
-// run calls the handler, turning a panic into an error.
-func (w *Worker) run(ctx context.Context, job *Job) (outcome string, err error) {
-	start := time.Now()
+// run calls the handler, turning a panic into an error; start is when the run began.
+func (w *Worker) run(ctx context.Context, job *Job, start time.Time) (outcome string, err error) {
 	w.m.inFlight.Inc()
 	defer func() {
 		if p := recover(); p != nil {
@@ -1133,6 +1122,80 @@ type jobRef struct {
 	jobID, tenant string
 	start         time.Time
 	deliveries    int64
+	// run and d are the run's (nil and zero for a reference read from fields).
+	run *runState
+	d   delivery
+	// renewed: the lease renewer renewed it, so its start is in the runs hash.
+	renewed bool
+}
+
+// runState is one run: its Job, and whether it is still running, allocated together.
+type runState struct {
+	job    Job
+	settle atomic.Int32 // runRunning, runSettling or runAbandoned
+}
+
+// The states of runState.settle: whichever of the run's end and the epoch's watchdog moves
+// it from running first settles the entry.
+const (
+	runRunning int32 = iota
+	runSettling
+	runAbandoned
+)
+
+// runEpoch is the shared deadline of the runs that start within one epoch:
+// epochLen(MaxRunTime) from start.
+type runEpoch struct {
+	start time.Time
+	ctx   context.Context
+}
+
+// epochLen is how long one run epoch lasts: a second, at most a quarter of MaxRunTime.
+func (w *Worker) epochLen() time.Duration { return min(time.Second, max(w.cfg.MaxRunTime/4, time.Millisecond)) }
+
+// epochFor returns the epoch of a run that starts at t under parent (the handlers'
+// context), creating it when t is past the current one: its context ends with cause
+// errRunTime MaxRunTime after the epoch's end (so every run of the epoch gets at least
+// MaxRunTime, at most an epoch more), and its watchdog abandons, abandonGrace later,
+// the runs of the epoch that have not returned.
+func (w *Worker) epochFor(parent context.Context, t time.Time) *runEpoch {
+	if e := w.epoch.Load(); e != nil && t.Sub(e.start) < w.epochLen() && !t.Before(e.start) {
+		return e
+	}
+	w.epochMu.Lock()
+	defer w.epochMu.Unlock()
+	if e := w.epoch.Load(); e != nil && t.Sub(e.start) < w.epochLen() && !t.Before(e.start) {
+		return e
+	}
+	end := t.Add(w.epochLen())
+	ctx, cancel := context.WithDeadlineCause(parent, end.Add(w.cfg.MaxRunTime), errRunTime)
+	e := &runEpoch{start: t, ctx: ctx}
+	time.AfterFunc(time.Until(end.Add(w.cfg.MaxRunTime+w.abandonGrace())), func() {
+		cancel() // long past its deadline: releases it
+		w.abandon(e.start, end)
+	})
+	w.epoch.Store(e)
+	return e
+}
+
+// abandon gives up the runs that started in [from, to) and have not returned: each is
+// settled as a failed attempt (its job's next attempt scheduled), though its handler
+// may still complete (and its idempotency absorb it).
+func (w *Worker) abandon(from, to time.Time) {
+	var refs []jobRef
+	w.mu.Lock()
+	for _, ref := range w.inFlight {
+		if ref.run == nil || ref.start.Before(from) || !ref.start.Before(to) || !ref.run.settle.CompareAndSwap(runRunning, runAbandoned) {
+			continue
+		}
+		refs = append(refs, ref)
+	}
+	w.mu.Unlock()
+	for _, ref := range refs {
+		w.log.Error("a run ignored the end of its MaxRunTime; abandoning it: its job's next attempt is scheduled (the handler may still complete, and its idempotency absorb it)",
+			"job_id", ref.jobID, "tenant", ref.tenant, "entry", ref.d.id, "max_run_time", w.cfg.MaxRunTime)
+		w.retry(w.life, ref.d, &ref.run.job, fmt.Errorf("%w (%v), and the handler did not return", errRunTime, w.cfg.MaxRunTime))
+	}
 }
 
 // refOf reads the job id and tenant of an entry's raw fields, clipped (they may be
@@ -1156,6 +1219,18 @@ func (w *Worker) untrack(id string) {
 	w.mu.Lock()
 	delete(w.inFlight, id)
 	w.mu.Unlock()
+}
+
+// untrackRun untracks entry id and, when its lease was renewed, deletes its start from
+// the runs hash.
+func (w *Worker) untrackRun(id string) {
+	w.mu.Lock()
+	ref := w.inFlight[id]
+	delete(w.inFlight, id)
+	w.mu.Unlock()
+	if ref.renewed {
+		w.forgetRun(id)
+	}
 }
 
 func (w *Worker) isInFlight(id string) bool {
@@ -1191,6 +1266,10 @@ func (w *Worker) renewable() ([]string, []time.Time) {
 		}
 		ids = append(ids, id)
 		starts = append(starts, j.start)
+		if !j.renewed {
+			j.renewed = true
+			w.inFlight[id] = j
+		}
 	}
 	return ids, starts
 }
