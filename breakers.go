@@ -84,7 +84,7 @@ func (c *Client) watchers() []func(context.Context) error {
 	}
 	if c.model != nil {
 		s := &fleetBreaker{c: c}
-		ctx, cancel := context.WithTimeout(context.Background(), every)
+		ctx, cancel := context.WithTimeout(context.Background(), max(every, 2*time.Second))
 		s.sync(ctx)
 		cancel()
 		parts = append(parts, s.run)
