@@ -1151,7 +1151,9 @@ type runEpoch struct {
 }
 
 // epochLen is how long one run epoch lasts: a second, at most a quarter of MaxRunTime.
-func (w *Worker) epochLen() time.Duration { return min(time.Second, max(w.cfg.MaxRunTime/4, time.Millisecond)) }
+func (w *Worker) epochLen() time.Duration {
+	return min(time.Second, max(w.cfg.MaxRunTime/4, time.Millisecond))
+}
 
 // epochFor returns the epoch of a run that starts at t under parent (the handlers'
 // context), creating it when t is past the current one: its context ends with cause
