@@ -1217,12 +1217,6 @@ func (w *Worker) track(id string, job jobRef) {
 	w.mu.Unlock()
 }
 
-func (w *Worker) untrack(id string) {
-	w.mu.Lock()
-	delete(w.inFlight, id)
-	w.mu.Unlock()
-}
-
 // untrackRun untracks entry id and, when its lease was renewed, deletes its start from
 // the runs hash.
 func (w *Worker) untrackRun(id string) {
