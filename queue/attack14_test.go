@@ -21,7 +21,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/onceflow/onceflow/internal/connect"
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
@@ -109,15 +108,10 @@ func TestAttack14SpentJobIsNotRunAgainWhileCompletionIsUnknown(t *testing.T) {
 // is back, and is not dead-lettered.
 func TestAttack14LongRedisOutageDuringHandBackSpendsNoAttempt(t *testing.T) {
 	if testing.Short() {
-		t.Skip("waits out settleTimeout")
+		t.Skip("waits out a 35s Redis outage")
 	}
 	t.Parallel()
-	srv := testenv.PrivateRedis(t)
-	rdb, err := connect.Redis(testenv.RedisURLOf(srv))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rdb.Close()
+	srv, rdb := privateRedis(t)
 	keys := Keys{Prefix: "attack14", Queue: "summaries"}
 	down := make(chan struct{})
 	var runs atomic.Int32
@@ -443,14 +437,10 @@ func TestAttack14HungRunIsRetriedWithOneWorker(t *testing.T) {
 // settling fails).
 func TestAttack14ShutdownDuringRedisOutageIsBounded(t *testing.T) {
 	if testing.Short() {
-		t.Skip("waits out settleTimeout")
+		t.Skip("waits out a 35s Redis outage")
 	}
 	t.Parallel()
-	srv := testenv.PrivateRedis(t)
-	rdb, err := connect.Redis(testenv.RedisURLOf(srv))
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv, rdb := privateRedis(t)
 	keys := Keys{Prefix: "attack14", Queue: "summaries"}
 	var running atomic.Int32
 	w, err := NewWorker(WorkerConfig{Redis: rdb, Keys: keys, Concurrency: 4, ShutdownTimeout: 200 * time.Millisecond,

@@ -13,6 +13,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/onceflow/onceflow/internal/connect"
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
@@ -58,7 +59,7 @@ type running struct {
 }
 
 // stop cancels the worker and waits for Run to return.
-func (r *running) stop(t *testing.T) {
+func (r *running) stop(t testing.TB) {
 	t.Helper()
 	r.cancel()
 	select {
@@ -73,7 +74,7 @@ func (r *running) stop(t *testing.T) {
 
 // start runs a worker for cfg, with test-friendly defaults for unset fields; it is
 // stopped at cleanup.
-func start(t *testing.T, cfg WorkerConfig) *running {
+func start(t testing.TB, cfg WorkerConfig) *running {
 	t.Helper()
 	if cfg.Logger == nil {
 		cfg.Logger = testenv.Logger(t)
@@ -220,4 +221,17 @@ func claimArgs(keys Keys, consumer string, ids ...string) *redis.XClaimArgs {
 
 func pendingArgs(keys Keys) *redis.XPendingExtArgs {
 	return &redis.XPendingExtArgs{Stream: keys.Stream(), Group: DefaultGroup, Start: "-", End: "+", Count: 1000}
+}
+
+// privateRedis starts a Redis server of the test's own (one the test may stop, kill and
+// restart) and returns it with a client of it, closed at cleanup.
+func privateRedis(t testing.TB) (*testenv.Server, *redis.Client) {
+	t.Helper()
+	srv := testenv.PrivateRedis(t)
+	rdb, err := connect.Redis(testenv.RedisURLOf(srv))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rdb.Close() })
+	return srv, rdb
 }

@@ -237,13 +237,6 @@ type Stats struct {
 	// OldestPendingIdle is the idle time of the pending entry with the lowest id (the
 	// longest waiting one, unless it was reclaimed or renewed), 0 when none is pending.
 	OldestPendingIdle time.Duration `json:"oldest_pending_idle"`
-	// OldestPendingAge is how long ago the pending entry with the lowest id was added to
-	// the stream (its id's time, on this process's clock), 0 when none is pending. Unlike
-	// the idle time, lease renewals do not reset it: a run that holds its entry for long
-	// (a hung handler whose lease is still renewed) shows here. An entry is added at
-	// enqueue and again at each retry or hand-back, so this bounds one run's wait and
-	// duration.
-	OldestPendingAge time.Duration `json:"oldest_pending_age"`
 	// Dead is the number of entries in the dead-letter stream.
 	Dead int64 `json:"dead"`
 	// Scheduled is the number of jobs in the scheduled set (retries, snoozes,
@@ -279,9 +272,6 @@ func ReadStats(ctx context.Context, rdb redis.Cmdable, keys Keys, group string) 
 	}
 	if sum != nil {
 		s.Pending = sum.Count
-		if ms, _, ok := splitID(sum.Lower); ok && sum.Count > 0 {
-			s.OldestPendingAge = max(time.Since(time.UnixMilli(int64(ms))), 0) // #nosec G115 -- stream ids hold Unix ms
-		}
 	}
 	if o, err := oldest.Result(); err == nil && len(o) > 0 {
 		s.OldestPendingIdle = o[0].Idle

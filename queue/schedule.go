@@ -364,17 +364,17 @@ return moved
 // moveBatch bounds the members one MoveDue round moves.
 const moveBatch = 256
 
-// MoveDue moves the scheduled jobs of keys that are due to the stream, up to max (at
+// MoveDue moves the scheduled jobs of keys that are due to the stream, up to limit (at
 // most moveBatch per round trip pair), and returns how many moved and how long until
 // the earliest job still scheduled is due (-1 when none is). Workers run it on their
 // own (WorkerConfig.ScheduleInterval); it is exported for tools and tests. Safe for
 // concurrent use and to run from many processes: each job moves once.
-func MoveDue(ctx context.Context, rdb redis.Scripter, keys Keys, max int) (moved int, next time.Duration, err error) {
-	if max <= 0 {
-		max = moveBatch
+func MoveDue(ctx context.Context, rdb redis.Scripter, keys Keys, limit int) (moved int, next time.Duration, err error) {
+	if limit <= 0 {
+		limit = moveBatch
 	}
 	for {
-		n := min(max-moved, moveBatch)
+		n := min(limit-moved, moveBatch)
 		res, err := dueScript.Run(ctx, rdb, []string{keys.Scheduled()}, n).Slice()
 		if err != nil {
 			return moved, -1, fmt.Errorf("read scheduled jobs: %w", err)
@@ -384,7 +384,7 @@ func MoveDue(ctx context.Context, rdb redis.Scripter, keys Keys, max int) (moved
 		next = -1
 		if first, ok := res[2].(string); ok {
 			if at, perr := strconv.ParseFloat(first, 64); perr == nil {
-				next = max0(time.Duration(int64(at)-now) * time.Millisecond)
+				next = max(time.Duration(int64(at)-now)*time.Millisecond, 0)
 			}
 		}
 		if len(raw) == 0 {
@@ -407,7 +407,7 @@ func MoveDue(ctx context.Context, rdb redis.Scripter, keys Keys, max int) (moved
 		if err != nil {
 			return moved, -1, fmt.Errorf("move scheduled jobs: %w", err)
 		}
-		if len(raw) < n || moved >= max {
+		if len(raw) < n || moved >= limit {
 			if len(raw) == n {
 				next = 0 // more are due
 			}
@@ -415,8 +415,6 @@ func MoveDue(ctx context.Context, rdb redis.Scripter, keys Keys, max int) (moved
 		}
 	}
 }
-
-func max0(d time.Duration) time.Duration { return max(d, 0) }
 
 // newToken returns 8 random hex digits.
 func newToken() string {

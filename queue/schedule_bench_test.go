@@ -18,6 +18,9 @@ import (
 //
 // They report times (custom metrics), not ns/op.
 
+// quiet discards the benchmarks' worker logs (a benchmark's b.Log is always printed).
+var quiet = slog.New(slog.DiscardHandler)
+
 // percentile returns the p-th percentile (0..1) of sorted ds.
 func percentile(ds []time.Duration, p float64) time.Duration {
 	if len(ds) == 0 {
@@ -50,7 +53,8 @@ func retryGaps(b *testing.B, jobs int, cfg WorkerConfig, fail func() error) []ti
 		failedAt[j.JobID] = time.Now() // as the run returns
 		return fail()
 	})
-	w := startBench(b, cfg)
+	cfg.Logger = quiet
+	w := start(b, cfg)
 	for i := range jobs {
 		if _, err := Enqueue(context.Background(), rdb, keys, message(i, nil)); err != nil {
 			b.Fatal(err)
@@ -61,31 +65,9 @@ func retryGaps(b *testing.B, jobs int, cfg WorkerConfig, fail func() error) []ti
 	case <-time.After(2 * time.Minute):
 		b.Fatalf("only %d of %d retries ran", len(gaps), jobs)
 	}
-	w()
+	w.stop(b)
 	slices.Sort(gaps)
 	return gaps
-}
-
-// startBench runs a worker for cfg and returns its stop.
-func startBench(b *testing.B, cfg WorkerConfig) (stop func()) {
-	b.Helper()
-	cfg.Logger = slog.New(slog.DiscardHandler)
-	cfg.Block = cmp0(cfg.Block, 50*time.Millisecond)
-	w, err := NewWorker(cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	ended := make(chan struct{})
-	go func() { _ = w.Run(ctx); close(ended) }()
-	return func() { cancel(); <-ended }
-}
-
-func cmp0(d, def time.Duration) time.Duration {
-	if d == 0 {
-		return def
-	}
-	return d
 }
 
 // BenchmarkRetryLatency measures the time from a transient failure to the next attempt:
@@ -117,25 +99,25 @@ func BenchmarkShutdownHandBack(b *testing.B) {
 	for i := range b.N {
 		rdb, keys := setup(b)
 		started := make(chan struct{}, 1)
-		a := startBench(b, WorkerConfig{Redis: rdb, Keys: keys, Consumer: "a", ShutdownTimeout: 500 * time.Millisecond,
+		a := start(b, WorkerConfig{Redis: rdb, Keys: keys, Consumer: "a", ShutdownTimeout: 500 * time.Millisecond, Logger: quiet,
 			Handler: HandlerFunc(func(ctx context.Context, _ *Job) error { started <- struct{}{}; <-ctx.Done(); return ctx.Err() })})
 		if _, err := Enqueue(context.Background(), rdb, keys, message(i, nil)); err != nil {
 			b.Fatal(err)
 		}
 		<-started
 		elsewhere := make(chan time.Time, 1)
-		stopB := startBench(b, WorkerConfig{Redis: rdb, Keys: keys, Consumer: "b",
+		other := start(b, WorkerConfig{Redis: rdb, Keys: keys, Consumer: "b", Logger: quiet,
 			Handler: HandlerFunc(func(context.Context, *Job) error { elsewhere <- time.Now(); return nil })})
 		time.Sleep(100 * time.Millisecond) // b is reading
 		sent := time.Now()
-		go a()
+		go a.cancel() // as SIGTERM does; the worker's cleanup waits for it
 		select {
 		case at := <-elsewhere:
 			took = append(took, at.Sub(sent))
 		case <-time.After(30 * time.Second):
 			b.Fatal("the cut job did not start elsewhere")
 		}
-		stopB()
+		other.stop(b)
 	}
 	slices.Sort(took)
 	b.ReportMetric(float64(percentile(took, 0.5).Milliseconds()), "median-ms")

@@ -199,13 +199,7 @@ func TestSIGTERMHandsTheJobToAnotherWorker(t *testing.T) {
 // because AOF logs each script's writes as one transaction.
 func TestRedisKilledAfterEachScriptKeepsTheJobInOnePlace(t *testing.T) {
 	t.Parallel()
-	srv := testenv.PrivateRedis(t)
-	opt, err := redis.ParseURL(testenv.RedisURLOf(srv))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rdb := redis.NewClient(opt)
-	t.Cleanup(func() { _ = rdb.Close() })
+	srv, rdb := privateRedis(t)
 	ctx := context.Background()
 	keys := Keys{Prefix: "crash", Queue: "summaries"}
 	if err := CreateGroup(ctx, rdb, keys, DefaultGroup); err != nil {
