@@ -796,23 +796,27 @@ const handBackMax = 10 * time.Second
 // Retry-After when it has one, else a full-jitter delay growing with the n-th hand-back
 // in a row, at most handBackMax.
 func (w *Worker) handBackDelay(err error, n int64) time.Duration {
-	var ra retry.RetryAfterer
-	if errors.As(err, &ra) {
-		if d, ok := ra.RetryAfter(); ok {
-			return d
-		}
+	if d, ok := retryAfter(err); ok {
+		return d
 	}
 	return retry.FullJitter(nil, w.cfg.RetryBase, min(w.cfg.RetryMax, handBackMax), int(min(n-1, 62)))
+}
+
+// retryAfter returns the Retry-After err carries (retry.RetryAfterer anywhere in its
+// chain), if any.
+func retryAfter(err error) (time.Duration, bool) {
+	var ra retry.RetryAfterer
+	if errors.As(err, &ra) {
+		return ra.RetryAfter()
+	}
+	return 0, false
 }
 
 // retryDelays returns the full-jitter delays before the next attempt after each number
 // of attempts already spent (retry.FullJitter), up to the budget, or err's Retry-After.
 func (w *Worker) retryDelays(err error) (explicit time.Duration, draws []time.Duration) {
-	var ra retry.RetryAfterer
-	if errors.As(err, &ra) {
-		if d, ok := ra.RetryAfter(); ok {
-			return d, nil
-		}
+	if d, ok := retryAfter(err); ok {
+		return d, nil
 	}
 	n := min(w.cfg.MaxDeliveries, 64)
 	draws = make([]time.Duration, n)
