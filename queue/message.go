@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -174,7 +173,9 @@ func ParseMessage(fields map[string]any) (Message, error) {
 	default:
 		return Message{}, malformedf("unknown version %q", clip(vs))
 	}
-	vals := make(map[string]string, len(names))
+	// The values, read straight from fields (no map of their own: this runs for every
+	// job a worker takes).
+	var jobID, kind, tenant, payload, at, traceParent string
 	for _, f := range names[1:] {
 		v, ok := fields[f]
 		if !ok {
@@ -184,7 +185,20 @@ func ParseMessage(fields map[string]any) (Message, error) {
 		if !ok {
 			return Message{}, malformedf("field %q is a %T, not a string", f, v)
 		}
-		vals[f] = s
+		switch f {
+		case fieldJobID:
+			jobID = s
+		case fieldKind:
+			kind = s
+		case fieldTenant:
+			tenant = s
+		case fieldPayload:
+			payload = s
+		case fieldEnqueuedAt:
+			at = s
+		case fieldTraceParent:
+			traceParent = s
+		}
 	}
 	attempts := 0
 	if v, ok := fields[fieldAttempts]; ok {
@@ -205,18 +219,17 @@ func ParseMessage(fields map[string]any) (Message, error) {
 		slices.Sort(extra)
 		return Message{}, malformedf("unknown field(s) %s", strings.Join(extra, ", "))
 	}
-	at := vals[fieldEnqueuedAt]
 	ms, err := strconv.ParseInt(at, 10, 64)
 	if err != nil || ms <= 0 || at[0] == '0' || at[0] == '+' {
 		return Message{}, malformedf("enqueued_at %q is not a positive Unix millisecond time", clip(at))
 	}
 	m := Message{
-		JobID:       vals[fieldJobID],
-		Kind:        vals[fieldKind],
-		Tenant:      vals[fieldTenant],
-		Payload:     json.RawMessage(vals[fieldPayload]),
+		JobID:       jobID,
+		Kind:        kind,
+		Tenant:      tenant,
+		Payload:     json.RawMessage(payload),
 		EnqueuedAt:  time.UnixMilli(ms),
-		TraceParent: vals[fieldTraceParent],
+		TraceParent: traceParent,
 		Attempts:    attempts,
 	}
 	if vs == FormatVersion && m.Kind == "" {
@@ -228,8 +241,24 @@ func ParseMessage(fields map[string]any) (Message, error) {
 	return m, nil
 }
 
-// streamIDShape matches what a stream entry id looks like, which no job id may.
-var streamIDShape = regexp.MustCompile(`^[0-9]+(-[0-9]+)?$`)
+// streamIDShaped reports whether id looks like a stream entry id, which no job id may:
+// digits, optionally a dash and digits (what the regular expression ^[0-9]+(-[0-9]+)?$
+// matches; written out, since every job a worker takes is checked).
+func streamIDShaped(id string) bool {
+	digits := func(s string) bool {
+		if s == "" {
+			return false
+		}
+		for i := 0; i < len(s); i++ {
+			if s[i] < '0' || s[i] > '9' {
+				return false
+			}
+		}
+		return true
+	}
+	ms, seq, dash := strings.Cut(id, "-")
+	return digits(ms) && (!dash || digits(seq))
+}
 
 // ValidJobID reports whether id can be a job id: 1 to MaxJobIDLen bytes of printable
 // ASCII without spaces (0x21 to 0x7e), not shaped like a stream entry id (digits,
@@ -245,7 +274,7 @@ func ValidJobID(id string) bool {
 			return false
 		}
 	}
-	return !streamIDShape.MatchString(id)
+	return !streamIDShaped(id)
 }
 
 // ValidKind reports whether kind can name a job kind: 1 to MaxKindLen bytes of a-z 0-9

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -152,6 +153,29 @@ func TestKeys(t *testing.T) {
 			t.Errorf("%+v validated", bad)
 		}
 	}
+}
+
+// streamIDShapeRE is the definition streamIDShaped writes out.
+var streamIDShapeRE = regexp.MustCompile(`^[0-9]+(-[0-9]+)?$`)
+
+func TestStreamIDShapedIsTheRegularExpression(t *testing.T) {
+	for _, id := range []string{"", "1", "0", "123-4", "123-", "-4", "1-2-3", "12a", "a-1", "1-a", "--", "-", "1526919030474-55",
+		"00-00", "9999999999999999999999", "1 2", "١"} {
+		if got, want := streamIDShaped(id), streamIDShapeRE.MatchString(id); got != want {
+			t.Errorf("streamIDShaped(%q) = %v, the expression says %v", id, got, want)
+		}
+	}
+}
+
+func FuzzStreamIDShaped(f *testing.F) {
+	for _, seed := range []string{"1-2", "1", "x", "1-", "-1", "1-2-3"} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, id string) {
+		if got, want := streamIDShaped(id), streamIDShapeRE.MatchString(id); got != want {
+			t.Fatalf("streamIDShaped(%q) = %v, the expression says %v", id, got, want)
+		}
+	})
 }
 
 func FuzzParseMessage(f *testing.F) {
