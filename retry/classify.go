@@ -54,6 +54,10 @@ const (
 	// (errors matching ErrUnavailable, such as an open circuit breaker's). Not retried
 	// in-process; Transient.
 	ClassUnavailable Class = "unavailable"
+	// ClassWaiting: the call was not made because a limiter has no capacity for it now
+	// (errors matching ErrWaiting, a *WaitError). Not retried in-process (the caller
+	// waits elsewhere, holding nothing); Transient, and not an Outage.
+	ClassWaiting Class = "waiting"
 	// ClassUnknown: nothing above. Permanent: unknown means bug until proven otherwise.
 	ClassUnknown Class = "unknown"
 )
@@ -61,7 +65,7 @@ const (
 // Classes returns every Class, for initialising metrics label values.
 func Classes() []Class {
 	return []Class{ClassTimeout, ClassConnection, ClassRateLimited, ClassConflict, ClassServerError,
-		ClassQuota, ClassClientError, ClassDeadline, ClassCanceled, ClassPermanent, ClassUnavailable, ClassUnknown}
+		ClassQuota, ClassClientError, ClassDeadline, ClassCanceled, ClassPermanent, ClassUnavailable, ClassWaiting, ClassUnknown}
 }
 
 // Verdict is what Classify decides about one error.
@@ -167,7 +171,8 @@ func ClassifyStatus(status int) Verdict {
 //
 //  1. *DeadlineExceededError: deadline, never retried in-process;
 //  2. context.Canceled: canceled;
-//  3. Permanent(err): permanent; an error matching ErrUnavailable: unavailable;
+//  3. Permanent(err): permanent; an error matching ErrUnavailable: unavailable; an
+//     error matching ErrWaiting (a *WaitError): waiting;
 //  4. an x-should-retry verdict (ShouldRetrier), when present, wins over what follows,
 //     keeping the class the status gives;
 //  5. an HTTP status (HTTPStatuser) of 400 or more: ClassifyStatus, except that a 4xx
@@ -218,6 +223,9 @@ func classify(err error) Verdict {
 	}
 	if errors.Is(err, ErrUnavailable) {
 		return Verdict{Class: ClassUnavailable, Reason: "dependency unavailable"}
+	}
+	if errors.Is(err, ErrWaiting) {
+		return Verdict{Class: ClassWaiting, Reason: "waiting for capacity"}
 	}
 
 	status := 0
@@ -349,7 +357,7 @@ func Transient(err error) bool {
 		return false
 	case v.Retryable, errors.As(err, &de): // an explicit "run again after D" is transient
 		return true
-	case v.Class == ClassDeadline, v.Class == ClassCanceled, v.Class == ClassQuota, v.Class == ClassUnavailable:
+	case v.Class == ClassDeadline, v.Class == ClassCanceled, v.Class == ClassQuota, v.Class == ClassUnavailable, v.Class == ClassWaiting:
 		return true
 	}
 	return false

@@ -105,7 +105,8 @@ func (p Policy) Delay(attempt int, v Verdict) (d time.Duration, fromRetryAfter b
 var errAttemptDeadline = errors.New("retry: per-call timeout")
 
 // Do calls fn until it succeeds, fails permanently, or the policy says stop. Each call
-// gets a context whose deadline is min(PerCallTimeout, deadline.Remaining()); a call
+// gets a context whose deadline is min(PerCallTimeout, deadline.Remaining()), and which
+// carries deadline for ExtendDeadline; a call
 // cut by it returns an *AttemptTimeoutError, which is retryable. Between attempts Do
 // sleeps (on p.Clock) for the server's Retry-After or the jittered backoff.
 //
@@ -132,6 +133,9 @@ func Do[T any](ctx context.Context, p Policy, deadline Deadline, fn func(ctx con
 		}
 
 		callCtx, cancel := context.WithTimeoutCause(ctx, limit, errAttemptDeadline)
+		if !deadline.IsZero() {
+			callCtx = context.WithValue(callCtx, deadlineKey{}, deadline)
+		}
 		v, err := fn(callCtx)
 		timedOut := errors.Is(context.Cause(callCtx), errAttemptDeadline)
 		cancel()

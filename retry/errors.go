@@ -24,6 +24,11 @@ var (
 	// once (queue.ErrPermanent is this value); an outbox sender that returns it
 	// exhausts its row (outbox.ErrPermanent is this value).
 	ErrPermanent = errors.New("permanent")
+
+	// ErrWaiting is matched by every *WaitError: the call was not made because the
+	// capacity it needs is not free now. Classify gives ClassWaiting: not retried
+	// in-process, Transient, and not an Outage.
+	ErrWaiting = errors.New("waiting for capacity")
 )
 
 // Permanent marks err as not retryable, whatever its kind: Classify returns a permanent
@@ -97,6 +102,41 @@ func (e *DelayError) Unwrap() error { return e.Err }
 
 // RetryAfter implements RetryAfterer.
 func (e *DelayError) RetryAfter() (time.Duration, bool) { return e.Delay, true }
+
+// WaitError says that a call was not made, or not taken further, because the capacity
+// it needs is not free now: a rate limit, a concurrency limit, a token budget, a
+// provider's pause after a 429 (package limiter returns it). It is neither the work's
+// failure nor a dependency's outage. Do returns it at once, Classify gives
+// ClassWaiting, and a queue worker runs the job again after Delay without spending an
+// attempt, with Reason shown as the job's waiting reason. It matches ErrWaiting,
+// implements RetryAfterer with Delay, and unwraps to Err.
+type WaitError struct {
+	// Delay is how long to wait before trying again; never negative.
+	Delay time.Duration
+	// Reason says what is waited for, in a few words ("rate limit of model gpt-4.1-mini:
+	// requests per minute", "token budget of tenant acme for 2026-12-01").
+	Reason string
+	// Err is the answer that caused the wait (the 429 that paused a model), if any.
+	Err error
+}
+
+// Error is the reason and the delay.
+func (e *WaitError) Error() string {
+	msg := fmt.Sprintf("waiting %v for capacity: %s", e.Delay.Round(time.Millisecond), e.Reason)
+	if e.Err != nil {
+		msg += ": " + e.Err.Error()
+	}
+	return msg
+}
+
+// Is reports whether target is ErrWaiting.
+func (e *WaitError) Is(target error) bool { return target == ErrWaiting }
+
+// Unwrap returns Err.
+func (e *WaitError) Unwrap() error { return e.Err }
+
+// RetryAfter implements RetryAfterer.
+func (e *WaitError) RetryAfter() (time.Duration, bool) { return e.Delay, true }
 
 // DeadlineExceededError reports that the delivery's Deadline left less than one useful
 // attempt (Policy.MinAttempt), before an attempt or before a sleep, or that the
