@@ -175,6 +175,9 @@ type JobIndex struct {
 	Entry string
 	// RunAt is when a scheduled job (StateScheduled) is due.
 	RunAt time.Time
+	// Waiting is what a scheduled job waits for when it was put off by a limiter (a
+	// rate limit, a token budget: a *retry.WaitError's Reason), "" otherwise.
+	Waiting string
 }
 
 // ReadJobIndex is JobState returning the whole index, in one round trip (HMGET). An id
@@ -183,7 +186,7 @@ func ReadJobIndex(ctx context.Context, rdb redis.Cmdable, keys Keys, jobID strin
 	if !ValidJobID(jobID) {
 		return JobIndex{}, ErrUnknownJob
 	}
-	vals, err := rdb.HMGet(ctx, keys.Job(jobID), "tenant", "state", "reason", "entry", "run_at").Result()
+	vals, err := rdb.HMGet(ctx, keys.Job(jobID), "tenant", "state", "reason", "entry", "run_at", "waiting").Result()
 	if err != nil {
 		return JobIndex{}, fmt.Errorf("read job index %s: %w", jobID, err)
 	}
@@ -191,6 +194,7 @@ func ReadJobIndex(ctx context.Context, rdb redis.Cmdable, keys Keys, jobID strin
 	ix := JobIndex{Tenant: str(vals[0]), State: str(vals[1]), Reason: str(vals[2]), Entry: str(vals[3])}
 	if ms, err := strconv.ParseInt(str(vals[4]), 10, 64); err == nil && ix.State == StateScheduled {
 		ix.RunAt = time.UnixMilli(ms).UTC()
+		ix.Waiting = str(vals[5])
 	}
 	if ix.Tenant == "" && ix.State == "" {
 		return JobIndex{}, ErrUnknownJob

@@ -30,7 +30,9 @@ type Job struct {
 // ErrPermanent (see Permanent) moves it to the dead-letter stream at once; an error
 // wrapping ErrUnavailable (see Unavailable) hands it back without spending an attempt,
 // to run again after a short wait (its Retry-After, if it carries one); a *SnoozeError
-// (see Snooze) runs it again after its delay without spending an attempt; any other
+// (see Snooze) runs it again after its delay without spending an attempt, and so does a
+// *retry.WaitError (a limiter had no capacity for the job's call; its Reason is kept in
+// the job's index, JobIndex.Waiting, while it waits); any other
 // error, or a panic, spends an attempt and schedules the next after a full-jitter
 // backoff (WorkerConfig.RetryBase, RetryMax) or the error's Retry-After
 // (retry.RetryAfterer: retry.RetryAfter's, a provider's 429), until the budget

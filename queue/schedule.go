@@ -169,8 +169,10 @@ func EnqueueAt(ctx context.Context, rdb redis.Scripter, keys Keys, m Message, at
 //	         written and the reply is {'exhausted', n}; 0 for none
 //	ARGV[6]  the failure's error for the index's last_error, "" for none
 //	ARGV[7]  job id
-//	ARGV[8]  explicit delay in milliseconds, or -1 to take it from ARGV[9:]
-//	ARGV[9:] delays in milliseconds by the attempts spent before this settlement (the
+//	ARGV[8]  explicit delay in milliseconds, or -1 to take it from ARGV[10:]
+//	ARGV[9]  what the job waits for (a limiter's reason), kept in the index's "waiting"
+//	         field while it is scheduled; "" for none
+//	ARGV[10:] delays in milliseconds by the attempts spent before this settlement (the
 //	         retry policy's full-jitter draws); past the end, the last
 //
 // Returns false when the entry is no longer pending to ARGV[2] (acknowledged, or
@@ -207,7 +209,7 @@ end
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
 local delay = tonumber(ARGV[8])
 if delay < 0 then
-  local i = 9 + spent
+  local i = 10 + spent
   if i > #ARGV then i = #ARGV end
   delay = tonumber(ARGV[i]) or 0
 end
@@ -215,7 +217,10 @@ local current = redis.call('HGET', KEYS[4], 'entry') == ARGV[3]
 local result
 if delay <= 0 then
   local id = redis.call('XADD', KEYS[1], '*', unpack(fields))
-  if current then redis.call('HSET', KEYS[4], 'state', 'queued', 'entry', id) end
+  if current then
+    redis.call('HSET', KEYS[4], 'state', 'queued', 'entry', id)
+    redis.call('HDEL', KEYS[4], 'waiting')
+  end
   result = {id}
 else
   local t = redis.call('TIME')
@@ -225,7 +230,12 @@ else
   redis.call('HSET', KEYS[3], member, cjson.encode(fields))
   if current then
     redis.call('HSET', KEYS[4], 'state', 'scheduled', 'run_at', at, 'scheduled', member)
-    redis.call('HDEL', KEYS[4], 'entry')
+    if ARGV[9] ~= '' then
+      redis.call('HSET', KEYS[4], 'waiting', ARGV[9])
+      redis.call('HDEL', KEYS[4], 'entry')
+    else
+      redis.call('HDEL', KEYS[4], 'entry', 'waiting')
+    end
     redis.call('PERSIST', KEYS[4])
   end
   result = {'scheduled', delay}
@@ -242,6 +252,9 @@ type settlement struct {
 	budget int64
 	// lastError is the failure kept in the index, "" for none.
 	lastError string
+	// waiting is what a scheduled job waits for (a limiter's reason), kept in the index
+	// while it is scheduled; "" for none.
+	waiting string
 	// delay is the wait before the next run; negative to draw it from delays by the
 	// attempts already spent.
 	delay  time.Duration
@@ -264,7 +277,7 @@ func settle(ctx context.Context, rdb redis.Scripter, keys Keys, group, consumer,
 	if s.delay >= 0 {
 		delay = s.delay.Milliseconds()
 	}
-	args := []any{group, consumer, id, s.spend, s.budget, s.lastError, msg.JobID, delay}
+	args := []any{group, consumer, id, s.spend, s.budget, s.lastError, msg.JobID, delay, clipReason(s.waiting)}
 	if len(s.delays) == 0 {
 		args = append(args, 0)
 	}
@@ -350,7 +363,7 @@ for i = 1, #ARGV do
       if redis.call('HGET', ix, 'scheduled') == m then
         local dead = redis.call('HGET', ix, 'dead_id')
         if dead then redis.call('XDEL', KEYS[4], dead) end
-        redis.call('HDEL', ix, 'scheduled', 'run_at', 'reason', 'dead_id', 'failed_at')
+        redis.call('HDEL', ix, 'scheduled', 'run_at', 'reason', 'dead_id', 'failed_at', 'waiting')
         redis.call('HSET', ix, 'state', 'queued', 'entry', id)
         redis.call('PERSIST', ix)
       end

@@ -3,6 +3,7 @@ package queue
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -159,6 +160,51 @@ func TestSnoozeSpendsNoAttempt(t *testing.T) {
 	_, tries := log.snapshot()
 	if len(tries) != 7 || slices.ContainsFunc(tries, func(n int64) bool { return n != 1 }) {
 		t.Errorf("attempts seen = %v, want seven runs of attempt 1", tries)
+	}
+	if d := deadLetters(t, rdb, keys); len(d) != 0 {
+		t.Errorf("dead letters: %+v", d)
+	}
+}
+
+// A limiter's wait (*retry.WaitError) is a snooze: no attempt is spent, the job waits in
+// the scheduled set, and its index says what for while it waits (and no longer once it
+// runs again).
+func TestWaitErrorWaitsWithItsReason(t *testing.T) {
+	t.Parallel()
+	rdb, keys := setup(t)
+	ctx := context.Background()
+	var log runLog
+	var ok atomic.Bool
+	release := make(chan struct{})
+	const reason = "token budget of tenant acme is spent for today"
+	start(t, WorkerConfig{Redis: rdb, Keys: keys, MaxDeliveries: 1,
+		Handler: HandlerFunc(func(_ context.Context, j *Job) error {
+			if log.add(j) <= 3 {
+				return fmt.Errorf("model step: %w", &retry.WaitError{Delay: 400 * time.Millisecond, Reason: reason})
+			}
+			<-release
+			ok.Store(true)
+			return nil
+		})})
+	enqueue(t, rdb, keys, message(6, nil))
+	testenv.WaitFor(t, 10*time.Second, "the first wait", func() bool {
+		ix, err := ReadJobIndex(ctx, rdb, keys, jobID(6))
+		return err == nil && ix.State == StateScheduled
+	})
+	ix, err := ReadJobIndex(ctx, rdb, keys, jobID(6))
+	if err != nil || ix.Waiting != reason || ix.RunAt.IsZero() {
+		t.Fatalf("index while waiting = %+v %v, want the reason and its time", ix, err)
+	}
+	testenv.WaitFor(t, 20*time.Second, "the fourth run", func() bool { a, _ := log.snapshot(); return len(a) == 4 })
+	ix, err = ReadJobIndex(ctx, rdb, keys, jobID(6))
+	if err != nil || ix.Waiting != "" || ix.State != StateQueued {
+		t.Fatalf("index while running again = %+v %v, want queued without a reason", ix, err)
+	}
+	close(release)
+	testenv.WaitFor(t, 10*time.Second, "the job to succeed", ok.Load)
+	_, tries := log.snapshot()
+	if len(tries) != 4 || slices.ContainsFunc(tries, func(n int64) bool { return n != 1 }) {
+		t.Errorf("attempts seen = %v, want four runs of attempt 1 (a wait spends none, MaxDeliveries is 1)", tries)
 	}
 	if d := deadLetters(t, rdb, keys); len(d) != 0 {
 		t.Errorf("dead letters: %+v", d)

@@ -745,6 +745,7 @@ func (w *Worker) process(ctx context.Context, d delivery) {
 		return
 	}
 	var snooze *SnoozeError
+	var wait *retry.WaitError
 	switch {
 	case outcome == outcomeOK:
 		w.unavailable.Store(0)
@@ -762,6 +763,11 @@ func (w *Worker) process(ctx context.Context, d delivery) {
 	case errors.As(err, &snooze):
 		w.m.snoozed.Inc()
 		w.handBack(ctx, d, job, snooze.Delay, "snooze", nil)
+	case errors.As(err, &wait):
+		// A limiter had no capacity for the job's call (a rate limit, a budget): it waits
+		// in the scheduled set, holding no worker, with the reason in its index.
+		w.m.snoozed.Inc()
+		w.handBackWaiting(d, job, wait)
 	case outcome == outcomeUnavailable:
 		n := w.unavailable.Add(1)
 		w.m.handedBack.Inc()
@@ -854,6 +860,18 @@ func (w *Worker) retry(ctx context.Context, d delivery, job *Job, cause error) {
 // unreported deliveries.
 func (w *Worker) handBack(ctx context.Context, d delivery, job *Job, delay time.Duration, why string, cause error) {
 	w.handBackSpending(ctx, d, job, d.deliveries-1, delay, why, cause)
+}
+
+// handBackWaiting settles a run whose call a limiter put off (a *retry.WaitError): the
+// job runs again after the wait, spending only the attempts of its unreported
+// deliveries, with the wait's reason in its index. Logged at debug level: a limiter
+// under load puts off many jobs, and its metrics count them.
+func (w *Worker) handBackWaiting(d delivery, job *Job, wait *retry.WaitError) {
+	res, ok := w.settle(d, job, settlement{spend: max(d.deliveries-1, 0), delay: max(wait.Delay, 0), waiting: wait.Reason})
+	if ok {
+		w.log.Debug("job waits for capacity without spending an attempt", "job_id", job.JobID, "tenant", job.Tenant,
+			"entry", d.id, "in", res.delay, "reason", wait.Reason)
+	}
 }
 
 // handBackSpending is handBack recording spend attempts (those the settlement found
