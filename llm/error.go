@@ -73,6 +73,9 @@ type APIError struct {
 	RetryAfterSet   bool
 	// ShouldRetryHeader is the x-should-retry header ("true"/"false"), empty if absent.
 	ShouldRetryHeader string
+	// RateLimit is what the answer's headers said of the provider's rate limits (see
+	// ParseRateLimit); nil when they said nothing.
+	RateLimit *RateLimit
 	// Body is the raw error body, at most MaxErrorBody bytes.
 	Body []byte
 	// Err is the SDK's error, if any.
@@ -99,6 +102,7 @@ func NewAPIError(provider string, status int, h http.Header, body []byte, now ti
 		e.RequestID = cmp.Or(h.Get("X-Request-Id"), h.Get("Request-Id"))
 		e.RetryAfterDelay, e.RetryAfterSet = retry.RetryAfterFromHeader(h, now)
 		e.ShouldRetryHeader = h.Get("X-Should-Retry")
+		e.RateLimit = RateLimitOf(h, now)
 	}
 	if eb, ok := ParseErrorBody(body); ok {
 		e.Type, e.Code, e.Param, e.Message = eb.Type, eb.Code, eb.Param, eb.Message

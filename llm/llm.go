@@ -128,6 +128,10 @@ type Response struct {
 	// Raw is the response body exactly as received, for byte-identical replay. For a
 	// collected stream it is each event's data, one per line.
 	Raw []byte `json:"-"`
+	// RateLimit is what the answer's headers said of the provider's rate limits (see
+	// ParseRateLimit); nil when they said nothing, and for an answer replayed from a
+	// record.
+	RateLimit *RateLimit `json:"-"`
 }
 
 // Chunk is one piece of a streamed answer.
@@ -145,6 +149,9 @@ type Chunk struct {
 	FinishReason string
 	ToolCalls    []ToolCall
 	Usage        *Usage
+	// RateLimit, on the final chunk, is what the stream's response headers said of the
+	// provider's rate limits; nil when they said nothing.
+	RateLimit *RateLimit
 }
 
 // Collect drains a stream into a Response: the concatenated content, the final chunk's
@@ -171,6 +178,7 @@ func Collect(seq iter.Seq2[Chunk, error]) (*Response, error) {
 		if c.Done {
 			resp.FinishReason = c.FinishReason
 			resp.ToolCalls = c.ToolCalls
+			resp.RateLimit = c.RateLimit
 			if c.Usage != nil {
 				resp.Usage = *c.Usage
 			}

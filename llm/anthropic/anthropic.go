@@ -116,6 +116,9 @@ func (c *Client) Complete(ctx context.Context, req *llm.Request) (*llm.Response,
 		return nil, llm.Malformed(Provider, requestID, err)
 	}
 	resp.RequestID = requestID
+	if httpResp != nil {
+		resp.RateLimit = llm.RateLimitOf(httpResp.Header, time.Now())
+	}
 	return resp, nil
 }
 
@@ -185,6 +188,9 @@ func (c *Client) Stream(ctx context.Context, req *llm.Request) iter.Seq2[llm.Chu
 			return
 		}
 		final := llm.Chunk{Done: true, ID: id, RequestID: requestID, FinishReason: finishReason(stop), Usage: &usage}
+		if httpResp != nil {
+			final.RateLimit = llm.RateLimitOf(httpResp.Header, time.Now())
+		}
 		for _, acc := range calls {
 			final.ToolCalls = append(final.ToolCalls, llm.ToolCall{ID: acc.id, Name: acc.name, Arguments: cmp.Or(acc.input.String(), "{}")})
 		}

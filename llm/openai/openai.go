@@ -111,6 +111,9 @@ func (c *Client) Complete(ctx context.Context, req *llm.Request) (*llm.Response,
 		return nil, llm.Malformed(Provider, requestID, err)
 	}
 	resp.RequestID = requestID
+	if httpResp != nil {
+		resp.RateLimit = llm.RateLimitOf(httpResp.Header, time.Now())
+	}
 	if resp.Model == "" {
 		resp.Model = string(params.Model)
 	}
@@ -189,6 +192,9 @@ func (c *Client) Stream(ctx context.Context, req *llm.Request) iter.Seq2[llm.Chu
 			return
 		}
 		final := llm.Chunk{Done: true, ID: id, RequestID: requestID, FinishReason: finish, Usage: usage}
+		if httpResp != nil {
+			final.RateLimit = llm.RateLimitOf(httpResp.Header, time.Now())
+		}
 		for _, acc := range calls {
 			final.ToolCalls = append(final.ToolCalls, llm.ToolCall{ID: acc.id, Name: acc.name, Arguments: acc.args.String()})
 		}
