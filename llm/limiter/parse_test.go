@@ -1,0 +1,79 @@
+package limiter
+
+import (
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseModelLimits(t *testing.T) {
+	m, err := ParseModelLimits(" gpt-4.1-mini rpm=500 tpm=200000; ft:gpt-4o:acme:x concurrency=8 ;; ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m) != 2 || m["gpt-4.1-mini"] != (Limits{RPM: 500, TPM: 200000}) || m["ft:gpt-4o:acme:x"] != (Limits{Concurrency: 8}) {
+		t.Fatalf("got %+v", m)
+	}
+	for _, bad := range []string{"rpm=5", "m rpm=-1", "m rpm=x", "m bogus=1", "m rpm", "m rpm=1 rpm=2", "m rpm=1; m tpm=2", strings.Repeat("x", 201) + " rpm=1"} {
+		if _, err := ParseModelLimits(bad); err == nil {
+			t.Errorf("ParseModelLimits(%q) accepted", bad)
+		}
+	}
+}
+
+func TestParsePrices(t *testing.T) {
+	m, err := ParsePrices("gpt-4.1-mini input=0.40 output=1.60; mine output=12")
+	if err != nil || m["gpt-4.1-mini"] != (Price{Input: 0.40, Output: 1.60}) || m["mine"] != (Price{Output: 12}) {
+		t.Fatalf("got %+v %v", m, err)
+	}
+	for _, bad := range []string{"m input=-1", "m input=NaN", "m input=Inf", "m cost=1"} {
+		if _, err := ParsePrices(bad); err == nil {
+			t.Errorf("ParsePrices(%q) accepted", bad)
+		}
+	}
+}
+
+func FuzzParseModelLimits(f *testing.F) {
+	f.Add("gpt rpm=1 tpm=2 concurrency=3; other rpm=4")
+	f.Add("; ;= =;")
+	f.Fuzz(func(t *testing.T, s string) {
+		m, err := ParseModelLimits(s)
+		if err != nil {
+			return
+		}
+		for name, l := range m {
+			if checkName("model", name) != nil || l.RPM < 0 || l.TPM < 0 || l.Concurrency < 0 {
+				t.Fatalf("accepted %q: %q %+v", s, name, l)
+			}
+		}
+	})
+}
+
+// An announcement from Pub/Sub is outside input: anything but a well-formed pause is
+// ignored.
+func FuzzOnEvent(f *testing.F) {
+	f.Add("pause 1764590000000 openai/gpt-4.1")
+	f.Add("pause -1 x")
+	f.Add("pause 1 \x00")
+	f.Fuzz(func(t *testing.T, payload string) {
+		l := &Limiter{models: map[string]*modelState{}}
+		l.onEvent(payload)
+		for k, s := range l.models {
+			if checkName("model", k) != nil || s.pauseUntil.Load() <= 0 {
+				t.Fatalf("%q made state %q %d", payload, k, s.pauseUntil.Load())
+			}
+		}
+	})
+}
+
+func TestOnEventPausesLocally(t *testing.T) {
+	l := &Limiter{models: map[string]*modelState{}}
+	till := time.Now().Add(time.Minute).UnixMilli()
+	l.onEvent("pause " + itoa(till) + " openai/gpt-4.1")
+	if d, _ := l.state("openai/gpt-4.1").pausedFor(time.Now()); d < 50*time.Second {
+		t.Fatalf("paused for %v, want about a minute", d)
+	}
+}
+
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }

@@ -1,0 +1,213 @@
+package limiter
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Run keeps the process's view of the shared state fresh until ctx ends: it listens
+// for pauses (Pub/Sub), reads every model's pause and learnt limits every
+// SyncInterval (so a pause announced while it was not listening, or a Redis restart,
+// is caught within one interval), reads Config.Budgets every BudgetRefresh, retries the
+// settlements Redis refused, and writes the cost view. It returns nil when ctx ends.
+// Acquire and Done work without it, on what the process learns by itself.
+func (l *Limiter) Run(ctx context.Context) error {
+	go l.listen(ctx)
+	l.refreshBudgets(ctx)
+	sync := time.NewTicker(l.cfg.SyncInterval)
+	defer sync.Stop()
+	budgets := time.NewTicker(l.cfg.BudgetRefresh)
+	defer budgets.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleWithin)
+			l.flushUsage(fctx)
+			l.retryPending()
+			cancel()
+			return nil
+		case <-sync.C:
+			l.sync(ctx)
+			l.retryPending()
+			l.flushUsage(ctx)
+		case <-budgets.C:
+			l.refreshBudgets(ctx)
+		}
+	}
+}
+
+// listen applies the pauses other processes announce, resubscribing after a failure.
+func (l *Limiter) listen(ctx context.Context) {
+	for ctx.Err() == nil {
+		sub := l.rdb.Subscribe(ctx, l.keys.Events())
+		ch := sub.Channel(redis.WithChannelHealthCheckInterval(10 * time.Second))
+	read:
+		for {
+			select {
+			case <-ctx.Done():
+				break read
+			case msg, ok := <-ch:
+				if !ok {
+					break read
+				}
+				l.onEvent(msg.Payload)
+			}
+		}
+		_ = sub.Close()
+		if err := sleep(ctx, l.cfg.SyncInterval); err != nil {
+			return
+		}
+	}
+}
+
+// onEvent applies one announcement: "pause <until ms> <provider/model>". Anything else
+// is ignored.
+func (l *Limiter) onEvent(payload string) {
+	f := strings.Fields(payload)
+	if len(f) != 3 || f[0] != "pause" || checkName("model", f[2]) != nil {
+		return
+	}
+	till, err := strconv.ParseInt(f[1], 10, 64)
+	if err != nil || till <= 0 {
+		return
+	}
+	l.state(f[2]).setPause(till, "announced by another process")
+}
+
+// sync reads the pause and learnt limits of every model the process has used, in one
+// round trip.
+func (l *Limiter) sync(ctx context.Context) {
+	l.mu.Lock()
+	states := make([]*modelState, 0, len(l.models))
+	for _, s := range l.models {
+		states = append(states, s)
+	}
+	l.mu.Unlock()
+	if len(states) == 0 {
+		return
+	}
+	pipe := l.rdb.Pipeline()
+	cmds := make([]*redis.SliceCmd, len(states))
+	for i, s := range states {
+		cmds[i] = pipe.HMGet(ctx, l.keys.Model(s.key), "pause", "why", "lrpm", "ltpm")
+	}
+	if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
+		l.m.redisErrors.Inc()
+		return
+	}
+	for i, s := range states {
+		v := cmds[i].Val()
+		if len(v) != 4 {
+			continue
+		}
+		if till := parseInt(v[0]); till > 0 {
+			why, _ := v[1].(string)
+			s.setPause(till, why)
+			if till > time.Now().UnixMilli() {
+				l.m.pausedUntil.WithLabelValues(s.key[strings.IndexByte(s.key, '/')+1:]).Set(float64(till) / 1000)
+			}
+		}
+		if n := parseInt(v[2]); n > 0 {
+			s.lrpm.Store(n)
+		}
+		if n := parseInt(v[3]); n > 0 {
+			s.ltpm.Store(n)
+		}
+	}
+}
+
+func parseInt(v any) int64 {
+	s, _ := v.(string)
+	n, _ := strconv.ParseInt(s, 10, 64)
+	return n
+}
+
+// refreshBudgets reads Config.Budgets; on failure the last budgets stay.
+func (l *Limiter) refreshBudgets(ctx context.Context) {
+	if l.cfg.Budgets == nil {
+		return
+	}
+	m, err := l.cfg.Budgets.TokenBudgets(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			l.log.Warn("limiter: could not read the tenants' token budgets; keeping the last ones", "err", err)
+		}
+		return
+	}
+	l.budgets.Store(&m)
+}
+
+// SetBudgets replaces the tenants' own budgets at once (as a refresh of Config.Budgets
+// does), for tests and tools.
+func (l *Limiter) SetBudgets(m map[string]int64) {
+	cp := make(map[string]int64, len(m))
+	for k, v := range m {
+		cp[k] = v
+	}
+	l.budgets.Store(&cp)
+}
+
+// retryPending retries the settlements Redis refused, oldest first, until one fails.
+func (l *Limiter) retryPending() {
+	l.pmu.Lock()
+	pending := l.pending
+	l.pending = nil
+	l.pmu.Unlock()
+	for i, s := range pending {
+		if err := l.settle(s); err != nil {
+			l.pmu.Lock()
+			l.pending = append(pending[i:], l.pending...)
+			l.pmu.Unlock()
+			return
+		}
+	}
+}
+
+// flushUsage adds the calls settled since the last flush to the cost view (Keys.Usage),
+// in one round trip (MULTI/EXEC); what fails to be written is kept for the next.
+func (l *Limiter) flushUsage(ctx context.Context) {
+	l.umu.Lock()
+	if len(l.usage) == 0 {
+		l.umu.Unlock()
+		return
+	}
+	batch := l.usage
+	l.usage = map[usageKey]*usageSum{}
+	l.umu.Unlock()
+	pipe := l.rdb.TxPipeline() // all of it or none: a failed flush is kept whole
+	days := map[string]bool{}
+	for k, u := range batch {
+		key := l.keys.base() + "usage:" + k.day
+		f := k.tenant + "|" + k.model + "|"
+		if u.in > 0 {
+			pipe.HIncrBy(ctx, key, f+"in", u.in)
+		}
+		if u.out > 0 {
+			pipe.HIncrBy(ctx, key, f+"out", u.out)
+		}
+		pipe.HIncrBy(ctx, key, f+"calls", u.calls)
+		days[key] = true
+	}
+	for key := range days {
+		pipe.Expire(ctx, key, usageTTL)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		l.m.redisErrors.Inc()
+		l.umu.Lock()
+		for k, u := range batch {
+			cur := l.usage[k]
+			if cur == nil {
+				l.usage[k] = u
+				continue
+			}
+			cur.in += u.in
+			cur.out += u.out
+			cur.calls += u.calls
+		}
+		l.umu.Unlock()
+	}
+}

@@ -1,0 +1,312 @@
+package limiter
+
+import "github.com/redis/go-redis/v9"
+
+// The limiter's state is in Redis, every key under Prefix:{limits}: one hash slot, so
+// that each script below runs on one node (a Redis Cluster keeps the limiter on the
+// node that owns the slot). Per model (provider/model):
+//
+//   - Keys.Model, a hash: the token buckets "rt" (requests left) and "tt" (tokens left)
+//     with their update times "rts" and "tts" in Unix milliseconds, the fleet-wide pause
+//     "pause" (Unix ms) and its reason "why", the learnt limits "lrpm" and "ltpm" (from
+//     the provider's headers), the moving averages of a call's duration "dur" (ms) and
+//     of its cost in tokens "avgtok";
+//   - Keys.InFlight, a sorted set: the permits in flight, scored by when their lease
+//     ends (a permit whose process died stops counting then);
+//   - Keys.Lines, a hash: per tenant, "n:T" the next free place in its line (Unix ms),
+//     "w:T" until when it counts as waiting, "u:T" its recent admissions as
+//     "<count>|<ms>" (a count halving every HalfLife);
+//   - Keys.Places, a sorted set: the calls (by their work key) that were given a place
+//     in a line, scored by when the place lapses.
+//
+// Per tenant: Keys.TenantInFlight (its permits in flight, across models), and per UTC
+// day Keys.Budget, a hash with "used" and "reserved" tokens and "p:<permit>" the tokens
+// each live permit reserved, and Keys.Held, those permits scored by their lease's end.
+//
+// A bucket holds at most one minute of its limit and refills continuously (so a limit
+// of 600 requests per minute admits a burst of 600, then 10 a second), as the
+// providers' own limiters do. Tokens are reserved at admission (the estimate: prompt
+// plus the output that may come) and corrected at settlement from the answer's usage;
+// the token bucket may go below zero when an answer used more than its estimate.
+
+// admitScript decides whether one call may go now. It is the only writer of a permit's
+// admission, and every check and every reservation it makes is one atomic step: two
+// processes can never both take the last request of a minute or the last tokens of a
+// budget.
+//
+//	KEYS[1] Model  KEYS[2] InFlight  KEYS[3] Lines  KEYS[4] Places
+//	KEYS[5] TenantInFlight  KEYS[6] Budget  KEYS[7] Held
+//	ARGV[1]  permit id                 ARGV[2]  tenant
+//	ARGV[3]  the call's work key ("" none: it never holds a place)
+//	ARGV[4]  requests per minute configured (0: the learnt one, if any)
+//	ARGV[5]  tokens per minute configured (0: the learnt one, if any)
+//	ARGV[6]  calls in flight (0: none)  ARGV[7]  the tenant's calls in flight (0: none)
+//	ARGV[8]  tokens the call needs (estimate plus output)
+//	ARGV[9]  the tenant's tokens per day (0: no budget)
+//	ARGV[10] permit lease, ms           ARGV[11] the end of the budget's day, Unix ms
+//	ARGV[12] the budget keys' TTL, s    ARGV[13] usage half-life, ms
+//	ARGV[14] how long a tenant counts as waiting after its place, ms
+//	ARGV[15] how long a place is held after it is due, ms
+//	ARGV[16] a call's duration until one was measured, ms
+//
+// Returns {1, tokens} when admitted (the tokens it took from the token bucket), else {0, wait ms, reason,
+// detail}: reason "paused" (detail: why), "budget" (detail: tokens used and reserved
+// today), "tenant concurrency", or, for the shared capacity, "requests per minute",
+// "tokens per minute", "concurrency" or "fair share" (another waiting tenant has had
+// less lately). A call denied shared capacity is given a place in its tenant's line:
+// its wait ends at that place, so that a backlog of calls put off together comes back
+// spread out rather than all at once, and when it comes back (with the same work key) a
+// denial puts it back near the front (one spacing per waiting tenant ahead), not
+// behind its tenant's later calls. A line advances by the spacing of one call (the
+// tightest of 1/rpm, the average call's tokens/tpm and duration/concurrency): each
+// tenant's backlog comes back at the whole capacity's pace, and where several
+// compare, a tenant that has had more lately yields to a waiting tenant that has had
+// less (the fair share), so capacity is never left idle for a share nobody uses. A
+// place is a hint, not a reservation: capacity goes to whoever asks first, but for
+// that yield.
+var admitScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local id, tenant, work = ARGV[1], ARGV[2], ARGV[3]
+local need = tonumber(ARGV[8])
+local st = redis.call('HMGET', KEYS[1], 'rt', 'rts', 'tt', 'tts', 'pause', 'why', 'dur', 'lrpm', 'ltpm', 'avgtok')
+local rpm = tonumber(ARGV[4]); if rpm <= 0 then rpm = tonumber(st[8]) or 0 end
+local tpm = tonumber(ARGV[5]); if tpm <= 0 then tpm = tonumber(st[9]) or 0 end
+local conc, tconc = tonumber(ARGV[6]), tonumber(ARGV[7])
+local lease = tonumber(ARGV[10])
+local dur = tonumber(st[7]) or tonumber(ARGV[16])
+local pause = tonumber(st[5]) or 0
+if pause > now then return {0, pause - now, 'paused', st[6] or ''} end
+
+local budget = tonumber(ARGV[9])
+if budget > 0 then
+  for _, p in ipairs(redis.call('ZRANGEBYSCORE', KEYS[7], '-inf', now)) do
+    local n = tonumber(redis.call('HGET', KEYS[6], 'p:' .. p)) or 0
+    redis.call('HINCRBY', KEYS[6], 'reserved', -n)
+    redis.call('HINCRBY', KEYS[6], 'used', n)
+    redis.call('HDEL', KEYS[6], 'p:' .. p)
+    redis.call('ZREM', KEYS[7], p)
+  end
+  local b = redis.call('HMGET', KEYS[6], 'used', 'reserved')
+  local spent = (tonumber(b[1]) or 0) + (tonumber(b[2]) or 0)
+  if spent + need > budget then
+    return {0, math.max(tonumber(ARGV[11]) - now, 1), 'budget', tostring(spent)}
+  end
+end
+if tconc > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now)
+  if redis.call('ZCARD', KEYS[5]) >= tconc then
+    return {0, math.max(math.floor(dur / tconc), 1), 'tenant concurrency', ''}
+  end
+end
+
+local shared = rpm > 0 or tpm > 0 or conc > 0
+local rt, tt = 0, 0
+local tneed = need
+if shared then
+  local function refill(tok, ts, cap)
+    if not tok then return cap end
+    local r = tok + (now - (ts or now)) * cap / 60000
+    if r > cap then return cap end
+    return r
+  end
+  if rpm > 0 then rt = refill(tonumber(st[1]), tonumber(st[2]), rpm) end
+  if tpm > 0 then
+    tt = refill(tonumber(st[3]), tonumber(st[4]), tpm)
+    if tneed > tpm then tneed = tpm end
+  end
+  if conc > 0 then redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now) end
+  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+
+  local line, mark, use = {}, {}, {}
+  local fair = redis.call('HGETALL', KEYS[3])
+  for i = 1, #fair, 2 do
+    local k, v = fair[i], fair[i + 1]
+    local kind, who = string.sub(k, 1, 1), string.sub(k, 3)
+    if kind == 'n' then line[who] = tonumber(v)
+    elseif kind == 'w' then mark[who] = tonumber(v)
+    elseif kind == 'u' then use[who] = v end
+  end
+  local half = tonumber(ARGV[13])
+  local function usage(who)
+    local v = use[who]
+    if not v then return 0 end
+    local sep = string.find(v, '|', 1, true)
+    if not sep then return 0 end
+    local u, ts = tonumber(string.sub(v, 1, sep - 1)) or 0, tonumber(string.sub(v, sep + 1)) or now
+    return u * math.pow(2, -(now - ts) / half)
+  end
+  -- Forget tenants with nothing recent: no place ahead, not waiting, no usage left.
+  local seen = {}
+  for who in pairs(line) do seen[who] = true end
+  for who in pairs(mark) do seen[who] = true end
+  for who in pairs(use) do seen[who] = true end
+  for who in pairs(seen) do
+    if who ~= tenant and (line[who] or 0) < now and (mark[who] or 0) < now and usage(who) < 0.01 then
+      redis.call('HDEL', KEYS[3], 'n:' .. who, 'w:' .. who, 'u:' .. who)
+      line[who], mark[who], use[who] = nil, nil, nil
+    end
+  end
+
+  local held = false
+  if work ~= '' and redis.call('ZSCORE', KEYS[4], work) then held = true end
+  local wait, why = 0, nil
+  if conc > 0 and redis.call('ZCARD', KEYS[2]) >= conc then wait, why = dur / conc, 'concurrency' end
+  if rpm > 0 and rt < 1 then
+    local w = (1 - rt) * 60000 / rpm
+    if not why or w > wait then wait, why = w, 'requests per minute' end
+  end
+  if tpm > 0 and tt < tneed then
+    local w = (tneed - tt) * 60000 / tpm
+    if not why or w > wait then wait, why = w, 'tokens per minute' end
+  end
+  if not why then
+    local mine = usage(tenant)
+    for who, til in pairs(mark) do
+      if who ~= tenant and til > now and usage(who) + 1 <= mine then
+        why = 'fair share'
+        break
+      end
+    end
+  end
+  if why then
+    local sp = 0
+    if rpm > 0 then sp = 60000 / rpm end
+    if tpm > 0 then sp = math.max(sp, math.min(tneed, tonumber(st[10]) or tneed) * 60000 / tpm) end
+    if conc > 0 then sp = math.max(sp, dur / conc) end
+    local place
+    if held then
+      local waiting = 1
+      for who, til in pairs(mark) do
+        if who ~= tenant and til > now then waiting = waiting + 1 end
+      end
+      place = now + math.max(wait, sp * waiting)
+    else
+      place = math.max(now + wait, line[tenant] or 0)
+      redis.call('HSET', KEYS[3], 'n:' .. tenant, tostring(place + sp))
+    end
+    redis.call('HSET', KEYS[3], 'w:' .. tenant, tostring(place + tonumber(ARGV[14])))
+    if work ~= '' then redis.call('ZADD', KEYS[4], place + tonumber(ARGV[15]), work) end
+    return {0, math.max(math.floor(place - now), 1), why, ''}
+  end
+
+  if rpm > 0 then rt = rt - 1 end
+  if tpm > 0 then tt = tt - tneed end
+  if rpm > 0 then redis.call('HSET', KEYS[1], 'rt', tostring(rt), 'rts', now) end
+  if tpm > 0 then redis.call('HSET', KEYS[1], 'tt', tostring(tt), 'tts', now) end
+  if conc > 0 then redis.call('ZADD', KEYS[2], now + lease, id) end
+  redis.call('HSET', KEYS[3], 'u:' .. tenant, tostring(usage(tenant) + 1) .. '|' .. now)
+  if held then redis.call('ZREM', KEYS[4], work) end
+end
+
+if tconc > 0 then redis.call('ZADD', KEYS[5], now + lease, id) end
+if budget > 0 then
+  redis.call('HINCRBY', KEYS[6], 'reserved', need)
+  redis.call('HSET', KEYS[6], 'p:' .. id, need)
+  redis.call('ZADD', KEYS[7], now + lease, id)
+  redis.call('EXPIRE', KEYS[6], tonumber(ARGV[12]))
+  redis.call('EXPIRE', KEYS[7], tonumber(ARGV[12]))
+end
+if tpm > 0 then return {1, tneed} end
+return {1, 0}
+`)
+
+// settleScript ends a permit: it gives back its concurrency, corrects the tokens it
+// reserved to what the call cost, learns the provider's limits and remainders from its
+// answer's headers, and charges the tenant's budget. It is safe to run for a permit
+// that was never admitted through Redis (every removal is a no-op) and for one whose
+// lease ended (its budget reservation was then charged whole; the charge is corrected).
+//
+//	KEYS[1] Model  KEYS[2] InFlight  KEYS[3] TenantInFlight  KEYS[4] Budget  KEYS[5] Held
+//	ARGV[1]  permit id
+//	ARGV[2]  1 when the request was sent (its request counts), 0 when it never left
+//	ARGV[3]  tokens the admission took from the token bucket (0: none)
+//	ARGV[4]  tokens the call cost (its usage; the reservation when it is unknown)
+//	ARGV[5]  tokens the admission reserved from the budget (0: no budget)
+//	ARGV[6]  requests per minute configured (0: learnt)
+//	ARGV[7]  tokens per minute configured (0: learnt)
+//	ARGV[8]  requests the provider says remain (-1: it did not say)
+//	ARGV[9]  tokens the provider says remain (-1)
+//	ARGV[10] the call's duration, ms (-1: none, it was not sent)
+//	ARGV[11] requests per minute the provider says (0: it did not say)
+//	ARGV[12] tokens per minute the provider says (0)
+//
+// Returns {rpm, tpm} in force after it (learnt when not configured).
+var settleScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local id = ARGV[1]
+redis.call('ZREM', KEYS[2], id)
+redis.call('ZREM', KEYS[3], id)
+local bres = tonumber(ARGV[5])
+local cost = tonumber(ARGV[4])
+if bres > 0 then
+  if redis.call('ZREM', KEYS[5], id) == 1 then
+    redis.call('HINCRBY', KEYS[4], 'reserved', -bres)
+    redis.call('HINCRBY', KEYS[4], 'used', cost)
+    redis.call('HDEL', KEYS[4], 'p:' .. id)
+  elseif redis.call('EXISTS', KEYS[4]) == 1 then
+    redis.call('HINCRBY', KEYS[4], 'used', cost - bres)
+  end
+end
+local lrpm, ltpm = tonumber(ARGV[11]), tonumber(ARGV[12])
+if lrpm > 0 then redis.call('HSET', KEYS[1], 'lrpm', lrpm) end
+if ltpm > 0 then redis.call('HSET', KEYS[1], 'ltpm', ltpm) end
+local st = redis.call('HMGET', KEYS[1], 'rt', 'rts', 'tt', 'tts', 'dur', 'lrpm', 'ltpm', 'avgtok')
+local rpm = tonumber(ARGV[6]); if rpm <= 0 then rpm = tonumber(st[6]) or 0 end
+local tpm = tonumber(ARGV[7]); if tpm <= 0 then tpm = tonumber(st[7]) or 0 end
+local function refill(tok, ts, cap)
+  if not tok then return cap end
+  local r = tok + (now - (ts or now)) * cap / 60000
+  if r > cap then return cap end
+  return r
+end
+if rpm > 0 then
+  local rt = refill(tonumber(st[1]), tonumber(st[2]), rpm)
+  if ARGV[2] == '0' then rt = math.min(rt + 1, rpm) end
+  local left = tonumber(ARGV[8])
+  if left >= 0 and left < rt then rt = left end
+  redis.call('HSET', KEYS[1], 'rt', tostring(rt), 'rts', now)
+end
+if tpm > 0 then
+  local tt = refill(tonumber(st[3]), tonumber(st[4]), tpm)
+  tt = tt + tonumber(ARGV[3]) - cost
+  if tt > tpm then tt = tpm end
+  if tt < -tpm then tt = -tpm end
+  local left = tonumber(ARGV[9])
+  if left >= 0 and left < tt then tt = left end
+  redis.call('HSET', KEYS[1], 'tt', tostring(tt), 'tts', now)
+end
+local d = tonumber(ARGV[10])
+if d >= 0 then
+  local old = tonumber(st[5])
+  if old then d = old * 0.8 + d * 0.2 end
+  redis.call('HSET', KEYS[1], 'dur', tostring(d))
+  if cost > 0 then
+    local avg = tonumber(st[8])
+    if avg then avg = avg * 0.8 + cost * 0.2 else avg = cost end
+    redis.call('HSET', KEYS[1], 'avgtok', tostring(avg))
+  end
+end
+return {rpm, tpm}
+`)
+
+// pauseScript stops calls to a model for the whole fleet until a time, and tells every
+// process at once (PUBLISH on Keys.Events). A pause only ever lengthens: a shorter one
+// than the pause in force changes nothing.
+//
+//	KEYS[1] Model
+//	ARGV[1] the pause, ms from Redis' now  ARGV[2] why  ARGV[3] the events channel
+//	ARGV[4] the model's name in the event
+//
+// Returns the pause's end in Unix ms (the one in force).
+var pauseScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local till = now + tonumber(ARGV[1])
+local cur = tonumber(redis.call('HGET', KEYS[1], 'pause')) or 0
+if till <= cur then return cur end
+redis.call('HSET', KEYS[1], 'pause', till, 'why', ARGV[2])
+redis.call('PUBLISH', ARGV[3], 'pause ' .. till .. ' ' .. ARGV[4])
+return till
+`)
