@@ -19,6 +19,7 @@ import (
 	"github.com/onceflow/onceflow/idempotency/redisstore"
 	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/llm/ledger"
+	"github.com/onceflow/onceflow/llm/limiter"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/queue"
 	"github.com/onceflow/onceflow/retry"
@@ -108,6 +109,22 @@ type Config struct {
 	// Ledger configures the llm_calls ledger (lease, retention); its Logger and
 	// Registerer default to the client's. Default: ledger's defaults.
 	Ledger ledger.Config
+	// Limits is the admission control of the model's calls (package limiter, see
+	// docs/limits.md): limits per model shared by every process (requests and tokens per
+	// minute, calls in flight: ONCEFLOW_LLM_RPM, _TPM, _CONCURRENCY, ONCEFLOW_LLM_LIMITS),
+	// learnt from the provider's rate-limit headers where not configured; a 429 pauses
+	// the model for every process; tenants share the capacity fairly
+	// (ONCEFLOW_TENANT_CONCURRENCY caps one) and spend daily token budgets
+	// (ONCEFLOW_TENANT_TOKEN_BUDGET, and tenant_budgets rows when DB is set). A job whose
+	// call must wait holds its worker at most Limits.MaxWait, then waits in its queue's
+	// scheduled set without spending an attempt, its reason in JobState.Waiting. Its
+	// Prefix, Provider, Logger and Registerer default to the client's, and Budgets to the
+	// tenant_budgets table when DB is set. Default: on, with nothing configured (only
+	// what the provider's headers teach, and its 429s).
+	Limits limiter.Config
+	// NoLimits turns the limiter off (ONCEFLOW_LLM_ADMISSION=off): every process then
+	// meets the provider's limits on its own, retrying its own 429s. Default: false.
+	NoLimits bool
 	// QuotaProbe is how often, while the model's breaker is open (an exhausted quota, a
 	// run of failures), one call probes whether the provider is back
 	// (ONCEFLOW_LLM_QUOTA_PROBE); meanwhile the queues take no work. Default:

@@ -13,6 +13,8 @@ import (
 	"github.com/onceflow/onceflow/breaker"
 	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/llm/ledger"
+	"github.com/onceflow/onceflow/llm/limiter"
+	"github.com/onceflow/onceflow/llm/limiter/pgbudget"
 	"github.com/onceflow/onceflow/llm/llmmetrics"
 	"github.com/onceflow/onceflow/llm/toolkey"
 	"github.com/onceflow/onceflow/queue"
@@ -29,8 +31,9 @@ var ErrNoModel = errors.New("onceflow: no model (Config.Model is not set)")
 
 // model is the model machinery of a Client with Config.Model.
 type model struct {
-	client   llm.Client // Config.Model through the ledger, behind the breaker
+	client   llm.Client // Config.Model through the ledger, behind the limiter and the breaker
 	ledger   *ledger.Ledger
+	limiter  *limiter.Limiter // nil with Config.NoLimits
 	breaker  *breaker.Breaker
 	provider string
 	policy   retry.Policy
@@ -90,9 +93,54 @@ func (c *Client) setupModel() error {
 	} else {
 		policy.OnRetry = m.OnRetry
 	}
-	c.model = &model{client: llm.WithBreaker(l.Wrap(provider, m.Instrument(provider, cfg.Model)), b), ledger: l, breaker: b, provider: provider, policy: policy}
+	// The limiter admits a call before the ledger (a call the ledger replays, or waits
+	// for, gives its capacity back uncharged) and observes it below the ledger.
+	var calls llm.Client
+	var lim *limiter.Limiter
+	provided := m.Instrument(provider, cfg.Model)
+	if cfg.NoLimits {
+		calls = l.Wrap(provider, provided)
+	} else {
+		if lim, err = c.newLimiter(provider); err != nil {
+			return err
+		}
+		calls = lim.WrapAround(func(next llm.Client) llm.Client { return l.Wrap(provider, next) }, provided)
+		c.background = append(c.background, lim.Run)
+	}
+	c.model = &model{client: llm.WithBreaker(calls, b), ledger: l, limiter: lim, breaker: b, provider: provider, policy: policy}
 	c.background = append(c.background, l.Run)
 	return nil
+}
+
+// newLimiter is Config.Limits with the client's defaults: its prefix, provider, logger,
+// registerer and, with Config.DB, the tenant_budgets table.
+func (c *Client) newLimiter(provider string) (*limiter.Limiter, error) {
+	lc := c.cfg.Limits
+	lc.Prefix = cmp.Or(lc.Prefix, c.cfg.Prefix)
+	lc.Provider = cmp.Or(lc.Provider, provider)
+	if lc.Logger == nil {
+		lc.Logger = c.log
+	}
+	if lc.Registerer == nil {
+		lc.Registerer = c.cfg.Registerer
+	}
+	if lc.Budgets == nil && c.cfg.DB != nil {
+		lc.Budgets = pgbudget.New(c.cfg.DB)
+	}
+	lim, err := limiter.New(c.rdb, lc)
+	if err != nil {
+		return nil, fmt.Errorf("onceflow: Config.Limits: %w", err)
+	}
+	return lim, nil
+}
+
+// Limiter returns the admission control of the client's model calls (nil without
+// Config.Model, or with Config.NoLimits), for its state and tools.
+func (c *Client) Limiter() *limiter.Limiter {
+	if c.model == nil {
+		return nil
+	}
+	return c.model.limiter
 }
 
 // checkPolicy refuses negative settings of Config.ModelRetry, naming the field.
@@ -267,6 +315,7 @@ func (rt *runtime) stream(ctx context.Context, jobID, step string, req *llm.Requ
 		s.seq = func(yield func(llm.Chunk, error) bool) { yield(llm.Chunk{}, err) }
 		return s
 	}
+	ctx = rt.limiterContext(ctx)
 	s.seq = func(yield func(llm.Chunk, error) bool) {
 		stopped := false
 		_, err := retry.Do(ctx, m.streamPolicy(), rt.deadline, func(ctx context.Context) (struct{}, error) {
@@ -369,6 +418,7 @@ func (rt *runtime) complete(ctx context.Context, jobID, step string, req *llm.Re
 	if err != nil {
 		return nil, err
 	}
+	ctx = rt.limiterContext(ctx)
 	s, err := retry.Do(ctx, m.policy, rt.deadline, func(ctx context.Context) (*Step, error) {
 		resp, err := m.client.Complete(ctx, out)
 		if err != nil {
@@ -382,6 +432,15 @@ func (rt *runtime) complete(ctx context.Context, jobID, step string, req *llm.Re
 	}
 	rt.client.postgresWorked() // the ledger wrote the call
 	return s, nil
+}
+
+// limiterContext returns ctx carrying the job's tenant for the model's limiter (its
+// budget, share and cap).
+func (rt *runtime) limiterContext(ctx context.Context) context.Context {
+	if rt == nil || rt.delivery == nil || rt.delivery.Tenant == "" {
+		return ctx
+	}
+	return limiter.WithTenant(ctx, rt.delivery.Tenant)
 }
 
 // recordToolKeys records the tool calls of s's answer in the ledger and keeps their

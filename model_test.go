@@ -51,7 +51,7 @@ type modelEnv struct {
 
 // newModelEnv starts fake-llm with fcfg and a Client whose model it is, running work
 // for kind supportArgs on the default queue; cfg's non-zero fields override the test
-// defaults (fastRetry, a queue reclaiming after 300ms).
+// defaults (fastRetry, a queue reclaiming after 300ms, fake-llm as the model).
 func newModelEnv(t *testing.T, fcfg fakeserver.Config, cfg onceflow.Config, work func(ctx context.Context, j *onceflow.Job[supportArgs]) error) *modelEnv {
 	t.Helper()
 	rdb, prefix := testenv.Redis(t)
@@ -74,7 +74,9 @@ func newModelEnv(t *testing.T, fcfg fakeserver.Config, cfg onceflow.Config, work
 		return err
 	}))
 	cfg.Redis, cfg.DB, cfg.Prefix, cfg.Workers, cfg.Logger = rdb, pool, prefix, ws, testenv.Logger(t)
-	cfg.Model = openai.New(openai.Config{BaseURL: srv.URL + "/v1", APIKey: "test-key"})
+	if cfg.Model == nil {
+		cfg.Model = openai.New(openai.Config{BaseURL: srv.URL + "/v1", APIKey: "test-key"})
+	}
 	cfg.Provider = "openai"
 	if cfg.ModelRetry.PerCallTimeout == 0 {
 		cfg.ModelRetry = fastRetry

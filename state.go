@@ -49,6 +49,10 @@ type JobState struct {
 	// RunAt is when a queued job waiting in the scheduled set runs: its next attempt
 	// after a failure, after a snooze or hand-back, or EnqueueOpts.RunAt.
 	RunAt time.Time `json:"run_at,omitzero"`
+	// Waiting says what a queued job waiting in the scheduled set waits for when the
+	// model's limiter put it off (a rate limit, its tenant's fair share or daily token
+	// budget); "" otherwise.
+	Waiting string `json:"waiting,omitempty"`
 }
 
 // ErrJobNotFound is returned by JobState for an id no job has, or has for another
@@ -117,7 +121,7 @@ func (c *Client) indexed(ctx context.Context, name, tenant, id string) (*JobStat
 		st.Status, st.Error = StatusFailed, ix.Reason
 		return st, nil
 	case queue.StateScheduled:
-		st.RunAt = ix.RunAt
+		st.RunAt, st.Waiting = ix.RunAt, ix.Waiting
 		return st, nil
 	}
 	entry := queue.EntryWaiting

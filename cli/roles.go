@@ -19,6 +19,7 @@ import (
 	"github.com/onceflow/onceflow/llm/anthropic"
 	"github.com/onceflow/onceflow/llm/fake"
 	"github.com/onceflow/onceflow/llm/ledger"
+	"github.com/onceflow/onceflow/llm/limiter"
 	"github.com/onceflow/onceflow/llm/openai"
 	"github.com/onceflow/onceflow/onceflowotel"
 	"github.com/onceflow/onceflow/queue"
@@ -142,6 +143,13 @@ func (d *deps) clientConfig(withModel bool) (onceflow.Config, error) {
 		client = onceflowotel.LLMClient(d.tp, d.cfg.LLM, client)
 	}
 	cfg.Model, cfg.Provider, cfg.QuotaProbe = client, d.cfg.LLM, d.cfg.LLMQuotaProbe
+	cfg.NoLimits = !d.cfg.LLMAdmission
+	cfg.Limits = limiter.Config{
+		DefaultModel: d.cfg.LLMModel,
+		Limits:       limiter.Limits{RPM: d.cfg.LLMRPM, TPM: d.cfg.LLMTPM, Concurrency: d.cfg.LLMConcurrency},
+		Models:       d.cfg.LLMLimits, Prices: d.cfg.LLMPrices, MaxWait: d.cfg.LLMAdmissionWait,
+		TenantConcurrency: d.cfg.TenantConcurrency, TenantTokenBudget: d.cfg.TenantTokenBudget,
+	}
 	cfg.ModelRetry = retry.Policy{MaxAttempts: d.cfg.LLMMaxAttempts, PerCallTimeout: d.cfg.LLMTimeout}
 	cfg.Ledger = ledger.Config{
 		Lease: d.cfg.LedgerLease, Retention: d.cfg.LedgerRetention, RelaxedInsert: d.cfg.LedgerRelaxedInsert,

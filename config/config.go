@@ -26,6 +26,8 @@ import (
 	"time"
 
 	"golang.org/x/net/http/httpguts"
+
+	"github.com/onceflow/onceflow/llm/limiter"
 )
 
 // Config holds every setting of the onceflow service. The zero value is not useful;
@@ -76,6 +78,27 @@ type Config struct {
 	// exhausted, one model call probes whether it is back (the provider's Retry-After
 	// wins when it sent one). Default: 1m.
 	LLMQuotaProbe time.Duration
+	// LLMAdmission turns the model limiter on or off (docs/limits.md). Default: true.
+	LLMAdmission bool
+	// LLMRPM, LLMTPM and LLMConcurrency are the model's requests per minute, tokens per
+	// minute and calls in flight across every process (0: none configured; learnt from
+	// the provider's rate-limit headers). Default: 0.
+	LLMRPM, LLMTPM, LLMConcurrency int
+	// LLMLimits are per-model limits ("gpt-4.1-mini rpm=500 tpm=200000; other rpm=50"),
+	// for the models not named the three above. Default: none.
+	LLMLimits map[string]limiter.Limits
+	// LLMPrices are per-model prices in US dollars per million tokens
+	// ("gpt-4.1-mini input=0.40 output=1.60"), over limiter.DefaultPrices. Default: none.
+	LLMPrices map[string]limiter.Price
+	// LLMAdmissionWait is how long a job waits in its worker for the limiter's capacity
+	// before it waits in its queue instead (holding no worker). Default: 2s.
+	LLMAdmissionWait time.Duration
+	// TenantConcurrency caps one tenant's model calls in flight (0: its fair share
+	// only). Default: 0.
+	TenantConcurrency int
+	// TenantTokenBudget is every tenant's tokens per UTC day unless `onceflow tenants set`
+	// gave it its own (0: unlimited). Default: 0.
+	TenantTokenBudget int64
 	// BreakerThreshold is how many transient failures of a dependency in a row (Redis,
 	// PostgreSQL, the model provider) open its circuit breaker, which stops the
 	// workers taking work until a probe passes. Default: 5.
@@ -271,6 +294,47 @@ var settings = []setting{
 	}},
 	{env: "ONCEFLOW_LLM_QUOTA_PROBE", def: "1m", usage: "how often one model call probes an exhausted quota", parse: func(c *Config, v string) error {
 		return parseDuration(&c.LLMQuotaProbe, v)
+	}},
+	{env: "ONCEFLOW_LLM_ADMISSION", def: "on", usage: "model limiter: on or off", parse: func(c *Config, v string) error {
+		var mode string
+		if err := parseEnum(&mode, v, "on", "off"); err != nil {
+			return err
+		}
+		c.LLMAdmission = mode == "on"
+		return nil
+	}},
+	{env: "ONCEFLOW_LLM_RPM", def: "0", usage: "model requests per minute across all processes (0: none configured)", parse: func(c *Config, v string) error {
+		return parseInt(&c.LLMRPM, v, 0, 1e9)
+	}},
+	{env: "ONCEFLOW_LLM_TPM", def: "0", usage: "model tokens per minute across all processes (0: none configured)", parse: func(c *Config, v string) error {
+		return parseInt(&c.LLMTPM, v, 0, 1e12)
+	}},
+	{env: "ONCEFLOW_LLM_CONCURRENCY", def: "0", usage: "model calls in flight across all processes (0: none configured)", parse: func(c *Config, v string) error {
+		return parseInt(&c.LLMConcurrency, v, 0, 1e6)
+	}},
+	{env: "ONCEFLOW_LLM_LIMITS", usage: "per-model limits: \"MODEL rpm=N tpm=N concurrency=N; MODEL ...\"", parse: func(c *Config, v string) error {
+		m, err := limiter.ParseModelLimits(v)
+		c.LLMLimits = m
+		return err
+	}},
+	{env: "ONCEFLOW_LLM_PRICES", usage: "per-model prices, US dollars per million tokens: \"MODEL input=N output=N; ...\"", parse: func(c *Config, v string) error {
+		m, err := limiter.ParsePrices(v)
+		c.LLMPrices = m
+		return err
+	}},
+	{env: "ONCEFLOW_LLM_ADMISSION_WAIT", def: "2s", usage: "how long a job waits in its worker for model capacity before it waits in its queue", parse: func(c *Config, v string) error {
+		return parseDuration(&c.LLMAdmissionWait, v)
+	}},
+	{env: "ONCEFLOW_TENANT_CONCURRENCY", def: "0", usage: "model calls in flight per tenant (0: fair share only)", parse: func(c *Config, v string) error {
+		return parseInt(&c.TenantConcurrency, v, 0, 1e6)
+	}},
+	{env: "ONCEFLOW_TENANT_TOKEN_BUDGET", def: "0", usage: "default tokens per tenant per UTC day (0: unlimited)", parse: func(c *Config, v string) error {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 || n > 1e15 {
+			return errors.New("must be an integer between 0 and 10^15")
+		}
+		c.TenantTokenBudget = n
+		return nil
 	}},
 	{env: "ONCEFLOW_BREAKER_THRESHOLD", def: "5", usage: "transient failures of a dependency in a row that stop the workers until a probe passes", parse: func(c *Config, v string) error {
 		return parseInt(&c.BreakerThreshold, v, 1, 1000)

@@ -341,6 +341,9 @@ type status struct {
 	Status  string `json:"status"`
 	Summary string `json:"summary,omitempty"`
 	Error   string `json:"error,omitempty"`
+	// Waiting and RunAt: a queued job the model's limiter put off says why and until when.
+	Waiting string     `json:"waiting,omitempty"`
+	RunAt   *time.Time `json:"run_at,omitempty"`
 }
 
 // getter answers GET /v1/summaries/{job_id}.
@@ -385,7 +388,11 @@ func (g *getter) serve(w http.ResponseWriter, r *http.Request, tenant string) {
 	case st.Status == onceflow.StatusDone: // committed between the two reads
 		writeJSON(w, http.StatusOK, status{JobID: id, Status: "done", Summary: g.summary(ctx, id)})
 	default:
-		writeJSON(w, http.StatusOK, status{JobID: id, Status: "queued"})
+		out := status{JobID: id, Status: "queued", Waiting: st.Waiting}
+		if st.Waiting != "" && !st.RunAt.IsZero() {
+			out.RunAt = &st.RunAt
+		}
+		writeJSON(w, http.StatusOK, out)
 	}
 }
 

@@ -1,0 +1,122 @@
+package onceflow_test
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/llm"
+	"github.com/onceflow/onceflow/llm/fakeserver"
+	"github.com/onceflow/onceflow/llm/limiter"
+	"github.com/onceflow/onceflow/llm/openai"
+)
+
+// The model's limiter inside a Client, against real Redis and PostgreSQL and fake-llm
+// over HTTP.
+
+// A tenant over its daily token budget: its job stays queued, without spending an
+// attempt, and JobState says why and until when; another tenant's job runs.
+func TestJobOverBudgetStaysQueuedWithItsReason(t *testing.T) {
+	t.Parallel()
+	// The budget is exactly what one call reserves (its estimate: the prompt and 1024
+	// output tokens): the first call fits, and once it has used any token the second
+	// does not, until the next UTC day. The texts are as long as each other.
+	budget := int64(llm.EstimateTokens(prompt("The first ticket.")))
+	e := newModelEnv(t, fakeserver.Config{}, onceflow.Config{Limits: limiter.Config{TenantTokenBudget: budget}},
+		func(ctx context.Context, j *onceflow.Job[supportArgs]) error {
+			_, err := j.Complete(ctx, "summarise", prompt(j.Args.Text))
+			return err
+		})
+	ctx := context.Background()
+	enqueue := func(tenant, text string) string {
+		t.Helper()
+		res, err := e.client.Enqueue(ctx, supportArgs{Text: text}, &onceflow.EnqueueOpts{Tenant: tenant})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.JobID
+	}
+	first := enqueue("acme", "The first ticket.")
+	e.start()
+	testenv.WaitFor(t, 20*time.Second, "the first job", func() bool {
+		st, err := e.client.JobState(ctx, "acme", first)
+		return err == nil && st.Status == onceflow.StatusDone
+	})
+	second := enqueue("acme", "A second ticket!.")
+	other := enqueue("globex", "Their own ticket.")
+	var st *onceflow.JobState
+	testenv.WaitFor(t, 20*time.Second, "the second job to wait for the budget", func() bool {
+		var err error
+		st, err = e.client.JobState(ctx, "acme", second)
+		return err == nil && st.Waiting != ""
+	})
+	tomorrow := time.Now().UTC().Truncate(24 * time.Hour).Add(24 * time.Hour)
+	if st.Status != onceflow.StatusQueued || !strings.Contains(st.Waiting, "token budget of tenant acme") ||
+		st.RunAt.Before(tomorrow) || st.RunAt.After(tomorrow.Add(2*time.Minute)) {
+		t.Fatalf("over budget: %+v, want queued, the budget named, running at the next UTC day (%v)", st, tomorrow)
+	}
+	testenv.WaitFor(t, 20*time.Second, "the other tenant's job", func() bool {
+		st, err := e.client.JobState(ctx, "globex", other)
+		return err == nil && st.Status == onceflow.StatusDone
+	})
+	if n := e.calls(); n != 2 {
+		t.Fatalf("%d model calls, want 2 (acme's first, globex's)", n)
+	}
+	if d := e.deadLetters(); len(d) != 0 {
+		t.Fatalf("dead letters: %+v", d)
+	}
+}
+
+// A 429 spends no attempt: the limiter pauses the model until its Retry-After and the
+// job waits in the scheduled set, then runs; with MaxDeliveries 1 a spent attempt
+// would have dead-lettered it.
+func TestRateLimitedCallSpendsNoAttempt(t *testing.T) {
+	t.Parallel()
+	fs, err := fakeserver.New(fakeserver.Config{Logger: testenv.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var requests, limited atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if requests.Add(1) == 1 {
+			limited.Add(1)
+			w.Header().Set("Retry-After", "1")
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusTooManyRequests)
+			_, _ = w.Write([]byte(`{"error":{"message":"Rate limit reached","type":"requests","code":"rate_limit_exceeded"}}`))
+			return
+		}
+		fs.ServeHTTP(w, r)
+	}))
+	t.Cleanup(func() { fs.Close(); srv.Close() })
+	e := newModelEnv(t, fakeserver.Config{}, onceflow.Config{
+		Model:  openai.New(openai.Config{BaseURL: srv.URL + "/v1", APIKey: "test-key"}),
+		Queues: map[string]onceflow.QueueConfig{onceflow.DefaultQueue: {ClaimIdle: time.Minute, MaxDeliveries: 1}},
+	}, func(ctx context.Context, j *onceflow.Job[supportArgs]) error {
+		_, err := j.Complete(ctx, "summarise", prompt(j.Args.Text))
+		return err
+	})
+	id := e.enqueue("Rate limited first.")
+	e.start()
+	ctx := context.Background()
+	testenv.WaitFor(t, 20*time.Second, "the job", func() bool {
+		st, err := e.client.JobState(ctx, "", id)
+		return err == nil && st.Status == onceflow.StatusDone
+	})
+	runs := e.runs.all()
+	if len(runs) != 2 || runs[0].delivery != 1 || runs[1].delivery != 1 {
+		t.Fatalf("runs %+v: want two runs of attempt 1 (the 429 spent none)", runs)
+	}
+	if runs[1].at.Sub(runs[0].at) < 900*time.Millisecond {
+		t.Fatalf("the second run came %v after the 429, before its Retry-After of 1s", runs[1].at.Sub(runs[0].at))
+	}
+	if requests.Load() != 2 || limited.Load() != 1 {
+		t.Fatalf("%d requests, %d limited: want one 429 and one answer (retry.Do must not retry a paused model in-process)", requests.Load(), limited.Load())
+	}
+}
