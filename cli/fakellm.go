@@ -37,6 +37,8 @@ func runFakeLLM(ctx context.Context, e *env, args []string) error {
 	tool := fs.String("tool", "", "when a request declares tool NAME, answer with a call to it (default: the first tool)")
 	toolArgs := fs.String("tool-args", "", "the arguments of the --tool call, a JSON object (default: derived from the tool's schema)")
 	noTools := fs.Bool("no-tool-calls", false, "answer requests that declare tools in text, as when the model needs none")
+	rpm := fs.Int("rpm", 0, "requests per minute per model, enforced like OpenAI: 429 with Retry-After and x-ratelimit-* headers (0: no limit)")
+	tpm := fs.Int("tpm", 0, "tokens per minute per model: the prompt's estimate plus max_tokens on arrival, corrected by the usage (0: no limit)")
 	cfg, log, err := load(e, fs, config.Register(fs), args)
 	if err != nil {
 		return err
@@ -48,6 +50,12 @@ func runFakeLLM(ctx context.Context, e *env, args []string) error {
 	if *retryAfter < 0 {
 		return usageErrorf("--retry-after %d: must not be negative", *retryAfter)
 	}
+	if *rpm < 0 {
+		return usageErrorf("--rpm %d: must not be negative", *rpm)
+	}
+	if *tpm < 0 {
+		return usageErrorf("--tpm %d: must not be negative", *tpm)
+	}
 	ra := time.Duration(*retryAfter) * time.Second
 	if ra == 0 {
 		ra = time.Nanosecond // Config's zero means its 1s default; the flag's 0 means "Retry-After: 0"
@@ -55,7 +63,7 @@ func runFakeLLM(ctx context.Context, e *env, args []string) error {
 	srv, err := fakeserver.New(fakeserver.Config{
 		Latency: *latency, Fail429: *fail429, Fail503: *fail503, FailQuota: *failQuota, Hang: *hang, Drip: *drip, DropStream: *drop,
 		RetryAfter: ra, MaxInputChars: *maxInput, HonourIdempotency: *honour, ToolCallIDs: *toolIDs, ToolChoice: chooser, Seed: *seed, Logger: log,
-		Fault: fakeserver.FaultKind(*force),
+		Fault: fakeserver.FaultKind(*force), RPM: *rpm, TPM: *tpm,
 	})
 	if err != nil {
 		return usageErrorf("fake-llm: %v", err)
@@ -68,7 +76,7 @@ func runFakeLLM(ctx context.Context, e *env, args []string) error {
 		log.InfoContext(ctx, "fake-llm listening", "addr", a.String(), "base_url", fmt.Sprintf("http://%s/v1", a),
 			"fail_429", *fail429, "retry_after_s", *retryAfter, "fail_503", *fail503, "fail_quota", *failQuota, "hang", *hang,
 			"drip", *drip, "drop_stream", *drop, "max_input_chars", *maxInput, "honour_idempotency", *honour, "tool_call_ids", *toolIDs,
-			"tool", *tool, "no_tool_calls", *noTools, "fault", *force)
+			"tool", *tool, "no_tool_calls", *noTools, "fault", *force, "rpm", *rpm, "tpm", *tpm)
 	}
 	if err := httpapi.Serve(ctx, *addr, srv, serveConfig(cfg, log, ready)); err != nil {
 		return fmt.Errorf("fake-llm: %w", err)

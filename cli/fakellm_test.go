@@ -90,7 +90,8 @@ func TestFakeLLMCommandShutsDownWhileARequestHangs(t *testing.T) {
 func TestFakeLLMCommandRejectsBadFlags(t *testing.T) {
 	t.Parallel()
 	for _, args := range [][]string{{"--hang", "2"}, {"--tool-call-ids", "sometimes"}, {"--retry-after", "-1"}, {"--fail-429", "x"},
-		{"--tool-args", `{"a":1}`}, {"--tool", "x", "--tool-args", "[1]"}, {"--tool", "x", "--no-tool-calls"}} {
+		{"--tool-args", `{"a":1}`}, {"--tool", "x", "--tool-args", "[1]"}, {"--tool", "x", "--no-tool-calls"},
+		{"--rpm", "-1"}, {"--tpm", "-5"}, {"--rpm", "x"}} {
 		p := testenv.Start(t, testenv.Binary(t), nil, append([]string{"fake-llm", "--addr", "127.0.0.1:0"}, args...)...)
 		if code := p.Wait(10 * time.Second); code != 2 {
 			t.Errorf("%v: exit %d, want 2; stderr:\n%s", args, code, p.Stderr())
@@ -130,5 +131,44 @@ func TestFakeLLMCommandCallsTheToolItIsTold(t *testing.T) {
 		case tc.wantTool != "" && (len(got.ToolCalls) != 1 || got.ToolCalls[0].Name != tc.wantTool || got.ToolCalls[0].Arguments != tc.wantArgs):
 			t.Fatalf("%v: %s, want %s(%s)", tc.args, b, tc.wantTool, tc.wantArgs)
 		}
+	}
+}
+
+// --rpm and --tpm enforce the limits: the headers on every answer, then a 429 with
+// Retry-After and rate_limit_exceeded, counted in /stats as rate_limited.
+func TestFakeLLMCommandEnforcesRateLimits(t *testing.T) {
+	t.Parallel()
+	_, base := startFakeLLM(t, "--rpm", "2", "--tpm", "100000")
+	var last *http.Response
+	for i := range 3 {
+		resp, err := http.Post(base+"/chat/completions", "application/json", strings.NewReader(chatRequest))
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		rl, ok := llm.ParseRateLimit(resp.Header, time.Now())
+		if !ok || rl.Requests.Limit != 2 || rl.Tokens.Limit != 100000 || !rl.Requests.HasRemaining || !rl.Tokens.HasReset {
+			t.Fatalf("request %d: rate limits %+v in %v", i, rl, resp.Header)
+		}
+		if i == 2 {
+			eb, _ := llm.ParseErrorBody(body)
+			if resp.StatusCode != 429 || eb.Code != "rate_limit_exceeded" || eb.Type != "requests" || resp.Header.Get("Retry-After") == "" {
+				t.Fatalf("third request: %d %v %s", resp.StatusCode, resp.Header, body)
+			}
+		} else if resp.StatusCode != 200 || rl.Requests.Remaining != int64(1-i) {
+			t.Fatalf("request %d: %d, %d requests left: %s", i, resp.StatusCode, rl.Requests.Remaining, body)
+		}
+		last = resp
+	}
+	if ra := last.Header.Get("Retry-After"); ra != "30" && ra != "29" {
+		t.Fatalf("Retry-After %q, want about 30 (2 a minute)", ra)
+	}
+	st, err := fakeserver.FetchStats(context.Background(), nil, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.RateLimited != 1 || st.ByStatus["429"] != 1 || st.ByStatus["200"] != 2 {
+		t.Fatalf("stats %+v", st)
 	}
 }

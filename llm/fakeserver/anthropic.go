@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/llm/fake"
@@ -192,6 +194,37 @@ func (d anthropicDialect) errorOf(k errKind, detail string, _ *chatRequest) apiE
 			message: fmt.Sprintf("Request exceeds the maximum allowed number of bytes (%d).", MaxBodyBytes)}
 	}
 	return apiError{status: http.StatusBadRequest, typ: "invalid_request_error", message: detail}
+}
+
+// rateLimited is Anthropic's 429 for a request over a rate limit: rate_limit_error
+// with retry-after in whole seconds (rounded up).
+func (anthropicDialect) rateLimited(r rejection, _ *chatRequest) apiError {
+	h := http.Header{}
+	h.Set("Retry-After", strconv.FormatInt(retryAfterSeconds(r.wait), 10))
+	return apiError{status: http.StatusTooManyRequests, typ: "rate_limit_error", header: h,
+		message: fmt.Sprintf("This request would exceed the rate limit for your organization (org-onceflowfake) of %d %s per minute. For details, refer to: https://docs.claude.com/en/api/rate-limits. You can see the response headers for current usage. Please reduce the prompt length or the maximum tokens requested, or try again later.", r.limit, r.kind)}
+}
+
+// rateHeaders sets Anthropic's anthropic-ratelimit-{requests,tokens}-{limit,remaining,
+// reset} headers of st; a reset is the RFC 3339 time (whole seconds, rounded up) when
+// the bucket is full again.
+func (anthropicDialect) rateHeaders(h http.Header, st rateState) {
+	for kind, w := range map[string]*rateWindow{"Requests": st.requests, "Tokens": st.tokens} {
+		if w == nil {
+			continue
+		}
+		h.Set("Anthropic-Ratelimit-"+kind+"-Limit", strconv.FormatInt(w.limit, 10))
+		if w.remaining >= 0 {
+			h.Set("Anthropic-Ratelimit-"+kind+"-Remaining", strconv.FormatInt(w.remaining, 10))
+		}
+		if w.reset >= 0 {
+			t := st.now.Add(w.reset)
+			if t2 := t.Truncate(time.Second); !t2.Equal(t) {
+				t = t2.Add(time.Second)
+			}
+			h.Set("Anthropic-Ratelimit-"+kind+"-Reset", t.UTC().Format(time.RFC3339))
+		}
+	}
 }
 
 func (anthropicDialect) writeError(w http.ResponseWriter, e apiError) {

@@ -130,6 +130,11 @@ func (s *Server) pickTool(req *chatRequest, d dialect) *apiError {
 	return nil
 }
 
+// request is r as an llm.Request, for the token estimate of the rate limits.
+func (r *chatRequest) request() *llm.Request {
+	return &llm.Request{Model: r.Model, Messages: r.Messages, Temperature: r.Temperature, MaxTokens: r.MaxTokens, Tools: r.Tools}
+}
+
 func (r *chatRequest) inputChars() int {
 	n := 0
 	for _, m := range r.Messages {
@@ -180,6 +185,10 @@ type dialect interface {
 	writeError(w http.ResponseWriter, e apiError)
 	errorEvent() []byte
 	render(req *chatRequest, c completion) *recorded
+	// rateLimited is the 429 of a request over a rate limit (Config.RPM, Config.TPM).
+	rateLimited(r rejection, req *chatRequest) apiError
+	// rateHeaders sets the provider's rate-limit headers of st on h.
+	rateHeaders(h http.Header, st rateState)
 }
 
 // model answers one request to a model endpoint.
@@ -204,6 +213,16 @@ func (s *Server) model(w http.ResponseWriter, r *http.Request, d dialect) {
 	w = sw
 	w.Header().Set(d.requestIDHeader(), requestID)
 	ctx := r.Context()
+	// A limited server sends its rate-limit headers on every answer, as they stand
+	// when the answer starts; model is known once the body is read.
+	var model string
+	var modelKnown bool
+	if s.limits != nil {
+		sw.before = func(h http.Header) {
+			clearRateHeaders(h)
+			d.rateHeaders(h, s.limits.state(model, modelKnown))
+		}
+	}
 
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
 	if err != nil {
@@ -216,8 +235,26 @@ func (s *Server) model(w http.ResponseWriter, r *http.Request, d dialect) {
 	}
 	req, perr := d.parse(body)
 	if perr != nil {
+		model, modelKnown = sniffModel(body)
 		d.writeError(w, *perr)
 		return
+	}
+	model, modelKnown = req.Model, true
+
+	// Admission comes first: a request over a rate limit is refused before any fault,
+	// and takes nothing. adm is nil without limits.
+	var adm *admission
+	if s.limits != nil {
+		var rej *rejection
+		adm, rej = s.limits.admit(req.Model, llm.EstimateTokens(req.request()))
+		if rej != nil {
+			s.mu.Lock()
+			s.stats.RateLimited++
+			s.mu.Unlock()
+			s.log.DebugContext(ctx, "fake-llm rate limited", "endpoint", d.endpoint(), "model", req.Model, "limit", rej.kind, "wait", rej.wait)
+			d.writeError(w, d.rateLimited(*rej, req))
+			return
+		}
 	}
 
 	fault := s.nextFault()
@@ -227,6 +264,11 @@ func (s *Server) model(w http.ResponseWriter, r *http.Request, d dialect) {
 		s.wait(ctx, -1)
 		panic(http.ErrAbortHandler) // never answer: close the connection once released
 	case Fault429, Fault503, FaultQuota:
+		if fault.Kind == Fault429 {
+			adm.cancel() // a 429 takes nothing
+		} else {
+			adm.settle(0) // an error answer uses no tokens
+		}
 		kind := map[FaultKind]errKind{Fault429: errRateLimit, Fault503: errOverloaded, FaultQuota: errQuota}[fault.Kind]
 		e := d.errorOf(kind, strconv.Itoa(int(s.cfg.RetryAfter.Round(time.Second)/time.Second)), req)
 		for k, vs := range fault.Header {
@@ -240,6 +282,7 @@ func (s *Server) model(w http.ResponseWriter, r *http.Request, d dialect) {
 		d.writeError(w, e)
 		return
 	case FaultMalformed:
+		adm.settle(0)
 		b := []byte(`{"id":"broken","object":"chat.completion","choices":[{"index":0,"message":{"role":"assis`)
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Content-Length", strconv.Itoa(len(b)))
@@ -248,19 +291,22 @@ func (s *Server) model(w http.ResponseWriter, r *http.Request, d dialect) {
 		return
 	}
 	if s.cfg.MaxInputChars > 0 && req.inputChars() > s.cfg.MaxInputChars {
+		adm.settle(0)
 		d.writeError(w, d.errorOf(errContextLength, fmt.Sprintf("%d|%d", s.cfg.MaxInputChars, req.inputChars()), req))
 		return
 	}
 	if perr := s.pickTool(req, d); perr != nil {
+		adm.settle(0)
 		d.writeError(w, *perr)
 		return
 	}
 
 	rec, replayed, alive := s.answer(ctx, req, d, key)
 	if !alive {
-		panic(http.ErrAbortHandler) // the client left while the answer was being produced
+		panic(http.ErrAbortHandler) // the client left while the answer was being produced: it keeps its charge
 	}
 	if rec == nil {
+		adm.settle(0)
 		d.writeError(w, d.errorOf(errConflict, "", req))
 		return
 	}
@@ -270,7 +316,7 @@ func (s *Server) model(w http.ResponseWriter, r *http.Request, d dialect) {
 	if replayed {
 		w.Header().Set("Idempotent-Replayed", "true")
 	}
-	s.send(ctx, w, rec, fault.Kind, d)
+	s.send(ctx, w, rec, fault.Kind, d, adm)
 }
 
 // answer returns the answer to req, produced in Config.Latency: the first answer to a
@@ -282,7 +328,10 @@ func (s *Server) answer(ctx context.Context, req *chatRequest, d dialect, key st
 		if s.cfg.Latency > 0 && !s.wait(ctx, s.cfg.Latency) {
 			return nil
 		}
-		return d.render(req, s.generate(req, d))
+		c := s.generate(req, d)
+		rec := d.render(req, c)
+		rec.usage = c.InTokens + c.OutToken
+		return rec
 	}
 	if !s.cfg.HonourIdempotency || key == "" {
 		rec = produce()
@@ -373,8 +422,10 @@ func (s *Server) nextFault() Fault {
 	return f
 }
 
-// send writes rec, normally or with a write fault (drip, drop).
-func (s *Server) send(ctx context.Context, w http.ResponseWriter, rec *recorded, kind FaultKind, d dialect) {
+// send writes rec, normally or with a write fault (drip, drop), and settles adm once
+// the answer is complete: to rec's usage, or to nothing for a stream that ends with an
+// error event. An answer cut short (dropped, or its client gone) keeps its charge.
+func (s *Server) send(ctx context.Context, w http.ResponseWriter, rec *recorded, kind FaultKind, d dialect, adm *admission) {
 	for k, vs := range rec.header {
 		w.Header()[k] = vs
 	}
@@ -401,14 +452,17 @@ func (s *Server) send(ctx context.Context, w http.ResponseWriter, rec *recorded,
 			s.stats.DrippedBytes++
 			s.mu.Unlock()
 		}
+		adm.settle(rec.usage)
 	case FaultStreamError:
 		if rec.sse {
 			w.WriteHeader(http.StatusOK)
 			_, _ = w.Write(body[:halfEvents(body)])
 			_, _ = w.Write(d.errorEvent())
 			_ = rc.Flush()
+			adm.settle(0)
 			return
 		}
+		adm.settle(rec.usage)
 		w.WriteHeader(http.StatusOK)
 		_, _ = w.Write(body)
 	case FaultDrop:
@@ -421,11 +475,13 @@ func (s *Server) send(ctx context.Context, w http.ResponseWriter, rec *recorded,
 		_ = rc.Flush()
 		panic(http.ErrAbortHandler) // close the connection halfway
 	default:
-		w.WriteHeader(http.StatusOK)
 		if !rec.sse {
+			adm.settle(rec.usage) // before the headers, so that they count it
+			w.WriteHeader(http.StatusOK)
 			_, _ = w.Write(body)
 			return
 		}
+		w.WriteHeader(http.StatusOK)
 		for len(body) > 0 {
 			i := bytes.Index(body, []byte("\n\n"))
 			if i < 0 {
@@ -437,6 +493,7 @@ func (s *Server) send(ctx context.Context, w http.ResponseWriter, rec *recorded,
 			_ = rc.Flush()
 			body = body[i+2:]
 		}
+		adm.settle(rec.usage)
 	}
 }
 
@@ -493,16 +550,21 @@ func (s *Server) randHex(n int) string {
 	return string(b)
 }
 
-// statusWriter counts the status of every answer in Stats.ByStatus.
+// statusWriter counts the status of every answer in Stats.ByStatus, and calls before,
+// when set, on the headers just before they are sent.
 type statusWriter struct {
 	http.ResponseWriter
-	s     *Server
-	wrote bool
+	s      *Server
+	wrote  bool
+	before func(http.Header)
 }
 
 func (w *statusWriter) WriteHeader(code int) {
 	if !w.wrote {
 		w.wrote = true
+		if w.before != nil {
+			w.before(w.ResponseWriter.Header())
+		}
 		w.s.mu.Lock()
 		w.s.stats.ByStatus[strconv.Itoa(code)]++
 		w.s.mu.Unlock()

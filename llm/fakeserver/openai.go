@@ -221,6 +221,37 @@ func (d openaiDialect) errorOf(k errKind, detail string, req *chatRequest) apiEr
 	return apiError{status: http.StatusBadRequest, typ: "invalid_request_error", message: detail}
 }
 
+// rateLimited is OpenAI's 429 for a request over a rate limit: type "requests" or
+// "tokens", code rate_limit_exceeded, Retry-After in whole seconds (rounded up) and
+// retry-after-ms.
+func (openaiDialect) rateLimited(r rejection, req *chatRequest) apiError {
+	h := http.Header{}
+	h.Set("Retry-After", strconv.FormatInt(retryAfterSeconds(r.wait), 10))
+	h.Set("Retry-After-Ms", strconv.FormatInt(r.wait.Milliseconds(), 10))
+	abbr := map[string]string{"requests": "RPM", "tokens": "TPM"}[r.kind]
+	return apiError{status: http.StatusTooManyRequests, typ: r.kind, code: "rate_limit_exceeded", header: h,
+		message: fmt.Sprintf("Rate limit reached for %s in organization org-onceflowfake on %s per min (%s): Limit %d, Used %d, Requested %d. Please try again in %s. Visit https://platform.openai.com/account/rate-limits to learn more.",
+			truncateStr(req.Model, 64), r.kind, abbr, r.limit, r.used, r.requested, r.wait)}
+}
+
+// rateHeaders sets OpenAI's x-ratelimit-{limit,remaining,reset}-{requests,tokens}
+// headers of st; the resets are Go duration strings ("1s", "6m0s", "20ms"), as OpenAI
+// sends them.
+func (openaiDialect) rateHeaders(h http.Header, st rateState) {
+	for kind, w := range map[string]*rateWindow{"Requests": st.requests, "Tokens": st.tokens} {
+		if w == nil {
+			continue
+		}
+		h.Set("X-Ratelimit-Limit-"+kind, strconv.FormatInt(w.limit, 10))
+		if w.remaining >= 0 {
+			h.Set("X-Ratelimit-Remaining-"+kind, strconv.FormatInt(w.remaining, 10))
+		}
+		if w.reset >= 0 {
+			h.Set("X-Ratelimit-Reset-"+kind, w.reset.String())
+		}
+	}
+}
+
 func (openaiDialect) writeError(w http.ResponseWriter, e apiError) {
 	type body struct {
 		Message string  `json:"message"`

@@ -28,6 +28,19 @@
 // provider that a chaos run switches on and off. GET /_fault reports the forced fault.
 // The /_fault endpoint is outside the providers' wire paths (/v1/...). Every request
 // counts in /stats, faulted or not.
+//
+// Rate limits (Config.RPM, Config.TPM) are enforced per model the way OpenAI enforces
+// them, with the accounting of package limiter: a request bucket and a token bucket
+// per model, each holding one minute of its limit and refilling continuously; a
+// request costs one request and, on arrival, llm.EstimateTokens of it (capped at the
+// token limit), corrected by the answer's usage once the answer is complete (an error
+// answer uses none; an answer cut short keeps its charge). A request either bucket
+// cannot pay gets a 429 (OpenAI's rate_limit_exceeded of type "requests" or "tokens"
+// with Retry-After and retry-after-ms; Anthropic's rate_limit_error with retry-after)
+// ahead of any fault, and takes nothing. Every answer of a model endpoint of a limited
+// server carries the limits' headers: OpenAI's x-ratelimit-{limit,remaining,reset}-
+// {requests,tokens}, Anthropic's anthropic-ratelimit-{requests,tokens}-{limit,
+// remaining,reset}, those of the configured limits only; llm.ParseRateLimit reads them.
 package fakeserver
 
 import (
@@ -104,6 +117,10 @@ type Config struct {
 	DripInterval time.Duration
 	// Models are listed by GET /v1/models. Default: DefaultModels.
 	Models []string
+	// RPM and TPM, when positive, are rate limits enforced per model, in requests and
+	// tokens (prompt and output) per minute (see the package documentation).
+	// Default: 0, no limit.
+	RPM, TPM int
 	// Logger receives one debug line per request; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -145,6 +162,10 @@ func (c Config) Validate() error {
 		return errors.New("retry-after must not be negative")
 	case c.MaxInputChars < 0:
 		return errors.New("max-input-chars must not be negative")
+	case c.RPM < 0:
+		return errors.New("rpm must not be negative")
+	case c.TPM < 0:
+		return errors.New("tpm must not be negative")
 	case c.DripInterval < 0:
 		return errors.New("drip interval must not be negative")
 	case c.ToolCallIDs != "" && c.ToolCallIDs != ToolCallIDsRandom && c.ToolCallIDs != ToolCallIDsStable:
@@ -174,6 +195,8 @@ type Server struct {
 	mux  *http.ServeMux
 	stop context.Context // done when Close is called
 	quit context.CancelFunc
+	// limits are Config.RPM and Config.TPM; nil when neither is set.
+	limits *rateLimits
 
 	mu     sync.Mutex
 	rng    *rand.Rand
@@ -190,6 +213,9 @@ type recorded struct {
 	header http.Header
 	body   []byte
 	sse    bool
+	// usage is the answer's tokens, input and output: what the rate limits' token
+	// bucket is corrected to.
+	usage int
 }
 
 // New returns a Server, or the first invalid field of cfg.
@@ -221,6 +247,7 @@ func New(cfg Config) (*Server, error) {
 		replays: map[string]*recorded{},
 		stats:   newStats(),
 		forced:  cfg.Fault,
+		limits:  newRateLimits(cfg.RPM, cfg.TPM),
 	}
 	if s.log == nil {
 		s.log = slog.Default()
@@ -345,6 +372,9 @@ type Stats struct {
 	Replayed int64 `json:"replayed"`
 	// InFlight is the number of requests being answered now.
 	InFlight int64 `json:"in_flight"`
+	// RateLimited counts the 429s of the rate limits (Config.RPM, Config.TPM); the
+	// injected ones count in ByFault.
+	RateLimited int64 `json:"rate_limited"`
 }
 
 func newStats() Stats {
