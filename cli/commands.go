@@ -41,6 +41,7 @@ func commands() []command {
 		{"audit", "check the pipeline's invariants on live data and print counts (exit 4 on a violation)", runAudit},
 		{"relay", "run the outbox relay (run several: they never send the same row at once)", runRelay},
 		{"outbox", "list [--failed] [--json] | retry ID|--all: inspect outbox rows, reset exhausted ones", runOutbox},
+		{"tenants", "set TENANT --tokens-per-day N | delete TENANT | list [--json]: tenants' daily model token budgets and use today", runTenants},
 		{"fake-llm", "serve a fake OpenAI-compatible model with injectable faults (demos and tests)", runFakeLLM},
 		{"gateway", "an OpenAI-compatible proxy adding Idempotency-Key semantics to any upstream (ONCEFLOW_GATEWAY_ADDR)", runGateway},
 		{"probe", "does a provider honour Idempotency-Key? one key twice: honoured (0), ignored (3), inconclusive (1)", runProbe},
