@@ -40,6 +40,9 @@ func (c *Client) RunWorkers(ctx context.Context, queues ...string) error {
 	}
 	if c.model != nil {
 		parts = append(parts, c.model.ledger.Run)
+		if c.model.limiter != nil {
+			parts = append(parts, c.model.limiter.Run)
+		}
 	}
 	return runParts(ctx, append(parts, c.watchers()...))
 }

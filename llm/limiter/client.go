@@ -207,8 +207,7 @@ func permitFrom(ctx context.Context) *Permit {
 func (o *observer) Complete(ctx context.Context, req *llm.Request) (*llm.Response, error) {
 	resp, err := o.next.Complete(ctx, req)
 	if p := permitFrom(ctx); p != nil {
-		r := observe(resp, err)
-		p.obs.Store(&r)
+		p.observed(observe(resp, err))
 	}
 	return resp, err
 }
@@ -219,7 +218,7 @@ func (o *observer) Stream(ctx context.Context, req *llm.Request) iter.Seq2[llm.C
 		col := &streamResult{}
 		record := func(r Result) {
 			if p != nil {
-				p.obs.Store(&r)
+				p.observed(r)
 			}
 		}
 		done := false

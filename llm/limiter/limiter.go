@@ -573,8 +573,33 @@ type Permit struct {
 	budgetRes int64     // tokens reserved from the tenant's budget
 	day       time.Time // the budget's day
 
-	obs  atomic.Pointer[Result] // what the inner observer saw (WrapAround)
-	done atomic.Bool
+	obs    atomic.Pointer[Result] // what the inner observer saw (WrapAround)
+	paused atomic.Int64           // the pause the answer set, once set (observed or Done)
+	done   atomic.Bool
+}
+
+// observed records what the observer below a layer saw of the call, and pauses the
+// model at once when the answer calls for it: the layer (the ledger) may take a
+// PostgreSQL commit to hand the answer up, and every process should stop calling as
+// soon as possible.
+func (p *Permit) observed(r Result) {
+	p.obs.Store(&r)
+	p.pauseOnce(r)
+}
+
+// pauseOnce pauses the model for r's answer (pauseFor), the first time it is asked.
+func (p *Permit) pauseOnce(r Result) time.Duration {
+	if d := p.paused.Load(); d != 0 {
+		return max(time.Duration(d), 0)
+	}
+	pause, why := p.pauseFor(r)
+	if !p.paused.CompareAndSwap(0, int64(cmp.Or(pause, -1))) {
+		return max(time.Duration(p.paused.Load()), 0)
+	}
+	if pause > 0 {
+		p.l.pause(p.model, pause, why)
+	}
+	return pause
 }
 
 // Model returns the permit's model, as "provider/name".
@@ -651,10 +676,7 @@ func (p *Permit) Done(r Result) time.Duration {
 	if ltpm > 0 {
 		st.ltpm.Store(ltpm)
 	}
-	pause, why := p.pauseFor(r)
-	if pause > 0 {
-		l.pause(p.model, pause, why)
-	}
+	pause := p.pauseOnce(r)
 	if !p.viaRedis && !learnt {
 		return pause
 	}
@@ -711,11 +733,19 @@ func positive(d time.Duration, ok bool) time.Duration {
 	return 0
 }
 
-// exhaustedReset returns the longest reset of a window with nothing remaining.
+// exhaustedReset returns how long a window with nothing remaining stays empty, the
+// longest of them: the providers' resets say when the window is whole again, so a
+// window of known size gives back its first unit after reset/limit (60s/600 = 100ms),
+// and one of unknown size is paused until its reset.
 func exhaustedReset(rl *llm.RateLimit) time.Duration {
 	var d time.Duration
 	for _, w := range []llm.RateWindow{rl.Requests, rl.Tokens, rl.InputTokens, rl.OutputTokens} {
-		if w.HasRemaining && w.Remaining == 0 && w.HasReset {
+		if !w.HasRemaining || w.Remaining != 0 || !w.HasReset {
+			continue
+		}
+		if w.Limit > 0 {
+			d = max(d, w.Reset/time.Duration(w.Limit))
+		} else {
 			d = max(d, w.Reset)
 		}
 	}
