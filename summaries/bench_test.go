@@ -50,7 +50,8 @@ import (
 // Knobs (environment): ONCEFLOW_BENCH_JOBS (default 20000), ONCEFLOW_BENCH_CONCURRENCY
 // (HTTP clients, default 64), ONCEFLOW_BENCH_PGBENCH_CLIENTS (default 32, the pipeline's
 // pool size), ONCEFLOW_BENCH_PGBENCH_TIME (default 10s), ONCEFLOW_WORKER_CONCURRENCY
-// (default 64). Everything runs on one machine: the Go process (clients, API, worker,
+// (default 64), ONCEFLOW_BENCH_LIMITER (off: the model calls without the limiter).
+// Everything runs on one machine: the Go process (clients, API, worker,
 // relay, sink), Redis and PostgreSQL share its cores.
 func BenchmarkPipeline(b *testing.B) {
 	jobs := benchEnvInt(b, "ONCEFLOW_BENCH_JOBS", 20000)
@@ -151,7 +152,9 @@ func runPipeline(b *testing.B, jobs, clients, workers int, withLedger bool) pipe
 	if err != nil {
 		b.Fatal(err)
 	}
-	hc := handlerConfig{Logger: quiet}
+	// ONCEFLOW_BENCH_LIMITER=off runs the model calls without the limiter (Config.NoLimits),
+	// to measure what the limiter costs with nothing configured (docs/BENCHMARKS.md).
+	hc := handlerConfig{Logger: quiet, NoLimits: os.Getenv("ONCEFLOW_BENCH_LIMITER") == "off"}
 	if withLedger {
 		l, err := ledger.New(pool, ledger.Config{Logger: quiet})
 		if err != nil {

@@ -188,6 +188,8 @@ type handlerConfig struct {
 	Logger   *slog.Logger
 	// Registerer receives the workflow's and the client's metrics.
 	Registerer prometheus.Registerer
+	// NoLimits turns the model's limiter off (Config.NoLimits).
+	NoLimits bool
 }
 
 // testHandler runs summary jobs through an onceflow.Client with the summaries workflow
@@ -229,7 +231,7 @@ func newHandler(t testing.TB, pool *pgxpool.Pool, client llm.Client, cfg handler
 				*p = outcome
 			}
 		}}
-	cc := onceflow.Config{Redis: rdb, DB: pool, Logger: cfg.Logger, Registerer: cfg.Registerer}
+	cc := onceflow.Config{Redis: rdb, DB: pool, Logger: cfg.Logger, Registerer: cfg.Registerer, NoLimits: cfg.NoLimits}
 	if cfg.Ledger != nil {
 		cc.Model, cc.Provider, cc.ModelRetry, cc.Ledger = client, cfg.Provider, cfg.Retry, cfg.LedgerConfig
 		cc.Ledger.Logger = cfg.Logger

@@ -293,7 +293,7 @@ func New(rdb redis.UniversalClient, cfg Config) (*Limiter, error) {
 	}
 	l := &Limiter{rdb: rdb, cfg: cfg, keys: Keys{Prefix: cfg.Prefix}, log: log, models: map[string]*modelState{},
 		usage: map[usageKey]*usageSum{}}
-	l.m = newMetrics(cfg.Registerer)
+	l.m = newMetrics(cfg.Registerer, cfg.DefaultModel)
 	return l, nil
 }
 

@@ -24,7 +24,9 @@ type limiterMetrics struct {
 	settlementsDropped prometheus.Counter
 }
 
-func newMetrics(reg prometheus.Registerer) *limiterMetrics {
+// newMetrics returns the limiter's metrics, registered with reg; the series of model
+// (the default model) and of calls of no tenant start at zero.
+func newMetrics(reg prometheus.Registerer, model string) *limiterMetrics {
 	m := &limiterMetrics{
 		wait: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "onceflow_llm_admission_wait_seconds",
 			Help:    "How long admitted model calls waited in-process for capacity, by model.",
@@ -63,6 +65,15 @@ func newMetrics(reg prometheus.Registerer) *limiterMetrics {
 	m.budgetWaits = metrics.Register(reg, m.budgetWaits)
 	m.redisErrors = metrics.Register(reg, m.redisErrors)
 	m.settlementsDropped = metrics.Register(reg, m.settlementsDropped)
+	models, none := []string{model}, []string{tenantLabel("")}
+	metrics.InitHistogram(m.wait, models)
+	metrics.Init(m.deferred, models, []string{"requests per minute", "tokens per minute", "concurrency", "fair share", "paused", "budget", "tenant concurrency"})
+	metrics.Init(m.pauses, models)
+	metrics.Init(m.rateLimited, models)
+	metrics.Init(m.tokens, none, models, []string{"reserved", "used", "wasted"})
+	metrics.Init(m.cost, none, models)
+	metrics.Init(m.budgetWaits, none)
+	m.pausedUntil.WithLabelValues(model)
 	return m
 }
 
