@@ -12,15 +12,16 @@ import (
 // relay: a Worker returns nil (done), an error marked Permanent (dead-lettered at once,
 // with the error as its reason), an error from RetryAfter (a failed attempt: run again
 // after that delay), an error marked Unavailable (a dependency is down: handed back
-// without spending an attempt), Snooze's (run again after a delay without spending an
-// attempt), or any other error (a failed attempt: run again after a full-jitter backoff,
+// without spending an attempt), Snooze's or ErrWaiting's (run again after a delay
+// without spending an attempt), or any other error (a failed attempt: run again after a full-jitter backoff,
 // QueueConfig.RetryBase and RetryMax, until the queue's MaxDeliveries attempts are
 // spent). Match them with errors.Is and errors.As only.
 //
 // onceflow marks its own errors so: Job.Commit and Job.CommitTx return PostgreSQL
 // unreachable (a refused or lost connection, a server shutting down) as Unavailable,
 // and a failing statement as a plain error; Job.Complete and Job.Stream return an
-// exhausted provider quota and PostgreSQL unreachable under the ledger as Unavailable.
+// exhausted provider quota and PostgreSQL unreachable under the ledger as Unavailable,
+// and a call the model's limiter put off as a wait (ErrWaiting).
 // The outbox relay reads the same markers on a Sender's error: Permanent
 // (outbox.Permanent) exhausts the row at once, Unavailable (outbox.Unavailable) retries
 // it without counting an attempt, never exhausting it, and any other error counts an
@@ -33,6 +34,11 @@ var (
 	// ErrUnavailable is matched by errors that say a dependency is down rather than
 	// that the job failed: Unavailable's, and an open circuit breaker's.
 	ErrUnavailable = retry.ErrUnavailable
+	// ErrWaiting is matched by the error of a model step the model's limiter put off (a
+	// rate limit, a pause after a 429, the tenant's fair share or daily token budget):
+	// return it as it is, and the job waits in its queue without spending an attempt
+	// (a *retry.WaitError says how long and why; JobState.Waiting shows the reason).
+	ErrWaiting = retry.ErrWaiting
 	// ErrUnknownKind is matched by the error of a job whose kind has no Worker in the
 	// process that took it (retried, as another process may know the kind, then
 	// dead-lettered after MaxDeliveries with it in the reason), and by Enqueue's for

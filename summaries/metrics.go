@@ -19,6 +19,8 @@ const (
 	jobPermanent = "permanent" // dead-lettered
 	// jobUnavailable: the model provider is stopped (quota): handed back, no delivery spent
 	jobUnavailable = "unavailable"
+	// jobWaiting: the model's limiter put the call off: the job waits, no attempt spent
+	jobWaiting = "waiting"
 )
 
 // metrics are the workflow's collectors: what the route enqueued, what each delivery
@@ -31,14 +33,14 @@ type workflowMetrics struct {
 func newMetrics(reg prometheus.Registerer) *workflowMetrics {
 	jobs := metrics.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: metrics.Namespace, Subsystem: "summaries", Name: "jobs_total",
-		Help: "Deliveries of summaries jobs by outcome: done (summary and outbox row written), duplicate (summary existed, nothing written), retry (left pending), permanent (dead-lettered), unavailable (the provider is stopped: handed back without spending a delivery).",
+		Help: "Deliveries of summaries jobs by outcome: done (summary and outbox row written), duplicate (summary existed, nothing written), retry (left pending), permanent (dead-lettered), unavailable (the provider is stopped: handed back without spending a delivery), waiting (the model's limiter put the call off: the job waits without spending an attempt).",
 	}, []string{"outcome"}))
 	written := metrics.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: metrics.Namespace, Subsystem: "outbox", Name: "written_total",
 		Help: "Outbox rows written by job handlers (committed with their result), by topic.",
 	}, []string{"topic"}))
 	m := &workflowMetrics{jobs: map[string]prometheus.Counter{}, written: written.WithLabelValues(TopicSummaryReady)}
-	for _, o := range []string{jobDone, jobDuplicate, jobRetry, jobPermanent, jobUnavailable} {
+	for _, o := range []string{jobDone, jobDuplicate, jobRetry, jobPermanent, jobUnavailable, jobWaiting} {
 		m.jobs[o] = jobs.WithLabelValues(o)
 	}
 	return m
@@ -56,6 +58,8 @@ func (m *workflowMetrics) count(outcome Outcome, err error) {
 		m.jobs[jobPermanent].Inc()
 	case errors.Is(err, onceflow.ErrUnavailable):
 		m.jobs[jobUnavailable].Inc()
+	case errors.Is(err, onceflow.ErrWaiting):
+		m.jobs[jobWaiting].Inc()
 	default:
 		m.jobs[jobRetry].Inc()
 	}

@@ -256,6 +256,8 @@ func (w *worker) process(ctx context.Context, job *onceflow.Job[Request]) (Outco
 		switch {
 		case errors.Is(err, onceflow.ErrUnavailable):
 			log.WarnContext(ctx, "model provider unusable (quota or spend limit); job handed back", "err", err)
+		case errors.Is(err, onceflow.ErrWaiting): // counted by the limiter's metrics; a backlog puts many off
+			log.DebugContext(ctx, "model call put off by the limiter; the job waits", "err", err)
 		case !errors.Is(err, onceflow.ErrPermanent):
 			log.WarnContext(ctx, "model call failed, left for redelivery", "deliveries", job.Delivery, "err", err)
 		}
