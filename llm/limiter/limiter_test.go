@@ -456,14 +456,7 @@ func TestFairShare(t *testing.T) {
 	l := newLimiter(t, rdb, prefix, limiter.Config{Limits: limiter.Limits{RPM: rpm}, MaxWait: 50 * time.Millisecond})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	// Use up the burst, so that the rate holds from the start.
-	for i := 0; ; i++ {
-		p, err := l.Acquire(ctx, call("warm", fmt.Sprint(i), 1, 1))
-		if err != nil {
-			break
-		}
-		p.Done(limiter.Result{Sent: true})
-	}
+	drain(t, rdb, l, "m") // the rate holds from the start
 	type admission struct {
 		tenant string
 		at     time.Time
@@ -580,5 +573,67 @@ func TestRedisRestartMidWindowKeepsLimitsAndBudgets(t *testing.T) {
 	}
 	if admitted > 29+15 { // 29 left, plus the refill of the restart's seconds
 		t.Fatalf("after a restart %d of 60 calls were admitted: the window's 31 earlier requests were forgotten", admitted)
+	}
+}
+
+// drain empties model's request bucket of l (as a minute of calls would), so that a test
+// starts at the limit's steady pace.
+func drain(t *testing.T, rdb *redis.Client, l *limiter.Limiter, model string) {
+	t.Helper()
+	now, err := rdb.Time(context.Background()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.HSet(context.Background(), l.Keys().Model("llm/"+model), "rt", 0, "rts", now.UnixMilli()).Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestBacklogsInterleaveAndComeBackOnce: the backlogs of three tenants put off together
+// are placed round robin at the capacity's pace, so a job comes back about when there
+// is room for it: it waits in its worker when its place is near (MaxWait), and is put
+// off (its job snoozed) about once when it is far, not once per turn of three
+// oversubscribed lines. And the capacity is used: the backlog drains at the limit.
+func TestBacklogsInterleaveAndComeBackOnce(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	const rpm = 6000 // 100 a second
+	l := newLimiter(t, rdb, prefix, limiter.Config{Limits: limiter.Limits{RPM: rpm}, MaxWait: 200 * time.Millisecond})
+	ctx := context.Background()
+	drain(t, rdb, l, "m")
+	var snoozes atomic.Int64
+	var rmu sync.Mutex
+	reasons := map[string]int{}
+	var wg sync.WaitGroup
+	const perTenant = 60
+	start := time.Now()
+	for i := range perTenant {
+		for _, tenant := range []string{"a", "b", "c"} {
+			wg.Go(func() {
+				for {
+					p, err := l.Acquire(ctx, call(tenant, fmt.Sprint(tenant, i), 1, 1))
+					if err == nil {
+						p.Done(limiter.Result{Sent: true})
+						return
+					}
+					snoozes.Add(1)
+					we := waitErr(t, err)
+					rmu.Lock()
+					reasons[we.Reason]++
+					rmu.Unlock()
+					time.Sleep(we.Delay)
+				}
+			})
+		}
+		time.Sleep(100 * time.Microsecond) // the tenants' jobs arrive interleaved
+	}
+	wg.Wait()
+	took := time.Since(start)
+	per := float64(snoozes.Load()) / (3 * perTenant)
+	t.Logf("%d jobs in %v (ideal 1.8s), %.2f snoozes each: %v", 3*perTenant, took, per, reasons)
+	if per > 1.5 {
+		t.Fatalf("each job was put off %.2f times on average: the lines do not bring jobs back when there is room", per)
+	}
+	if took > 6*time.Second {
+		t.Fatalf("180 jobs at 100 a second took %v: capacity was left idle", took)
 	}
 }

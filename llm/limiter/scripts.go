@@ -58,12 +58,14 @@ import "github.com/redis/go-redis/v9"
 // spread out rather than all at once, and when it comes back (with the same work key) a
 // denial puts it back near the front (one spacing per waiting tenant ahead), not
 // behind its tenant's later calls. A line advances by the spacing of one call (the
-// tightest of 1/rpm, the average call's tokens/tpm and duration/concurrency): each
-// tenant's backlog comes back at the whole capacity's pace, and where several
-// compare, a tenant that has had more lately yields to a waiting tenant that has had
-// less (the fair share), so capacity is never left idle for a share nobody uses. A
-// place is a hint, not a reservation: capacity goes to whoever asks first, but for
-// that yield.
+// tightest of 1/rpm, the average call's tokens/tpm and duration/concurrency) times
+// the tenants whose lines reach past the place given: the backlogs of the tenants
+// that have one interleave, round robin, at the capacity's pace, and where a line
+// ends the others speed up. Where calls still meet (a tenant arriving after another's
+// backlog was placed), a tenant that has had more lately yields to a waiting tenant
+// that has had less (the fair share). A place is a hint, not a reservation: capacity
+// goes to whoever asks first, but for that yield, so none is left idle for a share
+// nobody uses.
 var admitScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -175,7 +177,13 @@ if shared then
     if tpm > 0 then sp = math.max(sp, math.min(tneed, tonumber(st[10]) or tneed) * 60000 / tpm) end
     if conc > 0 then sp = math.max(sp, dur / conc) end
     local place
-    if held then
+    if held and why ~= 'fair share' then
+      -- Back at its place, a moment too early for the capacity: it keeps its turn,
+      -- waiting just as long as the capacity needs.
+      place = now + wait
+    elseif held then
+      -- It yields to a waiting tenant that has had less: after one spacing per such
+      -- tenant.
       local waiting = 1
       for who, til in pairs(mark) do
         if who ~= tenant and til > now then waiting = waiting + 1 end
@@ -183,11 +191,19 @@ if shared then
       place = now + math.max(wait, sp * waiting)
     else
       place = math.max(now + wait, line[tenant] or 0)
-      redis.call('HSET', KEYS[3], 'n:' .. tenant, tostring(place + sp))
+      -- Round robin: the line advances by one spacing for each tenant whose own line
+      -- reaches past this place, so the lines of the tenants with a backlog there
+      -- interleave at the capacity's pace (and a short line ahead does not slow a
+      -- long one beyond its end).
+      local sharing = 1
+      for who, nxt in pairs(line) do
+        if who ~= tenant and nxt > place then sharing = sharing + 1 end
+      end
+      redis.call('HSET', KEYS[3], 'n:' .. tenant, tostring(place + sp * sharing))
     end
     redis.call('HSET', KEYS[3], 'w:' .. tenant, tostring(place + tonumber(ARGV[14])))
     if work ~= '' then redis.call('ZADD', KEYS[4], place + tonumber(ARGV[15]), work) end
-    return {0, math.max(math.floor(place - now), 1), why, ''}
+    return {0, math.max(math.ceil(place - now), 1), why, ''}
   end
 
   if rpm > 0 then rt = rt - 1 end
