@@ -255,7 +255,7 @@ func (w *worker) process(ctx context.Context, job *onceflow.Job[Request]) (Outco
 	if err != nil {
 		switch {
 		case errors.Is(err, onceflow.ErrUnavailable):
-			log.WarnContext(ctx, "model provider unusable (quota or spend limit); job handed back", "err", err)
+			log.WarnContext(ctx, "model provider unusable (its breaker is open: an exhausted quota or spend limit, or a run of failing calls); job handed back", "err", err)
 		case errors.Is(err, onceflow.ErrWaiting): // counted by the limiter's metrics; a backlog puts many off
 			log.DebugContext(ctx, "model call put off by the limiter; the job waits", "err", err)
 		case !errors.Is(err, onceflow.ErrPermanent):

@@ -434,7 +434,8 @@ func (l *Limiter) Acquire(ctx context.Context, c Call) (*Permit, error) {
 			l.keys.TenantInFlight(tenantKey(c.Tenant)), l.keys.Budget(tenantKey(c.Tenant), day), l.keys.Held(tenantKey(c.Tenant), day)}
 		args := []any{p.id, c.Tenant, work, lim.RPM, lim.TPM, lim.Concurrency, tenantCap(c.Tenant, l.cfg.TenantConcurrency), need,
 			budget, l.cfg.Lease.Milliseconds(), day.Add(dayLen).UnixMilli(), int64(budgetTTL.Seconds()),
-			l.cfg.HalfLife.Milliseconds(), waitingMark.Milliseconds(), placeGrace.Milliseconds(), firstCallDur.Milliseconds()}
+			l.cfg.HalfLife.Milliseconds(), waitingMark.Milliseconds(), placeGrace.Milliseconds(), firstCallDur.Milliseconds(),
+			max(c.InputTokens, 1)}
 		res, err := admitScript.Run(ctx, l.rdb, keys, args...).Slice()
 		if err != nil {
 			if ctx.Err() != nil {

@@ -637,3 +637,27 @@ func TestBacklogsInterleaveAndComeBackOnce(t *testing.T) {
 		t.Fatalf("180 jobs at 100 a second took %v: capacity was left idle", took)
 	}
 }
+
+// TestFirstBacklogIsNotSpacedByTheOutputReservation: lines placed before any answer
+// settled space calls by the prompt's estimate, not by the whole output reservation,
+// which most answers stop far short of: under a token limit that is not binding, the
+// backlog comes back at the request limit's pace.
+func TestFirstBacklogIsNotSpacedByTheOutputReservation(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	// 100 requests a second; 200 prompt tokens and 1024 of output reserved a call: by
+	// the reservation, 25,000 tokens a second would allow 20 calls a second, by the
+	// prompt 125.
+	l := newLimiter(t, rdb, prefix, limiter.Config{Limits: limiter.Limits{RPM: 6000, TPM: 1_500_000}, MaxWait: time.Millisecond})
+	ctx := context.Background()
+	drain(t, rdb, l, "m")
+	var last time.Duration
+	for i := range 50 {
+		if _, err := l.Acquire(ctx, call("a", fmt.Sprint("job", i), 200, 1024)); err != nil {
+			last = waitErr(t, err).Delay // (a call may find a request refilled meanwhile)
+		}
+	}
+	// 50 calls at 100 a second: the last place is about 0.5s away, not 2.5s.
+	if last > time.Second {
+		t.Fatalf("the 50th call of a first backlog waits %v: spaced by the output reservation, not the rate", last)
+	}
+}

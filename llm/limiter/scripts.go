@@ -48,6 +48,9 @@ import "github.com/redis/go-redis/v9"
 //	ARGV[14] how long a tenant counts as waiting after its place, ms
 //	ARGV[15] how long a place is held after it is due, ms
 //	ARGV[16] a call's duration until one was measured, ms
+//	ARGV[17] a call's cost in tokens until one was measured: its prompt's estimate
+//	         (too low a guess makes lines a little too dense until the first answer
+//	         settles; the output's whole reservation would leave capacity idle)
 //
 // Returns {1, tokens} when admitted (the tokens it took from the token bucket), else {0, wait ms, reason,
 // detail}: reason "paused" (detail: why), "budget" (detail: tokens used and reserved
@@ -174,7 +177,7 @@ if shared then
   if why then
     local sp = 0
     if rpm > 0 then sp = 60000 / rpm end
-    if tpm > 0 then sp = math.max(sp, math.min(tneed, tonumber(st[10]) or tneed) * 60000 / tpm) end
+    if tpm > 0 then sp = math.max(sp, math.min(tneed, tonumber(st[10]) or tonumber(ARGV[17])) * 60000 / tpm) end
     if conc > 0 then sp = math.max(sp, dur / conc) end
     local place
     if held and why ~= 'fair share' then
