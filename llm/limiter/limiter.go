@@ -34,6 +34,7 @@ const (
 	DefaultBudgetRefresh  = 30 * time.Second
 	DefaultRateLimitPause = time.Second
 	DefaultQuotaPause     = time.Minute
+	DefaultMaxPause       = 10 * time.Minute
 )
 
 // Internal constants of the lines (see admitScript).
@@ -126,6 +127,10 @@ type Config struct {
 	// QuotaPause is how long an exhausted quota (a billing stop) without Retry-After
 	// pauses its model. Default: 1m.
 	QuotaPause time.Duration
+	// MaxPause bounds every pause of a model, whatever the provider's Retry-After or
+	// reset says (a provider answering a 429 with "Retry-After: 2592000" does not stop
+	// the fleet for a month). Default: 10m.
+	MaxPause time.Duration
 	// Prices are the models' prices for the cost view and metrics, by model name;
 	// DefaultPrices are used for models not in it.
 	Prices map[string]Price
@@ -159,7 +164,7 @@ func (cfg Config) Validate() error {
 	}
 	for name, d := range map[string]time.Duration{"BudgetRefresh": cfg.BudgetRefresh, "MaxWait": cfg.MaxWait,
 		"Lease": cfg.Lease, "HalfLife": cfg.HalfLife, "SyncInterval": cfg.SyncInterval,
-		"RateLimitPause": cfg.RateLimitPause, "QuotaPause": cfg.QuotaPause} {
+		"RateLimitPause": cfg.RateLimitPause, "QuotaPause": cfg.QuotaPause, "MaxPause": cfg.MaxPause} {
 		if d < 0 {
 			return fmt.Errorf("limiter: Config.%s %v must not be negative", name, d)
 		}
@@ -287,6 +292,7 @@ func New(rdb redis.UniversalClient, cfg Config) (*Limiter, error) {
 	cfg.SyncInterval = cmp.Or(cfg.SyncInterval, DefaultSyncInterval)
 	cfg.RateLimitPause = cmp.Or(cfg.RateLimitPause, DefaultRateLimitPause)
 	cfg.QuotaPause = cmp.Or(cfg.QuotaPause, DefaultQuotaPause)
+	cfg.MaxPause = cmp.Or(cfg.MaxPause, DefaultMaxPause)
 	log := cfg.Logger
 	if log == nil {
 		log = slog.Default()
@@ -594,6 +600,7 @@ func (p *Permit) pauseOnce(r Result) time.Duration {
 		return max(time.Duration(d), 0)
 	}
 	pause, why := p.pauseFor(r)
+	pause = min(pause, p.l.cfg.MaxPause)
 	if !p.paused.CompareAndSwap(0, int64(cmp.Or(pause, -1))) {
 		return max(time.Duration(p.paused.Load()), 0)
 	}
@@ -760,8 +767,10 @@ func boolArg(b bool) int {
 	return 0
 }
 
-// pause pauses model mk for d, locally at once and for the fleet through Redis.
+// pause pauses model mk for d (at most MaxPause), locally at once and for the fleet
+// through Redis.
 func (l *Limiter) pause(mk string, d time.Duration, why string) {
+	d = min(d, l.cfg.MaxPause)
 	st := l.state(mk)
 	st.setPause(time.Now().Add(d).UnixMilli(), why)
 	name := mk[strings.IndexByte(mk, '/')+1:]

@@ -661,3 +661,24 @@ func TestFirstBacklogIsNotSpacedByTheOutputReservation(t *testing.T) {
 		t.Fatalf("the 50th call of a first backlog waits %v: spaced by the output reservation, not the rate", last)
 	}
 }
+
+// A provider's absurd Retry-After does not stop the fleet for a month: pauses are
+// bounded by MaxPause.
+func TestPausesAreBounded(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	l := newLimiter(t, rdb, prefix, limiter.Config{MaxWait: time.Millisecond, MaxPause: 3 * time.Second})
+	p, err := l.Acquire(context.Background(), call("x", "1", 1, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := http.Header{}
+	h.Set("Retry-After", "2592000")
+	e := llm.NewAPIError("openai", 429, h, nil, time.Now(), nil)
+	if pause := p.Done(limiter.Result{Sent: true, Err: e}); pause != 3*time.Second {
+		t.Fatalf("a Retry-After of 30 days paused for %v, want MaxPause (3s)", pause)
+	}
+	_, err = l.Acquire(context.Background(), call("x", "2", 1, 1))
+	if we := waitErr(t, err); we.Delay > 4*time.Second {
+		t.Fatalf("the next call waits %v, want at most the bounded pause", we.Delay)
+	}
+}
