@@ -124,11 +124,13 @@ if shared then
   redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
 
   local line, mark, use = {}, {}, {}
+  local fair_ret
   local fair = redis.call('HGETALL', KEYS[3])
   for i = 1, #fair, 2 do
     local k, v = fair[i], fair[i + 1]
     local kind, who = string.sub(k, 1, 1), string.sub(k, 3)
-    if kind == 'n' then line[who] = tonumber(v)
+    if k == 'ret' then fair_ret = v
+    elseif kind == 'n' then line[who] = tonumber(v)
     elseif kind == 'w' then mark[who] = tonumber(v)
     elseif kind == 'u' then use[who] = v end
   end
@@ -181,9 +183,12 @@ if shared then
     if conc > 0 then sp = math.max(sp, dur / conc) end
     local place
     if held and why ~= 'fair share' then
-      -- Back at its place, a moment too early for the capacity: it keeps its turn,
-      -- waiting just as long as the capacity needs.
-      place = now + wait
+      -- Back at its place and the capacity taken (by calls that came back late, or a
+      -- moment too early): it is not sent behind its tenant's backlog, but joins the
+      -- model's line of returns, one spacing apart, so that calls back at once do not
+      -- all ask again for the next unit (a crowd polling the bucket).
+      place = math.max(now + wait, tonumber(fair_ret) or 0)
+      redis.call('HSET', KEYS[3], 'ret', tostring(place + sp))
     elseif held then
       -- It yields to a waiting tenant that has had less: after one spacing per such
       -- tenant.
