@@ -15,7 +15,7 @@ TEST_TIMEOUT ?= 20m
 # (internal/testenv.Binary): `onceflow work --test-handler`. `make build` leaves them out.
 TEST_TAGS := onceflowtest
 
-.PHONY: all build test demo lint fuzz bench chaos chaos-outage services-up services-down clean example-minimal example-triage
+.PHONY: all build test demo lint fuzz bench bench-limits chaos chaos-outage services-up services-down clean example-minimal example-triage
 
 all: build
 
@@ -80,6 +80,14 @@ bench:
 	scripts/dev-services up
 	eval "$$(scripts/dev-services env)" && cd bench && $(GO) run . $(BENCH_ARGS)
 	eval "$$(scripts/dev-services env)" && $(GO) test -run '^$$' -bench Idempotency -benchtime 1x ./idempotency/redisstore/
+
+## bench-limits: provider admission control (issue 15, internal/limitbench): 4 workers against
+## fake-llm --rpm 600 --tpm 200000 with admission configured, learnt and off (goodput, 429s),
+## then a late tenant's wait behind another's backlog; about 11 minutes; prints the report
+## (figures go to docs/BENCHMARKS.md by hand)
+bench-limits:
+	scripts/dev-services up
+	eval "$$(scripts/dev-services env)" && ONCEFLOW_LIMITS_BENCH=1 $(GO) test -count=1 -run '^TestLimitsBench$$' -v -timeout 60m ./internal/limitbench
 
 ## example-minimal: the smallest workflow's test (examples/minimal), against real Redis and PostgreSQL
 example-minimal:
