@@ -159,7 +159,9 @@ func TestRunMetricsFreshAtZeroThenEachFamilyMoves(t *testing.T) {
 		}
 		return n
 	}
-	// A: one 429 with Retry-After 1s, then an answer; its email gets a 503, then 200.
+	// A: one 429 with Retry-After 1s, which pauses the model (the limiter): the job waits
+	// in the scheduled set without spending an attempt (no in-process retry), then its
+	// call is answered; its email gets a 503, then 200.
 	model.Script(fakeserver.Fault{Kind: fakeserver.Fault429})
 	if c := post("metrics-job-a-000001", "first text", "a@example.com"); c != 202 {
 		t.Fatalf("POST A: %d", c)
@@ -201,7 +203,7 @@ func TestRunMetricsFreshAtZeroThenEachFamilyMoves(t *testing.T) {
 		`onceflow_idempotency_requests_total{outcome="replayed"}`:                              1,
 		`onceflow_idempotency_requests_total{outcome="reused_422"}`:                            1,
 		"onceflow_queue_enqueued_total" + q:                                                    3,
-		"onceflow_queue_deliveries_total" + q:                                                  5,
+		"onceflow_queue_deliveries_total" + q:                                                  6,
 		"onceflow_queue_reclaimed_total" + q:                                                   0,
 		"onceflow_queue_redeliveries_total" + q:                                                0,
 		"onceflow_queue_retries_scheduled_total" + q:                                           1,
@@ -209,6 +211,7 @@ func TestRunMetricsFreshAtZeroThenEachFamilyMoves(t *testing.T) {
 		`onceflow_queue_dead_lettered_total{queue="summaries",reason="permanent"}`:             1,
 		`onceflow_queue_handler_duration_seconds_count{outcome="ok",queue="summaries"}`:        3,
 		`onceflow_queue_handler_duration_seconds_count{outcome="error",queue="summaries"}`:     1,
+		`onceflow_queue_handler_duration_seconds_count{outcome="snoozed",queue="summaries"}`:   1,
 		`onceflow_queue_handler_duration_seconds_count{outcome="permanent",queue="summaries"}`: 1,
 		"onceflow_queue_in_flight" + q:                                                         0,
 		"onceflow_queue_dead_letters" + q:                                                      1,
@@ -222,9 +225,13 @@ func TestRunMetricsFreshAtZeroThenEachFamilyMoves(t *testing.T) {
 		`onceflow_llm_calls_total{outcome="timeout",provider="openai"}`:                        2,
 		`onceflow_llm_calls_total{outcome="client_error",provider="openai"}`:                   1,
 		`onceflow_llm_ambiguous_failures_total{provider="openai"}`:                             2,
-		`onceflow_llm_retries_total{class="rate_limited",source="retry_after"}`:                1,
+		`onceflow_llm_retries_total{class="rate_limited",source="retry_after"}`:                0,
 		`onceflow_llm_retries_total{class="timeout",source="backoff"}`:                         1,
-		`onceflow_llm_retry_wait_seconds_total{source="retry_after"}`:                          1,
+		`onceflow_llm_retry_wait_seconds_total{source="retry_after"}`:                          0,
+		`onceflow_summaries_jobs_total{outcome="waiting"}`:                                     1,
+		`onceflow_llm_pauses_total{model="gpt-4.1-mini"}`:                                      1,
+		`onceflow_llm_rate_limited_total{model="gpt-4.1-mini"}`:                                1,
+		`onceflow_llm_budget_waits_total{tenant="none"}`:                                       0,
 		"onceflow_outbox_sent_total":                                                           1,
 		"onceflow_outbox_exhausted_total":                                                      1,
 		`onceflow_outbox_send_failures_total{class="retryable"}`:                               1,

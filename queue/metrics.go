@@ -14,6 +14,9 @@ const (
 	outcomePanic     = "panic"
 	// outcomeUnavailable: the handler said a dependency is down (ErrUnavailable).
 	outcomeUnavailable = "unavailable"
+	// outcomeSnoozed: the handler asked to run later without spending an attempt (a
+	// *SnoozeError, or a limiter's *retry.WaitError).
+	outcomeSnoozed = "snoozed"
 )
 
 // workerMetrics are a Worker's collectors. Every series carries the queue name, a
@@ -104,10 +107,10 @@ func newWorkerMetrics(reg prometheus.Registerer, queue string) *workerMetrics {
 	}
 	dur := metrics.Register(reg, prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: metrics.Namespace, Subsystem: "queue", Name: "handler_duration_seconds",
-		Help:    "Time a job handler ran, by outcome (ok, error, permanent, panic, unavailable).",
+		Help:    "Time a job handler ran, by outcome (ok, error, permanent, panic, unavailable, snoozed).",
 		Buckets: []float64{.001, .005, .01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120},
 	}, []string{"queue", "outcome"}))
-	outcomes := []string{outcomeOK, outcomeError, outcomePermanent, outcomePanic, outcomeUnavailable}
+	outcomes := []string{outcomeOK, outcomeError, outcomePermanent, outcomePanic, outcomeUnavailable, outcomeSnoozed}
 	m.handlerDuration = make(map[string]prometheus.Observer, len(outcomes))
 	for _, o := range outcomes {
 		m.handlerDuration[o] = dur.WithLabelValues(queue, o)

@@ -1020,6 +1020,8 @@ func (w *Worker) run(ctx context.Context, job *Job, start time.Time) (outcome st
 		return outcomePermanent, err
 	case errors.Is(err, ErrUnavailable):
 		return outcomeUnavailable, err
+	case errors.As(err, new(*SnoozeError)), errors.Is(err, retry.ErrWaiting):
+		return outcomeSnoozed, err
 	default:
 		return outcomeError, err
 	}
