@@ -106,7 +106,9 @@ func metricValue(t *testing.T, reg *prometheus.Registry, name string, labels map
 func TestModelCallsAreCountedOnTheRegisterer(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
-	e := newModelEnv(t, fakeserver.Config{}, onceflow.Config{Registerer: reg}, func(ctx context.Context, j *onceflow.Job[supportArgs]) error {
+	// Without the limiter, so that the 429 is retried in-process and counted as a retry
+	// (with it, the 429 pauses the model and the job waits: see limits_test.go).
+	e := newModelEnv(t, fakeserver.Config{}, onceflow.Config{Registerer: reg, NoLimits: true}, func(ctx context.Context, j *onceflow.Job[supportArgs]) error {
 		_, err := j.Complete(ctx, "summarise", prompt(j.Args.Text))
 		return err
 	})

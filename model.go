@@ -113,7 +113,7 @@ func (c *Client) setupModel() error {
 }
 
 // newLimiter is Config.Limits with the client's defaults: its prefix, provider, logger,
-// registerer and, with Config.DB, the tenant_budgets table.
+// registerer, quota pause (QuotaProbe) and, with Config.DB, the tenant_budgets table.
 func (c *Client) newLimiter(provider string) (*limiter.Limiter, error) {
 	lc := c.cfg.Limits
 	lc.Prefix = cmp.Or(lc.Prefix, c.cfg.Prefix)
@@ -127,6 +127,9 @@ func (c *Client) newLimiter(provider string) (*limiter.Limiter, error) {
 	if lc.Budgets == nil && c.cfg.DB != nil {
 		lc.Budgets = pgbudget.New(c.cfg.DB)
 	}
+	// An exhausted quota stops the model's breaker, which probes every QuotaProbe: the
+	// limiter pauses the fleet as long, so that its pause never holds back the probe.
+	lc.QuotaPause = cmp.Or(lc.QuotaPause, c.cfg.QuotaProbe)
 	lim, err := limiter.New(c.rdb, lc)
 	if err != nil {
 		return nil, fmt.Errorf("onceflow: Config.Limits: %w", err)

@@ -278,7 +278,9 @@ func TestStepsHaveDistinctKeys(t *testing.T) {
 func TestRateLimitThenAnswerWithinOneDelivery(t *testing.T) {
 	t.Parallel()
 	var step *onceflow.Step
-	e := newModelEnv(t, fakeserver.Config{}, onceflow.Config{}, func(ctx context.Context, j *onceflow.Job[supportArgs]) error {
+	// Without the limiter: retry.Do retries the 429 in-process. (With it, the 429 pauses
+	// the model and the job waits: TestRateLimitedCallSpendsNoAttempt.)
+	e := newModelEnv(t, fakeserver.Config{}, onceflow.Config{NoLimits: true}, func(ctx context.Context, j *onceflow.Job[supportArgs]) error {
 		var err error
 		step, err = j.Complete(ctx, "summarise", prompt(j.Args.Text))
 		return err

@@ -194,7 +194,8 @@ func (d openaiDialect) errorOf(k errKind, detail string, req *chatRequest) apiEr
 	case errRateLimit:
 		h := http.Header{}
 		h.Set("Retry-After", detail)
-		h.Set("X-Ratelimit-Limit-Requests", "60")
+		// An injected 429 says nothing is left until its Retry-After, but claims no
+		// limit: a limiter learning from it must not take a size for the window.
 		h.Set("X-Ratelimit-Remaining-Requests", "0")
 		h.Set("X-Ratelimit-Reset-Requests", detail+"s")
 		return apiError{status: http.StatusTooManyRequests, typ: "requests", code: "rate_limit_exceeded", header: h,

@@ -51,6 +51,7 @@ const (
 	waitJitter   = int64(time.Second)       // at most this is added to other waits (a tenth of them)
 	dayLen       = 24 * time.Hour           // a budget's window
 	maxWaitDelay = 24*time.Hour + time.Hour // no wait is ever longer (a budget's day and its jitter)
+	learnTTL     = 10 * time.Minute         // a learnt limit lapses unless the provider says it again
 )
 
 // Limits are the limits of one model across every process that shares the Redis. A
@@ -239,6 +240,16 @@ type modelState struct {
 	pauseUntil atomic.Int64
 	pauseWhy   atomic.Pointer[string]
 	lrpm, ltpm atomic.Int64 // learnt limits
+	learntAt   atomic.Int64 // when the provider last said them, Unix ms
+}
+
+// learnt returns the model's learnt limits, or zeros once the provider has not said
+// them for learnTTL (a limit a proxy or a bad answer taught does not stick).
+func (s *modelState) learnt(now time.Time) (rpm, tpm int64) {
+	if now.UnixMilli()-s.learntAt.Load() >= learnTTL.Milliseconds() {
+		return 0, 0
+	}
+	return s.lrpm.Load(), s.ltpm.Load()
 }
 
 func (s *modelState) pausedFor(now time.Time) (time.Duration, string) {
@@ -399,7 +410,7 @@ func (l *Limiter) Acquire(ctx context.Context, c Call) (*Permit, error) {
 	need := int64(max(c.InputTokens, 0)) + int64(max(c.OutputTokens, 0))
 	tpm := int64(lim.TPM)
 	if tpm == 0 {
-		tpm = st.ltpm.Load()
+		_, tpm = st.learnt(time.Now())
 	}
 	if tpm > 0 && need > tpm {
 		return nil, retry.Permanent(fmt.Errorf("%w: the call to %s needs %d tokens (estimate), its tokens per minute are %d", ErrTooLarge, mk, need, tpm))
@@ -430,7 +441,8 @@ func (l *Limiter) Acquire(ctx context.Context, c Call) (*Permit, error) {
 			}
 			return nil, l.putOff(mk, c.Tenant, d, "paused", why, 0)
 		}
-		shared := !lim.IsZero() || st.lrpm.Load() > 0 || st.ltpm.Load() > 0 || budget > 0 || l.cfg.TenantConcurrency > 0
+		lrpm, ltpm := st.learnt(now)
+		shared := !lim.IsZero() || lrpm > 0 || ltpm > 0 || budget > 0 || l.cfg.TenantConcurrency > 0
 		if !shared {
 			l.m.admitted(name, waited)
 			return p, nil
@@ -441,7 +453,7 @@ func (l *Limiter) Acquire(ctx context.Context, c Call) (*Permit, error) {
 		args := []any{p.id, c.Tenant, work, lim.RPM, lim.TPM, lim.Concurrency, tenantCap(c.Tenant, l.cfg.TenantConcurrency), need,
 			budget, l.cfg.Lease.Milliseconds(), day.Add(dayLen).UnixMilli(), int64(budgetTTL.Seconds()),
 			l.cfg.HalfLife.Milliseconds(), waitingMark.Milliseconds(), placeGrace.Milliseconds(), firstCallDur.Milliseconds(),
-			max(c.InputTokens, 1)}
+			max(c.InputTokens, 1), learnTTL.Milliseconds()}
 		res, err := admitScript.Run(ctx, l.rdb, keys, args...).Slice()
 		if err != nil {
 			if ctx.Err() != nil {
@@ -677,12 +689,16 @@ func (p *Permit) Done(r Result) time.Duration {
 			leftTok = rl.InputTokens.Remaining
 		}
 	}
-	learnt := (lrpm > 0 && lrpm != st.lrpm.Load()) || (ltpm > 0 && ltpm != st.ltpm.Load())
+	oldRPM, oldTPM := st.learnt(time.Now())
+	learnt := (lrpm > 0 && lrpm != oldRPM) || (ltpm > 0 && ltpm != oldTPM)
 	if lrpm > 0 {
 		st.lrpm.Store(lrpm)
 	}
 	if ltpm > 0 {
 		st.ltpm.Store(ltpm)
+	}
+	if lrpm > 0 || ltpm > 0 {
+		st.learntAt.Store(time.Now().UnixMilli())
 	}
 	pause := p.pauseOnce(r)
 	if !p.viaRedis && !learnt {
@@ -693,7 +709,7 @@ func (p *Permit) Done(r Result) time.Duration {
 		dur = time.Since(p.start).Milliseconds()
 	}
 	s := settlement{model: p.model, tenant: p.tenant, day: p.day, args: []any{p.id, boolArg(r.Sent), p.tokens, cost, p.budgetRes,
-		p.lim.RPM, p.lim.TPM, leftReq, leftTok, dur, lrpm, ltpm}}
+		p.lim.RPM, p.lim.TPM, leftReq, leftTok, dur, lrpm, ltpm, learnTTL.Milliseconds()}}
 	if err := l.settle(s); err != nil {
 		l.keep(s)
 		l.log.Warn("limiter: could not settle a model call; retrying in the background", "model", p.model, "err", err)
@@ -805,14 +821,16 @@ func (l *Limiter) settle(s settlement) error {
 		l.m.redisErrors.Inc()
 		return err
 	}
-	if len(res) == 2 {
+	if len(res) == 3 && res[2] > 0 {
 		st := l.state(s.model)
-		if res[0] > 0 && l.limitsFor(s.model[strings.IndexByte(s.model, '/')+1:]).RPM == 0 {
+		lim := l.limitsFor(s.model[strings.IndexByte(s.model, '/')+1:])
+		if res[0] > 0 && lim.RPM == 0 {
 			st.lrpm.Store(res[0])
 		}
-		if res[1] > 0 && l.limitsFor(s.model[strings.IndexByte(s.model, '/')+1:]).TPM == 0 {
+		if res[1] > 0 && lim.TPM == 0 {
 			st.ltpm.Store(res[1])
 		}
+		st.learntAt.Store(max(st.learntAt.Load(), res[2]))
 	}
 	return nil
 }

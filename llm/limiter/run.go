@@ -93,7 +93,7 @@ func (l *Limiter) sync(ctx context.Context) {
 	pipe := l.rdb.Pipeline()
 	cmds := make([]*redis.SliceCmd, len(states))
 	for i, s := range states {
-		cmds[i] = pipe.HMGet(ctx, l.keys.Model(s.key), "pause", "why", "lrpm", "ltpm")
+		cmds[i] = pipe.HMGet(ctx, l.keys.Model(s.key), "pause", "why", "lrpm", "ltpm", "lts")
 	}
 	if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
 		l.m.redisErrors.Inc()
@@ -101,7 +101,7 @@ func (l *Limiter) sync(ctx context.Context) {
 	}
 	for i, s := range states {
 		v := cmds[i].Val()
-		if len(v) != 4 {
+		if len(v) != 5 {
 			continue
 		}
 		if till := parseInt(v[0]); till > 0 {
@@ -116,6 +116,9 @@ func (l *Limiter) sync(ctx context.Context) {
 		}
 		if n := parseInt(v[3]); n > 0 {
 			s.ltpm.Store(n)
+		}
+		if n := parseInt(v[4]); n > s.learntAt.Load() {
+			s.learntAt.Store(n)
 		}
 	}
 }

@@ -9,7 +9,7 @@ import "github.com/redis/go-redis/v9"
 //   - Keys.Model, a hash: the token buckets "rt" (requests left) and "tt" (tokens left)
 //     with their update times "rts" and "tts" in Unix milliseconds, the fleet-wide pause
 //     "pause" (Unix ms) and its reason "why", the learnt limits "lrpm" and "ltpm" (from
-//     the provider's headers), the moving averages of a call's duration "dur" (ms) and
+//     the provider's headers) and when they were last said "lts", the moving averages of a call's duration "dur" (ms) and
 //     of its cost in tokens "avgtok";
 //   - Keys.InFlight, a sorted set: the permits in flight, scored by when their lease
 //     ends (a permit whose process died stops counting then);
@@ -48,6 +48,7 @@ import "github.com/redis/go-redis/v9"
 //	ARGV[14] how long a tenant counts as waiting after its place, ms
 //	ARGV[15] how long a place is held after it is due, ms
 //	ARGV[16] a call's duration until one was measured, ms
+//	ARGV[18] how long a learnt limit holds without the provider saying it again, ms
 //	ARGV[17] a call's cost in tokens until one was measured: its prompt's estimate
 //	         (too low a guess makes lines a little too dense until the first answer
 //	         settles; the output's whole reservation would leave capacity idle)
@@ -74,9 +75,10 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local id, tenant, work = ARGV[1], ARGV[2], ARGV[3]
 local need = tonumber(ARGV[8])
-local st = redis.call('HMGET', KEYS[1], 'rt', 'rts', 'tt', 'tts', 'pause', 'why', 'dur', 'lrpm', 'ltpm', 'avgtok')
-local rpm = tonumber(ARGV[4]); if rpm <= 0 then rpm = tonumber(st[8]) or 0 end
-local tpm = tonumber(ARGV[5]); if tpm <= 0 then tpm = tonumber(st[9]) or 0 end
+local st = redis.call('HMGET', KEYS[1], 'rt', 'rts', 'tt', 'tts', 'pause', 'why', 'dur', 'lrpm', 'ltpm', 'avgtok', 'lts')
+local fresh = now - (tonumber(st[11]) or 0) < tonumber(ARGV[18])
+local rpm = tonumber(ARGV[4]); if rpm <= 0 then rpm = fresh and tonumber(st[8]) or 0 end
+local tpm = tonumber(ARGV[5]); if tpm <= 0 then tpm = fresh and tonumber(st[9]) or 0 end
 local conc, tconc = tonumber(ARGV[6]), tonumber(ARGV[7])
 local lease = tonumber(ARGV[10])
 local dur = tonumber(st[7]) or tonumber(ARGV[16])
@@ -254,8 +256,10 @@ return {1, 0}
 //	ARGV[10] the call's duration, ms (-1: none, it was not sent)
 //	ARGV[11] requests per minute the provider says (0: it did not say)
 //	ARGV[12] tokens per minute the provider says (0)
+//	ARGV[13] how long a learnt limit holds without the provider saying it again, ms
 //
-// Returns {rpm, tpm} in force after it (learnt when not configured).
+// Returns {rpm, tpm, learnt at} in force after it (learnt when not configured, and only
+// while the provider said them within ARGV[13]; learnt at in Unix ms, 0 for never).
 var settleScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -276,9 +280,12 @@ end
 local lrpm, ltpm = tonumber(ARGV[11]), tonumber(ARGV[12])
 if lrpm > 0 then redis.call('HSET', KEYS[1], 'lrpm', lrpm) end
 if ltpm > 0 then redis.call('HSET', KEYS[1], 'ltpm', ltpm) end
-local st = redis.call('HMGET', KEYS[1], 'rt', 'rts', 'tt', 'tts', 'dur', 'lrpm', 'ltpm', 'avgtok')
-local rpm = tonumber(ARGV[6]); if rpm <= 0 then rpm = tonumber(st[6]) or 0 end
-local tpm = tonumber(ARGV[7]); if tpm <= 0 then tpm = tonumber(st[7]) or 0 end
+if lrpm > 0 or ltpm > 0 then redis.call('HSET', KEYS[1], 'lts', now) end
+local st = redis.call('HMGET', KEYS[1], 'rt', 'rts', 'tt', 'tts', 'dur', 'lrpm', 'ltpm', 'avgtok', 'lts')
+local lts = tonumber(st[9]) or 0
+local fresh = now - lts < tonumber(ARGV[13])
+local rpm = tonumber(ARGV[6]); if rpm <= 0 then rpm = fresh and tonumber(st[6]) or 0 end
+local tpm = tonumber(ARGV[7]); if tpm <= 0 then tpm = fresh and tonumber(st[7]) or 0 end
 local function refill(tok, ts, cap)
   if not tok then return cap end
   local r = tok + (now - (ts or now)) * cap / 60000
@@ -312,7 +319,7 @@ if d >= 0 then
     redis.call('HSET', KEYS[1], 'avgtok', tostring(avg))
   end
 end
-return {rpm, tpm}
+return {rpm, tpm, lts}
 `)
 
 // pauseScript stops calls to a model for the whole fleet until a time, and tells every
