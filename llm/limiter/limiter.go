@@ -527,16 +527,8 @@ func jitter(d time.Duration, capNs int64) time.Duration {
 	return time.Duration(rand.Int64N(n + 1)) // #nosec G404 -- spreading wake-ups, not a secret
 }
 
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
-}
+// sleep waits for d or until ctx ends (retry's clock).
+func sleep(ctx context.Context, d time.Duration) error { return retry.SystemClock{}.Sleep(ctx, d) }
 
 // NoTenant stands for the calls of no tenant in the limiter's keys and cost view; no
 // tenant can be named so (tenants are A-Z a-z 0-9 . _ -).
