@@ -77,7 +77,7 @@ func (c *client) Stream(ctx context.Context, req *llm.Request) iter.Seq2[llm.Chu
 		settled := false
 		defer func() {
 			if !settled { // the consumer stopped early: the answer was cut off
-				c.settle(p, c.streamDone(p, col, errStopped), nil)
+				p.Done(c.streamDone(p, col, errStopped))
 			}
 		}()
 		for ch, err := range c.next.Stream(ctx, req) {
@@ -89,7 +89,7 @@ func (c *client) Stream(ctx context.Context, req *llm.Request) iter.Seq2[llm.Chu
 			}
 			if ch.Done {
 				settled = true
-				c.settle(p, c.streamDone(p, col, nil), nil)
+				p.Done(c.streamDone(p, col, nil))
 			}
 			if !yield(ch, nil) {
 				return
@@ -97,7 +97,7 @@ func (c *client) Stream(ctx context.Context, req *llm.Request) iter.Seq2[llm.Chu
 		}
 		if !settled {
 			settled = true
-			c.settle(p, c.streamDone(p, col, nil), nil)
+			p.Done(c.streamDone(p, col, nil))
 		}
 	}
 }
