@@ -2,6 +2,7 @@ package onceflow_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -119,4 +120,74 @@ func TestRateLimitedCallSpendsNoAttempt(t *testing.T) {
 	if requests.Load() != 2 || limited.Load() != 1 {
 		t.Fatalf("%d requests, %d limited: want one 429 and one answer (retry.Do must not retry a paused model in-process)", requests.Load(), limited.Load())
 	}
+}
+
+// After a pause the jobs that waited for it do not all go at once into a limit that
+// may not have come back: one probe goes (one a second while none answers), and the
+// others follow its answer. Here the provider answers 429 with Retry-After: 1 (no
+// rate-limit headers, as many gateways do) for 5 seconds to 40 jobs: about one request
+// a second reaches it, not one per waiting job; then every job completes, one answer
+// each.
+func TestPauseEndsWithOneProbeNotAHerd(t *testing.T) {
+	t.Parallel()
+	fs, err := fakeserver.New(fakeserver.Config{Logger: testenv.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var limitedOn atomic.Bool
+	var requests, tooMany atomic.Int64
+	limitedOn.Store(true)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		requests.Add(1)
+		if limitedOn.Load() {
+			tooMany.Add(1)
+			w.Header().Set("Retry-After", "1")
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusTooManyRequests)
+			_, _ = w.Write([]byte(`{"error":{"message":"Rate limit reached","type":"requests","code":"rate_limit_exceeded"}}`))
+			return
+		}
+		fs.ServeHTTP(w, r)
+	}))
+	t.Cleanup(func() { fs.Close(); srv.Close() })
+	e := newModelEnv(t, fakeserver.Config{}, onceflow.Config{
+		Model: openai.New(openai.Config{BaseURL: srv.URL + "/v1", APIKey: "test-key"}),
+	}, func(ctx context.Context, j *onceflow.Job[supportArgs]) error {
+		_, err := j.Complete(ctx, "summarise", prompt(j.Args.Text))
+		return err
+	})
+	ids := make([]string, 40)
+	for i := range ids {
+		ids[i] = e.enqueue(fmt.Sprintf("Ticket %d: the parcel never came.", i))
+	}
+	e.start()
+	// The first contact: every worker slot may call before the first 429 is back.
+	testenv.WaitFor(t, 10*time.Second, "the first 429", func() bool { return tooMany.Load() > 0 })
+	time.Sleep(500 * time.Millisecond)
+	before := requests.Load()
+	time.Sleep(5 * time.Second)
+	during := requests.Load() - before
+	limitedOn.Store(false)
+	// One probe a pause: a 1s pause, then a probe that meets the 429 again, about 5
+	// in 5 seconds; a herd is one request per waiting job each second (85 before).
+	if during > 12 {
+		t.Fatalf("%d requests reached the provider in 5s of 429s with Retry-After 1, want about one a second (a probe per pause)", during)
+	}
+	ctx := context.Background()
+	testenv.WaitFor(t, 30*time.Second, "every job done", func() bool {
+		for _, id := range ids {
+			st, err := e.client.JobState(ctx, "", id)
+			if err != nil || st.Status != onceflow.StatusDone {
+				return false
+			}
+		}
+		return true
+	})
+	if got := fs.Stats().Requests; got != int64(len(ids)) {
+		t.Fatalf("the provider answered %d calls for %d jobs, want one each", got, len(ids))
+	}
+	if dl := e.deadLetters(); len(dl) != 0 {
+		t.Fatalf("%d dead letters, want none (waiting spends no attempt)", len(dl))
+	}
+	t.Logf("%d requests in 5s of 429s; %d requests in all for %d jobs", during, requests.Load(), len(ids))
 }

@@ -9,7 +9,9 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -123,7 +125,10 @@ type Config struct {
 	// Default: 1s.
 	SyncInterval time.Duration
 	// RateLimitPause is how long a 429 that says neither Retry-After nor a reset time
-	// pauses its model. Default: 1s.
+	// pauses its model, and, once any pause ends, how long one probe call goes alone
+	// before another may go while none has answered (the calls put off by the pause
+	// then follow the first answer, rather than all meeting the limit again). Default:
+	// 1s.
 	RateLimitPause time.Duration
 	// QuotaPause is how long an exhausted quota (a billing stop) without Retry-After
 	// pauses its model. Default: 1m.
@@ -226,6 +231,7 @@ type Limiter struct {
 	models map[string]*modelState // by "provider/model"
 
 	budgets atomic.Pointer[map[string]int64]
+	copied  bool // the budgets last read are copied to Redis (Run's goroutine only)
 
 	pmu     sync.Mutex
 	pending []settlement // settlements that failed (Redis down), retried by Run
@@ -237,9 +243,11 @@ type Limiter struct {
 // modelState is what this process knows of a model's shared state.
 type modelState struct {
 	key        string // provider/model
+	maxPause   time.Duration
 	pauseUntil atomic.Int64
 	pauseWhy   atomic.Pointer[string]
 	lrpm, ltpm atomic.Int64 // learnt limits
+	recovering atomic.Bool  // a pause was set: calls go through Redis until a probe answered
 	learntAt   atomic.Int64 // when the provider last said them, Unix ms
 }
 
@@ -264,7 +272,12 @@ func (s *modelState) pausedFor(now time.Time) (time.Duration, string) {
 	return time.UnixMilli(until).Sub(now), why
 }
 
+// setPause pauses the model until (Unix ms), at most maxPause from now whatever another
+// process or Redis says, unless it is paused longer already.
 func (s *modelState) setPause(until int64, why string) {
+	if s.maxPause > 0 {
+		until = min(until, time.Now().Add(s.maxPause).UnixMilli())
+	}
 	for {
 		cur := s.pauseUntil.Load()
 		if until <= cur {
@@ -272,6 +285,7 @@ func (s *modelState) setPause(until int64, why string) {
 		}
 		if s.pauseUntil.CompareAndSwap(cur, until) {
 			s.pauseWhy.Store(&why)
+			s.recovering.Store(true)
 			return
 		}
 	}
@@ -326,7 +340,7 @@ func (l *Limiter) state(mk string) *modelState {
 	defer l.mu.Unlock()
 	s := l.models[mk]
 	if s == nil {
-		s = &modelState{key: mk}
+		s = &modelState{key: mk, maxPause: l.cfg.MaxPause}
 		l.models[mk] = s
 	}
 	return s
@@ -442,7 +456,7 @@ func (l *Limiter) Acquire(ctx context.Context, c Call) (*Permit, error) {
 			return nil, l.putOff(mk, c.Tenant, d, "paused", why, 0)
 		}
 		lrpm, ltpm := st.learnt(now)
-		shared := !lim.IsZero() || lrpm > 0 || ltpm > 0 || budget > 0 || l.cfg.TenantConcurrency > 0
+		shared := !lim.IsZero() || lrpm > 0 || ltpm > 0 || budget > 0 || l.cfg.TenantConcurrency > 0 || st.recovering.Load()
 		if !shared {
 			l.m.admitted(name, waited)
 			return p, nil
@@ -453,9 +467,20 @@ func (l *Limiter) Acquire(ctx context.Context, c Call) (*Permit, error) {
 		args := []any{p.id, c.Tenant, work, lim.RPM, lim.TPM, lim.Concurrency, tenantCap(c.Tenant, l.cfg.TenantConcurrency), need,
 			budget, l.cfg.Lease.Milliseconds(), day.Add(dayLen).UnixMilli(), int64(budgetTTL.Seconds()),
 			l.cfg.HalfLife.Milliseconds(), waitingMark.Milliseconds(), placeGrace.Milliseconds(), firstCallDur.Milliseconds(),
-			max(c.InputTokens, 1), learnTTL.Milliseconds()}
+			max(c.InputTokens, 1), learnTTL.Milliseconds(), l.cfg.RateLimitPause.Milliseconds()}
 		res, err := admitScript.Run(ctx, l.rdb, keys, args...).Slice()
 		if err != nil {
+			if replyLost(err) {
+				// Redis may have run the admission and its reply is lost: Run ends the
+				// permit as a call that never left (a no-op if it was never admitted),
+				// so its reservation is not charged when its lease ends.
+				var bres int64
+				if budget > 0 {
+					bres = need
+				}
+				l.keep(settlement{model: mk, tenant: c.Tenant, day: day, args: []any{p.id, 1, 0, 0, bres,
+					lim.RPM, lim.TPM, -1, -1, -1, 0, 0, learnTTL.Milliseconds(), "", 0}})
+			}
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
 			}
@@ -469,12 +494,16 @@ func (l *Limiter) Acquire(ctx context.Context, c Call) (*Permit, error) {
 				p.budgetRes = need
 			}
 			p.tokens = int64At(res, 1)
+			if p.probe = stringAt(res, 2); p.probe == "" {
+				st.recovering.Store(false) // no pause to recover from
+			}
 			l.m.admitted(name, waited)
 			return p, nil
 		}
 		delay := time.Duration(int64At(res, 1)) * time.Millisecond
 		reason, detail := stringAt(res, 2), stringAt(res, 3)
 		if reason == "paused" {
+			delay = min(delay, l.cfg.MaxPause) // a pause another process set with a larger MaxPause
 			st.setPause(time.Now().Add(delay).UnixMilli(), detail)
 		}
 		if reason != "budget" && waited+delay <= l.cfg.MaxWait {
@@ -490,6 +519,30 @@ func (l *Limiter) Acquire(ctx context.Context, c Call) (*Permit, error) {
 		}
 		return nil, l.putOff(mk, c.Tenant, delay, reason, detail, spent)
 	}
+}
+
+// answered reports whether r is an answer of the provider that shows it takes calls
+// again after a pause: anything but a 429, an exhausted quota or no answer at all.
+func answered(r Result) bool {
+	if !r.Sent {
+		return false
+	}
+	if r.Err == nil {
+		return true
+	}
+	var api *llm.APIError
+	if !errors.As(r.Err, &api) || api.StatusCode == http.StatusTooManyRequests {
+		return false
+	}
+	return retry.Classify(r.Err).Class != retry.ClassQuota
+}
+
+// replyLost reports whether err may have come after Redis received the command: a
+// timeout or an ended context, not a refused connection.
+func replyLost(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) ||
+		errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
 }
 
 // putOff counts a call put off and returns its *retry.WaitError, with a jitter that
@@ -582,6 +635,7 @@ type Permit struct {
 	viaRedis  bool      // admitted by admitScript: settled by settleScript
 	tokens    int64     // tokens taken from the model's token bucket
 	budgetRes int64     // tokens reserved from the tenant's budget
+	probe     string    // the pause this call probes, "" none (admitScript)
 	day       time.Time // the budget's day
 
 	obs    atomic.Pointer[Result] // what the inner observer saw (WrapAround)
@@ -701,7 +755,7 @@ func (p *Permit) Done(r Result) time.Duration {
 		dur = time.Since(p.start).Milliseconds()
 	}
 	s := settlement{model: p.model, tenant: p.tenant, day: p.day, args: []any{p.id, boolArg(r.Sent), p.tokens, cost, p.budgetRes,
-		p.lim.RPM, p.lim.TPM, leftReq, leftTok, dur, lrpm, ltpm, learnTTL.Milliseconds()}}
+		p.lim.RPM, p.lim.TPM, leftReq, leftTok, dur, lrpm, ltpm, learnTTL.Milliseconds(), p.probe, boolArg(answered(r))}}
 	if err := l.settle(s); err != nil {
 		l.keep(s)
 		l.log.Warn("limiter: could not settle a model call; retrying in the background", "model", p.model, "err", err)

@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"maps"
 	"strconv"
 	"strings"
 	"time"
@@ -17,10 +18,21 @@ import (
 // Acquire and Done work without it, on what the process learns by itself.
 func (l *Limiter) Run(ctx context.Context) error {
 	go l.listen(ctx)
-	l.refreshBudgets(ctx)
+	// A failed read of the budgets is retried soon (1s, doubling up to BudgetRefresh),
+	// not a whole BudgetRefresh later.
+	retryBudgets := min(time.Second, l.cfg.BudgetRefresh)
+	nextBudgets := func(ok bool) time.Duration {
+		if ok {
+			retryBudgets = min(time.Second, l.cfg.BudgetRefresh)
+			return l.cfg.BudgetRefresh
+		}
+		d := retryBudgets
+		retryBudgets = min(2*retryBudgets, l.cfg.BudgetRefresh)
+		return d
+	}
 	sync := time.NewTicker(l.cfg.SyncInterval)
 	defer sync.Stop()
-	budgets := time.NewTicker(l.cfg.BudgetRefresh)
+	budgets := time.NewTimer(nextBudgets(l.refreshBudgets(ctx)))
 	defer budgets.Stop()
 	for {
 		select {
@@ -35,7 +47,7 @@ func (l *Limiter) Run(ctx context.Context) error {
 			l.retryPending()
 			l.flushUsage(ctx)
 		case <-budgets.C:
-			l.refreshBudgets(ctx)
+			budgets.Reset(nextBudgets(l.refreshBudgets(ctx)))
 		}
 	}
 }
@@ -93,7 +105,7 @@ func (l *Limiter) sync(ctx context.Context) {
 	pipe := l.rdb.Pipeline()
 	cmds := make([]*redis.SliceCmd, len(states))
 	for i, s := range states {
-		cmds[i] = pipe.HMGet(ctx, l.keys.Model(s.key), "pause", "why", "lrpm", "ltpm", "lts")
+		cmds[i] = pipe.HMGet(ctx, l.keys.Model(s.key), "pause", "why", "lrpm", "ltpm", "lts", "rec")
 	}
 	if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
 		l.m.redisErrors.Inc()
@@ -101,8 +113,11 @@ func (l *Limiter) sync(ctx context.Context) {
 	}
 	for i, s := range states {
 		v := cmds[i].Val()
-		if len(v) != 5 {
+		if len(v) != 6 {
 			continue
+		}
+		if v[5] != nil {
+			s.recovering.Store(true) // another process paused it: calls go through Redis
 		}
 		if till := parseInt(v[0]); till > 0 {
 			why, _ := v[1].(string)
@@ -129,19 +144,71 @@ func parseInt(v any) int64 {
 	return n
 }
 
-// refreshBudgets reads Config.Budgets; on failure the last budgets stay.
-func (l *Limiter) refreshBudgets(ctx context.Context) {
+// refreshBudgets reads Config.Budgets and reports whether it could. On success it
+// keeps a copy in Redis (Keys.Budgets) when they changed; on failure the last budgets
+// stay, and a process that has none yet (it started while the store was down) takes
+// the copy in Redis, so that tenants' own budgets hold through an outage of the store.
+func (l *Limiter) refreshBudgets(ctx context.Context) bool {
 	if l.cfg.Budgets == nil {
-		return
+		return true
 	}
 	m, err := l.cfg.Budgets.TokenBudgets(ctx)
 	if err != nil {
-		if ctx.Err() == nil {
-			l.log.Warn("limiter: could not read the tenants' token budgets; keeping the last ones", "err", err)
+		if ctx.Err() != nil {
+			return false
 		}
-		return
+		if l.budgets.Load() == nil {
+			if cp, cerr := l.readBudgetCopy(ctx); cerr == nil && cp != nil {
+				l.budgets.Store(&cp)
+				l.log.Warn("limiter: could not read the tenants' token budgets; using the copy in Redis", "err", err, "tenants", len(cp))
+				return false
+			}
+		}
+		l.log.Warn("limiter: could not read the tenants' token budgets; keeping the last ones", "err", err)
+		return false
+	}
+	if old := l.budgets.Load(); old == nil || !maps.Equal(*old, m) || !l.copied {
+		l.copied = l.writeBudgetCopy(ctx, m) == nil
 	}
 	l.budgets.Store(&m)
+	return true
+}
+
+// writeBudgetCopy replaces the copy of the tenants' budgets in Redis, in one MULTI.
+func (l *Limiter) writeBudgetCopy(ctx context.Context, m map[string]int64) error {
+	key := l.keys.Budgets()
+	_, err := l.rdb.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
+		pipe.Del(ctx, key)
+		if len(m) > 0 {
+			vals := make([]any, 0, 2*len(m))
+			for t, n := range m {
+				vals = append(vals, t, n)
+			}
+			pipe.HSet(ctx, key, vals...)
+		}
+		return nil
+	})
+	if err != nil {
+		l.m.redisErrors.Inc()
+	}
+	return err
+}
+
+// readBudgetCopy reads the copy of the tenants' budgets in Redis; nil when there is none.
+func (l *Limiter) readBudgetCopy(ctx context.Context) (map[string]int64, error) {
+	raw, err := l.rdb.HGetAll(ctx, l.keys.Budgets()).Result()
+	if err != nil || len(raw) == 0 {
+		return nil, err
+	}
+	m := make(map[string]int64, len(raw))
+	for t, v := range raw {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 {
+			continue
+		}
+		m[t] = n
+	}
+	return m, nil
 }
 
 // SetBudgets replaces the tenants' own budgets at once (as a refresh of Config.Budgets
@@ -185,7 +252,7 @@ func (l *Limiter) flushUsage(ctx context.Context) {
 	days := map[string]bool{}
 	for k, u := range batch {
 		key := l.keys.base() + "usage:" + k.day
-		f := k.tenant + "|" + k.model + "|"
+		f := part(k.tenant) + "|" + part(k.model) + "|"
 		if u.in > 0 {
 			pipe.HIncrBy(ctx, key, f+"in", u.in)
 		}

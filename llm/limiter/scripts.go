@@ -10,7 +10,9 @@ import "github.com/redis/go-redis/v9"
 //     with their update times "rts" and "tts" in Unix milliseconds, the fleet-wide pause
 //     "pause" (Unix ms) and its reason "why", the learnt limits "lrpm" and "ltpm" (from
 //     the provider's headers) and when they were last said "lts", the moving averages of a call's duration "dur" (ms) and
-//     of its cost in tokens "avgtok";
+//     of its cost in tokens "avgtok", and after a pause "rec" (that pause's end: the
+//     model is recovering until a probe answers) and "probe" (until when the probe out
+//     goes alone, Unix ms);
 //   - Keys.InFlight, a sorted set: the permits in flight, scored by when their lease
 //     ends (a permit whose process died stops counting then);
 //   - Keys.Lines, a hash: per tenant, "n:T" the next free place in its line (Unix ms),
@@ -20,8 +22,10 @@ import "github.com/redis/go-redis/v9"
 //     in a line, scored by when the place lapses.
 //
 // Per tenant: Keys.TenantInFlight (its permits in flight, across models), and per UTC
-// day Keys.Budget, a hash with "used" and "reserved" tokens and "p:<permit>" the tokens
-// each live permit reserved, and Keys.Held, those permits scored by their lease's end.
+// day Keys.Budget, a hash with "used" and "reserved" tokens, "p:<permit>" the tokens
+// each live permit reserved and "x:<permit>" those of a permit whose lease ended before
+// it settled (charged whole until it does), and Keys.Held, the live permits scored by
+// their lease's end.
 //
 // A bucket holds at most one minute of its limit and refills continuously (so a limit
 // of 600 requests per minute admits a burst of 600, then 10 a second), as the
@@ -48,12 +52,14 @@ import "github.com/redis/go-redis/v9"
 //	ARGV[14] how long a tenant counts as waiting after its place, ms
 //	ARGV[15] how long a place is held after it is due, ms
 //	ARGV[16] a call's duration until one was measured, ms
-//	ARGV[18] how long a learnt limit holds without the provider saying it again, ms
 //	ARGV[17] a call's cost in tokens until one was measured: its prompt's estimate
 //	         (too low a guess makes lines a little too dense until the first answer
 //	         settles; the output's whole reservation would leave capacity idle)
+//	ARGV[18] how long a learnt limit holds without the provider saying it again, ms
+//	ARGV[19] after a pause, how long a probe goes alone before another may go, ms
 //
-// Returns {1, tokens} when admitted (the tokens it took from the token bucket), else {0, wait ms, reason,
+// Returns {1, tokens, probe} when admitted (the tokens it took from the token bucket;
+// probe: the pause ("rec") this call probes, "" when none), else {0, wait ms, reason,
 // detail}: reason "paused" (detail: why), "budget" (detail: tokens used and reserved
 // today), "tenant concurrency", or, for the shared capacity, "requests per minute",
 // "tokens per minute", "concurrency" or "fair share" (another waiting tenant has had
@@ -75,7 +81,7 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local id, tenant, work = ARGV[1], ARGV[2], ARGV[3]
 local need = tonumber(ARGV[8])
-local st = redis.call('HMGET', KEYS[1], 'rt', 'rts', 'tt', 'tts', 'pause', 'why', 'dur', 'lrpm', 'ltpm', 'avgtok', 'lts')
+local st = redis.call('HMGET', KEYS[1], 'rt', 'rts', 'tt', 'tts', 'pause', 'why', 'dur', 'lrpm', 'ltpm', 'avgtok', 'lts', 'rec', 'probe')
 local fresh = now - (tonumber(st[11]) or 0) < tonumber(ARGV[18])
 local rpm = tonumber(ARGV[4]); if rpm <= 0 then rpm = fresh and tonumber(st[8]) or 0 end
 local tpm = tonumber(ARGV[5]); if tpm <= 0 then tpm = fresh and tonumber(st[9]) or 0 end
@@ -84,6 +90,14 @@ local lease = tonumber(ARGV[10])
 local dur = tonumber(st[7]) or tonumber(ARGV[16])
 local pause = tonumber(st[5]) or 0
 if pause > now then return {0, pause - now, 'paused', st[6] or ''} end
+-- After a pause, one call at a time goes first (a probe, one every ARGV[19] ms while
+-- none has answered): the calls that waited for the pause do not all go at once into
+-- a limit that may not have come back.
+local rec = st[12]
+if rec then
+  local probe = tonumber(st[13]) or 0
+  if probe > now then return {0, probe - now, 'paused', 'waiting for the first answer after a pause'} end
+end
 
 local budget = tonumber(ARGV[9])
 if budget > 0 then
@@ -92,6 +106,7 @@ if budget > 0 then
     redis.call('HINCRBY', KEYS[6], 'reserved', -n)
     redis.call('HINCRBY', KEYS[6], 'used', n)
     redis.call('HDEL', KEYS[6], 'p:' .. p)
+    redis.call('HSET', KEYS[6], 'x:' .. p, n)
     redis.call('ZREM', KEYS[7], p)
   end
   local b = redis.call('HMGET', KEYS[6], 'used', 'reserved')
@@ -233,15 +248,20 @@ if budget > 0 then
   redis.call('EXPIRE', KEYS[6], tonumber(ARGV[12]))
   redis.call('EXPIRE', KEYS[7], tonumber(ARGV[12]))
 end
-if tpm > 0 then return {1, tneed} end
-return {1, 0}
+if rec then redis.call('HSET', KEYS[1], 'probe', now + tonumber(ARGV[19])) end
+if tpm > 0 then return {1, tneed, rec or ''} end
+return {1, 0, rec or ''}
 `)
 
 // settleScript ends a permit: it gives back its concurrency, corrects the tokens it
 // reserved to what the call cost, learns the provider's limits and remainders from its
 // answer's headers, and charges the tenant's budget. It is safe to run for a permit
 // that was never admitted through Redis (every removal is a no-op) and for one whose
-// lease ended (its budget reservation was then charged whole; the charge is corrected).
+// lease ended (its budget reservation was then charged whole and marked "x:<permit>";
+// the charge is corrected, once). Its budget part is idempotent: run again (a retry
+// after a reply lost to a timeout), it finds neither the hold nor the mark and changes
+// nothing. Its token bucket part is not: a second run corrects the bucket again, by at
+// most the call's reservation, within the bucket's one minute (documented bound).
 //
 //	KEYS[1] Model  KEYS[2] InFlight  KEYS[3] TenantInFlight  KEYS[4] Budget  KEYS[5] Held
 //	ARGV[1]  permit id
@@ -257,6 +277,9 @@ return {1, 0}
 //	ARGV[11] requests per minute the provider says (0: it did not say)
 //	ARGV[12] tokens per minute the provider says (0)
 //	ARGV[13] how long a learnt limit holds without the provider saying it again, ms
+//	ARGV[14] the pause this call probed ("" none: see admitScript)
+//	ARGV[15] 1 when the provider answered (anything but a 429, an exhausted quota or
+//	         no answer): the probe ends the recovery; 0: the next probe may go now
 //
 // Returns {rpm, tpm, learnt at} in force after it (learnt when not configured, and only
 // while the provider said them within ARGV[13]; learnt at in Unix ms, 0 for never).
@@ -273,9 +296,17 @@ if bres > 0 then
     redis.call('HINCRBY', KEYS[4], 'reserved', -bres)
     redis.call('HINCRBY', KEYS[4], 'used', cost)
     redis.call('HDEL', KEYS[4], 'p:' .. id)
-  elseif redis.call('EXISTS', KEYS[4]) == 1 then
-    redis.call('HINCRBY', KEYS[4], 'used', cost - bres)
+  else
+    local x = tonumber(redis.call('HGET', KEYS[4], 'x:' .. id))
+    if x then
+      redis.call('HINCRBY', KEYS[4], 'used', cost - x)
+      redis.call('HDEL', KEYS[4], 'x:' .. id)
+    end
   end
+end
+if ARGV[14] ~= '' and redis.call('HGET', KEYS[1], 'rec') == ARGV[14] then
+  if ARGV[15] == '1' then redis.call('HDEL', KEYS[1], 'rec', 'probe')
+  else redis.call('HDEL', KEYS[1], 'probe') end
 end
 local lrpm, ltpm = tonumber(ARGV[11]), tonumber(ARGV[12])
 if lrpm > 0 then redis.call('HSET', KEYS[1], 'lrpm', lrpm) end
@@ -324,7 +355,9 @@ return {rpm, tpm, lts}
 
 // pauseScript stops calls to a model for the whole fleet until a time, and tells every
 // process at once (PUBLISH on Keys.Events). A pause only ever lengthens: a shorter one
-// than the pause in force changes nothing.
+// than the pause in force changes nothing. It marks the model recovering ("rec", the
+// pause's end): after the pause, admitScript lets one probe go at a time until one
+// answers (settleScript ends the recovery).
 //
 //	KEYS[1] Model
 //	ARGV[1] the pause, ms from Redis' now  ARGV[2] why  ARGV[3] the events channel
@@ -337,7 +370,8 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local till = now + tonumber(ARGV[1])
 local cur = tonumber(redis.call('HGET', KEYS[1], 'pause')) or 0
 if till <= cur then return cur end
-redis.call('HSET', KEYS[1], 'pause', till, 'why', ARGV[2])
+redis.call('HSET', KEYS[1], 'pause', till, 'why', ARGV[2], 'rec', till)
+redis.call('HDEL', KEYS[1], 'probe')
 redis.call('PUBLISH', ARGV[3], 'pause ' .. till .. ' ' .. ARGV[4])
 return till
 `)

@@ -64,8 +64,9 @@ func (l *Limiter) Usage(ctx context.Context, day time.Time, also ...string) ([]T
 		if len(parts) != 3 || err != nil {
 			continue
 		}
-		u := get(parts[0])
-		mu := u.ByModel[parts[1]]
+		u := get(keyUnescaper.Replace(parts[0]))
+		model := keyUnescaper.Replace(parts[1])
+		mu := u.ByModel[model]
 		switch parts[2] {
 		case "in":
 			mu.InputTokens += n
@@ -74,7 +75,7 @@ func (l *Limiter) Usage(ctx context.Context, day time.Time, also ...string) ([]T
 		case "calls":
 			mu.Calls += n
 		}
-		u.ByModel[parts[1]] = mu
+		u.ByModel[model] = mu
 	}
 	for _, t := range also {
 		get(t)
