@@ -58,7 +58,14 @@ func (c *client) Complete(ctx context.Context, req *llm.Request) (*llm.Response,
 	if c.observed {
 		ctx = context.WithValue(ctx, permitKeyType{}, p)
 	}
+	returned := false
+	defer func() {
+		if !returned { // the client below panicked: the call may have been sent
+			p.Done(Result{Sent: true, Ambiguous: true, Err: errPanicked})
+		}
+	}()
 	resp, err := c.next.Complete(ctx, req)
+	returned = true
 	r := c.result(p, resp, err)
 	return resp, c.settle(p, r, err)
 }
@@ -101,6 +108,9 @@ func (c *client) Stream(ctx context.Context, req *llm.Request) iter.Seq2[llm.Chu
 		}
 	}
 }
+
+// errPanicked stands for a call whose client panicked: its answer, if any, is lost.
+var errPanicked = errors.New("limiter: the model client panicked")
 
 // errStopped stands for a stream its consumer stopped reading: its answer is lost.
 var errStopped = errors.New("limiter: the stream's consumer stopped")

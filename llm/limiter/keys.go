@@ -65,6 +65,10 @@ func (k Keys) Usage(day time.Time) string {
 	return k.base() + "usage:" + day.UTC().Format("2006-01-02")
 }
 
+// Released returns the mark a released admission leaves (a string, for a lease): an
+// admission of that permit that comes after its release admits nothing.
+func (k Keys) Released(permit string) string { return k.base() + "r:" + permit }
+
 // Budgets returns the hash of the tenants' own budgets (tokens per day) as last read
 // from Config.Budgets: a copy for processes that start while that store is down.
 func (k Keys) Budgets() string { return k.base() + "budgets" }

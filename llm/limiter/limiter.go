@@ -41,19 +41,20 @@ const (
 
 // Internal constants of the lines (see admitScript).
 const (
-	waitingMark  = 2 * time.Second          // a tenant counts as waiting this long after its place
-	placeGrace   = 30 * time.Second         // a place is held this long after it is due
-	firstCallDur = time.Second              // a call's duration until one was measured
-	budgetTTL    = 48 * time.Hour           // the budget keys outlive their day by a day
-	usageTTL     = 8 * 24 * time.Hour       // the cost view keeps a week of days
-	maxPending   = 10000                    // settlements kept for a retry while Redis is down
-	settleWithin = 5 * time.Second          // one settlement's own timeout
-	maxModelName = 200                      // bytes
-	budgetJitter = int64(time.Minute)       // spread of the wake-up of budget waits at midnight
-	waitJitter   = int64(time.Second)       // at most this is added to other waits (a tenth of them)
-	dayLen       = 24 * time.Hour           // a budget's window
-	maxWaitDelay = 24*time.Hour + time.Hour // no wait is ever longer (a budget's day and its jitter)
-	learnTTL     = 10 * time.Minute         // a learnt limit lapses unless the provider says it again
+	waitingMark      = 2 * time.Second          // a tenant counts as waiting this long after its place
+	placeGrace       = 30 * time.Second         // a place is held this long after it is due
+	firstCallDur     = time.Second              // a call's duration until one was measured
+	budgetTTL        = 48 * time.Hour           // the budget keys outlive their day by a day
+	usageTTL         = 8 * 24 * time.Hour       // the cost view keeps a week of days
+	maxPending       = 10000                    // settlements kept for a retry while Redis is down
+	settleWithin     = 5 * time.Second          // one settlement's own timeout
+	budgetReadWithin = 5 * time.Second          // one read of Config.Budgets
+	maxModelName     = 200                      // bytes
+	budgetJitter     = int64(time.Minute)       // spread of the wake-up of budget waits at midnight
+	waitJitter       = int64(time.Second)       // at most this is added to other waits (a tenth of them)
+	dayLen           = 24 * time.Hour           // a budget's window
+	maxWaitDelay     = 24*time.Hour + time.Hour // no wait is ever longer (a budget's day and its jitter)
+	learnTTL         = 10 * time.Minute         // a learnt limit lapses unless the provider says it again
 )
 
 // Limits are the limits of one model across every process that shares the Redis. A
@@ -247,7 +248,7 @@ type modelState struct {
 	pauseUntil atomic.Int64
 	pauseWhy   atomic.Pointer[string]
 	lrpm, ltpm atomic.Int64 // learnt limits
-	recovering atomic.Bool  // a pause was set: calls go through Redis until a probe answered
+	recovering atomic.Bool  // new, or a pause was set: calls go through Redis until one admission finds no recovery
 	learntAt   atomic.Int64 // when the provider last said them, Unix ms
 }
 
@@ -341,6 +342,9 @@ func (l *Limiter) state(mk string) *modelState {
 	s := l.models[mk]
 	if s == nil {
 		s = &modelState{key: mk, maxPause: l.cfg.MaxPause}
+		// The first call to a model admits through Redis: a process that just started
+		// has not read the fleet's pause or recovery yet.
+		s.recovering.Store(true)
 		l.models[mk] = s
 	}
 	return s
@@ -422,11 +426,10 @@ func (l *Limiter) Acquire(ctx context.Context, c Call) (*Permit, error) {
 	st := l.state(mk)
 	lim := l.limitsFor(name)
 	need := int64(max(c.InputTokens, 0)) + int64(max(c.OutputTokens, 0))
-	tpm := int64(lim.TPM)
-	if tpm == 0 {
-		_, tpm = st.learnt(time.Now())
-	}
-	if tpm > 0 && need > tpm {
+	// Only a configured limit makes a call too large: a learnt one may be a window the
+	// estimate does not fit (an input-token limit, a proxy's), and it lapses; under it
+	// the call waits for a full bucket (admitScript caps what it takes at the limit).
+	if tpm := int64(lim.TPM); tpm > 0 && need > tpm {
 		return nil, retry.Permanent(fmt.Errorf("%w: the call to %s needs %d tokens (estimate), its tokens per minute are %d", ErrTooLarge, mk, need, tpm))
 	}
 	budget := l.budgetFor(c.Tenant)
@@ -463,7 +466,8 @@ func (l *Limiter) Acquire(ctx context.Context, c Call) (*Permit, error) {
 		}
 		day := now.UTC().Truncate(dayLen)
 		keys := []string{l.keys.Model(mk), l.keys.InFlight(mk), l.keys.Lines(mk), l.keys.Places(mk),
-			l.keys.TenantInFlight(tenantKey(c.Tenant)), l.keys.Budget(tenantKey(c.Tenant), day), l.keys.Held(tenantKey(c.Tenant), day)}
+			l.keys.TenantInFlight(tenantKey(c.Tenant)), l.keys.Budget(tenantKey(c.Tenant), day), l.keys.Held(tenantKey(c.Tenant), day),
+			l.keys.Released(p.id)}
 		args := []any{p.id, c.Tenant, work, lim.RPM, lim.TPM, lim.Concurrency, tenantCap(c.Tenant, l.cfg.TenantConcurrency), need,
 			budget, l.cfg.Lease.Milliseconds(), day.Add(dayLen).UnixMilli(), int64(budgetTTL.Seconds()),
 			l.cfg.HalfLife.Milliseconds(), waitingMark.Milliseconds(), placeGrace.Milliseconds(), firstCallDur.Milliseconds(),
@@ -479,7 +483,7 @@ func (l *Limiter) Acquire(ctx context.Context, c Call) (*Permit, error) {
 					bres = need
 				}
 				l.keep(settlement{model: mk, tenant: c.Tenant, day: day, args: []any{p.id, 1, 0, 0, bres,
-					lim.RPM, lim.TPM, -1, -1, -1, 0, 0, learnTTL.Milliseconds(), "", 0}})
+					lim.RPM, lim.TPM, -1, -1, -1, 0, 0, learnTTL.Milliseconds(), "", 0, l.cfg.Lease.Milliseconds()}})
 			}
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
@@ -514,7 +518,7 @@ func (l *Limiter) Acquire(ctx context.Context, c Call) (*Permit, error) {
 			continue
 		}
 		var spent int64
-		if reason == "budget" {
+		if reason == "budget" || reason == "budget reserved" {
 			spent, _ = strconv.ParseInt(detail, 10, 64)
 		}
 		return nil, l.putOff(mk, c.Tenant, delay, reason, detail, spent)
@@ -562,6 +566,9 @@ func (l *Limiter) putOff(mk, tenant string, delay time.Duration, reason, detail 
 		l.m.budgetWaits.WithLabelValues(tenantLabel(tenant)).Inc()
 		text = fmt.Sprintf("token budget of tenant %s is spent for today (%d tokens used or reserved); waiting for the next UTC day", tenant, spent)
 		delay += jitter(time.Duration(budgetJitter), budgetJitter)
+	case "budget reserved":
+		text = fmt.Sprintf("token budget of tenant %s is held by its calls in flight (%d tokens used or reserved today)", tenant, spent)
+		delay += jitter(delay, waitJitter)
 	case "tenant concurrency":
 		text = fmt.Sprintf("tenant %s has %d calls in flight (ONCEFLOW_TENANT_CONCURRENCY)", tenant, l.cfg.TenantConcurrency)
 		delay += jitter(delay, waitJitter)
@@ -659,11 +666,12 @@ func (p *Permit) pauseOnce(r Result) time.Duration {
 	}
 	pause, why := p.pauseFor(r)
 	pause = min(pause, p.l.cfg.MaxPause)
+	refused := r.Err != nil && !answered(r) && r.Sent // a 429 or an exhausted quota
 	if !p.paused.CompareAndSwap(0, int64(cmp.Or(pause, -1))) {
 		return max(time.Duration(p.paused.Load()), 0)
 	}
 	if pause > 0 {
-		p.l.pause(p.model, pause, why)
+		p.l.pause(p.model, pause, why, refused)
 	}
 	return pause
 }
@@ -755,7 +763,7 @@ func (p *Permit) Done(r Result) time.Duration {
 		dur = time.Since(p.start).Milliseconds()
 	}
 	s := settlement{model: p.model, tenant: p.tenant, day: p.day, args: []any{p.id, boolArg(r.Sent), p.tokens, cost, p.budgetRes,
-		p.lim.RPM, p.lim.TPM, leftReq, leftTok, dur, lrpm, ltpm, learnTTL.Milliseconds(), p.probe, boolArg(answered(r))}}
+		p.lim.RPM, p.lim.TPM, leftReq, leftTok, dur, lrpm, ltpm, learnTTL.Milliseconds(), p.probe, boolArg(answered(r)), 0}}
 	if err := l.settle(s); err != nil {
 		l.keep(s)
 		l.log.Warn("limiter: could not settle a model call; retrying in the background", "model", p.model, "err", err)
@@ -830,8 +838,10 @@ func boolArg(b bool) int {
 }
 
 // pause pauses model mk for d (at most MaxPause), locally at once and for the fleet
-// through Redis.
-func (l *Limiter) pause(mk string, d time.Duration, why string) {
+// through Redis. After a pause for a refusal (a 429, an exhausted quota) one probe goes
+// first (see pauseScript); after a window the answers said was empty, whose reset is
+// known, everyone goes.
+func (l *Limiter) pause(mk string, d time.Duration, why string, probe bool) {
 	d = min(d, l.cfg.MaxPause)
 	st := l.state(mk)
 	st.setPause(time.Now().Add(d).UnixMilli(), why)
@@ -839,7 +849,7 @@ func (l *Limiter) pause(mk string, d time.Duration, why string) {
 	l.m.pauses.WithLabelValues(name).Inc()
 	ctx, cancel := context.WithTimeout(context.Background(), settleWithin)
 	defer cancel()
-	till, err := pauseScript.Run(ctx, l.rdb, []string{l.keys.Model(mk)}, d.Milliseconds(), why, l.keys.Events(), mk).Int64()
+	till, err := pauseScript.Run(ctx, l.rdb, []string{l.keys.Model(mk)}, d.Milliseconds(), why, l.keys.Events(), mk, boolArg(probe)).Int64()
 	if err != nil {
 		l.m.redisErrors.Inc()
 		l.log.Warn("limiter: could not share a pause of a model; other processes will meet it on their own", "model", mk, "err", err)
@@ -861,7 +871,9 @@ func (l *Limiter) settle(s settlement) error {
 	ctx, cancel := context.WithTimeout(context.Background(), settleWithin)
 	defer cancel()
 	t := tenantKey(s.tenant)
-	keys := []string{l.keys.Model(s.model), l.keys.InFlight(s.model), l.keys.TenantInFlight(t), l.keys.Budget(t, s.day), l.keys.Held(t, s.day)}
+	id, _ := s.args[0].(string)
+	keys := []string{l.keys.Model(s.model), l.keys.InFlight(s.model), l.keys.TenantInFlight(t), l.keys.Budget(t, s.day), l.keys.Held(t, s.day),
+		l.keys.Released(id)}
 	res, err := settleScript.Run(ctx, l.rdb, keys, s.args...).Int64Slice()
 	if err != nil {
 		l.m.redisErrors.Inc()

@@ -54,7 +54,7 @@ func (h *lostReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 // usage - reservation again, which would give a tenant back tokens after each hiccup).
 func TestSettlementRunTwiceChargesOnce(t *testing.T) {
 	rdb, prefix := testenv.Redis(t)
-	hook := &lostReply{nkeys: 5} // settleScript
+	hook := &lostReply{nkeys: 6} // settleScript
 	rdb.AddHook(hook)
 	l := newLimiter(t, rdb, prefix, limiter.Config{TenantTokenBudget: 100_000, Limits: limiter.Limits{TPM: 100_000},
 		SyncInterval: 50 * time.Millisecond})
@@ -78,7 +78,7 @@ func TestSettlementRunTwiceChargesOnce(t *testing.T) {
 // charged whole, and the settlement, run twice, corrects that charge once.
 func TestLateSettlementRunTwiceCorrectsOnce(t *testing.T) {
 	rdb, prefix := testenv.Redis(t)
-	hook := &lostReply{nkeys: 5}
+	hook := &lostReply{nkeys: 6}
 	rdb.AddHook(hook)
 	l := newLimiter(t, rdb, prefix, limiter.Config{TenantTokenBudget: 100_000, Lease: 200 * time.Millisecond,
 		SyncInterval: 50 * time.Millisecond})
@@ -114,7 +114,7 @@ func TestLateSettlementRunTwiceCorrectsOnce(t *testing.T) {
 // call's when its lease ends.
 func TestAdmissionWithALostReplyIsReleased(t *testing.T) {
 	rdb, prefix := testenv.Redis(t)
-	hook := &lostReply{nkeys: 7} // admitScript
+	hook := &lostReply{nkeys: 8} // admitScript
 	rdb.AddHook(hook)
 	l := newLimiter(t, rdb, prefix, limiter.Config{TenantTokenBudget: 100_000, Lease: 300 * time.Millisecond,
 		SyncInterval: 50 * time.Millisecond})

@@ -5,6 +5,7 @@ import (
 	"maps"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -17,23 +18,14 @@ import (
 // settlements Redis refused, and writes the cost view. It returns nil when ctx ends.
 // Acquire and Done work without it, on what the process learns by itself.
 func (l *Limiter) Run(ctx context.Context) error {
-	go l.listen(ctx)
-	// A failed read of the budgets is retried soon (1s, doubling up to BudgetRefresh),
-	// not a whole BudgetRefresh later.
-	retryBudgets := min(time.Second, l.cfg.BudgetRefresh)
-	nextBudgets := func(ok bool) time.Duration {
-		if ok {
-			retryBudgets = min(time.Second, l.cfg.BudgetRefresh)
-			return l.cfg.BudgetRefresh
-		}
-		d := retryBudgets
-		retryBudgets = min(2*retryBudgets, l.cfg.BudgetRefresh)
-		return d
-	}
-	sync := time.NewTicker(l.cfg.SyncInterval)
-	defer sync.Stop()
-	budgets := time.NewTimer(nextBudgets(l.refreshBudgets(ctx)))
-	defer budgets.Stop()
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); l.listen(ctx) }()
+	// The budgets have a loop of their own: a stalled store (a lock, a black-holed
+	// socket) must not hold back the pauses, the settlements and the cost view.
+	go func() { defer wg.Done(); l.budgetLoop(ctx) }()
+	tick := time.NewTicker(l.cfg.SyncInterval)
+	defer tick.Stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -41,13 +33,43 @@ func (l *Limiter) Run(ctx context.Context) error {
 			l.flushUsage(fctx)
 			l.retryPending()
 			cancel()
+			wg.Wait()
 			return nil
-		case <-sync.C:
-			l.sync(ctx)
+		case <-tick.C:
+			sctx, cancel := context.WithTimeout(ctx, settleWithin)
+			l.sync(sctx)
 			l.retryPending()
-			l.flushUsage(ctx)
-		case <-budgets.C:
-			budgets.Reset(nextBudgets(l.refreshBudgets(ctx)))
+			l.flushUsage(sctx)
+			cancel()
+		}
+	}
+}
+
+// budgetLoop reads Config.Budgets every BudgetRefresh until ctx ends; a failed read is
+// retried soon (after 1s, doubling up to BudgetRefresh), not a whole BudgetRefresh
+// later.
+func (l *Limiter) budgetLoop(ctx context.Context) {
+	if l.cfg.Budgets == nil {
+		return
+	}
+	// Until the store answers, the copy in Redis: the store may be down or stalled.
+	cctx, cancel := context.WithTimeout(ctx, settleWithin)
+	if cp, err := l.readBudgetCopy(cctx); err == nil && cp != nil && l.budgets.Load() == nil {
+		l.budgets.CompareAndSwap(nil, &cp)
+	}
+	cancel()
+	first := min(time.Second, l.cfg.BudgetRefresh)
+	retryIn := first
+	for {
+		d := l.cfg.BudgetRefresh
+		if l.refreshBudgets(ctx) {
+			retryIn = first
+		} else {
+			d = retryIn
+			retryIn = min(2*retryIn, l.cfg.BudgetRefresh)
+		}
+		if sleep(ctx, d) != nil {
+			return
 		}
 	}
 }
@@ -146,17 +168,22 @@ func parseInt(v any) int64 {
 
 // refreshBudgets reads Config.Budgets and reports whether it could. On success it
 // keeps a copy in Redis (Keys.Budgets) when they changed; on failure the last budgets
-// stay, and a process that has none yet (it started while the store was down) takes
+// stay, and a process that has none yet (it started while the store was down, or the
+// read took longer than budgetReadWithin) takes
 // the copy in Redis, so that tenants' own budgets hold through an outage of the store.
 func (l *Limiter) refreshBudgets(ctx context.Context) bool {
 	if l.cfg.Budgets == nil {
 		return true
 	}
-	m, err := l.cfg.Budgets.TokenBudgets(ctx)
+	rctx, cancel := context.WithTimeout(ctx, budgetReadWithin)
+	m, err := l.cfg.Budgets.TokenBudgets(rctx)
+	cancel()
+	if ctx.Err() != nil {
+		return false
+	}
+	ctx, cancel = context.WithTimeout(ctx, settleWithin)
+	defer cancel()
 	if err != nil {
-		if ctx.Err() != nil {
-			return false
-		}
 		if l.budgets.Load() == nil {
 			if cp, cerr := l.readBudgetCopy(ctx); cerr == nil && cp != nil {
 				l.budgets.Store(&cp)

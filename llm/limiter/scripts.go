@@ -39,7 +39,7 @@ import "github.com/redis/go-redis/v9"
 // budget.
 //
 //	KEYS[1] Model  KEYS[2] InFlight  KEYS[3] Lines  KEYS[4] Places
-//	KEYS[5] TenantInFlight  KEYS[6] Budget  KEYS[7] Held
+//	KEYS[5] TenantInFlight  KEYS[6] Budget  KEYS[7] Held  KEYS[8] Released(permit)
 //	ARGV[1]  permit id                 ARGV[2]  tenant
 //	ARGV[3]  the call's work key ("" none: it never holds a place)
 //	ARGV[4]  requests per minute configured (0: the learnt one, if any)
@@ -60,8 +60,10 @@ import "github.com/redis/go-redis/v9"
 //
 // Returns {1, tokens, probe} when admitted (the tokens it took from the token bucket;
 // probe: the pause ("rec") this call probes, "" when none), else {0, wait ms, reason,
-// detail}: reason "paused" (detail: why), "budget" (detail: tokens used and reserved
-// today), "tenant concurrency", or, for the shared capacity, "requests per minute",
+// detail}: reason "paused" (detail: why), "budget" (the call does not fit in what is
+// left of today's budget; detail: tokens used and reserved today), "budget reserved"
+// (it would fit, but calls in flight hold the rest: a wait of about a call),
+// "tenant concurrency", or, for the shared capacity, "requests per minute",
 // "tokens per minute", "concurrency" or "fair share" (another waiting tenant has had
 // less lately). A call denied shared capacity is given a place in its tenant's line:
 // its wait ends at that place, so that a backlog of calls put off together comes back
@@ -80,6 +82,9 @@ var admitScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local id, tenant, work = ARGV[1], ARGV[2], ARGV[3]
+-- An admission that arrives after its caller gave up on it and released it (its
+-- reply was lost, and it was delayed behind the release) admits nothing.
+if redis.call('EXISTS', KEYS[8]) == 1 then return {0, 1, 'released', ''} end
 local need = tonumber(ARGV[8])
 local st = redis.call('HMGET', KEYS[1], 'rt', 'rts', 'tt', 'tts', 'pause', 'why', 'dur', 'lrpm', 'ltpm', 'avgtok', 'lts', 'rec', 'probe')
 local fresh = now - (tonumber(st[11]) or 0) < tonumber(ARGV[18])
@@ -110,9 +115,18 @@ if budget > 0 then
     redis.call('ZREM', KEYS[7], p)
   end
   local b = redis.call('HMGET', KEYS[6], 'used', 'reserved')
-  local spent = (tonumber(b[1]) or 0) + (tonumber(b[2]) or 0)
+  local used = tonumber(b[1]) or 0
+  local spent = used + (tonumber(b[2]) or 0)
   if spent + need > budget then
-    return {0, math.max(tonumber(ARGV[11]) - now, 1), 'budget', tostring(spent)}
+    if used + need > budget then
+      return {0, math.max(tonumber(ARGV[11]) - now, 1), 'budget', tostring(spent)}
+    end
+    -- What is missing is held by calls in flight: they settle (usually below their
+    -- reservation) within about a call's duration, or their leases end.
+    local w = dur
+    local first = redis.call('ZRANGE', KEYS[7], 0, 0, 'WITHSCORES')
+    if first[2] then w = math.min(w, tonumber(first[2]) - now) end
+    return {0, math.max(math.floor(w), 1), 'budget reserved', tostring(spent)}
   end
 end
 if tconc > 0 then
@@ -264,6 +278,7 @@ return {1, 0, rec or ''}
 // most the call's reservation, within the bucket's one minute (documented bound).
 //
 //	KEYS[1] Model  KEYS[2] InFlight  KEYS[3] TenantInFlight  KEYS[4] Budget  KEYS[5] Held
+//	KEYS[6] Released(permit)
 //	ARGV[1]  permit id
 //	ARGV[2]  1 when the request was sent (its request counts), 0 when it never left
 //	ARGV[3]  tokens the admission took from the token bucket (0: none)
@@ -280,6 +295,9 @@ return {1, 0, rec or ''}
 //	ARGV[14] the pause this call probed ("" none: see admitScript)
 //	ARGV[15] 1 when the provider answered (anything but a 429, an exhausted quota or
 //	         no answer): the probe ends the recovery; 0: the next probe may go now
+//	ARGV[16] for the release of an admission whose reply was lost, the lease, ms: a
+//	         mark (KEYS[6]) that long makes the admission a no-op if it comes later;
+//	         0 otherwise
 //
 // Returns {rpm, tpm, learnt at} in force after it (learnt when not configured, and only
 // while the provider said them within ARGV[13]; learnt at in Unix ms, 0 for never).
@@ -287,6 +305,7 @@ var settleScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local id = ARGV[1]
+if tonumber(ARGV[16]) > 0 then redis.call('SET', KEYS[6], '1', 'PX', ARGV[16]) end
 redis.call('ZREM', KEYS[2], id)
 redis.call('ZREM', KEYS[3], id)
 local bres = tonumber(ARGV[5])
@@ -355,13 +374,16 @@ return {rpm, tpm, lts}
 
 // pauseScript stops calls to a model for the whole fleet until a time, and tells every
 // process at once (PUBLISH on Keys.Events). A pause only ever lengthens: a shorter one
-// than the pause in force changes nothing. It marks the model recovering ("rec", the
-// pause's end): after the pause, admitScript lets one probe go at a time until one
-// answers (settleScript ends the recovery).
+// than the pause in force changes nothing. A pause for a refusal marks the model
+// recovering ("rec", the pause's end): after the pause, admitScript lets one probe go
+// at a time until one answers (settleScript ends the recovery). A pause for a window
+// the answers said was empty does not: its reset is known, and the buckets pace the
+// calls after it.
 //
 //	KEYS[1] Model
 //	ARGV[1] the pause, ms from Redis' now  ARGV[2] why  ARGV[3] the events channel
 //	ARGV[4] the model's name in the event
+//	ARGV[5] 1: a refusal (a 429, an exhausted quota): one probe goes first after it
 //
 // Returns the pause's end in Unix ms (the one in force).
 var pauseScript = redis.NewScript(`
@@ -370,8 +392,11 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local till = now + tonumber(ARGV[1])
 local cur = tonumber(redis.call('HGET', KEYS[1], 'pause')) or 0
 if till <= cur then return cur end
-redis.call('HSET', KEYS[1], 'pause', till, 'why', ARGV[2], 'rec', till)
-redis.call('HDEL', KEYS[1], 'probe')
+redis.call('HSET', KEYS[1], 'pause', till, 'why', ARGV[2])
+if ARGV[5] == '1' then
+  redis.call('HSET', KEYS[1], 'rec', till)
+  redis.call('HDEL', KEYS[1], 'probe')
+end
 redis.call('PUBLISH', ARGV[3], 'pause ' .. till .. ' ' .. ARGV[4])
 return till
 `)
