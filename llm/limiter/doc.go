@@ -14,8 +14,9 @@
 // view fresh (pauses announced over Pub/Sub, learnt limits, the tenants' budgets) and
 // retries the settlements Redis could not take.
 //
-// Failure model: with Redis unreachable, Acquire fails with an error matching
-// retry.ErrUnavailable and no call is made; a settlement that fails is kept and
+// Failure model: with Redis unreachable, an Acquire that needs it (a limit, a budget,
+// a tenant cap, a model's first call in the process or its recovery after a pause)
+// fails with an error matching retry.ErrUnavailable and no call is made; a settlement that fails is kept and
 // retried (its budget part is idempotent, so a retry after a lost reply charges
 // once); a permit whose process died ends with its lease, its budget reservation
 // charged whole. Every decision reads Redis' clock, never the processes'. The design,

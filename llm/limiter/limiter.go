@@ -126,10 +126,10 @@ type Config struct {
 	// Default: 1s.
 	SyncInterval time.Duration
 	// RateLimitPause is how long a 429 that says neither Retry-After nor a reset time
-	// pauses its model, and, once any pause ends, how long one probe call goes alone
-	// before another may go while none has answered (the calls put off by the pause
-	// then follow the first answer, rather than all meeting the limit again). Default:
-	// 1s.
+	// pauses its model, and, once a pause for a refusal (a 429, an exhausted quota)
+	// ends, how long one probe call goes alone before another may go while none has
+	// answered (the calls put off by the pause follow the first answer, announced to
+	// every process, rather than all meeting the limit again). Default: 1s.
 	RateLimitPause time.Duration
 	// QuotaPause is how long an exhausted quota (a billing stop) without Retry-After
 	// pauses its model. Default: 1m.
@@ -249,7 +249,9 @@ type modelState struct {
 	pauseWhy   atomic.Pointer[string]
 	lrpm, ltpm atomic.Int64 // learnt limits
 	recovering atomic.Bool  // new, or a pause was set: calls go through Redis until one admission finds no recovery
-	learntAt   atomic.Int64 // when the provider last said them, Unix ms
+	wmu        sync.Mutex
+	wake       chan struct{} // closed when a probe's answer ends the recovery (resume)
+	learntAt   atomic.Int64  // when the provider last said them, Unix ms
 }
 
 // learnt returns the model's learnt limits, or zeros once the provider has not said
@@ -271,6 +273,36 @@ func (s *modelState) pausedFor(now time.Time) (time.Duration, string) {
 		why = *p
 	}
 	return time.UnixMilli(until).Sub(now), why
+}
+
+// waitResume waits for d, or until a probe's answer ends the model's recovery, or ctx
+// ends.
+func (s *modelState) waitResume(ctx context.Context, d time.Duration) error {
+	s.wmu.Lock()
+	if s.wake == nil {
+		s.wake = make(chan struct{})
+	}
+	ch := s.wake
+	s.wmu.Unlock()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-ch:
+	case <-t.C:
+	}
+	return nil
+}
+
+// resume wakes the calls waiting for a probe's answer.
+func (s *modelState) resume() {
+	s.wmu.Lock()
+	if s.wake != nil {
+		close(s.wake)
+		s.wake = nil
+	}
+	s.wmu.Unlock()
 }
 
 // setPause pauses the model until (Unix ms), at most maxPause from now whatever another
@@ -415,8 +447,10 @@ var ErrTooLarge = errors.New("limiter: the call needs more tokens than a limit a
 // call that can never be admitted gets a permanent error matching ErrTooLarge; Redis
 // failing gives an error matching retry.ErrUnavailable; ctx ending, ctx's error. The
 // in-process wait is kept out of the delivery's budget (retry.ExtendDeadline). With no
-// limit configured or learnt, no budget and no tenant cap, Acquire makes no round trip:
-// it only honours the model's pause. Safe for concurrent use.
+// limit configured or learnt, no budget and no tenant cap, Acquire makes no round trip
+// but for a process's first call to a model and the calls after a pause until one is
+// admitted with no recovery in force: it only honours the model's pause. Safe for
+// concurrent use.
 func (l *Limiter) Acquire(ctx context.Context, c Call) (*Permit, error) {
 	name := cmp.Or(c.Model, l.cfg.DefaultModel)
 	if err := checkName("model", name); err != nil {
@@ -483,7 +517,7 @@ func (l *Limiter) Acquire(ctx context.Context, c Call) (*Permit, error) {
 					bres = need
 				}
 				l.keep(settlement{model: mk, tenant: c.Tenant, day: day, args: []any{p.id, 1, 0, 0, bres,
-					lim.RPM, lim.TPM, -1, -1, -1, 0, 0, learnTTL.Milliseconds(), "", 0, l.cfg.Lease.Milliseconds()}})
+					lim.RPM, lim.TPM, -1, -1, -1, 0, 0, learnTTL.Milliseconds(), "", 0, l.cfg.Lease.Milliseconds(), l.keys.Events(), mk}})
 			}
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
@@ -510,7 +544,17 @@ func (l *Limiter) Acquire(ctx context.Context, c Call) (*Permit, error) {
 			delay = min(delay, l.cfg.MaxPause) // a pause another process set with a larger MaxPause
 			st.setPause(time.Now().Add(delay).UnixMilli(), detail)
 		}
-		if reason != "budget" && waited+delay <= l.cfg.MaxWait {
+		if reason == "recovering" && waited+delay <= l.cfg.MaxWait {
+			// A probe is out: wait for its answer (announced) or the probe's window,
+			// then ask again, without pausing the model locally.
+			t0 := time.Now()
+			if err := st.waitResume(ctx, delay); err != nil {
+				return nil, err
+			}
+			waited += time.Since(t0)
+			continue
+		}
+		if reason != "budget" && reason != "recovering" && waited+delay <= l.cfg.MaxWait {
 			if err := sleep(ctx, delay); err != nil {
 				return nil, err
 			}
@@ -566,6 +610,9 @@ func (l *Limiter) putOff(mk, tenant string, delay time.Duration, reason, detail 
 		l.m.budgetWaits.WithLabelValues(tenantLabel(tenant)).Inc()
 		text = fmt.Sprintf("token budget of tenant %s is spent for today (%d tokens used or reserved); waiting for the next UTC day", tenant, spent)
 		delay += jitter(time.Duration(budgetJitter), budgetJitter)
+	case "recovering":
+		text = "model " + mk + " is recovering from a pause: waiting for the first call after it to be answered"
+		delay += jitter(delay, waitJitter)
 	case "budget reserved":
 		text = fmt.Sprintf("token budget of tenant %s is held by its calls in flight (%d tokens used or reserved today)", tenant, spent)
 		delay += jitter(delay, waitJitter)
@@ -763,7 +810,7 @@ func (p *Permit) Done(r Result) time.Duration {
 		dur = time.Since(p.start).Milliseconds()
 	}
 	s := settlement{model: p.model, tenant: p.tenant, day: p.day, args: []any{p.id, boolArg(r.Sent), p.tokens, cost, p.budgetRes,
-		p.lim.RPM, p.lim.TPM, leftReq, leftTok, dur, lrpm, ltpm, learnTTL.Milliseconds(), p.probe, boolArg(answered(r)), 0}}
+		p.lim.RPM, p.lim.TPM, leftReq, leftTok, dur, lrpm, ltpm, learnTTL.Milliseconds(), p.probe, boolArg(answered(r)), 0, l.keys.Events(), p.model}}
 	if err := l.settle(s); err != nil {
 		l.keep(s)
 		l.log.Warn("limiter: could not settle a model call; retrying in the background", "model", p.model, "err", err)

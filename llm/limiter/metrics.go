@@ -67,7 +67,7 @@ func newMetrics(reg prometheus.Registerer, model string) *limiterMetrics {
 	m.settlementsDropped = metrics.Register(reg, m.settlementsDropped)
 	models, none := []string{model}, []string{tenantLabel("")}
 	metrics.InitHistogram(m.wait, models)
-	metrics.Init(m.deferred, models, []string{"requests per minute", "tokens per minute", "concurrency", "fair share", "paused", "budget", "budget reserved", "tenant concurrency"})
+	metrics.Init(m.deferred, models, []string{"requests per minute", "tokens per minute", "concurrency", "fair share", "paused", "recovering", "budget", "budget reserved", "tenant concurrency"})
 	metrics.Init(m.pauses, models)
 	metrics.Init(m.rateLimited, models)
 	metrics.Init(m.tokens, none, models, []string{"reserved", "used", "wasted"})

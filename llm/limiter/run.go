@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"strconv"
 	"strings"
@@ -98,10 +99,20 @@ func (l *Limiter) listen(ctx context.Context) {
 	}
 }
 
-// onEvent applies one announcement: "pause <until ms> <provider/model>". Anything else
-// is ignored.
+// onEvent applies one announcement: "pause <until ms> <provider/model>", or "resume
+// <provider/model>" (a probe's answer ended the model's recovery). Anything else is
+// ignored.
 func (l *Limiter) onEvent(payload string) {
 	f := strings.Fields(payload)
+	if len(f) == 2 && f[0] == "resume" && checkName("model", f[1]) == nil {
+		l.mu.Lock()
+		st := l.models[f[1]] // a model this process never used has no waiters
+		l.mu.Unlock()
+		if st != nil {
+			st.resume()
+		}
+		return
+	}
 	if len(f) != 3 || f[0] != "pause" || checkName("model", f[2]) != nil {
 		return
 	}
@@ -175,13 +186,11 @@ func (l *Limiter) refreshBudgets(ctx context.Context) bool {
 	if l.cfg.Budgets == nil {
 		return true
 	}
-	rctx, cancel := context.WithTimeout(ctx, budgetReadWithin)
-	m, err := l.cfg.Budgets.TokenBudgets(rctx)
-	cancel()
+	m, err := l.readBudgets(ctx)
 	if ctx.Err() != nil {
 		return false
 	}
-	ctx, cancel = context.WithTimeout(ctx, settleWithin)
+	ctx, cancel := context.WithTimeout(ctx, settleWithin)
 	defer cancel()
 	if err != nil {
 		if l.budgets.Load() == nil {
@@ -199,6 +208,29 @@ func (l *Limiter) refreshBudgets(ctx context.Context) bool {
 	}
 	l.budgets.Store(&m)
 	return true
+}
+
+// readBudgets reads Config.Budgets under budgetReadWithin, in a goroutine of its own:
+// a source that does not honour its context (a stalled socket, a user's own source)
+// cannot hold Run past its context's end; its late answer is dropped.
+func (l *Limiter) readBudgets(ctx context.Context) (map[string]int64, error) {
+	type answer struct {
+		m   map[string]int64
+		err error
+	}
+	rctx, cancel := context.WithTimeout(ctx, budgetReadWithin)
+	defer cancel()
+	ch := make(chan answer, 1)
+	go func() {
+		m, err := l.cfg.Budgets.TokenBudgets(rctx)
+		ch <- answer{m, err}
+	}()
+	select {
+	case a := <-ch:
+		return a.m, a.err
+	case <-rctx.Done():
+		return nil, fmt.Errorf("limiter: read the tenants' budgets: %w", rctx.Err())
+	}
 }
 
 // writeBudgetCopy replaces the copy of the tenants' budgets in Redis, in one MULTI.

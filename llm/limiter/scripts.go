@@ -60,7 +60,8 @@ import "github.com/redis/go-redis/v9"
 //
 // Returns {1, tokens, probe} when admitted (the tokens it took from the token bucket;
 // probe: the pause ("rec") this call probes, "" when none), else {0, wait ms, reason,
-// detail}: reason "paused" (detail: why), "budget" (the call does not fit in what is
+// detail}: reason "paused" (detail: why), "recovering" (a probe is out: wait for its
+// answer, announced as "resume <model>" on the events channel, or the wait), "budget" (the call does not fit in what is
 // left of today's budget; detail: tokens used and reserved today), "budget reserved"
 // (it would fit, but calls in flight hold the rest: a wait of about a call),
 // "tenant concurrency", or, for the shared capacity, "requests per minute",
@@ -101,7 +102,7 @@ if pause > now then return {0, pause - now, 'paused', st[6] or ''} end
 local rec = st[12]
 if rec then
   local probe = tonumber(st[13]) or 0
-  if probe > now then return {0, probe - now, 'paused', 'waiting for the first answer after a pause'} end
+  if probe > now then return {0, probe - now, 'recovering', ''} end
 end
 
 local budget = tonumber(ARGV[9])
@@ -298,6 +299,9 @@ return {1, 0, rec or ''}
 //	ARGV[16] for the release of an admission whose reply was lost, the lease, ms: a
 //	         mark (KEYS[6]) that long makes the admission a no-op if it comes later;
 //	         0 otherwise
+//	ARGV[17] the events channel  ARGV[18] the model's name: a probe's answer that ends
+//	         the recovery is announced there ("resume <model>"), so the calls waiting
+//	         for it go at once
 //
 // Returns {rpm, tpm, learnt at} in force after it (learnt when not configured, and only
 // while the provider said them within ARGV[13]; learnt at in Unix ms, 0 for never).
@@ -324,7 +328,9 @@ if bres > 0 then
   end
 end
 if ARGV[14] ~= '' and redis.call('HGET', KEYS[1], 'rec') == ARGV[14] then
-  if ARGV[15] == '1' then redis.call('HDEL', KEYS[1], 'rec', 'probe')
+  if ARGV[15] == '1' then
+    redis.call('HDEL', KEYS[1], 'rec', 'probe')
+    redis.call('PUBLISH', ARGV[17], 'resume ' .. ARGV[18])
   else redis.call('HDEL', KEYS[1], 'probe') end
 end
 local lrpm, ltpm = tonumber(ARGV[11]), tonumber(ARGV[12])

@@ -1,0 +1,149 @@
+package limiter_test
+
+import (
+	"context"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/llm"
+	"github.com/onceflow/onceflow/llm/limiter"
+)
+
+// stuckBudgets is a BudgetSource whose read blocks until released, ignoring its
+// context (a driver without context support, a source behind a mutex, a cgo call).
+type stuckBudgets struct{ release chan struct{} }
+
+func (s stuckBudgets) TokenBudgets(context.Context) (map[string]int64, error) {
+	<-s.release
+	return map[string]int64{"acme": 1000}, nil
+}
+
+// TestRunReturnsThoughABudgetReadIgnoresItsContext: a regression test (attack round 3 of issue 15).
+//
+// Scenario: Config.Budgets is a BudgetSource (a public interface) whose read does not
+// honour its context. Run now waits for its budget goroutine on exit (wg.Wait), and
+// that goroutine sits in TokenBudgets; the 5s budgetReadWithin only cancels a context
+// nobody looks at.
+//
+// What the user sees: on shutdown (SIGTERM), Run never returns, so the process hangs
+// until it is killed (its final cost-view flush and pending settlements are done, but
+// the caller waiting for Run never proceeds). Before the round-2 change the read sat
+// in Run's own loop and this was a stall of the loop; now it is a hang of the exit.
+//
+// What should happen: Run returns soon after ctx ends (it documents "It returns nil
+// when ctx ends"): wait for the budget goroutine at most a bounded time (e.g.
+// budgetReadWithin), or run each read in a goroutine whose result is dropped after
+// the timeout, so the loop itself never blocks past it.
+func TestRunReturnsThoughABudgetReadIgnoresItsContext(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	src := stuckBudgets{release: make(chan struct{})}
+	t.Cleanup(func() { close(src.release) })
+	l := newLimiter(t, rdb, prefix, limiter.Config{Budgets: src, SyncInterval: 50 * time.Millisecond})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = l.Run(ctx) }()
+	time.Sleep(200 * time.Millisecond)
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(8 * time.Second): // budgetReadWithin (5s) plus slack
+		t.Fatal("Run did not return 8s after its context ended: it waits for a budget read that ignores its context (run.go Run: wg.Wait)")
+	}
+}
+
+// TestOthersFollowTheProbesAnswerNotItsWindow: a regression test (attack round 3 of issue 15).
+//
+// Scenario: a 429 without Retry-After pauses model m for RateLimitPause (here 3s, a
+// user who set it so). Once the pause is over, process A sends the probe; process B's
+// call meanwhile is told 'paused: waiting for the first answer after a pause' and
+// Acquire turns that into a LOCAL pause of the model until the probe window ends
+// (limiter.go Acquire: st.setPause(now+delay) for every "paused" reason). The probe
+// is answered 100ms later and settleScript ends the recovery in Redis.
+//
+// What the user sees: every call of process B for the rest of the probe window (up to
+// RateLimitPause, 1s by default, 3s here) is put off locally, without asking Redis,
+// although the model is healthy and recovered: the docs promise "the others wait for
+// its answer ... The probe's answer ... ends the recovery and the others go".
+//
+// What should happen: the probe gate's denial must not become a local pause (it is a
+// Redis-side wait: keep recovering=true and ask Redis again), so B's next call after
+// the probe's answer is admitted.
+func TestOthersFollowTheProbesAnswerNotItsWindow(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	cfg := limiter.Config{MaxWait: time.Millisecond, RateLimitPause: 3 * time.Second, SyncInterval: time.Hour}
+	a := newLimiter(t, rdb, prefix, cfg)
+	b := newLimiter(t, rdb, prefix, cfg)
+	ctx := context.Background()
+	p, err := a.Acquire(ctx, call("acme", "w0", 10, 10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tooMany := llm.NewAPIError("openai", http.StatusTooManyRequests, http.Header{}, []byte(`{"error":{"type":"requests","code":"rate_limit_exceeded","message":"slow down"}}`), time.Now(), nil)
+	if pause := p.Done(limiter.Result{Sent: true, Err: tooMany}); pause != 3*time.Second {
+		t.Fatalf("a 429 without Retry-After paused for %v, want RateLimitPause (3s)", pause)
+	}
+	time.Sleep(3100 * time.Millisecond)
+	probe, err := a.Acquire(ctx, call("acme", "w1", 10, 10))
+	if err != nil {
+		t.Fatalf("the probe after the pause: %v", err)
+	}
+	if _, err := b.Acquire(ctx, call("acme", "w2", 10, 10)); err == nil {
+		t.Fatal("a second call went while the probe was out")
+	}
+	time.Sleep(100 * time.Millisecond)
+	probe.Done(limiter.Result{Sent: true, Usage: &llm.Usage{InputTokens: 10, OutputTokens: 10}})
+	// The recovery is over in Redis: a call now goes.
+	q, err := b.Acquire(ctx, call("acme", "w3", 10, 10))
+	if err != nil {
+		t.Fatalf("the probe was answered and the recovery ended, yet process B's next call is put off: %v", err)
+	}
+	q.Done(limiter.Result{Sent: true, Usage: &llm.Usage{InputTokens: 10, OutputTokens: 10}})
+}
+
+// The calls waiting in their workers for a probe's answer go when it is announced
+// ("resume" on the events channel), not at the end of the probe's window.
+func TestWaitingCallsWakeOnTheProbesAnswer(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	cfg := limiter.Config{MaxWait: 2 * time.Second, RateLimitPause: 1500 * time.Millisecond, SyncInterval: time.Hour}
+	a := newLimiter(t, rdb, prefix, cfg)
+	b := newLimiter(t, rdb, prefix, cfg)
+	run(t, b)
+	time.Sleep(200 * time.Millisecond) // b subscribes
+	ctx := context.Background()
+	p, err := a.Acquire(ctx, call("acme", "w0", 10, 10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tooMany := llm.NewAPIError("openai", http.StatusTooManyRequests, http.Header{}, []byte(`{"error":{"type":"requests","code":"rate_limit_exceeded","message":"slow down"}}`), time.Now(), nil)
+	p.Done(limiter.Result{Sent: true, Err: tooMany}) // a 1.5s pause
+	time.Sleep(1600 * time.Millisecond)
+	probe, err := a.Acquire(ctx, call("acme", "probe", 10, 10))
+	if err != nil {
+		t.Fatalf("the probe after the pause: %v", err)
+	}
+	type got struct {
+		took time.Duration
+		err  error
+	}
+	ch := make(chan got, 1)
+	go func() {
+		start := time.Now()
+		q, err := b.Acquire(ctx, call("acme", "waiter", 10, 10))
+		if err == nil {
+			q.Done(limiter.Result{Sent: true, Usage: &llm.Usage{InputTokens: 10, OutputTokens: 10}})
+		}
+		ch <- got{time.Since(start), err}
+	}()
+	time.Sleep(200 * time.Millisecond)
+	probe.Done(limiter.Result{Sent: true, Usage: &llm.Usage{InputTokens: 10, OutputTokens: 10}})
+	g := <-ch
+	if g.err != nil {
+		t.Fatalf("the waiting call: %v", g.err)
+	}
+	// The probe's window is 1.5s; the answer came after 0.2s.
+	if g.took > 1200*time.Millisecond {
+		t.Fatalf("the waiting call went %v after it asked, want soon after the probe's answer (0.2s), not at the window's end (1.5s)", g.took)
+	}
+}
