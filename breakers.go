@@ -11,6 +11,7 @@ import (
 
 	"github.com/onceflow/onceflow/breaker"
 	"github.com/onceflow/onceflow/llm/ledger"
+	"github.com/onceflow/onceflow/llm/limiter"
 	"github.com/onceflow/onceflow/retry"
 )
 
@@ -210,6 +211,13 @@ func (c *Client) postgresWorked() {
 // (providerFailure) in the model's breaker: the failure that opens it, and any while it
 // is open, is Unavailable, so the job is handed back without spending a delivery.
 func (m *model) callError(step string, err error) error {
+	var wait *retry.WaitError
+	if errors.Is(err, limiter.ErrQuotaPaused) && errors.As(err, &wait) && m.breaker.Err() == nil {
+		// The fleet paused the model for an exhausted quota (another process, or this
+		// one before a restart, met it): the breaker says so too, in /readyz and its
+		// metrics, for the pause. The job waits for it (the WaitError), as it would.
+		m.breaker.Trip(fmt.Errorf("%s (the limiter paused the model for every process)", wait.Reason), wait.Delay)
+	}
 	if providerFailure(err) && m.breaker.Failure(err) {
 		if open := m.breaker.Err(); open != nil {
 			return retry.Unavailable(fmt.Errorf("onceflow: model step %q: %w (%w)", step, err, open))

@@ -28,7 +28,10 @@ func TestAmbiguousFailureAccounting(t *testing.T) {
 	client := l.Wrap("openai", adapter)
 	ctx := ctxT(t)
 	const jobs = 400
-	pol := retry.Policy{MaxAttempts: 10, PerCallTimeout: 300 * time.Millisecond, MinAttempt: 50 * time.Millisecond,
+	// A per-call timeout far above a fake call (ms) but for its hangs: under a loaded
+	// machine (make test runs packages side by side, -race) a shorter one timed out
+	// ordinary calls, which the ledger rightly counts as ambiguous.
+	pol := retry.Policy{MaxAttempts: 10, PerCallTimeout: 2 * time.Second, MinAttempt: 50 * time.Millisecond,
 		Base: time.Millisecond, Cap: 2 * time.Millisecond, Clock: retrytest.NewSkipClock()}
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 16)

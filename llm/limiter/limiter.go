@@ -112,7 +112,8 @@ type Config struct {
 	BudgetRefresh time.Duration
 	// MaxWait is how long Acquire waits in-process for capacity before it gives up with
 	// a *retry.WaitError (a queued job then waits in its queue's scheduled set, holding
-	// no worker). Default: 2s.
+	// no worker). A wait of more than half of what remains of the caller's context
+	// deadline (a per-call timeout) is not waited in-process either. Default: 2s.
 	MaxWait time.Duration
 	// Lease is how long a permit counts as in flight (and holds its budget
 	// reservation) when its process dies before settling it. Default: 2m; keep it above
@@ -483,7 +484,7 @@ func (l *Limiter) Acquire(ctx context.Context, c Call) (*Permit, error) {
 	for {
 		now := time.Now()
 		if d, why := st.pausedFor(now); d > 0 {
-			if waited+d <= l.cfg.MaxWait {
+			if l.mayWait(ctx, waited, d) {
 				if err := sleep(ctx, d); err != nil {
 					return nil, err
 				}
@@ -544,7 +545,7 @@ func (l *Limiter) Acquire(ctx context.Context, c Call) (*Permit, error) {
 			delay = min(delay, l.cfg.MaxPause) // a pause another process set with a larger MaxPause
 			st.setPause(time.Now().Add(delay).UnixMilli(), detail)
 		}
-		if reason == "recovering" && waited+delay <= l.cfg.MaxWait {
+		if reason == "recovering" && l.mayWait(ctx, waited, delay) {
 			// A probe is out: wait for its answer (announced) or the probe's window,
 			// then ask again, without pausing the model locally.
 			t0 := time.Now()
@@ -554,7 +555,7 @@ func (l *Limiter) Acquire(ctx context.Context, c Call) (*Permit, error) {
 			waited += time.Since(t0)
 			continue
 		}
-		if reason != "budget" && reason != "recovering" && waited+delay <= l.cfg.MaxWait {
+		if reason != "budget" && reason != "recovering" && l.mayWait(ctx, waited, delay) {
 			if err := sleep(ctx, delay); err != nil {
 				return nil, err
 			}
@@ -585,6 +586,20 @@ func answered(r Result) bool {
 	return retry.Classify(r.Err).Class != retry.ClassQuota
 }
 
+// mayWait reports whether Acquire may wait d more in-process, having waited already:
+// within MaxWait, and leaving the call at least half of what remains of ctx's deadline
+// (a per-call timeout), so that a wait never turns into the call's timeout, which would
+// count as a failure of the provider: a longer wait is put off (a WaitError) instead.
+func (l *Limiter) mayWait(ctx context.Context, waited, d time.Duration) bool {
+	if waited+d > l.cfg.MaxWait {
+		return false
+	}
+	if dl, ok := ctx.Deadline(); ok && d > time.Until(dl)/2 {
+		return false
+	}
+	return true
+}
+
 // replyLost reports whether err may have come after Redis received the command: a
 // timeout or an ended context, not a refused connection.
 func replyLost(err error) bool {
@@ -593,17 +608,31 @@ func replyLost(err error) bool {
 		errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
 }
 
+// whyQuota starts the reason of a pause for an exhausted quota (followed by the
+// provider's answer), as every process reads it from Redis.
+const whyQuota = "the provider's quota is exhausted"
+
+// ErrQuotaPaused is matched (errors.Is) by the *retry.WaitError of a call put off
+// because its model is paused for an exhausted quota or billing stop, whichever
+// process met it: a caller with a circuit breaker for the provider can open it for the
+// wait (the onceflow Client does, so /readyz and its metrics show the stop).
+var ErrQuotaPaused = errors.New("limiter: paused for an exhausted quota")
+
 // putOff counts a call put off and returns its *retry.WaitError, with a jitter that
 // spreads the wake-ups of calls put off together.
 func (l *Limiter) putOff(mk, tenant string, delay time.Duration, reason, detail string, spent int64) error {
 	name := mk[strings.IndexByte(mk, '/')+1:]
 	l.m.deferred.WithLabelValues(name, reason).Inc()
 	var text string
+	var cause error
 	switch reason {
 	case "paused":
 		text = "model " + mk + " is paused"
 		if detail != "" {
 			text += ": " + detail
+		}
+		if strings.HasPrefix(detail, whyQuota) {
+			cause = ErrQuotaPaused
 		}
 		delay += jitter(delay/10, waitJitter)
 	case "budget":
@@ -622,7 +651,7 @@ func (l *Limiter) putOff(mk, tenant string, delay time.Duration, reason, detail 
 	default:
 		text = "model " + mk + ": " + reason
 	}
-	return &retry.WaitError{Delay: min(max(delay, time.Millisecond), maxWaitDelay), Reason: text}
+	return &retry.WaitError{Delay: min(max(delay, time.Millisecond), maxWaitDelay), Reason: text, Err: cause}
 }
 
 // jitter returns a random duration in [0, min(d, cap)].
@@ -833,7 +862,7 @@ func (p *Permit) pauseFor(r Result) (time.Duration, string) {
 		}
 		switch {
 		case v.Class == retry.ClassQuota:
-			return cmp.Or(positive(v.RetryAfter, v.HasRetryAfter), cfg.QuotaPause), "the provider's quota is exhausted"
+			return cmp.Or(positive(v.RetryAfter, v.HasRetryAfter), cfg.QuotaPause), whyQuota + ": " + clip(r.Err.Error())
 		case status == http.StatusTooManyRequests:
 			p.l.m.rateLimited.WithLabelValues(p.name).Inc()
 			d := positive(v.RetryAfter, v.HasRetryAfter)

@@ -147,3 +147,35 @@ func TestWaitingCallsWakeOnTheProbesAnswer(t *testing.T) {
 		t.Fatalf("the waiting call went %v after it asked, want soon after the probe's answer (0.2s), not at the window's end (1.5s)", g.took)
 	}
 }
+
+// A wait longer than half of what remains of the caller's deadline (a per-call
+// timeout) is put off, not waited in-process: a wait that ran into the call's timeout
+// would count as a failure of the provider (and a run of them opens its breaker).
+func TestWaitNeverRunsIntoTheCallsTimeout(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	l := newLimiter(t, rdb, prefix, limiter.Config{MaxWait: 2 * time.Second})
+	p, err := l.Acquire(context.Background(), call("acme", "w0", 10, 10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := http.Header{}
+	h.Set("Retry-After", "1")
+	tooMany := llm.NewAPIError("openai", http.StatusTooManyRequests, h, []byte(`{"error":{"type":"requests","code":"rate_limit_exceeded","message":"slow down"}}`), time.Now(), nil)
+	p.Done(limiter.Result{Sent: true, Err: tooMany}) // a 1s pause, within MaxWait
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second) // the per-call timeout
+	defer cancel()
+	start := time.Now()
+	_, err = l.Acquire(ctx, call("acme", "w1", 10, 10))
+	waitErr(t, err)
+	if took := time.Since(start); took > 300*time.Millisecond {
+		t.Fatalf("Acquire waited %v in-process for a pause as long as the call's whole timeout", took)
+	}
+	// With time to spare, the same pause is waited in-process.
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel2()
+	q, err := l.Acquire(ctx2, call("acme", "w2", 10, 10))
+	if err != nil {
+		t.Fatalf("with 10s left, a pause of under 1s: %v", err)
+	}
+	q.Done(limiter.Result{Sent: true, Usage: &llm.Usage{InputTokens: 10, OutputTokens: 10}})
+}
