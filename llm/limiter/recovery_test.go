@@ -161,7 +161,7 @@ func TestWaitNeverRunsIntoTheCallsTimeout(t *testing.T) {
 	h := http.Header{}
 	h.Set("Retry-After", "1")
 	tooMany := llm.NewAPIError("openai", http.StatusTooManyRequests, h, []byte(`{"error":{"type":"requests","code":"rate_limit_exceeded","message":"slow down"}}`), time.Now(), nil)
-	p.Done(limiter.Result{Sent: true, Err: tooMany}) // a 1s pause, within MaxWait
+	p.Done(limiter.Result{Sent: true, Err: tooMany})                      // a 1s pause, within MaxWait
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second) // the per-call timeout
 	defer cancel()
 	start := time.Now()
