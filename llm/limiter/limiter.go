@@ -640,7 +640,7 @@ func (l *Limiter) putOff(mk, tenant string, delay time.Duration, reason, detail 
 		text = fmt.Sprintf("token budget of tenant %s is spent for today (%d tokens used or reserved); waiting for the next UTC day", tenant, spent)
 		delay += jitter(time.Duration(budgetJitter), budgetJitter)
 	case "recovering":
-		text = "model " + mk + " is recovering from a pause: waiting for the first call after it to be answered"
+		text = "model " + mk + " is waiting for a probe's answer (the first call after a pause, or at first contact)"
 		delay += jitter(delay, waitJitter)
 	case "budget reserved":
 		text = fmt.Sprintf("token budget of tenant %s is held by its calls in flight (%d tokens used or reserved today)", tenant, spent)

@@ -2,7 +2,9 @@ package limiter_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -178,4 +180,31 @@ func TestWaitNeverRunsIntoTheCallsTimeout(t *testing.T) {
 		t.Fatalf("with 10s left, a pause of under 1s: %v", err)
 	}
 	q.Done(limiter.Result{Sent: true, Usage: &llm.Usage{InputTokens: 10, OutputTokens: 10}})
+}
+
+// At the fleet's first contact with a model (nothing configured, nothing learnt, no
+// answer in the last 10 minutes) the first call goes alone: its answer's headers teach
+// the limits before the others go, rather than every worker slot of the fleet meeting
+// the provider's limit at once.
+func TestFirstContactIsAProbe(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	a := newLimiter(t, rdb, prefix, limiter.Config{MaxWait: time.Millisecond})
+	b := newLimiter(t, rdb, prefix, limiter.Config{MaxWait: time.Millisecond})
+	ctx := context.Background()
+	probe, err := a.Acquire(ctx, call("acme", "first", 10, 10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = b.Acquire(ctx, call("acme", "second", 10, 10))
+	if we := waitErr(t, err); !strings.Contains(we.Reason, "probe") {
+		t.Fatalf("a second call at first contact: %v, want it to wait for the probe", we)
+	}
+	probe.Done(limiter.Result{Sent: true, Usage: &llm.Usage{InputTokens: 10, OutputTokens: 10}})
+	for i := range 20 { // the probe answered: everyone goes
+		p, err := b.Acquire(ctx, call("acme", fmt.Sprint("after", i), 10, 10))
+		if err != nil {
+			t.Fatalf("call %d after the probe's answer: %v", i, err)
+		}
+		defer p.Done(limiter.Result{})
+	}
 }

@@ -10,9 +10,10 @@ import "github.com/redis/go-redis/v9"
 //     with their update times "rts" and "tts" in Unix milliseconds, the fleet-wide pause
 //     "pause" (Unix ms) and its reason "why", the learnt limits "lrpm" and "ltpm" (from
 //     the provider's headers) and when they were last said "lts", the moving averages of a call's duration "dur" (ms) and
-//     of its cost in tokens "avgtok", and after a pause "rec" (that pause's end: the
-//     model is recovering until a probe answers) and "probe" (until when the probe out
-//     goes alone, Unix ms);
+//     of its cost in tokens "avgtok", and after a pause "rec" (that pause's end, or
+//     "first" at a first contact: the model is recovering until a probe answers),
+//     "probe" (until when the probe out goes alone, Unix ms) and "seen" (when an
+//     answer last settled through Redis, Unix ms);
 //   - Keys.InFlight, a sorted set: the permits in flight, scored by when their lease
 //     ends (a permit whose process died stops counting then);
 //   - Keys.Lines, a hash: per tenant, "n:T" the next free place in its line (Unix ms),
@@ -87,7 +88,7 @@ local id, tenant, work = ARGV[1], ARGV[2], ARGV[3]
 -- reply was lost, and it was delayed behind the release) admits nothing.
 if redis.call('EXISTS', KEYS[8]) == 1 then return {0, 1, 'released', ''} end
 local need = tonumber(ARGV[8])
-local st = redis.call('HMGET', KEYS[1], 'rt', 'rts', 'tt', 'tts', 'pause', 'why', 'dur', 'lrpm', 'ltpm', 'avgtok', 'lts', 'rec', 'probe')
+local st = redis.call('HMGET', KEYS[1], 'rt', 'rts', 'tt', 'tts', 'pause', 'why', 'dur', 'lrpm', 'ltpm', 'avgtok', 'lts', 'rec', 'probe', 'seen')
 local fresh = now - (tonumber(st[11]) or 0) < tonumber(ARGV[18])
 local rpm = tonumber(ARGV[4]); if rpm <= 0 then rpm = fresh and tonumber(st[8]) or 0 end
 local tpm = tonumber(ARGV[5]); if tpm <= 0 then tpm = fresh and tonumber(st[9]) or 0 end
@@ -100,6 +101,15 @@ if pause > now then return {0, pause - now, 'paused', st[6] or ''} end
 -- none has answered): the calls that waited for the pause do not all go at once into
 -- a limit that may not have come back.
 local rec = st[12]
+if not rec and rpm <= 0 and tpm <= 0 and conc <= 0 and tconc <= 0 and tonumber(ARGV[9]) <= 0
+    and now - (tonumber(st[14]) or 0) >= tonumber(ARGV[18]) then
+  -- First contact: nothing configured (no limit, budget or tenant cap), nothing learnt
+  -- and no answer lately. The first call goes alone (a probe): its answer's headers
+  -- teach the limits before the others go, rather than a whole fleet's worker slots
+  -- meeting the limit at once.
+  rec = 'first'
+  redis.call('HSET', KEYS[1], 'rec', rec)
+end
 if rec then
   local probe = tonumber(st[13]) or 0
   if probe > now then return {0, probe - now, 'recovering', ''} end
@@ -327,6 +337,7 @@ if bres > 0 then
     end
   end
 end
+if ARGV[15] == '1' then redis.call('HSET', KEYS[1], 'seen', now) end
 if ARGV[14] ~= '' and redis.call('HGET', KEYS[1], 'rec') == ARGV[14] then
   if ARGV[15] == '1' then
     redis.call('HDEL', KEYS[1], 'rec', 'probe')
