@@ -8,8 +8,11 @@
 //     status and the headers) and returned;
 //   - a repeat of a recorded key gets the recorded answer byte for byte, with
 //     Idempotent-Replayed: true, and the upstream is not called;
-//   - a repeat while the first is in flight gets 409 with Retry-After;
-//   - a repeat with another body (or on another path) gets 422;
+//   - a repeat while the first is in flight gets 409 with Retry-After and
+//     retry-after-ms;
+//   - a repeat with another body (or on another path) gets 422, with x-should-retry:
+//     false, as every error of the request itself (400, 404, 413) does, so that the
+//     official SDKs do not retry what cannot succeed;
 //   - the upstream call is not cancelled when the client disconnects: it completes and
 //     is recorded, so the client's retry gets the replay, not a second generation;
 //   - streams (text/event-stream) are passed on as they arrive, parsed as server-sent
@@ -95,7 +98,7 @@ type Config struct {
 	// MaxResponseBytes bounds an answer the gateway records; a larger one is a 502 and
 	// a failed row. Default: 32 MiB.
 	MaxResponseBytes int64
-	// RetryAfter is the Retry-After of a 409. Default: 1s.
+	// RetryAfter is the Retry-After (and retry-after-ms) of a 409. Default: 1s.
 	RetryAfter time.Duration
 	// CredentialHeaders names request headers that carry credentials besides the
 	// built-in DefaultCredentialHeaders, which always scope keys
@@ -457,7 +460,7 @@ func (g *Gateway) keyed(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case errors.Is(err, ledger.ErrInFlight):
 		g.requests.WithLabelValues(resultInFlight).Inc()
-		w.Header().Set("Retry-After", strconv.Itoa(int(max(g.cfg.RetryAfter.Round(time.Second), time.Second)/time.Second)))
+		retryAfter(w, g.cfg.RetryAfter)
 		writeError(w, http.StatusConflict, "invalid_request_error", "idempotency_key_in_use", "a request with this Idempotency-Key is still in progress; retry later")
 		return
 	case errors.Is(err, ledger.ErrKeyReused):
@@ -467,7 +470,7 @@ func (g *Gateway) keyed(w http.ResponseWriter, r *http.Request) {
 	case err != nil:
 		g.requests.WithLabelValues(resultUnavailable).Inc()
 		g.log.ErrorContext(r.Context(), "gateway: ledger unavailable", "err", err)
-		w.Header().Set("Retry-After", "1")
+		retryAfter(w, time.Second)
 		writeError(w, http.StatusServiceUnavailable, "server_error", "ledger_unavailable", "the idempotency ledger is unavailable; retry later")
 		return
 	case rec != nil:
@@ -651,9 +654,31 @@ func (g *Gateway) fail(ctx context.Context, att *ledger.Attempt, cause error, am
 	}
 }
 
+// Headers that steer the official SDKs' retries (OpenAI's and Anthropic's, in Python,
+// Node and Go, read them): x-should-retry overrides their choice by status, and
+// retry-after-ms (before Retry-After) sets their wait.
+const (
+	headerShouldRetry  = "X-Should-Retry"
+	headerRetryAfterMs = "Retry-After-Ms"
+)
+
+// retryAfter tells a client when a retry can succeed: Retry-After in whole seconds (at
+// least 1) and retry-after-ms.
+func retryAfter(w http.ResponseWriter, d time.Duration) {
+	d = max(d, time.Millisecond)
+	w.Header().Set("Retry-After", strconv.Itoa(int(max(d.Round(time.Second), time.Second)/time.Second)))
+	w.Header().Set(headerRetryAfterMs, strconv.FormatInt(d.Milliseconds(), 10))
+}
+
 // writeError answers with the gateway's own error: OpenAI's error shape, which SDKs
-// parse, plus onceflow's {"detail"}.
+// parse, plus onceflow's {"detail"}. An error that a retry of the same request cannot
+// mend (400, 404, 413, 422: the request itself is wrong, or its key was used for
+// another request) says x-should-retry: false, so that an SDK does not retry it.
 func writeError(w http.ResponseWriter, status int, typ, code, message string) {
+	switch status {
+	case http.StatusBadRequest, http.StatusNotFound, http.StatusRequestEntityTooLarge, http.StatusUnprocessableEntity:
+		w.Header().Set(headerShouldRetry, "false")
+	}
 	b, _ := json.Marshal(map[string]any{
 		"error":  map[string]any{"message": message, "type": typ, "code": code, "param": nil},
 		"detail": message,

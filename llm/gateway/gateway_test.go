@@ -166,8 +166,9 @@ func TestConflictsAndBadInput(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	r, b := post(t, url, key, "Bearer sk", chatBody)
-	if r.StatusCode != http.StatusConflict || r.Header.Get("Retry-After") != "1" {
-		t.Fatalf("repeat in flight: %d %s", r.StatusCode, b)
+	if r.StatusCode != http.StatusConflict || r.Header.Get("Retry-After") != "1" || r.Header.Get("retry-after-ms") != "1000" ||
+		r.Header.Get("x-should-retry") != "" {
+		t.Fatalf("repeat in flight: %d %v %s, want 409 with Retry-After 1 and retry-after-ms 1000 (a retry can succeed)", r.StatusCode, r.Header, b)
 	}
 	if eb, ok := llm.ParseErrorBody(b); !ok || eb.Code != "idempotency_key_in_use" {
 		t.Fatalf("409 body %s", b)
@@ -176,16 +177,17 @@ func TestConflictsAndBadInput(t *testing.T) {
 		t.Fatalf("first: %d", code)
 	}
 	other := strings.Replace(chatBody, "random word", "random number", 1)
-	if r, b := post(t, url, key, "Bearer sk", other); r.StatusCode != http.StatusUnprocessableEntity {
-		t.Fatalf("another body: %d %s", r.StatusCode, b)
+	// A retry cannot mend these: the SDKs are told not to retry them.
+	if r, b := post(t, url, key, "Bearer sk", other); r.StatusCode != http.StatusUnprocessableEntity || r.Header.Get("x-should-retry") != "false" {
+		t.Fatalf("another body: %d %v %s", r.StatusCode, r.Header, b)
 	}
-	if r, b := post(t, e.url+"/embeddings", key, "Bearer sk", chatBody); r.StatusCode != http.StatusUnprocessableEntity {
-		t.Fatalf("another path: %d %s", r.StatusCode, b)
+	if r, b := post(t, e.url+"/embeddings", key, "Bearer sk", chatBody); r.StatusCode != http.StatusUnprocessableEntity || r.Header.Get("x-should-retry") != "false" {
+		t.Fatalf("another path: %d %v %s", r.StatusCode, r.Header, b)
 	}
 	for _, bad := range []string{"short", strings.Repeat("k", 129), "\"unterminated"} {
 		r, b := post(t, url, bad, "Bearer sk", chatBody)
-		if eb, _ := llm.ParseErrorBody(b); r.StatusCode != 400 || eb.Code != "invalid_idempotency_key" {
-			t.Errorf("key %q: %d %s", bad, r.StatusCode, b)
+		if eb, _ := llm.ParseErrorBody(b); r.StatusCode != 400 || eb.Code != "invalid_idempotency_key" || r.Header.Get("x-should-retry") != "false" {
+			t.Errorf("key %q: %d %v %s", bad, r.StatusCode, r.Header, b)
 		}
 	}
 	big := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("x", 5000) + `"}]}`
@@ -439,4 +441,34 @@ func requestsWith(t *testing.T, reg *prometheus.Registry, result string) float64
 		}
 	}
 	return 0
+}
+
+// With PostgreSQL down the gateway cannot record a keyed call: 503 with Retry-After and
+// retry-after-ms (a retry can succeed once it is back), no x-should-retry: false, and
+// the upstream is not called (an unrecorded call could not be replayed).
+func TestLedgerDownAnswers503WithRetryAfterMs(t *testing.T) {
+	t.Parallel()
+	fs, err := fakeserver.New(fakeserver.Config{Logger: testenv.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := &upstream{Server: fs}
+	ups := httptest.NewServer(up)
+	t.Cleanup(func() { fs.Close(); ups.Close() })
+	pg, _, pool := testenv.MigratedPrivatePostgres(t, "")
+	g, err := gateway.New(gateway.Config{Upstream: ups.URL + "/v1", DB: pool, Logger: testenv.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := httptest.NewServer(g)
+	t.Cleanup(gs.Close)
+	pg.Stop()
+	r, b := post(t, gs.URL+"/v1/chat/completions", "ledger-down-key-0001", "Bearer sk", chatBody)
+	if eb, _ := llm.ParseErrorBody(b); r.StatusCode != http.StatusServiceUnavailable || eb.Code != "ledger_unavailable" ||
+		r.Header.Get("Retry-After") != "1" || r.Header.Get("retry-after-ms") != "1000" || r.Header.Get("x-should-retry") == "false" {
+		t.Fatalf("ledger down: %d %v %s, want 503 ledger_unavailable with Retry-After 1 and retry-after-ms 1000", r.StatusCode, r.Header, b)
+	}
+	if n := fs.Stats().Requests; n != 0 {
+		t.Fatalf("%d upstream requests while the ledger was down, want 0", n)
+	}
 }
