@@ -160,7 +160,17 @@ type flightConn struct {
 }
 
 func (c *flightConn) Write(b []byte) (int, error) { c.f.wrote(); return c.Conn.Write(b) }
-func (c *flightConn) Read(b []byte) (int, error)  { c.f.reading(); return c.Conn.Read(b) }
+
+// Read marks the end of a send when bytes come back, not when Read is called: pgx may
+// be blocked in a Read (its background reader) before it writes, and a mark made then
+// would leave the write after it uncounted.
+func (c *flightConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if n > 0 {
+		c.f.reading()
+	}
+	return n, err
+}
 
 // countedPool returns a one-connection pool on dsn whose round trips are counted by a
 // pgx tracer and on the wire, and that never pings before handing out its connection.
