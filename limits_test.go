@@ -84,18 +84,13 @@ func TestRateLimitedCallSpendsNoAttempt(t *testing.T) {
 		t.Fatal(err)
 	}
 	var requests, limited atomic.Int64
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv := limitedProvider(t, fs, func() bool {
 		if requests.Add(1) == 1 {
 			limited.Add(1)
-			w.Header().Set("Retry-After", "1")
-			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(http.StatusTooManyRequests)
-			_, _ = w.Write([]byte(`{"error":{"message":"Rate limit reached","type":"requests","code":"rate_limit_exceeded"}}`))
-			return
+			return true
 		}
-		fs.ServeHTTP(w, r)
-	}))
-	t.Cleanup(func() { fs.Close(); srv.Close() })
+		return false
+	})
 	e := newModelEnv(t, fakeserver.Config{}, onceflow.Config{
 		Model:  openai.New(openai.Config{BaseURL: srv.URL + "/v1", APIKey: "test-key"}),
 		Queues: map[string]onceflow.QueueConfig{onceflow.DefaultQueue: {ClaimIdle: time.Minute, MaxDeliveries: 1}},
@@ -137,19 +132,14 @@ func TestPauseEndsWithOneProbeNotAHerd(t *testing.T) {
 	var limitedOn atomic.Bool
 	var requests, tooMany atomic.Int64
 	limitedOn.Store(true)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv := limitedProvider(t, fs, func() bool {
 		requests.Add(1)
 		if limitedOn.Load() {
 			tooMany.Add(1)
-			w.Header().Set("Retry-After", "1")
-			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(http.StatusTooManyRequests)
-			_, _ = w.Write([]byte(`{"error":{"message":"Rate limit reached","type":"requests","code":"rate_limit_exceeded"}}`))
-			return
+			return true
 		}
-		fs.ServeHTTP(w, r)
-	}))
-	t.Cleanup(func() { fs.Close(); srv.Close() })
+		return false
+	})
 	e := newModelEnv(t, fakeserver.Config{}, onceflow.Config{
 		Model: openai.New(openai.Config{BaseURL: srv.URL + "/v1", APIKey: "test-key"}),
 	}, func(ctx context.Context, j *onceflow.Job[supportArgs]) error {
@@ -190,4 +180,22 @@ func TestPauseEndsWithOneProbeNotAHerd(t *testing.T) {
 		t.Fatalf("%d dead letters, want none (waiting spends no attempt)", len(dl))
 	}
 	t.Logf("%d requests in 5s of 429s; %d requests in all for %d jobs", during, requests.Load(), len(ids))
+}
+
+// limitedProvider serves fake-llm fs, but answers 429 with Retry-After: 1 (and no
+// rate-limit headers, as many gateways do) to each request for which limited says so.
+func limitedProvider(t *testing.T, fs *fakeserver.Server, limited func() bool) *httptest.Server {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if limited() {
+			w.Header().Set("Retry-After", "1")
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusTooManyRequests)
+			_, _ = w.Write([]byte(`{"error":{"message":"Rate limit reached","type":"requests","code":"rate_limit_exceeded"}}`))
+			return
+		}
+		fs.ServeHTTP(w, r)
+	}))
+	t.Cleanup(func() { fs.Close(); srv.Close() })
+	return srv
 }

@@ -517,8 +517,8 @@ func (l *Limiter) Acquire(ctx context.Context, c Call) (*Permit, error) {
 				if budget > 0 {
 					bres = need
 				}
-				l.keep(settlement{model: mk, tenant: c.Tenant, day: day, args: []any{p.id, 1, 0, 0, bres,
-					lim.RPM, lim.TPM, -1, -1, -1, 0, 0, learnTTL.Milliseconds(), "", 0, l.cfg.Lease.Milliseconds(), l.keys.Events(), mk}})
+				l.keep(l.settlementOf(mk, c.Tenant, day, settleArgs{id: p.id, sent: true, budgetRes: bres, lim: lim,
+					leftReq: -1, leftTok: -1, dur: -1, release: l.cfg.Lease}))
 			}
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
@@ -838,8 +838,8 @@ func (p *Permit) Done(r Result) time.Duration {
 	if r.Sent {
 		dur = time.Since(p.start).Milliseconds()
 	}
-	s := settlement{model: p.model, tenant: p.tenant, day: p.day, args: []any{p.id, boolArg(r.Sent), p.tokens, cost, p.budgetRes,
-		p.lim.RPM, p.lim.TPM, leftReq, leftTok, dur, lrpm, ltpm, learnTTL.Milliseconds(), p.probe, boolArg(answered(r)), 0, l.keys.Events(), p.model}}
+	s := l.settlementOf(p.model, p.tenant, p.day, settleArgs{id: p.id, sent: r.Sent, tokens: p.tokens, cost: cost, budgetRes: p.budgetRes,
+		lim: p.lim, leftReq: leftReq, leftTok: leftTok, dur: dur, lrpm: lrpm, ltpm: ltpm, probe: p.probe, answered: answered(r)})
 	if err := l.settle(s); err != nil {
 		l.keep(s)
 		l.log.Warn("limiter: could not settle a model call; retrying in the background", "model", p.model, "err", err)
@@ -934,6 +934,27 @@ func (l *Limiter) pause(mk string, d time.Duration, why string, probe bool) {
 	st.setPause(till, why)
 	l.m.pausedUntil.WithLabelValues(name).Set(float64(till) / 1000)
 	l.log.Info("limiter: model paused for every process", "model", mk, "for", d, "why", why)
+}
+
+// settleArgs are settleScript's arguments (see its ARGV), by name.
+type settleArgs struct {
+	id               string
+	sent, answered   bool
+	tokens, cost     int64 // taken from the token bucket; what the call cost
+	budgetRes        int64
+	lim              Limits
+	leftReq, leftTok int64 // what the provider says remains, -1 unsaid
+	dur              int64 // ms, -1 when not sent
+	lrpm, ltpm       int64 // limits the provider says, 0 unsaid
+	probe            string
+	release          time.Duration // > 0: the release of an admission whose reply was lost
+}
+
+// settlementOf builds the settleScript call of a permit of model for tenant on day.
+func (l *Limiter) settlementOf(model, tenant string, day time.Time, a settleArgs) settlement {
+	return settlement{model: model, tenant: tenant, day: day, args: []any{a.id, boolArg(a.sent), a.tokens, a.cost, a.budgetRes,
+		a.lim.RPM, a.lim.TPM, a.leftReq, a.leftTok, a.dur, a.lrpm, a.ltpm, learnTTL.Milliseconds(), a.probe, boolArg(a.answered),
+		a.release.Milliseconds(), l.keys.Events(), model}}
 }
 
 // settlement is one settleScript call, kept for a retry when Redis fails.
