@@ -8,8 +8,14 @@
 //     status and the headers) and returned;
 //   - a repeat of a recorded key gets the recorded answer byte for byte, with
 //     Idempotent-Replayed: true, and the upstream is not called;
-//   - a repeat while the first is in flight gets 409 with Retry-After and
-//     retry-after-ms;
+//   - a repeat while the first is in flight joins it (join.go): it waits for the answer
+//     and gets the same bytes (Onceflow-Joined: true); for a stream, the bytes so far at
+//     once, then the live tail; on any gateway process (a call another process makes
+//     is followed through its row, whose owner announces the stream's headers and
+//     persists its output in batches). Past Config.JoinTimeout without an answer
+//     begun, it gets 409 with Retry-After and retry-after-ms. When the call it follows
+//     fails, a joiner that sent nothing yet begins again (one of them makes the next
+//     attempt, the others join it); one that passed part of a stream on is cut;
 //   - a repeat with another body (or on another path) gets 422, with x-should-retry:
 //     false, as every error of the request itself (400, 404, 413) does, so that the
 //     official SDKs do not retry what cannot succeed;
@@ -23,7 +29,11 @@
 //     attempt); a timeout or a dropped connection leaves the row in_flight, counted as
 //     ambiguous; a malformed answer is a clear 502 and a failed row. A gateway that
 //     dies mid-call leaves a row whose lease runs out (ONCEFLOW_LEDGER_LEASE), and the
-//     next retry takes it over: no row stays in_flight for ever.
+//     next retry takes it over: no row stays in_flight for ever. A stream cannot be
+//     continued by another generation, so the take-over starts over: a new upstream
+//     call whose answer carries Onceflow-Stream-Restarted (the bytes the dead attempt
+//     had streamed); requests that followed the dead attempt's stream are cut. The
+//     first answer recorded wins.
 //
 // Keys are scoped by every credential the request carries: the Authorization, x-api-key
 // (Anthropic) and api-key (Azure OpenAI) headers, and any in Config.CredentialHeaders,
@@ -85,9 +95,9 @@ type Config struct {
 	Upstream string
 	// DB holds the llm_calls table. Required.
 	DB ledger.DB
-	// Ledger configures the ledger (Lease, Retention, ...); its Wait is forced to
-	// "never" (a repeat in flight is answered 409 at once), and Logger and Registerer
-	// default to the gateway's.
+	// Ledger configures the ledger (Lease, Retention, StreamFlushInterval, ...); its Wait
+	// is forced to "never" (the gateway's join does the waiting), and Logger and
+	// Registerer default to the gateway's.
 	Ledger ledger.Config
 	// Timeout bounds each upstream exchange, reading the answer included
 	// (ONCEFLOW_GATEWAY_TIMEOUT). Default: 5m.
@@ -98,6 +108,11 @@ type Config struct {
 	// MaxResponseBytes bounds an answer the gateway records; a larger one is a 502 and
 	// a failed row. Default: 32 MiB.
 	MaxResponseBytes int64
+	// JoinTimeout bounds how long a request whose key is in flight waits for the call
+	// to answer (or, for a stream, to begin) before it gets 409
+	// (ONCEFLOW_GATEWAY_JOIN_TIMEOUT). Default: Timeout. Negative: never wait (409 at
+	// once).
+	JoinTimeout time.Duration
 	// RetryAfter is the Retry-After (and retry-after-ms) of a 409. Default: 1s.
 	RetryAfter time.Duration
 	// CredentialHeaders names request headers that carry credentials besides the
@@ -130,11 +145,13 @@ type Gateway struct {
 	proxy       *httputil.ReverseProxy
 	log         *slog.Logger
 	requests    *prometheus.CounterVec
+	joining     prometheus.Gauge
 
 	// base is cancelled by Close: it ends the upstream calls a shutdown gives up.
-	base  context.Context
-	stop  context.CancelFunc
-	calls sync.WaitGroup // keyed requests in flight
+	base    context.Context
+	stop    context.CancelFunc
+	calls   sync.WaitGroup // keyed requests in flight
+	flights flights        // the keyed calls this process makes, for requests that join them
 }
 
 // Results of a request, the label of onceflow_gateway_requests_total.
@@ -143,6 +160,7 @@ const (
 	resultForwarded     = "forwarded"
 	resultReplayed      = "replayed"
 	resultInFlight      = "in_flight"
+	resultJoined        = "joined"
 	resultKeyReused     = "key_reused"
 	resultBadRequest    = "bad_request"
 	resultUpstreamError = "upstream_error"
@@ -174,6 +192,9 @@ func New(cfg Config) (*Gateway, error) {
 	if cfg.RetryAfter <= 0 {
 		cfg.RetryAfter = DefaultRetryAfter
 	}
+	if cfg.JoinTimeout == 0 {
+		cfg.JoinTimeout = cfg.Timeout
+	}
 	if cfg.Transport == nil {
 		cfg.Transport = http.DefaultTransport.(*http.Transport).Clone()
 	}
@@ -200,10 +221,14 @@ func New(cfg Config) (*Gateway, error) {
 		client: &http.Client{Transport: cfg.Transport, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
 		requests: metrics.Register(cfg.Registerer, prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: metrics.Namespace, Subsystem: "gateway", Name: "requests_total",
-			Help: "Requests through onceflow gateway by result: passthrough (no key), forwarded, replayed, in_flight (409), key_reused (422), bad_request, upstream_error, ledger_unavailable.",
+			Help: "Requests through onceflow gateway by result: passthrough (no key), forwarded, replayed, joined (answered by a call in flight), in_flight (409 after the join timeout), key_reused (422), bad_request, upstream_error, ledger_unavailable.",
 		}, []string{"result"})),
 	}
-	metrics.Init(g.requests, []string{resultPassthrough, resultForwarded, resultReplayed, resultInFlight, resultKeyReused,
+	g.joining = metrics.Register(cfg.Registerer, prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: metrics.Namespace, Subsystem: "gateway", Name: "joining",
+		Help: "Requests waiting for, or passing on, a keyed call in flight that another request makes.",
+	}))
+	metrics.Init(g.requests, []string{resultPassthrough, resultForwarded, resultReplayed, resultJoined, resultInFlight, resultKeyReused,
 		resultBadRequest, resultUpstreamError, resultUnavailable})
 	g.proxy = &httputil.ReverseProxy{
 		Transport: cfg.Transport,
@@ -456,29 +481,43 @@ func (g *Gateway) keyed(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), g.cfg.Timeout)
 	defer cancel()
 	defer context.AfterFunc(g.base, cancel)() // Close ends it too
-	att, rec, err := g.ledger.Begin(ctx, call)
-	switch {
-	case errors.Is(err, ledger.ErrInFlight):
-		g.requests.WithLabelValues(resultInFlight).Inc()
-		retryAfter(w, g.cfg.RetryAfter)
-		writeError(w, http.StatusConflict, "invalid_request_error", "idempotency_key_in_use", "a request with this Idempotency-Key is still in progress; retry later")
-		return
-	case errors.Is(err, ledger.ErrKeyReused):
-		g.requests.WithLabelValues(resultKeyReused).Inc()
-		writeError(w, http.StatusUnprocessableEntity, "invalid_request_error", "idempotency_key_reused", "this Idempotency-Key was used with another request body or path")
-		return
-	case err != nil:
-		g.requests.WithLabelValues(resultUnavailable).Inc()
-		g.log.ErrorContext(r.Context(), "gateway: ledger unavailable", "err", err)
-		retryAfter(w, time.Second)
-		writeError(w, http.StatusServiceUnavailable, "server_error", "ledger_unavailable", "the idempotency ledger is unavailable; retry later")
-		return
-	case rec != nil:
-		g.requests.WithLabelValues(resultReplayed).Inc()
-		replay(w, rec)
+	for {
+		att, rec, err := g.ledger.Begin(ctx, call)
+		switch {
+		case errors.Is(err, ledger.ErrInFlight):
+			switch g.join(r.Context(), w, call.Key, call.RequestHash) {
+			case joinBegin:
+				continue
+			case joinTimeout:
+				g.requests.WithLabelValues(resultInFlight).Inc()
+				retryAfter(w, g.cfg.RetryAfter)
+				writeError(w, http.StatusConflict, "invalid_request_error", "idempotency_key_in_use", "a request with this Idempotency-Key is still in progress; retry later")
+			}
+			return
+		case errors.Is(err, ledger.ErrKeyReused):
+			g.requests.WithLabelValues(resultKeyReused).Inc()
+			writeError(w, http.StatusUnprocessableEntity, "invalid_request_error", "idempotency_key_reused", "this Idempotency-Key was used with another request body or path")
+			return
+		case err != nil:
+			g.requests.WithLabelValues(resultUnavailable).Inc()
+			g.log.ErrorContext(r.Context(), "gateway: ledger unavailable", "err", err)
+			retryAfter(w, time.Second)
+			writeError(w, http.StatusServiceUnavailable, "server_error", "ledger_unavailable", "the idempotency ledger is unavailable; retry later")
+			return
+		case rec != nil:
+			g.requests.WithLabelValues(resultReplayed).Inc()
+			replay(w, rec)
+			return
+		}
+		f := newFlight(att.Number())
+		g.flights.add(call.Key, f)
+		func() {
+			defer f.finish(flightCut, nil, nil) // unless forward ended it otherwise
+			defer g.flights.remove(call.Key, f)
+			g.forward(ctx, w, r, att, f, body)
+		}()
 		return
 	}
-	g.forward(ctx, w, r, att, body)
 }
 
 // meta is what a replay needs besides the body: the status and the response headers.
@@ -515,7 +554,7 @@ func replay(w http.ResponseWriter, rec *ledger.Record) {
 }
 
 // forward makes the upstream call of the attempt att and answers w.
-func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Request, att *ledger.Attempt, body []byte) {
+func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Request, att *ledger.Attempt, f *flight, body []byte) {
 	// #nosec G704 -- the scheme and host are the configured upstream's (ONCEFLOW_LLM_BASE_URL); the caller chooses only the path below it.
 	out, err := http.NewRequestWithContext(ctx, r.Method, g.target(r).String(), bytes.NewReader(body))
 	if err != nil {
@@ -545,11 +584,11 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		g.passError(ctx, w, att, resp)
+		g.passError(ctx, w, att, f, resp)
 		return
 	}
 	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt == "text/event-stream" {
-		g.stream(ctx, w, att, resp)
+		g.stream(ctx, w, att, f, resp)
 		return
 	}
 	raw, err := io.ReadAll(io.LimitReader(resp.Body, g.cfg.MaxResponseBytes+1))
@@ -583,6 +622,7 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 		rec = &ledger.Record{Raw: raw, Meta: mb}
 	}
 	// The recorded answer (another attempt's, if one won): what every retry will get.
+	f.finish(flightRecorded, rec, nil)
 	writeRecorded(w, rec)
 }
 
@@ -614,11 +654,13 @@ func keptHeader(h http.Header) http.Header {
 // passError passes an upstream error answer on, unrecorded: the upstream said what
 // happened, so the row is failed (502 and 504, which a proxy in front of the provider
 // sends when it lost the call, are ambiguous) and a retry is a new attempt.
-func (g *Gateway) passError(ctx context.Context, w http.ResponseWriter, att *ledger.Attempt, resp *http.Response) {
+func (g *Gateway) passError(ctx context.Context, w http.ResponseWriter, att *ledger.Attempt, f *flight, resp *http.Response) {
 	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	g.fail(ctx, att, fmt.Errorf("upstream answered HTTP %d", resp.StatusCode),
 		resp.StatusCode == http.StatusBadGateway || resp.StatusCode == http.StatusGatewayTimeout)
 	g.requests.WithLabelValues(resultForwarded).Inc()
+	// Requests that joined this call get the same answer: the call was made once.
+	f.finish(flightAnswered, nil, &answer{status: resp.StatusCode, header: keptHeader(resp.Header), body: raw})
 	for k, vs := range resp.Header {
 		if recordedHeader(k) {
 			w.Header()[k] = vs

@@ -153,7 +153,8 @@ func TestCallersDoNotShareReplaysAndAuthorizationIsForwarded(t *testing.T) {
 
 func TestConflictsAndBadInput(t *testing.T) {
 	t.Parallel()
-	e := setup(t, fakeserver.Config{Latency: time.Second}, gateway.Config{MaxBodyBytes: 4096})
+	// A short join timeout: a repeat in flight waits for the call that long, then 409.
+	e := setup(t, fakeserver.Config{Latency: time.Second}, gateway.Config{MaxBodyBytes: 4096, JoinTimeout: 100 * time.Millisecond})
 	url := e.url + "/chat/completions"
 	key := "conflict-key-000000001"
 	first := make(chan int, 1)
@@ -229,9 +230,9 @@ func TestRequestsWithoutAKeyPassThrough(t *testing.T) {
 
 // The official openai-go client, pointed at the gateway, retrying with the same key:
 // its first call has a timeout shorter than the upstream's latency and gives up (the
-// client disconnects); the application calls again with the same key, the SDK's own
-// retries ride out the 409s while the upstream call goes on, and the answer is the
-// recorded one. One upstream request per key.
+// client disconnects); the application calls again with the same key, which joins the
+// upstream call still going on, and the answer is the recorded one. One upstream request
+// per key.
 func TestOpenAISDKRetriesWithOneKeyMakeOneUpstreamRequest(t *testing.T) {
 	t.Parallel()
 	e := setup(t, fakeserver.Config{Latency: 1500 * time.Millisecond}, gateway.Config{})
@@ -279,8 +280,11 @@ func TestOpenAISDKRetriesWithOneKeyMakeOneUpstreamRequest(t *testing.T) {
 	if ids[keys[0]] == ids[keys[1]] {
 		t.Fatal("two keys got one answer")
 	}
-	if n := requestsWith(t, e.reg, "in_flight"); n < 2 {
-		t.Fatalf("%v requests answered 409: the retries did not meet the call in flight", n)
+	if n := requestsWith(t, e.reg, "joined"); n < 2 {
+		t.Fatalf("%v requests joined a call in flight: the retries did not meet the call in flight", n)
+	}
+	if n := requestsWith(t, e.reg, "in_flight"); n != 0 {
+		t.Fatalf("%v requests answered 409: a retry of a call in flight should join it", n)
 	}
 	// The same through onceflow's OpenAI adapter (SDK retries off) under retry.Do.
 	adapter := openai.New(openai.Config{BaseURL: e.url, APIKey: "sk-sdk"})

@@ -2,13 +2,16 @@ package gateway
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/onceflow/onceflow/llm/ledger"
@@ -60,18 +63,28 @@ func errorEvent(ev sse.Event) bool {
 // stream passes a server-sent-event answer on as it arrives, persists it on the row in
 // batches, and records it once complete. The upstream is read to its end even when the
 // client has gone, so the client's retry gets the whole stream replayed.
-func (g *Gateway) stream(ctx context.Context, w http.ResponseWriter, att *ledger.Attempt, resp *http.Response) {
-	for k, vs := range resp.Header {
-		if recordedHeader(k) {
-			w.Header()[k] = vs
-		}
+func (g *Gateway) stream(ctx context.Context, w http.ResponseWriter, att *ledger.Attempt, f *flight, resp *http.Response) {
+	kept := keptHeader(resp.Header)
+	for k, vs := range kept {
+		w.Header()[k] = vs
+	}
+	if prev, n := att.PreviousPartial(); prev != "" && n > 0 {
+		// An earlier attempt died mid-stream: this is a new generation, not its
+		// continuation, and the client is told so.
+		w.Header().Set(HeaderRestarted, strconv.Itoa(len(prev)))
 	}
 	w.WriteHeader(resp.StatusCode)
 	rc := http.NewResponseController(w)
 	_ = rc.Flush()
+	f.start(resp.StatusCode, kept)
+	m, _ := json.Marshal(meta{Status: resp.StatusCode, Header: kept})
+	// Followers on other processes need the status and headers before the first byte.
+	partialOK, err := att.Announce(ctx, m) // every partial write so far succeeded: the row's partial is an exact prefix of raw
+	if err != nil {
+		g.log.WarnContext(ctx, "gateway: could not announce a stream; requests joining it on other processes will wait for its end", "err", err)
+	}
 	clientGone := false
 	partial := att.PartialBuffer()
-	partialOK := true // every partial write so far succeeded: the row's partial is an exact prefix of raw
 	var raw bytes.Buffer
 	var parser sse.Parser // events are counted and the stream cut into partials at event boundaries
 	var last *sse.Event
@@ -105,13 +118,34 @@ func (g *Gateway) stream(ctx context.Context, w http.ResponseWriter, att *ledger
 		}
 		persisted = b
 	}
-	buf := make([]byte, 32<<10)
+	// The upstream is read on a goroutine of its own, so that a pause in the stream (a
+	// model thinking) does not hold back the partial output received before it: what
+	// is buffered is persisted every StreamFlushInterval, for followers on other
+	// processes.
+	reads := make(chan streamRead, 1)
+	next := make(chan struct{})
+	defer close(next)
+	go readStream(resp.Body, reads, next)
+	ticker := time.NewTicker(cmp.Or(g.cfg.Ledger.StreamFlushInterval, ledger.DefaultStreamFlushInterval))
+	defer ticker.Stop()
 	var readErr error
+read:
 	for {
-		n, err := resp.Body.Read(buf)
-		if n > 0 {
-			chunk := buf[:n]
+		var rd streamRead
+		select {
+		case <-ticker.C:
+			if partialOK {
+				if err := partial.Flush(ctx); err != nil {
+					partialOK = false
+					g.log.WarnContext(ctx, "gateway: could not persist partial stream output; persisting no more of this stream", "err", err)
+				}
+			}
+			continue
+		case rd = <-reads:
+		}
+		if chunk := rd.chunk; len(chunk) > 0 {
 			raw.Write(chunk)
+			f.write(chunk)
 			persist(parser.Feed(chunk))
 			if !clientGone {
 				if _, werr := w.Write(chunk); werr != nil || rc.Flush() != nil {
@@ -120,16 +154,17 @@ func (g *Gateway) stream(ctx context.Context, w http.ResponseWriter, att *ledger
 			}
 			if int64(raw.Len()) > g.cfg.MaxResponseBytes {
 				readErr = fmt.Errorf("upstream stream exceeds %d bytes", g.cfg.MaxResponseBytes)
-				break
+				break read
 			}
 		}
-		if err == io.EOF {
-			break
+		switch {
+		case rd.err == io.EOF:
+			break read
+		case rd.err != nil:
+			readErr = rd.err
+			break read
 		}
-		if err != nil {
-			readErr = err
-			break
-		}
+		next <- struct{}{}
 	}
 	persist(parser.Close())
 	// Complete: the connection closed cleanly, the last event is the final one, nothing
@@ -163,10 +198,36 @@ func (g *Gateway) stream(ctx context.Context, w http.ResponseWriter, att *ledger
 		}
 		return
 	}
-	m, _ := json.Marshal(meta{Status: resp.StatusCode, Header: keptHeader(resp.Header)})
 	summary, _ := json.Marshal(map[string]any{"object": "stream", "bytes": raw.Len(), "events": events})
-	if _, _, err := att.Succeed(ctx, ledger.Result{Response: summary, Raw: raw.Bytes(), Meta: m}); err != nil {
+	rec, _, err := att.Succeed(ctx, ledger.Result{Response: summary, Raw: raw.Bytes(), Meta: m})
+	if err != nil {
 		g.log.WarnContext(ctx, "gateway: could not record a complete stream", "err", err)
+		rec = &ledger.Record{Raw: raw.Bytes(), Meta: m}
 	}
+	f.finish(flightRecorded, rec, nil)
 	g.requests.WithLabelValues(resultForwarded).Inc()
+}
+
+// streamRead is one Read of an upstream stream.
+type streamRead struct {
+	chunk []byte
+	err   error
+}
+
+// readStream reads body into reads, one Read at a time: after each, it waits on next
+// before reusing its buffer, and returns after an error or when next is closed. reads
+// must have room for one value, so that a Read that the closing of body ends can be
+// sent after the reader stopped listening.
+func readStream(body io.Reader, reads chan<- streamRead, next <-chan struct{}) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := body.Read(buf)
+		reads <- streamRead{chunk: buf[:n], err: err}
+		if err != nil {
+			return
+		}
+		if _, ok := <-next; !ok {
+			return
+		}
+	}
 }

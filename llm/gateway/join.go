@@ -1,0 +1,346 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/onceflow/onceflow/idempotency"
+	"github.com/onceflow/onceflow/llm/ledger"
+)
+
+// A request whose key is in flight joins the call instead of making another: it waits
+// for the answer and gets the same bytes; for a stream, the bytes so far at once and
+// then the live tail. A call this process makes is followed in memory (a flight); a
+// call another gateway process makes is followed through its llm_calls row, polled
+// (Ledger.Progress): the owner announces a stream's status and headers before its
+// first byte (Attempt.Announce) and persists its output in batches.
+
+// Poll intervals of a joiner following a call on another process: from joinPollMin,
+// growing by half at every poll without news, up to joinPollMax.
+const (
+	joinPollMin = 10 * time.Millisecond
+	joinPollMax = 200 * time.Millisecond
+)
+
+// Header names of the gateway's own answers.
+const (
+	// HeaderJoined is set (to "true") on an answer that a request got by joining a call
+	// in flight, with Idempotent-Replayed: true, as it made no upstream call.
+	HeaderJoined = "Onceflow-Joined"
+	// HeaderRestarted is set on a streamed answer of an attempt that took a call over
+	// from an attempt that died mid-stream: its value is the number of bytes the dead
+	// attempt had streamed, which this answer does not continue: it is a whole new
+	// stream, from its first event.
+	HeaderRestarted = "Onceflow-Stream-Restarted"
+)
+
+// flightEnd is how a flight ended.
+type flightEnd int
+
+const (
+	flightRunning  flightEnd = iota
+	flightRecorded           // rec holds the answer every request for the key gets
+	flightAnswered           // answer holds an upstream error answer, not recorded
+	flightCut                // no answer: the attempt failed or its stream was cut
+)
+
+// answer is an unrecorded HTTP answer.
+type answer struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+// flight is a keyed call this process is making, which requests for the same key on
+// this process follow in memory. The owner calls start (streams), write and finish;
+// followers read under mu and wait on changed, which is closed at every change.
+type flight struct {
+	attempt int
+
+	mu      sync.Mutex
+	changed chan struct{}
+	started bool // a stream began: status and header are set
+	status  int
+	header  http.Header
+	body    []byte // a stream's bytes so far, as sent to the owner's client
+	end     flightEnd
+	rec     *ledger.Record
+	answer  *answer
+}
+
+func newFlight(attempt int) *flight { return &flight{attempt: attempt, changed: make(chan struct{})} }
+
+// notify wakes the followers; f.mu is held.
+func (f *flight) notify() {
+	close(f.changed)
+	f.changed = make(chan struct{})
+}
+
+func (f *flight) start(status int, h http.Header) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.started, f.status, f.header = true, status, h
+	f.notify()
+}
+
+func (f *flight) write(p []byte) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.body = append(f.body, p...)
+	f.notify()
+}
+
+// finish ends the flight once; later calls change nothing.
+func (f *flight) finish(end flightEnd, rec *ledger.Record, a *answer) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.end != flightRunning {
+		return
+	}
+	f.end, f.rec, f.answer = end, rec, a
+	f.notify()
+}
+
+// flights are the calls this process makes, by ledger key.
+type flights struct {
+	mu sync.Mutex
+	m  map[string]*flight
+}
+
+func (fs *flights) add(key string, f *flight) {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	if fs.m == nil {
+		fs.m = map[string]*flight{}
+	}
+	fs.m[key] = f
+}
+
+// remove forgets f (and only f: a later attempt may have replaced it).
+func (fs *flights) remove(key string, f *flight) {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	if fs.m[key] == f {
+		delete(fs.m, key)
+	}
+}
+
+func (fs *flights) get(key string) *flight {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	return fs.m[key]
+}
+
+// joinOutcome is what a join leaves to its caller.
+type joinOutcome int
+
+const (
+	joinServed  joinOutcome = iota // the request was answered (or its client left)
+	joinBegin                      // nobody owns the call any more: Begin again
+	joinTimeout                    // nothing began within the join timeout: answer 409
+)
+
+// joiner is the state of one request following a call: what it sent its client.
+type joiner struct {
+	w       http.ResponseWriter
+	rc      *http.ResponseController
+	attempt int    // the attempt whose stream it passes on; 0 before the headers
+	sent    []byte // the body bytes sent so far
+}
+
+func (j *joiner) headerSent() bool { return j.attempt != 0 }
+
+// startStream sends the headers of a stream followed from attempt.
+func (j *joiner) startStream(attempt, status int, h http.Header) {
+	for k, vs := range h {
+		if recordedHeader(k) {
+			j.w.Header()[k] = vs
+		}
+	}
+	j.w.Header().Set(idempotency.HeaderReplayed, "true")
+	j.w.Header().Set(HeaderJoined, "true")
+	if status == 0 {
+		status = http.StatusOK
+	}
+	j.w.WriteHeader(status)
+	j.attempt = attempt
+	_ = j.rc.Flush()
+}
+
+// send passes on stream bytes; false when the client is gone.
+func (j *joiner) send(p []byte) bool {
+	if len(p) == 0 {
+		return true
+	}
+	j.sent = append(j.sent, p...)
+	if _, err := j.w.Write(p); err != nil {
+		return false
+	}
+	return j.rc.Flush() == nil
+}
+
+// finishStream sends what the recorded answer holds beyond the bytes sent, or cuts the
+// connection when the record does not continue them (another attempt's answer won).
+func (j *joiner) finishStream(rec *ledger.Record) {
+	if !bytes.HasPrefix(rec.Raw, j.sent) {
+		panic(http.ErrAbortHandler)
+	}
+	j.send(rec.Raw[len(j.sent):])
+}
+
+// replayJoined answers with a recorded answer, marked as joined.
+func replayJoined(w http.ResponseWriter, rec *ledger.Record) {
+	w.Header().Set(HeaderJoined, "true")
+	replay(w, rec)
+}
+
+// join follows the call key (hash: the request's fingerprint) that another request
+// owns, until it can answer, the call is free to claim (joinBegin), or nothing began
+// within the join timeout (joinTimeout). ctx is the request's own context: a joiner
+// whose client leaves stops following; the call goes on.
+func (g *Gateway) join(ctx context.Context, w http.ResponseWriter, key, hash string) joinOutcome {
+	g.joining.Inc()
+	defer g.joining.Dec()
+	j := &joiner{w: w, rc: http.NewResponseController(w)}
+	joinBy := time.Now().Add(g.cfg.JoinTimeout)
+	// Once a stream is being passed on, the join timeout no longer applies (the answer
+	// began); the owner's own timeout bounds it, and this bounds a follower of an
+	// owner on another process that went silent without losing its lease.
+	followBy := joinBy.Add(g.cfg.Timeout)
+	ctx, cancel := context.WithDeadline(ctx, followBy)
+	defer cancel()
+	defer context.AfterFunc(g.base, cancel)()
+	timer := time.NewTimer(time.Until(joinBy))
+	defer timer.Stop()
+	poll := joinPollMin
+	for {
+		if f := g.flights.get(key); f != nil && (!j.headerSent() || j.attempt == f.attempt) {
+			return g.follow(ctx, j, f, timer.C)
+		}
+		p, err := g.ledger.Progress(ctx, key, len(j.sent))
+		switch {
+		case err != nil && ctx.Err() != nil:
+			return g.leave(j)
+		case err != nil:
+			if j.headerSent() {
+				panic(http.ErrAbortHandler)
+			}
+			g.requests.WithLabelValues(resultUnavailable).Inc()
+			g.log.ErrorContext(ctx, "gateway: ledger unavailable while joining a call", "err", err)
+			retryAfter(w, time.Second)
+			writeError(w, http.StatusServiceUnavailable, "server_error", "ledger_unavailable", "the idempotency ledger is unavailable; retry later")
+			return joinServed
+		case p == nil || p.RequestHash != hash: // purged (or reused: Begin says so)
+			return g.again(j)
+		case p.Record != nil:
+			g.requests.WithLabelValues(resultJoined).Inc()
+			if j.headerSent() {
+				j.finishStream(p.Record)
+			} else {
+				replayJoined(w, p.Record)
+			}
+			return joinServed
+		case !p.Live || (j.headerSent() && p.Attempt != j.attempt):
+			return g.again(j) // the attempt followed failed, died or was replaced
+		case p.Streaming:
+			if !j.headerSent() {
+				var m meta
+				_ = json.Unmarshal(p.Meta, &m)
+				j.startStream(p.Attempt, m.Status, m.Header)
+			}
+			if len(p.Partial) > 0 {
+				if !j.send(p.Partial) {
+					return joinServed // the client left
+				}
+				poll = joinPollMin
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return g.leave(j)
+		case <-timer.C:
+			if !j.headerSent() {
+				return joinTimeout
+			}
+		case <-time.After(poll):
+		}
+		poll = min(poll*3/2, joinPollMax)
+	}
+}
+
+// again is the outcome when the followed attempt ended without an answer: a joiner
+// that sent nothing yet begins again (and may make the call itself); one that passed
+// part of a stream on must cut it, so its client sees the stream was not complete.
+func (g *Gateway) again(j *joiner) joinOutcome {
+	if j.headerSent() {
+		panic(http.ErrAbortHandler)
+	}
+	return joinBegin
+}
+
+// leave ends a join whose context ended: the client left, the follow bound passed, or
+// the gateway is closing.
+func (g *Gateway) leave(j *joiner) joinOutcome {
+	if j.headerSent() {
+		panic(http.ErrAbortHandler)
+	}
+	retryAfter(j.w, g.cfg.RetryAfter)
+	writeError(j.w, http.StatusServiceUnavailable, "server_error", "gateway_closing", "the gateway stopped waiting for this call; retry with the same key")
+	return joinServed
+}
+
+// follow passes on a flight of this process.
+func (g *Gateway) follow(ctx context.Context, j *joiner, f *flight, joinBy <-chan time.Time) joinOutcome {
+	for {
+		f.mu.Lock()
+		started, status, header := f.started, f.status, f.header
+		body := f.body[min(len(j.sent), len(f.body)):]
+		end, rec, ans, changed := f.end, f.rec, f.answer, f.changed
+		f.mu.Unlock()
+		if started && !j.headerSent() {
+			j.startStream(f.attempt, status, header)
+		}
+		if j.headerSent() && !j.send(body) {
+			return joinServed
+		}
+		switch end {
+		case flightRecorded:
+			g.requests.WithLabelValues(resultJoined).Inc()
+			if j.headerSent() {
+				j.finishStream(rec)
+			} else {
+				replayJoined(j.w, rec)
+			}
+			return joinServed
+		case flightAnswered:
+			if j.headerSent() {
+				panic(http.ErrAbortHandler)
+			}
+			g.requests.WithLabelValues(resultJoined).Inc()
+			for k, vs := range ans.header {
+				j.w.Header()[k] = vs
+			}
+			j.w.Header().Set(HeaderJoined, "true")
+			j.w.Header().Set("Content-Length", strconv.Itoa(len(ans.body)))
+			j.w.WriteHeader(ans.status)
+			_, _ = j.w.Write(ans.body)
+			return joinServed
+		case flightCut:
+			return g.again(j)
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return g.leave(j)
+		case <-joinBy:
+			if !j.headerSent() {
+				return joinTimeout
+			}
+		}
+	}
+}
