@@ -10,6 +10,7 @@ import (
 	"github.com/onceflow/onceflow/internal/httpapi"
 	"github.com/onceflow/onceflow/llm/gateway"
 	"github.com/onceflow/onceflow/llm/ledger"
+	"github.com/onceflow/onceflow/llm/limiter"
 	"github.com/onceflow/onceflow/llm/openai"
 )
 
@@ -27,17 +28,41 @@ func runGateway(ctx context.Context, e *env, args []string) error {
 	if upstream == "" {
 		upstream = openai.DefaultBaseURL
 	}
-	d, err := newDeps(ctx, cfg, log, false, true)
+	// The limiter needs Redis: the gateway uses it when a limit is configured.
+	limited := cfg.LLMAdmission && (cfg.LLMRPM > 0 || cfg.LLMTPM > 0 || cfg.LLMConcurrency > 0 || len(cfg.LLMLimits) > 0 ||
+		cfg.TenantConcurrency > 0 || cfg.TenantTokenBudget > 0)
+	d, err := newDeps(ctx, cfg, log, limited, true)
 	if err != nil {
 		return err
 	}
 	defer d.Close()
+	var lim *limiter.Limiter
+	if limited {
+		lim, err = limiter.New(d.rdb, limiter.Config{
+			Prefix: cfg.Prefix, Provider: cfg.LLM, DefaultModel: cfg.LLMModel,
+			Limits: limiter.Limits{RPM: cfg.LLMRPM, TPM: cfg.LLMTPM, Concurrency: cfg.LLMConcurrency},
+			Models: cfg.LLMLimits, Prices: cfg.LLMPrices, MaxWait: cfg.LLMAdmissionWait,
+			TenantConcurrency: cfg.TenantConcurrency, TenantTokenBudget: cfg.TenantTokenBudget,
+			Logger: log, Registerer: d.reg,
+		})
+		if err != nil {
+			return err
+		}
+	}
+	derive := cfg.GatewayDeriveKeys
+	if derive == "off" {
+		derive = ""
+	}
 	g, err := gateway.New(gateway.Config{
 		Upstream: upstream,
 		DB:       d.pool,
 		Ledger: ledger.Config{Lease: cfg.LedgerLease, Retention: cfg.LedgerRetention, RelaxedInsert: cfg.LedgerRelaxedInsert,
 			Models: []string{cfg.LLMModel}},
 		Timeout:           cfg.GatewayTimeout,
+		JoinTimeout:       cfg.GatewayJoinTimeout,
+		DeriveKeys:        derive,
+		DeriveWindow:      cfg.GatewayDeriveWindow,
+		Limiter:           lim,
 		MaxBodyBytes:      int64(cfg.GatewayMaxBody),
 		CredentialHeaders: cfg.GatewayCredentialHeaders,
 		Logger:            log,
@@ -62,7 +87,11 @@ func runGateway(ctx context.Context, e *env, args []string) error {
 		}
 		return err
 	}
-	if err := runAll(ctx, d, s, "", serve, g.Ledger().Run); err != nil {
+	roles := []func(context.Context) error{serve, g.Run}
+	if lim != nil {
+		roles = append(roles, lim.Run)
+	}
+	if err := runAll(ctx, d, s, "", roles...); err != nil {
 		return fmt.Errorf("gateway: %w", err)
 	}
 	log.InfoContext(ctx, "gateway stopped")

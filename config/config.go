@@ -189,6 +189,17 @@ type Config struct {
 	// GatewayMaxBody is the largest request body onceflow gateway accepts, in bytes;
 	// larger ones get 413. Default: 8388608 (8 MiB).
 	GatewayMaxBody int
+	// GatewayJoinTimeout is how long a request whose key is in flight waits for the call
+	// to answer (a stream: to begin) before onceflow gateway answers 409. Default: 0,
+	// meaning GatewayTimeout.
+	GatewayJoinTimeout time.Duration
+	// GatewayDeriveKeys is "off" or "retry-count": give requests without a key that
+	// the official SDKs number (X-Stainless-Retry-Count) keys of the gateway's own, so
+	// that their automatic retries are joined or replayed. Default: off.
+	GatewayDeriveKeys string
+	// GatewayDeriveWindow is how long after a first attempt its retries are
+	// recognised. Default: 15m.
+	GatewayDeriveWindow time.Duration
 	// GatewayCredentialHeaders names request headers that carry credentials besides
 	// Authorization, x-api-key and api-key, which always do: onceflow gateway scopes
 	// keys by all of them. Default: none.
@@ -450,6 +461,19 @@ var settings = []setting{
 	}},
 	{env: "ONCEFLOW_GATEWAY_MAX_BODY", def: "8388608", usage: "largest request body onceflow gateway accepts, in bytes", parse: func(c *Config, v string) error {
 		return parseInt(&c.GatewayMaxBody, v, 1, 1<<30)
+	}},
+	{env: "ONCEFLOW_GATEWAY_JOIN_TIMEOUT", usage: "how long a request whose Idempotency-Key is in flight waits for the call before 409 (default: ONCEFLOW_GATEWAY_TIMEOUT)", parse: func(c *Config, v string) error {
+		if v == "" {
+			c.GatewayJoinTimeout = 0
+			return nil
+		}
+		return parseDuration(&c.GatewayJoinTimeout, v)
+	}},
+	{env: "ONCEFLOW_GATEWAY_DERIVE_KEYS", def: "off", usage: "off or retry-count: answer the official SDKs' automatic retries of requests without a key (X-Stainless-Retry-Count) from the first attempt", parse: func(c *Config, v string) error {
+		return parseEnum(&c.GatewayDeriveKeys, v, "off", "retry-count")
+	}},
+	{env: "ONCEFLOW_GATEWAY_DERIVE_WINDOW", def: "15m", usage: "how long after a first attempt onceflow gateway recognises its retries (ONCEFLOW_GATEWAY_DERIVE_KEYS)", parse: func(c *Config, v string) error {
+		return parseDuration(&c.GatewayDeriveWindow, v)
 	}},
 	{env: "ONCEFLOW_GATEWAY_CREDENTIAL_HEADERS", usage: "comma-separated request headers that carry credentials, besides Authorization, x-api-key and api-key", parse: parseHeaderNames},
 	{env: "ONCEFLOW_AUDIT_MAX_AGE", def: "10m", usage: "age at which audit reports an unsent or exhausted outbox row", parse: func(c *Config, v string) error {

@@ -74,6 +74,7 @@ import (
 	"github.com/onceflow/onceflow/idempotency"
 	"github.com/onceflow/onceflow/internal/metrics"
 	"github.com/onceflow/onceflow/llm/ledger"
+	"github.com/onceflow/onceflow/llm/limiter"
 )
 
 // Provider labels the gateway's ledger rows and metrics.
@@ -85,6 +86,7 @@ const (
 	DefaultMaxBodyBytes     = 8 << 20
 	DefaultMaxResponseBytes = 32 << 20
 	DefaultRetryAfter       = time.Second
+	DefaultDeriveWindow     = 15 * time.Minute
 )
 
 // Config configures a Gateway.
@@ -121,6 +123,25 @@ type Config struct {
 	// example. Each must be a valid header name; case does not matter. Default: none
 	// (Authorization, x-api-key and api-key only).
 	CredentialHeaders []string
+	// Limiter, when set, admits every POST to a model endpoint (chat/completions,
+	// completions, responses, messages), keyed or not, before it goes upstream, and
+	// learns from its answer (llm/limiter; docs/limits.md): the gateway then keeps all
+	// its callers under the provider's limits, shares one pause with every process of
+	// the fleet when the provider answers 429, and answers a call put off with 429,
+	// Retry-After and retry-after-ms. Callers are the limiter's tenants, one per
+	// credential scope ("cred-" and 16 hex digits of it). Replays and joins are never
+	// admitted: they make no upstream call. Default: nil, no admission.
+	Limiter *limiter.Limiter
+	// DeriveKeys, set to DeriveRetryCount, gives requests without an Idempotency-Key
+	// that the official SDKs send (they carry X-Stainless-Retry-Count) a key of the
+	// gateway's own, so that the SDK's automatic retries are answered from the first
+	// attempt's call (ONCEFLOW_GATEWAY_DERIVE_KEYS=retry-count; see derive.go and
+	// docs/providers.md for what it can and cannot tell). Default: "", off.
+	DeriveKeys string
+	// DeriveWindow is how long after a first attempt its retries are recognised
+	// (ONCEFLOW_GATEWAY_DERIVE_WINDOW). Default: 15m, above the SDKs' 10-minute
+	// default timeout.
+	DeriveWindow time.Duration
 	// Transport sends upstream requests. Default: a clone of http.DefaultTransport.
 	Transport http.RoundTripper
 	// Logger receives the gateway's logs. Default: slog.Default().
@@ -161,6 +182,7 @@ const (
 	resultReplayed      = "replayed"
 	resultInFlight      = "in_flight"
 	resultJoined        = "joined"
+	resultLimited       = "limited"
 	resultKeyReused     = "key_reused"
 	resultBadRequest    = "bad_request"
 	resultUpstreamError = "upstream_error"
@@ -192,6 +214,14 @@ func New(cfg Config) (*Gateway, error) {
 	if cfg.RetryAfter <= 0 {
 		cfg.RetryAfter = DefaultRetryAfter
 	}
+	switch cfg.DeriveKeys {
+	case "", DeriveRetryCount:
+	default:
+		return nil, fmt.Errorf("gateway: DeriveKeys %q: want %q or nothing", cfg.DeriveKeys, DeriveRetryCount)
+	}
+	if cfg.DeriveWindow <= 0 {
+		cfg.DeriveWindow = DefaultDeriveWindow
+	}
 	if cfg.JoinTimeout == 0 {
 		cfg.JoinTimeout = cfg.Timeout
 	}
@@ -221,14 +251,14 @@ func New(cfg Config) (*Gateway, error) {
 		client: &http.Client{Transport: cfg.Transport, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
 		requests: metrics.Register(cfg.Registerer, prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: metrics.Namespace, Subsystem: "gateway", Name: "requests_total",
-			Help: "Requests through onceflow gateway by result: passthrough (no key), forwarded, replayed, joined (answered by a call in flight), in_flight (409 after the join timeout), key_reused (422), bad_request, upstream_error, ledger_unavailable.",
+			Help: "Requests through onceflow gateway by result: passthrough (no key), forwarded, replayed, joined (answered by a call in flight), limited (429 from the limiter), in_flight (409 after the join timeout), key_reused (422), bad_request, upstream_error, ledger_unavailable.",
 		}, []string{"result"})),
 	}
 	g.joining = metrics.Register(cfg.Registerer, prometheus.NewGauge(prometheus.GaugeOpts{
 		Namespace: metrics.Namespace, Subsystem: "gateway", Name: "joining",
 		Help: "Requests waiting for, or passing on, a keyed call in flight that another request makes.",
 	}))
-	metrics.Init(g.requests, []string{resultPassthrough, resultForwarded, resultReplayed, resultJoined, resultInFlight, resultKeyReused,
+	metrics.Init(g.requests, []string{resultPassthrough, resultForwarded, resultReplayed, resultJoined, resultLimited, resultInFlight, resultKeyReused,
 		resultBadRequest, resultUpstreamError, resultUnavailable})
 	g.proxy = &httputil.ReverseProxy{
 		Transport: cfg.Transport,
@@ -237,6 +267,9 @@ func New(cfg Config) (*Gateway, error) {
 			pr.Out.Host = ""
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if sw, ok := r.Context().Value(permitKey{}).(*statusWriter); ok {
+				sw.proxyFailed = err // the call got no answer: settle it as such
+			}
 			var mb *http.MaxBytesError
 			switch {
 			case errors.As(err, &mb):
@@ -319,11 +352,16 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	r.Body = http.MaxBytesReader(w, r.Body, g.cfg.MaxBodyBytes)
+	if g.cfg.DeriveKeys == DeriveRetryCount && r.Method == http.MethodPost && len(r.Header.Values(idempotency.HeaderKey)) == 0 &&
+		len(r.Header.Values(HeaderRetryCount)) > 0 && modelEndpoint(r.URL.Path) {
+		g.derived(w, r)
+		return
+	}
 	if r.Method != http.MethodPost || len(r.Header.Values(idempotency.HeaderKey)) == 0 {
 		g.requests.WithLabelValues(resultPassthrough).Inc()
 		ctx, cancel := context.WithTimeout(r.Context(), g.cfg.Timeout)
 		defer cancel()
-		g.proxy.ServeHTTP(w, r.WithContext(ctx))
+		g.passThrough(ctx, w, r)
 		return
 	}
 	g.keyed(w, r)
@@ -454,23 +492,19 @@ func (g *Gateway) keyed(w http.ResponseWriter, r *http.Request) {
 	}
 	body, err := io.ReadAll(r.Body)
 	if err != nil {
-		g.requests.WithLabelValues(resultBadRequest).Inc()
-		var mb *http.MaxBytesError
-		if errors.As(err, &mb) {
-			writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large", fmt.Sprintf("request body exceeds %d bytes", g.cfg.MaxBodyBytes))
-			return
-		}
-		if errors.Is(err, os.ErrDeadlineExceeded) { // the server's read deadline
-			writeError(w, http.StatusRequestTimeout, "invalid_request_error", "request_timeout", "the request body was not received in time")
-			return
-		}
-		writeError(w, http.StatusBadRequest, "invalid_request_error", "unreadable_body", "the request body could not be read")
+		g.bodyError(w, err)
 		return
 	}
+	g.record(w, r, KeyFor(scopeOf(r.Header, g.credentials), key), requestHash(r, body), body)
+}
+
+// record serves a request through the ledger under the llm_calls key key: replayed,
+// joined, or forwarded and recorded.
+func (g *Gateway) record(w http.ResponseWriter, r *http.Request, key, hash string, body []byte) {
 	call := ledger.Call{
-		Key:         KeyFor(scopeOf(r.Header, g.credentials), key),
+		Key:         key,
 		Work:        r.Method + " " + r.URL.Path,
-		RequestHash: requestHash(r, body),
+		RequestHash: hash,
 		Provider:    Provider,
 		Model:       modelOf(body),
 	}
@@ -514,9 +548,34 @@ func (g *Gateway) keyed(w http.ResponseWriter, r *http.Request) {
 		func() {
 			defer f.finish(flightCut, nil, nil) // unless forward ended it otherwise
 			defer g.flights.remove(call.Key, f)
+			p, refused := g.admit(ctx, r, call.Key, body)
+			if refused != nil {
+				// Nothing went upstream: the row is free for the next attempt, and
+				// the requests that joined this one get the same answer.
+				g.fail(ctx, att, errLimiterNotSent, false)
+				f.finish(flightAnswered, nil, refused)
+				refused.write(w)
+				return
+			}
+			f.permit = p
+			defer p.Done(limiter.Result{Sent: true, Ambiguous: true}) // unless settled: a panic mid-call
 			g.forward(ctx, w, r, att, f, body)
 		}()
 		return
+	}
+}
+
+// bodyError answers a request whose body could not be read.
+func (g *Gateway) bodyError(w http.ResponseWriter, err error) {
+	g.requests.WithLabelValues(resultBadRequest).Inc()
+	var mb *http.MaxBytesError
+	switch {
+	case errors.As(err, &mb):
+		writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large", fmt.Sprintf("request body exceeds %d bytes", g.cfg.MaxBodyBytes))
+	case errors.Is(err, os.ErrDeadlineExceeded): // the server's read deadline
+		writeError(w, http.StatusRequestTimeout, "invalid_request_error", "request_timeout", "the request body was not received in time")
+	default:
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "unreadable_body", "the request body could not be read")
 	}
 }
 
@@ -558,6 +617,7 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 	// #nosec G704 -- the scheme and host are the configured upstream's (ONCEFLOW_LLM_BASE_URL); the caller chooses only the path below it.
 	out, err := http.NewRequestWithContext(ctx, r.Method, g.target(r).String(), bytes.NewReader(body))
 	if err != nil {
+		f.permit.Done(limiter.Result{})
 		g.fail(ctx, att, err, false)
 		writeError(w, http.StatusBadRequest, "invalid_request_error", "bad_request", "the request cannot be forwarded")
 		return
@@ -572,6 +632,7 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 	out.Header.Set(idempotency.HeaderKey, att.Key())
 	resp, err := g.client.Do(out) // #nosec G704 -- to the configured upstream, as above
 	if err != nil {
+		settleSent(f.permit, nil, nil, err)
 		ambiguous := ledger.IsAmbiguous(err)
 		g.fail(ctx, att, err, ambiguous)
 		g.requests.WithLabelValues(resultUpstreamError).Inc()
@@ -592,6 +653,7 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 		return
 	}
 	raw, err := io.ReadAll(io.LimitReader(resp.Body, g.cfg.MaxResponseBytes+1))
+	settleSent(f.permit, resp, usageOf(raw), err)
 	switch {
 	case err != nil:
 		g.fail(ctx, att, err, ledger.IsAmbiguous(err))
@@ -656,6 +718,7 @@ func keptHeader(h http.Header) http.Header {
 // sends when it lost the call, are ambiguous) and a retry is a new attempt.
 func (g *Gateway) passError(ctx context.Context, w http.ResponseWriter, att *ledger.Attempt, f *flight, resp *http.Response) {
 	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	settleSent(f.permit, resp, nil, nil)
 	g.fail(ctx, att, fmt.Errorf("upstream answered HTTP %d", resp.StatusCode),
 		resp.StatusCode == http.StatusBadGateway || resp.StatusCode == http.StatusGatewayTimeout)
 	g.requests.WithLabelValues(resultForwarded).Inc()

@@ -5,12 +5,12 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
-	"strconv"
 	"sync"
 	"time"
 
 	"github.com/onceflow/onceflow/idempotency"
 	"github.com/onceflow/onceflow/llm/ledger"
+	"github.com/onceflow/onceflow/llm/limiter"
 )
 
 // A request whose key is in flight joins the call instead of making another: it waits
@@ -61,6 +61,7 @@ type answer struct {
 // followers read under mu and wait on changed, which is closed at every change.
 type flight struct {
 	attempt int
+	permit  *limiter.Permit // the limiter's admission of the call, nil without a limiter
 
 	mu      sync.Mutex
 	changed chan struct{}
@@ -322,13 +323,8 @@ func (g *Gateway) follow(ctx context.Context, j *joiner, f *flight, joinBy <-cha
 				panic(http.ErrAbortHandler)
 			}
 			g.requests.WithLabelValues(resultJoined).Inc()
-			for k, vs := range ans.header {
-				j.w.Header()[k] = vs
-			}
 			j.w.Header().Set(HeaderJoined, "true")
-			j.w.Header().Set("Content-Length", strconv.Itoa(len(ans.body)))
-			j.w.WriteHeader(ans.status)
-			_, _ = j.w.Write(ans.body)
+			ans.write(j.w)
 			return joinServed
 		case flightCut:
 			return g.again(j)

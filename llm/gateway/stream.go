@@ -88,6 +88,7 @@ func (g *Gateway) stream(ctx context.Context, w http.ResponseWriter, att *ledger
 	var raw bytes.Buffer
 	var parser sse.Parser // events are counted and the stream cut into partials at event boundaries
 	var last *sse.Event
+	var su streamUsage
 	events := 0
 	persisted := int64(0) // bytes of raw handed to partial
 	failed := false       // an error event went by
@@ -98,6 +99,9 @@ func (g *Gateway) stream(ctx context.Context, w http.ResponseWriter, att *ledger
 		}
 		for _, ev := range evs {
 			failed = failed || errorEvent(ev)
+			if f.permit != nil {
+				su.add(ev)
+			}
 		}
 		b := parser.Boundary()
 		if !partialOK || b <= persisted {
@@ -170,6 +174,7 @@ read:
 	// Complete: the connection closed cleanly, the last event is the final one, nothing
 	// but comments or blank lines follows it, and no event reported a failure.
 	complete := readErr == nil && last != nil && streamEnd(*last) && !parser.Residue() && !failed
+	settleSent(f.permit, resp, su.usage(), readErr)
 	if !complete {
 		if partialOK {
 			if err := partial.Flush(ctx); err != nil {

@@ -1,0 +1,277 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/onceflow/onceflow/llm"
+	"github.com/onceflow/onceflow/llm/ledger"
+	"github.com/onceflow/onceflow/llm/limiter"
+	"github.com/onceflow/onceflow/llm/sse"
+	"github.com/onceflow/onceflow/retry"
+)
+
+// Admission (Config.Limiter): every POST to a model endpoint, keyed or not, is admitted
+// by the fleet's limiter (llm/limiter) before it goes upstream, so that a gateway
+// fronting a whole organisation's SDK clients keeps them under the provider's limits,
+// and shares one pause with every onceflow process when the provider answers 429. A
+// replay or a join is never admitted: it makes no upstream call.
+
+// modelEndpoint reports whether a request path names a model call the limiter admits:
+// Chat Completions, Completions, Responses, Anthropic Messages.
+func modelEndpoint(path string) bool {
+	for _, s := range []string{"/chat/completions", "/completions", "/responses", "/messages"} {
+		if strings.HasSuffix(path, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// tenantOf is the limiter's tenant of a request: its credential scope, shortened. Shares
+// and caps are by caller; with no credential, nobody's.
+func tenantOf(s Scope) string {
+	if s.digest == "" {
+		return ""
+	}
+	return "cred-" + s.digest[:16]
+}
+
+// limitCall is the limiter's Call of a request body: its model, the body's length / 4
+// as the prompt's estimate (the JSON syntax makes it an overestimate) and its output
+// limit (max_tokens, max_completion_tokens, max_output_tokens) or
+// llm.DefaultOutputTokens.
+func limitCall(tenant, key string, body []byte) limiter.Call {
+	var b struct {
+		Model               string `json:"model"`
+		MaxTokens           int    `json:"max_tokens"`
+		MaxCompletionTokens int    `json:"max_completion_tokens"`
+		MaxOutputTokens     int    `json:"max_output_tokens"`
+	}
+	_ = json.Unmarshal(body, &b) // a body that is not JSON: the upstream says so
+	out := max(b.MaxTokens, b.MaxCompletionTokens, b.MaxOutputTokens)
+	if out <= 0 {
+		out = llm.DefaultOutputTokens
+	}
+	return limiter.Call{Model: modelOf(body), Tenant: tenant, Work: key, InputTokens: len(body)/4 + 1, OutputTokens: out}
+}
+
+// admit asks the limiter for a permit. When it is refused, it returns the answer to
+// give instead (429 with Retry-After and retry-after-ms for a wait, 400 for a call no
+// wait admits, 503 when Redis is unreachable). It returns neither when no limiter is
+// configured or the request is not a model call.
+func (g *Gateway) admit(ctx context.Context, r *http.Request, key string, body []byte) (*limiter.Permit, *answer) {
+	if g.cfg.Limiter == nil || r.Method != http.MethodPost || !modelEndpoint(r.URL.Path) {
+		return nil, nil
+	}
+	p, err := g.cfg.Limiter.Acquire(ctx, limitCall(tenantOf(scopeOf(r.Header, g.credentials)), key, body))
+	if err == nil {
+		return p, nil
+	}
+	w := &answerWriter{a: answer{header: http.Header{}}}
+	var we *retry.WaitError
+	switch {
+	case errors.As(err, &we):
+		g.requests.WithLabelValues(resultLimited).Inc()
+		retryAfter(w, we.Delay)
+		writeError(w, http.StatusTooManyRequests, "rate_limit_error", "rate_limit_exceeded", "onceflow gateway: "+we.Reason+"; retry after retry-after-ms")
+	case errors.Is(err, limiter.ErrTooLarge):
+		g.requests.WithLabelValues(resultBadRequest).Inc()
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "request_too_large_for_limits", err.Error())
+	case ctx.Err() != nil:
+		g.requests.WithLabelValues(resultUnavailable).Inc()
+		retryAfter(w, g.cfg.RetryAfter)
+		writeError(w, http.StatusServiceUnavailable, "server_error", "gateway_closing", "the gateway stopped waiting for admission; retry")
+	default:
+		g.requests.WithLabelValues(resultUnavailable).Inc()
+		g.log.ErrorContext(ctx, "gateway: limiter unavailable", "err", err)
+		retryAfter(w, time.Second)
+		writeError(w, http.StatusServiceUnavailable, "server_error", "limiter_unavailable", "the gateway's rate limiter is unavailable; retry later")
+	}
+	return nil, &w.a
+}
+
+// answerWriter captures an answer (writeError's) instead of sending it.
+type answerWriter struct{ a answer }
+
+func (w *answerWriter) Header() http.Header { return w.a.header }
+func (w *answerWriter) WriteHeader(status int) {
+	if w.a.status == 0 {
+		w.a.status = status
+	}
+}
+func (w *answerWriter) Write(p []byte) (int, error) {
+	w.WriteHeader(http.StatusOK)
+	w.a.body = append(w.a.body, p...)
+	return len(p), nil
+}
+
+// write sends a to w.
+func (a *answer) write(w http.ResponseWriter) {
+	for k, vs := range a.header {
+		w.Header()[k] = vs
+	}
+	w.Header().Set("Content-Length", strconv.Itoa(len(a.body)))
+	w.WriteHeader(a.status)
+	_, _ = w.Write(a.body)
+}
+
+// settleSent ends a permit of a call that went upstream and got resp (nil with err for
+// a call that got no answer); usage is the answer's, when it said.
+func settleSent(p *limiter.Permit, resp *http.Response, usage *llm.Usage, err error) {
+	if p == nil {
+		return
+	}
+	now := time.Now()
+	switch {
+	case resp == nil:
+		p.Done(limiter.Result{Sent: true, Ambiguous: err != nil && ledger.IsAmbiguous(err), Err: err})
+	case resp.StatusCode < 200 || resp.StatusCode > 299:
+		p.Done(limiter.Result{Sent: true, RateLimit: llm.RateLimitOf(resp.Header, now),
+			Err: llm.NewAPIError(Provider, resp.StatusCode, resp.Header, nil, now, nil)})
+	default:
+		res := limiter.Result{Sent: true, Usage: usage, RateLimit: llm.RateLimitOf(resp.Header, now), Err: err}
+		res.Ambiguous = err != nil
+		p.Done(res)
+	}
+}
+
+// usageOf reads the token usage an answer body or a stream event reports: OpenAI's
+// usage {prompt_tokens, completion_tokens}, Responses' and Anthropic's {input_tokens,
+// output_tokens}, at the top level, in "response" (response.completed) or in "message"
+// (Anthropic's message_start). nil when it says none.
+func usageOf(data []byte) *llm.Usage {
+	type usage struct {
+		PromptTokens     int `json:"prompt_tokens"`
+		CompletionTokens int `json:"completion_tokens"`
+		InputTokens      int `json:"input_tokens"`
+		OutputTokens     int `json:"output_tokens"`
+	}
+	var d struct {
+		Usage    *usage `json:"usage"`
+		Response *struct {
+			Usage *usage `json:"usage"`
+		} `json:"response"`
+		Message *struct {
+			Usage *usage `json:"usage"`
+		} `json:"message"`
+	}
+	if json.Unmarshal(data, &d) != nil {
+		return nil
+	}
+	u := d.Usage
+	switch {
+	case u != nil:
+	case d.Response != nil && d.Response.Usage != nil:
+		u = d.Response.Usage
+	case d.Message != nil && d.Message.Usage != nil:
+		u = d.Message.Usage
+	default:
+		return nil
+	}
+	in, out := max(u.PromptTokens, u.InputTokens), max(u.CompletionTokens, u.OutputTokens)
+	if in <= 0 && out <= 0 {
+		return nil
+	}
+	return &llm.Usage{InputTokens: in, OutputTokens: out}
+}
+
+// streamUsage gathers the usage a stream's events report: the largest input and output
+// counts seen (Anthropic reports input at message_start and the running output in
+// message_delta; OpenAI reports both in one final chunk when asked to).
+type streamUsage struct{ in, out int }
+
+func (s *streamUsage) add(ev sse.Event) {
+	if !strings.Contains(ev.Data, "tokens") {
+		return
+	}
+	if u := usageOf([]byte(ev.Data)); u != nil {
+		s.in, s.out = max(s.in, u.InputTokens), max(s.out, u.OutputTokens)
+	}
+}
+
+func (s *streamUsage) usage() *llm.Usage {
+	if s.in <= 0 && s.out <= 0 {
+		return nil
+	}
+	return &llm.Usage{InputTokens: s.in, OutputTokens: s.out}
+}
+
+// errLimiterNotSent is the cause recorded on a ledger row whose call the limiter put
+// off: nothing went upstream.
+var errLimiterNotSent = fmt.Errorf("onceflow gateway: put off by the rate limiter, not sent")
+
+// passThrough forwards a request without a key, unrecorded; a model call is admitted
+// by the limiter first, and settled with the answer's status and headers (its usage is
+// not read: the call is charged its estimate).
+func (g *Gateway) passThrough(ctx context.Context, w http.ResponseWriter, r *http.Request) {
+	if g.cfg.Limiter == nil || r.Method != http.MethodPost || !modelEndpoint(r.URL.Path) {
+		g.proxy.ServeHTTP(w, r.WithContext(ctx))
+		return
+	}
+	// The estimate needs the body: read it (bounded by MaxBodyBytes) and send it on.
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		g.bodyError(w, err)
+		return
+	}
+	p, refused := g.admit(ctx, r, "", body)
+	if refused != nil {
+		refused.write(w)
+		return
+	}
+	sw := &statusWriter{ResponseWriter: w}
+	defer func() {
+		if sw.status == 0 { // no answer: the proxy's ErrorHandler did not run either (a panic)
+			p.Done(limiter.Result{Sent: true, Ambiguous: true})
+		}
+	}()
+	r2 := r.WithContext(context.WithValue(ctx, permitKey{}, sw))
+	r2.Body = io.NopCloser(bytes.NewReader(body))
+	r2.ContentLength = int64(len(body))
+	g.proxy.ServeHTTP(sw, r2)
+	sw.settle(p)
+}
+
+type permitKey struct{}
+
+// statusWriter notes the status and the upstream's headers of a passed-through answer,
+// and whether the proxy itself answered for want of one (proxyFailed).
+type statusWriter struct {
+	http.ResponseWriter
+	status      int
+	proxyFailed error
+}
+
+func (s *statusWriter) WriteHeader(status int) {
+	if s.status == 0 {
+		s.status = status
+	}
+	s.ResponseWriter.WriteHeader(status)
+}
+
+func (s *statusWriter) Write(p []byte) (int, error) {
+	if s.status == 0 {
+		s.status = http.StatusOK
+	}
+	return s.ResponseWriter.Write(p)
+}
+
+// Unwrap lets http.ResponseController reach the connection (flushes of streams).
+func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
+
+func (s *statusWriter) settle(p *limiter.Permit) {
+	if s.proxyFailed != nil {
+		settleSent(p, nil, nil, s.proxyFailed)
+		return
+	}
+	settleSent(p, &http.Response{StatusCode: s.status, Header: s.Header()}, nil, nil)
+}
