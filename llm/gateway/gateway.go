@@ -41,9 +41,10 @@
 // never share replays, and a request without any credential header has a scope of its
 // own, so it is never answered from a replay recorded for one that had a credential.
 // The headers are forwarded to the upstream unchanged; the upstream gets the scoped key
-// (KeyFor) as its Idempotency-Key. Requests without a key, and every method but POST,
-// pass through untouched (bodies still size-limited). The gateway has no API keys of
-// its own.
+// (KeyFor) as its Idempotency-Key. Only POSTs to the model endpoints (chat/completions,
+// completions, responses, messages) are recorded; requests without a key, every other
+// path and every method but POST pass through untouched and unrecorded (bodies still
+// size-limited). The gateway has no API keys of its own.
 package gateway
 
 import (
@@ -357,7 +358,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		g.derived(w, r)
 		return
 	}
-	if r.Method != http.MethodPost || len(r.Header.Values(idempotency.HeaderKey)) == 0 {
+	if r.Method != http.MethodPost || len(r.Header.Values(idempotency.HeaderKey)) == 0 || !modelEndpoint(r.URL.Path) {
 		g.requests.WithLabelValues(resultPassthrough).Inc()
 		ctx, cancel := context.WithTimeout(r.Context(), g.cfg.Timeout)
 		defer cancel()
@@ -722,6 +723,13 @@ func (g *Gateway) passError(ctx context.Context, w http.ResponseWriter, att *led
 	g.fail(ctx, att, fmt.Errorf("upstream answered HTTP %d", resp.StatusCode),
 		resp.StatusCode == http.StatusBadGateway || resp.StatusCode == http.StatusGatewayTimeout)
 	g.requests.WithLabelValues(resultForwarded).Inc()
+	if resp.Header.Get(headerShouldRetry) == "" {
+		switch resp.StatusCode {
+		case http.StatusBadRequest, http.StatusUnauthorized, http.StatusForbidden, http.StatusNotFound, http.StatusUnprocessableEntity:
+			// The request or its credentials are wrong: a retry of it cannot succeed.
+			resp.Header.Set(headerShouldRetry, "false")
+		}
+	}
 	// Requests that joined this call get the same answer: the call was made once.
 	f.finish(flightAnswered, nil, &answer{status: resp.StatusCode, header: keptHeader(resp.Header), body: raw})
 	for k, vs := range resp.Header {

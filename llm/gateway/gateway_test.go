@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -182,7 +183,7 @@ func TestConflictsAndBadInput(t *testing.T) {
 	if r, b := post(t, url, key, "Bearer sk", other); r.StatusCode != http.StatusUnprocessableEntity || r.Header.Get("x-should-retry") != "false" {
 		t.Fatalf("another body: %d %v %s", r.StatusCode, r.Header, b)
 	}
-	if r, b := post(t, e.url+"/embeddings", key, "Bearer sk", chatBody); r.StatusCode != http.StatusUnprocessableEntity || r.Header.Get("x-should-retry") != "false" {
+	if r, b := post(t, e.url+"/responses", key, "Bearer sk", chatBody); r.StatusCode != http.StatusUnprocessableEntity || r.Header.Get("x-should-retry") != "false" {
 		t.Fatalf("another path: %d %v %s", r.StatusCode, r.Header, b)
 	}
 	for _, bad := range []string{"short", strings.Repeat("k", 129), "\"unterminated"} {
@@ -218,6 +219,24 @@ func TestRequestsWithoutAKeyPassThrough(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 200 || e.up.Stats().Requests != 2 {
 		t.Fatalf("GET /v1/models: %d", resp.StatusCode)
+	}
+	// A key on a path that is not a model call changes nothing: passed through, twice.
+	var seen []string
+	e.up.mu.Lock()
+	before := len(e.up.auths)
+	e.up.mu.Unlock()
+	for range 2 {
+		r, b := post(t, e.url+"/embeddings", "embeddings-key-000000001", "Bearer sk", `{"model":"e","input":"x"}`)
+		if r.Header.Get("Idempotent-Replayed") != "" || r.Header.Get("x-should-retry") == "false" && r.StatusCode == 422 {
+			t.Fatalf("keyed /v1/embeddings: %d %v %s; want it passed through", r.StatusCode, r.Header, b)
+		}
+		seen = append(seen, r.Status)
+	}
+	e.up.mu.Lock()
+	after := len(e.up.auths)
+	e.up.mu.Unlock()
+	if after-before != 2 {
+		t.Fatalf("keyed /v1/embeddings reached the upstream %d times (%v), want 2", after-before, seen)
 	}
 	st, _ := ledger.ReadStats(context.Background(), e.db)
 	if len(st) != 0 {
@@ -340,8 +359,8 @@ func TestMalformedAndFailingUpstreams(t *testing.T) {
 	}
 	// The upstream's own error answers pass through, unrecorded.
 	r, _ = post(t, e.url+"/chat/completions", key, "Bearer sk", chatBody)
-	if r.StatusCode != 429 || r.Header.Get("Retry-After") != "1" {
-		t.Fatalf("429 passed on as %d", r.StatusCode)
+	if r.StatusCode != 429 || r.Header.Get("Retry-After") != "1" || r.Header.Get("x-should-retry") == "false" {
+		t.Fatalf("429 passed on as %d %v", r.StatusCode, r.Header)
 	}
 	r, _ = post(t, e.url+"/chat/completions", key, "Bearer sk", chatBody)
 	if r.StatusCode != 200 || r.Header.Get("Idempotent-Replayed") != "" {
@@ -474,5 +493,41 @@ func TestLedgerDownAnswers503WithRetryAfterMs(t *testing.T) {
 	}
 	if n := fs.Stats().Requests; n != 0 {
 		t.Fatalf("%d upstream requests while the ledger was down, want 0", n)
+	}
+}
+
+// An upstream's answer that no retry can mend (a bad request, a bad credential) reaches
+// the SDK with x-should-retry: false unless the upstream said otherwise; one a retry can
+// mend does not.
+func TestUpstreamErrorsARetryCannotMendSayNotToRetry(t *testing.T) {
+	t.Parallel()
+	statuses := []int{401, 400, 403, 404, 422, 500, 503, 409}
+	var mu sync.Mutex
+	n := 0
+	up := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		status := statuses[n%len(statuses)]
+		n++
+		mu.Unlock()
+		if status == 403 {
+			w.Header().Set("X-Should-Retry", "true") // the upstream's own word wins
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		_, _ = io.WriteString(w, `{"error":{"message":"no","type":"invalid_request_error"}}`)
+	})
+	fl := gatewaysOn(t, up, 1, gateway.Config{})
+	for i, status := range statuses {
+		r, _ := post(t, fl.urls[0]+"/chat/completions", "upstream-error-key-"+strconv.Itoa(i)+"-000", "Bearer sk", chatBody)
+		want := ""
+		switch status {
+		case 400, 401, 404, 422:
+			want = "false"
+		case 403:
+			want = "true"
+		}
+		if r.StatusCode != status || r.Header.Get("x-should-retry") != want {
+			t.Errorf("upstream %d: passed on as %d with x-should-retry %q, want %q", status, r.StatusCode, r.Header.Get("x-should-retry"), want)
+		}
 	}
 }

@@ -25,13 +25,14 @@ import (
 // and shares one pause with every onceflow process when the provider answers 429. A
 // replay or a join is never admitted: it makes no upstream call.
 
-// modelEndpoint reports whether a request path names a model call the limiter admits:
-// Chat Completions, Completions, Responses, Anthropic Messages.
+// modelEndpoint reports whether a request path names a model call: OpenAI's Chat
+// Completions, (legacy) Completions and Responses, Anthropic's Messages. Only these are
+// recorded, admitted by the limiter and given derived keys; every other path is passed
+// through untouched.
 func modelEndpoint(path string) bool {
-	for _, s := range []string{"/chat/completions", "/completions", "/responses", "/messages"} {
-		if strings.HasSuffix(path, s) {
-			return true
-		}
+	switch strings.TrimPrefix(path, "/v1") {
+	case "/chat/completions", "/completions", "/responses", "/messages":
+		return true
 	}
 	return false
 }
