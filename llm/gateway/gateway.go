@@ -544,7 +544,7 @@ func (g *Gateway) record(w http.ResponseWriter, r *http.Request, key, hash strin
 			replay(w, rec)
 			return
 		}
-		f := newFlight(att.Number())
+		f := newFlight(att.Number(), call.RequestHash)
 		g.flights.add(call.Key, f)
 		func() {
 			defer f.finish(flightCut, nil, nil) // unless forward ended it otherwise

@@ -61,6 +61,7 @@ type answer struct {
 // followers read under mu and wait on changed, which is closed at every change.
 type flight struct {
 	attempt int
+	hash    string          // the request's fingerprint
 	permit  *limiter.Permit // the limiter's admission of the call, nil without a limiter
 
 	mu      sync.Mutex
@@ -74,7 +75,9 @@ type flight struct {
 	answer  *answer
 }
 
-func newFlight(attempt int) *flight { return &flight{attempt: attempt, changed: make(chan struct{})} }
+func newFlight(attempt int, hash string) *flight {
+	return &flight{attempt: attempt, hash: hash, changed: make(chan struct{})}
+}
 
 // notify wakes the followers; f.mu is held.
 func (f *flight) notify() {
@@ -220,7 +223,7 @@ func (g *Gateway) join(ctx context.Context, w http.ResponseWriter, key, hash str
 	defer timer.Stop()
 	poll := joinPollMin
 	for {
-		if f := g.flights.get(key); f != nil && (!j.headerSent() || j.attempt == f.attempt) {
+		if f := g.flights.get(key); f != nil && f.hash == hash && (!j.headerSent() || j.attempt == f.attempt) {
 			return g.follow(ctx, j, f, timer.C)
 		}
 		p, err := g.ledger.Progress(ctx, key, len(j.sent))
