@@ -239,7 +239,7 @@ func (anthropicDialect) writeError(w http.ResponseWriter, e apiError) {
 }
 
 // errorEvent is the event Anthropic sends when a stream fails mid-generation.
-func (anthropicDialect) errorEvent() []byte {
+func (anthropicDialect) errorEvent(int) []byte {
 	return []byte("event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n")
 }
 

@@ -59,6 +59,9 @@ type chatRequest struct {
 	// text), decided by pickTool.
 	Choice toolChoice
 	Call   *llm.ToolCall
+	// Echo is what the dialect's answer repeats of its request (the Responses API
+	// echoes instructions, tools, tool_choice, ...); nil for the other dialects.
+	Echo any
 }
 
 // toolChoice is a request's tool_choice, in either dialect.
@@ -183,7 +186,9 @@ type dialect interface {
 	parse(body []byte) (*chatRequest, *apiError)
 	errorOf(k errKind, detail string, req *chatRequest) apiError
 	writeError(w http.ResponseWriter, e apiError)
-	errorEvent() []byte
+	// errorEvent is the event that ends a stream failing mid-generation, after sent
+	// events.
+	errorEvent(sent int) []byte
 	render(req *chatRequest, c completion) *recorded
 	// rateLimited is the 429 of a request over a rate limit (Config.RPM, Config.TPM).
 	rateLimited(r rejection, req *chatRequest) apiError
@@ -456,8 +461,9 @@ func (s *Server) send(ctx context.Context, w http.ResponseWriter, rec *recorded,
 	case FaultStreamError:
 		if rec.sse {
 			w.WriteHeader(http.StatusOK)
-			_, _ = w.Write(body[:halfEvents(body)])
-			_, _ = w.Write(d.errorEvent())
+			cut := halfEvents(body)
+			_, _ = w.Write(body[:cut])
+			_, _ = w.Write(d.errorEvent(bytes.Count(body[:cut], []byte("\n\n"))))
 			_ = rc.Flush()
 			adm.settle(0)
 			return

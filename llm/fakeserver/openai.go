@@ -274,7 +274,7 @@ func (openaiDialect) writeError(w http.ResponseWriter, e apiError) {
 }
 
 // errorEvent is the event OpenAI sends when a stream fails mid-generation.
-func (openaiDialect) errorEvent() []byte {
+func (openaiDialect) errorEvent(int) []byte {
 	return []byte(`data: {"error":{"message":"The server had an error while processing your request. Sorry about that!","type":"server_error","param":null,"code":null}}` + "\n\n")
 }
 

@@ -1,33 +1,40 @@
 // Package fakeserver is a model server for demos and tests: it speaks OpenAI's Chat
 // Completions wire format (POST /v1/chat/completions, plain and server-sent events,
-// GET /v1/models) and Anthropic's Messages format (POST /v1/messages, plain and
-// events) with faults injected at will, and reports what it received on GET /stats.
-// `onceflow fake-llm` serves it; tests start it in-process with httptest.
+// GET /v1/models), OpenAI's Responses API (POST /v1/responses, plain and named
+// events ending in response.completed) and Anthropic's Messages format (POST
+// /v1/messages, plain and events) with faults injected at will, and reports what it
+// received on GET /stats. `onceflow fake-llm` serves it; tests start it in-process
+// with httptest.
 //
 // Answers are deterministic for a given prompt: the summary of package fake (a tag
 // derived from the prompt and its first words), or, when the request carries tools, a
 // tool call: by default to the first tool with deterministic arguments, or to the tool
 // and with the arguments Config.ToolChoice picks (which may pick none, for a text
 // answer). The request's own tool_choice wins, as on the real providers: OpenAI's
-// "none", "auto", "required" and {"type":"function","function":{"name":...}},
-// Anthropic's {"type":"none"|"auto"|"any"|"tool","name":...}. A request with a
-// temperature above 0 models sampling: its content also ends with a random sample tag.
-// Ids are fresh for every response unless HonourIdempotency replays the first response
-// to a repeated Idempotency-Key.
+// "none", "auto", "required" and {"type":"function","function":{"name":...}} (on the
+// Responses API {"type":"function","name":...}, and a hosted tool's choice gets text),
+// Anthropic's {"type":"none"|"auto"|"any"|"tool","name":...}. The prompt is the last
+// user message, whichever the dialect (a Responses API input that is a string is one),
+// so the three endpoints give the same summary; the Responses API puts it in a message
+// item, and a tool call in a function_call item. A request with a temperature above 0
+// models sampling: its content also ends with a random sample tag. Ids are fresh for
+// every response unless HonourIdempotency replays the first response to a repeated
+// Idempotency-Key.
 //
 // Faults, each a probability from 0 to 1 drawn per request in this order: Hang (never
 // answers until the client goes away), Fail429 (429 with Retry-After and a
 // provider-shaped rate-limit body), Fail503 (503 server_error; 529 overloaded_error on
 // the Anthropic endpoint), FailQuota (429 insufficient_quota, which must not be
 // retried), Drip (the whole answer one byte per DripInterval) and DropStream (the
-// connection closes halfway through the answer: a stream after half its events, a
-// plain answer after half its bytes). Script queues exact faults for the next requests
-// ahead of the probabilities, for tests. Force (Config.Fault at start, or at run time
-// POST /_fault with {"fault": "fail_503"}, and {"fault": ""} to end it) answers every
-// request with one fault, ahead of the script and the probabilities: an outage of the
-// provider that a chaos run switches on and off. GET /_fault reports the forced fault.
-// The /_fault endpoint is outside the providers' wire paths (/v1/...). Every request
-// counts in /stats, faulted or not.
+// connection closes halfway through the answer: a stream after half its events, so a
+// Responses stream never reaches response.completed; a plain answer after half its
+// bytes). Script queues exact faults for the next requests ahead of the
+// probabilities, for tests. Force (Config.Fault at start, or at run time POST /_fault
+// with {"fault": "fail_503"}, and {"fault": ""} to end it) answers every request with
+// one fault, ahead of the script and the probabilities: an outage of the provider that
+// a chaos run switches on and off. GET /_fault reports the forced fault. The /_fault
+// endpoint is outside the providers' wire paths (/v1/...). Every request counts in
+// /stats, faulted or not.
 //
 // Rate limits (Config.RPM, Config.TPM) are enforced per model the way OpenAI enforces
 // them, with the accounting of package limiter: a request bucket and a token bucket
@@ -39,8 +46,9 @@
 // with Retry-After and retry-after-ms; Anthropic's rate_limit_error with retry-after)
 // ahead of any fault, and takes nothing. Every answer of a model endpoint of a limited
 // server carries the limits' headers: OpenAI's x-ratelimit-{limit,remaining,reset}-
-// {requests,tokens}, Anthropic's anthropic-ratelimit-{requests,tokens}-{limit,
-// remaining,reset}, those of the configured limits only; llm.ParseRateLimit reads them.
+// {requests,tokens} (on both OpenAI endpoints), Anthropic's anthropic-ratelimit-
+// {requests,tokens}-{limit,remaining,reset}, those of the configured limits only;
+// llm.ParseRateLimit reads them.
 package fakeserver
 
 import (
@@ -254,6 +262,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.stop, s.quit = context.WithCancel(context.Background())
 	s.mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.model(w, r, openaiDialect{}) })
+	s.mux.HandleFunc("POST /v1/responses", func(w http.ResponseWriter, r *http.Request) { s.model(w, r, responsesDialect{}) })
 	s.mux.HandleFunc("POST /v1/messages", func(w http.ResponseWriter, r *http.Request) { s.model(w, r, anthropicDialect{}) })
 	s.mux.HandleFunc("GET /v1/models", s.models)
 	s.mux.HandleFunc("GET /stats", s.statsHandler)
@@ -364,7 +373,8 @@ type Stats struct {
 	ByIdempotencyKey map[string]int64 `json:"by_idempotency_key"`
 	// ByFault counts injected faults by kind (fail_429, hang, drip, ...).
 	ByFault map[string]int64 `json:"by_fault"`
-	// ByEndpoint counts requests per endpoint ("chat_completions", "messages").
+	// ByEndpoint counts requests per endpoint ("chat_completions", "responses",
+	// "messages").
 	ByEndpoint map[string]int64 `json:"by_endpoint"`
 	// DrippedBytes counts the bytes sent by dripping answers.
 	DrippedBytes int64 `json:"dripped_bytes"`
