@@ -27,7 +27,8 @@ func runFakeLLM(ctx context.Context, e *env, args []string) error {
 	fail503 := fs.Float64("fail-503", 0, "probability of a 503 server_error (529 overloaded_error on /v1/messages)")
 	failQuota := fs.Float64("fail-quota", 0, "probability of a 429 insufficient_quota (not retryable)")
 	hang := fs.Float64("hang", 0, "probability that a request is never answered (until the client goes away)")
-	drip := fs.Float64("drip", 0, "probability that an answer is sent one byte every second")
+	drip := fs.Float64("drip", 0, "probability that an answer is sent one byte every --drip-interval")
+	dripInterval := fs.Duration("drip-interval", fakeserver.DefaultDripInterval, "pause between two bytes of a dripped answer")
 	drop := fs.Float64("drop-stream", 0, "probability that the connection closes halfway through an answer")
 	maxInput := fs.Int("max-input-chars", 0, "longer prompts get 400 context_length_exceeded (0: no limit)")
 	honour := fs.Bool("honour-idempotency", false, "replay the first answer to a repeated Idempotency-Key")
@@ -50,6 +51,9 @@ func runFakeLLM(ctx context.Context, e *env, args []string) error {
 	if *retryAfter < 0 {
 		return usageErrorf("--retry-after %d: must not be negative", *retryAfter)
 	}
+	if *dripInterval <= 0 {
+		return usageErrorf("--drip-interval %v: must be positive", *dripInterval)
+	}
 	if *rpm < 0 {
 		return usageErrorf("--rpm %d: must not be negative", *rpm)
 	}
@@ -62,7 +66,7 @@ func runFakeLLM(ctx context.Context, e *env, args []string) error {
 	}
 	srv, err := fakeserver.New(fakeserver.Config{
 		Latency: *latency, Fail429: *fail429, Fail503: *fail503, FailQuota: *failQuota, Hang: *hang, Drip: *drip, DropStream: *drop,
-		RetryAfter: ra, MaxInputChars: *maxInput, HonourIdempotency: *honour, ToolCallIDs: *toolIDs, ToolChoice: chooser, Seed: *seed, Logger: log,
+		DripInterval: *dripInterval, RetryAfter: ra, MaxInputChars: *maxInput, HonourIdempotency: *honour, ToolCallIDs: *toolIDs, ToolChoice: chooser, Seed: *seed, Logger: log,
 		Fault: fakeserver.FaultKind(*force), RPM: *rpm, TPM: *tpm,
 	})
 	if err != nil {
@@ -75,7 +79,7 @@ func runFakeLLM(ctx context.Context, e *env, args []string) error {
 	ready := func(a net.Addr) {
 		log.InfoContext(ctx, "fake-llm listening", "addr", a.String(), "base_url", fmt.Sprintf("http://%s/v1", a),
 			"fail_429", *fail429, "retry_after_s", *retryAfter, "fail_503", *fail503, "fail_quota", *failQuota, "hang", *hang,
-			"drip", *drip, "drop_stream", *drop, "max_input_chars", *maxInput, "honour_idempotency", *honour, "tool_call_ids", *toolIDs,
+			"drip", *drip, "drip_interval", dripInterval.String(), "drop_stream", *drop, "max_input_chars", *maxInput, "honour_idempotency", *honour, "tool_call_ids", *toolIDs,
 			"tool", *tool, "no_tool_calls", *noTools, "fault", *force, "rpm", *rpm, "tpm", *tpm)
 	}
 	if err := httpapi.Serve(ctx, *addr, srv, serveConfig(cfg, log, ready)); err != nil {

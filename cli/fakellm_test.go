@@ -91,7 +91,7 @@ func TestFakeLLMCommandRejectsBadFlags(t *testing.T) {
 	t.Parallel()
 	for _, args := range [][]string{{"--hang", "2"}, {"--tool-call-ids", "sometimes"}, {"--retry-after", "-1"}, {"--fail-429", "x"},
 		{"--tool-args", `{"a":1}`}, {"--tool", "x", "--tool-args", "[1]"}, {"--tool", "x", "--no-tool-calls"},
-		{"--rpm", "-1"}, {"--tpm", "-5"}, {"--rpm", "x"}} {
+		{"--rpm", "-1"}, {"--tpm", "-5"}, {"--rpm", "x"}, {"--drip-interval", "0"}} {
 		p := testenv.Start(t, testenv.Binary(t), nil, append([]string{"fake-llm", "--addr", "127.0.0.1:0"}, args...)...)
 		if code := p.Wait(10 * time.Second); code != 2 {
 			t.Errorf("%v: exit %d, want 2; stderr:\n%s", args, code, p.Stderr())
