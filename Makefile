@@ -15,7 +15,7 @@ TEST_TIMEOUT ?= 20m
 # (internal/testenv.Binary): `onceflow work --test-handler`. `make build` leaves them out.
 TEST_TAGS := onceflowtest
 
-.PHONY: all build test demo lint fuzz bench bench-limits chaos chaos-outage services-up services-down clean example-minimal example-triage
+.PHONY: all build test demo lint fuzz bench bench-limits bench-gateway chaos chaos-outage services-up services-down clean example-minimal example-triage
 
 all: build
 
@@ -88,6 +88,14 @@ bench:
 bench-limits:
 	scripts/dev-services up
 	eval "$$(scripts/dev-services env)" && ONCEFLOW_LIMITS_BENCH=1 $(GO) test -count=1 -run '^TestLimitsBench$$' -v -timeout 60m ./internal/limitbench
+
+## bench-gateway: onceflow gateway's overhead (issue 16, internal/gatewaybench): latency at
+## concurrency 1 and throughput at 16 against direct calls to fake-llm (keyed unary, keyed
+## stream, keyless), then joiners of live streams on the same and another gateway process;
+## about 6 minutes; prints the report (figures go to docs/BENCHMARKS.md by hand)
+bench-gateway:
+	scripts/dev-services up
+	eval "$$(scripts/dev-services env)" && ONCEFLOW_GATEWAY_BENCH=1 $(GO) test -count=1 -run '^TestGatewayBench$$' -v -timeout 60m ./internal/gatewaybench
 
 ## example-minimal: the smallest workflow's test (examples/minimal), against real Redis and PostgreSQL
 example-minimal:

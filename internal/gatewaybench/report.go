@@ -1,0 +1,169 @@
+package gatewaybench
+
+import (
+	"fmt"
+	"runtime"
+	"strings"
+	"time"
+)
+
+// Report is what Run measured. String renders it as Markdown.
+type Report struct {
+	Config     Config
+	Started    time.Time
+	Elapsed    time.Duration
+	Upstream   []string // fake-llm's command line in the overhead measurement
+	Latency    []*LatencyResult
+	Throughput []*ThroughputResult
+	Join       *JoinResult
+}
+
+var modeNames = map[string]string{
+	ModeUnary:   "unary, keyed (forwarded and recorded)",
+	ModeStream:  "stream, keyed (forwarded and recorded)",
+	ModeKeyless: "unary, no key (passed through)",
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond)) }
+
+// Violations lists the broken invariants: failed requests, joiners that did not get
+// the first request's bytes or were not answered as joined. Targets missed are not
+// violations (Targets says).
+func (r *Report) Violations() []string {
+	var v []string
+	for _, l := range r.Latency {
+		if l.Failures > 0 {
+			v = append(v, fmt.Sprintf("%s latency: %d failed pairs (first: %s)", l.Mode, l.Failures, l.FirstFailure))
+		}
+	}
+	for _, t := range r.Throughput {
+		if n, first := t.Failures(); n > 0 {
+			v = append(v, fmt.Sprintf("%s throughput: %d failed requests (first: %s)", t.Mode, n, first))
+		}
+	}
+	if j := r.Join; j != nil {
+		if j.Failures > 0 {
+			v = append(v, fmt.Sprintf("join: %d trials failed (first: %s)", j.Failures, j.FirstFailure))
+		}
+		ok := j.Trials - j.Failures
+		for _, x := range []JoinerResult{j.Same, j.Other} {
+			if x.Failures > 0 {
+				v = append(v, fmt.Sprintf("join, %s: %d joiners failed, %d with other bytes (first: %s)", x.Where, x.Failures, x.Mismatches, x.FirstFailure))
+			}
+			if x.Joined != ok-x.Failures {
+				v = append(v, fmt.Sprintf("join, %s: %d of %d answers marked Onceflow-Joined", x.Where, x.Joined, ok-x.Failures))
+			}
+		}
+	}
+	return v
+}
+
+// Targets lists issue 16's targets with the measured figures, each "met" or "missed".
+func (r *Report) Targets() []string {
+	var out []string
+	for _, t := range r.Throughput {
+		if t.Mode == ModeKeyless {
+			continue
+		}
+		d, g := t.Medians()
+		ratio := g / d
+		out = append(out, fmt.Sprintf("%s: throughput %.2f of direct (target ≥ %.1f): %s", t.Mode, ratio, TargetThroughputRatio,
+			verdict(ratio >= TargetThroughputRatio, fmt.Sprintf("%.0f%% short", 100*(TargetThroughputRatio-ratio)/TargetThroughputRatio))))
+	}
+	for _, l := range r.Latency {
+		if l.Mode == ModeKeyless {
+			continue
+		}
+		a := l.AddedP50()
+		out = append(out, fmt.Sprintf("%s: added latency p50 %s (target < %s): %s", l.Mode, ms(a), ms(TargetAddedP50),
+			verdict(a < TargetAddedP50, fmt.Sprintf("%.1fx the target", float64(a)/float64(TargetAddedP50)))))
+	}
+	return out
+}
+
+func verdict(ok bool, by string) string {
+	if ok {
+		return "met"
+	}
+	return "missed, " + by
+}
+
+// String renders the report as Markdown.
+func (r *Report) String() string {
+	var b strings.Builder
+	c := r.Config
+	fmt.Fprintf(&b, "Gateway benchmark started %s, %d CPUs, took %v. Upstream: `onceflow %s`.",
+		r.Started.UTC().Format("2006-01-02 15:04 MST"), runtime.NumCPU(), r.Elapsed.Round(time.Second), strings.Join(r.Upstream, " "))
+	if len(c.GatewayEnv) > 0 {
+		fmt.Fprintf(&b, " Gateway environment added: `%s`.", strings.Join(c.GatewayEnv, " "))
+	}
+	b.WriteString("\n\n")
+	if len(r.Latency) > 0 {
+		fmt.Fprintf(&b, "Latency at concurrency 1: %d pairs per mode (direct and through the gateway, the order swapped every pair, after %d pairs of warm-up); added = gateway − direct.\n\n",
+			c.LatencyPairs, c.Warmup)
+		b.WriteString("| mode | to | direct p50 | gateway p50 | added p50 | direct p99 | gateway p99 | added p99 | per-pair difference p50 / p99 | failed | load |\n")
+		b.WriteString("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n")
+		for _, l := range r.Latency {
+			rows := []latencyRow{{"end of answer", l.Direct, l.Gateway, l.Diff}}
+			if l.Mode == ModeStream {
+				rows = []latencyRow{{"first byte", l.DirectTTFB, l.GatewayTTFB, l.DiffTTFB}, rows[0]}
+			}
+			for _, x := range rows {
+				fmt.Fprintf(&b, "| %s | %s | %s | %s | **%s** | %s | %s | %s | %s / %s | %d | %.1f → %.1f |\n", modeNames[l.Mode], x.to,
+					ms(x.d.P50), ms(x.g.P50), ms(x.g.P50-x.d.P50), ms(x.d.P99), ms(x.g.P99), ms(x.g.P99-x.d.P99),
+					ms(x.dif.P50), ms(x.dif.P99), l.Failures, l.Load[0], l.Load[1])
+			}
+		}
+		b.WriteString("\n")
+	}
+	if len(r.Throughput) > 0 {
+		fmt.Fprintf(&b, "Throughput at concurrency %d: %d rounds per mode, each %v direct and %v through the gateway (the order swapped every round); medians over the rounds.\n\n",
+			c.Concurrency, c.Rounds, c.RunDuration, c.RunDuration)
+		b.WriteString("| mode | direct req/s | gateway req/s | ratio of medians | median of round ratios | round ratios | CPU per request, direct: client + fake-llm | via the gateway: client + gateway + PostgreSQL + fake-llm | gateway p50 / p99 | failed | load |\n")
+		b.WriteString("| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- |\n")
+		for _, t := range r.Throughput {
+			d, g := t.Medians()
+			ratios := t.Ratios()
+			dc, gc := t.CPUPerRequest()
+			var p50, p99 []float64
+			for _, rd := range t.Rounds {
+				p50, p99 = append(p50, float64(rd.Gateway.P50)), append(p99, float64(rd.Gateway.P99))
+			}
+			n, _ := t.Failures()
+			fmt.Fprintf(&b, "| %s | %.0f | %.0f | **%.2f** | %.2f | %.2f–%.2f | %.0f + %.0f = %.0f µs | %.0f + %.0f + %.0f + %.0f = %.0f µs | %s / %s | %d | %.1f → %.1f |\n",
+				modeNames[t.Mode], d, g, g/d, median(ratios), ratios[0], ratios[len(ratios)-1],
+				us(dc.Client), us(dc.Upstream), us(dc.Total()), us(gc.Client), us(gc.Gateway), us(gc.Postgres), us(gc.Upstream), us(gc.Total()),
+				ms(time.Duration(median(p50))), ms(time.Duration(median(p99))), n, t.Load[0], t.Load[1])
+		}
+		b.WriteString("\n")
+	}
+	if j := r.Join; j != nil {
+		fmt.Fprintf(&b, "Join: %d trials; fake-llm drips its stream (%d bytes, median) one byte every %v: the first request's stream lasted %s (p50), %s (p99); "+
+			"the joiners were sent %v after its first byte, when it had %d bytes (median).\n\n",
+			j.Trials, j.StreamBytes, j.DripInterval, ms(j.Stream.P50), ms(j.Stream.P99), j.JoinDelay, j.BytesAtJoin)
+		b.WriteString("| joiner | answers | joined | first byte p50 | first byte p99 | caught up p50 | caught up p99 | live lag per byte p50 | p99 | max | bytes differ | failed | load |\n")
+		b.WriteString("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n")
+		for _, x := range []JoinerResult{j.Same, j.Other} {
+			fmt.Fprintf(&b, "| %s | %d | %d | **%s** | %s | **%s** | %s | %s | %s | %s | %d | %d | %.1f → %.1f |\n", x.Where, x.TTFB.N, x.Joined,
+				ms(x.TTFB.P50), ms(x.TTFB.P99), ms(x.CatchUp.P50), ms(x.CatchUp.P99), ms(x.Lag.P50), ms(x.Lag.P99), ms(x.Lag.Max),
+				x.Mismatches, x.Failures, j.Load[0], j.Load[1])
+		}
+		b.WriteString("\n")
+	}
+	if t := r.Targets(); len(t) > 0 {
+		b.WriteString("Targets (issue 16):\n\n- " + strings.Join(t, "\n- ") + "\n")
+	}
+	if v := r.Violations(); len(v) > 0 {
+		b.WriteString("\nInvariants broken:\n\n- " + strings.Join(v, "\n- ") + "\n")
+	}
+	return b.String()
+}
+
+// latencyRow is a row of the latency table: the direct, gateway and per-pair
+// difference distributions of a time to something.
+type latencyRow struct {
+	to        string
+	d, g, dif Dist
+}
+
+func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
