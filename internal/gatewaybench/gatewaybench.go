@@ -10,7 +10,9 @@
 //   - latency, at concurrency 1: Config.LatencyPairs pairs of requests, one direct and
 //     one through the gateway, the order swapped every pair, after Config.Warmup pairs
 //     left out; the percentiles of both sides, their differences, and the percentiles
-//     of the per-pair differences (gateway minus direct);
+//     of the per-pair differences (gateway minus direct); for ModeUnary, also the
+//     gateway's two ledger statements alone (ledger.Begin, Attempt.Succeed), made from
+//     the benchmark's process after each pair: what PostgreSQL accounts for;
 //   - throughput, at Config.Concurrency: Config.Rounds rounds, each a closed-loop run
 //     of Config.RunDuration directly and one through the gateway (internal/loadgen),
 //     the order swapped every round; requests per second, the ratio of the medians and

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -18,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/onceflow/onceflow/internal/loadgen"
+	"github.com/onceflow/onceflow/llm/ledger"
 )
 
 // prompt is the user message of every request: a support ticket of about 600
@@ -164,8 +166,13 @@ type LatencyResult struct {
 	Direct, Gateway, Diff Dist
 	// DirectTTFB, GatewayTTFB and DiffTTFB are the same to the first body byte.
 	DirectTTFB, GatewayTTFB, DiffTTFB Dist
-	Failures                          int
-	FirstFailure                      string
+	// Ledger, for ModeUnary, is the time of the gateway's two ledger statements alone,
+	// made from the benchmark's process after each pair (ledger.Begin inserting the row,
+	// Attempt.Succeed recording the answer; two round trips, two durable commits): the
+	// part of the added latency PostgreSQL accounts for.
+	Ledger       Dist
+	Failures     int
+	FirstFailure string
 	// Load is the 1-minute load average before and after.
 	Load [2]float64
 }
@@ -181,7 +188,7 @@ func (r *LatencyResult) AddedP99() time.Duration { return r.Gateway.P99 - r.Dire
 func (b *bench) latency(ctx context.Context, s *stack, mode string) (*LatencyResult, error) {
 	c := b.cfg
 	r := &LatencyResult{Mode: mode, Pairs: c.LatencyPairs, Load: [2]float64{loadAvg()}}
-	var direct, gw, diff, directFB, gwFB, diffFB []time.Duration
+	var direct, gw, diff, directFB, gwFB, diffFB, led []time.Duration
 	one := func(base string, viaGateway bool) (exchange, error) {
 		req, err := modeRequest(ctx, base, mode)
 		if err != nil {
@@ -221,15 +228,48 @@ func (b *bench) latency(ctx context.Context, s *stack, mode string) (*LatencyRes
 			}
 			continue
 		}
+		if mode == ModeUnary {
+			t, err := s.ledgerCall(ctx, d)
+			if err != nil {
+				return nil, fmt.Errorf("ledger alone: %w", err)
+			}
+			led = append(led, t)
+		}
 		direct, gw, diff = append(direct, d.total), append(gw, g.total), append(diff, g.total-d.total)
 		directFB, gwFB, diffFB = append(directFB, d.ttfb), append(gwFB, g.ttfb), append(diffFB, g.ttfb-d.ttfb)
 	}
 	r.Direct, r.Gateway, r.Diff = distOf(direct), distOf(gw), distOf(diff)
 	r.DirectTTFB, r.GatewayTTFB, r.DiffTTFB = distOf(directFB), distOf(gwFB), distOf(diffFB)
+	r.Ledger = distOf(led)
 	r.Load[1] = loadAvg()
 	b.logf("%s latency: %d pairs: direct p50 %v p99 %v, gateway p50 %v p99 %v, added p50 %v (per pair %v), %d failed",
 		mode, c.LatencyPairs, r.Direct.P50, r.Direct.P99, r.Gateway.P50, r.Gateway.P99, r.AddedP50(), r.Diff.P50, r.Failures)
 	return r, nil
+}
+
+// ledgerCall records a call the way the gateway does, from this process: ledger.Begin
+// (the in_flight row) then Attempt.Succeed with the answer of ex (a direct answer), and
+// returns the time both took.
+func (s *stack) ledgerCall(ctx context.Context, ex exchange) (time.Duration, error) {
+	m, err := json.Marshal(map[string]any{"status": ex.resp.StatusCode, "header": ex.resp.Header})
+	if err != nil {
+		return 0, err
+	}
+	sum := sha256.Sum256(unaryBody)
+	call := ledger.Call{Key: "gatewaybench-ledger-" + freshKey(), Work: "POST /v1/chat/completions", RequestHash: hex.EncodeToString(sum[:]),
+		Provider: "gatewaybench", Model: model}
+	t0 := time.Now()
+	att, rec, err := s.ledger.Begin(ctx, call)
+	if err != nil {
+		return 0, err
+	}
+	if rec != nil {
+		return 0, errors.New("a fresh key was already recorded")
+	}
+	if _, _, err := att.Succeed(ctx, ledger.Result{Response: ex.body, Raw: ex.body, Meta: m}); err != nil {
+		return 0, err
+	}
+	return time.Since(t0), nil
 }
 
 // RunResult is one closed-loop throughput run.

@@ -114,6 +114,12 @@ func (r *Report) String() string {
 					ms(x.dif.P50), ms(x.dif.P99), l.Failures, l.Load[0], l.Load[1])
 			}
 		}
+		for _, l := range r.Latency {
+			if l.Ledger.N > 0 {
+				fmt.Fprintf(&b, "\nThe ledger alone, in the same %s pairs (ledger.Begin then Attempt.Succeed from the benchmark's process, after each pair: the gateway's two statements and durable commits without HTTP): p50 %s, p99 %s.\n",
+					l.Mode, ms(l.Ledger.P50), ms(l.Ledger.P99))
+			}
+		}
 		b.WriteString("\n")
 	}
 	if len(r.Throughput) > 0 {

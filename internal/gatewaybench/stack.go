@@ -16,8 +16,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onceflow/onceflow/internal/cluster"
+	"github.com/onceflow/onceflow/internal/connect"
+	"github.com/onceflow/onceflow/llm/ledger"
 	"github.com/onceflow/onceflow/migrations"
 )
 
@@ -32,6 +35,8 @@ type stack struct {
 	dbName string
 	dbURL  string
 	client *http.Client
+	pool   *pgxpool.Pool  // on the benchmark's database
+	ledger *ledger.Ledger // on pool: the ledger statements alone
 
 	fast    *cluster.Proc
 	fastURL string // http://host:port of fake-llm
@@ -67,6 +72,12 @@ func (s *stack) start(ctx context.Context) (err error) {
 	}
 	if _, err := migrations.Up(ctx, s.dbURL, slog.New(slog.DiscardHandler)); err != nil {
 		return fmt.Errorf("migrate: %w", err)
+	}
+	if s.pool, err = connect.Postgres(ctx, s.dbURL, nil); err != nil {
+		return err
+	}
+	if s.ledger, err = ledger.New(s.pool, ledger.Config{Wait: -1, Logger: slog.New(slog.DiscardHandler)}); err != nil {
+		return err
 	}
 	s.fast = &cluster.Proc{Name: "fake-llm", Bin: c.Bin, LogDir: c.Dir,
 		Args: []string{"fake-llm", "--addr", "127.0.0.1:0", "--seed", "16", "--latency", c.UpstreamLatency.String()}}
@@ -168,6 +179,9 @@ func (s *stack) close() {
 		}
 	}
 	s.client.CloseIdleConnections()
+	if s.pool != nil {
+		s.pool.Close()
+	}
 	if s.dbName != "" {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
