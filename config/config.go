@@ -200,6 +200,10 @@ type Config struct {
 	// GatewayDeriveWindow is how long after a first attempt its retries are
 	// recognised. Default: 15m.
 	GatewayDeriveWindow time.Duration
+	// GatewayTenantHeader names the request header that identifies a caller to the
+	// limiter in onceflow gateway. Default: "" (x-api-key when LLM is anthropic, else
+	// Authorization).
+	GatewayTenantHeader string
 	// GatewayCredentialHeaders names request headers that carry credentials besides
 	// Authorization, x-api-key and api-key, which always do: onceflow gateway scopes
 	// keys by all of them. Default: none.
@@ -474,6 +478,13 @@ var settings = []setting{
 	}},
 	{env: "ONCEFLOW_GATEWAY_DERIVE_WINDOW", def: "15m", usage: "how long after a first attempt onceflow gateway recognises its retries (ONCEFLOW_GATEWAY_DERIVE_KEYS)", parse: func(c *Config, v string) error {
 		return parseDuration(&c.GatewayDeriveWindow, v)
+	}},
+	{env: "ONCEFLOW_GATEWAY_TENANT_HEADER", usage: "the request header whose value identifies a caller to the limiter in onceflow gateway (default: x-api-key for ONCEFLOW_LLM=anthropic, else Authorization)", parse: func(c *Config, v string) error {
+		if v != "" && !httpguts.ValidHeaderFieldName(v) {
+			return fmt.Errorf("%q is not a valid HTTP header name", v)
+		}
+		c.GatewayTenantHeader = v
+		return nil
 	}},
 	{env: "ONCEFLOW_GATEWAY_CREDENTIAL_HEADERS", usage: "comma-separated request headers that carry credentials, besides Authorization, x-api-key and api-key", parse: parseHeaderNames},
 	{env: "ONCEFLOW_AUDIT_MAX_AGE", def: "10m", usage: "age at which audit reports an unsent or exhausted outbox row", parse: func(c *Config, v string) error {

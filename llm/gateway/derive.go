@@ -38,14 +38,28 @@ const HeaderRetryCount = "X-Stainless-Retry-Count"
 //
 //	$1 fingerprint, $2 idem_key
 const noteDerivedSQL = `INSERT INTO gateway_derived_keys (fingerprint, idem_key, seen_at) VALUES ($1, $2, now())
-ON CONFLICT (fingerprint) DO UPDATE SET idem_key = EXCLUDED.idem_key, seen_at = EXCLUDED.seen_at`
+ON CONFLICT (fingerprint) DO UPDATE SET idem_key = EXCLUDED.idem_key, seen_at = EXCLUDED.seen_at, answered_at = NULL`
 
 // findDerivedSQL finds the key of the latest first attempt with a fingerprint within
 // the window.
 //
 //	$1 fingerprint, $2 window µs
+//
+// A note whose call was answered more than derivedRetryGrace ago is not offered: an SDK
+// retries within seconds of a failed attempt.
 const findDerivedSQL = `SELECT idem_key FROM gateway_derived_keys
-WHERE fingerprint = $1 AND seen_at > now() - $2::bigint * interval '1 microsecond'`
+WHERE fingerprint = $1 AND seen_at > now() - $2::bigint * interval '1 microsecond'
+	AND (answered_at IS NULL OR answered_at > now() - $3::bigint * interval '1 microsecond')`
+
+// answeredSQL notes when a note's call was first answered.
+//
+//	$1 fingerprint, $2 idem_key
+const answeredSQL = `UPDATE gateway_derived_keys SET answered_at = now()
+WHERE fingerprint = $1 AND idem_key = $2 AND answered_at IS NULL`
+
+// derivedRetryGrace is how long after its call was answered a note is still offered to
+// retries: the SDKs' longest backoff is 8 s, and they wait a Retry-After of up to 60 s.
+const derivedRetryGrace = time.Minute
 
 // purgeDerivedSQL deletes notes older than the window, a batch at a time.
 //
@@ -76,7 +90,7 @@ func (g *Gateway) derived(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	key := ""
 	if n >= 1 {
-		err := g.cfg.DB.QueryRow(ctx, findDerivedSQL, fingerprint, g.cfg.DeriveWindow.Microseconds()).Scan(&key)
+		err := g.cfg.DB.QueryRow(ctx, findDerivedSQL, fingerprint, g.cfg.DeriveWindow.Microseconds(), derivedRetryGrace.Microseconds()).Scan(&key)
 		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 			g.derivedUnavailable(w, r, err)
 			return
@@ -91,7 +105,18 @@ func (g *Gateway) derived(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	g.record(w, r, key, hash, body)
+	sw := &statusWriter{ResponseWriter: w}
+	g.record(sw, r, key, hash, body) // a stream cut short panics past what follows
+	if sw.status < 200 || sw.status > 299 {
+		return
+	}
+	// Answered (whether or not every byte reached the client: its retry comes soon).
+	mctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 5*time.Second)
+	defer cancel()
+	if _, err := g.cfg.DB.Exec(mctx, answeredSQL, fingerprint, key); err != nil {
+		// The note stays offered for the whole window, as if the call were still running.
+		g.log.WarnContext(r.Context(), "gateway: could not note a derived key's answer", "err", err)
+	}
 }
 
 func (g *Gateway) derivedUnavailable(w http.ResponseWriter, r *http.Request, err error) {
@@ -117,11 +142,29 @@ func (g *Gateway) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return <-done
 		case <-tick.C:
-			pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			if _, err := g.cfg.DB.Exec(pctx, purgeDerivedSQL, g.cfg.DeriveWindow.Microseconds()); err != nil && ctx.Err() == nil {
-				g.log.WarnContext(ctx, "gateway: could not purge old derived keys; will try again", "err", err)
-			}
-			cancel()
+			g.purgeDerived(ctx)
 		}
 	}
 }
+
+// purgeDerived deletes the derived-key notes older than the window, a batch per
+// statement, until none is left.
+func (g *Gateway) purgeDerived(ctx context.Context) {
+	for ctx.Err() == nil {
+		pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		tag, err := g.cfg.DB.Exec(pctx, purgeDerivedSQL, g.cfg.DeriveWindow.Microseconds())
+		cancel()
+		if err != nil {
+			if ctx.Err() == nil {
+				g.log.WarnContext(ctx, "gateway: could not purge old derived keys; will try again", "err", err)
+			}
+			return
+		}
+		if tag.RowsAffected() < purgeDerivedBatch {
+			return
+		}
+	}
+}
+
+// purgeDerivedBatch is the LIMIT of purgeDerivedSQL.
+const purgeDerivedBatch = 1000

@@ -74,6 +74,19 @@ func TestDerivedKeysAnswerAnSDKRetryFromTheFirstAttempt(t *testing.T) {
 	if n := fs.Stats().Requests; n != 5 {
 		t.Fatalf("%d upstream requests, want 5 (one per request that is not a retry)", n)
 	}
+	// A minute after its answer a note is no longer offered: an SDK retries within
+	// seconds, so this is the retry of a later identical request whose first attempt
+	// never reached the gateway, and it gets a call of its own.
+	if _, err := fl.pool.Exec(context.Background(), `UPDATE gateway_derived_keys SET answered_at = now() - interval '61 seconds'`); err != nil {
+		t.Fatal(err)
+	}
+	code, late, err := sdkPost(t, fl.urls[1], "Bearer sk-a", "1", chatBody, 10*time.Second)
+	if err != nil || code != 200 || bytes.Equal(late, retried) {
+		t.Fatalf("a retry a minute after the answer: %d %s %v; want a new call", code, late, err)
+	}
+	if n := fs.Stats().Requests; n != 6 {
+		t.Fatalf("%d upstream requests, want 6", n)
+	}
 }
 
 // Without the option, X-Stainless-Retry-Count changes nothing: every request without a

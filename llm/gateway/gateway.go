@@ -130,9 +130,15 @@ type Config struct {
 	// its callers under the provider's limits, shares one pause with every process of
 	// the fleet when the provider answers 429, and answers a call put off with 429,
 	// Retry-After and retry-after-ms. Callers are the limiter's tenants, one per
-	// credential scope ("cred-" and 16 hex digits of it). Replays and joins are never
+	// TenantHeader value. Replays and joins are never
 	// admitted: they make no upstream call. Default: nil, no admission.
 	Limiter *limiter.Limiter
+	// TenantHeader names the request header whose (first) value identifies a caller to
+	// the Limiter: its tenant is "cred-" and 16 hex digits of a SHA-256 of it. It should
+	// be the header the upstream authenticates with, so that a caller cannot become a
+	// new tenant by adding a header the upstream ignores
+	// (ONCEFLOW_GATEWAY_TENANT_HEADER). Default: Authorization.
+	TenantHeader string
 	// DeriveKeys, set to DeriveRetryCount, gives requests without an Idempotency-Key
 	// that the official SDKs send (they carry X-Stainless-Retry-Count) a key of the
 	// gateway's own, so that the SDK's automatic retries are answered from the first
@@ -223,6 +229,13 @@ func New(cfg Config) (*Gateway, error) {
 	if cfg.DeriveWindow <= 0 {
 		cfg.DeriveWindow = DefaultDeriveWindow
 	}
+	if cfg.TenantHeader == "" {
+		cfg.TenantHeader = "Authorization"
+	}
+	if !httpguts.ValidHeaderFieldName(cfg.TenantHeader) {
+		return nil, fmt.Errorf("gateway: TenantHeader: %q is not a valid header name", cfg.TenantHeader)
+	}
+	cfg.TenantHeader = http.CanonicalHeaderKey(cfg.TenantHeader)
 	if cfg.JoinTimeout == 0 {
 		cfg.JoinTimeout = cfg.Timeout
 	}
@@ -678,7 +691,7 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 	}
 	m := meta{Status: resp.StatusCode, Header: keptHeader(resp.Header)}
 	mb, _ := json.Marshal(m)
-	rec, _, err := att.Succeed(ctx, ledger.Result{Response: raw, Raw: raw, Meta: mb})
+	rec, err := g.succeed(ctx, att, ledger.Result{Response: raw, Raw: raw, Meta: mb})
 	g.requests.WithLabelValues(resultForwarded).Inc()
 	if err != nil {
 		g.log.WarnContext(ctx, "gateway: could not record an answer; passing it on unrecorded", "err", err)
@@ -760,6 +773,30 @@ func withoutQuery(err error) error {
 	u.RawQuery, u.User = "", nil
 	return &url.Error{Op: ue.Op, URL: u.String(), Err: ue.Err}
 }
+
+// succeed records an answer, trying again while PostgreSQL is unavailable (a restart
+// drops the pool's connections) for up to succeedPatience: the write is idempotent (the
+// first answer recorded wins), and an answer that arrived but is not recorded would be
+// generated again by the next retry.
+func (g *Gateway) succeed(ctx context.Context, att *ledger.Attempt, res ledger.Result) (*ledger.Record, error) {
+	giveUp := time.Now().Add(succeedPatience)
+	wait := 50 * time.Millisecond
+	for {
+		rec, _, err := att.Succeed(ctx, res)
+		if err == nil || !errors.Is(err, ledger.ErrUnavailable) || time.Now().Add(wait).After(giveUp) {
+			return rec, err
+		}
+		select {
+		case <-g.base.Done():
+			return rec, err
+		case <-time.After(wait):
+		}
+		wait = min(wait*2, time.Second)
+	}
+}
+
+// succeedPatience bounds how long succeed tries to record an answer.
+const succeedPatience = 15 * time.Second
 
 func (g *Gateway) fail(ctx context.Context, att *ledger.Attempt, cause error, ambiguous bool) {
 	if err := att.Fail(ctx, withoutQuery(cause), ambiguous); err != nil {

@@ -3,7 +3,9 @@ package gateway
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
+	"hash"
 	"net/http"
 	"sync"
 	"time"
@@ -47,6 +49,7 @@ const (
 	flightRecorded           // rec holds the answer every request for the key gets
 	flightAnswered           // answer holds an upstream error answer, not recorded
 	flightCut                // no answer: the attempt failed or its stream was cut
+	flightEnded              // a stream that ended as the upstream ended it, not recorded (an error event)
 )
 
 // answer is an unrecorded HTTP answer.
@@ -99,6 +102,14 @@ func (f *flight) write(p []byte) {
 	f.notify()
 }
 
+// bytes returns the stream's bytes so far. The slice is never written again (body only
+// grows), so it may be read without the lock.
+func (f *flight) bytes() []byte {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.body
+}
+
 // finish ends the flight once; later calls change nothing.
 func (f *flight) finish(end flightEnd, rec *ledger.Record, a *answer) {
 	f.mu.Lock()
@@ -149,12 +160,14 @@ const (
 	joinTimeout                    // nothing began within the join timeout: answer 409
 )
 
-// joiner is the state of one request following a call: what it sent its client.
+// joiner is the state of one request following a call: what it sent its client, as a
+// count and a digest (not a copy: many joiners of a long stream would each hold one).
 type joiner struct {
 	w       http.ResponseWriter
 	rc      *http.ResponseController
-	attempt int    // the attempt whose stream it passes on; 0 before the headers
-	sent    []byte // the body bytes sent so far
+	attempt int       // the attempt whose stream it passes on; 0 before the headers
+	sent    int       // the body bytes sent so far
+	digest  hash.Hash // SHA-256 of them
 }
 
 func (j *joiner) headerSent() bool { return j.attempt != 0 }
@@ -181,7 +194,8 @@ func (j *joiner) send(p []byte) bool {
 	if len(p) == 0 {
 		return true
 	}
-	j.sent = append(j.sent, p...)
+	j.sent += len(p)
+	j.digest.Write(p)
 	if _, err := j.w.Write(p); err != nil {
 		return false
 	}
@@ -191,10 +205,13 @@ func (j *joiner) send(p []byte) bool {
 // finishStream sends what the recorded answer holds beyond the bytes sent, or cuts the
 // connection when the record does not continue them (another attempt's answer won).
 func (j *joiner) finishStream(rec *ledger.Record) {
-	if !bytes.HasPrefix(rec.Raw, j.sent) {
+	if len(rec.Raw) < j.sent {
 		panic(http.ErrAbortHandler)
 	}
-	j.send(rec.Raw[len(j.sent):])
+	if sum := sha256.Sum256(rec.Raw[:j.sent]); !bytes.Equal(sum[:], j.digest.Sum(nil)) {
+		panic(http.ErrAbortHandler)
+	}
+	j.send(rec.Raw[j.sent:])
 }
 
 // replayJoined answers with a recorded answer, marked as joined.
@@ -210,7 +227,7 @@ func replayJoined(w http.ResponseWriter, rec *ledger.Record) {
 func (g *Gateway) join(ctx context.Context, w http.ResponseWriter, key, hash string) joinOutcome {
 	g.joining.Inc()
 	defer g.joining.Dec()
-	j := &joiner{w: w, rc: http.NewResponseController(w)}
+	j := &joiner{w: w, rc: http.NewResponseController(w), digest: sha256.New()}
 	joinBy := time.Now().Add(g.cfg.JoinTimeout)
 	// Once a stream is being passed on, the join timeout no longer applies (the answer
 	// began); the owner's own timeout bounds it, and this bounds a follower of an
@@ -222,18 +239,23 @@ func (g *Gateway) join(ctx context.Context, w http.ResponseWriter, key, hash str
 	timer := time.NewTimer(time.Until(joinBy))
 	defer timer.Stop()
 	poll := joinPollMin
+	outage := false
 	for {
 		if f := g.flights.get(key); f != nil && f.hash == hash && (!j.headerSent() || j.attempt == f.attempt) {
 			return g.follow(ctx, j, f, timer.C)
 		}
-		p, err := g.ledger.Progress(ctx, key, len(j.sent))
+		p, err := g.ledger.Progress(ctx, key, j.sent)
 		switch {
 		case err != nil && ctx.Err() != nil:
 			return g.leave(j)
-		case err != nil:
-			if j.headerSent() {
-				panic(http.ErrAbortHandler)
+		case err != nil && j.headerSent():
+			// A stream being passed on rides out a PostgreSQL outage: its owner goes on,
+			// and the rest is read once the database is back (by the follow bound).
+			if !outage {
+				outage = true
+				g.log.WarnContext(ctx, "gateway: ledger unavailable while passing a joined stream on; polling on", "err", err)
 			}
+		case err != nil:
 			g.requests.WithLabelValues(resultUnavailable).Inc()
 			g.log.ErrorContext(ctx, "gateway: ledger unavailable while joining a call", "err", err)
 			retryAfter(w, time.Second)
@@ -303,7 +325,7 @@ func (g *Gateway) follow(ctx context.Context, j *joiner, f *flight, joinBy <-cha
 	for {
 		f.mu.Lock()
 		started, status, header := f.started, f.status, f.header
-		body := f.body[min(len(j.sent), len(f.body)):]
+		body := f.body[min(j.sent, len(f.body)):]
 		end, rec, ans, changed := f.end, f.rec, f.answer, f.changed
 		f.mu.Unlock()
 		if started && !j.headerSent() {
@@ -331,6 +353,12 @@ func (g *Gateway) follow(ctx context.Context, j *joiner, f *flight, joinBy <-cha
 			return joinServed
 		case flightCut:
 			return g.again(j)
+		case flightEnded:
+			if !j.headerSent() {
+				return g.again(j)
+			}
+			g.requests.WithLabelValues(resultJoined).Inc()
+			return joinServed // every byte was passed on above
 		}
 		select {
 		case <-changed:

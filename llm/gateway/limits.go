@@ -3,6 +3,8 @@ package gateway
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -37,13 +39,18 @@ func modelEndpoint(path string) bool {
 	return false
 }
 
-// tenantOf is the limiter's tenant of a request: its credential scope, shortened. Shares
-// and caps are by caller; with no credential, nobody's.
-func tenantOf(s Scope) string {
-	if s.digest == "" {
+// tenantOf is the limiter's tenant of a request: a digest of the first value of its
+// Config.TenantHeader (the credential the upstream authenticates it with), so that
+// shares, caps and budgets are by caller. Not the credential scope, which counts every
+// credential header: a caller could add a header the upstream ignores and be a new
+// tenant at every call. Without the header, nobody's ("").
+func (g *Gateway) tenantOf(h http.Header) string {
+	v := h.Values(g.cfg.TenantHeader)
+	if len(v) == 0 {
 		return ""
 	}
-	return "cred-" + s.digest[:16]
+	sum := sha256.Sum256([]byte("onceflow.gateway.tenant.v1\n" + g.cfg.TenantHeader + "\n" + v[0]))
+	return "cred-" + hex.EncodeToString(sum[:8])
 }
 
 // limitCall is the limiter's Call of a request body: its model, the body's length / 4
@@ -73,7 +80,7 @@ func (g *Gateway) admit(ctx context.Context, r *http.Request, key string, body [
 	if g.cfg.Limiter == nil || r.Method != http.MethodPost || !modelEndpoint(r.URL.Path) {
 		return nil, nil
 	}
-	p, err := g.cfg.Limiter.Acquire(ctx, limitCall(tenantOf(scopeOf(r.Header, g.credentials)), key, body))
+	p, err := g.cfg.Limiter.Acquire(ctx, limitCall(g.tenantOf(r.Header), key, body))
 	if err == nil {
 		return p, nil
 	}

@@ -60,9 +60,16 @@ func errorEvent(ev sse.Event) bool {
 	return json.Unmarshal(d["type"], &typ) == nil && typ == "error"
 }
 
+// maxPartialBytes bounds the part of a stream persisted while it runs (for requests that
+// join it from other processes and for the record of a call cut short).
+const maxPartialBytes = 1 << 20
+
 // stream passes a server-sent-event answer on as it arrives, persists it on the row in
 // batches, and records it once complete. The upstream is read to its end even when the
-// client has gone, so the client's retry gets the whole stream replayed.
+// client has gone, so the client's retry gets the whole stream replayed. The bytes go
+// into the flight, and the owner's client follows the flight from a goroutine of its
+// own, as joiners do: a client that reads slowly (or stops reading) holds back neither
+// the upstream call nor anyone else following it.
 func (g *Gateway) stream(ctx context.Context, w http.ResponseWriter, att *ledger.Attempt, f *flight, resp *http.Response) {
 	kept := keptHeader(resp.Header)
 	for k, vs := range kept {
@@ -77,21 +84,59 @@ func (g *Gateway) stream(ctx context.Context, w http.ResponseWriter, att *ledger
 	rc := http.NewResponseController(w)
 	_ = rc.Flush()
 	f.start(resp.StatusCode, kept)
-	m, _ := json.Marshal(meta{Status: resp.StatusCode, Header: kept})
+	owner := make(chan flightEnd, 1)
+	go func() { owner <- g.passOn(w, rc, f) }()
+	end := g.recordStream(ctx, att, f, resp)
+	if <-owner == flightCut && end == flightCut {
+		panic(http.ErrAbortHandler) // close the connection: the client must see the stream was cut
+	}
+}
+
+// passOn writes a flight's bytes to the owner's client as they arrive, until the flight
+// ends (its end is returned) or the client is gone (flightRunning). A gateway closing
+// ends a write the client holds up.
+func (g *Gateway) passOn(w http.ResponseWriter, rc *http.ResponseController, f *flight) flightEnd {
+	defer context.AfterFunc(g.base, func() { _ = rc.SetWriteDeadline(time.Now()) })()
+	sent := 0
+	for {
+		f.mu.Lock()
+		body, end, changed := f.body[sent:], f.end, f.changed
+		f.mu.Unlock()
+		if len(body) > 0 {
+			if _, err := w.Write(body); err != nil || rc.Flush() != nil {
+				return flightRunning
+			}
+			sent += len(body)
+			continue // the flight may have ended meanwhile: read it again
+		}
+		if end != flightRunning {
+			return end
+		}
+		<-changed
+	}
+}
+
+// recordStream reads the upstream stream into the flight, persists it in batches for
+// followers on other processes, and records it once complete. It returns how the
+// flight ended.
+func (g *Gateway) recordStream(ctx context.Context, att *ledger.Attempt, f *flight, resp *http.Response) flightEnd {
+	m, _ := json.Marshal(meta{Status: resp.StatusCode, Header: keptHeader(resp.Header)})
 	// Followers on other processes need the status and headers before the first byte.
-	partialOK, err := att.Announce(ctx, m) // every partial write so far succeeded: the row's partial is an exact prefix of raw
+	partialOK, err := att.Announce(ctx, m) // every partial write so far succeeded: the row's partial is an exact prefix of the stream
 	if err != nil {
 		g.log.WarnContext(ctx, "gateway: could not announce a stream; requests joining it on other processes will wait for its end", "err", err)
 	}
-	clientGone := false
 	partial := att.PartialBuffer()
-	var raw bytes.Buffer
 	var parser sse.Parser // events are counted and the stream cut into partials at event boundaries
 	var last *sse.Event
 	var su streamUsage
 	events := 0
-	persisted := int64(0) // bytes of raw handed to partial
-	failed := false       // an error event went by
+	persisted := 0  // bytes of the stream handed to partial
+	failed := false // an error event went by
+	stopPersisting := func(err error) {
+		partialOK = false
+		g.log.WarnContext(ctx, "gateway: could not persist partial stream output; persisting no more of this stream (followers on other processes get the rest at its end)", "err", err)
+	}
 	persist := func(evs []sse.Event) {
 		if n := len(evs); n > 0 {
 			events += n
@@ -104,10 +149,16 @@ func (g *Gateway) stream(ctx context.Context, w http.ResponseWriter, att *ledger
 			}
 		}
 		b := parser.Boundary()
-		if !partialOK || b <= persisted {
+		if !partialOK || int(b) <= persisted {
 			return
 		}
-		seg := raw.Bytes()[persisted:b]
+		if b > maxPartialBytes {
+			// Each append rewrites the whole partial value: past this size, followers
+			// on other processes get the rest from the recorded answer at the end.
+			partialOK = false
+			return
+		}
+		seg := f.bytes()[persisted:b]
 		// The partial column is text: a stream that is not valid UTF-8 (or holds NUL)
 		// keeps what was persisted before it, and nothing after, so the partial is
 		// always an exact prefix of what was received.
@@ -116,11 +167,10 @@ func (g *Gateway) stream(ctx context.Context, w http.ResponseWriter, att *ledger
 			return
 		}
 		if err := partial.Add(ctx, string(seg)); err != nil {
-			partialOK = false
-			g.log.WarnContext(ctx, "gateway: could not persist partial stream output; persisting no more of this stream", "err", err)
+			stopPersisting(err)
 			return
 		}
-		persisted = b
+		persisted = int(b)
 	}
 	// The upstream is read on a goroutine of its own, so that a pause in the stream (a
 	// model thinking) does not hold back the partial output received before it: what
@@ -133,6 +183,7 @@ func (g *Gateway) stream(ctx context.Context, w http.ResponseWriter, att *ledger
 	ticker := time.NewTicker(cmp.Or(g.cfg.Ledger.StreamFlushInterval, ledger.DefaultStreamFlushInterval))
 	defer ticker.Stop()
 	var readErr error
+	size := 0
 read:
 	for {
 		var rd streamRead
@@ -140,23 +191,17 @@ read:
 		case <-ticker.C:
 			if partialOK {
 				if err := partial.Flush(ctx); err != nil {
-					partialOK = false
-					g.log.WarnContext(ctx, "gateway: could not persist partial stream output; persisting no more of this stream", "err", err)
+					stopPersisting(err)
 				}
 			}
 			continue
 		case rd = <-reads:
 		}
 		if chunk := rd.chunk; len(chunk) > 0 {
-			raw.Write(chunk)
 			f.write(chunk)
+			size += len(chunk)
 			persist(parser.Feed(chunk))
-			if !clientGone {
-				if _, werr := w.Write(chunk); werr != nil || rc.Flush() != nil {
-					clientGone = true // keep reading: the answer is still recorded
-				}
-			}
-			if int64(raw.Len()) > g.cfg.MaxResponseBytes {
+			if int64(size) > g.cfg.MaxResponseBytes {
 				readErr = fmt.Errorf("upstream stream exceeds %d bytes", g.cfg.MaxResponseBytes)
 				break read
 			}
@@ -190,27 +235,29 @@ read:
 		}
 		g.requests.WithLabelValues(resultUpstreamError).Inc()
 		if failed && readErr == nil {
-			// The upstream said the generation failed, and the client got its whole
-			// answer, error included: a clear failure; a retry is a new attempt.
+			// The upstream said the generation failed, and the stream carried its
+			// whole answer, error included: a clear failure, passed on as it ended to
+			// everyone following it; a retry is a new attempt.
 			g.fail(ctx, att, cause, false)
-			return
+			f.finish(flightEnded, nil, nil)
+			return flightEnded
 		}
 		// A stream cut short was generated (and billed) in part: ambiguous. One that
 		// outgrew the recording limit is a clear failure.
-		g.fail(ctx, att, cause, readErr == nil || ledger.IsAmbiguous(readErr) && int64(raw.Len()) <= g.cfg.MaxResponseBytes)
-		if !clientGone {
-			panic(http.ErrAbortHandler) // close the connection: the client must see the stream was cut
-		}
-		return
+		g.fail(ctx, att, cause, readErr == nil || ledger.IsAmbiguous(readErr) && int64(size) <= g.cfg.MaxResponseBytes)
+		f.finish(flightCut, nil, nil)
+		return flightCut
 	}
-	summary, _ := json.Marshal(map[string]any{"object": "stream", "bytes": raw.Len(), "events": events})
-	rec, _, err := att.Succeed(ctx, ledger.Result{Response: summary, Raw: raw.Bytes(), Meta: m})
+	raw := f.bytes()
+	summary, _ := json.Marshal(map[string]any{"object": "stream", "bytes": len(raw), "events": events})
+	rec, err := g.succeed(ctx, att, ledger.Result{Response: summary, Raw: raw, Meta: m})
 	if err != nil {
 		g.log.WarnContext(ctx, "gateway: could not record a complete stream", "err", err)
-		rec = &ledger.Record{Raw: raw.Bytes(), Meta: m}
+		rec = &ledger.Record{Raw: raw, Meta: m}
 	}
 	f.finish(flightRecorded, rec, nil)
 	g.requests.WithLabelValues(resultForwarded).Inc()
+	return flightRecorded
 }
 
 // streamRead is one Read of an upstream stream.

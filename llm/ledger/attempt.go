@@ -332,12 +332,16 @@ func (a *Attempt) AppendPartial(ctx context.Context, text string) (bool, error) 
 
 // PartialBuffer batches streamed output into AppendPartial writes: one write when
 // Config.StreamFlushBytes are buffered or Config.StreamFlushInterval passed since the
-// last one, whichever comes first, never one per token. It is not safe for concurrent
-// use (one stream feeds it).
+// last one, whichever comes first, never one per token. Since PostgreSQL rewrites the
+// whole partial value at every append, the size that triggers a write grows with what
+// was written (at least half of it), so that a long, fast stream costs writes in
+// proportion to its length, not to its square. It is not safe for concurrent use (one
+// stream feeds it).
 type PartialBuffer struct {
 	att       *Attempt
 	buf       strings.Builder
 	lastFlush time.Time
+	written   int // bytes written to the row so far
 }
 
 // PartialBuffer returns a PartialBuffer writing to this attempt's row.
@@ -350,7 +354,7 @@ func (a *Attempt) PartialBuffer() *PartialBuffer {
 func (p *PartialBuffer) Add(ctx context.Context, text string) error {
 	p.buf.WriteString(text)
 	cfg := p.att.l.cfg
-	if p.buf.Len() >= cfg.StreamFlushBytes || p.att.l.clock().Now().Sub(p.lastFlush) >= cfg.StreamFlushInterval {
+	if p.buf.Len() >= max(cfg.StreamFlushBytes, p.written/2) || p.att.l.clock().Now().Sub(p.lastFlush) >= cfg.StreamFlushInterval {
 		return p.Flush(ctx)
 	}
 	return nil
@@ -364,6 +368,7 @@ func (p *PartialBuffer) Flush(ctx context.Context) error {
 	}
 	text := p.buf.String()
 	p.buf.Reset()
+	p.written += len(text)
 	_, err := p.att.AppendPartial(ctx, text)
 	return err
 }
