@@ -63,7 +63,7 @@ func runGateway(ctx context.Context, e *env, args []string) error {
 		DeriveKeys:        derive,
 		DeriveWindow:      cfg.GatewayDeriveWindow,
 		Limiter:           lim,
-		TenantHeader:      tenantHeader(cfg),
+		TenantHeader:      cfg.GatewayTenantHeader,
 		MaxBodyBytes:      int64(cfg.GatewayMaxBody),
 		CredentialHeaders: cfg.GatewayCredentialHeaders,
 		Logger:            log,
@@ -97,17 +97,4 @@ func runGateway(ctx context.Context, e *env, args []string) error {
 	}
 	log.InfoContext(ctx, "gateway stopped")
 	return nil
-}
-
-// tenantHeader is the header that identifies a gateway caller to the limiter:
-// ONCEFLOW_GATEWAY_TENANT_HEADER, else the one ONCEFLOW_LLM's provider authenticates
-// with.
-func tenantHeader(cfg *config.Config) string {
-	switch {
-	case cfg.GatewayTenantHeader != "":
-		return cfg.GatewayTenantHeader
-	case cfg.LLM == "anthropic":
-		return "X-Api-Key"
-	}
-	return "Authorization"
 }

@@ -201,8 +201,8 @@ type Config struct {
 	// recognised. Default: 15m.
 	GatewayDeriveWindow time.Duration
 	// GatewayTenantHeader names the request header that identifies a caller to the
-	// limiter in onceflow gateway. Default: "" (x-api-key when LLM is anthropic, else
-	// Authorization).
+	// limiter in onceflow gateway. Default: "" (by protocol: x-api-key on Anthropic's
+	// /v1/messages, else Authorization, or api-key without Authorization).
 	GatewayTenantHeader string
 	// GatewayCredentialHeaders names request headers that carry credentials besides
 	// Authorization, x-api-key and api-key, which always do: onceflow gateway scopes
@@ -479,7 +479,7 @@ var settings = []setting{
 	{env: "ONCEFLOW_GATEWAY_DERIVE_WINDOW", def: "15m", usage: "how long after a first attempt onceflow gateway recognises its retries (ONCEFLOW_GATEWAY_DERIVE_KEYS)", parse: func(c *Config, v string) error {
 		return parseDuration(&c.GatewayDeriveWindow, v)
 	}},
-	{env: "ONCEFLOW_GATEWAY_TENANT_HEADER", usage: "the request header whose value identifies a caller to the limiter in onceflow gateway (default: x-api-key for ONCEFLOW_LLM=anthropic, else Authorization)", parse: func(c *Config, v string) error {
+	{env: "ONCEFLOW_GATEWAY_TENANT_HEADER", usage: "the request header whose value identifies a caller to the limiter in onceflow gateway (default: x-api-key on /v1/messages, else Authorization, or api-key without Authorization)", parse: func(c *Config, v string) error {
 		if v != "" && !httpguts.ValidHeaderFieldName(v) {
 			return fmt.Errorf("%q is not a valid HTTP header name", v)
 		}

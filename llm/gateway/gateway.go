@@ -137,7 +137,9 @@ type Config struct {
 	// the Limiter: its tenant is "cred-" and 16 hex digits of a SHA-256 of it. It should
 	// be the header the upstream authenticates with, so that a caller cannot become a
 	// new tenant by adding a header the upstream ignores
-	// (ONCEFLOW_GATEWAY_TENANT_HEADER). Default: Authorization.
+	// (ONCEFLOW_GATEWAY_TENANT_HEADER). Default: by protocol: x-api-key on
+	// /v1/messages (Anthropic), else Authorization, or api-key (Azure OpenAI) when a
+	// request has no Authorization.
 	TenantHeader string
 	// DeriveKeys, set to DeriveRetryCount, gives requests without an Idempotency-Key
 	// that the official SDKs send (they carry X-Stainless-Retry-Count) a key of the
@@ -229,10 +231,7 @@ func New(cfg Config) (*Gateway, error) {
 	if cfg.DeriveWindow <= 0 {
 		cfg.DeriveWindow = DefaultDeriveWindow
 	}
-	if cfg.TenantHeader == "" {
-		cfg.TenantHeader = "Authorization"
-	}
-	if !httpguts.ValidHeaderFieldName(cfg.TenantHeader) {
+	if cfg.TenantHeader != "" && !httpguts.ValidHeaderFieldName(cfg.TenantHeader) {
 		return nil, fmt.Errorf("gateway: TenantHeader: %q is not a valid header name", cfg.TenantHeader)
 	}
 	cfg.TenantHeader = http.CanonicalHeaderKey(cfg.TenantHeader)

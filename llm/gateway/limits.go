@@ -39,17 +39,30 @@ func modelEndpoint(path string) bool {
 	return false
 }
 
-// tenantOf is the limiter's tenant of a request: a digest of the first value of its
-// Config.TenantHeader (the credential the upstream authenticates it with), so that
-// shares, caps and budgets are by caller. Not the credential scope, which counts every
-// credential header: a caller could add a header the upstream ignores and be a new
-// tenant at every call. Without the header, nobody's ("").
-func (g *Gateway) tenantOf(h http.Header) string {
-	v := h.Values(g.cfg.TenantHeader)
+// tenantOf is the limiter's tenant of a request: a digest of the first value of the
+// header its upstream authenticates it with, so that shares, caps and budgets are by
+// caller: Config.TenantHeader when set, else x-api-key on Anthropic's /v1/messages and
+// Authorization on OpenAI's paths (api-key, Azure OpenAI's, when there is no
+// Authorization). Not the credential scope, which counts every credential header: a
+// caller could add a header the upstream ignores and be a new tenant at every call.
+// Without the header, nobody's ("").
+func (g *Gateway) tenantOf(r *http.Request) string {
+	name := g.cfg.TenantHeader
+	if name == "" {
+		switch {
+		case strings.TrimPrefix(r.URL.Path, "/v1") == "/messages":
+			name = "X-Api-Key"
+		case len(r.Header.Values("Authorization")) == 0 && len(r.Header.Values("Api-Key")) > 0:
+			name = "Api-Key"
+		default:
+			name = "Authorization"
+		}
+	}
+	v := r.Header.Values(name)
 	if len(v) == 0 {
 		return ""
 	}
-	sum := sha256.Sum256([]byte("onceflow.gateway.tenant.v1\n" + g.cfg.TenantHeader + "\n" + v[0]))
+	sum := sha256.Sum256([]byte("onceflow.gateway.tenant.v1\n" + name + "\n" + v[0]))
 	return "cred-" + hex.EncodeToString(sum[:8])
 }
 
@@ -80,7 +93,7 @@ func (g *Gateway) admit(ctx context.Context, r *http.Request, key string, body [
 	if g.cfg.Limiter == nil || r.Method != http.MethodPost || !modelEndpoint(r.URL.Path) {
 		return nil, nil
 	}
-	p, err := g.cfg.Limiter.Acquire(ctx, limitCall(g.tenantOf(r.Header), key, body))
+	p, err := g.cfg.Limiter.Acquire(ctx, limitCall(g.tenantOf(r), key, body))
 	if err == nil {
 		return p, nil
 	}
