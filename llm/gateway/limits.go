@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -43,9 +44,10 @@ func modelEndpoint(path string) bool {
 // header its upstream authenticates it with, so that shares, caps and budgets are by
 // caller: Config.TenantHeader when set, else x-api-key on Anthropic's /v1/messages and
 // Authorization on OpenAI's paths (api-key, Azure OpenAI's, when there is no
-// Authorization). Not the credential scope, which counts every credential header: a
-// caller could add a header the upstream ignores and be a new tenant at every call.
-// Without the header, nobody's ("").
+// Authorization); without that header, the first credential header the request carries
+// (Authorization, x-api-key, api-key, then Config.CredentialHeaders). Not the credential
+// scope, which counts every credential header: a caller could add a header the upstream
+// ignores and be a new tenant at every call. Without any credential, nobody's ("").
 func (g *Gateway) tenantOf(r *http.Request) string {
 	name := g.cfg.TenantHeader
 	if name == "" {
@@ -60,7 +62,17 @@ func (g *Gateway) tenantOf(r *http.Request) string {
 	}
 	v := r.Header.Values(name)
 	if len(v) == 0 {
-		return ""
+		// Without it, the first credential header it carries names the caller, so
+		// that sending the credential in another header does not escape the caps.
+		for _, n := range append(slices.Clone(DefaultCredentialHeaders), g.cfg.CredentialHeaders...) {
+			if v = r.Header.Values(n); len(v) > 0 {
+				name = http.CanonicalHeaderKey(n)
+				break
+			}
+		}
+		if len(v) == 0 {
+			return ""
+		}
 	}
 	sum := sha256.Sum256([]byte("onceflow.gateway.tenant.v1\n" + name + "\n" + v[0]))
 	return "cred-" + hex.EncodeToString(sum[:8])
