@@ -1,0 +1,174 @@
+package cli
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/llm/ledger"
+)
+
+// gatedUpstream's first call sends holdHead and then waits for release before it sends
+// the rest of fullAgain's events and [DONE]; later calls send fullAgain whole.
+type gatedUpstream struct {
+	release chan struct{}
+	mu      sync.Mutex
+	calls   int
+}
+
+const gatedRest = "data: {\"choices\":[{\"delta\":{\"content\":\" done\"}}]}\n\ndata: [DONE]\n\n"
+
+func (u *gatedUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	_, _ = io.Copy(io.Discard, r.Body)
+	u.mu.Lock()
+	u.calls++
+	n := u.calls
+	u.mu.Unlock()
+	w.Header().Set("Content-Type", "text/event-stream")
+	if n > 1 {
+		_, _ = io.WriteString(w, fullAgain)
+		return
+	}
+	_, _ = io.WriteString(w, holdHead)
+	http.NewResponseController(w).Flush()
+	select {
+	case <-u.release:
+	case <-r.Context().Done():
+		return
+	}
+	_, _ = io.WriteString(w, gatedRest)
+}
+
+func (u *gatedUpstream) Calls() int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.calls
+}
+
+// A rolling restart: SIGTERM to the gateway that makes a stream, while requests on it
+// and on another gateway process follow it. The draining gateway lets the stream end
+// (within ONCEFLOW_SHUTDOWN_TIMEOUT): its client and every joiner get the whole stream,
+// the answer is recorded (the other process replays it), one upstream call, and the
+// gateway exits 0. Holds (a regression test).
+func TestAttack16RollingRestartOfTheOwnerLetsJoinersFinish(t *testing.T) {
+	t.Parallel()
+	_, dsn := testenv.Postgres(t)
+	up := &gatedUpstream{release: make(chan struct{})}
+	ups := httptest.NewServer(up)
+	t.Cleanup(ups.Close)
+	a, aURL := startGateway(t, dsn, ups.URL+"/v1")
+	_, bURL := startGateway(t, dsn, ups.URL+"/v1")
+	key := "rolling-restart-key-0001"
+	var clients []*bufio.Reader
+	for _, url := range []string{aURL, aURL, bURL} {
+		resp, err := streamRequest(t, url, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { resp.Body.Close() })
+		r := bufio.NewReader(resp.Body)
+		head := make([]byte, len(holdHead))
+		if _, err := io.ReadFull(r, head); err != nil || string(head) != holdHead {
+			t.Fatalf("head: %q %v", head, err)
+		}
+		clients = append(clients, r)
+	}
+	a.Signal(syscall.SIGTERM)
+	time.Sleep(300 * time.Millisecond) // the gateway drains
+	close(up.release)
+	for i, r := range clients {
+		rest, err := io.ReadAll(r)
+		if err != nil || string(rest) != gatedRest {
+			t.Fatalf("client %d: rest %q %v; want the stream's end", i, rest, err)
+		}
+	}
+	if code := a.Wait(20 * time.Second); code != 0 {
+		t.Fatalf("the restarted gateway exited %d", code)
+	}
+	resp, err := streamRequest(t, bURL, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || string(b) != holdHead+gatedRest || resp.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("replay on the other gateway: %v %q %v", resp.Header, b, err)
+	}
+	if n := up.Calls(); n != 1 {
+		t.Fatalf("%d upstream calls, want 1", n)
+	}
+}
+
+// A rolling restart whose drain is shorter than the stream: the gateway gives the call
+// up at ONCEFLOW_SHUTDOWN_TIMEOUT and records it as an ambiguous failure, as documented,
+// so that the joiner on the other process is cut at once (it passed a prefix on) and
+// the client's retry there takes the call over at once (a new generation, with
+// Onceflow-Stream-Restarted), not after a 409 until the lease (15s) runs out. Holds (a
+// regression test).
+func TestAttack16RestartPastTheDrainHandsTheCallOverAtOnce(t *testing.T) {
+	t.Parallel()
+	pool, dsn := testenv.Postgres(t)
+	up := &gatedUpstream{release: make(chan struct{})} // never released: the stream outlives the drain
+	ups := httptest.NewServer(up)
+	t.Cleanup(ups.Close)
+	a, aURL := startGateway(t, dsn, ups.URL+"/v1", "ONCEFLOW_SHUTDOWN_TIMEOUT=1s")
+	_, bURL := startGateway(t, dsn, ups.URL+"/v1")
+	key := "restart-past-drain-0001"
+	owner, err := streamRequest(t, aURL, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer owner.Body.Close()
+	or := bufio.NewReader(owner.Body)
+	head := make([]byte, len(holdHead))
+	if _, err := io.ReadFull(or, head); err != nil {
+		t.Fatal(err)
+	}
+	joiner, err := streamRequest(t, bURL, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer joiner.Body.Close()
+	jr := bufio.NewReader(joiner.Body)
+	if _, err := io.ReadFull(jr, head); err != nil || joiner.Header.Get("Onceflow-Joined") != "true" {
+		t.Fatalf("joiner: %v %v", joiner.Header, err)
+	}
+	start := time.Now()
+	a.Signal(syscall.SIGTERM)
+	if rest, err := io.ReadAll(jr); err == nil {
+		t.Fatalf("the joiner's stream of a given-up call ended cleanly (+%q)", rest)
+	}
+	t.Logf("joiner cut %v after SIGTERM", time.Since(start).Round(time.Millisecond))
+	retry, err := streamRequest(t, bURL, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(retry.Body)
+	retry.Body.Close()
+	took := time.Since(start)
+	if err != nil || string(body) != fullAgain || retry.Header.Get("Onceflow-Stream-Restarted") != strconv.Itoa(len(holdHead)) {
+		t.Fatalf("retry: %d %v %q %v", retry.StatusCode, retry.Header, body, err)
+	}
+	if took > 8*time.Second {
+		t.Fatalf("the retry got the new generation %v after SIGTERM: the given-up call was not handed over at once", took)
+	}
+	if code := a.Wait(20 * time.Second); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	l, _ := ledger.New(pool, ledger.Config{})
+	row, err := l.Get(context.Background(), gatewayKey(key))
+	if err != nil || row.State != ledger.StateSucceeded || row.Attempt != 2 || row.Ambiguous != 1 {
+		t.Fatalf("row %+v %v; want succeeded at attempt 2 with the given-up one ambiguous", row, err)
+	}
+	if n := up.Calls(); n != 2 {
+		t.Fatalf("%d upstream calls, want 2", n)
+	}
+}
