@@ -7,12 +7,14 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/llm/fakeserver"
 	"github.com/onceflow/onceflow/llm/ledger"
 )
 
@@ -170,5 +172,58 @@ func TestAttack16RestartPastTheDrainHandsTheCallOverAtOnce(t *testing.T) {
 	}
 	if n := up.Calls(); n != 2 {
 		t.Fatalf("%d upstream calls, want 2", n)
+	}
+}
+
+// A new user puts the gateway in front of Anthropic as docs/providers.md says
+// ("Running onceflow gateway": ONCEFLOW_LLM_BASE_URL=https://api.anthropic.com/v1,
+// "ONCEFLOW_LLM does not matter to it") and caps each caller at one call in flight
+// (ONCEFLOW_TENANT_CONCURRENCY=1, "Limits for a whole organisation"); the Anthropic
+// SDKs authenticate with x-api-key only. Two concurrent calls with the same x-api-key
+// get one answer and one 429. Found on 8befa99 (fixed by 25aed04): the tenant header
+// defaulted to x-api-key only with ONCEFLOW_LLM=anthropic, else Authorization, so every
+// such caller had no tenant and no cap applied to anyone.
+func TestAttack16AnthropicGatewayFromTheDocsCapsTenants(t *testing.T) {
+	t.Parallel()
+	_, dsn := testenv.Postgres(t)
+	_, fake := startFakeLLM(t, "--latency", "1500ms")
+	_, gwURL := startGateway(t, dsn, fake, "ONCEFLOW_REDIS_URL="+testenv.RedisURL(t), "ONCEFLOW_PREFIX="+testenv.Prefix(t),
+		"ONCEFLOW_TENANT_CONCURRENCY=1", "ONCEFLOW_LLM_ADMISSION_WAIT=50ms")
+	send := func() (int, string) {
+		req, _ := http.NewRequest(http.MethodPost, gwURL+"/messages",
+			strings.NewReader(`{"model":"claude-sonnet-4-0","max_tokens":64,"messages":[{"role":"user","content":"hello"}]}`))
+		req.Header.Set("X-Api-Key", "sk-ant-team-a")
+		req.Header.Set("Anthropic-Version", "2023-06-01")
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	// The limiter's first call to a model is a probe that the next calls wait for: one
+	// call first, so that a 429 below is the cap's.
+	if code, b := send(); code != http.StatusOK {
+		t.Fatalf("warm-up call: %d %s", code, b)
+	}
+	first := make(chan int, 1)
+	go func() { code, _ := send(); first <- code }()
+	waitInFlight(t, fake)
+	if code, b := send(); code != http.StatusTooManyRequests || !strings.Contains(b, "ONCEFLOW_TENANT_CONCURRENCY") {
+		t.Errorf("a second call with the same x-api-key under ONCEFLOW_TENANT_CONCURRENCY=1: %d %s, want the cap's 429", code, b)
+	}
+	select {
+	case code := <-first:
+		if code != http.StatusOK {
+			t.Fatalf("first call: %d", code)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("the first call did not end")
+	}
+	st, err := fakeserver.FetchStats(t.Context(), nil, fake)
+	if err != nil || st.Requests != 2 {
+		t.Errorf("%d upstream calls (%v): the warm-up and one for a caller capped at one in flight, want 2", st.Requests, err)
 	}
 }

@@ -2,7 +2,8 @@ package gateway_test
 
 // Attacks on issue 16 (join in flight, derived keys, the limiter in front of the
 // gateway), kept as regression tests: each states what must hold, and counts upstream
-// calls and bytes. Those that say "Found" failed on 2b9177d and hold since 8befa99.
+// calls and bytes. Those that say "Found" failed on the commit they name and hold
+// since the fix.
 
 import (
 	"bufio"
@@ -927,5 +928,55 @@ func TestAttack16DerivedKeyPurgeKeepsUp(t *testing.T) {
 	}
 	if left != 0 {
 		t.Fatalf("%d of 5000 expired derived-key notes left after three minutes of Run: the purge deletes at most 1000 a minute", left)
+	}
+}
+
+// A call that carries a credential but not the limiter's tenant header is still a
+// caller's: two concurrent calls with the same credential, under a cap of one, get one
+// 429, whether the credential is Azure's api-key or an Anthropic x-api-key under a
+// tenant header of Authorization, or an Entra token in Authorization under a tenant
+// header of api-key (upstreams commonly take more than one header). Found on 8befa99
+// (fixed by aae4368): a request without the tenant header was nobody's tenant, neither
+// capped nor budgeted, so a caller escaped its cap by sending its credential in another
+// header.
+func TestAttack16TenantCapHoldsWithoutTheTenantHeader(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name, tenantHeader string
+		cred               http.Header
+	}{
+		{"azure api-key, tenant header Authorization", "", http.Header{"Api-Key": {"azure-key-a"}}},
+		{"azure Entra token, tenant header api-key", "Api-Key", http.Header{"Authorization": {"Bearer entra-token-a"}}},
+		{"anthropic x-api-key, tenant header Authorization", "", http.Header{"X-Api-Key": {"sk-ant-a"}}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			fs, fl := limitedFleet(t, 1500*time.Millisecond, limiter.Config{TenantConcurrency: 1, MaxWait: 50 * time.Millisecond},
+				gateway.Config{TenantHeader: c.tenantHeader})
+			// The limiter's first call to a model is a probe that the next calls wait
+			// for: one call first, so that a 429 below is the cap's.
+			if code, _, b := rawPost(t, fl.urls[0]+"/chat/completions", chatBody, http.Header{"Authorization": {"Bearer warm-up"}}); code != http.StatusOK {
+				t.Fatalf("warm-up call: %d %s", code, b)
+			}
+			first := make(chan int, 1)
+			go func() {
+				code, _, _ := rawPost(t, fl.urls[0]+"/chat/completions", chatBody, c.cred.Clone())
+				first <- code
+			}()
+			deadline := time.Now().Add(10 * time.Second)
+			for fs.Stats().InFlight == 0 && time.Now().Before(deadline) {
+				time.Sleep(5 * time.Millisecond)
+			}
+			code, _, b := rawPost(t, fl.urls[0]+"/chat/completions", chatBody, c.cred.Clone())
+			if code != http.StatusTooManyRequests || !strings.Contains(string(b), "ONCEFLOW_TENANT_CONCURRENCY") {
+				t.Errorf("a second call with the same credential under a cap of one: %d %s, want the cap's 429: without the tenant header a caller is uncapped", code, b)
+			}
+			if code := <-first; code != http.StatusOK {
+				t.Fatalf("first call: %d", code)
+			}
+			if n := fs.Stats().Requests; n != 2 {
+				t.Errorf("%d upstream calls (the warm-up and one for a credential capped at one in flight), want 2", n)
+			}
+		})
 	}
 }
