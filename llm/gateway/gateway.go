@@ -88,6 +88,7 @@ const (
 	DefaultMaxResponseBytes = 32 << 20
 	DefaultRetryAfter       = time.Second
 	DefaultDeriveWindow     = 15 * time.Minute
+	DefaultMaxIdleConns     = 256
 )
 
 // Config configures a Gateway.
@@ -151,7 +152,8 @@ type Config struct {
 	// (ONCEFLOW_GATEWAY_DERIVE_WINDOW). Default: 15m, above the SDKs' 10-minute
 	// default timeout.
 	DeriveWindow time.Duration
-	// Transport sends upstream requests. Default: a clone of http.DefaultTransport.
+	// Transport sends upstream requests. Default: a clone of http.DefaultTransport
+	// keeping up to DefaultMaxIdleConns idle connections to the upstream.
 	Transport http.RoundTripper
 	// Logger receives the gateway's logs. Default: slog.Default().
 	Logger *slog.Logger
@@ -239,7 +241,12 @@ func New(cfg Config) (*Gateway, error) {
 		cfg.JoinTimeout = cfg.Timeout
 	}
 	if cfg.Transport == nil {
-		cfg.Transport = http.DefaultTransport.(*http.Transport).Clone()
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		// One upstream host, many callers: keep a connection per call in flight
+		// instead of net/http's 2 idle per host, or every call beyond two dials anew.
+		t.MaxIdleConnsPerHost = DefaultMaxIdleConns
+		t.MaxIdleConns = DefaultMaxIdleConns
+		cfg.Transport = t
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
