@@ -38,27 +38,23 @@ const HeaderRetryCount = "X-Stainless-Retry-Count"
 //
 //	$1 fingerprint, $2 idem_key
 const noteDerivedSQL = `INSERT INTO gateway_derived_keys (fingerprint, idem_key, seen_at) VALUES ($1, $2, now())
-ON CONFLICT (fingerprint) DO UPDATE SET idem_key = EXCLUDED.idem_key, seen_at = EXCLUDED.seen_at, answered_at = NULL`
+ON CONFLICT (fingerprint) DO UPDATE SET idem_key = EXCLUDED.idem_key, seen_at = EXCLUDED.seen_at`
 
 // findDerivedSQL finds the key of the latest first attempt with a fingerprint within
-// the window.
+// the window, unless its call was recorded more than $3 ago: an SDK retries within
+// seconds of a failed attempt (its longest backoff is 8 s, a Retry-After at most 60 s),
+// so a later request with the same fingerprint is the retry of a new request whose first
+// attempt never reached the gateway, and gets a call of its own. The call's success
+// time is its llm_calls row's updated_at, which nothing changes after the success.
 //
-//	$1 fingerprint, $2 window µs
-//
-// A note whose call was answered more than derivedRetryGrace ago is not offered: an SDK
-// retries within seconds of a failed attempt.
-const findDerivedSQL = `SELECT idem_key FROM gateway_derived_keys
-WHERE fingerprint = $1 AND seen_at > now() - $2::bigint * interval '1 microsecond'
-	AND (answered_at IS NULL OR answered_at > now() - $3::bigint * interval '1 microsecond')`
+//	$1 fingerprint, $2 window µs, $3 grace µs
+const findDerivedSQL = `SELECT d.idem_key FROM gateway_derived_keys d
+LEFT JOIN llm_calls c ON c.idem_key = d.idem_key
+WHERE d.fingerprint = $1 AND d.seen_at > now() - $2::bigint * interval '1 microsecond'
+	AND (c.state IS DISTINCT FROM 'succeeded' OR c.updated_at > now() - $3::bigint * interval '1 microsecond')`
 
-// answeredSQL notes when a note's call was first answered.
-//
-//	$1 fingerprint, $2 idem_key
-const answeredSQL = `UPDATE gateway_derived_keys SET answered_at = now()
-WHERE fingerprint = $1 AND idem_key = $2 AND answered_at IS NULL`
-
-// derivedRetryGrace is how long after its call was answered a note is still offered to
-// retries: the SDKs' longest backoff is 8 s, and they wait a Retry-After of up to 60 s.
+// derivedRetryGrace is how long after its call was recorded a note is still offered to
+// retries.
 const derivedRetryGrace = time.Minute
 
 // purgeDerivedSQL deletes notes older than the window, a batch at a time.
@@ -71,11 +67,7 @@ const purgeDerivedSQL = `DELETE FROM gateway_derived_keys WHERE fingerprint IN (
 func (g *Gateway) derived(w http.ResponseWriter, r *http.Request) {
 	n, err := strconv.Atoi(strings.TrimSpace(r.Header.Get(HeaderRetryCount)))
 	if err != nil || n < 0 || len(r.Header.Values(HeaderRetryCount)) > 1 {
-		// Not an SDK's count: the request is passed through as one without a key.
-		g.requests.WithLabelValues(resultPassthrough).Inc()
-		ctx, cancel := context.WithTimeout(r.Context(), g.cfg.Timeout)
-		defer cancel()
-		g.passThrough(ctx, w, r)
+		g.passThrough(w, r) // not an SDK's count: a request without a key
 		return
 	}
 	body, err := io.ReadAll(r.Body)
@@ -92,7 +84,7 @@ func (g *Gateway) derived(w http.ResponseWriter, r *http.Request) {
 	if n >= 1 {
 		err := g.cfg.DB.QueryRow(ctx, findDerivedSQL, fingerprint, g.cfg.DeriveWindow.Microseconds(), derivedRetryGrace.Microseconds()).Scan(&key)
 		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-			g.derivedUnavailable(w, r, err)
+			g.ledgerUnavailable(r.Context(), w, "gateway: derived keys unavailable", err)
 			return
 		}
 	}
@@ -101,29 +93,11 @@ func (g *Gateway) derived(w http.ResponseWriter, r *http.Request) {
 		_, _ = rand.Read(b[:])
 		key = "gwd-" + hex.EncodeToString(b[:])
 		if _, err := g.cfg.DB.Exec(ctx, noteDerivedSQL, fingerprint, key); err != nil {
-			g.derivedUnavailable(w, r, err)
+			g.ledgerUnavailable(r.Context(), w, "gateway: derived keys unavailable", err)
 			return
 		}
 	}
-	sw := &statusWriter{ResponseWriter: w}
-	g.record(sw, r, key, hash, body) // a stream cut short panics past what follows
-	if sw.status < 200 || sw.status > 299 {
-		return
-	}
-	// Answered (whether or not every byte reached the client: its retry comes soon).
-	mctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 5*time.Second)
-	defer cancel()
-	if _, err := g.cfg.DB.Exec(mctx, answeredSQL, fingerprint, key); err != nil {
-		// The note stays offered for the whole window, as if the call were still running.
-		g.log.WarnContext(r.Context(), "gateway: could not note a derived key's answer", "err", err)
-	}
-}
-
-func (g *Gateway) derivedUnavailable(w http.ResponseWriter, r *http.Request, err error) {
-	g.requests.WithLabelValues(resultUnavailable).Inc()
-	g.log.ErrorContext(r.Context(), "gateway: derived keys unavailable", "err", err)
-	retryAfter(w, time.Second)
-	writeError(w, http.StatusServiceUnavailable, "server_error", "ledger_unavailable", "the idempotency ledger is unavailable; retry later")
+	g.record(w, r, key, hash, body)
 }
 
 // Run runs the gateway's background work until ctx ends: the ledger's purge of expired

@@ -77,7 +77,7 @@ func TestDerivedKeysAnswerAnSDKRetryFromTheFirstAttempt(t *testing.T) {
 	// A minute after its answer a note is no longer offered: an SDK retries within
 	// seconds, so this is the retry of a later identical request whose first attempt
 	// never reached the gateway, and it gets a call of its own.
-	if _, err := fl.pool.Exec(context.Background(), `UPDATE gateway_derived_keys SET answered_at = now() - interval '61 seconds'`); err != nil {
+	if _, err := fl.pool.Exec(context.Background(), `UPDATE llm_calls SET updated_at = now() - interval '61 seconds' WHERE state = 'succeeded'`); err != nil {
 		t.Fatal(err)
 	}
 	code, late, err := sdkPost(t, fl.urls[1], "Bearer sk-a", "1", chatBody, 10*time.Second)

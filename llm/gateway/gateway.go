@@ -378,10 +378,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if r.Method != http.MethodPost || len(r.Header.Values(idempotency.HeaderKey)) == 0 || !modelEndpoint(r.URL.Path) {
-		g.requests.WithLabelValues(resultPassthrough).Inc()
-		ctx, cancel := context.WithTimeout(r.Context(), g.cfg.Timeout)
-		defer cancel()
-		g.passThrough(ctx, w, r)
+		g.passThrough(w, r)
 		return
 	}
 	g.keyed(w, r)
@@ -553,10 +550,7 @@ func (g *Gateway) record(w http.ResponseWriter, r *http.Request, key, hash strin
 			writeError(w, http.StatusUnprocessableEntity, "invalid_request_error", "idempotency_key_reused", "this Idempotency-Key was used with another request body or path")
 			return
 		case err != nil:
-			g.requests.WithLabelValues(resultUnavailable).Inc()
-			g.log.ErrorContext(r.Context(), "gateway: ledger unavailable", "err", err)
-			retryAfter(w, time.Second)
-			writeError(w, http.StatusServiceUnavailable, "server_error", "ledger_unavailable", "the idempotency ledger is unavailable; retry later")
+			g.ledgerUnavailable(r.Context(), w, "gateway: ledger unavailable", err)
 			return
 		case rec != nil:
 			g.requests.WithLabelValues(resultReplayed).Inc()
@@ -583,6 +577,15 @@ func (g *Gateway) record(w http.ResponseWriter, r *http.Request, key, hash strin
 		}()
 		return
 	}
+}
+
+// ledgerUnavailable answers a request that PostgreSQL failed: 503 with Retry-After and
+// retry-after-ms (nothing is forwarded unrecorded), logging msg.
+func (g *Gateway) ledgerUnavailable(ctx context.Context, w http.ResponseWriter, msg string, err error) {
+	g.requests.WithLabelValues(resultUnavailable).Inc()
+	g.log.ErrorContext(ctx, msg, "err", err)
+	retryAfter(w, time.Second)
+	writeError(w, http.StatusServiceUnavailable, "server_error", "ledger_unavailable", "the idempotency ledger is unavailable; retry later")
 }
 
 // bodyError answers a request whose body could not be read.

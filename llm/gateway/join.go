@@ -256,10 +256,7 @@ func (g *Gateway) join(ctx context.Context, w http.ResponseWriter, key, hash str
 				g.log.WarnContext(ctx, "gateway: ledger unavailable while passing a joined stream on; polling on", "err", err)
 			}
 		case err != nil:
-			g.requests.WithLabelValues(resultUnavailable).Inc()
-			g.log.ErrorContext(ctx, "gateway: ledger unavailable while joining a call", "err", err)
-			retryAfter(w, time.Second)
-			writeError(w, http.StatusServiceUnavailable, "server_error", "ledger_unavailable", "the idempotency ledger is unavailable; retry later")
+			g.ledgerUnavailable(ctx, w, "gateway: ledger unavailable while joining a call", err)
 			return joinServed
 		case p == nil || p.RequestHash != hash: // purged (or reused: Begin says so)
 			return g.again(j)

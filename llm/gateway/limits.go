@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"net/http"
 	"slices"
@@ -241,12 +240,16 @@ func (s *streamUsage) usage() *llm.Usage {
 
 // errLimiterNotSent is the cause recorded on a ledger row whose call the limiter put
 // off: nothing went upstream.
-var errLimiterNotSent = fmt.Errorf("onceflow gateway: put off by the rate limiter, not sent")
+var errLimiterNotSent = errors.New("onceflow gateway: put off by the rate limiter, not sent")
 
-// passThrough forwards a request without a key, unrecorded; a model call is admitted
+// passThrough forwards a request without a key, unrecorded, within Config.Timeout; a
+// model call is admitted
 // by the limiter first, and settled with the answer's status and headers (its usage is
 // not read: the call is charged its estimate).
-func (g *Gateway) passThrough(ctx context.Context, w http.ResponseWriter, r *http.Request) {
+func (g *Gateway) passThrough(w http.ResponseWriter, r *http.Request) {
+	g.requests.WithLabelValues(resultPassthrough).Inc()
+	ctx, cancel := context.WithTimeout(r.Context(), g.cfg.Timeout)
+	defer cancel()
 	if g.cfg.Limiter == nil || r.Method != http.MethodPost || !modelEndpoint(r.URL.Path) {
 		g.proxy.ServeHTTP(w, r.WithContext(ctx))
 		return
