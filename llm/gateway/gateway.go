@@ -676,7 +676,9 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 		return
 	}
 	raw, err := io.ReadAll(io.LimitReader(resp.Body, g.cfg.MaxResponseBytes+1))
-	settleSent(f.permit, resp, usageOf(raw), err)
+	if f.permit != nil { // the usage is read for the limiter only
+		settleSent(f.permit, resp, usageOf(raw), err)
+	}
 	switch {
 	case err != nil:
 		g.fail(ctx, att, err, ledger.IsAmbiguous(err))

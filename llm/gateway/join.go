@@ -19,8 +19,8 @@ import (
 // for the answer and gets the same bytes; for a stream, the bytes so far at once and
 // then the live tail. A call this process makes is followed in memory (a flight); a
 // call another gateway process makes is followed through its llm_calls row, polled
-// (Ledger.Progress): the owner announces a stream's status and headers before its
-// first byte (Attempt.Announce) and persists its output in batches.
+// (Ledger.Progress): the owner announces a stream's status and headers before the first
+// batch of its output it persists (Attempt.Announce).
 
 // Poll intervals of a joiner following a call on another process: from joinPollMin,
 // growing by half at every poll without news, up to joinPollMax.

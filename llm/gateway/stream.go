@@ -121,11 +121,25 @@ func (g *Gateway) passOn(w http.ResponseWriter, rc *http.ResponseController, f *
 // flight ended.
 func (g *Gateway) recordStream(ctx context.Context, att *ledger.Attempt, f *flight, resp *http.Response) flightEnd {
 	m, _ := json.Marshal(meta{Status: resp.StatusCode, Header: keptHeader(resp.Header)})
-	// Followers on other processes need the status and headers before the first byte.
-	partialOK, err := att.Announce(ctx, m) // every partial write so far succeeded: the row's partial is an exact prefix of the stream
-	if err != nil {
-		g.log.WarnContext(ctx, "gateway: could not announce a stream; requests joining it on other processes will wait for its end", "err", err)
+	// Followers on other processes need the status and headers before the first byte
+	// of the row's partial output, not the clients here before theirs: the stream is
+	// read while the announcement commits, and the first partial write waits for it.
+	announced := make(chan bool, 1)
+	go func() {
+		ok, err := att.Announce(ctx, m)
+		if err != nil {
+			g.log.WarnContext(ctx, "gateway: could not announce a stream; requests joining it on other processes will wait for its end", "err", err)
+		}
+		announced <- ok
+	}()
+	partialOK := true // every partial write so far succeeded: the row's partial is an exact prefix of the stream
+	awaitAnnounced := func() {
+		if announced != nil {
+			partialOK = <-announced && partialOK
+			announced = nil
+		}
 	}
+	defer awaitAnnounced()
 	partial := att.PartialBuffer()
 	var parser sse.Parser // events are counted and the stream cut into partials at event boundaries
 	var last *sse.Event
@@ -156,6 +170,9 @@ func (g *Gateway) recordStream(ctx context.Context, att *ledger.Attempt, f *flig
 			// Each append rewrites the whole partial value: past this size, followers
 			// on other processes get the rest from the recorded answer at the end.
 			partialOK = false
+			return
+		}
+		if awaitAnnounced(); !partialOK {
 			return
 		}
 		seg := f.bytes()[persisted:b]

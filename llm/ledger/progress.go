@@ -18,7 +18,7 @@ const announceSQL = `UPDATE llm_calls SET response_meta = $4, partial = '', part
 	updated_at = now()
 WHERE idem_key = $1 AND owner = $2 AND state = 'in_flight'`
 
-// Announce records, before the first byte of a streamed answer, what a follower on
+// Announce records, before the first partial output of a streamed answer, what a follower on
 // another process needs to pass the stream on while it is still live (Progress): meta
 // (for onceflow gateway, the status and headers) and the start of this attempt's
 // partial output, which AppendPartial then extends. It reports false when the row is
