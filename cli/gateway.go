@@ -29,8 +29,8 @@ func runGateway(ctx context.Context, e *env, args []string) error {
 		upstream = openai.DefaultBaseURL
 	}
 	// The limiter needs Redis: the gateway uses it when a limit is configured.
-	limited := cfg.LLMAdmission && (cfg.LLMRPM > 0 || cfg.LLMTPM > 0 || cfg.LLMConcurrency > 0 || len(cfg.LLMLimits) > 0 ||
-		cfg.TenantConcurrency > 0 || cfg.TenantTokenBudget > 0)
+	lc := limitsConfig(cfg)
+	limited := cfg.LLMAdmission && (!lc.Limits.IsZero() || len(lc.Models) > 0 || lc.TenantConcurrency > 0 || lc.TenantTokenBudget > 0)
 	d, err := newDeps(ctx, cfg, log, limited, true)
 	if err != nil {
 		return err
@@ -38,13 +38,8 @@ func runGateway(ctx context.Context, e *env, args []string) error {
 	defer d.Close()
 	var lim *limiter.Limiter
 	if limited {
-		lim, err = limiter.New(d.rdb, limiter.Config{
-			Prefix: cfg.Prefix, Provider: cfg.LLM, DefaultModel: cfg.LLMModel,
-			Limits: limiter.Limits{RPM: cfg.LLMRPM, TPM: cfg.LLMTPM, Concurrency: cfg.LLMConcurrency},
-			Models: cfg.LLMLimits, Prices: cfg.LLMPrices, MaxWait: cfg.LLMAdmissionWait,
-			TenantConcurrency: cfg.TenantConcurrency, TenantTokenBudget: cfg.TenantTokenBudget,
-			Logger: log, Registerer: d.reg,
-		})
+		lc.Prefix, lc.Provider, lc.Logger, lc.Registerer = cfg.Prefix, cfg.LLM, log, d.reg
+		lim, err = limiter.New(d.rdb, lc)
 		if err != nil {
 			return err
 		}

@@ -144,18 +144,24 @@ func (d *deps) clientConfig(withModel bool) (onceflow.Config, error) {
 	}
 	cfg.Model, cfg.Provider, cfg.QuotaProbe = client, d.cfg.LLM, d.cfg.LLMQuotaProbe
 	cfg.NoLimits = !d.cfg.LLMAdmission
-	cfg.Limits = limiter.Config{
-		DefaultModel: d.cfg.LLMModel,
-		Limits:       limiter.Limits{RPM: d.cfg.LLMRPM, TPM: d.cfg.LLMTPM, Concurrency: d.cfg.LLMConcurrency},
-		Models:       d.cfg.LLMLimits, Prices: d.cfg.LLMPrices, MaxWait: d.cfg.LLMAdmissionWait,
-		TenantConcurrency: d.cfg.TenantConcurrency, TenantTokenBudget: d.cfg.TenantTokenBudget,
-	}
+	cfg.Limits = limitsConfig(d.cfg)
 	cfg.ModelRetry = retry.Policy{MaxAttempts: d.cfg.LLMMaxAttempts, PerCallTimeout: d.cfg.LLMTimeout}
 	cfg.Ledger = ledger.Config{
 		Lease: d.cfg.LedgerLease, Retention: d.cfg.LedgerRetention, RelaxedInsert: d.cfg.LedgerRelaxedInsert,
 		Models: []string{d.cfg.LLMModel},
 	}
 	return cfg, nil
+}
+
+// limitsConfig is the model limiter's configuration from the ONCEFLOW_LLM_* and
+// ONCEFLOW_TENANT_* limits (docs/limits.md); the caller adds its connections.
+func limitsConfig(c *config.Config) limiter.Config {
+	return limiter.Config{
+		DefaultModel: c.LLMModel,
+		Limits:       limiter.Limits{RPM: c.LLMRPM, TPM: c.LLMTPM, Concurrency: c.LLMConcurrency},
+		Models:       c.LLMLimits, Prices: c.LLMPrices, MaxWait: c.LLMAdmissionWait,
+		TenantConcurrency: c.TenantConcurrency, TenantTokenBudget: c.TenantTokenBudget,
+	}
 }
 
 // httpServer returns the health, readiness and metrics endpoints over d's stores; the
