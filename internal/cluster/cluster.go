@@ -304,21 +304,60 @@ func alive(pid int) bool {
 	return ok && state != 'Z' && state != 'X'
 }
 
-// procStat reads the parent pid and state of pid from /proc/PID/stat.
-func procStat(pid int) (ppid int, state byte, ok bool) {
+// statFields returns the fields of /proc/PID/stat after the command name, from the
+// state on (field 3 of proc(5) is statFields[0]); nil when unreadable.
+func statFields(pid int) []string {
+	if pid <= 0 {
+		return nil
+	}
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
-		return 0, 0, false
+		return nil
 	}
 	// pid (comm) state ppid ...; comm may contain spaces and parentheses.
 	i := bytes.LastIndexByte(b, ')')
 	if i < 0 {
-		return 0, 0, false
+		return nil
 	}
-	fields := strings.Fields(string(b[i+1:]))
+	return strings.Fields(string(b[i+1:]))
+}
+
+// procStat reads the parent pid and state of pid from /proc/PID/stat.
+func procStat(pid int) (ppid int, state byte, ok bool) {
+	fields := statFields(pid)
 	if len(fields) < 2 {
 		return 0, 0, false
 	}
-	ppid, err = strconv.Atoi(fields[1])
+	ppid, err := strconv.Atoi(fields[1])
 	return ppid, fields[0][0], err == nil
+}
+
+// clockTicks is Linux's USER_HZ, the unit of /proc/PID/stat's CPU times (100 on every
+// mainstream architecture).
+const clockTicks = 100
+
+// CPUTime returns the user plus system CPU time process pid has used so far (0 when
+// unknown), for benchmarks that report CPU per request by process.
+func CPUTime(pid int) time.Duration {
+	f := statFields(pid)
+	if len(f) < 13 {
+		return 0
+	}
+	ut, _ := strconv.ParseInt(f[11], 10, 64) // utime, field 14
+	st, _ := strconv.ParseInt(f[12], 10, 64) // stime, field 15
+	return time.Duration(ut+st) * time.Second / clockTicks
+}
+
+// LoadAvg returns the machine's 1-minute load average (0 when unknown).
+func LoadAvg() float64 {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 0
+	}
+	v, _ := strconv.ParseFloat(f[0], 64)
+	return v
 }

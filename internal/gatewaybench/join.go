@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"sync"
 	"time"
+
+	"github.com/onceflow/onceflow/internal/cluster"
 )
 
 // trialTimeout bounds one join trial.
@@ -116,7 +118,7 @@ func (b *bench) join(ctx context.Context, s *stack) (*JoinResult, error) {
 	if err := s.startJoin(ctx); err != nil {
 		return nil, err
 	}
-	j := &JoinResult{Trials: c.JoinTrials, DripInterval: c.DripInterval, JoinDelay: c.JoinDelay, Load: [2]float64{loadAvg()},
+	j := &JoinResult{Trials: c.JoinTrials, DripInterval: c.DripInterval, JoinDelay: c.JoinDelay, Load: [2]float64{cluster.LoadAvg()},
 		Same: JoinerResult{Where: "same process"}, Other: JoinerResult{Where: "another process"}}
 	var streams, sameTTFB, sameCatch, sameLag, otherTTFB, otherCatch, otherLag []time.Duration
 	var streamBytes, atJoin []float64
@@ -166,7 +168,7 @@ func (b *bench) join(ctx context.Context, s *stack) (*JoinResult, error) {
 	j.StreamBytes, j.BytesAtJoin = int(median(streamBytes)), int(median(atJoin))
 	j.Same.TTFB, j.Same.CatchUp, j.Same.Lag = distOf(sameTTFB), distOf(sameCatch), distOf(sameLag)
 	j.Other.TTFB, j.Other.CatchUp, j.Other.Lag = distOf(otherTTFB), distOf(otherCatch), distOf(otherLag)
-	j.Load[1] = loadAvg()
+	j.Load[1] = cluster.LoadAvg()
 	return j, nil
 }
 

@@ -18,6 +18,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/onceflow/onceflow/internal/cluster"
 	"github.com/onceflow/onceflow/internal/loadgen"
 	"github.com/onceflow/onceflow/llm/ledger"
 )
@@ -187,7 +188,7 @@ func (r *LatencyResult) AddedP99() time.Duration { return r.Gateway.P99 - r.Dire
 // one through the gateway, the order swapped every pair.
 func (b *bench) latency(ctx context.Context, s *stack, mode string) (*LatencyResult, error) {
 	c := b.cfg
-	r := &LatencyResult{Mode: mode, Pairs: c.LatencyPairs, Load: [2]float64{loadAvg()}}
+	r := &LatencyResult{Mode: mode, Pairs: c.LatencyPairs, Load: [2]float64{cluster.LoadAvg()}}
 	var direct, gw, diff, directFB, gwFB, diffFB, led []time.Duration
 	one := func(base string, viaGateway bool) (exchange, error) {
 		req, err := modeRequest(ctx, base, mode)
@@ -241,7 +242,7 @@ func (b *bench) latency(ctx context.Context, s *stack, mode string) (*LatencyRes
 	r.Direct, r.Gateway, r.Diff = distOf(direct), distOf(gw), distOf(diff)
 	r.DirectTTFB, r.GatewayTTFB, r.DiffTTFB = distOf(directFB), distOf(gwFB), distOf(diffFB)
 	r.Ledger = distOf(led)
-	r.Load[1] = loadAvg()
+	r.Load[1] = cluster.LoadAvg()
 	b.logf("%s latency: %d pairs: direct p50 %v p99 %v, gateway p50 %v p99 %v, added p50 %v (per pair %v), %d failed",
 		mode, c.LatencyPairs, r.Direct.P50, r.Direct.P99, r.Gateway.P50, r.Gateway.P99, r.AddedP50(), r.Diff.P50, r.Failures)
 	return r, nil
@@ -383,7 +384,7 @@ func perRequest(d time.Duration, n int64) float64 {
 // side, Config.Rounds pairs of runs, the order swapped every round.
 func (b *bench) throughput(ctx context.Context, s *stack, mode string) (*ThroughputResult, error) {
 	c := b.cfg
-	t := &ThroughputResult{Mode: mode, Concurrency: c.Concurrency, Load: [2]float64{loadAvg()}}
+	t := &ThroughputResult{Mode: mode, Concurrency: c.Concurrency, Load: [2]float64{cluster.LoadAvg()}}
 	conn, err := pgx.Connect(ctx, s.dbURL)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: %w", err)
@@ -395,7 +396,7 @@ func (b *bench) throughput(ctx context.Context, s *stack, mode string) (*Through
 		if err != nil {
 			return RunResult{}, err
 		}
-		gw0, up0, me0 := procCPU(s.gw), procCPU(s.fast), pidCPU(self)
+		gw0, up0, me0 := cluster.CPUTime(s.gw.Pid()), cluster.CPUTime(s.fast.Pid()), cluster.CPUTime(self)
 		res, err := loadgen.Run(ctx, loadgen.Config{
 			Concurrency: c.Concurrency, Duration: d, Client: s.client,
 			NewRequest: func(int, int) (*http.Request, error) { return modeRequest(ctx, base, mode) },
@@ -407,7 +408,7 @@ func (b *bench) throughput(ctx context.Context, s *stack, mode string) (*Through
 		if err := ctx.Err(); err != nil {
 			return RunResult{}, err
 		}
-		gw1, up1, me1 := procCPU(s.gw), procCPU(s.fast), pidCPU(self)
+		gw1, up1, me1 := cluster.CPUTime(s.gw.Pid()), cluster.CPUTime(s.fast.Pid()), cluster.CPUTime(self)
 		pg1, err := s.backendCPU(ctx, conn)
 		if err != nil {
 			return RunResult{}, err
@@ -445,6 +446,6 @@ func (b *bench) throughput(ctx context.Context, s *stack, mode string) (*Through
 		b.logf("%s throughput round %d: direct %.0f req/s, gateway %.0f req/s (%.2f), failed %d/%d", mode, i+1,
 			r.Direct.RPS, r.Gateway.RPS, r.Ratio(), r.Direct.Failures, r.Gateway.Failures)
 	}
-	t.Load[1] = loadAvg()
+	t.Load[1] = cluster.LoadAvg()
 	return t, nil
 }

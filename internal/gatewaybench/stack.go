@@ -1,7 +1,6 @@
 package gatewaybench
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -10,8 +9,6 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -206,7 +203,7 @@ func (s *stack) backendCPU(ctx context.Context, conn *pgx.Conn) (map[int]time.Du
 	}
 	out := make(map[int]time.Duration, len(pids))
 	for _, pid := range pids {
-		out[int(pid)] = pidCPU(int(pid))
+		out[int(pid)] = cluster.CPUTime(int(pid))
 	}
 	return out, nil
 }
@@ -219,47 +216,4 @@ func cpuSince(before, now map[int]time.Duration) time.Duration {
 		d += t - before[pid]
 	}
 	return d
-}
-
-// clockTicks is Linux's USER_HZ, the unit of /proc/PID/stat's CPU times.
-const clockTicks = 100
-
-// procCPU returns the user plus system CPU time of p's process so far (0 when unknown).
-func procCPU(p *cluster.Proc) time.Duration { return pidCPU(p.Pid()) }
-
-// pidCPU returns the user plus system CPU time of process pid so far (0 when unknown).
-func pidCPU(pid int) time.Duration {
-	if pid <= 0 {
-		return 0
-	}
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0
-	}
-	// pid (comm) state ppid ... utime(14) stime(15); comm may contain spaces.
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 13 {
-		return 0
-	}
-	ut, _ := strconv.ParseInt(f[11], 10, 64)
-	st, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(ut+st) * time.Second / clockTicks
-}
-
-// loadAvg returns the machine's 1-minute load average (0 when unknown).
-func loadAvg() float64 {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return 0
-	}
-	f := strings.Fields(string(b))
-	if len(f) == 0 {
-		return 0
-	}
-	v, _ := strconv.ParseFloat(f[0], 64)
-	return v
 }

@@ -1,7 +1,6 @@
 package limitbench
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -208,7 +207,7 @@ func (s *stack) workerEnv(admission, configured bool) []string {
 // run's clock) and how long until all of them logged "worker started".
 func (s *stack) startWorkers(ctx context.Context, env []string) (t0 time.Time, boot time.Duration, err error) {
 	s.redisCPU0, s.redisCmds0, _ = s.redisCounters(ctx)
-	s.load0 = loadAvg()
+	s.load0 = cluster.LoadAvg()
 	for i := range s.b.cfg.Workers {
 		port, err := cluster.FreePort()
 		if err != nil {
@@ -354,15 +353,15 @@ func (s *stack) metrics(ctx context.Context) (Metrics, error) {
 
 // usage reads the CPU the run's processes spent so far (call it before they stop).
 func (s *stack) usage(ctx context.Context) Usage {
-	u := Usage{LoadStart: s.load0, LoadEnd: loadAvg()}
+	u := Usage{LoadStart: s.load0, LoadEnd: cluster.LoadAvg()}
 	if cpu, cmds, err := s.redisCounters(ctx); err == nil {
 		u.RedisCPU, u.RedisCommands = cpu-s.redisCPU0, cmds-s.redisCmds0
 	}
 	for _, w := range s.workers {
-		u.WorkersCPU += procCPU(w.Pid())
+		u.WorkersCPU += cluster.CPUTime(w.Pid())
 	}
 	if s.llm != nil {
-		u.LLMCPU = procCPU(s.llm.Pid())
+		u.LLMCPU = cluster.CPUTime(s.llm.Pid())
 	}
 	return u
 }
@@ -399,45 +398,4 @@ func (s *stack) redisCounters(ctx context.Context) (time.Duration, int64, error)
 		}
 	}
 	return time.Duration(cpu * float64(time.Second)), cmds, nil
-}
-
-// clockTicks is Linux's USER_HZ, the unit of /proc/PID/stat's CPU times (100 on every
-// mainstream architecture).
-const clockTicks = 100
-
-// procCPU returns the user plus system CPU time of pid so far (0 when unknown).
-func procCPU(pid int) time.Duration {
-	if pid <= 0 {
-		return 0
-	}
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0
-	}
-	// pid (comm) state ppid ... utime(14) stime(15); comm may contain spaces.
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 13 {
-		return 0
-	}
-	ut, _ := strconv.ParseInt(f[11], 10, 64)
-	st, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(ut+st) * time.Second / clockTicks
-}
-
-// loadAvg returns the machine's 1-minute load average (0 when unknown).
-func loadAvg() float64 {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return 0
-	}
-	f := strings.Fields(string(b))
-	if len(f) == 0 {
-		return 0
-	}
-	v, _ := strconv.ParseFloat(f[0], 64)
-	return v
 }
