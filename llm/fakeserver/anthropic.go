@@ -143,27 +143,7 @@ func (d anthropicDialect) parse(body []byte) (*chatRequest, *apiError) {
 }
 
 // anText reads a string or a list of text blocks; absent or null is "".
-func anText(raw json.RawMessage) (string, bool) {
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 || string(raw) == "null" {
-		return "", true
-	}
-	var s string
-	if json.Unmarshal(raw, &s) == nil {
-		return s, true
-	}
-	var blocks []anBlock
-	if json.Unmarshal(raw, &blocks) != nil {
-		return "", false
-	}
-	var b strings.Builder
-	for _, bl := range blocks {
-		if bl.Type == "text" {
-			b.WriteString(bl.Text)
-		}
-	}
-	return b.String(), true
-}
+func anText(raw json.RawMessage) (string, bool) { return textOf(raw, "text") }
 
 func (d anthropicDialect) errorOf(k errKind, detail string, _ *chatRequest) apiError {
 	switch k {

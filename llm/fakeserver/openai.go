@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -130,21 +131,9 @@ func (d openaiDialect) parse(body []byte) (*chatRequest, *apiError) {
 // oaToolChoice reads OpenAI's tool_choice: absent, null, "auto", "none", "required" or
 // {"type": "function", "function": {"name": ...}}; msg says what is wrong otherwise.
 func oaToolChoice(raw json.RawMessage) (c toolChoice, msg string) {
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 || string(raw) == "null" {
-		return toolChoice{}, ""
-	}
-	var mode string
-	if json.Unmarshal(raw, &mode) == nil {
-		switch mode {
-		case "auto":
-			return toolChoice{mode: choiceAuto}, ""
-		case "none":
-			return toolChoice{mode: choiceNone}, ""
-		case "required":
-			return toolChoice{mode: choiceRequired}, ""
-		}
-		return toolChoice{}, fmt.Sprintf("'%s' is not one of ['none', 'auto', 'required'].", truncateStr(mode, 40))
+	c, msg, done := oaChoiceMode(raw)
+	if done {
+		return c, msg
 	}
 	var named struct {
 		Type     string `json:"type"`
@@ -158,9 +147,37 @@ func oaToolChoice(raw json.RawMessage) (c toolChoice, msg string) {
 	return toolChoice{mode: choiceNamed, name: named.Function.Name}, ""
 }
 
-// contentText reads a message content: a string, null, or an array of parts whose
-// text parts are joined.
-func contentText(raw json.RawMessage) (string, bool) {
+// oaChoiceMode reads the part both OpenAI APIs' tool_choice share: absent or null (no
+// choice), or a string mode "auto", "none", "required"; done is false when raw is
+// neither (an object, for the caller to read).
+func oaChoiceMode(raw json.RawMessage) (c toolChoice, msg string, done bool) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || string(raw) == "null" {
+		return toolChoice{}, "", true
+	}
+	var mode string
+	if json.Unmarshal(raw, &mode) != nil {
+		return toolChoice{}, "", false
+	}
+	switch mode {
+	case "auto":
+		return toolChoice{mode: choiceAuto}, "", true
+	case "none":
+		return toolChoice{mode: choiceNone}, "", true
+	case "required":
+		return toolChoice{mode: choiceRequired}, "", true
+	}
+	return toolChoice{}, fmt.Sprintf("'%s' is not one of ['none', 'auto', 'required'].", truncateStr(mode, 40)), true
+}
+
+// contentText reads a Chat Completions message content: a string, null, or an array of
+// parts whose "text" parts are joined.
+func contentText(raw json.RawMessage) (string, bool) { return textOf(raw, "text") }
+
+// textOf reads a content as the providers write it: a string, null (""), or an array
+// of typed parts whose parts of the given types are joined (images, files, tool
+// results and the like add nothing). It reports false for anything else.
+func textOf(raw json.RawMessage, types ...string) (string, bool) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 || string(raw) == "null" {
 		return "", true
@@ -178,7 +195,7 @@ func contentText(raw json.RawMessage) (string, bool) {
 	}
 	var b strings.Builder
 	for _, p := range parts {
-		if p.Type == "text" {
+		if slices.Contains(types, p.Type) {
 			b.WriteString(p.Text)
 		}
 	}

@@ -205,32 +205,10 @@ func (responsesDialect) input(raw json.RawMessage, invalid func(param, code, for
 	return msgs, nil
 }
 
-// rsText reads a content: a string, null, or an array of parts whose text parts
-// (input_text, output_text) are joined; images, files and refusals add nothing.
-func rsText(raw json.RawMessage) (string, bool) {
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 || string(raw) == "null" {
-		return "", true
-	}
-	var s string
-	if json.Unmarshal(raw, &s) == nil {
-		return s, true
-	}
-	var parts []struct {
-		Type string `json:"type"`
-		Text string `json:"text"`
-	}
-	if json.Unmarshal(raw, &parts) != nil {
-		return "", false
-	}
-	var b strings.Builder
-	for _, p := range parts {
-		if p.Type == "input_text" || p.Type == "output_text" {
-			b.WriteString(p.Text)
-		}
-	}
-	return b.String(), true
-}
+// rsText reads a Responses API content: a string, null, or an array of parts whose
+// text parts (input_text, output_text) are joined; images, files and refusals add
+// nothing.
+func rsText(raw json.RawMessage) (string, bool) { return textOf(raw, "input_text", "output_text") }
 
 // rsToolChoice reads the Responses API's tool_choice: absent, null, "auto", "none",
 // "required", {"type":"function","name":...}, {"type":"allowed_tools","mode":...}
@@ -238,21 +216,9 @@ func rsText(raw json.RawMessage) (string, bool) {
 // ({"type":"web_search_preview"}, ...), which the fake cannot run: a text answer.
 // msg says what is wrong otherwise.
 func rsToolChoice(raw json.RawMessage) (c toolChoice, msg string) {
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 || string(raw) == "null" {
-		return toolChoice{}, ""
-	}
-	var mode string
-	if json.Unmarshal(raw, &mode) == nil {
-		switch mode {
-		case "auto":
-			return toolChoice{mode: choiceAuto}, ""
-		case "none":
-			return toolChoice{mode: choiceNone}, ""
-		case "required":
-			return toolChoice{mode: choiceRequired}, ""
-		}
-		return toolChoice{}, fmt.Sprintf("'%s' is not one of ['none', 'auto', 'required'].", truncateStr(mode, 40))
+	c, msg, done := oaChoiceMode(raw)
+	if done {
+		return c, msg
 	}
 	var obj struct {
 		Type string `json:"type"`
