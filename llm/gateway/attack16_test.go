@@ -124,25 +124,14 @@ func stalledClient(t *testing.T, gatewayV1, key string) net.Conn {
 // derivedPost sends p's body as an SDK does (no Idempotency-Key, X-Stainless-Retry-Count
 // count), with secret in p's credential header ("" for no credential) and extra headers.
 func derivedPost(url string, p protocol, count, secret string, extra http.Header) protoAnswer {
-	req, _ := http.NewRequest(http.MethodPost, url+p.path, strings.NewReader(strings.Replace(p.body, "%s", "", 1)))
-	req.Header.Set("Content-Type", "application/json")
+	h := http.Header{}
 	if count != "" {
-		req.Header.Set("X-Stainless-Retry-Count", count)
-	}
-	if secret != "" {
-		p.cred(req.Header, secret)
+		h.Set("X-Stainless-Retry-Count", count)
 	}
 	for k, vs := range extra {
-		req.Header[k] = vs
+		h[k] = vs
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return protoAnswer{err: err}
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	return protoAnswer{resp.StatusCode, resp.Header.Get("Onceflow-Joined"), resp.Header.Get("Idempotent-Replayed"),
-		resp.Header.Get("Content-Type"), b, err}
+	return protoSend(url, p, false, secret, h)
 }
 
 // Derived keys never cross credentials, for every protocol and its credential header
@@ -166,10 +155,7 @@ func TestAttack16DerivedRetryNeverCrossesCredentials(t *testing.T) {
 			fl := gatewaysOn(t, fs, 2, gateway.Config{DeriveKeys: gateway.DeriveRetryCount})
 			firstc := make(chan protoAnswer, 1)
 			go func() { firstc <- derivedPost(fl.urls[0], p, "0", "secret-a", nil) }()
-			deadline := time.Now().Add(10 * time.Second)
-			for fs.Stats().InFlight == 0 && time.Now().Before(deadline) {
-				time.Sleep(5 * time.Millisecond)
-			}
+			waitUpstreamInFlight(t, fs)
 			type probe struct {
 				name, secret string
 				extra        http.Header
@@ -408,10 +394,7 @@ func TestAttack16KeyedJoinNeverCrossesCredentials(t *testing.T) {
 			key := "cross-credential-join-" + strings.ReplaceAll(p.name, " ", "-")
 			firstc := make(chan protoAnswer, 1)
 			go func() { firstc <- protoPost(fl.urls[0], p, false, key, "secret-a") }()
-			deadline := time.Now().Add(10 * time.Second)
-			for fs.Stats().InFlight == 0 && time.Now().Before(deadline) {
-				time.Sleep(5 * time.Millisecond)
-			}
+			waitUpstreamInFlight(t, fs)
 			strangers := []func(h http.Header){
 				func(h http.Header) { p.cred(h, "secret-b") },
 				func(h http.Header) {},
@@ -872,10 +855,7 @@ func TestAttack16TenantCapIsNotOneHeaderAway(t *testing.T) {
 	}
 	first := make(chan int, 1)
 	go func() { first <- send(nil) }()
-	deadline := time.Now().Add(10 * time.Second)
-	for fs.Stats().InFlight == 0 && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitUpstreamInFlight(t, fs)
 	// The cap holds for the same headers...
 	if code, b := sendBody(nil); code != http.StatusTooManyRequests || !strings.Contains(b, "ONCEFLOW_TENANT_CONCURRENCY") {
 		t.Fatalf("a second call with the same credential: %d %s, want the limiter's 429 for the tenant's concurrency", code, b)
@@ -963,10 +943,7 @@ func TestAttack16TenantCapHoldsWithoutTheTenantHeader(t *testing.T) {
 				code, _, _ := rawPost(t, fl.urls[0]+"/chat/completions", chatBody, c.cred.Clone())
 				first <- code
 			}()
-			deadline := time.Now().Add(10 * time.Second)
-			for fs.Stats().InFlight == 0 && time.Now().Before(deadline) {
-				time.Sleep(5 * time.Millisecond)
-			}
+			waitUpstreamInFlight(t, fs)
 			code, _, b := rawPost(t, fl.urls[0]+"/chat/completions", chatBody, c.cred.Clone())
 			if code != http.StatusTooManyRequests || !strings.Contains(string(b), "ONCEFLOW_TENANT_CONCURRENCY") {
 				t.Errorf("a second call with the same credential under a cap of one: %d %s, want the cap's 429: without the tenant header a caller is uncapped", code, b)

@@ -163,10 +163,7 @@ func TestConflictsAndBadInput(t *testing.T) {
 		r, _ := post(t, url, key, "Bearer sk", chatBody)
 		first <- r.StatusCode
 	}()
-	deadline := time.Now().Add(10 * time.Second)
-	for e.up.Stats().InFlight == 0 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitUpstreamInFlight(t, e.up.Server)
 	r, b := post(t, url, key, "Bearer sk", chatBody)
 	if r.StatusCode != http.StatusConflict || r.Header.Get("Retry-After") != "1" || r.Header.Get("retry-after-ms") != "1000" ||
 		r.Header.Get("x-should-retry") != "" {

@@ -70,6 +70,18 @@ func (fl *fleet) waitJoining(t *testing.T, i, n int) {
 	}
 }
 
+// waitUpstreamInFlight waits until fs has a request in flight.
+func waitUpstreamInFlight(t *testing.T, fs *fakeserver.Server) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for fs.Stats().InFlight == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no request reached the upstream")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 // gatedStream is an upstream whose stream stops after its first events until release is
 // closed, then sends the rest. It counts its calls.
 type gatedStream struct {
@@ -229,10 +241,7 @@ func TestFiftyJoinersCostOneUpstreamCall(t *testing.T) {
 	}
 	firstc := make(chan result, 1)
 	go func() { firstc <- send(fl.urls[0]) }()
-	deadline := time.Now().Add(10 * time.Second)
-	for fs.Stats().InFlight == 0 && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitUpstreamInFlight(t, fs)
 	results := make([]result, 50)
 	var wg sync.WaitGroup
 	for i := range results {
@@ -368,10 +377,7 @@ func TestJoinTimeoutAnswers409(t *testing.T) {
 	fl := gatewaysOn(t, fs, 2, gateway.Config{JoinTimeout: 300 * time.Millisecond, RetryAfter: 1500 * time.Millisecond})
 	key := "join-timeout-key-00001"
 	go func() { _, _ = post(t, fl.urls[0]+"/chat/completions", key, "Bearer sk", chatBody) }()
-	deadline := time.Now().Add(10 * time.Second)
-	for fs.Stats().InFlight == 0 && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitUpstreamInFlight(t, fs)
 	for i, url := range fl.urls {
 		r, b := post(t, url+"/chat/completions", key, "Bearer sk", chatBody)
 		if r.StatusCode != http.StatusConflict || r.Header.Get("Retry-After") != "2" || r.Header.Get("retry-after-ms") != "1500" {

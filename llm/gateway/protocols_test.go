@@ -38,15 +38,26 @@ type protoAnswer struct {
 	err            error
 }
 
+// protoPost sends p's body with Idempotency-Key key and secret in p's credential header.
 func protoPost(url string, p protocol, stream bool, key, secret string) protoAnswer {
+	return protoSend(url, p, stream, secret, http.Header{"Idempotency-Key": {key}})
+}
+
+// protoSend sends p's body (streaming or not) with secret in p's credential header (""
+// for none) and the headers h.
+func protoSend(url string, p protocol, stream bool, secret string, h http.Header) protoAnswer {
 	extra := ""
 	if stream {
 		extra = `,"stream":true`
 	}
 	req, _ := http.NewRequest(http.MethodPost, url+p.path, strings.NewReader(strings.Replace(p.body, "%s", extra, 1)))
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Idempotency-Key", key)
-	p.cred(req.Header, secret)
+	if secret != "" {
+		p.cred(req.Header, secret)
+	}
+	for k, vs := range h {
+		req.Header[k] = vs
+	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return protoAnswer{err: err}
@@ -80,10 +91,7 @@ func TestEveryProtocolJoinsAndReplays(t *testing.T) {
 				key := "protocol-key-" + strings.NewReplacer(" ", "-", "/", "-").Replace(name)
 				firstc := make(chan protoAnswer, 1)
 				go func() { firstc <- protoPost(fl.urls[0], p, stream, key, "secret-a") }()
-				deadline := time.Now().Add(10 * time.Second)
-				for fs.Stats().InFlight == 0 && time.Now().Before(deadline) {
-					time.Sleep(5 * time.Millisecond)
-				}
+				waitUpstreamInFlight(t, fs)
 				joined := make([]protoAnswer, 4)
 				var wg sync.WaitGroup
 				for i := range joined {
