@@ -285,9 +285,9 @@ func (m *httpMetrics) instrument(route string, h http.Handler) http.Handler {
 	duration := m.duration.WithLabelValues(route)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
-		sw := &statusWriter{ResponseWriter: w}
+		sw := &StatusWriter{ResponseWriter: w}
 		defer func() {
-			code := sw.status
+			code := sw.Status
 			p := recover()
 			if code == 0 && p != nil {
 				code = http.StatusInternalServerError // net/http answers a panic with 500
@@ -304,28 +304,31 @@ func (m *httpMetrics) instrument(route string, h http.Handler) http.Handler {
 	})
 }
 
-// statusWriter remembers the status code a handler wrote.
-type statusWriter struct {
+// StatusWriter remembers the status code a handler wrote (0 while nothing was
+// written).
+type StatusWriter struct {
 	http.ResponseWriter
-	status int
+	Status int
 }
 
-func (w *statusWriter) WriteHeader(code int) {
-	if w.status == 0 {
-		w.status = code
+// WriteHeader implements http.ResponseWriter.
+func (w *StatusWriter) WriteHeader(code int) {
+	if w.Status == 0 {
+		w.Status = code
 	}
 	w.ResponseWriter.WriteHeader(code)
 }
 
-func (w *statusWriter) Write(b []byte) (int, error) {
-	if w.status == 0 {
-		w.status = http.StatusOK
+// Write implements http.ResponseWriter.
+func (w *StatusWriter) Write(b []byte) (int, error) {
+	if w.Status == 0 {
+		w.Status = http.StatusOK
 	}
 	return w.ResponseWriter.Write(b)
 }
 
 // Unwrap lets http.ResponseController reach the underlying writer (Flush, deadlines).
-func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+func (w *StatusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // Serve serves h on addr until ctx is cancelled, then shuts down gracefully: it stops
 // accepting, lets in-flight requests finish within cfg.ShutdownTimeout and closes what

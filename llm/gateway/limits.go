@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/onceflow/onceflow/internal/httpapi"
 	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/llm/ledger"
 	"github.com/onceflow/onceflow/llm/limiter"
@@ -265,9 +266,9 @@ func (g *Gateway) passThrough(w http.ResponseWriter, r *http.Request) {
 		refused.write(w)
 		return
 	}
-	sw := &statusWriter{ResponseWriter: w}
+	sw := &statusWriter{StatusWriter: httpapi.StatusWriter{ResponseWriter: w}}
 	defer func() {
-		if sw.status == 0 { // no answer: the proxy's ErrorHandler did not run either (a panic)
+		if sw.Status == 0 { // no answer: the proxy's ErrorHandler did not run either (a panic)
 			p.Done(limiter.Result{Sent: true, Ambiguous: true})
 		}
 	}()
@@ -283,32 +284,14 @@ type permitKey struct{}
 // statusWriter notes the status and the upstream's headers of a passed-through answer,
 // and whether the proxy itself answered for want of one (proxyFailed).
 type statusWriter struct {
-	http.ResponseWriter
-	status      int
+	httpapi.StatusWriter
 	proxyFailed error
 }
-
-func (s *statusWriter) WriteHeader(status int) {
-	if s.status == 0 {
-		s.status = status
-	}
-	s.ResponseWriter.WriteHeader(status)
-}
-
-func (s *statusWriter) Write(p []byte) (int, error) {
-	if s.status == 0 {
-		s.status = http.StatusOK
-	}
-	return s.ResponseWriter.Write(p)
-}
-
-// Unwrap lets http.ResponseController reach the connection (flushes of streams).
-func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 
 func (s *statusWriter) settle(p *limiter.Permit) {
 	if s.proxyFailed != nil {
 		settleSent(p, nil, nil, s.proxyFailed)
 		return
 	}
-	settleSent(p, &http.Response{StatusCode: s.status, Header: s.Header()}, nil, nil)
+	settleSent(p, &http.Response{StatusCode: s.Status, Header: s.Header()}, nil, nil)
 }
