@@ -6,10 +6,14 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/onceflow/onceflow/internal/connect"
+	"github.com/onceflow/onceflow/internal/roundtrip"
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/llm/fakeserver"
 	"github.com/onceflow/onceflow/llm/gateway"
@@ -106,5 +110,66 @@ func TestWithoutDerivedKeysRetriesPassThrough(t *testing.T) {
 	}
 	if n := fs.Stats().Requests; n != 2 {
 		t.Fatalf("%d upstream requests, want 2", n)
+	}
+}
+
+// A derived first attempt costs one PostgreSQL round trip more than a keyed request
+// (the note), and a derived retry answered by a replay one more than a keyed replay
+// (finding the note), as docs/providers.md says.
+func TestDerivedKeysCostOneRoundTripMore(t *testing.T) {
+	t.Parallel()
+	fs, err := fakeserver.New(fakeserver.Config{Logger: testenv.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ups := httptest.NewServer(fs)
+	t.Cleanup(func() { fs.Close(); ups.Close() })
+	_, dsn := testenv.Postgres(t)
+	var rt roundtrip.Counter
+	// One connection, warmed up below, so that statement preparation is not counted.
+	pool, err := connect.Postgres(context.Background(), dsn+"&pool_max_conns=1", &rt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	g, err := gateway.New(gateway.Config{Upstream: ups.URL + "/v1", DB: pool, DeriveKeys: gateway.DeriveRetryCount, Logger: testenv.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := httptest.NewServer(g)
+	t.Cleanup(gs.Close)
+	url := gs.URL + "/v1"
+	body := func(i int) string { return strings.Replace(chatBody, "random word", "random word "+strconv.Itoa(i), 1) }
+	count := func(send func()) int64 {
+		rt.Reset()
+		send()
+		return rt.Postgres()
+	}
+	keyed := func(i int) func() {
+		return func() {
+			if r, b := post(t, url+"/chat/completions", "round-trip-key-"+strconv.Itoa(i)+"-000000", "Bearer sk", body(i)); r.StatusCode != 200 {
+				t.Fatalf("keyed: %d %s", r.StatusCode, b)
+			}
+		}
+	}
+	derived := func(i int, n string) func() {
+		return func() {
+			if code, b, err := sdkPost(t, url, "Bearer sk", n, body(i), 10*time.Second); err != nil || code != 200 {
+				t.Fatalf("derived %s: %d %s %v", n, code, b, err)
+			}
+		}
+	}
+	for i := range 2 { // warm-up: every statement prepared
+		count(keyed(i))
+		count(keyed(i))
+		count(derived(10+i, "0"))
+		count(derived(10+i, "1"))
+	}
+	keyedFirst, keyedReplay := count(keyed(2)), count(keyed(2))
+	derivedFirst, derivedRetry := count(derived(12, "0")), count(derived(12, "1"))
+	t.Logf("round trips: keyed %d, replayed %d; derived %d, retry replayed %d", keyedFirst, keyedReplay, derivedFirst, derivedRetry)
+	if derivedFirst != keyedFirst+1 || derivedRetry != keyedReplay+1 {
+		t.Fatalf("derived first attempt %d and retry %d round trips; want %d and %d (a keyed request's and a keyed replay's, plus one)",
+			derivedFirst, derivedRetry, keyedFirst+1, keyedReplay+1)
 	}
 }
