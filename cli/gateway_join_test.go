@@ -16,6 +16,19 @@ import (
 	"github.com/onceflow/onceflow/llm/ledger"
 )
 
+// streamAnswer sends streamRequest and reads its answer whole; err is the read error of
+// a stream that was cut.
+func streamAnswer(t *testing.T, url, key string) (http.Header, string, error) {
+	t.Helper()
+	resp, err := streamRequest(t, url, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.Header, string(b), err
+}
+
 // A streaming upstream for the kill test: its first call sends two events and then
 // holds the stream open until its client goes; later calls send a whole stream.
 type holdingStream struct {
@@ -103,23 +116,12 @@ func TestGatewayKilledMidStreamJoinerCutRetryRestarts(t *testing.T) {
 	}
 	t.Logf("joiner cut %v after the kill", time.Since(start).Round(time.Millisecond))
 	// The client's retry: a new generation from its first event, and it says so.
-	retry, err := streamRequest(t, bURL, key)
-	if err != nil {
-		t.Fatal(err)
+	h, body, err := streamAnswer(t, bURL, key)
+	if err != nil || body != fullAgain || h.Get("Onceflow-Stream-Restarted") != strconv.Itoa(len(holdHead)) {
+		t.Fatalf("retry: %v %q %v; want the new stream whole, with Onceflow-Stream-Restarted: %d", h, body, err, len(holdHead))
 	}
-	body, err := io.ReadAll(retry.Body)
-	retry.Body.Close()
-	if err != nil || string(body) != fullAgain || retry.Header.Get("Onceflow-Stream-Restarted") != strconv.Itoa(len(holdHead)) {
-		t.Fatalf("retry: %v %q %v; want the new stream whole, with Onceflow-Stream-Restarted: %d", retry.Header, body, err, len(holdHead))
-	}
-	replay, err := streamRequest(t, bURL, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rb, err := io.ReadAll(replay.Body)
-	replay.Body.Close()
-	if err != nil || string(rb) != fullAgain || replay.Header.Get("Idempotent-Replayed") != "true" {
-		t.Fatalf("replay: %v %q %v", replay.Header, rb, err)
+	if h, body, err := streamAnswer(t, bURL, key); err != nil || body != fullAgain || h.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("replay: %v %q %v", h, body, err)
 	}
 	l, _ := ledger.New(pool, ledger.Config{})
 	row, err := l.Get(context.Background(), gatewayKey(key))
