@@ -324,7 +324,7 @@ func (g *Gateway) Close(ctx context.Context) error {
 	}
 }
 
-// Ledger returns the gateway's ledger (to run its purge loop, Run).
+// Ledger returns the gateway's ledger (Run runs its purge loop).
 func (g *Gateway) Ledger() *ledger.Ledger { return g.ledger }
 
 // dotSegment reports whether the (unescaped) path p has a "." or ".." segment.
