@@ -33,7 +33,10 @@ func TestOne429PausesEveryWorkProcess(t *testing.T) {
 			switch {
 			case admission == "on" && inPause > 2:
 				t.Fatalf("with the limiter, %d more requests met the pause one 429 announced, want at most 2", inPause)
-			case admission == "off" && inPause < 5:
+			case admission == "off" && inPause <= 2:
+				// The control: more than the limiter's bound, or the test cannot tell the
+				// two apart. Usually 6 to 8 (each slot meets a 429 of its own); a loaded
+				// machine saw 4 (slots between jobs when the pause began).
 				t.Fatalf("without the limiter only %d more requests met the pause: the test cannot tell the two apart", inPause)
 			}
 		})
