@@ -15,7 +15,7 @@ TEST_TIMEOUT ?= 20m
 # (internal/testenv.Binary): `onceflow work --test-handler`. `make build` leaves them out.
 TEST_TAGS := onceflowtest
 
-.PHONY: all build test demo lint fuzz bench bench-limits bench-gateway chaos chaos-outage services-up services-down clean example-minimal example-triage
+.PHONY: all build test ui-screenshots demo lint fuzz bench bench-limits bench-gateway bench-ui chaos chaos-outage chaos-cluster services-up services-down clean example-minimal example-triage
 
 all: build
 
@@ -23,14 +23,29 @@ all: build
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o bin/onceflow ./cmd/onceflow
 
-## test: start real Redis and PostgreSQL (scripts/dev-services) and run every test with -race
+## test: start real Redis and PostgreSQL (scripts/dev-services), install Chromium for the
+## browser tests when root (scripts/install-chromium; without it they skip) and run every
+## test with -race; then the queue's and the idempotency store's suites again on a local
+## Redis Cluster they start (3 primaries on loopback; docs/operations.md, "Redis Cluster")
 test:
 	scripts/dev-services up
+	scripts/install-chromium || echo "chromium not installed: the browser tests will be skipped"
 	eval "$$(scripts/dev-services env)" && $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+	eval "$$(scripts/dev-services env)" && ONCEFLOW_TEST_REDIS_CLUSTER=local $(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./queue ./idempotency/redisstore
 
-## demo: the service end to end against real Redis and PostgreSQL (under a minute)
+## ui-screenshots: the operator UI's browser tests, saving their screenshots (1280x800
+## PNGs) in docs/ui/ for docs/ui.md
+ui-screenshots:
+	scripts/dev-services up
+	scripts/install-chromium
+	eval "$$(scripts/dev-services env)" && ONCEFLOW_UI_SCREENSHOTS=$(CURDIR)/docs/ui ONCEFLOW_REQUIRE_BROWSER=1 \
+	  $(GO) test -count=1 -run '^TestBrowser' ./adminui/
+
+## demo: the service end to end against real Redis and PostgreSQL (under a minute);
+## CLUSTER=1 runs it on a local Redis Cluster of its own (3 primaries, 3 replicas, the
+## queue in 3 partitions, WAIT 1 on every accept)
 demo:
-	scripts/demo
+	scripts/demo $(if $(filter 1 yes true,$(CLUSTER)),--cluster)
 
 ## lint: the repository check (no file over 1 MiB, no executable binary tracked), gofmt,
 ## go vet, staticcheck and gosec (pinned), each also with the test build tag (TEST_TAGS)
@@ -57,18 +72,25 @@ fuzz:
 
 ## chaos: the long chaos runs: kill -9 (CHAOS_DURATION, default 5m; CHAOS_SEED to replay a
 ## run), then the outage profile (CHAOS_OUTAGE_POSTGRES / _MODEL / _REDIS, default 2m, 2m,
-## 1m, with CHAOS_OUTAGE_GAP, default 20s, of plain load around them); chaos-outage runs
-## only the latter
+## 1m, with CHAOS_OUTAGE_GAP, default 20s, of plain load around them), then the cluster
+## profile (CHAOS_CLUSTER_DURATION, default 2m) with WAIT 1 and without WAIT (its loss
+## measured); chaos-outage runs only the outage profile, chaos-cluster the cluster ones
 CHAOS_DURATION ?= 5m
 CHAOS_OUTAGE_POSTGRES ?= 2m
 CHAOS_OUTAGE_MODEL ?= 2m
 CHAOS_OUTAGE_REDIS ?= 1m
 CHAOS_OUTAGE_GAP ?= 20s
+CHAOS_CLUSTER_DURATION ?= 2m
 CHAOS_ENV = CHAOS_DURATION=$(CHAOS_DURATION) CHAOS_SEED=$(CHAOS_SEED) CHAOS_OUTAGE_POSTGRES=$(CHAOS_OUTAGE_POSTGRES) \
-	CHAOS_OUTAGE_MODEL=$(CHAOS_OUTAGE_MODEL) CHAOS_OUTAGE_REDIS=$(CHAOS_OUTAGE_REDIS) CHAOS_OUTAGE_GAP=$(CHAOS_OUTAGE_GAP)
+	CHAOS_OUTAGE_MODEL=$(CHAOS_OUTAGE_MODEL) CHAOS_OUTAGE_REDIS=$(CHAOS_OUTAGE_REDIS) CHAOS_OUTAGE_GAP=$(CHAOS_OUTAGE_GAP) \
+	CHAOS_CLUSTER_DURATION=$(CHAOS_CLUSTER_DURATION) CHAOS_CLUSTER_NOWAIT=1
 chaos:
 	scripts/dev-services up
-	$(CHAOS_ENV) $(GO) test -count=1 -run '^(TestChaos|TestChaosOutage)$$' -v -timeout 2h ./internal/chaos
+	$(CHAOS_ENV) $(GO) test -count=1 -run '^(TestChaos|TestChaosOutage|TestChaosCluster|TestChaosClusterNoWait)$$' -v -timeout 2h ./internal/chaos
+
+chaos-cluster:
+	scripts/dev-services up
+	$(CHAOS_ENV) $(GO) test -count=1 -run '^(TestChaosCluster|TestChaosClusterNoWait)$$' -v -timeout 2h ./internal/chaos
 
 chaos-outage:
 	scripts/dev-services up
@@ -88,6 +110,12 @@ bench:
 bench-limits:
 	scripts/dev-services up
 	eval "$$(scripts/dev-services env)" && ONCEFLOW_LIMITS_BENCH=1 $(GO) test -count=1 -run '^TestLimitsBench$$' -v -timeout 60m ./internal/limitbench
+
+## bench-ui: the operator UI's server-side render times with 100,000 jobs and 1,000 dead
+## letters in the stores (issue 17, adminui); about a minute; prints the report
+bench-ui:
+	scripts/dev-services up
+	eval "$$(scripts/dev-services env)" && ONCEFLOW_UI_BENCH=1 $(GO) test -count=1 -run '^TestRenderTimeWithLargeStores$$' -v -timeout 20m ./adminui
 
 ## bench-gateway: onceflow gateway's overhead (issue 16, internal/gatewaybench): latency at
 ## concurrency 1 and throughput at 16 against direct calls to fake-llm (keyed unary, keyed

@@ -50,50 +50,21 @@ func (c *Client) Audit(ctx context.Context) (*AuditReport, error) {
 	// failed to see.
 	dead := map[string][]string{} // queue -> dead-lettered job ids
 	for _, name := range c.Queues() {
-		keys, qc := c.keys(name), c.queues[name]
-		st, err := queue.ReadStats(ctx, c.rdb, keys, queue.DefaultGroup)
+		qc := c.queues[name]
+		parts, err := c.QueuePartitions(ctx, name)
+		if err != nil {
+			return nil, fmt.Errorf("onceflow: audit queue %q: %w", name, err)
+		}
+		st, err := queue.ReadStatsOf(ctx, c.rdb, parts, queue.DefaultGroup)
 		if err != nil {
 			return nil, fmt.Errorf("onceflow: audit queue %q: %w", name, err)
 		}
 		q := "queue " + name
 		r.Checked = append(r.Checked, q)
 		r.Counts[q], r.Counts[q+" pending"], r.Counts[q+" dead"] = st.Length, st.Pending, st.Dead
-		for start := "-"; start != ""; {
-			page, next, err := queue.ListDead(ctx, c.rdb, keys, start, 1000)
-			if err != nil {
-				return nil, fmt.Errorf("onceflow: audit queue %q: %w", name, err)
-			}
-			for _, d := range page {
-				if d.JobID != "" {
-					dead[name] = append(dead[name], d.JobID)
-				}
-			}
-			start = next
-		}
-		idle := 2 * cmp.Or(qc.ClaimIdle, queue.DefaultClaimIdle)
-		stale, err := queue.StalePending(ctx, c.rdb, keys, queue.DefaultGroup, idle, auditMaxListed)
-		if err != nil {
-			return nil, fmt.Errorf("onceflow: audit queue %q: %w", name, err)
-		}
-		if len(stale) > 0 {
-			ids := make([]string, len(stale))
-			for i, p := range stale {
-				ids[i] = fmt.Sprintf("%s (consumer %s, idle %s)", p.ID, p.Consumer, p.Idle.Round(time.Second))
-			}
-			violate("queue %s: stream entries pending for longer than 2 x ClaimIdle (%s): %v", name, idle, ids)
-		}
-		if run := cmp.Or(qc.MaxRunTime, queue.DefaultMaxRunTime); run > 0 {
-			age := run + idle
-			old, err := queue.LongRuns(ctx, c.rdb, keys, queue.DefaultGroup, time.Now().Add(-age), auditMaxListed)
-			if err != nil {
-				return nil, fmt.Errorf("onceflow: audit queue %q: %w", name, err)
-			}
-			if len(old) > 0 {
-				ids := make([]string, len(old))
-				for i, p := range old {
-					ids[i] = fmt.Sprintf("%s (consumer %s, started %s)", p.ID, p.Consumer, p.Started.Format(time.RFC3339))
-				}
-				violate("queue %s: runs still holding their entry although they started longer ago than MaxRunTime + 2 x ClaimIdle (%s): %v", name, age, ids)
+		for _, keys := range parts {
+			if err := c.auditPartition(ctx, keys, qc, dead, violate); err != nil {
+				return nil, err
 			}
 		}
 	}
@@ -164,4 +135,48 @@ func auditIDs(ctx context.Context, db *pgxpool.Pool, sql string, args ...any) ([
 		return nil, fmt.Errorf("onceflow: audit: %w", err)
 	}
 	return out, nil
+}
+
+// auditPartition checks the partition keys of a queue: its dead letters' job ids go to
+// dead (by queue), its entries pending or running for too long to violate.
+func (c *Client) auditPartition(ctx context.Context, keys queue.Keys, qc QueueConfig, dead map[string][]string, violate func(string, ...any)) error {
+	for start := "-"; start != ""; {
+		page, next, err := queue.ListDead(ctx, c.rdb, keys, start, 1000)
+		if err != nil {
+			return fmt.Errorf("onceflow: audit queue %q: %w", keys.Name(), err)
+		}
+		for _, d := range page {
+			if d.JobID != "" {
+				dead[keys.Queue] = append(dead[keys.Queue], d.JobID)
+			}
+		}
+		start = next
+	}
+	idle := 2 * cmp.Or(qc.ClaimIdle, queue.DefaultClaimIdle)
+	stale, err := queue.StalePending(ctx, c.rdb, keys, queue.DefaultGroup, idle, auditMaxListed)
+	if err != nil {
+		return fmt.Errorf("onceflow: audit queue %q: %w", keys.Name(), err)
+	}
+	if len(stale) > 0 {
+		ids := make([]string, len(stale))
+		for i, p := range stale {
+			ids[i] = fmt.Sprintf("%s (consumer %s, idle %s)", p.ID, p.Consumer, p.Idle.Round(time.Second))
+		}
+		violate("queue %s: stream entries pending for longer than 2 x ClaimIdle (%s): %v", keys.Name(), idle, ids)
+	}
+	if run := cmp.Or(qc.MaxRunTime, queue.DefaultMaxRunTime); run > 0 {
+		age := run + idle
+		old, err := queue.LongRuns(ctx, c.rdb, keys, queue.DefaultGroup, time.Now().Add(-age), auditMaxListed)
+		if err != nil {
+			return fmt.Errorf("onceflow: audit queue %q: %w", keys.Name(), err)
+		}
+		if len(old) > 0 {
+			ids := make([]string, len(old))
+			for i, p := range old {
+				ids[i] = fmt.Sprintf("%s (consumer %s, started %s)", p.ID, p.Consumer, p.Started.Format(time.RFC3339))
+			}
+			violate("queue %s: runs still holding their entry although they started longer ago than MaxRunTime + 2 x ClaimIdle (%s): %v", keys.Name(), age, ids)
+		}
+	}
+	return nil
 }

@@ -78,7 +78,15 @@ func (c *Client) Breakers() []*breaker.Breaker {
 func (c *Client) watchers() []func(context.Context) error {
 	every := c.cfg.HealthInterval
 	parts := []func(context.Context) error{func(ctx context.Context) error {
-		return c.redisBreaker.Watch(ctx, every, func(ctx context.Context) error { return c.rdb.Ping(ctx).Err() })
+		nodes := newNodeGauge(c.cfg.Registerer)
+		return c.redisBreaker.Watch(ctx, every, func(ctx context.Context) error {
+			up, err := pingNodes(ctx, c.rdb)
+			nodes.set(up)
+			if errors.Is(err, ErrSomeRedisNodesDown) {
+				return nil // the partitions on the others work; a job on a silent node fails and is retried
+			}
+			return err
+		})
 	}}
 	if c.pgBreaker != nil {
 		parts = append(parts, func(ctx context.Context) error { return c.pgBreaker.Watch(ctx, every, c.cfg.DB.Ping) })

@@ -154,6 +154,13 @@ type Config struct {
 	// ResultTTL is how long an idempotency key is remembered and a finished job's index
 	// kept (ONCEFLOW_RESULT_TTL). Default: DefaultResultTTL (24h).
 	ResultTTL time.Duration
+	// WaitReplicas, above 0, answers an accepted POST (and a keyed Enqueue) only once that many
+	// Redis replicas confirmed its write (WAIT, in the same round trip;
+	// ONCEFLOW_REDIS_WAIT_REPLICAS), so a failover cannot lose an accepted job; fewer in
+	// WaitTimeout (ONCEFLOW_REDIS_WAIT_TIMEOUT, default 1s) is an error (503). See
+	// redisstore.Config.WaitReplicas. Default: 0.
+	WaitReplicas int
+	WaitTimeout  time.Duration
 	// TraceParent returns the W3C traceparent a job enqueued from ctx carries (the
 	// onceflowotel package provides one). Default: none.
 	TraceParent func(ctx context.Context) string
@@ -192,6 +199,21 @@ type QueueConfig struct {
 	// cancelled, its lease lapses, and the run is a failed attempt. Negative: none.
 	// Default: queue.DefaultMaxRunTime (15m).
 	MaxRunTime time.Duration
+	// RecordSuccesses adds each successful run's consumer and times to its job's
+	// history, as the operator UI's job page shows it (ONCEFLOW_RECORD_SUCCESSES; see
+	// queue.WorkerConfig.RecordSuccesses for its cost). Set in QueueDefaults, it holds
+	// for every queue. Default: false.
+	RecordSuccesses bool
+	// Partitions is the queue's partitions (ONCEFLOW_QUEUE_PARTITIONS), 1 to
+	// queue.MaxPartitions: each has a hash tag of its own (queue.Keys), so on a Redis
+	// Cluster the queue's jobs spread over the nodes. A job's partition is
+	// queue.PartitionOf its id, derived from its idempotency key when it has one. Run
+	// consumes every partition, with one reader per partition sharing Concurrency, and
+	// also those a higher count recorded before (queue.RegisterPartitions); ordering
+	// holds within a partition only. Set in QueueDefaults, it holds for every queue,
+	// also those the Client only enqueues to. See docs/queue.md, "Partitions".
+	// Default: 1.
+	Partitions int
 	// ShutdownTimeout is how long Run waits for running jobs once its context ends
 	// (ONCEFLOW_SHUTDOWN_TIMEOUT). Default: queue.DefaultShutdownTimeout.
 	ShutdownTimeout time.Duration
@@ -230,6 +252,10 @@ type Client struct {
 	// elsewhere are the queues, other than those it works, that this Client enqueued to
 	// or routes to (queue name -> struct{}): JobState looks in them too.
 	elsewhere sync.Map
+	// known caches knownPartitions' answer per queue name.
+	known sync.Map
+	// registered has the queues whose partitions enqueueKeys recorded.
+	registered sync.Map
 
 	// background are the parts Run runs besides the queue workers (the outbox relay,
 	// the ledger's purge), added by the features NewClient sets up.
@@ -295,7 +321,8 @@ func NewClient(cfg Config) (*Client, error) {
 		cfg.Queues[name] = qc.withDefaults(cfg.QueueDefaults)
 	}
 	c := &Client{cfg: cfg, log: cfg.Logger, rdb: cfg.Redis, workers: cfg.Workers.snapshot(), queues: maps.Clone(cfg.Queues)}
-	store, err := redisstore.New(cfg.Redis, redisstore.Config{Prefix: cfg.Prefix, ResultTTL: cfg.ResultTTL, Logger: cfg.Logger})
+	store, err := redisstore.New(cfg.Redis, redisstore.Config{Prefix: cfg.Prefix, ResultTTL: cfg.ResultTTL, Logger: cfg.Logger,
+		WaitReplicas: cfg.WaitReplicas, WaitTimeout: cfg.WaitTimeout})
 	if err != nil {
 		return nil, fmt.Errorf("onceflow: %w", err)
 	}
@@ -304,6 +331,9 @@ func NewClient(cfg Config) (*Client, error) {
 	for name, qc := range c.queues {
 		if err := c.keys(name).Validate(); err != nil {
 			return nil, fmt.Errorf("onceflow: queue %q: %w", name, err)
+		}
+		if qc.Partitions < 1 || qc.Partitions > queue.MaxPartitions {
+			return nil, fmt.Errorf("onceflow: queue %q: Partitions %d: want 1 to %d", name, qc.Partitions, queue.MaxPartitions)
 		}
 		if qc.DefaultKind != "" && !queue.ValidKind(qc.DefaultKind) {
 			return nil, fmt.Errorf("onceflow: queue %q: DefaultKind %q is not a valid kind", name, qc.DefaultKind)
@@ -344,11 +374,60 @@ func (qc QueueConfig) withDefaults(d QueueConfig) QueueConfig {
 	qc.RetryBase = cmp.Or(qc.RetryBase, d.RetryBase)
 	qc.RetryMax = cmp.Or(qc.RetryMax, d.RetryMax)
 	qc.MaxRunTime = cmp.Or(qc.MaxRunTime, d.MaxRunTime)
+	qc.RecordSuccesses = qc.RecordSuccesses || d.RecordSuccesses
+	qc.Partitions = cmp.Or(qc.Partitions, d.Partitions, 1)
 	return qc
 }
 
-// keys names the Redis keys of queue name.
+// keys names the Redis keys of queue name (its partition 0).
 func (c *Client) keys(name string) queue.Keys { return queue.Keys{Prefix: c.cfg.Prefix, Queue: name} }
+
+// partitions returns the partitions jobs of queue name are enqueued to: its
+// QueueConfig's, or QueueDefaults' for a queue the Client does not work.
+func (c *Client) partitions(name string) int {
+	if qc, ok := c.queues[name]; ok {
+		return qc.Partitions
+	}
+	return max(c.cfg.QueueDefaults.Partitions, 1)
+}
+
+// jobKeys names the Redis keys of the partition of queue name that job id is enqueued
+// to.
+func (c *Client) jobKeys(name, id string) queue.Keys {
+	return c.keys(name).InPartition(queue.PartitionOf(id, c.partitions(name)))
+}
+
+// enqueueKeys is jobKeys for an enqueue: a Client that enqueues to several partitions
+// first records them (queue.RegisterPartitions, once per queue and process), so that
+// the workers of a process configured with fewer still consume them.
+func (c *Client) enqueueKeys(ctx context.Context, name, id string) (queue.Keys, error) {
+	keys := c.jobKeys(name, id)
+	n := c.partitions(name)
+	if n == 1 {
+		return keys, nil
+	}
+	if _, done := c.registered.Load(name); done {
+		return keys, nil
+	}
+	if _, err := queue.RegisterPartitions(ctx, c.rdb, keys, n); err != nil {
+		return keys, err
+	}
+	c.registered.Store(name, true)
+	return keys, nil
+}
+
+// QueuePartitions returns the keys of every partition of queue name that may hold jobs:
+// its configured partitions, and more when a higher count was recorded before
+// (queue.KnownPartitions, read at most every 30 seconds: a UI page asks several times;
+// without Redis's answer, the configured ones and the error).
+// For the queue package's inspection functions over a whole queue.
+func (c *Client) QueuePartitions(ctx context.Context, name string) ([]queue.Keys, error) {
+	n, err := c.knownPartitions(ctx, name)
+	if err != nil {
+		n = c.partitions(name)
+	}
+	return c.keys(name).Partitions(n), err
+}
 
 // DB returns Config.DB, the PostgreSQL pool of the client's tables (nil without one),
 // for a workflow's own reads of its tables (a GET of its rows, its audit).
@@ -358,8 +437,8 @@ func (c *Client) DB() *pgxpool.Pool { return c.cfg.DB }
 // queue.ListDead) by a workflow's audit.
 func (c *Client) Redis() redis.UniversalClient { return c.rdb }
 
-// QueueKeys returns the Redis keys of queue name under Config.Prefix, for the queue
-// package's inspection functions.
+// QueueKeys returns the Redis keys of queue name under Config.Prefix (of its partition
+// 0; QueuePartitions gives them all), for the queue package's inspection functions.
 func (c *Client) QueueKeys(name string) queue.Keys { return c.keys(name) }
 
 // Queues returns the names of the queues Run works, sorted.
@@ -400,31 +479,131 @@ func (c *Client) Run(ctx context.Context) error {
 	}()
 	var parts []func(context.Context) error
 	for _, name := range c.Queues() {
-		w, err := c.newWorker(name)
+		run, err := c.queueRunner(ctx, name)
 		if err != nil {
 			return err
 		}
-		parts = append(parts, w.Run)
+		parts = append(parts, run)
 	}
 	parts = append(parts, c.watchers()...)
 	return runParts(ctx, append(parts, c.background...))
 }
 
-// newWorker returns the queue worker of queue name, running the registered workers.
-func (c *Client) newWorker(name string) (*queue.Worker, error) {
+// queueRunner returns the part of Run that works queue name: one queue worker per
+// partition, running the registered workers; a partitioned queue's workers share one
+// budget of Concurrency. It consumes the partitions a higher count recorded before
+// (queue.RegisterPartitions), and every partitionsCheck looks again, so that partitions
+// recorded later (by a process configured with more, or while Redis did not answer at
+// start) get their workers too.
+func (c *Client) queueRunner(ctx context.Context, name string) (func(context.Context) error, error) {
 	qc := c.queues[name]
-	w, err := queue.NewWorker(queue.WorkerConfig{
-		Redis: c.rdb, Keys: c.keys(name), Handler: c.handler(name, qc),
-		Concurrency: qc.Concurrency, ClaimIdle: qc.ClaimIdle, MaxDeliveries: qc.MaxDeliveries,
-		ShutdownTimeout: qc.ShutdownTimeout, StatsInterval: qc.StatsInterval, Gate: qc.Gate,
-		JobTTL: c.cfg.ResultTTL, DeadLetterRetention: qc.DeadLetterRetention,
-		RetryBase: qc.RetryBase, RetryMax: qc.RetryMax, MaxRunTime: qc.MaxRunTime,
-		Logger: c.log, Registerer: c.cfg.Registerer,
-	})
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	n, err := queue.RegisterPartitions(rctx, c.rdb, c.keys(name), qc.Partitions)
+	cancel()
 	if err != nil {
-		return nil, fmt.Errorf("onceflow: queue %q: %w", name, err)
+		c.log.WarnContext(ctx, "onceflow: cannot read the partitions recorded for the queue: consuming the configured ones, and looking again", "queue", name, "partitions", qc.Partitions, "err", err)
+		n = qc.Partitions
 	}
-	return w, nil
+	q := &queueRun{c: c, name: name, qc: qc, h: c.handler(name, qc)}
+	if n > 1 {
+		q.budget = queue.NewBudget(cmp.Or(qc.Concurrency, queue.DefaultConcurrency))
+	}
+	ws, err := q.workers(0, n)
+	if err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context) error { return q.run(ctx, ws) }, nil
+}
+
+// partitionsCheck is how often a running queue looks for partitions recorded since it
+// started.
+var partitionsCheck = 5 * time.Second
+
+// queueRun is one queue's workers under Run.
+type queueRun struct {
+	c      *Client
+	name   string
+	qc     QueueConfig
+	h      queue.Handler
+	budget *queue.Budget // shared by the partitions' workers; nil for one partition
+}
+
+// workers returns the workers of partitions from to to-1.
+func (q *queueRun) workers(from, to int) ([]*queue.Worker, error) {
+	qc := q.qc
+	var ws []*queue.Worker
+	for p := from; p < to; p++ {
+		w, err := queue.NewWorker(queue.WorkerConfig{
+			Redis: q.c.rdb, Keys: q.c.keys(q.name).InPartition(p), Handler: q.h, Budget: q.budget,
+			Concurrency: qc.Concurrency, ClaimIdle: qc.ClaimIdle, MaxDeliveries: qc.MaxDeliveries,
+			ShutdownTimeout: qc.ShutdownTimeout, StatsInterval: qc.StatsInterval, Gate: qc.Gate,
+			JobTTL: q.c.cfg.ResultTTL, DeadLetterRetention: qc.DeadLetterRetention,
+			RetryBase: qc.RetryBase, RetryMax: qc.RetryMax, MaxRunTime: qc.MaxRunTime, RecordSuccesses: qc.RecordSuccesses,
+			Logger: q.c.log, Registerer: q.c.cfg.Registerer,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("onceflow: queue %q: %w", q.name, err)
+		}
+		ws = append(ws, w)
+	}
+	return ws, nil
+}
+
+// run runs ws, and the workers of partitions recorded later, until ctx ends; it returns
+// the first worker's error.
+func (q *queueRun) run(ctx context.Context, ws []*queue.Worker) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var first error
+	start := func(w *queue.Worker) {
+		wg.Go(func() {
+			if err := w.Run(ctx); err != nil {
+				mu.Lock()
+				first = cmp.Or(first, err)
+				mu.Unlock()
+				cancel()
+			}
+		})
+	}
+	for _, w := range ws {
+		start(w)
+	}
+	n := len(ws)
+	t := time.NewTicker(partitionsCheck)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			wg.Wait()
+			return first
+		case <-t.C:
+		}
+		rctx, rcancel := context.WithTimeout(ctx, 5*time.Second)
+		got, err := queue.RegisterPartitions(rctx, q.c.rdb, q.c.keys(q.name), q.qc.Partitions)
+		rcancel()
+		if err != nil || got <= n {
+			continue
+		}
+		if q.budget == nil {
+			// Partition 0's worker has slots of its own: until a restart, the new
+			// partitions share a budget of their own, as large.
+			q.budget = queue.NewBudget(cmp.Or(q.qc.Concurrency, queue.DefaultConcurrency))
+			q.c.log.WarnContext(ctx, "onceflow: the queue has more partitions than when this process started: working them with a second budget of Concurrency until a restart", "queue", q.name, "partitions", got)
+		} else {
+			q.c.log.InfoContext(ctx, "onceflow: the queue has more partitions than when this process started: working them too", "queue", q.name, "partitions", got)
+		}
+		more, err := q.workers(n, got)
+		if err != nil {
+			q.c.log.ErrorContext(ctx, "onceflow: cannot work the queue's new partitions", "queue", q.name, "err", err)
+			continue
+		}
+		for _, w := range more {
+			start(w)
+		}
+		n = got
+	}
 }
 
 // Handler returns the queue.Handler that runs the jobs of queue name: it routes each

@@ -74,8 +74,9 @@ type EnqueueOpts struct {
 	// still deduplicates. A job id is one job: enqueueing it again for the same tenant
 	// adds a delivery of that job (its Commit still runs once), and for another tenant
 	// on the same queue fails with ErrJobIDTaken while its index lives (Config.ResultTTL
-	// after it is done; the index lives with the queue). On another queue, or later, the
-	// enqueue is accepted, but the job whose Commit comes second finds the other's
+	// after it is done; the index lives with the queue, in the job's partition). On
+	// another queue, later, or after the queue's partitions changed (the id may then
+	// belong to another partition, docs/queue.md "Partitions"), the enqueue is accepted, but the job whose Commit comes second finds the other's
 	// completion and fails permanently with ErrJobIDTaken (dead-lettered, nothing
 	// written): the first to commit wins. So choose ids unique across tenants, queues and
 	// kinds (prefix them with all three), or give a Key instead: a derived id includes
@@ -113,7 +114,10 @@ func (c *Client) Enqueue(ctx context.Context, args JobArgs, opts *EnqueueOpts) (
 	if err != nil {
 		return nil, err
 	}
-	keys := c.keys(o.Queue)
+	keys, err := c.enqueueKeys(ctx, o.Queue, m.JobID)
+	if err != nil {
+		return nil, fmt.Errorf("onceflow: enqueue %s job: %w", m.Kind, err)
+	}
 	if o.Key == "" {
 		if err := c.enqueue(ctx, keys, m, o.RunAt); err != nil {
 			return nil, fmt.Errorf("onceflow: enqueue %s job: %w", m.Kind, err)

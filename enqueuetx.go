@@ -113,9 +113,14 @@ func (c *Client) sendEnqueue(ctx context.Context, om outbox.Message) error {
 	}
 	m := queue.Message{JobID: in.JobID, Kind: in.Kind, Tenant: in.Tenant, Payload: json.RawMessage(in.Args),
 		EnqueuedAt: time.UnixMilli(in.EnqueuedAt), TraceParent: in.TraceParent}
-	keys := c.keys(in.Queue)
-	if err := keys.Validate(); err != nil {
+	if err := c.keys(in.Queue).Validate(); err != nil {
 		return outbox.Permanent(fmt.Errorf("%s row: %w", TopicEnqueue, err))
+	}
+	keys, err := c.enqueueKeys(ctx, in.Queue, in.JobID)
+	if redisUnreachable(err) {
+		return outbox.Unavailable(err)
+	} else if err != nil {
+		return err
 	}
 	if err := m.Validate(); err != nil {
 		return outbox.Permanent(fmt.Errorf("%s row: %w", TopicEnqueue, err))
@@ -124,7 +129,6 @@ func (c *Client) sendEnqueue(ctx context.Context, om outbox.Message) error {
 	if in.RunAt > 0 {
 		runAt = time.UnixMilli(in.RunAt)
 	}
-	var err error
 	if in.Key != "" {
 		_, err = c.acceptKeyed(ctx, EnqueueScopeOn(keys.Queue, m.Tenant, m.Kind, in.Key), m, keys, runAt)
 		if errors.Is(err, idempotency.ErrKeyReused) {

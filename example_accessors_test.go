@@ -3,8 +3,10 @@ package onceflow_test
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/queue"
 )
 
 // Visit is a job kind whose Worker counts what its deliveries did.
@@ -62,6 +64,44 @@ func ExampleClient_QueueKeys() {
 	keys := client.QueueKeys("default")
 	fmt.Println(keys.Stream() == prefix+":{default}:stream", client.DB() == db, client.Redis() == rdb)
 	// Output: true true true
+}
+
+// A queue of three partitions has three sets of keys, each under a hash tag of its own
+// (a Redis Cluster spreads them over its nodes); inspecting the whole queue reads them
+// all, here with queue.ReadStatsOf.
+func ExampleClient_QueuePartitions() {
+	rdb, prefix, _, done := exampleStores(``)
+	defer done()
+	client, err := onceflow.NewClient(onceflow.Config{Redis: rdb, Prefix: prefix,
+		QueueDefaults: onceflow.QueueConfig{Partitions: 3}})
+	must(err)
+	ctx := context.Background()
+	for i := range 6 {
+		_, err := client.Enqueue(ctx, Visit{Page: fmt.Sprintf("/p%d", i)}, nil)
+		must(err)
+	}
+	parts, err := client.QueuePartitions(ctx, "default")
+	must(err)
+	for _, keys := range parts {
+		fmt.Println(strings.TrimPrefix(keys.Stream(), prefix))
+	}
+	st, err := queue.ReadStatsOf(ctx, rdb, parts, queue.DefaultGroup)
+	must(err)
+	fmt.Println("jobs:", st.Length)
+	// Output:
+	// :{default}:stream
+	// :{default:1}:stream
+	// :{default:2}:stream
+	// jobs: 6
+}
+
+// PingRedis is a readiness check of Redis: of the one Redis here, of every primary of a
+// Redis Cluster client (naming those that do not answer).
+func ExamplePingRedis() {
+	rdb, _, _, done := exampleStores(``)
+	defer done()
+	fmt.Println(onceflow.PingRedis(context.Background(), rdb))
+	// Output: <nil>
 }
 
 // LoadScripts, at start, saves the first accept of a route or a keyed Enqueue its second

@@ -567,3 +567,41 @@ func ExampleAuditReport_OK() {
 	fmt.Println(empty.OK(), clean.OK(), broken.OK())
 	// Output: false true false
 }
+
+// Completion reads a finished job's completion record whatever its tenant: for operator
+// tools (package adminui), never for an API a tenant calls, which JobState serves.
+func ExampleClient_Completion() {
+	rdb, prefix, db, done := exampleStores(`CREATE TABLE refunds (job_id text PRIMARY KEY, order_id text, amount_cents int)`)
+	defer done()
+	workers := onceflow.NewWorkers()
+	onceflow.AddWorker(workers, onceflow.WorkFunc[Refund](func(ctx context.Context, job *onceflow.Job[Refund]) error {
+		return job.Commit(ctx, func(c *onceflow.Commit) error {
+			c.Exec(`INSERT INTO refunds (job_id, order_id, amount_cents) VALUES ($1, $2, $3)`, job.ID, job.Args.OrderID, job.Args.AmountCents)
+			c.Result(map[string]int{"refunded_cents": job.Args.AmountCents})
+			return nil
+		})
+	}))
+	client, err := onceflow.NewClient(onceflow.Config{Redis: rdb, DB: db, Prefix: prefix, Workers: workers})
+	if err != nil {
+		panic(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan error)
+	go func() { stopped <- client.Run(ctx) }()
+	defer func() { cancel(); <-stopped }()
+	res, err := client.Enqueue(ctx, Refund{OrderID: "order-7", AmountCents: 300}, &onceflow.EnqueueOpts{Tenant: "acme"})
+	if err != nil {
+		panic(err)
+	}
+	waitDone(client, "acme", res.JobID)
+	st, err := client.Completion(ctx, res.JobID)
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println(st.Status, st.Tenant, st.Kind, string(st.Result))
+	_, err = client.Completion(ctx, "no-such-job")
+	fmt.Println(errors.Is(err, onceflow.ErrJobNotFound))
+	// Output:
+	// done acme refund {"refunded_cents": 300}
+	// true
+}

@@ -32,11 +32,11 @@ func (c *Client) RunWorkers(ctx context.Context, queues ...string) error {
 			continue
 		}
 		seen[name] = true
-		w, err := c.newWorker(name)
+		run, err := c.queueRunner(ctx, name)
 		if err != nil {
 			return err
 		}
-		parts = append(parts, w.Run)
+		parts = append(parts, run)
 	}
 	if c.model != nil {
 		parts = append(parts, c.model.ledger.Run)

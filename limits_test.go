@@ -16,6 +16,7 @@ import (
 	"github.com/onceflow/onceflow/llm/fakeserver"
 	"github.com/onceflow/onceflow/llm/limiter"
 	"github.com/onceflow/onceflow/llm/openai"
+	"github.com/onceflow/onceflow/queue"
 )
 
 // The model's limiter inside a Client, against real Redis and PostgreSQL and fake-llm
@@ -76,9 +77,19 @@ func TestJobOverBudgetStaysQueuedWithItsReason(t *testing.T) {
 
 // A 429 spends no attempt: the limiter pauses the model until its Retry-After and the
 // job waits in the scheduled set, then runs; with MaxDeliveries 1 a spent attempt
-// would have dead-lettered it.
+// would have dead-lettered it. The same on a queue of 3 partitions: the limiter is the
+// model's, whatever partition the job is in, and its wait lands in the job's partition.
 func TestRateLimitedCallSpendsNoAttempt(t *testing.T) {
 	t.Parallel()
+	for _, parts := range []int{1, 3} {
+		t.Run(fmt.Sprintf("partitions=%d", parts), func(t *testing.T) {
+			t.Parallel()
+			testRateLimitedCallSpendsNoAttempt(t, parts)
+		})
+	}
+}
+
+func testRateLimitedCallSpendsNoAttempt(t *testing.T, parts int) {
 	fs, err := fakeserver.New(fakeserver.Config{Logger: testenv.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
@@ -93,14 +104,23 @@ func TestRateLimitedCallSpendsNoAttempt(t *testing.T) {
 	})
 	e := newModelEnv(t, fakeserver.Config{}, onceflow.Config{
 		Model:  openai.New(openai.Config{BaseURL: srv.URL + "/v1", APIKey: "test-key"}),
-		Queues: map[string]onceflow.QueueConfig{onceflow.DefaultQueue: {ClaimIdle: time.Minute, MaxDeliveries: 1}},
+		Queues: map[string]onceflow.QueueConfig{onceflow.DefaultQueue: {ClaimIdle: time.Minute, MaxDeliveries: 1, Partitions: parts}},
 	}, func(ctx context.Context, j *onceflow.Job[supportArgs]) error {
 		_, err := j.Complete(ctx, "summarise", prompt(j.Args.Text))
 		return err
 	})
-	id := e.enqueue("Rate limited first.")
-	e.start()
 	ctx := context.Background()
+	// A job id in a partition other than 0 when there are several.
+	opts := &onceflow.EnqueueOpts{}
+	for i := 0; parts > 1 && queue.PartitionOf(opts.JobID, parts) == 0; i++ {
+		opts.JobID = fmt.Sprintf("limited-%d", i)
+	}
+	res, err := e.client.Enqueue(ctx, supportArgs{Text: "Rate limited first."}, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := res.JobID
+	e.start()
 	testenv.WaitFor(t, 20*time.Second, "the job", func() bool {
 		st, err := e.client.JobState(ctx, "", id)
 		return err == nil && st.Status == onceflow.StatusDone

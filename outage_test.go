@@ -214,9 +214,12 @@ func TestRedisOutageNeverExhaustsEnqueueTx(t *testing.T) {
 	during := failures()
 	srv.Start()
 
-	testenv.WaitFor(t, 90*time.Second, "the job's commit after the outage", func() bool {
+	// The relay marks the enqueue row sent after the enqueue: the job may run and commit
+	// in between, so the wait covers the mark too.
+	testenv.WaitFor(t, 90*time.Second, "the job's commit after the outage, and its enqueue row marked sent", func() bool {
 		n, _, _ := e.effects(res.JobID)
-		return n == 1 && e.pending() == 0
+		return n == 1 && e.pending() == 0 &&
+			e.count(`SELECT count(*) FROM outbox WHERE topic = $1 AND sent_at IS NOT NULL`, onceflow.TopicEnqueue) == 1
 	})
 	if got := metricValue(t, reg, "onceflow_outbox_send_failures_total", map[string]string{"class": "unavailable"}); got < during {
 		t.Errorf("send_failures_total{class=unavailable} %v, want the %v failures of the outage", got, during)

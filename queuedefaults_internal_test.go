@@ -11,7 +11,7 @@ func TestQueueDefaultsFillOnlyZeroSettings(t *testing.T) {
 	d := QueueConfig{Concurrency: 17, ClaimIdle: time.Minute, MaxDeliveries: 9, ShutdownTimeout: time.Second,
 		StatsInterval: 3 * time.Second, DeadLetterRetention: time.Hour, DefaultKind: "not.copied"}
 	if got := (QueueConfig{}).withDefaults(d); got != (QueueConfig{Concurrency: 17, ClaimIdle: time.Minute, MaxDeliveries: 9,
-		ShutdownTimeout: time.Second, StatsInterval: 3 * time.Second, DeadLetterRetention: time.Hour}) {
+		ShutdownTimeout: time.Second, StatsInterval: 3 * time.Second, DeadLetterRetention: time.Hour, Partitions: 1}) {
 		t.Errorf("a zero queue: %+v", got)
 	}
 	own := QueueConfig{Concurrency: 3, DeadLetterRetention: -1, DefaultKind: "summary"}

@@ -181,7 +181,12 @@ func (rt *route[T]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	// The fingerprint is of the arguments as re-encoded (m.Payload), so whitespace and
 	// key order in the body do not matter.
-	stored, replayed, err := rt.c.accept(ctx, scope, idempotency.Fingerprint(m.Payload), resp, m, rt.c.keys(o.Queue), time.Time{})
+	keys, err := rt.c.enqueueKeys(ctx, o.Queue, m.JobID)
+	if err != nil {
+		mw.Respond(w, r, nil, false, err)
+		return
+	}
+	stored, replayed, err := rt.c.accept(ctx, scope, idempotency.Fingerprint(m.Payload), resp, m, keys, time.Time{})
 	mw.Respond(w, r, stored, replayed, err)
 }
 

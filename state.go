@@ -87,8 +87,31 @@ func (c *Client) JobState(ctx context.Context, tenant, id string) (*JobState, er
 	return nil, ErrJobNotFound
 }
 
-// completed reads the completion record of id.
+// Completion returns the completion record of job id whatever its tenant (Tenant is
+// set): for operator tools (the adminui package), never for an API a tenant calls
+// (JobState checks the tenant). A job without one (not done, never done with a Commit,
+// or an unknown id) gives ErrJobNotFound; so does a client without DB.
+func (c *Client) Completion(ctx context.Context, id string) (*JobState, error) {
+	if c.cfg.DB == nil {
+		return nil, ErrJobNotFound
+	}
+	return c.completion(ctx, id)
+}
+
+// completed reads the completion record of id, if it is tenant's.
 func (c *Client) completed(ctx context.Context, tenant, id string) (*JobState, error) {
+	st, err := c.completion(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if st.Tenant != tenant {
+		return nil, ErrJobNotFound
+	}
+	return st, nil
+}
+
+// completion reads the completion record of id.
+func (c *Client) completion(ctx context.Context, id string) (*JobState, error) {
 	st := &JobState{ID: id, Status: StatusDone}
 	var result []byte
 	err := c.cfg.DB.QueryRow(ctx, `SELECT kind, queue, tenant, result, completed_at FROM job_completions WHERE job_id = $1`, id).
@@ -98,54 +121,134 @@ func (c *Client) completed(ctx context.Context, tenant, id string) (*JobState, e
 		return nil, ErrJobNotFound
 	case err != nil:
 		return nil, fmt.Errorf("onceflow: read job %s: %w", id, err)
-	case st.Tenant != tenant:
-		return nil, ErrJobNotFound
 	}
 	st.Result = result
 	return st, nil
 }
 
 // indexed reads the job index of id in queue name.
+//
+// The index and the entry's state are two reads, and a delivery settled between them
+// (a retry or a limiter's wait scheduled, a dead letter) acknowledges the entry the
+// index still names: an acknowledged entry is therefore only "done" when a second read
+// of the index finds it unchanged (the scripts that settle a delivery update the index
+// in the step that acknowledges it); otherwise the state is read again from the newer
+// index.
 func (c *Client) indexed(ctx context.Context, name, tenant, id string) (*JobState, error) {
-	keys := c.keys(name)
+	keys, ix, err := c.findIndex(ctx, name, tenant, id)
+	if err != nil {
+		return nil, err
+	}
+	for range 3 {
+		st, entry, err := c.fromIndex(ctx, keys, name, id, ix)
+		if err != nil || entry != queue.EntryAcknowledged {
+			return st, err
+		}
+		// Finished, unless the index moved on. Its Commit may have landed after
+		// JobState looked in PostgreSQL: look again. Without a completion record (a
+		// Worker that returned nil without Commit, or a client without Config.DB) it
+		// is done, with no Result.
+		again, err := c.readIndex(ctx, keys, tenant, id)
+		if err != nil {
+			return nil, err
+		}
+		if again.State == ix.State && again.Entry == ix.Entry {
+			if c.cfg.DB != nil {
+				if done, err := c.completed(ctx, tenant, id); err == nil || !errors.Is(err, ErrJobNotFound) {
+					return done, err
+				}
+			}
+			st.Status = StatusDone
+			return st, nil
+		}
+		ix = again
+	}
+	// An index that moves on at every look: a job retried in a tight loop.
+	return &JobState{ID: id, Queue: name, Tenant: ix.Tenant, Status: StatusQueued}, nil
+}
+
+// findIndex finds the job index of id in queue name: in the partition it is enqueued
+// to, else (enqueued before the queue's partitions changed) in the others that may hold
+// jobs. ErrJobNotFound when no partition has it, or it is another tenant's.
+func (c *Client) findIndex(ctx context.Context, name, tenant, id string) (queue.Keys, queue.JobIndex, error) {
+	keys := c.jobKeys(name, id)
+	ix, err := c.readIndex(ctx, keys, tenant, id)
+	if !errors.Is(err, ErrJobNotFound) {
+		return keys, ix, err
+	}
+	n, kerr := c.knownPartitions(ctx, name)
+	if kerr != nil {
+		return keys, ix, kerr
+	}
+	for p := range n {
+		if p == keys.Partition {
+			continue
+		}
+		other := keys.InPartition(p)
+		if ix, err := c.readIndex(ctx, other, tenant, id); !errors.Is(err, ErrJobNotFound) {
+			return other, ix, err
+		}
+	}
+	return keys, ix, err
+}
+
+// knownPartitions returns queue.KnownPartitions of queue name, read at most once per
+// knownPartitionsFor: a lowered count is rare, and a JobState of an unknown id must not
+// pay a round trip for it each time.
+func (c *Client) knownPartitions(ctx context.Context, name string) (int, error) {
+	type known struct {
+		n  int
+		at time.Time
+	}
+	if v, ok := c.known.Load(name); ok && time.Since(v.(known).at) < knownPartitionsFor {
+		return v.(known).n, nil
+	}
+	n, err := queue.KnownPartitions(ctx, c.rdb, c.keys(name), c.partitions(name))
+	if err != nil {
+		return 0, fmt.Errorf("onceflow: queue %q: %w", name, err)
+	}
+	c.known.Store(name, known{n, time.Now()})
+	return n, nil
+}
+
+// knownPartitionsFor is how long knownPartitions keeps its answer.
+const knownPartitionsFor = 30 * time.Second
+
+// readIndex reads the job index of id, ErrJobNotFound when it is missing or another
+// tenant's.
+func (c *Client) readIndex(ctx context.Context, keys queue.Keys, tenant, id string) (queue.JobIndex, error) {
 	ix, err := queue.ReadJobIndex(ctx, c.rdb, keys, id)
 	switch {
 	case errors.Is(err, queue.ErrUnknownJob) || err == nil && ix.Tenant != tenant:
-		return nil, ErrJobNotFound
+		return queue.JobIndex{}, ErrJobNotFound
 	case err != nil:
-		return nil, fmt.Errorf("onceflow: read job %s: %w", id, err)
+		return queue.JobIndex{}, fmt.Errorf("onceflow: read job %s: %w", id, err)
 	}
+	return ix, nil
+}
+
+// fromIndex is the state index ix gives, with its entry's state when that was read.
+func (c *Client) fromIndex(ctx context.Context, keys queue.Keys, name, id string, ix queue.JobIndex) (*JobState, queue.EntryStatus, error) {
 	st := &JobState{ID: id, Queue: name, Tenant: ix.Tenant, Status: StatusQueued}
 	switch ix.State {
 	case queue.StateFailed:
 		st.Status, st.Error = StatusFailed, ix.Reason
-		return st, nil
+		return st, queue.EntryWaiting, nil
 	case queue.StateScheduled:
 		st.RunAt, st.Waiting = ix.RunAt, ix.Waiting
-		return st, nil
+		return st, queue.EntryWaiting, nil
 	}
-	entry := queue.EntryWaiting
-	if ix.Entry != "" {
-		entry, err = queue.EntryState(ctx, c.rdb, keys, queue.DefaultGroup, ix.Entry)
+	if ix.Entry == "" {
+		return st, queue.EntryWaiting, nil
 	}
+	entry, err := queue.EntryState(ctx, c.rdb, keys, queue.DefaultGroup, ix.Entry)
 	if err != nil {
-		return nil, fmt.Errorf("onceflow: read job %s: %w", id, err)
+		return nil, entry, fmt.Errorf("onceflow: read job %s: %w", id, err)
 	}
-	switch entry {
-	case queue.EntryDelivered:
+	if entry == queue.EntryDelivered {
 		st.Status = StatusRunning
-	case queue.EntryAcknowledged:
-		// Finished. Its Commit may have landed after JobState looked in PostgreSQL:
-		// look again. Without a completion record (a Worker that returned nil without
-		// Commit, or a client without Config.DB) it is done, with no Result.
-		if c.cfg.DB != nil {
-			if done, err := c.completed(ctx, tenant, id); err == nil || !errors.Is(err, ErrJobNotFound) {
-				return done, err
-			}
-		}
-		st.Status = StatusDone
 	}
-	return st, nil
+	return st, entry, nil
 }
 
 // DefaultStateTimeout bounds StateHandler's reads of one request: a store that does not

@@ -159,7 +159,8 @@ func queueDefaults(cfg *config.Config) onceflow.QueueConfig {
 	return onceflow.QueueConfig{
 		Concurrency: cfg.WorkerConcurrency, ClaimIdle: cfg.ClaimIdle, MaxDeliveries: cfg.MaxDeliveries,
 		ShutdownTimeout: cfg.ShutdownTimeout, StatsInterval: cfg.StatsInterval, DeadLetterRetention: dlqRetention(cfg),
-		RetryBase: cfg.RetryBase, RetryMax: cfg.RetryMax, MaxRunTime: cfg.MaxRunTime,
+		RetryBase: cfg.RetryBase, RetryMax: cfg.RetryMax, MaxRunTime: cfg.MaxRunTime, RecordSuccesses: cfg.RecordSuccesses,
+		Partitions: cfg.QueuePartitions,
 	}
 }
 

@@ -54,9 +54,9 @@ func TestHostedModelCallsAreCountedOnce(t *testing.T) {
 	}}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var out, errs syncBuffer
+	var out, errs testenv.SyncBuffer
 	if err := cli.Run(ctx, app, []string{"migrate"}, &out, &errs, env); err != nil {
-		t.Fatalf("migrate: %v %s", err, errs.b.String())
+		t.Fatalf("migrate: %v %s", err, errs.String())
 	}
 	done := make(chan error, 1)
 	go func() { done <- cli.Run(ctx, app, []string{"work"}, &out, &errs, env) }()
@@ -71,9 +71,9 @@ func TestHostedModelCallsAreCountedOnce(t *testing.T) {
 	select {
 	case <-answered:
 	case err := <-done:
-		t.Fatalf("work stopped: %v\n%s", err, errs.b.String())
+		t.Fatalf("work stopped: %v\n%s", err, errs.String())
 	case <-time.After(30 * time.Second):
-		t.Fatalf("no answer\n%s", errs.b.String())
+		t.Fatalf("no answer\n%s", errs.String())
 	}
 	var calls float64
 	testenv.WaitFor(t, 10*time.Second, "the call on /metrics", func() bool {

@@ -117,7 +117,7 @@ func start(t *testing.T, getenv func(string) string, args ...string) (stop func(
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	var errs syncBuffer
+	var errs testenv.SyncBuffer
 	go func() { done <- cli.Run(ctx, notesApp, args, &bytes.Buffer{}, &errs, getenv) }()
 	var once sync.Once
 	var err error
@@ -127,18 +127,6 @@ func start(t *testing.T, getenv func(string) string, args ...string) (stop func(
 	}
 	t.Cleanup(func() { _ = stop() })
 	return stop
-}
-
-// syncBuffer is a bytes.Buffer safe for the goroutine writing and the test reading.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
 }
 
 // A program's own workflow hosted by cli.Run: migrate creates its table, serve mounts

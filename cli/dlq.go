@@ -7,13 +7,14 @@ import (
 	"flag"
 	"fmt"
 	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/config"
 	"github.com/onceflow/onceflow/queue"
 )
@@ -61,11 +62,18 @@ func runDLQ(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	rdb, err := onceflow.NewRedis(cfg.RedisURL)
+	rdb, err := newRedis(cfg)
 	if err != nil {
 		return err
 	}
 	defer rdb.Close()
+	// Every partition that may hold dead letters: the configured ones, and more when the
+	// queue had more before.
+	n, err := queue.KnownPartitions(ctx, rdb, keys, cfg.QueuePartitions)
+	if err != nil {
+		return err
+	}
+	parts := keys.Partitions(n)
 
 	if sub == "list" {
 		if len(pos) > 0 || *all {
@@ -74,7 +82,7 @@ func runDLQ(ctx context.Context, e *env, args []string) error {
 		if *limit < 1 {
 			return usageErrorf("dlq list: --limit must be at least 1")
 		}
-		return dlqList(ctx, e, rdb, keys, *limit, *asJSON)
+		return dlqList(ctx, e, rdb, parts, *limit, *asJSON)
 	}
 	if olderThanSet(fs) {
 		switch {
@@ -85,7 +93,7 @@ func runDLQ(ctx context.Context, e *env, args []string) error {
 		case *olderThan <= 0:
 			return usageErrorf("dlq purge: --older-than must be positive")
 		}
-		return dlqPurgeOlder(ctx, e, rdb, keys, *olderThan, cfg.ResultTTL, *asJSON)
+		return dlqPurgeOlder(ctx, e, rdb, parts, *olderThan, cfg.ResultTTL, *asJSON)
 	}
 	switch {
 	case *all && len(pos) > 0:
@@ -95,7 +103,7 @@ func runDLQ(ctx context.Context, e *env, args []string) error {
 	case !*all && !streamID.MatchString(pos[0]) && !queue.ValidJobID(pos[0]):
 		return usageErrorf("dlq %s: %q is neither a dead-letter entry id (1700000000000-0) nor a job id (printable ASCII without spaces)", sub, pos[0])
 	}
-	targets, err := dlqTargets(ctx, rdb, keys, pos, *all)
+	targets, err := dlqTargets(ctx, rdb, parts, pos, *all)
 	if err != nil {
 		return err
 	}
@@ -119,16 +127,23 @@ func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 	}
 }
 
-// dlqList prints up to limit dead letters, oldest first.
-func dlqList(ctx context.Context, e *env, rdb redis.Cmdable, keys queue.Keys, limit int, asJSON bool) error {
+// dlqList prints up to limit dead letters, oldest first (of the oldest limit of each
+// partition).
+func dlqList(ctx context.Context, e *env, rdb redis.Cmdable, parts []queue.Keys, limit int, asJSON bool) error {
 	var dead []queue.DeadLetter
-	for start := "-"; start != "" && len(dead) < limit; {
-		page, next, err := queue.ListDead(ctx, rdb, keys, start, int64(min(500, limit-len(dead))))
-		if err != nil {
-			return err
+	for _, keys := range parts {
+		var got []queue.DeadLetter
+		for start := "-"; start != "" && len(got) < limit; {
+			page, next, err := queue.ListDead(ctx, rdb, keys, start, int64(min(500, limit-len(got))))
+			if err != nil {
+				return err
+			}
+			got, start = append(got, page...), next
 		}
-		dead, start = append(dead, page...), next
+		dead = append(dead, got...)
 	}
+	slices.SortStableFunc(dead, func(a, b queue.DeadLetter) int { return a.FailedAt.Compare(b.FailedAt) })
+	dead = dead[:min(len(dead), limit)]
 	if asJSON {
 		if dead == nil {
 			dead = []queue.DeadLetter{}
@@ -142,48 +157,65 @@ func dlqList(ctx context.Context, e *env, rdb redis.Cmdable, keys queue.Keys, li
 		return nil
 	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	partition := func(d queue.DeadLetter) string { return "" }
+	if len(parts) > 1 {
+		fmt.Fprint(tw, "PARTITION\t")
+		partition = func(d queue.DeadLetter) string { return strconv.Itoa(d.Partition) + "\t" }
+	}
 	fmt.Fprintln(tw, "DEAD ID\tJOB ID\tTENANT\tDELIVERIES\tFAILED AT\tREASON")
 	for _, d := range dead {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", d.ID, dash(d.JobID), dash(d.Tenant), d.Deliveries,
+		fmt.Fprintf(tw, "%s%s\t%s\t%s\t%d\t%s\t%s\n", partition(d), d.ID, dash(d.JobID), dash(d.Tenant), d.Deliveries,
 			d.FailedAt.UTC().Format(time.RFC3339), oneLine(d.Reason))
 	}
 	return tw.Flush()
 }
 
-// dlqTargets resolves the dead letters to act on: every one (--all, a snapshot, so that
-// jobs dead-lettered again meanwhile are not looped over), one entry id, or every dead
-// letter of a job id.
-func dlqTargets(ctx context.Context, rdb redis.Cmdable, keys queue.Keys, pos []string, all bool) ([]queue.DeadLetter, error) {
-	switch {
-	case all:
-		var out []queue.DeadLetter
-		for start := "-"; start != ""; {
-			page, next, err := queue.ListDead(ctx, rdb, keys, start, 500)
+// dlqTargets resolves the dead letters to act on, in every partition parts: every one
+// (--all, a snapshot, so that jobs dead-lettered again meanwhile are not looped over),
+// one entry id (an error when two partitions have one of that id: the job id tells
+// them apart), or every dead letter of a job id.
+func dlqTargets(ctx context.Context, rdb redis.Cmdable, parts []queue.Keys, pos []string, all bool) ([]queue.DeadLetter, error) {
+	var out []queue.DeadLetter
+	for _, keys := range parts {
+		switch {
+		case all:
+			for start := "-"; start != ""; {
+				page, next, err := queue.ListDead(ctx, rdb, keys, start, 500)
+				if err != nil {
+					return nil, err
+				}
+				out, start = append(out, page...), next
+			}
+		case queue.ValidJobID(pos[0]):
+			found, err := queue.FindDead(ctx, rdb, keys, pos[0])
 			if err != nil {
 				return nil, err
 			}
-			out, start = append(out, page...), next
+			out = append(out, found...)
+		default:
+			page, _, err := queue.ListDead(ctx, rdb, keys, pos[0], 1)
+			if err != nil {
+				return nil, err
+			}
+			if len(page) == 1 && page[0].ID == pos[0] {
+				out = append(out, page[0])
+			}
 		}
+	}
+	switch {
+	case all:
 		return out, nil
 	case queue.ValidJobID(pos[0]):
-		out, err := queue.FindDead(ctx, rdb, keys, pos[0])
-		if err != nil {
-			return nil, err
-		}
 		if len(out) == 0 {
 			return nil, fmt.Errorf("job %s has no dead letter", pos[0])
 		}
 		return out, nil
-	default:
-		page, _, err := queue.ListDead(ctx, rdb, keys, pos[0], 1)
-		if err != nil {
-			return nil, err
-		}
-		if len(page) == 1 && page[0].ID == pos[0] {
-			return page, nil
-		}
+	case len(out) > 1:
+		return nil, fmt.Errorf("dead letter %s is in %d partitions of the queue: give the job id (%s or %s) instead", pos[0], len(out), dash(out[0].JobID), dash(out[1].JobID))
+	case len(out) == 0:
 		return []queue.DeadLetter{{ID: pos[0]}}, nil // the action reports it missing
 	}
+	return out, nil
 }
 
 // dlqResult is one line of replay/purge output.
@@ -201,12 +233,25 @@ type dlqResult struct {
 func dlqAct(ctx context.Context, e *env, rdb redis.Cmdable, keys queue.Keys, sub string, targets []queue.DeadLetter, ttl time.Duration, asJSON bool) error {
 	results := make([]dlqResult, 0, len(targets))
 	replayed := map[string]string{} // job id -> the dead letter replayed for it
+	// A job dead in several partitions (accepted twice across a change of the queue's
+	// partitions) is replayed once, from the partition of its newest dead letter; its
+	// dead letters in the others are retired by purging them.
+	newest := map[string]queue.DeadLetter{}
+	for _, d := range targets {
+		if n, ok := newest[d.JobID]; d.JobID != "" && (!ok || d.FailedAt.After(n.FailedAt)) {
+			newest[d.JobID] = d
+		}
+	}
 	failed := 0
 	for _, d := range targets {
 		r := dlqResult{DeadID: d.ID, JobID: d.JobID}
 		var err error
-		if sub == "replay" {
-			r.EntryID, err = queue.Replay(ctx, rdb, keys, d.ID)
+		if n := newest[d.JobID]; sub == "replay" && d.JobID != "" && n.Partition != d.Partition {
+			if err = queue.Purge(ctx, rdb, keys.InPartition(d.Partition), d.ID, ttl); err == nil {
+				r.RetiredBy = n.ID
+			}
+		} else if sub == "replay" {
+			r.EntryID, err = queue.Replay(ctx, rdb, keys.InPartition(d.Partition), d.ID)
 			if errors.Is(err, queue.ErrDeadLetterNotFound) && replayed[d.JobID] != "" {
 				// The replay of this job's other dead letter retired this one (the
 				// enqueue retires the dead letter the job index points at).
@@ -215,7 +260,7 @@ func dlqAct(ctx context.Context, e *env, rdb redis.Cmdable, keys queue.Keys, sub
 				replayed[d.JobID] = d.ID
 			}
 		} else {
-			err = queue.Purge(ctx, rdb, keys, d.ID, ttl)
+			err = queue.Purge(ctx, rdb, keys.InPartition(d.Partition), d.ID, ttl)
 		}
 		if err != nil {
 			failed++
@@ -258,13 +303,17 @@ func olderThanSet(fs *flag.FlagSet) bool {
 	return set
 }
 
-// dlqPurgeOlder deletes the dead letters that failed more than age ago (queue.TrimDead;
-// their job indexes get ttl) and prints how many.
-func dlqPurgeOlder(ctx context.Context, e *env, rdb redis.Cmdable, keys queue.Keys, age, ttl time.Duration, asJSON bool) error {
+// dlqPurgeOlder deletes the dead letters of every partition parts that failed more
+// than age ago (queue.TrimDead; their job indexes get ttl) and prints how many.
+func dlqPurgeOlder(ctx context.Context, e *env, rdb redis.Cmdable, parts []queue.Keys, age, ttl time.Duration, asJSON bool) error {
 	before := time.Now().Add(-age)
-	n, err := queue.TrimDead(ctx, rdb, keys, before, ttl)
-	if err != nil {
-		return fmt.Errorf("dlq purge --older-than %s: %w (%d deleted before the error)", age, err, n)
+	var n int64
+	for _, keys := range parts {
+		got, err := queue.TrimDead(ctx, rdb, keys, before, ttl)
+		n += got
+		if err != nil {
+			return fmt.Errorf("dlq purge --older-than %s: %w (%d deleted before the error)", age, err, n)
+		}
 	}
 	if asJSON {
 		enc := json.NewEncoder(e.stdout)

@@ -76,7 +76,9 @@ func runGateway(ctx context.Context, e *env, args []string) error {
 		}))
 		// Calls that outlived the shutdown timeout are given up: record them as ambiguous
 		// failures, so a retry sent to another gateway takes them over at once.
-		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		// The records of streams already passed on whole are made after their handler
+		// returned: Close waits for them too, as long as a shutdown may take.
+		cctx, cancel := context.WithTimeout(context.Background(), max(cfg.ShutdownTimeout, 5*time.Second))
 		defer cancel()
 		if cerr := g.Close(cctx); cerr != nil {
 			log.Warn("gateway: calls given up at shutdown not all recorded; their leases will run out", "err", cerr)

@@ -160,10 +160,16 @@ func TestAttack16RestartPastTheDrainHandsTheCallOverAtOnce(t *testing.T) {
 	if code := a.Wait(20 * time.Second); code != 0 {
 		t.Fatalf("exit %d", code)
 	}
+	// The client has its whole stream before the gateway records it (docs/providers.md):
+	// wait for the record.
 	l, _ := ledger.New(pool, ledger.Config{})
-	row, err := l.Get(context.Background(), gatewayKey(key))
-	if err != nil || row.State != ledger.StateSucceeded || row.Attempt != 2 || row.Ambiguous != 1 {
-		t.Fatalf("row %+v %v; want succeeded at attempt 2 with the given-up one ambiguous", row, err)
+	var row *ledger.Row
+	testenv.WaitFor(t, 10*time.Second, "the retry's record", func() bool {
+		row, err = l.Get(context.Background(), gatewayKey(key))
+		return err == nil && row.State != ledger.StateInFlight
+	})
+	if row.State != ledger.StateSucceeded || row.Attempt != 2 || row.Ambiguous != 1 {
+		t.Fatalf("row %+v; want succeeded at attempt 2 with the given-up one ambiguous", row)
 	}
 	if n := up.Calls(); n != 2 {
 		t.Fatalf("%d upstream calls, want 2", n)

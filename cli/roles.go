@@ -33,7 +33,7 @@ type deps struct {
 	cfg  *config.Config
 	log  *slog.Logger
 	reg  *prometheus.Registry
-	rdb  *redis.Client
+	rdb  redis.UniversalClient // a *redis.ClusterClient with ONCEFLOW_REDIS_CLUSTER_ADDRS
 	pool *pgxpool.Pool
 	// tp traces the roles' work; nil when tracing is off (see startTracing).
 	tp trace.TracerProvider
@@ -49,6 +49,9 @@ type deps struct {
 	// redisDegraded makes /readyz report Redis without failing on it: the relay needs it
 	// only for EnqueueTx's jobs and sends every other effect without it.
 	redisDegraded bool
+	// background are the parts appServer added that run beside the HTTP server (the
+	// operator UI's sampler); runAll runs them.
+	background []func(context.Context) error
 }
 
 // newRoleDeps is newDeps for the long-running roles (serve, work, relay, run): it also
@@ -70,9 +73,9 @@ func newRoleDeps(ctx context.Context, e *env, cfg *config.Config, log *slog.Logg
 func newDeps(ctx context.Context, cfg *config.Config, log *slog.Logger, redisToo, postgresToo bool) (*deps, error) {
 	d := &deps{cfg: cfg, log: log, reg: newRegistry()}
 	if redisToo {
-		rdb, err := onceflow.NewRedis(cfg.RedisURL)
+		rdb, err := newRedis(cfg)
 		if err != nil {
-			return nil, &config.Error{Name: "ONCEFLOW_REDIS_URL", Value: config.RedactURL(cfg.RedisURL), Err: err}
+			return nil, err
 		}
 		d.rdb = rdb
 	}
@@ -106,9 +109,17 @@ func (d *deps) checks() map[string]httpapi.Check {
 	if d.rdb != nil {
 		// While the workers' breaker of a store is open, /readyz says since when and why
 		// (and answers without waiting for the store).
-		c["redis"] = httpapi.BreakerCheck(d.breakers["redis"], func(ctx context.Context) error { return d.rdb.Ping(ctx).Err() })
+		// On a cluster, every primary is pinged, and those that do not answer named: some
+		// of them silent is degraded (reported, 200), all of them down.
+		c["redis"] = httpapi.BreakerCheck(d.breakers["redis"], func(ctx context.Context) error {
+			if err := onceflow.PingRedis(ctx, d.rdb); errors.Is(err, onceflow.ErrSomeRedisNodesDown) {
+				return httpapi.Degraded(err)
+			} else {
+				return err
+			}
+		})
 		if d.redisDegraded {
-			c["redis"] = func(ctx context.Context) error { return httpapi.Degraded(d.rdb.Ping(ctx).Err()) }
+			c["redis"] = func(ctx context.Context) error { return httpapi.Degraded(onceflow.PingRedis(ctx, d.rdb)) }
 		}
 	}
 	if d.pool != nil {
@@ -130,6 +141,7 @@ func (d *deps) clientConfig(withModel bool) (onceflow.Config, error) {
 		Redis: d.rdb, DB: d.pool, Prefix: d.cfg.Prefix, ResultTTL: d.cfg.ResultTTL, JobBudget: d.cfg.JobBudget,
 		Logger: d.log, Registerer: d.reg, TraceParent: d.traceParent(),
 		BreakerThreshold: d.cfg.BreakerThreshold, HealthInterval: d.cfg.HealthInterval,
+		WaitReplicas: d.cfg.RedisWaitReplicas, WaitTimeout: d.cfg.RedisWaitTimeout,
 	}
 	if !withModel {
 		return cfg, nil
@@ -205,6 +217,7 @@ func (d *deps) buildWorker(keys queue.Keys, h queue.Handler) (*queue.Worker, err
 		MaxDeliveries:   d.cfg.MaxDeliveries,
 		ShutdownTimeout: d.cfg.ShutdownTimeout,
 		StatsInterval:   d.cfg.StatsInterval,
+		RecordSuccesses: d.cfg.RecordSuccesses,
 		Logger:          d.log,
 		Registerer:      d.reg,
 
@@ -217,4 +230,21 @@ func (d *deps) buildWorker(keys queue.Keys, h queue.Handler) (*queue.Worker, err
 		return nil, &config.Error{Name: "worker settings", Err: err}
 	}
 	return w, nil
+}
+
+// newRedis returns the Redis client cfg names: a cluster client over
+// ONCEFLOW_REDIS_CLUSTER_ADDRS when set, else a client of ONCEFLOW_REDIS_URL.
+func newRedis(cfg *config.Config) (redis.UniversalClient, error) {
+	if u := cfg.RedisClusterURL(); u != "" {
+		rdb, err := onceflow.NewRedisCluster(u)
+		if err != nil {
+			return nil, &config.Error{Name: "ONCEFLOW_REDIS_CLUSTER_ADDRS", Value: strings.Join(cfg.RedisClusterAddrs, ","), Err: err}
+		}
+		return rdb, nil
+	}
+	rdb, err := onceflow.NewRedis(cfg.RedisURL)
+	if err != nil {
+		return nil, &config.Error{Name: "ONCEFLOW_REDIS_URL", Value: config.RedactURL(cfg.RedisURL), Err: err}
+	}
+	return rdb, nil
 }

@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/adminui"
 	"github.com/onceflow/onceflow/config"
 	"github.com/onceflow/onceflow/internal/httpapi"
 )
@@ -43,8 +44,9 @@ func runServe(ctx context.Context, e *env, args []string) error {
 
 // appServer returns the HTTP server of serve and run: d's health, readiness and metrics
 // endpoints, and every workflow's routes (Client.Mount), each counted under its
-// pattern's path ("/v1/summaries/{job_id}"). ONCEFLOW_API_KEYS is required when a
-// workflow has routes (Host.Tenant authenticates with it).
+// pattern's path ("/v1/summaries/{job_id}"), and the operator UI under /ui/ when
+// ONCEFLOW_ADMIN_KEYS is set. ONCEFLOW_API_KEYS is required when a workflow has routes
+// (Host.Tenant authenticates with it).
 func (d *deps) appServer(c *onceflow.Client) (*httpapi.Server, error) {
 	if slices.ContainsFunc(c.Workflows(), func(wf onceflow.Workflow) bool { return wf.Routes != nil }) {
 		if err := d.cfg.RequireAPIKeys(); err != nil {
@@ -54,6 +56,16 @@ func (d *deps) appServer(c *onceflow.Client) (*httpapi.Server, error) {
 	mux := http.NewServeMux()
 	if err := c.Mount(mux); err != nil {
 		return nil, &config.Error{Name: "workflows", Err: err}
+	}
+	if len(d.cfg.AdminKeys) > 0 {
+		ui, err := adminui.New(adminui.Config{Client: c, AdminKeys: d.cfg.AdminKeys, SecureCookies: d.cfg.UISecureCookies,
+			JobTTL: d.cfg.ResultTTL, Logger: d.log})
+		if err != nil {
+			return nil, &config.Error{Name: "ONCEFLOW_ADMIN_KEYS", Err: err}
+		}
+		mux.Handle(adminui.DefaultBase, ui)
+		d.background = append(d.background, ui.Run)
+		mux.Handle("GET /ui", http.RedirectHandler(adminui.DefaultBase, http.StatusMovedPermanently))
 	}
 	// Optional: the first accept then costs one round trip rather than two.
 	ctx, cancel := context.WithTimeout(context.Background(), d.cfg.IdempotencyTimeout)

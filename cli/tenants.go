@@ -194,9 +194,9 @@ func tenantsList(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	rdb, err := onceflow.NewRedis(cfg.RedisURL)
+	rdb, err := newRedis(cfg)
 	if err != nil {
-		return &config.Error{Name: "ONCEFLOW_REDIS_URL", Value: config.RedactURL(cfg.RedisURL), Err: err}
+		return err
 	}
 	defer rdb.Close()
 

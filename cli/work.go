@@ -89,6 +89,7 @@ func runTestWork(ctx context.Context, e *env, cfg *config.Config, log *slog.Logg
 func runAll(ctx context.Context, d *deps, srv *httpapi.Server, addr string, roles ...func(context.Context) error) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	roles = append(roles, d.background...)
 	if addr != "" {
 		var h http.Handler = srv
 		if d.tp != nil {

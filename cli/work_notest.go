@@ -22,6 +22,6 @@ const testHandlerUsage = ""
 func testHandlerFlag(*flag.FlagSet) *string { return new(string) }
 
 // newTestHandler is never called: the SPEC is always "".
-func newTestHandler(string, *redis.Client, queue.Keys) (queue.Handler, error) {
+func newTestHandler(string, redis.UniversalClient, queue.Keys) (queue.Handler, error) {
 	return nil, errors.New("this build has no test handlers")
 }

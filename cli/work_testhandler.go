@@ -40,7 +40,7 @@ func testHandlerFlag(fs *flag.FlagSet) *string {
 //	                 started:JOB_ID and finished:JOB_ID incremented, deliveries:JOB_ID set
 //	fail             fail every job with a transient error (redelivered until MaxDeliveries)
 //	permanent        fail every job with a permanent error (dead-lettered at once)
-func newTestHandler(spec string, rdb *redis.Client, keys queue.Keys) (queue.Handler, error) {
+func newTestHandler(spec string, rdb redis.UniversalClient, keys queue.Keys) (queue.Handler, error) {
 	name, arg, _ := strings.Cut(spec, ":")
 	var d time.Duration
 	if name == "sleep" || name == "record" {

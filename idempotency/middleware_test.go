@@ -1,7 +1,6 @@
 package idempotency_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -47,26 +46,9 @@ type harness struct {
 	store  *redisstore.Store
 	reg    *prometheus.Registry
 	rt     *roundtrip.Counter
-	logs   *syncBuffer
+	logs   *testenv.SyncBuffer
 	runs   atomic.Int64 // handler runs
 	client *http.Client
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // handlerFunc gets the run number (1 for the first run).
@@ -90,7 +72,7 @@ func newHarness(t *testing.T, cfg idempotency.Config, h handlerFunc) *harness {
 
 func newHarnessOn(t *testing.T, rdb *redis.Client, prefix string, cfg idempotency.Config, h handlerFunc) *harness {
 	t.Helper()
-	hs := &harness{t: t, rdb: rdb, reg: prometheus.NewRegistry(), rt: &roundtrip.Counter{}, logs: &syncBuffer{}}
+	hs := &harness{t: t, rdb: rdb, reg: prometheus.NewRegistry(), rt: &roundtrip.Counter{}, logs: &testenv.SyncBuffer{}}
 	rdb.AddHook(hs.rt)
 	store, err := redisstore.New(rdb, redisstore.Config{Prefix: prefix})
 	if err != nil {

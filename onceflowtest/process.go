@@ -3,7 +3,6 @@ package onceflowtest
 import (
 	"context"
 	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"sync"
@@ -34,7 +33,7 @@ func Build(t testing.TB, pkg string) string {
 	v, _ := builds.LoadOrStore(pkg, &build{})
 	b := v.(*build)
 	b.once.Do(func() {
-		dir, err := os.MkdirTemp("", "onceflowtest-bin-")
+		dir, err := testenv.BinDir("onceflowtest-bin-")
 		if err != nil {
 			b.err = err
 			return

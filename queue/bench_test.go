@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -98,16 +99,29 @@ func (h *ackWatch) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *ackWatch) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
-		if c, ok := cmd.(*redis.IntCmd); ok && cmd.Name() == "xack" && err == nil {
-			if h.acked.Add(c.Val()) == h.n {
-				close(h.done)
-			}
+		h.count(cmd, err)
+		return err
+	}
+}
+
+// ProcessPipelineHook counts the XACK the acknowledger pipelines with its success
+// records.
+func (h *ackWatch) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, cmd := range cmds {
+			h.count(cmd, cmd.Err())
 		}
 		return err
 	}
 }
-func (h *ackWatch) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
+
+func (h *ackWatch) count(cmd redis.Cmder, err error) {
+	if c, ok := cmd.(*redis.IntCmd); ok && cmd.Name() == "xack" && err == nil {
+		if h.acked.Add(c.Val()) == h.n {
+			close(h.done)
+		}
+	}
 }
 
 // workerDrain consumes n messages with a Worker at the given concurrency and a no-op
@@ -122,8 +136,10 @@ func workerDrain(b *testing.B, n, concurrency int) (time.Duration, int64) {
 	c, rt := consumerClient(b)
 	acks := &ackWatch{n: int64(n), done: make(chan struct{})}
 	c.AddHook(acks)
+	// ONCEFLOW_BENCH_RECORD_SUCCESSES=1 measures the cost of WorkerConfig.RecordSuccesses.
 	w, err := NewWorker(WorkerConfig{Redis: c, Keys: keys, Concurrency: concurrency, Block: 20 * time.Millisecond,
-		Logger: discard, Handler: HandlerFunc(func(context.Context, *Job) error { return nil })})
+		RecordSuccesses: os.Getenv("ONCEFLOW_BENCH_RECORD_SUCCESSES") == "1",
+		Logger:          discard, Handler: HandlerFunc(func(context.Context, *Job) error { return nil })})
 	if err != nil {
 		b.Fatal(err)
 	}

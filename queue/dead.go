@@ -53,6 +53,9 @@ type DeadLetter struct {
 	// which case Raw holds its fields as a JSON object.
 	Message *Message        `json:"message,omitempty"`
 	Raw     json.RawMessage `json:"raw,omitempty"`
+	// Partition is the queue partition whose dead-letter stream holds it (Keys.Partition;
+	// set by ListDead and FindDead): replay and purge it with the keys of that partition.
+	Partition int `json:"partition"`
 }
 
 // ErrDeadLetterNotFound is returned by Replay and Purge when the dead-letter entry does
@@ -83,7 +86,9 @@ func (m Message) MarshalJSON() ([]byte, error) {
 //	ARGV[5]  failed_at, Unix milliseconds
 //	ARGV[6]  tenant, or "" when unknown
 //	ARGV[7]  the attempts the job spent, or 0 to record the entry's delivery count
-//	ARGV[8:] the dead-letter record's field/value list; the script appends "deliveries"
+//	ARGV[8]  the delivery's history event (a JSON object; the script adds "dead"), or
+//	         "" for none
+//	ARGV[9:] the dead-letter record's field/value list; the script appends "deliveries"
 //	         with ARGV[7] or the entry's delivery count from the PEL
 //
 // Returns the dead-letter entry id, or nil when the entry is no longer pending to
@@ -93,11 +98,11 @@ func (m Message) MarshalJSON() ([]byte, error) {
 // never yields two dead letters. The index loses its TTL and its "entry" (so that no
 // trim gives it one once the entry is removed: see trimBatchScript): it must outlive the record it points to
 // (Purge gives it a TTL back).
-var deadLetterScript = redis.NewScript(`
+var deadLetterScript = redis.NewScript(historyLua + `
 local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1, ARGV[2])
 if #p == 0 then return false end
 local rec = {}
-for i = 8, #ARGV do rec[#rec + 1] = ARGV[i] end
+for i = 9, #ARGV do rec[#rec + 1] = ARGV[i] end
 rec[#rec + 1] = 'deliveries'
 if tonumber(ARGV[7]) > 0 then rec[#rec + 1] = ARGV[7] else rec[#rec + 1] = tostring(p[1][4]) end
 local dead = redis.call('XADD', KEYS[2], '*', unpack(rec))
@@ -107,6 +112,7 @@ if KEYS[3] then
   redis.call('HDEL', KEYS[3], 'entry')
   if ARGV[6] ~= '' then redis.call('HSETNX', KEYS[3], 'tenant', ARGV[6]) end
   redis.call('PERSIST', KEYS[3])
+  if ARGV[8] ~= '' then history(KEYS[3], string.sub(ARGV[8], 1, -2) .. ',"dead":"' .. dead .. '"}') end
 end
 return dead
 `)
@@ -114,7 +120,10 @@ return dead
 // deadLetter moves entry id (pending to consumer) to the dead-letter stream. msg is the
 // parsed message, or nil when fields were malformed. It reports ok=false when the entry
 // was no longer this consumer's.
-func deadLetter(ctx context.Context, rdb redis.Scripter, keys Keys, group, consumer, id string, fields map[string]any, msg *Message, reason string, attempts int64, now time.Time) (deadID string, ok bool, err error) {
+//
+// hist is the delivery's history event (historyRecord, without its dead letter's id,
+// which the script adds), or "" for none.
+func deadLetter(ctx context.Context, rdb redis.Scripter, keys Keys, group, consumer, id string, fields map[string]any, msg *Message, reason string, attempts int64, now time.Time, hist string) (deadID string, ok bool, err error) {
 	ms := strconv.FormatInt(now.UnixMilli(), 10)
 	var rec []any
 	var jobID, tenant string
@@ -141,7 +150,7 @@ func deadLetter(ctx context.Context, rdb redis.Scripter, keys Keys, group, consu
 	if jobID != "" {
 		keyList = append(keyList, keys.Job(jobID))
 	}
-	args := append([]any{group, consumer, id, reason, ms, tenant, attempts}, rec...)
+	args := append([]any{group, consumer, id, reason, ms, tenant, attempts, hist}, rec...)
 	deadID, err = deadLetterScript.Run(ctx, rdb, keyList, args...).Text()
 	if errors.Is(err, redis.Nil) {
 		return "", false, nil
@@ -211,7 +220,9 @@ func ListDead(ctx context.Context, rdb redis.Cmdable, keys Keys, start string, c
 	}
 	out := make([]DeadLetter, 0, len(msgs))
 	for _, m := range msgs {
-		out = append(out, ParseDeadLetter(m.ID, m.Values))
+		d := ParseDeadLetter(m.ID, m.Values)
+		d.Partition = keys.Partition
+		out = append(out, d)
 	}
 	next := ""
 	if int64(len(msgs)) == count {
@@ -257,19 +268,22 @@ func getDead(ctx context.Context, rdb redis.Cmdable, keys Keys, deadID string) (
 //	KEYS[2]  the dead-letter stream
 //	KEYS[3]  the job index
 //	ARGV[1]  dead-letter entry id
-//	ARGV[2:] EnqueueLua's argv: tenant, then the new entry's field/value list
+//	ARGV[2]  the time, Unix milliseconds, for the job's history
+//	ARGV[3]  when the dead letter's job was enqueued, Unix milliseconds, for its history
+//	ARGV[4:] EnqueueLua's argv: tenant, then the new entry's field/value list
 //
 // Returns the new entry id, or nil when the dead letter no longer exists. It enqueues
 // with EnqueueLua, so the index says queued again, without a TTL, exactly as for any
 // enqueue (which also retires the dead letter the index points at, when that is another
 // one of the same job). Invariant: the job is back in the stream exactly when its dead
 // letter is gone, so two concurrent replays enqueue it once.
-var replayScript = redis.NewScript(enqueueFunc + `
+var replayScript = redis.NewScript(enqueueFunc + historyLua + `
 if #redis.call('XRANGE', KEYS[2], ARGV[1], ARGV[1]) == 0 then return false end
 local argv = {}
-for i = 2, #ARGV do argv[#argv + 1] = ARGV[i] end
+for i = 4, #ARGV do argv[#argv + 1] = ARGV[i] end
 local id = enqueue(KEYS, argv)
 redis.call('XDEL', KEYS[2], ARGV[1])
+history(KEYS[3], cjson.encode({outcome = 'replayed', entry = id, dead = ARGV[1], ['end'] = tonumber(ARGV[2]), enqueued = tonumber(ARGV[3])}))
 return id
 `)
 
@@ -291,12 +305,13 @@ func Replay(ctx context.Context, rdb redis.Cmdable, keys Keys, deadID string) (s
 		return "", fmt.Errorf("replay %s: %w: cannot replay a malformed message (%s); purge it", deadID, ErrMalformed, d.Reason)
 	}
 	m := *d.Message
+	first := m.EnqueuedAt
 	m.EnqueuedAt = time.Now()
 	enq, err := EnqueueArgs(m)
 	if err != nil {
 		return "", fmt.Errorf("replay %s: %w", deadID, err)
 	}
-	id, err := replayScript.Run(ctx, rdb, keys.EnqueueKeys(m.JobID), append([]any{deadID}, enq...)...).Text()
+	id, err := replayScript.Run(ctx, rdb, keys.EnqueueKeys(m.JobID), append([]any{deadID, m.EnqueuedAt.UnixMilli(), first.UnixMilli()}, enq...)...).Text()
 	if errors.Is(err, redis.Nil) {
 		return "", fmt.Errorf("%w: %s", ErrDeadLetterNotFound, deadID)
 	}
@@ -312,15 +327,19 @@ func Replay(ctx context.Context, rdb redis.Cmdable, keys Keys, deadID string) (s
 //	KEYS[2]  the job index (absent when the record has no valid job id)
 //	ARGV[1]  dead-letter entry id
 //	ARGV[2]  index TTL in milliseconds
+//	ARGV[3]  the time, Unix milliseconds, for the job's history
 //
 // Returns 1 when deleted, 0 when it did not exist. Invariant: an index that pointed at
 // the deleted entry stops pointing at it and gets a TTL back, so it does not outlive it
 // by more than ARGV[2]; the job stays failed until then.
-var purgeScript = redis.NewScript(`
+var purgeScript = redis.NewScript(historyLua + `
 if redis.call('XDEL', KEYS[1], ARGV[1]) == 0 then return 0 end
-if KEYS[2] and redis.call('HGET', KEYS[2], 'dead_id') == ARGV[1] then
-  redis.call('HDEL', KEYS[2], 'dead_id')
-  redis.call('PEXPIRE', KEYS[2], ARGV[2])
+if KEYS[2] then
+  history(KEYS[2], cjson.encode({outcome = 'purged', dead = ARGV[1], ['end'] = tonumber(ARGV[3])}))
+  if redis.call('HGET', KEYS[2], 'dead_id') == ARGV[1] then
+    redis.call('HDEL', KEYS[2], 'dead_id')
+    redis.call('PEXPIRE', KEYS[2], ARGV[2])
+  end
 end
 return 1
 `)
@@ -337,7 +356,7 @@ func Purge(ctx context.Context, rdb redis.Cmdable, keys Keys, deadID string, ttl
 	if ValidJobID(d.JobID) {
 		keyList = append(keyList, keys.Job(d.JobID))
 	}
-	n, err := purgeScript.Run(ctx, rdb, keyList, deadID, ttl.Milliseconds()).Int()
+	n, err := purgeScript.Run(ctx, rdb, keyList, deadID, ttl.Milliseconds(), time.Now().UnixMilli()).Int()
 	if err != nil {
 		return fmt.Errorf("purge %s: %w", deadID, err)
 	}

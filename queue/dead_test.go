@@ -16,7 +16,7 @@ import (
 
 // deadLetterOne runs a worker whose handler fails job i permanently and returns the dead
 // letter.
-func deadLetterOne(t *testing.T, rdb *redis.Client, keys Keys, i int) DeadLetter {
+func deadLetterOne(t *testing.T, rdb redis.UniversalClient, keys Keys, i int) DeadLetter {
 	t.Helper()
 	before := len(deadLetters(t, rdb, keys))
 	w := start(t, WorkerConfig{Redis: rdb, Keys: keys, Handler: HandlerFunc(func(context.Context, *Job) error {
@@ -31,7 +31,7 @@ func deadLetterOne(t *testing.T, rdb *redis.Client, keys Keys, i int) DeadLetter
 // effectHandler is an idempotent handler: the first run of a job id records its effect;
 // later runs of the same id find it and do nothing.
 type effectHandler struct {
-	rdb     *redis.Client
+	rdb     redis.UniversalClient
 	effects string
 	runs    atomic.Int32
 }

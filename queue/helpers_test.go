@@ -18,10 +18,12 @@ import (
 )
 
 // setup returns a client of the shared test Redis and keys under a prefix of the test's
-// own (deleted at cleanup).
-func setup(t testing.TB) (*redis.Client, Keys) {
+// own (deleted at cleanup): with ONCEFLOW_TEST_REDIS_CLUSTER set (`make test-cluster`),
+// a cluster client of that Redis Cluster, so the package's tests are its conformance
+// suite on a cluster too.
+func setup(t testing.TB) (redis.UniversalClient, Keys) {
 	t.Helper()
-	rdb, prefix := testenv.Redis(t)
+	rdb, prefix := testenv.QueueRedis(t)
 	return rdb, Keys{Prefix: prefix, Queue: "summaries"}
 }
 
@@ -37,7 +39,7 @@ func message(i int, payload any) Message {
 	return Message{JobID: jobID(i), Tenant: "acme", Payload: b, EnqueuedAt: time.UnixMilli(1_700_000_000_000 + int64(i))}
 }
 
-func enqueue(t *testing.T, rdb *redis.Client, keys Keys, msgs ...Message) []string {
+func enqueue(t *testing.T, rdb redis.UniversalClient, keys Keys, msgs ...Message) []string {
 	t.Helper()
 	ids := make([]string, 0, len(msgs))
 	for _, m := range msgs {
@@ -101,7 +103,7 @@ func start(t testing.TB, cfg WorkerConfig) *running {
 }
 
 // pendingIDs returns the ids pending in group, to any consumer.
-func pendingIDs(t *testing.T, rdb *redis.Client, keys Keys, group string) []string {
+func pendingIDs(t *testing.T, rdb redis.UniversalClient, keys Keys, group string) []string {
 	t.Helper()
 	res, err := rdb.XPendingExt(context.Background(), &redis.XPendingExtArgs{
 		Stream: keys.Stream(), Group: group, Start: "-", End: "+", Count: 100_000,
@@ -116,7 +118,7 @@ func pendingIDs(t *testing.T, rdb *redis.Client, keys Keys, group string) []stri
 	return ids
 }
 
-func deadLetters(t *testing.T, rdb *redis.Client, keys Keys) []DeadLetter {
+func deadLetters(t *testing.T, rdb redis.UniversalClient, keys Keys) []DeadLetter {
 	t.Helper()
 	out, _, err := ListDead(context.Background(), rdb, keys, "", 10_000)
 	if err != nil {

@@ -44,7 +44,7 @@ func TestJobIndexOutlivesTTLWhileQueued(t *testing.T) {
 
 // addOldDeadLetter writes a dead letter of job i with entry id ms-0 (its failure time)
 // and the job index pointing at it, as the dead-letter script does.
-func addOldDeadLetter(t *testing.T, rdb *redis.Client, keys Keys, i int, ms int64) string {
+func addOldDeadLetter(t *testing.T, rdb redis.UniversalClient, keys Keys, i int, ms int64) string {
 	t.Helper()
 	ctx := context.Background()
 	id := strconv.FormatInt(ms, 10) + "-0"

@@ -44,10 +44,12 @@ return string.format('%d-%d', best_ms, best_seq)
 `)
 
 // trimBatchScript releases the job indexes of a batch of acknowledged entries and trims
-// them from the stream.
+// them from the stream; each entry's success record moves from the successes hash into
+// its job's index (field "done", when the index exists).
 //
 //	KEYS[1]    the stream
-//	KEYS[1+i]  the job index of the i-th entry
+//	KEYS[2]    the successes hash (Keys.Successes)
+//	KEYS[2+i]  the job index of the i-th entry
 //	ARGV[1]    index TTL in milliseconds
 //	ARGV[2]    the MINID to trim to (just above the batch's last entry)
 //	ARGV[2+i]  the i-th entry id
@@ -59,8 +61,13 @@ return string.format('%d-%d', best_ms, best_seq)
 // dead-letter script removes "entry": the index must outlive the dead letter).
 // Invariant: an index expires only after its job left the stream.
 var trimBatchScript = redis.NewScript(`
-for i = 2, #KEYS do
-  if redis.call('HGET', KEYS[i], 'entry') == ARGV[i + 1] and redis.call('HEXISTS', KEYS[i], 'scheduled') == 0 then
+for i = 3, #KEYS do
+  local rec = redis.call('HGET', KEYS[2], ARGV[i])
+  if rec then
+    if redis.call('EXISTS', KEYS[i]) == 1 then redis.call('HSET', KEYS[i], 'done', rec) end
+    redis.call('HDEL', KEYS[2], ARGV[i])
+  end
+  if redis.call('HGET', KEYS[i], 'entry') == ARGV[i] and redis.call('HEXISTS', KEYS[i], 'scheduled') == 0 then
     redis.call('PEXPIRE', KEYS[i], ARGV[1])
   end
 end
@@ -79,6 +86,9 @@ const trimBatch = 500
 // releases their indexes and trims them), off the jobs' path. Safe for concurrent use
 // and to run from several workers.
 func Trim(ctx context.Context, rdb redis.Cmdable, keys Keys, jobTTL time.Duration) (int64, error) {
+	if err := sweepSuccesses(ctx, rdb, keys); err != nil {
+		return 0, fmt.Errorf("trim %s: %w", keys.Stream(), err)
+	}
 	threshold, err := thresholdScript.Run(ctx, rdb, []string{keys.Stream()}).Text()
 	if err != nil {
 		return 0, fmt.Errorf("trim %s: %w", keys.Stream(), err)
@@ -95,8 +105,8 @@ func Trim(ctx context.Context, rdb redis.Cmdable, keys Keys, jobTTL time.Duratio
 		if len(msgs) == 0 {
 			return total, nil
 		}
-		ks := make([]string, 1, 1+len(msgs))
-		ks[0] = keys.Stream()
+		ks := make([]string, 2, 2+len(msgs))
+		ks[0], ks[1] = keys.Stream(), keys.Successes()
 		args := make([]any, 2, 2+len(msgs))
 		args[0], args[1] = jobTTL.Milliseconds(), nextID(msgs[len(msgs)-1].ID)
 		for _, m := range msgs {
@@ -113,6 +123,51 @@ func Trim(ctx context.Context, rdb redis.Cmdable, keys Keys, jobTTL time.Duratio
 		if len(msgs) < trimBatch {
 			return total, nil
 		}
+	}
+}
+
+// sweepSuccessesScript deletes, from one HSCAN page of the successes hash, the records
+// of entries no longer in the stream (older than its first entry, or any when it is
+// empty): those the trim could not move, because the entry was acknowledged by a run
+// that had lost its lease after another run's acknowledgement and the trim, or deleted
+// by someone's XDEL. Without it they would stay: the hash has no TTL.
+//
+//	KEYS[1]  the stream
+//	KEYS[2]  the successes hash
+//	ARGV[1]  the HSCAN cursor
+//
+// Returns the next cursor ("0" when the scan is complete).
+var sweepSuccessesScript = redis.NewScript(`
+local function parse(id)
+  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+  return tonumber(ms), tonumber(seq)
+end
+local first = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', 1)
+local fms, fseq
+if #first > 0 then fms, fseq = parse(first[1][1]) end
+local r = redis.call('HSCAN', KEYS[2], ARGV[1], 'COUNT', 500)
+local kv, del = r[2], {}
+for i = 1, #kv, 2 do
+  local ms, seq = parse(kv[i])
+  if ms == nil or fms == nil or ms < fms or (ms == fms and seq < fseq) then del[#del + 1] = kv[i] end
+end
+if #del > 0 then redis.call('HDEL', KEYS[2], unpack(del)) end
+return r[1]
+`)
+
+// sweepSuccesses runs sweepSuccessesScript over the whole successes hash: one round
+// trip when it is empty or small (recent successes, not yet trimmed), once a trim.
+func sweepSuccesses(ctx context.Context, rdb redis.Scripter, keys Keys) error {
+	cursor := "0"
+	for {
+		next, err := sweepSuccessesScript.Run(ctx, rdb, []string{keys.Stream(), keys.Successes()}, cursor).Text()
+		if err != nil {
+			return fmt.Errorf("sweep success records: %w", err)
+		}
+		if next == "0" {
+			return nil
+		}
+		cursor = next
 	}
 }
 
@@ -247,36 +302,66 @@ type Stats struct {
 // ReadStats reads Stats for group in one round trip (a pipeline of XLEN, XPENDING, XLEN
 // and ZCARD). A missing stream or group counts as empty. Safe for concurrent use.
 func ReadStats(ctx context.Context, rdb redis.Cmdable, keys Keys, group string) (Stats, error) {
+	return ReadStatsOf(ctx, rdb, []Keys{keys}, group)
+}
+
+// ReadStatsOf reads the Stats of the partitions parts (Keys.Partitions) summed, the
+// oldest pending idle time the longest of theirs, in one pipeline (one round trip per
+// Redis node that holds one of them).
+func ReadStatsOf(ctx context.Context, rdb redis.Cmdable, parts []Keys, group string) (Stats, error) {
+	type reads struct {
+		length, dead, scheduled *redis.IntCmd
+		summary                 *redis.XPendingCmd
+		oldest                  *redis.XPendingExtCmd
+	}
 	pipe := rdb.Pipeline()
-	length := pipe.XLen(ctx, keys.Stream())
-	summary := pipe.XPending(ctx, keys.Stream(), group)
-	oldest := pipe.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: keys.Stream(), Group: group, Start: "-", End: "+", Count: 1})
-	dead := pipe.XLen(ctx, keys.Dead())
-	scheduled := pipe.ZCard(ctx, keys.Scheduled())
+	rs := make([]reads, len(parts))
+	for i, keys := range parts {
+		rs[i] = reads{
+			length:    pipe.XLen(ctx, keys.Stream()),
+			summary:   pipe.XPending(ctx, keys.Stream(), group),
+			oldest:    pipe.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: keys.Stream(), Group: group, Start: "-", End: "+", Count: 1}),
+			dead:      pipe.XLen(ctx, keys.Dead()),
+			scheduled: pipe.ZCard(ctx, keys.Scheduled()),
+		}
+	}
 	_, _ = pipe.Exec(ctx)
-	var s Stats
-	var err error
-	s.Length, err = length.Result()
-	if err != nil {
-		return Stats{}, fmt.Errorf("read queue stats: %w", err)
+	var total Stats
+	for _, r := range rs {
+		var s Stats
+		var err error
+		s.Length, err = r.length.Result()
+		if err != nil {
+			return Stats{}, fmt.Errorf("read queue stats: %w", err)
+		}
+		if s.Dead, err = r.dead.Result(); err != nil {
+			return Stats{}, fmt.Errorf("read queue stats: %w", err)
+		}
+		if s.Scheduled, err = r.scheduled.Result(); err != nil {
+			return Stats{}, fmt.Errorf("read queue stats: %w", err)
+		}
+		sum, err := r.summary.Result()
+		if err != nil && !isNoGroup(err) && !errors.Is(err, redis.Nil) {
+			return Stats{}, fmt.Errorf("read queue stats: %w", err)
+		}
+		if sum != nil {
+			s.Pending = sum.Count
+		}
+		if o, err := r.oldest.Result(); err == nil && len(o) > 0 {
+			s.OldestPendingIdle = o[0].Idle
+		}
+		total = total.Add(s)
 	}
-	if s.Dead, err = dead.Result(); err != nil {
-		return Stats{}, fmt.Errorf("read queue stats: %w", err)
+	return total, nil
+}
+
+// Add returns the Stats of s and o together (of two partitions): the counts summed, the
+// longer oldest pending idle time.
+func (s Stats) Add(o Stats) Stats {
+	return Stats{
+		Length: s.Length + o.Length, Pending: s.Pending + o.Pending, Dead: s.Dead + o.Dead,
+		Scheduled: s.Scheduled + o.Scheduled, OldestPendingIdle: max(s.OldestPendingIdle, o.OldestPendingIdle),
 	}
-	if s.Scheduled, err = scheduled.Result(); err != nil {
-		return Stats{}, fmt.Errorf("read queue stats: %w", err)
-	}
-	sum, err := summary.Result()
-	if err != nil && !isNoGroup(err) && !errors.Is(err, redis.Nil) {
-		return Stats{}, fmt.Errorf("read queue stats: %w", err)
-	}
-	if sum != nil {
-		s.Pending = sum.Count
-	}
-	if o, err := oldest.Result(); err == nil && len(o) > 0 {
-		s.OldestPendingIdle = o[0].Idle
-	}
-	return s, nil
 }
 
 // PendingEntry is one entry of a consumer group's pending entries list.

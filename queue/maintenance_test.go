@@ -10,7 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-func streamIDs(t *testing.T, rdb *redis.Client, keys Keys) []string {
+func streamIDs(t *testing.T, rdb redis.UniversalClient, keys Keys) []string {
 	t.Helper()
 	msgs, err := rdb.XRange(context.Background(), keys.Stream(), "-", "+").Result()
 	if err != nil {

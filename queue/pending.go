@@ -74,3 +74,35 @@ func EntryState(ctx context.Context, rdb redis.Cmdable, keys Keys, group, id str
 	}
 	return EntryWaiting, nil
 }
+
+// Pending returns the pending record of stream entry id in group (its consumer, idle
+// time and delivery count); ok is false when it is not pending (waiting, acknowledged,
+// or the stream or group is missing). One round trip; safe for concurrent use.
+func Pending(ctx context.Context, rdb redis.Cmdable, keys Keys, group, id string) (e PendingEntry, ok bool, err error) {
+	p, err := rdb.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: keys.Stream(), Group: group, Start: id, End: id, Count: 1}).Result()
+	if isNoGroup(err) {
+		return PendingEntry{}, false, nil
+	}
+	if err != nil {
+		return PendingEntry{}, false, fmt.Errorf("read pending entry %s: %w", id, err)
+	}
+	if len(p) != 1 {
+		return PendingEntry{}, false, nil
+	}
+	return PendingEntry{ID: p[0].ID, Consumer: p[0].Consumer, Idle: p[0].Idle, Deliveries: p[0].RetryCount}, true, nil
+}
+
+// ReadEntry returns the job of stream entry id; ok is false when the stream has no such
+// entry (acknowledged and trimmed, or never there). A malformed entry gives an error
+// wrapping ErrMalformed. One round trip; safe for concurrent use.
+func ReadEntry(ctx context.Context, rdb redis.Cmdable, keys Keys, id string) (m Message, ok bool, err error) {
+	msgs, err := rdb.XRangeN(ctx, keys.Stream(), id, id, 1).Result()
+	if err != nil {
+		return Message{}, false, fmt.Errorf("read stream entry %s: %w", id, err)
+	}
+	if len(msgs) == 0 {
+		return Message{}, false, nil
+	}
+	m, err = ParseMessage(msgs[0].Values)
+	return m, err == nil, err
+}

@@ -172,7 +172,9 @@ func EnqueueAt(ctx context.Context, rdb redis.Scripter, keys Keys, m Message, at
 //	ARGV[8]  explicit delay in milliseconds, or -1 to take it from ARGV[10:]
 //	ARGV[9]  what the job waits for (a limiter's reason), kept in the index's "waiting"
 //	         field while it is scheduled; "" for none
-//	ARGV[10:] delays in milliseconds by the attempts spent before this settlement (the
+//	ARGV[10] the delivery's history event (historyRecord), appended to the index's
+//	         history with "wait" (the delay, ms) when the settlement lands; "" for none
+//	ARGV[11:] delays in milliseconds by the attempts spent before this settlement (the
 //	         retry policy's full-jitter draws); past the end, the last
 //
 // Returns false when the entry is no longer pending to ARGV[2] (acknowledged, or
@@ -182,7 +184,7 @@ func EnqueueAt(ctx context.Context, rdb redis.Scripter, keys Keys, m Message, at
 // the new entry, or state scheduled with run_at and the member) when it pointed at this
 // entry. Invariant: the job is in exactly one of the stream (this entry pending, or the
 // new one) and the scheduled set after the script, whatever happens around it.
-var scheduleScript = redis.NewScript(`
+var scheduleScript = redis.NewScript(historyLua + `
 local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1, ARGV[2])
 if #p == 0 then return false end
 local e = redis.call('XRANGE', KEYS[1], ARGV[3], ARGV[3])
@@ -209,7 +211,7 @@ end
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
 local delay = tonumber(ARGV[8])
 if delay < 0 then
-  local i = 10 + spent
+  local i = 11 + spent
   if i > #ARGV then i = #ARGV end
   delay = tonumber(ARGV[i]) or 0
 end
@@ -241,6 +243,11 @@ else
   result = {'scheduled', delay}
 end
 if ARGV[6] ~= '' and redis.call('EXISTS', KEYS[4]) == 1 then redis.call('HSET', KEYS[4], 'last_error', ARGV[6]) end
+if ARGV[10] ~= '' then
+  local wait = 0
+  if delay > 0 then wait = delay end
+  history(KEYS[4], string.sub(ARGV[10], 1, -2) .. ',"wait":' .. wait .. '}')
+end
 return result
 `)
 
@@ -259,6 +266,8 @@ type settlement struct {
 	// attempts already spent.
 	delay  time.Duration
 	delays []time.Duration
+	// history is the delivery's history event (historyRecord); "" for none.
+	history string
 }
 
 // settleResult is what scheduleScript did.
@@ -277,7 +286,7 @@ func settle(ctx context.Context, rdb redis.Scripter, keys Keys, group, consumer,
 	if s.delay >= 0 {
 		delay = s.delay.Milliseconds()
 	}
-	args := []any{group, consumer, id, s.spend, s.budget, s.lastError, msg.JobID, delay, clipReason(s.waiting)}
+	args := []any{group, consumer, id, s.spend, s.budget, s.lastError, msg.JobID, delay, clipTo(s.waiting, maxReasonLen), s.history}
 	if len(s.delays) == 0 {
 		args = append(args, 0)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/onceflow/onceflow/internal/connect"
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/retry"
 )
@@ -35,11 +36,21 @@ func TestCrashHelperProcess(t *testing.T) {
 	if os.Getenv(envHelper) != "1" {
 		t.Skip("child process of the crash tests")
 	}
-	opt, err := redis.ParseURL(os.Getenv("ONCEFLOW_REDIS_URL"))
-	if err != nil {
-		t.Fatal(err)
+	// The parent's Redis: the cluster when the suite runs on one (setup).
+	var rdb redis.UniversalClient
+	if seeds := os.Getenv("ONCEFLOW_TEST_REDIS_CLUSTER"); seeds != "" {
+		c, err := connect.RedisCluster(testenv.ClusterURL(seeds))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rdb = c
+	} else {
+		opt, err := redis.ParseURL(os.Getenv("ONCEFLOW_REDIS_URL"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rdb = redis.NewClient(opt)
 	}
-	rdb := redis.NewClient(opt)
 	keys := Keys{Prefix: os.Getenv(envPrefix), Queue: "summaries"}
 	point := os.Getenv(envPoint)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)

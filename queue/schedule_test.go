@@ -326,7 +326,7 @@ func (c *completer) Completed(_ context.Context, j *Job) (bool, error) {
 
 // spendAll makes the entry of job i look as the issue found it: delivered MaxDeliveries
 // times (XCLAIM RETRYCOUNT), never acknowledged, idle past ClaimIdle.
-func spendAll(t *testing.T, rdb *redis.Client, keys Keys, i, max int) string {
+func spendAll(t *testing.T, rdb redis.UniversalClient, keys Keys, i, max int) string {
 	t.Helper()
 	ctx := context.Background()
 	if err := CreateGroup(ctx, rdb, keys, DefaultGroup); err != nil {

@@ -69,8 +69,13 @@ type WorkerConfig struct {
 	// of a group. Default: ConsumerName() (host, pid and a random suffix).
 	Consumer string
 	// Concurrency is the most handlers that run at once; the worker never reads more
-	// messages than it has free slots. Default: 64.
+	// messages than it has free slots. Default: 64, or Budget's size.
 	Concurrency int
+	// Budget, when set, is the concurrency budget this worker shares with the workers of
+	// the queue's other partitions (Keys.Partition): its handlers take their slots from
+	// it, and Concurrency, when set, must be its size. Default: nil, a budget of its own
+	// of Concurrency slots.
+	Budget *Budget
 	// ClaimIdle is how long an entry must have been idle (not delivered, claimed or
 	// renewed) before a worker reclaims it: the time in which a dead worker's jobs, and a
 	// failed run's, are retried. Default: 2m.
@@ -118,6 +123,14 @@ type WorkerConfig struct {
 	ShutdownTimeout time.Duration
 	// AckBatch is the most ids one XACK carries. Default: 512.
 	AckBatch int
+	// RecordSuccesses adds each successful delivery (its consumer, delivery number and
+	// times) to its job's history (ReadHistory), written in the acknowledgement's round
+	// trip. Failures, hand-backs, dead letters, replays and purges are always recorded,
+	// by the scripts that settle them; a success costs a write of its own: 0.83 to 0.92
+	// of the throughput of a worker whose handlers do nothing (docs/BENCHMARKS.md),
+	// about 0.74 µs of Redis time and a record's encoding per job. Default: false (the
+	// job page then shows the acknowledged run without its consumer and times).
+	RecordSuccesses bool
 	// AckLinger is how long the acknowledger waits for more finished jobs before sending
 	// a batch that is not full; a longer linger means fewer XACK round trips, and on a
 	// crash that many more finished jobs redelivered. Negative sends each batch as soon
@@ -162,6 +175,9 @@ type WorkerConfig struct {
 func (c WorkerConfig) withDefaults() WorkerConfig {
 	c.Group = cmp.Or(c.Group, DefaultGroup)
 	c.Consumer = cmp.Or(c.Consumer, ConsumerName())
+	if c.Budget != nil {
+		c.Concurrency = cmp.Or(c.Concurrency, c.Budget.Size())
+	}
 	c.Concurrency = cmp.Or(c.Concurrency, DefaultConcurrency)
 	c.ClaimIdle = cmp.Or(c.ClaimIdle, DefaultClaimIdle)
 	c.MaxDeliveries = cmp.Or(c.MaxDeliveries, DefaultMaxDeliveries)
@@ -195,6 +211,10 @@ func (c WorkerConfig) validate() error {
 		return errors.New("queue: WorkerConfig.Handler is required")
 	case c.Concurrency < 1:
 		return fmt.Errorf("queue: Concurrency %d must be at least 1", c.Concurrency)
+	case c.Budget != nil && c.Concurrency != c.Budget.Size():
+		return fmt.Errorf("queue: Concurrency %d must be the shared Budget's size %d", c.Concurrency, c.Budget.Size())
+	case c.Keys.Validate() != nil:
+		return fmt.Errorf("queue: WorkerConfig.Keys: %w", c.Keys.Validate())
 	case c.ClaimIdle < time.Millisecond:
 		return fmt.Errorf("queue: ClaimIdle %v must be at least 1ms", c.ClaimIdle)
 	case c.MaxDeliveries < 1:
@@ -292,11 +312,15 @@ func NewWorker(cfg WorkerConfig) (*Worker, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	log := cfg.Logger.With("queue", cfg.Keys.Queue, "consumer", cfg.Consumer)
+	log := cfg.Logger.With("queue", cfg.Keys.Name(), "consumer", cfg.Consumer)
 	m := newWorkerMetrics(cfg.Registerer, cfg.Keys.Queue)
+	slots := make(chan struct{}, cfg.Concurrency)
+	if cfg.Budget != nil {
+		slots = cfg.Budget.slots
+	}
 	return &Worker{
 		cfg: cfg, keys: cfg.Keys, rdb: cfg.Redis, log: log, m: m,
-		slots:    make(chan struct{}, cfg.Concurrency),
+		slots:    slots,
 		jobs:     make(chan delivery, cfg.Concurrency),
 		acks:     newAcker(cfg.Redis, cfg.Keys, cfg.Group, cfg.AckBatch, cfg.AckLinger, log, m),
 		inFlight: make(map[string]jobRef),
@@ -461,12 +485,18 @@ func (w *Worker) admit(ctx context.Context) (limit int, ok bool) {
 // acquire waits for a free slot and takes every free slot; it returns how many it took,
 // 0 when ctx was cancelled. When the last read was full (a backlog is waiting) and some
 // slots are still busy, it waits up to batchWait for them, so that a busy worker reads in
-// large batches instead of spending a round trip on every few messages.
+// large batches instead of spending a round trip on every few messages. A worker that
+// shares its Budget with other partitions takes one slot only when its last read was
+// not full: it would hold them through a blocking read of an idle stream, while another
+// partition's backlog waits for them.
 func (w *Worker) acquire(ctx context.Context, backlog bool) int {
 	select {
 	case w.slots <- struct{}{}:
 	case <-ctx.Done():
 		return 0
+	}
+	if w.cfg.Budget != nil && !backlog {
+		return 1
 	}
 	n := 1 + w.takeFree()
 	if !backlog || n == w.cfg.Concurrency {
@@ -486,6 +516,10 @@ func (w *Worker) acquire(ctx context.Context, backlog bool) int {
 	}
 	return n
 }
+
+// contendedBlock bounds a blocking read that holds the last free slot of a shared
+// Budget.
+const contendedBlock = 20 * time.Millisecond
 
 // batchWait bounds how long acquire waits for busy slots when a backlog waits.
 const batchWait = time.Millisecond
@@ -514,6 +548,8 @@ type delivery struct {
 	id         string
 	fields     map[string]any
 	deliveries int64
+	// started is when its run began (set by process), for the job's history.
+	started time.Time
 }
 
 // fetch returns up to n deliveries: reclaimed entries first (when a reclaim scan is
@@ -535,8 +571,13 @@ func (w *Worker) fetch(ctx context.Context, n int) ([]delivery, error) {
 		return out, nil
 	}
 	block := w.cfg.Block
-	if len(out) > 0 {
+	switch {
+	case len(out) > 0:
 		block = -1 // jobs are waiting: do not block
+	case w.cfg.Budget != nil && len(w.slots) == cap(w.slots):
+		// Every slot of the shared budget is taken: the other partitions may have a
+		// backlog waiting for the slot this read holds. Give it back soon.
+		block = min(block, contendedBlock)
 	}
 	res, err := w.rdb.XReadGroup(rctx, &redis.XReadGroupArgs{
 		Group: w.cfg.Group, Consumer: w.cfg.Consumer, Streams: []string{w.keys.Stream(), ">"},
@@ -719,6 +760,7 @@ func (w *Worker) process(ctx context.Context, d delivery) {
 	run := &runState{job: Job{Message: msg, ID: d.id, Deliveries: int64(msg.Attempts) + d.deliveries}}
 	job := &run.job
 	started := time.Now()
+	d.started = started
 	w.track(d.id, jobRef{jobID: msg.JobID, tenant: msg.Tenant, start: started, deliveries: d.deliveries, run: run, d: d})
 	// Tracked until its fate is settled: a reclaim scan in between must not take the
 	// entry and run it again while this run still acknowledges, buries or hands it back.
@@ -749,7 +791,7 @@ func (w *Worker) process(ctx context.Context, d delivery) {
 	switch {
 	case outcome == outcomeOK:
 		w.unavailable.Store(0)
-		if !w.acks.add(d.id) {
+		if !w.acks.add(w.ackOf(d, OutcomeSucceeded)) {
 			w.log.Warn("job finished after shutdown; it stays pending and will run again", "job_id", job.JobID, "tenant", job.Tenant, "entry", d.id)
 		}
 	case outcome == outcomePermanent:
@@ -775,6 +817,21 @@ func (w *Worker) process(ctx context.Context, d delivery) {
 	default: // outcomeError, outcomePanic
 		w.retry(ctx, d, job, err)
 	}
+}
+
+// ackOf is the acknowledgement of d, whose run ended with outcome, with its success
+// record when RecordSuccesses is set.
+func (w *Worker) ackOf(d delivery, outcome string) ack {
+	if !w.cfg.RecordSuccesses {
+		return ack{id: d.id}
+	}
+	return ack{id: d.id, history: w.historyOf(d, outcome, "")}
+}
+
+// historyOf is the history event of d, whose run ends now with outcome (detail: the
+// error, reason or why).
+func (w *Worker) historyOf(d delivery, outcome, detail string) string {
+	return historyRecord(d, w.cfg.Consumer, outcome, detail, time.Now())
 }
 
 // forgetRun deletes entry id's start from the runs hash (LongRuns). One round trip, for
@@ -837,11 +894,9 @@ func (w *Worker) retryDelays(err error) (explicit time.Duration, draws []time.Du
 // dead-lettered (unless it completed).
 func (w *Worker) retry(ctx context.Context, d delivery, job *Job, cause error) {
 	delay, draws := w.retryDelays(cause)
-	msg := cause.Error()
-	if len(msg) > maxLastErrorLen {
-		msg = strings.ToValidUTF8(msg[:maxLastErrorLen], "") + "..."
-	}
-	s := settlement{spend: d.deliveries, budget: int64(w.cfg.MaxDeliveries), lastError: msg, delay: delay, delays: draws}
+	msg := clipTo(cause.Error(), maxLastErrorLen)
+	s := settlement{spend: d.deliveries, budget: int64(w.cfg.MaxDeliveries), lastError: msg, delay: delay, delays: draws,
+		history: w.historyOf(d, OutcomeRetry, msg)}
 	res, ok := w.settle(d, job, s)
 	switch {
 	case !ok:
@@ -867,7 +922,8 @@ func (w *Worker) handBack(ctx context.Context, d delivery, job *Job, delay time.
 // deliveries, with the wait's reason in its index. Logged at debug level: a limiter
 // under load puts off many jobs, and its metrics count them.
 func (w *Worker) handBackWaiting(d delivery, job *Job, wait *retry.WaitError) {
-	res, ok := w.settle(d, job, settlement{spend: max(d.deliveries-1, 0), delay: max(wait.Delay, 0), waiting: wait.Reason})
+	res, ok := w.settle(d, job, settlement{spend: max(d.deliveries-1, 0), delay: max(wait.Delay, 0), waiting: wait.Reason,
+		history: w.historyOf(d, OutcomeWaiting, wait.Reason)})
 	if ok {
 		w.log.Debug("job waits for capacity without spending an attempt", "job_id", job.JobID, "tenant", job.Tenant,
 			"entry", d.id, "in", res.delay, "reason", wait.Reason)
@@ -877,7 +933,12 @@ func (w *Worker) handBackWaiting(d delivery, job *Job, wait *retry.WaitError) {
 // handBackSpending is handBack recording spend attempts (those the settlement found
 // spent, for a job whose completion is unknown).
 func (w *Worker) handBackSpending(ctx context.Context, d delivery, job *Job, spend int64, delay time.Duration, why string, cause error) {
-	res, ok := w.settle(d, job, settlement{spend: max(spend, 0), delay: max(delay, 0)})
+	detail := why
+	if cause != nil {
+		detail += ": " + cause.Error()
+	}
+	res, ok := w.settle(d, job, settlement{spend: max(spend, 0), delay: max(delay, 0),
+		history: w.historyOf(d, OutcomeHandedBack, detail)})
 	if !ok {
 		return
 	}
@@ -958,7 +1019,7 @@ func (w *Worker) exhausted(ctx context.Context, d delivery, job *Job, attempts i
 		case done:
 			w.m.completedNotBuried.Inc()
 			w.log.Warn("a job whose budget is spent had completed; acknowledged, not dead-lettered", "job_id", job.JobID, "tenant", job.Tenant, "entry", d.id, "attempts", attempts)
-			if !w.acks.add(d.id) {
+			if !w.acks.add(w.ackOf(d, OutcomeCompleted)) {
 				w.log.Warn("job finished after shutdown; it stays pending and will run again", "job_id", job.JobID, "tenant", job.Tenant, "entry", d.id)
 			}
 			return
@@ -979,14 +1040,6 @@ const maxLastErrorLen = 512
 // maxReasonLen bounds a dead-letter reason, in bytes: it is stored in the dead letter
 // and the job index, returned by JobState and logged.
 const maxReasonLen = 2 * maxLastErrorLen
-
-// clipReason cuts reason to maxReasonLen bytes of valid UTF-8, marking the cut.
-func clipReason(reason string) string {
-	if len(reason) <= maxReasonLen {
-		return reason
-	}
-	return strings.ToValidUTF8(reason[:maxReasonLen], "") + "..."
-}
 
 // lastError returns "; last error: ..." with the error the index keeps for the job's
 // last failed attempt, or "" when there is none.
@@ -1030,10 +1083,11 @@ func (w *Worker) run(ctx context.Context, job *Job, start time.Time) (outcome st
 // bury moves d to the dead-letter stream, recording attempts (0: the entry's delivery
 // count). On a Redis error the entry stays pending and is buried on a later delivery.
 func (w *Worker) bury(d delivery, msg *Message, label, reason string, attempts int64) {
-	reason = clipReason(reason)
+	reason = clipTo(reason, maxReasonLen)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	deadID, ok, err := deadLetter(ctx, w.rdb, w.keys, w.cfg.Group, w.cfg.Consumer, d.id, d.fields, msg, reason, attempts, time.Now())
+	deadID, ok, err := deadLetter(ctx, w.rdb, w.keys, w.cfg.Group, w.cfg.Consumer, d.id, d.fields, msg, reason, attempts, time.Now(),
+		w.historyOf(d, OutcomeDeadLettered, reason))
 	job := refOf(d.fields).attrs()
 	switch {
 	case err != nil:
@@ -1061,9 +1115,10 @@ func (w *Worker) handBackAbandoned() {
 	var wg sync.WaitGroup
 	for id, ref := range refs {
 		wg.Go(func() {
-			d := delivery{id: id, deliveries: ref.deliveries}
+			d := delivery{id: id, deliveries: ref.deliveries, started: ref.start}
 			job := &Job{Message: Message{JobID: ref.jobID, Tenant: ref.tenant}, ID: id, Deliveries: ref.deliveries}
-			if _, ok := w.settleWithin(ctx, d, job, settlement{spend: max(ref.deliveries-1, 0)}); ok {
+			hist := w.historyOf(d, OutcomeHandedBack, "shutdown (handler ignored cancellation)")
+			if _, ok := w.settleWithin(ctx, d, job, settlement{spend: max(ref.deliveries-1, 0), history: hist}); ok {
 				w.log.Info("job handed back without spending an attempt", "job_id", job.JobID, "tenant", job.Tenant, "entry", id, "why", "shutdown (handler ignored cancellation)")
 			}
 		})
@@ -1416,6 +1471,9 @@ func (w *Worker) sample(ctx context.Context) {
 		w.log.Debug("sampling queue stats failed", "err", err)
 		return
 	}
+	if w.cfg.Budget != nil {
+		s = w.cfg.Budget.report(w.keys.Partition, s)
+	}
 	w.m.streamLength.Set(float64(s.Length))
 	w.m.pending.Set(float64(s.Pending))
 	w.m.oldestPendingIdle.Set(s.OldestPendingIdle.Seconds())
@@ -1486,6 +1544,16 @@ func waitTimeout(wg *sync.WaitGroup, d time.Duration) bool {
 		return false
 	}
 }
+
+// ValidEntryID reports whether id is a stream entry id ("ms-seq", as dead letters'
+// DeadLetter.ID), for code that takes one from outside (a form, a flag).
+func ValidEntryID(id string) bool {
+	_, _, ok := splitID(id)
+	return ok
+}
+
+// CompareEntryIDs orders two stream entry ids as the stream does: -1, 0 or +1.
+func CompareEntryIDs(a, b string) int { return compareIDs(a, b) }
 
 // compareIDs orders two stream ids (ms-seq).
 func compareIDs(a, b string) int {

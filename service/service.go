@@ -46,7 +46,7 @@ func Workflow(h cli.Host) (onceflow.Workflow, error) {
 		Model: cfg.LLMModel,
 		Queue: onceflow.QueueConfig{
 			Concurrency: cfg.WorkerConcurrency, ClaimIdle: cfg.ClaimIdle, MaxDeliveries: cfg.MaxDeliveries,
-			ShutdownTimeout: cfg.ShutdownTimeout, StatsInterval: cfg.StatsInterval,
+			ShutdownTimeout: cfg.ShutdownTimeout, StatsInterval: cfg.StatsInterval, RecordSuccesses: cfg.RecordSuccesses,
 		},
 		Timeout: cfg.IdempotencyTimeout, LockTTL: cfg.LockTTL, MaxResponseBytes: cfg.IdempotencyResponseLimit,
 		AuditMaxAge: cfg.AuditMaxAge, AuditRetention: cfg.OutboxRetention,
@@ -80,8 +80,12 @@ func Workflows(h cli.Host) ([]onceflow.Workflow, error) {
 // hold.
 func Audit(ctx context.Context, h cli.Host, c *onceflow.Client, w io.Writer, asJSON bool) error {
 	cfg := h.Config
+	parts, err := c.QueuePartitions(ctx, summaries.QueueName)
+	if err != nil {
+		return err
+	}
 	r, err := summaries.Audit(ctx, summaries.AuditConfig{
-		DB: c.DB(), Redis: c.Redis(), Keys: c.QueueKeys(summaries.QueueName),
+		DB: c.DB(), Redis: c.Redis(), Keys: c.QueueKeys(summaries.QueueName), Partitions: parts,
 		ClaimIdle: cfg.ClaimIdle, MaxAge: cfg.AuditMaxAge, Retention: cfg.OutboxRetention,
 	})
 	if err != nil {

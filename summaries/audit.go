@@ -27,6 +27,9 @@ type AuditConfig struct {
 	// queue.DefaultGroup.
 	Keys  queue.Keys
 	Group string
+	// Partitions are the queue's partitions (onceflow.Client.QueuePartitions). Default:
+	// Keys alone.
+	Partitions []queue.Keys
 	// ClaimIdle is the workers' ONCEFLOW_CLAIM_IDLE: an entry pending for twice that is a
 	// violation. Default: 2m.
 	ClaimIdle time.Duration
@@ -94,27 +97,35 @@ func Audit(ctx context.Context, cfg AuditConfig) (*Report, error) {
 
 	// Redis first: a summary written after this read cannot be a dead-lettered job we
 	// failed to see.
-	qs, err := queue.ReadStats(ctx, cfg.Redis, cfg.Keys, cfg.Group)
+	parts := cfg.Partitions
+	if len(parts) == 0 {
+		parts = []queue.Keys{cfg.Keys}
+	}
+	qs, err := queue.ReadStatsOf(ctx, cfg.Redis, parts, cfg.Group)
 	if err != nil {
 		return nil, fmt.Errorf("audit: %w", err)
 	}
 	r.StreamLength, r.StreamPending, r.DLQ = qs.Length, qs.Pending, qs.Dead
 	var deadJobs []string
-	for start := "-"; start != ""; {
-		page, next, err := queue.ListDead(ctx, cfg.Redis, cfg.Keys, start, 1000)
+	var stale []queue.PendingEntry
+	for _, keys := range parts {
+		for start := "-"; start != ""; {
+			page, next, err := queue.ListDead(ctx, cfg.Redis, keys, start, 1000)
+			if err != nil {
+				return nil, fmt.Errorf("audit: %w", err)
+			}
+			for _, d := range page {
+				if queue.IsUUID(d.JobID) {
+					deadJobs = append(deadJobs, d.JobID)
+				}
+			}
+			start = next
+		}
+		st, err := queue.StalePending(ctx, cfg.Redis, keys, cfg.Group, 2*cfg.ClaimIdle, int64(cfg.MaxListed))
 		if err != nil {
 			return nil, fmt.Errorf("audit: %w", err)
 		}
-		for _, d := range page {
-			if queue.IsUUID(d.JobID) {
-				deadJobs = append(deadJobs, d.JobID)
-			}
-		}
-		start = next
-	}
-	stale, err := queue.StalePending(ctx, cfg.Redis, cfg.Keys, cfg.Group, 2*cfg.ClaimIdle, int64(cfg.MaxListed))
-	if err != nil {
-		return nil, fmt.Errorf("audit: %w", err)
+		stale = append(stale, st...)
 	}
 	if len(stale) > 0 {
 		ids := make([]string, len(stale))
@@ -199,8 +210,12 @@ func auditWorkflow(ctx context.Context, c *onceflow.Client, o Options) (*onceflo
 	if c.DB() == nil {
 		return nil, errors.New("audit: the Client needs Config.DB")
 	}
+	parts, err := c.QueuePartitions(ctx, QueueName)
+	if err != nil {
+		return nil, err
+	}
 	r, err := Audit(ctx, AuditConfig{
-		DB: c.DB(), Redis: c.Redis(), Keys: c.QueueKeys(QueueName),
+		DB: c.DB(), Redis: c.Redis(), Keys: c.QueueKeys(QueueName), Partitions: parts,
 		ClaimIdle: o.Queue.ClaimIdle, MaxAge: o.AuditMaxAge, Retention: o.AuditRetention,
 	})
 	if err != nil {

@@ -66,7 +66,7 @@ func BenchmarkPipeline(b *testing.B) {
 	// 1,000 jobs/s target).
 	for _, withLedger := range []bool{false, true} {
 		b.Run(fmt.Sprintf("ledger=%v", withLedger), func(b *testing.B) {
-			r := runPipeline(b, jobs, clients, workers, withLedger)
+			r := runPipeline(b, jobs, clients, workers, withLedger, false)
 			b.ReportMetric(ceiling, "pgbench-tps")
 			b.ReportMetric(r.jobsPerSec, "jobs/s")
 			b.ReportMetric(r.acceptPerSec, "accepted/s")
@@ -111,7 +111,7 @@ func (c *commitCounter) TraceBatchStart(ctx context.Context, conn *pgx.Conn, d p
 	return c.Counter.TraceBatchStart(ctx, conn, d)
 }
 
-func runPipeline(b *testing.B, jobs, clients, workers int, withLedger bool) pipelineResult {
+func runPipeline(b *testing.B, jobs, clients, workers int, withLedger, withUI bool) pipelineResult {
 	b.Helper()
 	ctx := context.Background()
 	quiet := slog.New(slog.DiscardHandler)
@@ -175,6 +175,10 @@ func runPipeline(b *testing.B, jobs, clients, workers int, withLedger bool) pipe
 	apiRT.Reset()
 	workerRT.Reset()
 
+	if withUI {
+		stopUI := openUI(b, prefix, dsn)
+		defer stopUI()
+	}
 	transport := http.DefaultTransport.(*http.Transport).Clone()
 	transport.MaxIdleConnsPerHost = clients
 	client := &http.Client{Transport: transport}

@@ -136,6 +136,79 @@ func acceptScript(lua string) *redis.Script {
 	return sc.(*redis.Script)
 }
 
+// runAccept runs the accept script sc. With Config.WaitReplicas it sends, in one
+// pipeline on the one connection to the primary of keys[0]: the script, a SET of a
+// marker key in the same slot, and WAIT. The marker makes the connection's last write
+// come after everything the primary had when the script ran, the record a replay read
+// included (replication is in order), so WAIT confirms the replicas have the job
+// whether this accept wrote it or replays it. A NOSCRIPT (the script did not run) is
+// retried once with the script's text; a MOVED (the slot moved: the script did not
+// run) once after the cluster client reloads its slot map. ASK and TRYAGAIN (the
+// slot is migrating) are returned: the API answers 503 until the migration ends.
+func (s *Store) runAccept(ctx context.Context, sc *redis.Script, keys []string, args []any) ([]any, error) {
+	if s.cfg.WaitReplicas <= 0 {
+		return sc.Run(ctx, s.rdb, keys, args...).Slice()
+	}
+	// One marker key per slot, rewritten by every accept that waits.
+	tag, _ := hashTag(keys[0])
+	marker := s.cfg.Prefix + ":{" + tag + "}:wait"
+	moved := false
+	for try := 0; ; try++ {
+		node, err := primaryFor(ctx, s.rdb, keys[0])
+		if err != nil {
+			return nil, err
+		}
+		var res, wait *redis.Cmd
+		_, _ = node.Pipelined(ctx, func(p redis.Pipeliner) error {
+			if try == 0 {
+				res = sc.EvalSha(ctx, p, keys, args...)
+			} else {
+				res = sc.Eval(ctx, p, keys, args...)
+			}
+			p.Set(ctx, marker, "1", time.Minute)
+			wait = p.Do(ctx, "wait", s.cfg.WaitReplicas, s.cfg.WaitTimeout.Milliseconds())
+			return nil
+		})
+		if err := res.Err(); err != nil {
+			switch {
+			case try == 0 && redis.HasErrorPrefix(err, "NOSCRIPT"):
+				continue
+			case !moved && redis.HasErrorPrefix(err, "MOVED"):
+				if cc, ok := s.rdb.(*redis.ClusterClient); ok {
+					moved = true
+					cc.ReloadState(ctx)
+					continue
+				}
+			}
+			return nil, err
+		}
+		n, err := wait.Int64()
+		if err != nil {
+			return nil, fmt.Errorf("%w: WAIT: %w", ErrNotReplicated, err)
+		}
+		if n < int64(s.cfg.WaitReplicas) {
+			return nil, fmt.Errorf("%w: %d of %d replicas within %s", ErrNotReplicated, n, s.cfg.WaitReplicas, s.cfg.WaitTimeout)
+		}
+		return res.Slice()
+	}
+}
+
+// primaryFor returns the client of the one server that holds key: the client itself,
+// or on a Redis Cluster the primary of key's slot.
+func primaryFor(ctx context.Context, rdb redis.UniversalClient, key string) (*redis.Client, error) {
+	switch c := rdb.(type) {
+	case *redis.Client:
+		return c, nil
+	case *redis.ClusterClient:
+		n, err := c.MasterForKey(ctx, key)
+		if err != nil {
+			return nil, fmt.Errorf("find the primary of %s: %w", key, err)
+		}
+		return n, nil
+	}
+	return nil, fmt.Errorf("redisstore: WaitReplicas needs a *redis.Client or *redis.ClusterClient, not %T", rdb)
+}
+
 // enqueueLua is the Write body of Accept's Enqueue: XADD to any stream and, optionally,
 // HSET (and PEXPIRE) one hash in its slot.
 //
@@ -236,7 +309,7 @@ func (s *Store) AcceptWrite(ctx context.Context, scope idempotency.Scope, fp str
 	args := make([]any, 0, 3+len(w.Args))
 	args = append(args, fp, done, s.cfg.ResultTTL.Milliseconds())
 	args = append(args, w.Args...)
-	res, err := acceptScript(w.Lua).Run(ctx, s.rdb, keys, args...).Slice()
+	res, err := s.runAccept(ctx, acceptScript(w.Lua), keys, args)
 	if err != nil {
 		return nil, false, fmt.Errorf("accept idempotency key: %w", err)
 	}

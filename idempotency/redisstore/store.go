@@ -55,6 +55,35 @@ type Config struct {
 	CleanupTimeout time.Duration
 	// Logger receives cleanup failures. Default: slog.Default().
 	Logger *slog.Logger
+	// WaitReplicas, when above 0, makes AcceptWrite (and Accept) confirm that many
+	// replicas have its write before it answers: WAIT WaitReplicas WaitTimeout, sent in
+	// the same round trip as the script on the same connection to the key's primary.
+	// Redis replicates asynchronously; without it, a primary that answered and died
+	// before its replicas had the write loses the accepted job at the failover
+	// (docs/operations.md, "Redis Cluster"). Fewer replicas in time gives an error
+	// matching ErrNotReplicated (the API answers 503; the write stays, and a retry
+	// with the same key replays it once the replicas confirm). Default: 0 (no WAIT).
+	WaitReplicas int
+	// WaitTimeout bounds the WAIT. Default: 1s.
+	WaitTimeout time.Duration
+}
+
+// ErrNotReplicated is matched by the error of an accept whose write fewer than
+// Config.WaitReplicas replicas confirmed within Config.WaitTimeout: it is on the
+// primary, and may be lost if the primary fails before a replica has it.
+var ErrNotReplicated = errors.New("redisstore: the write was not confirmed by enough replicas")
+
+// DefaultWaitTimeout is Config.WaitTimeout's default.
+const DefaultWaitTimeout = time.Second
+
+// waitable reports whether WAIT can follow a write on rdb's connection to the key's
+// primary (see runAccept).
+func waitable(rdb redis.UniversalClient) bool {
+	switch rdb.(type) {
+	case *redis.Client, *redis.ClusterClient:
+		return true
+	}
+	return false
 }
 
 // Store keeps idempotency records in Redis. It is safe for concurrent use.
@@ -72,6 +101,7 @@ func New(rdb redis.UniversalClient, cfg Config) (*Store, error) {
 	cfg.Prefix = cmp.Or(cfg.Prefix, DefaultPrefix)
 	cfg.ResultTTL = cmp.Or(cfg.ResultTTL, DefaultResultTTL)
 	cfg.CleanupTimeout = cmp.Or(cfg.CleanupTimeout, DefaultCleanupTimeout)
+	cfg.WaitTimeout = cmp.Or(cfg.WaitTimeout, DefaultWaitTimeout)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -84,6 +114,10 @@ func New(rdb redis.UniversalClient, cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("redisstore: hash tag %q must not contain braces", cfg.HashTag)
 	case cfg.ResultTTL < time.Millisecond || cfg.CleanupTimeout < 0:
 		return nil, errors.New("redisstore: ResultTTL must be at least 1ms")
+	case cfg.WaitReplicas < 0 || cfg.WaitTimeout < time.Millisecond:
+		return nil, errors.New("redisstore: WaitReplicas must not be negative, WaitTimeout at least 1ms")
+	case cfg.WaitReplicas > 0 && !waitable(rdb):
+		return nil, fmt.Errorf("redisstore: WaitReplicas needs a *redis.Client or *redis.ClusterClient, not %T", rdb)
 	}
 	return &Store{rdb: rdb, cfg: cfg, log: cfg.Logger}, nil
 }

@@ -17,7 +17,7 @@ import (
 
 func newTestStore(t *testing.T, cfg Config) (*Store, *roundtrip.Counter) {
 	t.Helper()
-	rdb, prefix := testenv.Redis(t)
+	rdb, prefix := testenv.QueueRedis(t)
 	var c roundtrip.Counter
 	rdb.AddHook(&c)
 	cfg.Prefix = prefix

@@ -32,6 +32,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -92,8 +93,11 @@ type Report struct {
 	// Redelivered counts deliveries of jobs that had already finished (from the workers'
 	// logs: reclaims after kills, crashes between commit and XACK).
 	Redelivered int
-	Events      []string
-	Violations  []string
+	// Lost counts accepted jobs with no summary when the profile measures the loss
+	// instead of forbidding it (RunCluster without WAIT: a failover's loss window).
+	Lost       int
+	Events     []string
+	Violations []string
 }
 
 // Failed reports whether an invariant was violated.
@@ -112,6 +116,9 @@ func (r *Report) String() string {
 	}
 	fmt.Fprintf(&b, "  model requests %d (%.2f per job), redelivered finished jobs %d\n", r.ModelRequests, perJob, r.Redelivered)
 	fmt.Fprintf(&b, "  faults: %d events\n", len(r.Events))
+	if r.Lost > 0 {
+		fmt.Fprintf(&b, "  accepted jobs lost (measured, not forbidden: no WAIT): %d\n", r.Lost)
+	}
 	if len(r.Violations) == 0 {
 		b.WriteString("  invariants: all hold\n")
 	}
@@ -144,6 +151,13 @@ type setupSpec struct {
 	// metrics gives each worker a /readyz and /metrics listener (ONCEFLOW_METRICS_ADDR)
 	// whose base URLs go to run.workerURLs.
 	metrics bool
+	// cluster runs on a local Redis Cluster (3 primaries with a replica each) with the
+	// queue in clusterPartitions partitions; its faults kill a primary and move a
+	// partition's slot instead of crashing the one Redis and PostgreSQL.
+	cluster bool
+	// waitReplicas is ONCEFLOW_REDIS_WAIT_REPLICAS on the cluster; with 0, accepted jobs
+	// lost at a failover are counted (Report.Lost), not a violation.
+	waitReplicas int
 }
 
 // chaosSpec is TestChaos's set-up: two workers, a model with random faults, and
@@ -171,6 +185,7 @@ type run struct {
 	start time.Time
 
 	redis   *cluster.Server
+	rc      *cluster.RedisCluster // spec.cluster
 	pg      *cluster.Server
 	llm     *cluster.Proc
 	sink    *cluster.Proc
@@ -204,8 +219,17 @@ type run struct {
 // Run performs one chaos run and returns its report; an error means the run itself
 // could not be carried out (a process would not start), not that an invariant failed.
 func Run(ctx context.Context, cfg Config) (*Report, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	return runSpec(ctx, cfg, chaosSpec(cfg.Seed))
+}
+
+// withDefaults checks cfg and returns it with its defaults applied.
+func (cfg Config) withDefaults() (Config, error) {
 	if cfg.Bin == "" || cfg.Dir == "" {
-		return nil, errors.New("chaos: Bin and Dir are required")
+		return cfg, errors.New("chaos: Bin and Dir are required")
 	}
 	cfg.Seed = cmp.Or(cfg.Seed, uint64(time.Now().UnixNano()%1e9))
 	cfg.Duration = cmp.Or(cfg.Duration, 90*time.Second)
@@ -218,7 +242,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if cfg.Log == nil {
 		cfg.Log = io.Discard
 	}
-	r := newRun(cfg, chaosSpec(cfg.Seed))
+	return cfg, nil
+}
+
+// runSpec performs one chaos run of spec with cfg's defaults applied.
+func runSpec(ctx context.Context, cfg Config, spec setupSpec) (*Report, error) {
+	r := newRun(cfg, spec)
 	defer r.stopAll()
 	if err := r.setup(ctx); err != nil {
 		return nil, err
@@ -282,11 +311,22 @@ func (r *run) proc(name string, env []string, args ...string) *cluster.Proc {
 // setup starts the stores and every process, and migrates.
 func (r *run) setup(ctx context.Context) error {
 	var err error
-	if r.redis, err = cluster.NewRedis(r.cfg.Dir, "always"); err != nil {
-		return err
-	}
-	if err := r.redis.Up(); err != nil {
-		return err
+	if r.spec.cluster {
+		if r.rc, err = cluster.NewRedisCluster(filepath.Join(r.cfg.Dir, "redis-cluster"), 3, 1, "always", 0); err != nil {
+			return err
+		}
+		if err := r.rc.Up(); err != nil {
+			return err
+		}
+		r.redisURL = "redis://" + r.rc.Addrs()[0]
+	} else {
+		if r.redis, err = cluster.NewRedis(r.cfg.Dir, "always"); err != nil {
+			return err
+		}
+		if err := r.redis.Up(); err != nil {
+			return err
+		}
+		r.redisURL = r.redis.URL
 	}
 	if r.pg, err = cluster.NewPostgres(r.cfg.Dir); err != nil {
 		return err
@@ -294,7 +334,7 @@ func (r *run) setup(ctx context.Context) error {
 	if err := r.pg.Up(); err != nil {
 		return err
 	}
-	r.redisURL, r.dbURL = r.redis.URL, r.pg.URL
+	r.dbURL = r.pg.URL
 	migrate := r.proc("migrate", []string{"ONCEFLOW_DATABASE_URL=" + r.dbURL}, "migrate")
 	if err := migrate.Start(); err != nil {
 		return err
@@ -332,6 +372,10 @@ func (r *run) setup(ctx context.Context) error {
 		"ONCEFLOW_SENDER=webhook", "ONCEFLOW_WEBHOOK_URL=" + r.sinkURL + "/hook",
 	}
 	r.env = append(r.env, r.spec.settings...)
+	if r.rc != nil {
+		r.env = append(r.env, "ONCEFLOW_REDIS_CLUSTER_ADDRS="+strings.Join(r.rc.Addrs(), ","),
+			fmt.Sprintf("ONCEFLOW_QUEUE_PARTITIONS=%d", clusterPartitions), fmt.Sprintf("ONCEFLOW_REDIS_WAIT_REPLICAS=%d", r.spec.waitReplicas))
+	}
 	r.serve = r.proc("serve", r.env, "serve")
 	r.workers, r.workerURLs = nil, nil
 	for i := range r.spec.workers {
@@ -453,6 +497,16 @@ func (r *run) faults(ctx context.Context) error {
 		case <-time.After(wait):
 		}
 		switch {
+		case r.rc != nil && !redisAt.IsZero() && time.Now().After(redisAt):
+			redisAt = time.Time{}
+			if err := r.killPrimary(ctx, pause); err != nil {
+				return err
+			}
+		case r.rc != nil && !pgAt.IsZero() && time.Now().After(pgAt):
+			pgAt = time.Time{}
+			if err := r.moveSlot(ctx); err != nil {
+				return err
+			}
 		case !redisAt.IsZero() && time.Now().After(redisAt):
 			redisAt = time.Time{}
 			r.event("kill -9 redis-server (appendfsync always)")
@@ -620,6 +674,8 @@ func (r *run) check(ctx context.Context, a *summaries.Report, sink sinkStats) (*
 			if !dead[id] {
 				notDead = append(notDead, id)
 			}
+		case hasSummary[id] == 0 && r.rc != nil && r.spec.waitReplicas == 0:
+			rep.Lost++ // the loss window without WAIT: measured
 		case hasSummary[id] == 0:
 			noSummary = append(noSummary, id)
 		case hasSummary[id] > 1:
@@ -710,20 +766,35 @@ func deliveriesByJob(sink sinkStats) map[string]int {
 	return delivered
 }
 
-// deadLetters lists the summaries queue's dead-letter stream.
+// deadLetters lists the summaries queue's dead-letter streams (of every partition on a
+// cluster).
 func (r *run) deadLetters(ctx context.Context) ([]queue.DeadLetter, error) {
-	rdb := redis.NewClient(&redis.Options{Addr: strings.TrimSuffix(strings.TrimPrefix(r.redisURL, "redis://"), "/0")})
+	rdb := r.redisClient()
 	defer rdb.Close()
+	parts := 1
+	if r.rc != nil {
+		parts = clusterPartitions
+	}
 	var all []queue.DeadLetter
-	for start := "-"; start != ""; {
-		page, next, err := queue.ListDead(ctx, rdb, queue.Keys{Prefix: "chaos", Queue: summaries.QueueName}, start, 1000)
-		if err != nil {
-			return nil, err
+	for _, keys := range (queue.Keys{Prefix: "chaos", Queue: summaries.QueueName}).Partitions(parts) {
+		for start := "-"; start != ""; {
+			page, next, err := queue.ListDead(ctx, rdb, keys, start, 1000)
+			if err != nil {
+				return nil, err
+			}
+			all = append(all, page...)
+			start = next
 		}
-		all = append(all, page...)
-		start = next
 	}
 	return all, nil
+}
+
+// redisClient returns a client of the run's Redis: its cluster's, or the one server's.
+func (r *run) redisClient() redis.UniversalClient {
+	if r.rc != nil {
+		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: r.rc.Addrs()})
+	}
+	return redis.NewClient(&redis.Options{Addr: strings.TrimSuffix(strings.TrimPrefix(r.redisURL, "redis://"), "/0")})
 }
 
 func clip(ids []string) string {
@@ -745,5 +816,8 @@ func (r *run) stopAll() {
 	}
 	if r.redis != nil {
 		r.redis.Down()
+	}
+	if r.rc != nil {
+		r.rc.Kill()
 	}
 }

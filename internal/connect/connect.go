@@ -11,8 +11,10 @@ package connect
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
+	neturl "net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -55,7 +57,18 @@ const (
 //   - Maintenance notifications off (a Redis 8 feature).
 //   - DialerRetries 1: a refused connection is reported after one quick retry rather than
 //     five, which keeps /readyz and the 503 path fast while Redis is down.
+//
+// A URL with a master_name parameter names Sentinels, not a Redis: the client is
+// go-redis's failover client (see RedisFailoverOptions), which asks the sentinels for
+// the primary and follows it through a failover.
 func Redis(url string) (*redis.Client, error) {
+	if IsSentinelURL(url) {
+		opt, err := RedisFailoverOptions(url)
+		if err != nil {
+			return nil, err
+		}
+		return redis.NewFailoverClient(opt), nil
+	}
 	opt, err := RedisOptions(url)
 	if err != nil {
 		return nil, err
@@ -63,11 +76,59 @@ func Redis(url string) (*redis.Client, error) {
 	return redis.NewClient(opt), nil
 }
 
+// IsSentinelURL reports whether url names Sentinels: a redis:// or rediss:// URL with a
+// master_name parameter.
+func IsSentinelURL(rawURL string) bool {
+	u, err := neturl.Parse(rawURL)
+	return err == nil && u.Query().Has("master_name")
+}
+
+// RedisFailoverOptions parses a Sentinel URL (redis://sentinel1:26379?addr=sentinel2:26379
+// &master_name=mymaster, see redis.ParseFailoverURL: the URL's user and password are the
+// sentinels', the primary's are the username and password parameters) into go-redis
+// failover options with RedisOptions' defaults applied (no retries by go-redis,
+// ContextTimeoutEnabled, onceflow's timeouts). A failover breaks the connections to the
+// old primary: the commands on them fail, and the callers retry, as after any network
+// error; new connections go to the primary the sentinels name.
+func RedisFailoverOptions(url string) (*redis.FailoverOptions, error) {
+	opt, err := redis.ParseFailoverURL(url)
+	if err != nil {
+		return nil, fmt.Errorf("parse redis sentinel url: %w", parseError(err, url))
+	}
+	switch {
+	case opt.MasterName == "":
+		return nil, errors.New("parse redis sentinel url: master_name is empty")
+	case opt.RouteByLatency || opt.RouteRandomly:
+		// go-redis's failover client panics on them (they need a cluster client), and
+		// reads from replicas would not see the writes the accept just made.
+		return nil, errors.New("parse redis sentinel url: route_by_latency and route_randomly are not supported: onceflow reads and writes the primary")
+	case opt.ReplicaOnly || opt.UseDisconnectedReplicas:
+		// A replica refuses every write (READONLY), while PING answers: a client that
+		// looks healthy and can never accept a job.
+		return nil, errors.New("parse redis sentinel url: replica_only and use_disconnected_replicas are not supported: onceflow writes to the primary")
+	}
+	opt.ContextTimeoutEnabled, opt.DialerRetries = true, 1
+	defaults(url, &opt.MaxRetries, &opt.DialTimeout, &opt.ReadTimeout, &opt.WriteTimeout)
+	verifyEachHost(opt.TLSConfig)
+	return opt, nil
+}
+
+// verifyEachHost makes a TLS configuration shared by several nodes verify each node's
+// certificate against the host it dials: go-redis sets ServerName to the URL's first
+// host and dials every node (sentinels, the primary they name, a cluster's nodes) with
+// that one configuration; with ServerName empty, crypto/tls takes it from each
+// address.
+func verifyEachHost(c *tls.Config) {
+	if c != nil {
+		c.ServerName = ""
+	}
+}
+
 // RedisOptions parses url into go-redis options with onceflow's defaults applied.
 func RedisOptions(url string) (*redis.Options, error) {
 	opt, err := redis.ParseURL(url)
 	if err != nil {
-		return nil, fmt.Errorf("parse redis url: %w", errors.New(strings.ReplaceAll(err.Error(), url, "...")))
+		return nil, fmt.Errorf("parse redis url: %w", parseError(err, url))
 	}
 	opt.ContextTimeoutEnabled, opt.DialerRetries = true, 1
 	defaults(url, &opt.MaxRetries, &opt.DialTimeout, &opt.ReadTimeout, &opt.WriteTimeout)
@@ -92,6 +153,31 @@ func defaults(url string, maxRetries *int, dial, read, write *time.Duration) {
 	}
 }
 
+// parseError is err (a URL's parse error) without the URL, which may hold a password:
+// net/url quotes it, escaped, so it cannot be cut out reliably; its reason is kept.
+func parseError(err error, rawURL string) error {
+	var ue *neturl.Error
+	if errors.As(err, &ue) {
+		return errors.New(ue.Err.Error())
+	}
+	msg := strings.ReplaceAll(err.Error(), rawURL, "...")
+	if u, perr := neturl.Parse(rawURL); perr == nil {
+		if p, ok := u.User.Password(); ok && p != "" {
+			msg = strings.ReplaceAll(msg, p, "[redacted]")
+		}
+		for k, vs := range u.Query() {
+			if strings.Contains(strings.ToLower(k), "pass") {
+				for _, v := range vs {
+					if v != "" {
+						msg = strings.ReplaceAll(msg, v, "[redacted]")
+					}
+				}
+			}
+		}
+	}
+	return errors.New(msg)
+}
+
 // noMaintNotifications turns maintenance notifications off: they are a Redis 8 / Redis
 // Cloud feature, and on Redis 7 the handshake command only fails and costs a round trip
 // per connection.
@@ -110,13 +196,14 @@ func noMaintNotifications() *maintnotifications.Config {
 func RedisClusterOptions(url string) (*redis.ClusterOptions, error) {
 	opt, err := redis.ParseClusterURL(url)
 	if err != nil {
-		return nil, fmt.Errorf("parse redis cluster url: %w", errors.New(strings.ReplaceAll(err.Error(), url, "...")))
+		return nil, fmt.Errorf("parse redis cluster url: %w", parseError(err, url))
 	}
 	opt.ContextTimeoutEnabled, opt.DialerRetries = true, 1
 	defaults(url, &opt.MaxRetries, &opt.DialTimeout, &opt.ReadTimeout, &opt.WriteTimeout)
 	if !strings.Contains(url, "max_redirects=") {
 		opt.MaxRedirects = -1
 	}
+	verifyEachHost(opt.TLSConfig)
 	opt.MaintNotificationsConfig = noMaintNotifications()
 	return opt, nil
 }

@@ -50,10 +50,11 @@ func main() {
 	poison := flag.Int("poison", 4, "of which oversized texts the model refuses (400)")
 	bin := flag.String("bin", "bin/onceflow", "the onceflow binary")
 	keep := flag.Bool("keep", false, "keep the demo's Redis keys and PostgreSQL schema")
+	onCluster := flag.Bool("cluster", false, "run on a local Redis Cluster of its own (3 primaries, 3 replicas; the queue in 3 partitions, WAIT 1 on every accept)")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, *bin, *jobs, *poison, *keep); err != nil {
+	if err := run(ctx, *bin, *jobs, *poison, *keep, *onCluster); err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
 	}
@@ -65,9 +66,26 @@ type demo struct {
 	logDir                               string
 	procs                                []*cluster.Proc
 	api, llmURL, sinkURL                 string
+	// clusterAddrs are the nodes of the demo's own Redis Cluster (--cluster), else nil.
+	clusterAddrs []string
 }
 
-func run(ctx context.Context, bin string, jobs, poison int, keep bool) error {
+// demoPartitions is the summaries queue's partitions on the demo's cluster.
+const demoPartitions = 3
+
+// redis returns a client of the demo's Redis: its cluster, or ONCEFLOW_REDIS_URL's.
+func (d *demo) redis() (redis.UniversalClient, error) {
+	if d.clusterAddrs != nil {
+		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: d.clusterAddrs}), nil
+	}
+	opt, err := redis.ParseURL(d.redisURL)
+	if err != nil {
+		return nil, err
+	}
+	return redis.NewClient(opt), nil
+}
+
+func run(ctx context.Context, bin string, jobs, poison int, keep, onCluster bool) error {
 	start := time.Now()
 	d := &demo{redisURL: os.Getenv("ONCEFLOW_REDIS_URL"), dbURL: os.Getenv("ONCEFLOW_DATABASE_URL")}
 	if d.redisURL == "" || d.dbURL == "" {
@@ -77,6 +95,21 @@ func run(ctx context.Context, bin string, jobs, poison int, keep bool) error {
 	d.prefix, d.schema = "demo"+stamp, "demo_"+stamp
 	d.logDir = filepath.Join(".dev", "demo-logs", stamp)
 	defer d.stopAll()
+	if onCluster {
+		dir := filepath.Join(".dev", "demo-cluster", stamp)
+		c, err := cluster.NewRedisCluster(dir, 3, 1, "everysec", 0)
+		if err != nil {
+			return fmt.Errorf("redis cluster: %w", err)
+		}
+		// The cluster goes whole at the end, --keep or not (it is the demo's own).
+		defer func() { c.Kill(); _ = os.RemoveAll(dir) }()
+		if err := c.Up(); err != nil {
+			return fmt.Errorf("redis cluster: %w", err)
+		}
+		d.clusterAddrs = c.Addrs()
+		fmt.Printf("Redis Cluster: 3 primaries with a replica each on %s; the queue in %d partitions, WAIT 1 on every accept\n",
+			strings.Join(d.clusterAddrs, " "), demoPartitions)
+	}
 	if !keep {
 		defer d.cleanup()
 	}
@@ -160,6 +193,10 @@ func (d *demo) startProcs(ctx context.Context, bin string) error {
 		"ONCEFLOW_WORKER_CONCURRENCY=128", "ONCEFLOW_CLAIM_IDLE=20s", "ONCEFLOW_JOB_BUDGET=15s",
 		"ONCEFLOW_LLM_TIMEOUT=5s", "ONCEFLOW_RELAY_INTERVAL=100ms", "ONCEFLOW_SHUTDOWN_TIMEOUT=10s",
 	}, "run")
+	if d.clusterAddrs != nil {
+		run.Env = append(run.Env, "ONCEFLOW_REDIS_CLUSTER_ADDRS="+strings.Join(d.clusterAddrs, ","),
+			fmt.Sprintf("ONCEFLOW_QUEUE_PARTITIONS=%d", demoPartitions), "ONCEFLOW_REDIS_WAIT_REPLICAS=1")
+	}
 	if err := run.Start(); err != nil {
 		return err
 	}
@@ -279,14 +316,17 @@ func (d *demo) read(ctx context.Context) (counts, error) {
 	if err := conn.QueryRow(ctx, `SELECT (SELECT count(*) FROM summaries), (SELECT count(*) FROM outbox WHERE sent_at IS NOT NULL)`).Scan(&c.summaries, &c.outboxSent); err != nil {
 		return c, err
 	}
-	opt, err := redis.ParseURL(d.redisURL)
+	rdb, err := d.redis()
 	if err != nil {
 		return c, err
 	}
-	rdb := redis.NewClient(opt)
 	defer rdb.Close()
-	if c.dead, err = rdb.XLen(ctx, queue.Keys{Prefix: d.prefix, Queue: "summaries"}.Dead()).Result(); err != nil {
-		return c, err
+	for _, keys := range (queue.Keys{Prefix: d.prefix, Queue: "summaries"}).Partitions(demoPartitions) {
+		n, err := rdb.XLen(ctx, keys.Dead()).Result()
+		if err != nil {
+			return c, err
+		}
+		c.dead += n
 	}
 	var sink struct {
 		Deliveries   int            `json:"deliveries"`
@@ -380,7 +420,7 @@ func (d *demo) cleanup() {
 		_, _ = conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+d.schema+" CASCADE")
 		_ = conn.Close(ctx)
 	}
-	if opt, err := redis.ParseURL(d.redisURL); err == nil {
+	if opt, err := redis.ParseURL(d.redisURL); err == nil && d.clusterAddrs == nil { // a cluster of its own goes whole
 		rdb := redis.NewClient(opt)
 		iter := rdb.Scan(ctx, 0, d.prefix+":*", 1000).Iterator()
 		for iter.Next(ctx) {

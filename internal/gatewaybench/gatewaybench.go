@@ -66,6 +66,8 @@ const (
 	DefaultRounds       = 5
 	DefaultRunDuration  = 3 * time.Second
 	DefaultJoinTrials   = 30
+	DefaultModelLatency = 200 * time.Millisecond
+	DefaultModelConc    = 64
 	DefaultJoinDelay    = time.Second
 	DefaultDripInterval = 500 * time.Microsecond
 )
@@ -106,6 +108,19 @@ type Config struct {
 	// UpstreamLatency is the overhead measurement's fake-llm --latency. Default: 0, so
 	// that what is measured is the gateway, not a wait both sides share.
 	UpstreamLatency time.Duration
+	// ModelLatency is the fake-llm --latency of the second throughput measurement,
+	// against an upstream that takes as long as a model does, where what counts is
+	// whether the gateway holds back the calls in flight, not its CPU time against an
+	// upstream that costs nothing. Negative: no such measurement. Default: 200ms.
+	ModelLatency time.Duration
+	// ModelConcurrency is the number of requests in flight in that measurement.
+	// Default: 64.
+	ModelConcurrency int
+	// ProxyBin is a reference proxy's binary (./internal/gatewaybench/bareproxy,
+	// net/http/httputil's ReverseProxy and nothing else), measured like the gateway
+	// in front of the upstream that answers at once: what any proxy hop costs on the
+	// machine. Empty: no reference.
+	ProxyBin string
 	// JoinTrials is the number of join trials. Negative: no join measurement.
 	// Default: 30.
 	JoinTrials int
@@ -138,6 +153,8 @@ func (c *Config) withDefaults() error {
 	c.LatencyPairs = cmp.Or(c.LatencyPairs, DefaultLatencyPairs)
 	c.Warmup = cmp.Or(c.Warmup, DefaultWarmup)
 	c.Concurrency = cmp.Or(c.Concurrency, DefaultConcurrency)
+	c.ModelLatency = cmp.Or(c.ModelLatency, DefaultModelLatency)
+	c.ModelConcurrency = cmp.Or(c.ModelConcurrency, DefaultModelConc)
 	c.Rounds = cmp.Or(c.Rounds, DefaultRounds)
 	c.RunDuration = cmp.Or(c.RunDuration, DefaultRunDuration)
 	c.JoinTrials = cmp.Or(c.JoinTrials, DefaultJoinTrials)
@@ -175,11 +192,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			return rep, fmt.Errorf("%s latency: %w", mode, err)
 		}
 		rep.Latency = append(rep.Latency, lat)
-		tp, err := b.throughput(ctx, s, mode)
-		if err != nil {
-			return rep, fmt.Errorf("%s throughput: %w", mode, err)
+		for _, tg := range s.targets() {
+			tp, err := b.throughput(ctx, s, mode, tg)
+			if err != nil {
+				return rep, fmt.Errorf("%s throughput (%s): %w", mode, tg.setting, err)
+			}
+			rep.Throughput = append(rep.Throughput, tp)
 		}
-		rep.Throughput = append(rep.Throughput, tp)
 	}
 	if cfg.JoinTrials > 0 {
 		j, err := b.join(ctx, s)

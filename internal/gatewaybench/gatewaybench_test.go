@@ -16,13 +16,16 @@ import (
 )
 
 // TestGatewayBench is `make bench-gateway`: the gateway's overhead against direct calls
-// to fake-llm (latency at concurrency 1, throughput at 16) for keyed unary, keyed
-// streaming and keyless requests, then joiners of live streams on the same and on
-// another gateway process; about 6 minutes on two cores. It runs only with
+// to fake-llm (latency at concurrency 1; throughput at 16 against an upstream that
+// answers at once, beside a bare reverse proxy's, and at 64 against one that takes a
+// model's 200 ms) for keyed unary, keyed streaming and keyless requests, then joiners
+// of live streams on the same and on another gateway process; about 10 minutes on two
+// cores. It runs only with
 // ONCEFLOW_GATEWAY_BENCH=1 (so `make test` skips it at once). It builds ./cmd/onceflow
 // without test tags, unless GATEWAY_BENCH_BIN names a binary. Knobs:
 // GATEWAY_BENCH_MODES (comma-separated AllModes, or none), _PAIRS, _ROUNDS, _DURATION,
-// _CONCURRENCY, _TRIALS (0: no join measurement), _UPSTREAM_LATENCY, _GATEWAY_ENV
+// _CONCURRENCY, _TRIALS (0: no join measurement), _UPSTREAM_LATENCY, _MODEL_LATENCY
+// (negative: no measurement against a model-like upstream), _MODEL_CONCURRENCY, _GATEWAY_ENV
 // (space-separated NAME=VALUE settings of the gateway processes). It prints the
 // report and fails when an invariant is broken (a failed request, a joiner that did not
 // get the first request's bytes); targets missed are in the report. The processes'
@@ -43,7 +46,9 @@ func TestGatewayBench(t *testing.T) {
 	cfg := Config{Bin: bin, Dir: dir, DatabaseURL: testenv.DatabaseURL(t), Log: testWriter{t},
 		LatencyPairs: envInt(t, "GATEWAY_BENCH_PAIRS"), Rounds: envInt(t, "GATEWAY_BENCH_ROUNDS"),
 		Concurrency: envInt(t, "GATEWAY_BENCH_CONCURRENCY"), JoinTrials: envInt(t, "GATEWAY_BENCH_TRIALS"),
-		RunDuration: envDuration(t, "GATEWAY_BENCH_DURATION"), UpstreamLatency: envDuration(t, "GATEWAY_BENCH_UPSTREAM_LATENCY")}
+		RunDuration: envDuration(t, "GATEWAY_BENCH_DURATION"), UpstreamLatency: envDuration(t, "GATEWAY_BENCH_UPSTREAM_LATENCY"),
+		ModelLatency: envDuration(t, "GATEWAY_BENCH_MODEL_LATENCY"), ModelConcurrency: envInt(t, "GATEWAY_BENCH_MODEL_CONCURRENCY"),
+		ProxyBin: buildProxy(t, dir)}
 	if v, ok := os.LookupEnv("GATEWAY_BENCH_TRIALS"); ok && v == "0" {
 		cfg.JoinTrials = -1
 	}
@@ -83,6 +88,19 @@ func build(t *testing.T, dir string) string {
 	cmd.Dir = filepath.Join(filepath.Dir(file), "..", "..")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build ./cmd/onceflow: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// buildProxy builds the reference proxy (./internal/gatewaybench/bareproxy) into dir.
+func buildProxy(t *testing.T, dir string) string {
+	t.Helper()
+	_, file, _, _ := runtime.Caller(0)
+	bin := filepath.Join(dir, "bareproxy")
+	cmd := exec.Command("go", "build", "-o", bin, "./bareproxy") // #nosec G204 -- a temporary path of our own
+	cmd.Dir = filepath.Dir(file)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./internal/gatewaybench/bareproxy: %v\n%s", err, out)
 	}
 	return bin
 }

@@ -295,9 +295,25 @@ type Round struct {
 // Ratio is the round's gateway / direct requests per second.
 func (r Round) Ratio() float64 { return r.Gateway.RPS / r.Direct.RPS }
 
-// ThroughputResult is one mode's throughput measurement.
+// Settings of a throughput measurement (ThroughputResult.Setting).
+const (
+	// SettingAtOnce: the gateway in front of fake-llm answering at once, at
+	// Config.Concurrency. On a machine whose cores the processes share, the ratio is
+	// then about the ratio of CPU time per request.
+	SettingAtOnce = "at-once"
+	// SettingBareProxy: the reference proxy (Config.ProxyBin) in front of the same
+	// fake-llm, at Config.Concurrency: what a proxy hop costs at all.
+	SettingBareProxy = "bare-proxy"
+	// SettingModel: the gateway in front of fake-llm taking Config.ModelLatency per
+	// answer, at Config.ModelConcurrency.
+	SettingModel = "model"
+)
+
+// ThroughputResult is one mode's throughput measurement in one setting.
 type ThroughputResult struct {
 	Mode        string
+	Setting     string // Setting*
+	Latency     time.Duration
 	Concurrency int
 	Rounds      []Round
 	Load        [2]float64
@@ -380,11 +396,14 @@ func perRequest(d time.Duration, n int64) float64 {
 	return float64(d) / float64(n)
 }
 
-// throughput measures mode's throughput at Config.Concurrency: after a warm-up of each
+// throughput measures mode's throughput in the setting tg: after a warm-up of each
 // side, Config.Rounds pairs of runs, the order swapped every round.
-func (b *bench) throughput(ctx context.Context, s *stack, mode string) (*ThroughputResult, error) {
+func (b *bench) throughput(ctx context.Context, s *stack, mode string, tg target) (*ThroughputResult, error) {
 	c := b.cfg
-	t := &ThroughputResult{Mode: mode, Concurrency: c.Concurrency, Load: [2]float64{cluster.LoadAvg()}}
+	t := &ThroughputResult{Mode: mode, Setting: tg.setting, Concurrency: tg.concurrency, Load: [2]float64{cluster.LoadAvg()}}
+	if tg.setting == SettingModel {
+		t.Latency = c.ModelLatency
+	}
 	conn, err := pgx.Connect(ctx, s.dbURL)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: %w", err)
@@ -396,9 +415,9 @@ func (b *bench) throughput(ctx context.Context, s *stack, mode string) (*Through
 		if err != nil {
 			return RunResult{}, err
 		}
-		gw0, up0, me0 := cluster.CPUTime(s.gw.Pid()), cluster.CPUTime(s.fast.Pid()), cluster.CPUTime(self)
+		gw0, up0, me0 := cluster.CPUTime(tg.proxy.Pid()), cluster.CPUTime(tg.upstream.Pid()), cluster.CPUTime(self)
 		res, err := loadgen.Run(ctx, loadgen.Config{
-			Concurrency: c.Concurrency, Duration: d, Client: s.client,
+			Concurrency: tg.concurrency, Duration: d, Client: s.client,
 			NewRequest: func(int, int) (*http.Request, error) { return modeRequest(ctx, base, mode) },
 			Check:      func(resp *http.Response, body []byte) error { return check(mode, viaGateway, resp, body) },
 		})
@@ -408,7 +427,7 @@ func (b *bench) throughput(ctx context.Context, s *stack, mode string) (*Through
 		if err := ctx.Err(); err != nil {
 			return RunResult{}, err
 		}
-		gw1, up1, me1 := cluster.CPUTime(s.gw.Pid()), cluster.CPUTime(s.fast.Pid()), cluster.CPUTime(self)
+		gw1, up1, me1 := cluster.CPUTime(tg.proxy.Pid()), cluster.CPUTime(tg.upstream.Pid()), cluster.CPUTime(self)
 		pg1, err := s.backendCPU(ctx, conn)
 		if err != nil {
 			return RunResult{}, err
@@ -421,7 +440,7 @@ func (b *bench) throughput(ctx context.Context, s *stack, mode string) (*Through
 	for _, side := range []struct {
 		base string
 		gw   bool
-	}{{s.fastURL, false}, {s.gwURL, true}} {
+	}{{tg.direct, false}, {tg.via, tg.keyed}} {
 		if _, err := run(side.base, side.gw, warm); err != nil {
 			return nil, err
 		}
@@ -431,19 +450,19 @@ func (b *bench) throughput(ctx context.Context, s *stack, mode string) (*Through
 		r.GatewayFirst = i%2 == 1
 		var err error
 		if r.GatewayFirst {
-			if r.Gateway, err = run(s.gwURL, true, c.RunDuration); err == nil {
-				r.Direct, err = run(s.fastURL, false, c.RunDuration)
+			if r.Gateway, err = run(tg.via, tg.keyed, c.RunDuration); err == nil {
+				r.Direct, err = run(tg.direct, false, c.RunDuration)
 			}
 		} else {
-			if r.Direct, err = run(s.fastURL, false, c.RunDuration); err == nil {
-				r.Gateway, err = run(s.gwURL, true, c.RunDuration)
+			if r.Direct, err = run(tg.direct, false, c.RunDuration); err == nil {
+				r.Gateway, err = run(tg.via, tg.keyed, c.RunDuration)
 			}
 		}
 		if err != nil {
 			return nil, err
 		}
 		t.Rounds = append(t.Rounds, r)
-		b.logf("%s throughput round %d: direct %.0f req/s, gateway %.0f req/s (%.2f), failed %d/%d", mode, i+1,
+		b.logf("%s throughput (%s) round %d: direct %.0f req/s, via %.0f req/s (%.2f), failed %d/%d", mode, tg.setting, i+1,
 			r.Direct.RPS, r.Gateway.RPS, r.Ratio(), r.Direct.Failures, r.Gateway.Failures)
 	}
 	t.Load[1] = cluster.LoadAvg()

@@ -37,8 +37,11 @@ func (r *Report) Violations() []string {
 		}
 	}
 	for _, t := range r.Throughput {
+		if t.Setting == SettingBareProxy {
+			continue // the reference's failures are in its row, not the gateway's
+		}
 		if n, first := t.Failures(); n > 0 {
-			v = append(v, fmt.Sprintf("%s throughput: %d failed requests (first: %s)", t.Mode, n, first))
+			v = append(v, fmt.Sprintf("%s throughput (%s): %d failed requests (first: %s)", t.Mode, t.Setting, n, first))
 		}
 	}
 	if j := r.Join; j != nil {
@@ -62,13 +65,18 @@ func (r *Report) Violations() []string {
 func (r *Report) Targets() []string {
 	var out []string
 	for _, t := range r.Throughput {
-		if t.Mode == ModeKeyless {
+		if t.Mode == ModeKeyless || t.Setting == SettingBareProxy {
 			continue
 		}
 		d, g := t.Medians()
 		ratio := g / d
-		out = append(out, fmt.Sprintf("%s: throughput %.2f of direct (target ≥ %.1f): %s", t.Mode, ratio, TargetThroughputRatio,
-			verdict(ratio >= TargetThroughputRatio, fmt.Sprintf("%.0f%% short", 100*(TargetThroughputRatio-ratio)/TargetThroughputRatio))))
+		line := fmt.Sprintf("%s: throughput %.2f of direct, %s (target ≥ %.1f): %s", t.Mode, ratio, settingNames(t), TargetThroughputRatio,
+			verdict(ratio >= TargetThroughputRatio, fmt.Sprintf("%.0f%% short", 100*(TargetThroughputRatio-ratio)/TargetThroughputRatio)))
+		if ref := r.throughputOf(t.Mode, SettingBareProxy); ref != nil && t.Setting == SettingAtOnce {
+			rd, rg := ref.Medians()
+			line += fmt.Sprintf("; the bare reverse proxy in the same setting: %.2f", rg/rd)
+		}
+		out = append(out, line)
 	}
 	for _, l := range r.Latency {
 		if l.Mode == ModeKeyless {
@@ -79,6 +87,27 @@ func (r *Report) Targets() []string {
 			verdict(a < TargetAddedP50, fmt.Sprintf("%.1fx the target", float64(a)/float64(TargetAddedP50)))))
 	}
 	return out
+}
+
+// throughputOf returns the throughput measurement of mode in setting, if any.
+func (r *Report) throughputOf(mode, setting string) *ThroughputResult {
+	for _, t := range r.Throughput {
+		if t.Mode == mode && t.Setting == setting {
+			return t
+		}
+	}
+	return nil
+}
+
+// settingNames describes t's setting in words.
+func settingNames(t *ThroughputResult) string {
+	switch t.Setting {
+	case SettingModel:
+		return fmt.Sprintf("upstream taking %v (a model), %d in flight", t.Latency, t.Concurrency)
+	case SettingBareProxy:
+		return fmt.Sprintf("reference: a bare reverse proxy (httputil) in front of the upstream answering at once, %d in flight", t.Concurrency)
+	}
+	return fmt.Sprintf("upstream answering at once, %d in flight", t.Concurrency)
 }
 
 func verdict(ok bool, by string) string {
@@ -123,10 +152,10 @@ func (r *Report) String() string {
 		b.WriteString("\n")
 	}
 	if len(r.Throughput) > 0 {
-		fmt.Fprintf(&b, "Throughput at concurrency %d: %d rounds per mode, each %v direct and %v through the gateway (the order swapped every round); medians over the rounds.\n\n",
-			c.Concurrency, c.Rounds, c.RunDuration, c.RunDuration)
-		b.WriteString("| mode | direct req/s | gateway req/s | ratio of medians | median of round ratios | round ratios | CPU per request, direct: client + fake-llm | via the gateway: client + gateway + PostgreSQL + fake-llm | gateway p50 / p99 | failed | load |\n")
-		b.WriteString("| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- |\n")
+		fmt.Fprintf(&b, "Throughput: %d rounds per mode and setting, each %v direct and %v through the proxy (the gateway, or the reference proxy; the order swapped every round); medians over the rounds.\n\n",
+			c.Rounds, c.RunDuration, c.RunDuration)
+		b.WriteString("| mode | setting | direct req/s | via req/s | ratio of medians | median of round ratios | round ratios | CPU per request, direct: client + fake-llm | via: client + proxy + PostgreSQL + fake-llm | via p50 / p99 | failed | load |\n")
+		b.WriteString("| --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- |\n")
 		for _, t := range r.Throughput {
 			d, g := t.Medians()
 			ratios := t.Ratios()
@@ -136,8 +165,8 @@ func (r *Report) String() string {
 				p50, p99 = append(p50, float64(rd.Gateway.P50)), append(p99, float64(rd.Gateway.P99))
 			}
 			n, _ := t.Failures()
-			fmt.Fprintf(&b, "| %s | %.0f | %.0f | **%.2f** | %.2f | %.2f–%.2f | %.0f + %.0f = %.0f µs | %.0f + %.0f + %.0f + %.0f = %.0f µs | %s / %s | %d | %.1f → %.1f |\n",
-				modeNames[t.Mode], d, g, g/d, median(ratios), ratios[0], ratios[len(ratios)-1],
+			fmt.Fprintf(&b, "| %s | %s | %.0f | %.0f | **%.2f** | %.2f | %.2f–%.2f | %.0f + %.0f = %.0f µs | %.0f + %.0f + %.0f + %.0f = %.0f µs | %s / %s | %d | %.1f → %.1f |\n",
+				modeNames[t.Mode], settingNames(t), d, g, g/d, median(ratios), ratios[0], ratios[len(ratios)-1],
 				us(dc.Client), us(dc.Upstream), us(dc.Total()), us(gc.Client), us(gc.Gateway), us(gc.Postgres), us(gc.Upstream), us(gc.Total()),
 				ms(time.Duration(median(p50))), ms(time.Duration(median(p99))), n, t.Load[0], t.Load[1])
 		}

@@ -40,6 +40,14 @@ type stack struct {
 	gw      *cluster.Proc
 	gwURL   string
 
+	proxy    *cluster.Proc // the reference proxy in front of fast (Config.ProxyBin)
+	proxyURL string
+
+	model      *cluster.Proc // fake-llm taking Config.ModelLatency per answer
+	modelURL   string
+	gwModel    *cluster.Proc // a gateway in front of model
+	gwModelURL string
+
 	drip         *cluster.Proc
 	joinA, joinB *cluster.Proc
 	joinAURL     string
@@ -86,7 +94,53 @@ func (s *stack) start(ctx context.Context) (err error) {
 		return err
 	}
 	s.b.logf("fake-llm on %s, gateway on %s, database %s", s.fastURL, s.gwURL, s.dbName)
+	if c.ProxyBin != "" {
+		s.proxy = &cluster.Proc{Name: "bareproxy", Bin: c.ProxyBin, LogDir: c.Dir, Args: []string{"-upstream", s.fastURL}}
+		if s.proxyURL, err = s.startProc(ctx, s.proxy, "bareproxy listening"); err != nil {
+			return err
+		}
+		s.b.logf("reference proxy on %s", s.proxyURL)
+	}
+	if c.ModelLatency > 0 {
+		s.model = &cluster.Proc{Name: "fake-llm-model", Bin: c.Bin, LogDir: c.Dir,
+			Args: []string{"fake-llm", "--addr", "127.0.0.1:0", "--seed", "16", "--latency", c.ModelLatency.String()}}
+		if s.modelURL, err = s.startProc(ctx, s.model, "fake-llm listening"); err != nil {
+			return err
+		}
+		s.gwModel = s.gateway("gateway-model", s.modelURL)
+		if s.gwModelURL, err = s.startProc(ctx, s.gwModel, "gateway listening"); err != nil {
+			return err
+		}
+		s.b.logf("fake-llm taking %v on %s, gateway on %s", c.ModelLatency, s.modelURL, s.gwModelURL)
+	}
 	return nil
+}
+
+// target is a setting of the throughput measurement: an upstream, and the process in
+// front of it whose cost is measured.
+type target struct {
+	setting     string // Setting* of ThroughputResult
+	concurrency int
+	direct      string // base URL of the upstream
+	upstream    *cluster.Proc
+	via         string // base URL of the process in front of it
+	proxy       *cluster.Proc
+	keyed       bool // whether the process in front records keyed requests (a gateway)
+}
+
+// targets returns the throughput settings of the stack: the gateway in front of the
+// upstream that answers at once; the reference proxy in front of the same; the gateway
+// in front of the model-like upstream.
+func (s *stack) targets() []target {
+	c := s.b.cfg
+	out := []target{{SettingAtOnce, c.Concurrency, s.fastURL, s.fast, s.gwURL, s.gw, true}}
+	if s.proxy != nil {
+		out = append(out, target{SettingBareProxy, c.Concurrency, s.fastURL, s.fast, s.proxyURL, s.proxy, false})
+	}
+	if s.gwModel != nil {
+		out = append(out, target{SettingModel, c.ModelConcurrency, s.modelURL, s.model, s.gwModelURL, s.gwModel, true})
+	}
+	return out
 }
 
 // startJoin starts the join measurement's dripping fake-llm and its two gateways.
@@ -164,13 +218,13 @@ func (s *stack) createDatabase(ctx context.Context) error {
 // Config.Dir.
 func (s *stack) close() {
 	var wg sync.WaitGroup
-	for _, p := range []*cluster.Proc{s.gw, s.joinA, s.joinB} {
+	for _, p := range []*cluster.Proc{s.gw, s.gwModel, s.proxy, s.joinA, s.joinB} {
 		if p != nil {
 			wg.Go(func() { p.Stop(10 * time.Second) })
 		}
 	}
 	wg.Wait()
-	for _, p := range []*cluster.Proc{s.fast, s.drip} {
+	for _, p := range []*cluster.Proc{s.fast, s.model, s.drip} {
 		if p != nil {
 			p.Stop(10 * time.Second)
 		}

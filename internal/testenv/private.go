@@ -2,7 +2,9 @@ package testenv
 
 import (
 	"context"
+	"fmt"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -44,6 +46,27 @@ func (s *Server) Kill() { s.s.Kill() }
 func PrivateRedis(t testing.TB) *Server {
 	t.Helper()
 	return private(t, "redis", func(dir string) (*cluster.Server, error) { return cluster.NewRedis(dir, "always") })
+}
+
+// PrivateRedisCluster starts a Redis Cluster of this test's own on loopback (see
+// cluster.NewRedisCluster): primaries primaries with replicas replicas each, AOF on
+// with appendfsync always, a node timeout of 2 s; it returns it running and created.
+// Cleanup kills every node and removes their data.
+func PrivateRedisCluster(t testing.TB, primaries, replicas int) *cluster.RedisCluster {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "onceflow-redis-cluster-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := cluster.NewRedisCluster(dir, primaries, replicas, "always", 0)
+	if err != nil {
+		t.Fatalf("private redis cluster: %v (run `make test`, which installs what it needs)", err)
+	}
+	t.Cleanup(func() { c.Kill(); _ = os.RemoveAll(dir) })
+	if err := c.Up(); err != nil {
+		t.Fatalf("private redis cluster: %v", err)
+	}
+	return c
 }
 
 // RedisURLOf returns the redis:// URL of a server started by PrivateRedis.
@@ -110,4 +133,37 @@ func MigratedPrivatePostgres(t testing.TB, params string) (*Server, string, *pgx
 	}
 	t.Cleanup(pool.Close)
 	return s, url, pool
+}
+
+// MainWithLocalCluster is a TestMain body for the suites that also run on a Redis
+// Cluster: with ONCEFLOW_TEST_REDIS_CLUSTER set to "local" (`make test` runs them so a
+// second time) it starts a local cluster (3 primaries on loopback), names it in
+// ONCEFLOW_TEST_REDIS_CLUSTER for QueueRedis, runs m and removes the cluster; otherwise
+// it runs m. It returns m's exit code.
+func MainWithLocalCluster(m *testing.M) int {
+	if os.Getenv("ONCEFLOW_TEST_REDIS_CLUSTER") != "local" {
+		return m.Run()
+	}
+	dir, err := os.MkdirTemp("", "onceflow-suite-cluster-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	c, err := cluster.NewRedisCluster(dir, 3, 0, "always", 0)
+	if err == nil {
+		err = c.Up()
+	}
+	if c != nil {
+		defer c.Kill()
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "local redis cluster:", err)
+		return 1
+	}
+	if err := os.Setenv("ONCEFLOW_TEST_REDIS_CLUSTER", strings.Join(c.Addrs(), ",")); err != nil {
+		fmt.Fprintln(os.Stderr, "local redis cluster:", err)
+		return 1
+	}
+	return m.Run()
 }

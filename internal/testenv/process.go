@@ -35,7 +35,7 @@ func Binary(t testing.TB) string {
 	buildOnce.Do(func() {
 		_, file, _, _ := runtime.Caller(0)
 		root := filepath.Join(filepath.Dir(file), "..", "..")
-		dir, err := os.MkdirTemp("", "onceflow-bin-")
+		dir, err := BinDir("onceflow-bin-")
 		if err != nil {
 			buildErr = err
 			return

@@ -74,6 +74,44 @@ func Redis(t testing.TB) (*redis.Client, string) {
 	return c, prefix
 }
 
+// QueueRedis is Redis for the suites that run on a single node and on a Redis Cluster
+// alike: with ONCEFLOW_TEST_REDIS_CLUSTER set (comma-separated seed addresses, as
+// `make test-cluster` sets it), a cluster client of that cluster, else Redis(t). Keys
+// under the prefix are deleted from every primary at cleanup.
+func QueueRedis(t testing.TB) (redis.UniversalClient, string) {
+	t.Helper()
+	seeds := os.Getenv("ONCEFLOW_TEST_REDIS_CLUSTER")
+	if seeds == "" {
+		return Redis(t)
+	}
+	c, err := connect.RedisCluster(ClusterURL(seeds))
+	if err != nil {
+		t.Fatalf("redis cluster: %v", err)
+	}
+	prefix := Prefix(t)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = c.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
+			DeleteKeys(ctx, node, prefix)
+			return nil
+		})
+		_ = c.Close()
+	})
+	return c, prefix
+}
+
+// ClusterURL returns the URL of a Redis Cluster (onceflow.RedisClusterOptions) of the
+// comma-separated seed addresses seeds.
+func ClusterURL(seeds string) string {
+	addrs := strings.Split(seeds, ",")
+	u := "redis://" + addrs[0]
+	if len(addrs) > 1 {
+		u += "?addr=" + strings.Join(addrs[1:], "&addr=")
+	}
+	return u
+}
+
 // DeleteKeys removes every key that starts with prefix and a colon.
 func DeleteKeys(ctx context.Context, c *redis.Client, prefix string) {
 	iter := c.Scan(ctx, 0, prefix+":*", 1000).Iterator()

@@ -507,7 +507,7 @@ func TestAttack16NoCredentialInLogsOrTables(t *testing.T) {
 	t.Cleanup(ups.Close)
 	pool, _ := testenv.Postgres(t)
 	rdb, prefix := testenv.Redis(t)
-	logs := &lockedBuffer{}
+	logs := &testenv.SyncBuffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	lim, err := limiter.New(rdb, limiter.Config{Prefix: prefix, Provider: "openai", TenantConcurrency: 1, MaxWait: time.Millisecond, Logger: log})
 	if err != nil {

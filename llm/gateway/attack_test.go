@@ -18,32 +18,14 @@ import (
 	"github.com/onceflow/onceflow/llm/gateway"
 )
 
-// lockedBuffer collects a logger's output from several goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // attackGateway serves a gateway in front of upstream and returns its /v1 URL, its
 // database and its logs.
-func attackGateway(t *testing.T, upstream http.Handler) (string, *pgxpool.Pool, *lockedBuffer) {
+func attackGateway(t *testing.T, upstream http.Handler) (string, *pgxpool.Pool, *testenv.SyncBuffer) {
 	t.Helper()
 	ups := httptest.NewServer(upstream)
 	t.Cleanup(ups.Close)
 	pool, _ := testenv.Postgres(t)
-	logs := &lockedBuffer{}
+	logs := &testenv.SyncBuffer{}
 	g, err := gateway.New(gateway.Config{Upstream: ups.URL + "/v1", DB: pool,
 		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	if err != nil {

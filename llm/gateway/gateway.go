@@ -524,14 +524,31 @@ func (g *Gateway) record(w http.ResponseWriter, r *http.Request, key, hash strin
 		RequestHash: hash,
 		Provider:    Provider,
 		Model:       modelOf(body),
+		Tenant:      g.tenantOf(r),
 	}
 	// The upstream call outlives the client: everything from here runs on a context
 	// that the client's disconnect does not cancel, bounded by the upstream timeout.
 	g.calls.Add(1)
-	defer g.calls.Done()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), g.cfg.Timeout)
-	defer cancel()
-	defer context.AfterFunc(g.base, cancel)() // Close ends it too
+	stopAfter := context.AfterFunc(g.base, cancel) // Close ends it too
+	release := func() {
+		stopAfter()
+		cancel()
+		g.calls.Done()
+	}
+	// rest is what remains of the call after the handler returns (a stream passed on
+	// whole, being recorded): it runs on a goroutine of its own, which then releases.
+	var rest func()
+	defer func() {
+		if rest == nil {
+			release()
+			return
+		}
+		go func() {
+			defer release()
+			rest()
+		}()
+	}()
 	for {
 		att, rec, err := g.ledger.Begin(ctx, call)
 		switch {
@@ -559,22 +576,32 @@ func (g *Gateway) record(w http.ResponseWriter, r *http.Request, key, hash strin
 		}
 		f := newFlight(att.Number(), call.RequestHash)
 		g.flights.add(call.Key, f)
-		func() {
-			defer f.finish(flightCut, nil, nil) // unless forward ended it otherwise
-			defer g.flights.remove(call.Key, f)
-			p, refused := g.admit(ctx, r, call.Key, body)
-			if refused != nil {
-				// Nothing went upstream: the row is free for the next attempt, and
-				// the requests that joined this one get the same answer.
-				g.fail(ctx, att, errLimiterNotSent, false)
-				f.finish(flightAnswered, nil, refused)
-				refused.write(w)
-				return
+		// end ends the flight (as cut, unless forward ended it otherwise) and settles
+		// the limiter's permit (as sent and ambiguous, unless settled: a panic mid-call).
+		end := func() {
+			f.permit.Done(limiter.Result{Sent: true, Ambiguous: true})
+			g.flights.remove(call.Key, f)
+			f.finish(flightCut, nil, nil)
+		}
+		p, refused := g.admit(ctx, r, call.Key, body)
+		if refused != nil {
+			// Nothing went upstream: the row is free for the next attempt, and the
+			// requests that joined this one get the same answer.
+			g.fail(ctx, att, errLimiterNotSent, false)
+			f.finish(flightAnswered, nil, refused)
+			end()
+			refused.write(w)
+			return
+		}
+		f.permit = p
+		defer func() { // also when forward panics (a cut stream aborts the handler)
+			if rest == nil {
+				end()
 			}
-			f.permit = p
-			defer p.Done(limiter.Result{Sent: true, Ambiguous: true}) // unless settled: a panic mid-call
-			g.forward(ctx, w, r, att, f, body)
 		}()
+		if tail := g.forward(ctx, w, r, att, f, body); tail != nil {
+			rest = func() { defer end(); tail() }
+		}
 		return
 	}
 }
@@ -635,8 +662,9 @@ func replay(w http.ResponseWriter, rec *ledger.Record) {
 	_, _ = w.Write(rec.Raw)
 }
 
-// forward makes the upstream call of the attempt att and answers w.
-func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Request, att *ledger.Attempt, f *flight, body []byte) {
+// forward makes the upstream call of the attempt att and answers w. For a stream it
+// may return what remains to do once the handler returned (Gateway.stream's rest).
+func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Request, att *ledger.Attempt, f *flight, body []byte) (rest func()) {
 	// #nosec G704 -- the scheme and host are the configured upstream's (ONCEFLOW_LLM_BASE_URL); the caller chooses only the path below it.
 	out, err := http.NewRequestWithContext(ctx, r.Method, g.target(r).String(), bytes.NewReader(body))
 	if err != nil {
@@ -666,13 +694,12 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 		writeError(w, http.StatusBadGateway, "upstream_error", "upstream_unreachable", "the upstream could not be reached; retry with the same key")
 		return
 	}
+	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt == "text/event-stream" && resp.StatusCode >= 200 && resp.StatusCode <= 299 {
+		return g.stream(ctx, w, att, f, resp) // which closes the body
+	}
 	defer resp.Body.Close()
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		g.passError(ctx, w, att, f, resp)
-		return
-	}
-	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt == "text/event-stream" {
-		g.stream(ctx, w, att, f, resp)
 		return
 	}
 	raw, err := io.ReadAll(io.LimitReader(resp.Body, g.cfg.MaxResponseBytes+1))
@@ -711,6 +738,7 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 	// The recorded answer (another attempt's, if one won): what every retry will get.
 	f.finish(flightRecorded, rec, nil)
 	writeRecorded(w, rec)
+	return nil
 }
 
 // writeRecorded answers with a recorded response without the replay header (this
@@ -798,7 +826,7 @@ func (g *Gateway) succeed(ctx context.Context, att *ledger.Attempt, res ledger.R
 			return rec, err
 		}
 		select {
-		case <-g.base.Done():
+		case <-ctx.Done(): // Close cancels the contexts of unary calls; a stream's record is detached from it
 			return rec, err
 		case <-time.After(wait):
 		}

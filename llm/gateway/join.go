@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"hash"
+	"maps"
 	"net/http"
 	"sync"
 	"time"
@@ -50,6 +51,10 @@ const (
 	flightAnswered           // answer holds an upstream error answer, not recorded
 	flightCut                // no answer: the attempt failed or its stream was cut
 	flightEnded              // a stream that ended as the upstream ended it, not recorded (an error event)
+
+	// flightComplete is what passOn returns once the owner's client has every byte of
+	// a complete stream, which is being recorded: not an end of the flight.
+	flightComplete
 )
 
 // answer is an unrecorded HTTP answer.
@@ -73,9 +78,14 @@ type flight struct {
 	status  int
 	header  http.Header
 	body    []byte // a stream's bytes so far, as sent to the owner's client
-	end     flightEnd
-	rec     *ledger.Record
-	answer  *answer
+	// complete is set once a stream's bytes are all in and make a complete answer,
+	// before it is recorded: the owner's client needs no more than that (whatever the
+	// recording does, these bytes are what it was given), and gets the end of its
+	// response without waiting for the commit.
+	complete bool
+	end      flightEnd
+	rec      *ledger.Record
+	answer   *answer
 }
 
 func newFlight(attempt int, hash string) *flight {
@@ -110,6 +120,14 @@ func (f *flight) bytes() []byte {
 	return f.body
 }
 
+// markComplete notes that the stream's bytes are all in, complete (flight.complete).
+func (f *flight) markComplete() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.complete = true
+	f.notify()
+}
+
 // finish ends the flight once; later calls change nothing.
 func (f *flight) finish(end flightEnd, rec *ledger.Record, a *answer) {
 	f.mu.Lock()
@@ -121,11 +139,26 @@ func (f *flight) finish(end flightEnd, rec *ledger.Record, a *answer) {
 	f.notify()
 }
 
-// flights are the calls this process makes, by ledger key.
+// flights are the calls this process makes, by ledger key, and those that ended with
+// an upstream error answer in the last recentAnswerTTL: a request that joined such a
+// call may look for it only after it ended (it saw the row in flight before the owner
+// put its flight here, or polled the ledger meanwhile), and must still get its answer
+// rather than make the call again.
 type flights struct {
-	mu sync.Mutex
-	m  map[string]*flight
+	mu     sync.Mutex
+	m      map[string]*flight
+	recent map[string]endedFlight
+	pruned time.Time
 }
+
+// endedFlight is a flight that ended with an error answer, and when.
+type endedFlight struct {
+	f  *flight
+	at time.Time
+}
+
+// recentAnswerTTL is how long an error answer stays for the joiners of its call.
+const recentAnswerTTL = 5 * time.Second
 
 func (fs *flights) add(key string, f *flight) {
 	fs.mu.Lock()
@@ -136,13 +169,40 @@ func (fs *flights) add(key string, f *flight) {
 	fs.m[key] = f
 }
 
-// remove forgets f (and only f: a later attempt may have replaced it).
+// remove forgets f (and only f: a later attempt may have replaced it); a flight that
+// ended with an error answer is kept among the recent ones.
 func (fs *flights) remove(key string, f *flight) {
+	f.mu.Lock()
+	answered := f.end == flightAnswered
+	f.mu.Unlock()
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	if fs.m[key] == f {
 		delete(fs.m, key)
 	}
+	now := time.Now()
+	if now.Sub(fs.pruned) > time.Second {
+		fs.pruned = now
+		maps.DeleteFunc(fs.recent, func(_ string, e endedFlight) bool { return now.Sub(e.at) > recentAnswerTTL })
+	}
+	if answered {
+		if fs.recent == nil {
+			fs.recent = map[string]endedFlight{}
+		}
+		fs.recent[key] = endedFlight{f, now}
+	}
+}
+
+// recentAnswer returns the flight of key and hash that ended with an error answer in
+// the last recentAnswerTTL, or nil.
+func (fs *flights) recentAnswer(key, hash string) *flight {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	e, ok := fs.recent[key]
+	if !ok || e.f.hash != hash || time.Since(e.at) > recentAnswerTTL {
+		return nil
+	}
+	return e.f
 }
 
 func (fs *flights) get(key string) *flight {
@@ -245,6 +305,14 @@ func (g *Gateway) join(ctx context.Context, w http.ResponseWriter, key, hash str
 			return g.follow(ctx, j, f, timer.C)
 		}
 		p, err := g.ledger.Progress(ctx, key, j.sent)
+		var recent *flight
+		if err == nil && p != nil && !p.Live && p.State == ledger.StateFailed {
+			// A clean failure numbers the row's next attempt: the answered flight is
+			// the attempt before it, never an older one.
+			if f := g.flights.recentAnswer(key, hash); f != nil && f.attempt+1 == p.Attempt {
+				recent = f
+			}
+		}
 		switch {
 		case err != nil && ctx.Err() != nil:
 			return g.leave(j)
@@ -268,6 +336,10 @@ func (g *Gateway) join(ctx context.Context, w http.ResponseWriter, key, hash str
 				replayJoined(w, p.Record)
 			}
 			return joinServed
+		case recent != nil && !j.headerSent():
+			// The call this request joined failed with an answer on this process before
+			// the request could follow it: that answer is its answer too.
+			return g.follow(ctx, j, recent, timer.C)
 		case !p.Live || (j.headerSent() && p.Attempt != j.attempt):
 			return g.again(j) // the attempt followed failed, died or was replaced
 		case p.Streaming:

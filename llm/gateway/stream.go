@@ -9,8 +9,10 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"runtime/debug"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -70,7 +72,13 @@ const maxPartialBytes = 1 << 20
 // into the flight, and the owner's client follows the flight from a goroutine of its
 // own, as joiners do: a client that reads slowly (or stops reading) holds back neither
 // the upstream call nor anyone else following it.
-func (g *Gateway) stream(ctx context.Context, w http.ResponseWriter, att *ledger.Attempt, f *flight, resp *http.Response) {
+//
+// Once the owner's client has every byte of a complete stream (or is gone), stream
+// returns what is left to do, reading the upstream to its end and recording the
+// answer, as rest: the caller runs it after the handler returned, so that the client
+// gets the end of its response without waiting for the recording's commit. It takes
+// resp's body over. A nil rest means the stream is done with.
+func (g *Gateway) stream(ctx context.Context, w http.ResponseWriter, att *ledger.Attempt, f *flight, resp *http.Response) (rest func()) {
 	kept := keptHeader(resp.Header)
 	for k, vs := range kept {
 		w.Header()[k] = vs
@@ -84,23 +92,42 @@ func (g *Gateway) stream(ctx context.Context, w http.ResponseWriter, att *ledger
 	rc := http.NewResponseController(w)
 	_ = rc.Flush()
 	f.start(resp.StatusCode, kept)
-	owner := make(chan flightEnd, 1)
-	go func() { owner <- g.passOn(w, rc, f) }()
-	end := g.recordStream(ctx, att, f, resp)
-	if <-owner == flightCut && end == flightCut {
-		panic(http.ErrAbortHandler) // close the connection: the client must see the stream was cut
+	recorded := make(chan flightEnd, 1)
+	go func() {
+		defer resp.Body.Close()
+		defer func() {
+			// This goroutine is not net/http's: a panic here must not take the
+			// process down with every other call in flight.
+			if p := recover(); p != nil {
+				g.log.ErrorContext(ctx, "gateway: recording a stream panicked; the call is left to its lease", "panic", p, "stack", string(debug.Stack()))
+				f.finish(flightCut, nil, nil)
+				recorded <- flightCut
+			}
+		}()
+		recorded <- g.recordStream(ctx, att, f, resp)
+	}()
+	switch g.passOn(w, rc, f) {
+	case flightComplete, flightRunning: // the client has the whole answer, or left
+		return func() { <-recorded }
+	case flightCut:
+		if <-recorded == flightCut {
+			panic(http.ErrAbortHandler) // close the connection: the client must see the stream was cut
+		}
 	}
+	<-recorded
+	return nil
 }
 
 // passOn writes a flight's bytes to the owner's client as they arrive, until the flight
-// ends (its end is returned) or the client is gone (flightRunning). A gateway closing
-// ends a write the client holds up.
+// ends (its end is returned), its stream is complete and passed on (flightComplete), or
+// the client is gone (flightRunning). A gateway closing ends a write the client holds
+// up.
 func (g *Gateway) passOn(w http.ResponseWriter, rc *http.ResponseController, f *flight) flightEnd {
 	defer context.AfterFunc(g.base, func() { _ = rc.SetWriteDeadline(time.Now()) })()
 	sent := 0
 	for {
 		f.mu.Lock()
-		body, end, changed := f.body[sent:], f.end, f.changed
+		body, complete, end, changed := f.body[sent:], f.complete, f.end, f.changed
 		f.mu.Unlock()
 		if len(body) > 0 {
 			if _, err := w.Write(body); err != nil || rc.Flush() != nil {
@@ -109,49 +136,33 @@ func (g *Gateway) passOn(w http.ResponseWriter, rc *http.ResponseController, f *
 			sent += len(body)
 			continue // the flight may have ended meanwhile: read it again
 		}
-		if end != flightRunning {
+		switch {
+		case end != flightRunning:
 			return end
+		case complete:
+			return flightComplete
 		}
 		<-changed
 	}
 }
 
-// recordStream reads the upstream stream into the flight, persists it in batches for
-// followers on other processes, and records it once complete. It returns how the
-// flight ended.
+// recordStream reads the upstream stream into the flight, has its output persisted in
+// batches for followers on other processes (a persister, on a goroutine of its own: the
+// stream never waits for those writes), and records it once complete. It returns how
+// the flight ended.
 func (g *Gateway) recordStream(ctx context.Context, att *ledger.Attempt, f *flight, resp *http.Response) flightEnd {
 	m, _ := json.Marshal(meta{Status: resp.StatusCode, Header: keptHeader(resp.Header)})
-	// Followers on other processes need the status and headers before the first byte
-	// of the row's partial output, not the clients here before theirs: the stream is
-	// read while the announcement commits, and the first partial write waits for it.
-	announced := make(chan bool, 1)
-	go func() {
-		ok, err := att.Announce(ctx, m)
-		if err != nil {
-			g.log.WarnContext(ctx, "gateway: could not announce a stream; requests joining it on other processes will wait for its end", "err", err)
-		}
-		announced <- ok
-	}()
-	partialOK := true // every partial write so far succeeded: the row's partial is an exact prefix of the stream
-	awaitAnnounced := func() {
-		if announced != nil {
-			partialOK = <-announced && partialOK
-			announced = nil
-		}
-	}
-	defer awaitAnnounced()
-	partial := att.PartialBuffer()
+	ps := g.newPersister(ctx, att, f, m)
+	go ps.run()
+	// The persister's writes end before ctx does: a query cancelled mid-flight costs
+	// the pool its connection.
+	defer func() { <-ps.stopped }()
 	var parser sse.Parser // events are counted and the stream cut into partials at event boundaries
 	var last *sse.Event
 	var su streamUsage
 	events := 0
-	persisted := 0  // bytes of the stream handed to partial
 	failed := false // an error event went by
-	stopPersisting := func(err error) {
-		partialOK = false
-		g.log.WarnContext(ctx, "gateway: could not persist partial stream output; persisting no more of this stream (followers on other processes get the rest at its end)", "err", err)
-	}
-	persist := func(evs []sse.Event) {
+	note := func(evs []sse.Event) {
 		if n := len(evs); n > 0 {
 			events += n
 			last = &evs[n-1]
@@ -162,87 +173,46 @@ func (g *Gateway) recordStream(ctx context.Context, att *ledger.Attempt, f *flig
 				su.add(ev)
 			}
 		}
-		b := parser.Boundary()
-		if !partialOK || int(b) <= persisted {
-			return
-		}
-		if b > maxPartialBytes {
-			// Each append rewrites the whole partial value: past this size, followers
-			// on other processes get the rest from the recorded answer at the end.
-			partialOK = false
-			return
-		}
-		if awaitAnnounced(); !partialOK {
-			return
-		}
-		seg := f.bytes()[persisted:b]
-		// The partial column is text: a stream that is not valid UTF-8 (or holds NUL)
-		// keeps what was persisted before it, and nothing after, so the partial is
-		// always an exact prefix of what was received.
-		if !utf8.Valid(seg) || bytes.IndexByte(seg, 0) >= 0 {
-			partialOK = false
-			return
-		}
-		if err := partial.Add(ctx, string(seg)); err != nil {
-			stopPersisting(err)
-			return
-		}
-		persisted = int(b)
 	}
 	// The upstream is read on a goroutine of its own, so that a pause in the stream (a
-	// model thinking) does not hold back the partial output received before it: what
-	// is buffered is persisted every StreamFlushInterval, for followers on other
-	// processes.
+	// model thinking) does not hold back the flight's reader.
 	reads := make(chan streamRead, 1)
 	next := make(chan struct{})
 	defer close(next)
 	go readStream(resp.Body, reads, next)
-	ticker := time.NewTicker(cmp.Or(g.cfg.Ledger.StreamFlushInterval, ledger.DefaultStreamFlushInterval))
-	defer ticker.Stop()
 	var readErr error
 	size := 0
-read:
 	for {
-		var rd streamRead
-		select {
-		case <-ticker.C:
-			if partialOK {
-				if err := partial.Flush(ctx); err != nil {
-					stopPersisting(err)
-				}
-			}
-			continue
-		case rd = <-reads:
-		}
+		rd := <-reads
 		if chunk := rd.chunk; len(chunk) > 0 {
 			f.write(chunk)
 			size += len(chunk)
-			persist(parser.Feed(chunk))
+			note(parser.Feed(chunk))
+			ps.offer(parser.Boundary())
 			if int64(size) > g.cfg.MaxResponseBytes {
 				readErr = fmt.Errorf("upstream stream exceeds %d bytes", g.cfg.MaxResponseBytes)
-				break read
+				break
 			}
 		}
-		switch {
-		case rd.err == io.EOF:
-			break read
-		case rd.err != nil:
+		if rd.err == io.EOF {
+			break
+		}
+		if rd.err != nil {
 			readErr = rd.err
-			break read
+			break
 		}
 		next <- struct{}{}
 	}
-	persist(parser.Close())
+	note(parser.Close())
 	// Complete: the connection closed cleanly, the last event is the final one, nothing
 	// but comments or blank lines follows it, and no event reported a failure.
 	complete := readErr == nil && last != nil && streamEnd(*last) && !parser.Residue() && !failed
 	settleSent(f.permit, resp, su.usage(), readErr)
 	if !complete {
-		if partialOK {
-			if err := partial.Flush(ctx); err != nil {
-				g.log.WarnContext(ctx, "gateway: could not persist partial stream output", "err", err)
-			}
-		}
+		// What was received is kept for the record of the cut (a complete stream
+		// needs no more partial writes: Succeed records all of it).
+		ps.offer(parser.Boundary())
+		ps.finish(true)
 		cause := readErr
 		switch {
 		case cause == nil && failed:
@@ -265,9 +235,15 @@ read:
 		f.finish(flightCut, nil, nil)
 		return flightCut
 	}
+	f.markComplete()
+	ps.finish(false)
 	raw := f.bytes()
 	summary, _ := json.Marshal(map[string]any{"object": "stream", "bytes": len(raw), "events": events})
-	rec, err := g.succeed(ctx, att, ledger.Result{Response: summary, Raw: raw, Meta: m})
+	// The answer was generated and passed on: it is recorded even when the gateway is
+	// closing meanwhile (Close waits for it), within the write's own bounds.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), succeedPatience+cmp.Or(g.cfg.Ledger.WriteTimeout, ledger.DefaultWriteTimeout))
+	defer cancel()
+	rec, err := g.succeed(rctx, att, ledger.Result{Response: summary, Raw: raw, Meta: m})
 	if err != nil {
 		g.log.WarnContext(ctx, "gateway: could not record a complete stream", "err", err)
 		rec = &ledger.Record{Raw: raw, Meta: m}
@@ -275,6 +251,131 @@ read:
 	f.finish(flightRecorded, rec, nil)
 	g.requests.WithLabelValues(resultForwarded).Inc()
 	return flightRecorded
+}
+
+// persister writes a stream's output to its llm_calls row while it runs, for requests
+// that follow it from other processes: first the announcement (Attempt.Announce: the
+// status and headers), then the stream up to its last complete event, in batches
+// (ledger.PartialBuffer), and what is buffered every StreamFlushInterval, so that a
+// pause in the stream does not hold back what came before it. It runs on a goroutine
+// of its own: the stream's reader hands it event boundaries (offer) and never waits
+// for its writes, except for a stream that did not complete, whose output is kept
+// whole for the record of the cut (finish).
+type persister struct {
+	g    *Gateway
+	ctx  context.Context
+	att  *ledger.Attempt
+	f    *flight
+	meta json.RawMessage
+
+	mu       sync.Mutex
+	boundary int  // the stream's bytes up to its last complete event
+	done     bool // finish was called
+	flush    bool // finish asked for everything to be written
+	wake     chan struct{}
+	stopped  chan struct{}
+}
+
+func (g *Gateway) newPersister(ctx context.Context, att *ledger.Attempt, f *flight, meta json.RawMessage) *persister {
+	return &persister{g: g, ctx: ctx, att: att, f: f, meta: meta, wake: make(chan struct{}, 1), stopped: make(chan struct{})}
+}
+
+// offer tells the persister the stream's bytes up to b end with a complete event.
+func (p *persister) offer(b int64) {
+	p.mu.Lock()
+	p.boundary = max(p.boundary, int(b))
+	p.mu.Unlock()
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
+// finish stops the persister: with flush, once everything offered is written (it waits
+// for that); without, at once, dropping what is not written yet (the answer's record
+// holds it all).
+func (p *persister) finish(flush bool) {
+	p.mu.Lock()
+	p.done, p.flush = true, flush
+	p.mu.Unlock()
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+	if flush {
+		<-p.stopped
+	}
+}
+
+// dropped reports whether finish stopped the persister without a flush.
+func (p *persister) dropped() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.done && !p.flush
+}
+
+func (p *persister) run() {
+	defer close(p.stopped)
+	ctx := p.ctx
+	ok, err := p.att.Announce(ctx, p.meta)
+	if err != nil && !p.dropped() {
+		p.g.log.WarnContext(ctx, "gateway: could not announce a stream; requests joining it on other processes will wait for its end", "err", err)
+	}
+	if !ok {
+		return // followers on other processes get the answer at its end
+	}
+	partial := p.att.PartialBuffer()
+	ticker := time.NewTicker(cmp.Or(p.g.cfg.Ledger.StreamFlushInterval, ledger.DefaultStreamFlushInterval))
+	defer ticker.Stop()
+	persisted := 0 // bytes of the stream handed to partial
+	stop := func(err error) {
+		if p.dropped() {
+			return // the answer is being recorded: the write no longer mattered
+		}
+		p.g.log.WarnContext(ctx, "gateway: could not persist partial stream output; persisting no more of this stream (followers on other processes get the rest at its end)", "err", err)
+	}
+	for {
+		tick := false
+		select {
+		case <-p.wake:
+		case <-ticker.C:
+			tick = true
+		}
+		p.mu.Lock()
+		b, done, flush := p.boundary, p.done, p.flush
+		p.mu.Unlock()
+		if done && !flush {
+			return
+		}
+		if b > persisted {
+			if b > maxPartialBytes {
+				// Each append rewrites the whole partial value: past this size,
+				// followers on other processes get the rest from the recorded answer.
+				return
+			}
+			seg := p.f.bytes()[persisted:b]
+			// The partial column is text: a stream that is not valid UTF-8 (or holds
+			// NUL) keeps what was persisted before it, and nothing after, so the
+			// partial is always an exact prefix of what was received.
+			if !utf8.Valid(seg) || bytes.IndexByte(seg, 0) >= 0 {
+				return
+			}
+			if err := partial.Add(ctx, string(seg)); err != nil {
+				stop(err)
+				return
+			}
+			persisted = b
+		}
+		if tick || done {
+			if err := partial.Flush(ctx); err != nil {
+				stop(err)
+				return
+			}
+		}
+		if done {
+			return
+		}
+	}
 }
 
 // streamRead is one Read of an upstream stream.

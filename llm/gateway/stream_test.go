@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -215,5 +216,60 @@ func TestAnthropicStreamIsRecorded(t *testing.T) {
 	r, again := send(t, e.url+"/messages", "anthropic-stream-key-01", body, h)
 	if !strings.Contains(string(first), "event: message_stop") || string(again) != string(first) || r.Header.Get("Idempotent-Replayed") != "true" || e.up.Stats().Requests != 1 {
 		t.Fatalf("replayed %q, %d upstream requests\n%s", r.Header.Get("Idempotent-Replayed"), e.up.Stats().Requests, first)
+	}
+}
+
+// The client that made a streamed call gets the end of its response once it has every
+// byte of the complete stream, without waiting for the answer's record to commit; the
+// record is made after the handler returned, and Gateway.Close waits for it. The
+// record's commit is held up here by a row lock taken after the stream was announced.
+func TestStreamClientGetsItsEndBeforeTheRecordCommits(t *testing.T) {
+	t.Parallel()
+	up := newGatedStream()
+	ups := httptest.NewServer(up)
+	t.Cleanup(ups.Close)
+	pool, _ := testenv.Postgres(t)
+	g, err := gateway.New(gateway.Config{Upstream: ups.URL + "/v1", DB: pool, Logger: testenv.Logger(t), Registerer: prometheus.NewRegistry(),
+		Ledger: ledger.Config{StreamFlushInterval: time.Hour}}) // no partial write to wait on the lock
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := httptest.NewServer(g)
+	t.Cleanup(gs.Close)
+	ctx := context.Background()
+	const key = "stream-end-before-record"
+	row := keyFor("Bearer sk", key)
+	fr := openAnnounced(t, up, gs.URL+"/v1", pool, key)
+	release := holdRecord(t, pool, row)
+	close(up.release)
+	if tail, err := readAllWithin(fr, 15*time.Second); err != nil || tail != gatedTail {
+		t.Fatalf("the client's stream did not end while the record of its answer waited for a lock: %q %v", tail, err)
+	}
+	var state string
+	if err := pool.QueryRow(ctx, `SELECT state FROM llm_calls WHERE idem_key = $1`, row).Scan(&state); err != nil || state != ledger.StateInFlight {
+		t.Fatalf("state while the record waits: %q %v", state, err)
+	}
+
+	closed := make(chan error, 1)
+	go func() {
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		closed <- g.Close(cctx)
+	}()
+	select {
+	case err := <-closed:
+		t.Fatalf("Close returned (%v) while an answer was still being recorded", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	release()
+	if err := <-closed; err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	r, err := g.Ledger().Get(ctx, row)
+	if err != nil || r.State != ledger.StateSucceeded || string(r.Raw) != gatedHead+gatedTail {
+		t.Fatalf("the record after Close: %+v %v", r, err)
+	}
+	if n := up.Calls(); n != 1 {
+		t.Fatalf("%d upstream calls", n)
 	}
 }

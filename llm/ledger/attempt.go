@@ -38,6 +38,9 @@ type Attempt struct {
 
 	mu   sync.Mutex
 	lost bool // a renewal found the row no longer ours
+	// appended is the bytes of partial output this attempt has written to the row
+	// since it started it (the first AppendPartial, or Announce).
+	appended int64
 }
 
 // start returns the Attempt owning c's row and starts its lease renewal, which stops
@@ -126,13 +129,14 @@ func (a *Attempt) Lost() bool {
 // replay it instead of calling the model again.
 //
 //	$1 idem_key, $2 work, $3 request_hash, $4 provider, $5 model, $6 response jsonb,
-//	$7 response_raw, $8 response_meta, $9 attempt, $10 now (NULL: now()), $11 retention µs
+//	$7 response_raw, $8 response_meta, $9 attempt, $10 now (NULL: now()), $11 retention µs,
+//	$12 tenant
 //
 // Returns the row's attempt and ambiguous counts when this call recorded the response;
 // no row when a response was already recorded (or the hash differs).
 const succeedSQL = `
-INSERT INTO llm_calls AS c (idem_key, work, state, request_hash, provider, model, response, response_raw, response_meta, attempt, expires_at)
-VALUES ($1, $2, 'succeeded', $3, $4, $5, $6, $7, $8, $9, coalesce($10::timestamptz, now()) + $11::bigint * interval '1 microsecond')
+INSERT INTO llm_calls AS c (idem_key, work, state, request_hash, provider, model, response, response_raw, response_meta, attempt, expires_at, tenant)
+VALUES ($1, $2, 'succeeded', $3, $4, $5, $6, $7, $8, $9, coalesce($10::timestamptz, now()) + $11::bigint * interval '1 microsecond', $12)
 ON CONFLICT (idem_key) DO UPDATE SET
 	state = 'succeeded', response = EXCLUDED.response, response_raw = EXCLUDED.response_raw,
 	response_meta = EXCLUDED.response_meta, owner = NULL, lease_until = NULL, partial = NULL,
@@ -178,7 +182,7 @@ func (a *Attempt) succeed(ctx context.Context, db DB, res Result) (*Record, bool
 	}
 	rec := &Record{Key: c.Key, Response: res.Response, Raw: res.Raw, Meta: res.Meta}
 	err := db.QueryRow(ctx, succeedSQL, c.Key, c.Work, c.RequestHash, c.Provider, c.Model, response, res.Raw, meta,
-		a.number, a.l.now(), micros(a.l.cfg.Retention)).Scan(&rec.Attempt, &rec.Ambiguous)
+		a.number, a.l.now(), micros(a.l.cfg.Retention), c.Tenant).Scan(&rec.Attempt, &rec.Ambiguous)
 	if err == nil {
 		a.l.metrics.attempt(c, resultSucceeded)
 		return rec, true, nil
@@ -304,30 +308,51 @@ func (a *Attempt) Fail(ctx context.Context, cause error, ambiguous bool) error {
 
 // appendPartialSQL appends streamed output to the row this attempt owns, and renews the
 // lease while at it. A row whose partial belongs to an earlier attempt is overwritten:
-// a new generation starts its own.
+// a new generation starts its own. It commits without waiting for the WAL flush
+// (followerWrite), so a PostgreSQL crash can lose an append that was acknowledged: $7,
+// the bytes this attempt believes it wrote, must be what the row holds, or nothing is
+// appended (a later append after a lost one would leave a hole, and a follower would
+// read the stream torn). Invariant: the row's partial is always a prefix of the
+// attempt's output.
 //
-//	$1 idem_key, $2 owner, $3 attempt, $4 text, $5 now (NULL: now()), $6 lease µs
+//	$1 idem_key, $2 owner, $3 attempt, $4 text, $5 now (NULL: now()), $6 lease µs,
+//	$7 bytes written before (0: start this attempt's partial afresh)
 const appendPartialSQL = `UPDATE llm_calls SET
-	partial = CASE WHEN partial_attempt = $3 THEN coalesce(partial, '') || $4 ELSE $4 END,
+	partial = CASE WHEN $7::bigint > 0 THEN partial || $4 ELSE $4 END,
 	partial_attempt = $3,
 	lease_until = coalesce($5::timestamptz, now()) + $6::bigint * interval '1 microsecond',
 	updated_at = now()
-WHERE idem_key = $1 AND owner = $2 AND state = 'in_flight'`
+%s
+WHERE idem_key = $1 AND owner = $2 AND state = 'in_flight'
+	AND ($7::bigint = 0 OR (partial_attempt = $3 AND octet_length(coalesce(partial, '')) = $7::bigint))`
 
 // AppendPartial persists text as more of this attempt's streamed output, in one round
 // trip (batch the text: Client.Stream writes once per Config.StreamFlushBytes or
-// StreamFlushInterval). It reports false when the row is no longer this attempt's.
-// It does not end the attempt.
+// StreamFlushInterval). It reports false when the row is no longer this attempt's, or
+// no longer holds what this attempt wrote before (a crash of PostgreSQL lost an
+// append): write no more partial output then.
+// It does not end the attempt. The write commits without waiting for the WAL flush: a
+// PostgreSQL crash can lose the last fraction of a second of partial output, never the
+// answer that Succeed records.
 func (a *Attempt) AppendPartial(ctx context.Context, text string) (bool, error) {
 	if text == "" {
 		return true, nil
 	}
-	tag, err := a.l.db.Exec(ctx, appendPartialSQL, a.call.Key, a.owner, a.number, text, a.l.now(), micros(a.l.cfg.Lease))
+	a.mu.Lock()
+	before := a.appended
+	a.mu.Unlock()
+	tag, err := a.l.db.Exec(ctx, a.l.sql.appendPartial, a.call.Key, a.owner, a.number, text, a.l.now(), micros(a.l.cfg.Lease), before)
 	if err != nil {
 		return false, dbError("persist partial output of "+a.call.Key, err)
 	}
 	a.l.metrics.partialFlushes.Inc()
-	return tag.RowsAffected() == 1, nil
+	if tag.RowsAffected() != 1 {
+		return false, nil
+	}
+	a.mu.Lock()
+	a.appended = before + int64(len(text))
+	a.mu.Unlock()
+	return true, nil
 }
 
 // PartialBuffer batches streamed output into AppendPartial writes: one write when
@@ -341,8 +366,14 @@ type PartialBuffer struct {
 	att       *Attempt
 	buf       strings.Builder
 	lastFlush time.Time
-	written   int // bytes written to the row so far
+	written   int  // bytes written to the row so far
+	stopped   bool // an append was refused: no more are written
 }
+
+// ErrPartialStopped is returned by PartialBuffer.Add and Flush when an append was
+// refused (the row is no longer the attempt's, or a PostgreSQL crash lost an earlier
+// append): the buffer writes nothing more, and the row keeps a prefix of the output.
+var ErrPartialStopped = errors.New("ledger: partial output no longer persisted")
 
 // PartialBuffer returns a PartialBuffer writing to this attempt's row.
 func (a *Attempt) PartialBuffer() *PartialBuffer {
@@ -350,8 +381,11 @@ func (a *Attempt) PartialBuffer() *PartialBuffer {
 }
 
 // Add buffers text and writes the buffer when it is big or old enough. Its errors are
-// AppendPartial's.
+// AppendPartial's, and ErrPartialStopped once (after that, Add does nothing).
 func (p *PartialBuffer) Add(ctx context.Context, text string) error {
+	if p.stopped {
+		return nil
+	}
 	p.buf.WriteString(text)
 	cfg := p.att.l.cfg
 	if p.buf.Len() >= max(cfg.StreamFlushBytes, p.written/2) || p.att.l.clock().Now().Sub(p.lastFlush) >= cfg.StreamFlushInterval {
@@ -363,13 +397,17 @@ func (p *PartialBuffer) Add(ctx context.Context, text string) error {
 // Flush writes what is buffered, if anything.
 func (p *PartialBuffer) Flush(ctx context.Context) error {
 	p.lastFlush = p.att.l.clock().Now()
-	if p.buf.Len() == 0 {
+	if p.buf.Len() == 0 || p.stopped {
 		return nil
 	}
 	text := p.buf.String()
 	p.buf.Reset()
 	p.written += len(text)
-	_, err := p.att.AppendPartial(ctx, text)
+	ok, err := p.att.AppendPartial(ctx, text)
+	if err == nil && !ok {
+		p.stopped = true
+		return ErrPartialStopped
+	}
 	return err
 }
 

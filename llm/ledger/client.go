@@ -37,14 +37,15 @@ func (l *Ledger) Wrap(provider string, next llm.Client) *Client {
 	return &Client{l: l, next: next, provider: provider}
 }
 
-func (c *Client) call(req *llm.Request) (Call, *llm.Request, error) {
+func (c *Client) call(ctx context.Context, req *llm.Request) (Call, *llm.Request, error) {
 	if req.IdempotencyKey == "" {
 		return Call{}, nil, retry.Permanent(ErrNoWork)
 	}
 	key := Key(req.IdempotencyKey, req)
 	out := *req
 	out.IdempotencyKey = key
-	return Call{Key: key, Work: req.IdempotencyKey, RequestHash: RequestHash(req), Provider: c.provider, Model: req.Model}, &out, nil
+	return Call{Key: key, Work: req.IdempotencyKey, RequestHash: RequestHash(req), Provider: c.provider, Model: req.Model,
+		Tenant: llm.TenantFrom(ctx)}, &out, nil
 }
 
 // Complete implements llm.Client through the ledger. A replayed response carries the
@@ -54,7 +55,7 @@ func (c *Client) call(req *llm.Request) (Call, *llm.Request, error) {
 // recorded (PostgreSQL down), it is still returned, and the failure logged: a later
 // retry may then call the model again, which costs money but no duplicate effect.
 func (c *Client) Complete(ctx context.Context, req *llm.Request) (*llm.Response, error) {
-	call, out, err := c.call(req)
+	call, out, err := c.call(ctx, req)
 	if err != nil {
 		return nil, err
 	}
@@ -122,7 +123,7 @@ func (e *SupersededError) HTTPStatus() int { return 409 }
 // consumer that stops early abandons the attempt, recorded as ambiguous.
 func (c *Client) Stream(ctx context.Context, req *llm.Request) iter.Seq2[llm.Chunk, error] {
 	return func(yield func(llm.Chunk, error) bool) {
-		call, out, err := c.call(req)
+		call, out, err := c.call(ctx, req)
 		if err != nil {
 			yield(llm.Chunk{}, err)
 			return

@@ -91,7 +91,7 @@ func TestClientRecordsAClearFailure(t *testing.T) {
 	srv.Script(fakeserver.Fault{Kind: fakeserver.Fault429})
 	l, _ := newLedger(t, ledger.Config{})
 	client := l.Wrap("openai", adapter)
-	ctx := ctxT(t)
+	ctx := llm.WithTenant(ctxT(t), "acme") // a job's tenant: recorded on the row
 	req := request("x")
 	req.IdempotencyKey = "job-8"
 	if _, err := client.Complete(ctx, req); err == nil {
@@ -106,6 +106,9 @@ func TestClientRecordsAClearFailure(t *testing.T) {
 	}
 	if row := mustGet(t, l, ledger.Key("job-8", req)); row.State != ledger.StateSucceeded || row.Attempt != 2 || row.Ambiguous != 0 {
 		t.Fatalf("row %+v", row)
+	}
+	if rows, err := l.List(ctx, ledger.ListOptions{Tenant: "acme"}); err != nil || len(rows) != 1 || rows[0].Key != ledger.Key("job-8", req) {
+		t.Fatalf("the tenant's rows: %+v %v", rows, err)
 	}
 	if _, err := client.Complete(ctx, &llm.Request{Messages: req.Messages}); !errors.Is(err, ledger.ErrNoWork) || !retry.IsPermanent(err) {
 		t.Fatalf("no IdempotencyKey: %v", err)

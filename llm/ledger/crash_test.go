@@ -175,3 +175,92 @@ func TestRelaxedInsertCrashLosesOnlyAnAccountingRecord(t *testing.T) {
 		t.Errorf("job B: %s, attempt %d, ambiguous %d; want succeeded, 2, 1", b.State, b.Attempt, b.Ambiguous)
 	}
 }
+
+// TestStreamProgressCrashLosesOnlyFollowerData proves what the writes of a stream in
+// progress (Attempt.Announce and AppendPartial, committed with synchronous_commit off)
+// can lose when PostgreSQL crashes: the announcement and the partial output, which
+// serve followers, and nothing else. The row's durable in-flight state survives, the
+// next attempt takes the call over as after any crash of its owner, and the answer it
+// records (Succeed, durable) survives a second crash. The setting stays inside the
+// statements: the session that ran them still commits durably.
+func TestStreamProgressCrashLosesOnlyFollowerData(t *testing.T) {
+	t.Parallel()
+	pg := testenv.PrivatePostgres(t)
+	dsn := testenv.PostgresURLOf(pg)
+	ctx := ctxT(t)
+	if _, err := migrations.Up(ctx, dsn, testenv.Logger(t)); err != nil {
+		t.Fatal(err)
+	}
+	open := func() *pgxpool.Pool {
+		// One connection: the session the follower writes ran on is the one asked
+		// about synchronous_commit afterwards.
+		p, err := connect.Postgres(ctx, dsn+"&pool_max_conns=1", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(p.Close)
+		return p
+	}
+	pool := open()
+	// As in TestRelaxedInsertCrashLosesOnlyAnAccountingRecord: nothing but a durable
+	// commit flushes the WAL within the test's window.
+	for _, sql := range []string{`ALTER SYSTEM SET wal_writer_delay = '10s'`, `ALTER SYSTEM SET autovacuum = off`, `SELECT pg_reload_conf()`} {
+		if _, err := pool.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(200 * time.Millisecond)
+
+	clock := retrytest.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	cfg := ledger.Config{Lease: time.Minute, Wait: -1, Clock: clock, Logger: testenv.Logger(t)}
+	l, _ := ledger.New(pool, cfg)
+	call := ledger.Call{Key: "stream-crash", Work: "POST /v1/chat/completions", RequestHash: "h", Provider: "openai", Model: "m"}
+	att, _, err := l.Begin(ctx, call) // durable
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := att.Announce(ctx, []byte(`{"status":200}`)); !ok || err != nil {
+		t.Fatalf("announce: %v %v", ok, err)
+	}
+	if ok, err := att.AppendPartial(ctx, "data: one\n\n"); !ok || err != nil {
+		t.Fatalf("append: %v %v", ok, err)
+	}
+	var setting string
+	if err := pool.QueryRow(ctx, `SHOW synchronous_commit`).Scan(&setting); err != nil || setting != "on" {
+		t.Fatalf("synchronous_commit of the session after the follower writes = %q (%v), want on", setting, err)
+	}
+	if r, err := l.Get(ctx, call.Key); err != nil || r.Partial != "data: one\n\n" || r.Meta == nil {
+		t.Fatalf("before the crash the follower writes are visible at once: %+v %v", r, err)
+	}
+	pg.Kill()
+	pg.Start()
+
+	pool = open()
+	l, _ = ledger.New(pool, cfg)
+	r, err := l.Get(ctx, call.Key)
+	if err != nil || r.State != ledger.StateInFlight || r.Owner == "" || r.Attempt != 1 {
+		t.Fatalf("the durable in-flight row after the crash: %+v %v", r, err)
+	}
+	if r.Partial != "" || r.Meta != nil || r.PartialAttempt != 0 {
+		t.Fatalf("the announcement and partial survived the crash (partial %q, meta %s): with wal_writer_delay 10s they should have been lost, as commits that do not wait for the flush", r.Partial, r.Meta)
+	}
+
+	clock.Advance(2 * time.Minute) // the dead owner's lease runs out
+	att, rec, err := l.Begin(ctx, call)
+	if err != nil || rec != nil || att.Number() != 2 {
+		t.Fatalf("take-over after the crash: %v %v %v", att, rec, err)
+	}
+	if ok, err := att.AppendPartial(ctx, "data: two\n\n"); !ok || err != nil {
+		t.Fatalf("append: %v %v", ok, err)
+	}
+	if _, _, err := att.Succeed(ctx, ledger.Result{Response: []byte(`{}`), Raw: []byte("data: two\n\n")}); err != nil {
+		t.Fatal(err)
+	}
+	pg.Kill()
+	pg.Start()
+	pool = open()
+	l, _ = ledger.New(pool, cfg)
+	if r, err := l.Get(ctx, call.Key); err != nil || r.State != ledger.StateSucceeded || string(r.Raw) != "data: two\n\n" || r.Attempt != 2 || r.Ambiguous != 1 {
+		t.Fatalf("the recorded answer after a second crash: %+v %v", r, err)
+	}
+}

@@ -91,7 +91,8 @@ type Config struct {
 	// gateway answers 409 at once). Default: 10s (also capped by ctx's deadline).
 	Wait time.Duration
 	// RelaxedInsert commits the in-flight insert with synchronous_commit off (for that
-	// statement only). A crash of PostgreSQL within about 3×wal_writer_delay can then
+	// statement only; ignored on a ledger over a pgx.Tx, whose commit is the caller's:
+	// do not give the ledger a connection inside a transaction you opened). A crash of PostgreSQL within about 3×wal_writer_delay can then
 	// lose the row: an accounting record (the attempt and its ambiguity), never an
 	// effect, since every effect waits for the durable Succeed. Default: false.
 	RelaxedInsert bool
@@ -134,6 +135,7 @@ type Config struct {
 // concurrent use.
 type Ledger struct {
 	db      DB
+	sql     statements
 	cfg     Config
 	log     *slog.Logger
 	metrics *ledgerMetrics
@@ -165,7 +167,31 @@ func New(db DB, cfg Config) (*Ledger, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Ledger{db: db, cfg: cfg, log: cfg.Logger, metrics: newMetrics(cfg.Registerer, cfg.Models)}, nil
+	return &Ledger{db: db, sql: statementsFor(db, cfg), cfg: cfg, log: cfg.Logger, metrics: newMetrics(cfg.Registerer, cfg.Models)}, nil
+}
+
+// statements are the ledger's SQL whose text depends on its configuration, built once.
+type statements struct {
+	insert, announce, appendPartial string
+}
+
+// statementsFor splices the relaxed commits into the statements that may have them
+// (Config.RelaxedInsert; followerWrite always), except on a pgx.Tx, where the setting
+// would last until the caller's commit.
+func statementsFor(db DB, cfg Config) statements {
+	_, inTx := db.(pgx.Tx)
+	insert, follower := "", followerWrite
+	if cfg.RelaxedInsert && !inTx {
+		insert = relaxedCommit
+	}
+	if inTx {
+		follower = ""
+	}
+	return statements{
+		insert:        fmt.Sprintf(insertSQL, insert),
+		announce:      fmt.Sprintf(announceSQL, follower),
+		appendPartial: fmt.Sprintf(appendPartialSQL, follower),
+	}
 }
 
 // Lease returns the configured lease.
@@ -202,6 +228,9 @@ type Call struct {
 	RequestHash string
 	// Provider and Model label the row and the metrics ("openai", "gpt-4.1-mini").
 	Provider, Model string
+	// Tenant is whose call it is, stored on the row for operators (ListOptions.Tenant);
+	// "" for none. Client takes it from the context (llm.WithTenant).
+	Tenant string
 }
 
 // Record is a succeeded call: what a repeat replays instead of calling again.

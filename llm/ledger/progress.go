@@ -10,24 +10,43 @@ import (
 
 // announceSQL marks the start of this attempt's streamed answer: the status and headers
 // (response_meta) that a follower needs before the first byte, and an empty partial of
-// this attempt's own, in the write that also renews the lease.
+// this attempt's own, in the write that also renews the lease. It commits without
+// waiting for the WAL flush (followerWrite).
 //
 //	$1 idem_key, $2 owner, $3 attempt, $4 meta, $5 now (NULL: now()), $6 lease µs
 const announceSQL = `UPDATE llm_calls SET response_meta = $4, partial = '', partial_attempt = $3,
 	lease_until = coalesce($5::timestamptz, now()) + $6::bigint * interval '1 microsecond',
 	updated_at = now()
+%s
 WHERE idem_key = $1 AND owner = $2 AND state = 'in_flight'`
+
+// followerWrite, joined into the UPDATEs of Announce and AppendPartial, commits them
+// with synchronous_commit off (set_config(..., true) is SET LOCAL: this statement's
+// transaction only). What they write serves followers of a stream in progress and the
+// attempt after a crash; a crash of PostgreSQL can lose the last fraction of a second
+// of it (until the WAL writer or any durable commit flushes it), which leaves the row
+// as an earlier flush did: less partial output, an earlier lease, never a lost or
+// doubled answer, since the answer itself (Succeed) is committed durably and its flush
+// covers everything written before it. On a row that matches nothing, the setting may
+// not be evaluated: nothing is written then. On a ledger over a pgx.Tx the setting would
+// last until the caller's commit, so it is left out there (the writes are then durable).
+const followerWrite = `FROM (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed`
 
 // Announce records, before the first partial output of a streamed answer, what a follower on
 // another process needs to pass the stream on while it is still live (Progress): meta
 // (for onceflow gateway, the status and headers) and the start of this attempt's
 // partial output, which AppendPartial then extends. It reports false when the row is
-// no longer this attempt's. One round trip; the lease is renewed with it.
+// no longer this attempt's. One round trip, committed without waiting for the WAL
+// flush (a PostgreSQL crash may lose it: followers then wait for the end); the lease
+// is renewed with it.
 func (a *Attempt) Announce(ctx context.Context, meta json.RawMessage) (bool, error) {
-	tag, err := a.l.db.Exec(ctx, announceSQL, a.call.Key, a.owner, a.number, jsonbSafe(meta), a.l.now(), micros(a.l.cfg.Lease))
+	tag, err := a.l.db.Exec(ctx, a.l.sql.announce, a.call.Key, a.owner, a.number, jsonbSafe(meta), a.l.now(), micros(a.l.cfg.Lease))
 	if err != nil {
 		return false, dbError("announce the stream of "+a.call.Key, err)
 	}
+	a.mu.Lock()
+	a.appended = 0 // the row's partial is this attempt's, empty
+	a.mu.Unlock()
 	return tag.RowsAffected() == 1, nil
 }
 

@@ -10,19 +10,15 @@ import (
 	"github.com/onceflow/onceflow/retry"
 )
 
-type tenantKeyType struct{}
-
 // WithTenant returns ctx carrying tenant, the tenant a Wrap-ped client admits calls
-// for (its budget, share and cap). A call without one is nobody's.
+// for (its budget, share and cap). A call without one is nobody's. It is
+// llm.WithTenant: the ledger records the same tenant on the call's row.
 func WithTenant(ctx context.Context, tenant string) context.Context {
-	return context.WithValue(ctx, tenantKeyType{}, tenant)
+	return llm.WithTenant(ctx, tenant)
 }
 
 // TenantFrom returns the tenant WithTenant put in ctx, "" for none.
-func TenantFrom(ctx context.Context) string {
-	t, _ := ctx.Value(tenantKeyType{}).(string)
-	return t
-}
+func TenantFrom(ctx context.Context) string { return llm.TenantFrom(ctx) }
 
 // Wrap returns next behind the limiter: each call (Complete, Stream) is admitted with
 // Acquire before it is made (as CallFor's Call, for WithTenant's tenant) and settled

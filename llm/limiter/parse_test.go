@@ -77,3 +77,26 @@ func TestOnEventPausesLocally(t *testing.T) {
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+// CostUSD prices by the limiter's table, then the default one; a nil limiter by the
+// default one; a model without a price is not priced.
+func TestCostUSD(t *testing.T) {
+	l := &Limiter{cfg: Config{Prices: map[string]Price{"mine": {Input: 2, Output: 10}}}}
+	if usd, ok := l.CostUSD("mine", 1_000_000, 500_000); !ok || usd != 7 {
+		t.Errorf("mine: %v %v", usd, ok)
+	}
+	const def = "gpt-4.1-mini"
+	price, ok := DefaultPrices[def]
+	if !ok {
+		t.Fatalf("%s has no default price", def)
+	}
+	want := (1000*price.Input + 2000*price.Output) / 1e6
+	for _, lim := range []*Limiter{l, nil} {
+		if usd, ok := lim.CostUSD(def, 1000, 2000); !ok || usd != want {
+			t.Errorf("%s with limiter %v: %v %v, want %v", def, lim != nil, usd, ok, want)
+		}
+	}
+	if usd, ok := l.CostUSD("unknown-model", 10, 10); ok || usd != 0 {
+		t.Errorf("unknown model: %v %v", usd, ok)
+	}
+}

@@ -11,6 +11,22 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
+// CostUSD prices a call of model that used in input and out output tokens, in US
+// dollars, by the limiter's price table (Config.Prices, then DefaultPrices); a nil
+// Limiter prices by DefaultPrices. A model without a price costs 0 and ok is false.
+func (l *Limiter) CostUSD(model string, in, out int64) (usd float64, ok bool) {
+	var p Price
+	if l != nil {
+		p = l.priceOf(model)
+	} else {
+		p = DefaultPrices[model]
+	}
+	if p == (Price{}) {
+		return 0, false
+	}
+	return (float64(in)*p.Input + float64(out)*p.Output) / 1e6, true
+}
+
 // TenantUsage is what one tenant spent on one UTC day: the cost view (every call its
 // processes settled, written by Run each SyncInterval) and, for a tenant with a
 // budget, the budget's own counters.

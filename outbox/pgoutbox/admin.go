@@ -21,10 +21,28 @@ type Row struct {
 	ExhaustedAt   *time.Time `json:"exhausted_at,omitempty"`
 }
 
+// Row states ListOptions.State selects.
+const (
+	StateUnsent    = "unsent"    // neither sent nor exhausted: due, waiting for a retry, or claimed
+	StateFailing   = "failing"   // unsent, and at least one attempt failed (last_error is set)
+	StateExhausted = "exhausted" // the relay gave up: Retry makes it due again
+	StateSent      = "sent"
+)
+
 // ListOptions selects the rows List returns.
 type ListOptions struct {
-	// Failed selects only exhausted rows (`onceflow outbox list --failed`).
+	// Failed selects only exhausted rows (`onceflow outbox list --failed`), as State
+	// StateExhausted does.
 	Failed bool
+	// State selects the rows in one state (State*). Default: "", every row.
+	State string
+	// Before selects the rows whose id is below it, for the next page of a listing
+	// (ids only grow). Default: 0, from the newest.
+	Before int64
+	// DedupeKeyContains selects the rows whose dedupe key contains it: the effects of
+	// a job, whose keys are derived from its id ("refund:"+job.ID, see
+	// onceflow.Commit.Emit). Default: "", every row.
+	DedupeKeyContains string
 	// Limit caps the rows returned, newest first. Default: 100.
 	Limit int
 	// Topic selects the rows of one topic, or of a prefix when it ends in "." or "*"
@@ -42,6 +60,11 @@ SELECT id, topic, dedupe_key, payload, attempts, coalesce(traceparent, ''), crea
 FROM outbox
 WHERE (NOT $1 OR exhausted_at IS NOT NULL)
 	AND ($3 = '' OR topic = $3 OR (right($3, 1) IN ('.', '*') AND starts_with(topic, rtrim($3, '*'))))
+	AND ($4 = '' OR ($4 = 'sent' AND sent_at IS NOT NULL)
+		OR ($4 IN ('unsent', 'failing') AND sent_at IS NULL AND exhausted_at IS NULL AND ($4 = 'unsent' OR last_error IS NOT NULL))
+		OR ($4 = 'exhausted' AND exhausted_at IS NOT NULL AND sent_at IS NULL))
+	AND ($5 = 0 OR id < $5)
+	AND ($6 = '' OR strpos(dedupe_key, $6) > 0)
 ORDER BY id DESC
 LIMIT $2`
 
@@ -51,7 +74,12 @@ func (s *Store) List(ctx context.Context, opts ListOptions) ([]Row, error) {
 	if limit <= 0 {
 		limit = 100
 	}
-	rows, err := s.db.Query(ctx, listSQL, opts.Failed, limit, opts.Topic)
+	switch opts.State {
+	case "", StateUnsent, StateFailing, StateExhausted, StateSent:
+	default:
+		return nil, fmt.Errorf("list outbox: unknown state %q", opts.State)
+	}
+	rows, err := s.db.Query(ctx, listSQL, opts.Failed, limit, opts.Topic, opts.State, opts.Before, opts.DedupeKeyContains)
 	if err != nil {
 		return nil, fmt.Errorf("list outbox: %w", err)
 	}
@@ -99,6 +127,19 @@ func (s *Store) Retry(ctx context.Context, id int64) error {
 		return fmt.Errorf("retry outbox row %d: %w", id, ErrNotExhausted)
 	}
 	return fmt.Errorf("retry outbox row %d: %w", id, ErrNotFound)
+}
+
+// RetryIDs makes the exhausted rows among ids due again, as Retry does, and returns
+// how many it reset (rows that are not exhausted, or gone, are left as they are).
+func (s *Store) RetryIDs(ctx context.Context, ids []int64) (int64, error) {
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	tag, err := s.db.Exec(ctx, retrySQL, ids)
+	if err != nil {
+		return 0, fmt.Errorf("retry outbox rows: %w", err)
+	}
+	return tag.RowsAffected(), nil
 }
 
 // RetryAll makes every exhausted row due again and returns how many it reset.

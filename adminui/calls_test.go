@@ -1,0 +1,98 @@
+package adminui_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/adminui"
+	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/llm/fake"
+	"github.com/onceflow/onceflow/llm/ledger"
+	"github.com/onceflow/onceflow/llm/limiter"
+)
+
+// The model-calls page lists the ledger with tokens, filters it, and counts the calls
+// with an ambiguous attempt per hour.
+func TestModelCalls(t *testing.T) {
+	t.Parallel()
+	e := newUIEnv(t, adminui.Config{})
+	ctx := context.Background()
+	l, err := ledger.New(e.client.DB(), ledger.Config{Wait: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ok, _, err := l.Begin(ctx, ledger.Call{Key: "k-ok", Work: ledger.Work("job-ok-0001", "summarise"), RequestHash: "h", Provider: "openai", Model: "gpt-4.1-mini", Tenant: "acme"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := ok.Succeed(ctx, ledger.Result{Response: []byte(`{"usage":{"input_tokens":120,"output_tokens":34}}`), Raw: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	amb, _, err := l.Begin(ctx, ledger.Call{Key: "k-amb", Work: ledger.Work("job-amb-0002", "summarise"), RequestHash: "h", Provider: "openai", Model: "gpt-4.1", Tenant: "globex"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := amb.Fail(ctx, errors.New("connection reset mid-answer"), true); err != nil {
+		t.Fatal(err)
+	}
+	c := browser(t)
+	if code := signIn(t, e, c, adminKey); code != http.StatusSeeOther {
+		t.Fatal(code)
+	}
+	resp, page := get(t, c, e.url+"/ui/calls")
+	// 120 input and 34 output tokens of gpt-4.1-mini at the default prices (0.40 and 1.60
+	// USD per million): 0.0001024 USD.
+	for _, want := range []string{"2 calls begun, 1 with an attempt", "(50.00 %)", "120 / 34", `summarise/<a href="/ui/jobs/job-ok-0001">`, "connection reset mid-answer",
+		"<td>acme</td>", "<td>globex</td>", `<td class="num">0.000102</td>`, "cost 0.000102 USD by the default price table"} {
+		if resp.StatusCode != http.StatusOK || !strings.Contains(page, want) {
+			t.Fatalf("calls page lacks %q: %.4000s", want, page)
+		}
+	}
+	_, page = get(t, c, e.url+"/ui/calls?state=ambiguous")
+	if !strings.Contains(page, "job-amb-0002") || strings.Contains(page, "/ui/jobs/job-ok-0001") {
+		t.Fatalf("ambiguous filter: %.4000s", page)
+	}
+	_, page = get(t, c, e.url+"/ui/calls?model=gpt-4.1-mini&job=job-ok-0001")
+	if !strings.Contains(page, "/ui/jobs/job-ok-0001") || strings.Contains(page, "job-amb-0002\"") {
+		t.Fatalf("model and job filter: %.4000s", page)
+	}
+	_, page = get(t, c, e.url+"/ui/calls?tenant=globex")
+	if !strings.Contains(page, "job-amb-0002") || strings.Contains(page, "job-ok-0001") {
+		t.Fatalf("tenant filter: %.4000s", page)
+	}
+	if resp, _ := get(t, c, e.url+"/ui/calls?state=bogus"); resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("unknown state: %d", resp.StatusCode)
+	}
+}
+
+// With a model and its limiter, the overview shows each model's limits, what its
+// buckets hold and its pause.
+func TestOverviewShowsTheLimiter(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.Redis(t)
+	db, _ := testenv.Postgres(t)
+	c, err := onceflow.NewClient(onceflow.Config{Redis: rdb, DB: db, Prefix: prefix, Logger: testenv.Logger(t), Model: fake.New(), Provider: "openai",
+		Limits: limiter.Config{Models: map[string]limiter.Limits{"gpt-4.1-mini": {RPM: 600, TPM: 200000, Concurrency: 8}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.HSet(context.Background(), c.Limiter().Keys().Model("openai/gpt-4.1-mini"), "pause", time.Now().Add(time.Minute).UnixMilli(), "why", "429 from the provider").Err(); err != nil {
+		t.Fatal(err)
+	}
+	e := serveUI(t, c, rdb, adminui.Config{})
+	b := browser(t)
+	if code := signIn(t, e, b, adminKey); code != http.StatusSeeOther {
+		t.Fatal(code)
+	}
+	_, page := get(t, b, e.url+"/ui/")
+	for _, want := range []string{`<th scope="row">gpt-4.1-mini</th>`, "/ 600", "/ 200000", "0 / 8", "429 from the provider"} {
+		if !strings.Contains(page, want) {
+			t.Fatalf("the overview lacks %q: %.6000s", want, page)
+		}
+	}
+}

@@ -1,0 +1,155 @@
+package onceflow_test
+
+import (
+	"context"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/internal/roundtrip"
+	"github.com/onceflow/onceflow/internal/testenv"
+)
+
+// Run with (docs/BENCHMARKS.md, "Partitions on a Redis Cluster"):
+//
+//	go test -run '^$' -bench BenchmarkPartitions -benchtime 20000x -count 1 .
+//
+// BenchmarkPartitions measures, in one run, the keyed accept (Client.Enqueue with a
+// Key: the one-script accept, 64 goroutines) and then the workers (Client.Run, no-op
+// handlers, Concurrency 64) draining what was accepted, on a single Redis node with
+// one partition (the baseline) and on a local 3-primary Redis Cluster with 1, 3 and 6
+// partitions. Every node is a private redis-server with AOF and appendfsync always, on
+// this machine. It reports jobs per second of each phase and the Redis CPU seconds they
+// cost (INFO CPU of every node, before and after): on 2 cores the client and the
+// nodes share the CPU, so jobs per Redis CPU-second tells what more cores would give.
+// It also reports the Redis round trips per job of each phase (a pipeline to one node is
+// one; a cluster client's pipeline over several nodes is one per node).
+func BenchmarkPartitions(b *testing.B) {
+	single := testenv.PrivateRedis(b)
+	cluster := testenv.PrivateRedisCluster(b, 3, 0)
+	for _, tc := range []struct {
+		name  string
+		parts int
+	}{{"single", 1}, {"cluster-1", 1}, {"cluster-3", 3}, {"cluster-6", 6}} {
+		b.Run(tc.name, func(b *testing.B) {
+			var rdb redis.UniversalClient
+			var nodes []string
+			var err error
+			if tc.name == "single" {
+				rdb, err = onceflow.NewRedis(testenv.RedisURLOf(single))
+				nodes = []string{strings.TrimSuffix(strings.TrimPrefix(testenv.RedisURLOf(single), "redis://"), "/0")}
+			} else {
+				rdb, err = onceflow.NewRedisCluster("redis://" + cluster.Addrs()[0])
+				nodes = cluster.Addrs()
+			}
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer rdb.Close()
+			benchPartitions(b, rdb, nodes, tc.parts)
+		})
+	}
+}
+
+// benchPartitions accepts b.N keyed jobs into a queue of parts partitions, then drains
+// them with a Client's workers, and reports both rates and their Redis CPU.
+func benchPartitions(b *testing.B, rdb redis.UniversalClient, nodes []string, parts int) {
+	b.StopTimer()
+	var handled atomic.Int64
+	all := make(chan struct{})
+	ws := onceflow.NewWorkers()
+	onceflow.AddWorker(ws, onceflow.WorkFunc[sortArgs](func(context.Context, *onceflow.Job[sortArgs]) error {
+		if handled.Add(1) == int64(b.N) {
+			close(all)
+		}
+		return nil
+	}))
+	c, err := onceflow.NewClient(onceflow.Config{Redis: rdb, Prefix: testenv.Prefix(b), Workers: ws, Logger: slog.New(slog.DiscardHandler),
+		Queues: map[string]onceflow.QueueConfig{onceflow.DefaultQueue: {Partitions: parts, Concurrency: 64}}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	trips := &roundtrip.Counter{}
+	rdb.AddHook(trips)
+	cpu0 := redisCPU(b, nodes)
+	began := time.Now()
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range 64 {
+		wg.Go(func() {
+			for {
+				i := next.Add(1)
+				if i > int64(b.N) {
+					return
+				}
+				key := "k-" + strconv.FormatInt(i, 10)
+				if _, err := c.Enqueue(ctx, sortArgs{Strings: []string{key}}, &onceflow.EnqueueOpts{Tenant: "acme", Key: key}); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	acceptTime := time.Since(began)
+	acceptTrips := trips.Redis()
+	trips.Reset()
+	cpu1 := redisCPU(b, nodes)
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	began = time.Now()
+	go func() { done <- c.Run(runCtx) }()
+	select {
+	case <-all:
+	case <-time.After(5 * time.Minute):
+		b.Fatalf("%d of %d jobs handled", handled.Load(), b.N)
+	}
+	workTime := time.Since(began)
+	workTrips := trips.Redis()
+	cpu2 := redisCPU(b, nodes)
+	cancel()
+	if err := <-done; err != nil {
+		b.Fatal(err)
+	}
+	n := float64(b.N)
+	b.ReportMetric(n/acceptTime.Seconds(), "accepts/s")
+	b.ReportMetric(n/(cpu1-cpu0), "accepts/redis-cpu-s")
+	b.ReportMetric(n/workTime.Seconds(), "jobs/s")
+	b.ReportMetric(n/(cpu2-cpu1), "jobs/redis-cpu-s")
+	b.ReportMetric(float64(acceptTrips)/n, "accept-rt/job")
+	b.ReportMetric(float64(workTrips)/n, "work-rt/job")
+}
+
+// redisCPU returns the CPU seconds (user and system) the Redis servers at addrs have
+// used.
+func redisCPU(b *testing.B, addrs []string) float64 {
+	b.Helper()
+	total := 0.0
+	for _, a := range addrs {
+		c := redis.NewClient(&redis.Options{Addr: a, MaxRetries: -1})
+		info, err := c.Info(context.Background(), "cpu").Result()
+		_ = c.Close()
+		if err != nil {
+			b.Fatal(err)
+		}
+		for line := range strings.SplitSeq(info, "\n") {
+			k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+			if ok && (k == "used_cpu_sys" || k == "used_cpu_user") {
+				f, err := strconv.ParseFloat(v, 64)
+				if err != nil {
+					b.Fatalf("INFO cpu %s: %v", line, err)
+				}
+				total += f
+			}
+		}
+	}
+	return total
+}

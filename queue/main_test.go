@@ -1,0 +1,14 @@
+package queue
+
+import (
+	"os"
+	"testing"
+
+	"github.com/onceflow/onceflow/internal/testenv"
+)
+
+// TestMain starts a local Redis Cluster (3 primaries, on loopback) for the package's
+// tests when ONCEFLOW_TEST_REDIS_CLUSTER is "local" (`make test` runs the package so a
+// second time): setup then gives every test a cluster client of it, and the tests are
+// the queue's conformance suite on a cluster.
+func TestMain(m *testing.M) { os.Exit(testenv.MainWithLocalCluster(m)) }
