@@ -394,21 +394,29 @@ func (p *PartialBuffer) Add(ctx context.Context, text string) error {
 	return nil
 }
 
-// Flush writes what is buffered, if anything.
+// Flush writes what is buffered, if anything. When the write fails (PostgreSQL
+// unavailable), the text stays buffered and the next Flush (or Add) writes it with what
+// came after, so that the row never misses a piece of the output: an outage delays the
+// partial output, and does not end it. (A failed write that did commit makes the next
+// one find the row longer than this attempt believes: that write is refused, and
+// ErrPartialStopped returned.)
 func (p *PartialBuffer) Flush(ctx context.Context) error {
 	p.lastFlush = p.att.l.clock().Now()
 	if p.buf.Len() == 0 || p.stopped {
 		return nil
 	}
 	text := p.buf.String()
-	p.buf.Reset()
-	p.written += len(text)
 	ok, err := p.att.AppendPartial(ctx, text)
-	if err == nil && !ok {
+	if err != nil {
+		return err
+	}
+	p.buf.Reset()
+	if !ok {
 		p.stopped = true
 		return ErrPartialStopped
 	}
-	return err
+	p.written += len(text)
+	return nil
 }
 
 // truncate cuts s to at most n bytes on a rune boundary.

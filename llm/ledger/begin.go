@@ -52,6 +52,10 @@ const peekSQL = `SELECT state, request_hash, attempt, owner, lease_until FROM ll
 // counted as ambiguous and the attempt number advances). The row lock taken in `old`
 // makes concurrent claims queue; only one of them finds the row claimable.
 //
+// A lease also counts from PostgreSQL's start (leaseLive): after a restart every
+// owner gets one whole lease to renew, so that an outage longer than the lease does
+// not make live owners look dead to the first request after it.
+//
 //	$1 idem_key, $2 request_hash, $3 owner, $4 now (NULL: now()), $5 lease µs
 //
 // Returns the new attempt number, the ambiguous count, whether a dead owner was taken
@@ -69,8 +73,19 @@ UPDATE llm_calls c SET
 	updated_at = now()
 FROM old, now
 WHERE c.idem_key = old.idem_key AND c.request_hash = $2
-	AND (c.state = 'failed' OR (c.state = 'in_flight' AND (c.owner IS NULL OR c.lease_until < now.t)))
+	AND (c.state = 'failed' OR (c.state = 'in_flight' AND (c.owner IS NULL OR NOT ` + leaseLive + `)))
 RETURNING c.attempt, c.ambiguous, old.dead, coalesce(c.partial, ''), coalesce(c.partial_attempt, 0)`
+
+// leaseLive is the SQL condition that row c's lease still holds at now.t, with $4 the
+// caller's clock (NULL: PostgreSQL's) and $5 the lease in µs: its lease_until is in
+// the future, or, on PostgreSQL's own clock, the server started less than a lease ago.
+// An owner cannot renew while PostgreSQL is down; counting the lease from the start as
+// well gives a live owner one whole lease after an outage of any length to renew
+// (it renews every Lease/3), instead of letting the first retry after the outage take
+// over a call that is still running and make it a second time. A dead owner's row is
+// taken over at most one lease after the restart. A test clock ($4) is left alone.
+const leaseLive = `(c.lease_until >= now.t OR ($4::timestamptz IS NULL AND
+		pg_postmaster_start_time() + $5::bigint * interval '1 microsecond' >= now.t))`
 
 // recordSQL reads a succeeded row for replay.
 //
@@ -116,9 +131,11 @@ func (l *Ledger) Begin(ctx context.Context, c Call) (*Attempt, *Record, error) {
 	var state, hash *string
 	var attempt *int
 	var p peeked
-	err := l.db.QueryRow(ctx, sql, c.Key, c.Work, c.RequestHash, c.Provider, c.Model, owner,
+	qctx, cancel := context.WithTimeout(ctx, l.cfg.WriteTimeout)
+	err := l.db.QueryRow(qctx, sql, c.Key, c.Work, c.RequestHash, c.Provider, c.Model, owner,
 		l.now(), micros(l.cfg.Lease), micros(l.cfg.Retention), c.Tenant).
 		Scan(&inserted, &state, &hash, &attempt, &p.owner, &p.leaseUntil)
+	cancel()
 	if err != nil {
 		return nil, nil, dbError("insert "+c.Key, err)
 	}
@@ -187,6 +204,8 @@ func (l *Ledger) Begin(ctx context.Context, c Call) (*Attempt, *Record, error) {
 }
 
 func (l *Ledger) peek(ctx context.Context, key string, p *peeked) error {
+	ctx, cancel := context.WithTimeout(ctx, l.cfg.WriteTimeout)
+	defer cancel()
 	err := l.db.QueryRow(ctx, peekSQL, key).Scan(&p.state, &p.hash, &p.attempt, &p.owner, &p.leaseUntil)
 	if errors.Is(err, pgx.ErrNoRows) {
 		*p = peeked{}
@@ -203,8 +222,10 @@ func (l *Ledger) claim(ctx context.Context, c Call, owner string) (*Attempt, err
 	var attempt, ambiguous, prevAttempt int
 	var dead bool
 	var partial string
-	err := l.db.QueryRow(ctx, claimSQL, c.Key, c.RequestHash, owner, l.now(), micros(l.cfg.Lease)).
+	qctx, cancel := context.WithTimeout(ctx, l.cfg.WriteTimeout)
+	err := l.db.QueryRow(qctx, claimSQL, c.Key, c.RequestHash, owner, l.now(), micros(l.cfg.Lease)).
 		Scan(&attempt, &ambiguous, &dead, &partial, &prevAttempt)
+	cancel()
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}
@@ -227,5 +248,7 @@ func (l *Ledger) claim(ctx context.Context, c Call, owner string) (*Attempt, err
 
 // record reads a succeeded row; nil when it is not (or no longer) succeeded.
 func (l *Ledger) record(ctx context.Context, key string) (*Record, error) {
+	ctx, cancel := context.WithTimeout(ctx, l.cfg.WriteTimeout)
+	defer cancel()
 	return l.recordIn(ctx, l.db, key)
 }

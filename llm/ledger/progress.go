@@ -55,9 +55,14 @@ func (a *Attempt) Announce(ctx context.Context, meta json.RawMessage) (bool, err
 // from byte `from` on (when that attempt announced its stream), and the recorded
 // answer once there is one.
 //
-//	$1 idem_key, $2 from (bytes), $3 now (NULL: now())
+// A row is live as Begin's claim judges it (leaseLive: the lease also counts from
+// PostgreSQL's start), so that a follower never tries to claim a row Begin would not
+// give it.
+//
+//	$1 idem_key, $2 from (bytes), $3 now (NULL: now()), $4 lease µs
 const progressSQL = `SELECT state, request_hash, attempt,
-	state = 'in_flight' AND owner IS NOT NULL AND lease_until > coalesce($3::timestamptz, now()),
+	state = 'in_flight' AND owner IS NOT NULL AND (lease_until > coalesce($3::timestamptz, now()) OR ($3::timestamptz IS NULL AND
+		pg_postmaster_start_time() + $4::bigint * interval '1 microsecond' > now())),
 	state = 'in_flight' AND partial_attempt = attempt AND response_meta IS NOT NULL,
 	CASE WHEN state = 'in_flight' AND partial_attempt = attempt THEN
 		substring(convert_to(coalesce(partial, ''), 'UTF8') FROM ($2::bigint + 1)::int) END,
@@ -96,7 +101,7 @@ func (l *Ledger) Progress(ctx context.Context, key string, from int) (*Progress,
 	var p Progress
 	var partial, response, raw []byte
 	var ambiguous int
-	err := l.db.QueryRow(ctx, progressSQL, key, int64(from), l.now()).
+	err := l.db.QueryRow(ctx, progressSQL, key, int64(from), l.now(), micros(l.cfg.Lease)).
 		Scan(&p.State, &p.RequestHash, &p.Attempt, &p.Live, &p.Streaming, &partial, &p.Meta, &response, &raw, &ambiguous)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
