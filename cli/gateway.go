@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"time"
@@ -67,7 +68,14 @@ func runGateway(ctx context.Context, e *env, args []string) error {
 	if err != nil { // config validated the header names: what is left is the upstream
 		return &config.Error{Name: "ONCEFLOW_LLM_BASE_URL", Value: config.RedactURL(upstream), Err: err}
 	}
-	s := d.httpServer()
+	// /readyz checks the ledger's tables too: a gateway on a database nobody migrated
+	// takes no traffic, and says why.
+	checks := d.checks()
+	checks["ledger"] = g.Ready
+	s := httpapi.New(httpapi.Config{Logger: d.log, Registry: d.reg, Checks: checks})
+	if err := g.Ready(ctx); errors.Is(err, gateway.ErrNotMigrated) {
+		log.ErrorContext(ctx, "gateway: not ready: every keyed request fails until the database is migrated", "err", err)
+	}
 	s.Handle("/v1/", "/v1/", g)
 	log.InfoContext(ctx, "starting gateway", "config", cfg, "upstream", config.RedactURL(upstream))
 	serve := func(ctx context.Context) error {

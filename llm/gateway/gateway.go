@@ -324,6 +324,32 @@ func (g *Gateway) Close(ctx context.Context) error {
 	}
 }
 
+// ErrNotMigrated is what Ready reports when a table the gateway writes does not exist:
+// the database was not migrated (`onceflow migrate`).
+var ErrNotMigrated = errors.New("gateway: the database is not migrated: run `onceflow migrate`")
+
+// readySQL finds the tables the gateway writes, by the connection's search_path.
+const readySQL = `SELECT to_regclass('llm_calls') IS NOT NULL, to_regclass('gateway_derived_keys') IS NOT NULL`
+
+// Ready reports whether the gateway can record calls: PostgreSQL answers, and the
+// tables it writes exist (llm_calls, and gateway_derived_keys with DeriveKeys); an
+// error matching ErrNotMigrated names the missing table. `onceflow gateway` serves it
+// as /readyz's "ledger" check, so that a gateway on a database nobody migrated takes
+// no traffic: every keyed request would fail on it, with nothing a retry can mend.
+func (g *Gateway) Ready(ctx context.Context) error {
+	var calls, derived bool
+	if err := g.cfg.DB.QueryRow(ctx, readySQL).Scan(&calls, &derived); err != nil {
+		return fmt.Errorf("gateway: ledger: %w", err)
+	}
+	switch {
+	case !calls:
+		return fmt.Errorf("%w (no table llm_calls)", ErrNotMigrated)
+	case !derived && g.cfg.DeriveKeys != "":
+		return fmt.Errorf("%w (no table gateway_derived_keys)", ErrNotMigrated)
+	}
+	return nil
+}
+
 // Ledger returns the gateway's ledger (Run runs its purge loop).
 func (g *Gateway) Ledger() *ledger.Ledger { return g.ledger }
 
@@ -732,7 +758,7 @@ func (g *Gateway) forward(ctx context.Context, w http.ResponseWriter, r *http.Re
 	rec, err := g.succeed(ctx, att, ledger.Result{Response: raw, Raw: raw, Meta: mb})
 	g.requests.WithLabelValues(resultForwarded).Inc()
 	if err != nil {
-		g.log.WarnContext(ctx, "gateway: could not record an answer; passing it on unrecorded", "err", err)
+		g.log.WarnContext(ctx, "gateway: could not record an answer; passing it on unrecorded (recorded later if PostgreSQL was unavailable)", "err", err)
 		rec = &ledger.Record{Raw: raw, Meta: mb}
 	}
 	// The recorded answer (another attempt's, if one won): what every retry will get.
@@ -816,9 +842,19 @@ func withoutQuery(err error) error {
 // succeed records an answer, trying again while PostgreSQL is unavailable (a restart
 // drops the pool's connections) for up to succeedPatience: the write is idempotent (the
 // first answer recorded wins), and an answer that arrived but is not recorded would be
-// generated again by the next retry.
+// generated again by the next retry. Past that, it returns the error, and the answer
+// is passed on unrecorded while recordLater goes on trying in the background.
 func (g *Gateway) succeed(ctx context.Context, att *ledger.Attempt, res ledger.Result) (*ledger.Record, error) {
-	giveUp := time.Now().Add(succeedPatience)
+	rec, err := succeedUntil(ctx, att, res, time.Now().Add(succeedPatience))
+	if errors.Is(err, ledger.ErrUnavailable) {
+		g.recordLater(ctx, att, res)
+	}
+	return rec, err
+}
+
+// succeedUntil calls att.Succeed until it works, fails otherwise than by PostgreSQL
+// being unavailable, ctx ends or giveUp passes; it tries at least once.
+func succeedUntil(ctx context.Context, att *ledger.Attempt, res ledger.Result, giveUp time.Time) (*ledger.Record, error) {
 	wait := 50 * time.Millisecond
 	for {
 		rec, _, err := att.Succeed(ctx, res)
@@ -830,12 +866,39 @@ func (g *Gateway) succeed(ctx context.Context, att *ledger.Attempt, res ledger.R
 			return rec, err
 		case <-time.After(wait):
 		}
-		wait = min(wait*2, time.Second)
+		wait = min(wait*2, succeedRetryMax)
 	}
 }
 
-// succeedPatience bounds how long succeed tries to record an answer.
-const succeedPatience = 15 * time.Second
+// recordLater goes on trying to record an answer that succeed could not record within
+// succeedPatience (a PostgreSQL outage longer than that), for up to the gateway's
+// Timeout or until Close: once PostgreSQL is back, the answer that was generated (and
+// billed) is the one every retry of the key replays, instead of a second generation.
+// Its owner's lease counts from PostgreSQL's start as well (package ledger), so the
+// retries that arrive meanwhile wait for this record rather than take the call over.
+func (g *Gateway) recordLater(ctx context.Context, att *ledger.Attempt, res ledger.Result) {
+	g.calls.Add(1) // the caller holds one: Close waits for this one too
+	go func() {
+		defer g.calls.Done()
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.cfg.Timeout)
+		defer cancel()
+		defer context.AfterFunc(g.base, cancel)()
+		if _, err := succeedUntil(ctx, att, res, time.Now().Add(g.cfg.Timeout)); err != nil {
+			g.log.ErrorContext(ctx, "gateway: gave up recording an answer passed on unrecorded; a retry of its key will call the upstream again", "key", att.Key(), "err", err)
+			return
+		}
+		g.log.InfoContext(ctx, "gateway: recorded an answer passed on unrecorded during a PostgreSQL outage", "key", att.Key())
+	}()
+}
+
+const (
+	// succeedPatience bounds how long succeed tries to record an answer before it is
+	// passed on unrecorded (and recorded later).
+	succeedPatience = 15 * time.Second
+	// succeedRetryMax is the longest wait between two tries to record an answer: the
+	// record lands within it once PostgreSQL is back.
+	succeedRetryMax = 500 * time.Millisecond
+)
 
 func (g *Gateway) fail(ctx context.Context, att *ledger.Attempt, cause error, ambiguous bool) {
 	if err := att.Fail(ctx, withoutQuery(cause), ambiguous); err != nil {

@@ -317,37 +317,50 @@ func (p *persister) dropped() bool {
 func (p *persister) run() {
 	defer close(p.stopped)
 	ctx := p.ctx
-	ok, err := p.att.Announce(ctx, p.meta)
-	if err != nil && !p.dropped() {
-		p.g.log.WarnContext(ctx, "gateway: could not announce a stream; requests joining it on other processes will wait for its end", "err", err)
+	writeTimeout := cmp.Or(p.g.cfg.Ledger.WriteTimeout, ledger.DefaultWriteTimeout)
+	// Each write is bounded (a PostgreSQL that hangs holds the persister back no longer
+	// than a write may take), and one that fails is tried again at the next tick (the
+	// partial buffer keeps its text): an outage delays what followers on other
+	// processes see, and does not end it.
+	write := func(f func(context.Context) error) error {
+		wctx, cancel := context.WithTimeout(ctx, writeTimeout)
+		defer cancel()
+		return f(wctx)
 	}
-	if !ok {
-		return // followers on other processes get the answer at its end
+	failing := false // a write failed and none worked since: said once per outage
+	result := func(what string, err error) {
+		switch {
+		case err == nil:
+			failing = false
+		case !failing && !p.dropped():
+			p.g.log.WarnContext(ctx, "gateway: could not "+what+"; trying again at the next tick (followers on other processes wait meanwhile)", "err", err)
+			failing = true
+		}
 	}
-	partial := p.att.PartialBuffer()
 	ticker := time.NewTicker(cmp.Or(p.g.cfg.Ledger.StreamFlushInterval, ledger.DefaultStreamFlushInterval))
 	defer ticker.Stop()
-	persisted := 0 // bytes of the stream handed to partial
-	stop := func(err error) {
-		if p.dropped() {
-			return // the answer is being recorded: the write no longer mattered
-		}
-		p.g.log.WarnContext(ctx, "gateway: could not persist partial stream output; persisting no more of this stream (followers on other processes get the rest at its end)", "err", err)
-	}
+	var partial *ledger.PartialBuffer // set once announced
+	persisted := 0                    // bytes of the stream handed to partial
+	tick := true                      // the first pass announces at once
 	for {
-		tick := false
-		select {
-		case <-p.wake:
-		case <-ticker.C:
-			tick = true
-		}
 		p.mu.Lock()
 		b, done, flush := p.boundary, p.done, p.flush
 		p.mu.Unlock()
 		if done && !flush {
-			return
+			return // the answer is being recorded: the writes no longer matter
 		}
-		if b > persisted {
+		if partial == nil && (tick || done) {
+			var ok bool
+			err := write(func(ctx context.Context) (err error) { ok, err = p.att.Announce(ctx, p.meta); return err })
+			result("announce a stream", err)
+			if err == nil && !ok {
+				return // the row is no longer this attempt's
+			}
+			if err == nil {
+				partial = p.att.PartialBuffer()
+			}
+		}
+		if partial != nil && b > persisted {
 			if b > maxPartialBytes {
 				// Each append rewrites the whole partial value: past this size,
 				// followers on other processes get the rest from the recorded answer.
@@ -360,20 +373,28 @@ func (p *persister) run() {
 			if !utf8.Valid(seg) || bytes.IndexByte(seg, 0) >= 0 {
 				return
 			}
-			if err := partial.Add(ctx, string(seg)); err != nil {
-				stop(err)
-				return
+			err := write(func(ctx context.Context) error { return partial.Add(ctx, string(seg)) })
+			persisted = b // taken in, written or buffered
+			if errors.Is(err, ledger.ErrPartialStopped) {
+				return // the row no longer holds this attempt's output as written
 			}
-			persisted = b
+			result("persist partial stream output", err)
 		}
-		if tick || done {
-			if err := partial.Flush(ctx); err != nil {
-				stop(err)
+		if partial != nil && (tick || done) {
+			err := write(partial.Flush)
+			if errors.Is(err, ledger.ErrPartialStopped) {
 				return
 			}
+			result("persist partial stream output", err)
 		}
 		if done {
-			return
+			return // finish(true) waits for this one last try
+		}
+		select {
+		case <-p.wake:
+			tick = false
+		case <-ticker.C:
+			tick = true
 		}
 	}
 }
