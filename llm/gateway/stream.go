@@ -319,23 +319,19 @@ func (p *persister) run() {
 	ctx := p.ctx
 	writeTimeout := cmp.Or(p.g.cfg.Ledger.WriteTimeout, ledger.DefaultWriteTimeout)
 	// Each write is bounded (a PostgreSQL that hangs holds the persister back no longer
-	// than a write may take), and one that fails is tried again at the next tick (the
-	// partial buffer keeps its text): an outage delays what followers on other
-	// processes see, and does not end it.
-	write := func(f func(context.Context) error) error {
-		wctx, cancel := context.WithTimeout(ctx, writeTimeout)
-		defer cancel()
-		return f(wctx)
-	}
+	// than a write may take: the partial buffer bounds its own), and one that fails is
+	// tried again at the next tick (the partial buffer keeps its text): an outage delays
+	// what followers on other processes see, and does not end it.
 	failing := false // a write failed and none worked since: said once per outage
 	result := func(what string, err error) {
-		switch {
-		case err == nil:
+		if err == nil {
 			failing = false
-		case !failing && !p.dropped():
-			p.g.log.WarnContext(ctx, "gateway: could not "+what+"; trying again at the next tick (followers on other processes wait meanwhile)", "err", err)
-			failing = true
+			return
 		}
+		if !failing && !p.dropped() {
+			p.g.log.WarnContext(ctx, "gateway: could not "+what+"; trying again at the next tick (followers on other processes wait meanwhile)", "err", err)
+		}
+		failing = true
 	}
 	ticker := time.NewTicker(cmp.Or(p.g.cfg.Ledger.StreamFlushInterval, ledger.DefaultStreamFlushInterval))
 	defer ticker.Stop()
@@ -350,8 +346,9 @@ func (p *persister) run() {
 			return // the answer is being recorded: the writes no longer matter
 		}
 		if partial == nil && (tick || done) {
-			var ok bool
-			err := write(func(ctx context.Context) (err error) { ok, err = p.att.Announce(ctx, p.meta); return err })
+			actx, cancel := context.WithTimeout(ctx, writeTimeout)
+			ok, err := p.att.Announce(actx, p.meta)
+			cancel()
 			result("announce a stream", err)
 			if err == nil && !ok {
 				return // the row is no longer this attempt's
@@ -373,15 +370,15 @@ func (p *persister) run() {
 			if !utf8.Valid(seg) || bytes.IndexByte(seg, 0) >= 0 {
 				return
 			}
-			err := write(func(ctx context.Context) error { return partial.Add(ctx, string(seg)) })
-			persisted = b // taken in, written or buffered
+			err := partial.Add(ctx, string(seg)) // its writes are bounded by the write timeout
+			persisted = b                        // taken in, written or buffered
 			if errors.Is(err, ledger.ErrPartialStopped) {
 				return // the row no longer holds this attempt's output as written
 			}
 			result("persist partial stream output", err)
 		}
 		if partial != nil && (tick || done) {
-			err := write(partial.Flush)
+			err := partial.Flush(ctx)
 			if errors.Is(err, ledger.ErrPartialStopped) {
 				return
 			}

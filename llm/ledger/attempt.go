@@ -394,7 +394,7 @@ func (p *PartialBuffer) Add(ctx context.Context, text string) error {
 	return nil
 }
 
-// Flush writes what is buffered, if anything. When the write fails (PostgreSQL
+// Flush writes what is buffered, if anything, within Config.WriteTimeout. When the write fails (PostgreSQL
 // unavailable), the text stays buffered and the next Flush (or Add) writes it with what
 // came after, so that the row never misses a piece of the output: an outage delays the
 // partial output, and does not end it. (A failed write that did commit makes the next
@@ -406,7 +406,11 @@ func (p *PartialBuffer) Flush(ctx context.Context) error {
 		return nil
 	}
 	text := p.buf.String()
-	ok, err := p.att.AppendPartial(ctx, text)
+	// Bounded like every write (a PostgreSQL that hangs holds the stream that feeds
+	// this buffer back no longer than WriteTimeout).
+	wctx, cancel := context.WithTimeout(ctx, p.att.l.cfg.WriteTimeout)
+	ok, err := p.att.AppendPartial(wctx, text)
+	cancel()
 	if err != nil {
 		return err
 	}

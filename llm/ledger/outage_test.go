@@ -102,3 +102,52 @@ func TestPartialBufferKeepsWhatAFailedWriteHeld(t *testing.T) {
 		t.Fatalf("partial after a failed write = %q: the failed write's text must come with the next", r.Partial)
 	}
 }
+
+// A partial write that PostgreSQL does not answer (here: the row locked by another
+// transaction, as a hung server would hold it) fails within WriteTimeout, so the
+// stream feeding the buffer is not held for the call's whole deadline, and the text is
+// written once the row is free.
+func TestPartialBufferWriteIsBoundedByWriteTimeout(t *testing.T) {
+	t.Parallel()
+	ctx := ctxT(t)
+	const writeTimeout = 300 * time.Millisecond
+	l, pool := newLedger(t, ledger.Config{Wait: -1, WriteTimeout: writeTimeout, StreamFlushBytes: 1 << 20, StreamFlushInterval: time.Hour})
+	call := ledger.Call{Key: "partial-hung", Work: "POST /v1/chat/completions", RequestHash: "h", Provider: "openai", Model: "m"}
+	att, _, err := l.Begin(ctx, call)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = att.Fail(ctx, errors.New("test over"), false) }()
+	if ok, err := att.Announce(ctx, []byte(`{"status":200}`)); !ok || err != nil {
+		t.Fatalf("announce: %v %v", ok, err)
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }() // before Fail (deferred first), which waits for the lock
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM llm_calls WHERE idem_key = $1 FOR UPDATE`, call.Key); err != nil {
+		t.Fatal(err)
+	}
+	buf := att.PartialBuffer()
+	if err := buf.Add(ctx, "data: one\n\n"); err != nil {
+		t.Fatal(err)
+	}
+	fctx, cancel := context.WithTimeout(ctx, 10*time.Second) // longer: only WriteTimeout can end this write sooner
+	start := time.Now()
+	err = buf.Flush(fctx)
+	took := time.Since(start)
+	cancel()
+	if err == nil || took > 10*writeTimeout {
+		t.Fatalf("a write on a locked row: %v after %v; want an error within about %v", err, took, writeTimeout)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := buf.Flush(ctx); err != nil {
+		t.Fatalf("the flush once the row is free: %v", err)
+	}
+	if r := mustGet(t, l, call.Key); r.Partial != "data: one\n\n" {
+		t.Fatalf("partial = %q", r.Partial)
+	}
+}
