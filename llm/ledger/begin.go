@@ -61,13 +61,13 @@ const peekSQL = `SELECT state, request_hash, attempt, owner, lease_until FROM ll
 // Returns the new attempt number, the ambiguous count, whether a dead owner was taken
 // over, and the partial output of an earlier attempt with its number; no row when the
 // row is not claimable (succeeded, live, another hash, or gone).
-const claimSQL = `
-WITH now AS (SELECT coalesce($4::timestamptz, now()) AS t),
+var claimSQL = `
+WITH now AS (` + clockSQL("$4", "$5") + `),
 old AS (SELECT idem_key, owner IS NOT NULL AS dead FROM llm_calls WHERE idem_key = $1 FOR UPDATE)
 UPDATE llm_calls c SET
 	state = 'in_flight',
 	owner = $3,
-	lease_until = now.t + $5::bigint * interval '1 microsecond',
+	lease_until = now.t + now.lease,
 	attempt = c.attempt + CASE WHEN old.dead THEN 1 ELSE 0 END,
 	ambiguous = c.ambiguous + CASE WHEN old.dead THEN 1 ELSE 0 END,
 	updated_at = now()
@@ -76,16 +76,24 @@ WHERE c.idem_key = old.idem_key AND c.request_hash = $2
 	AND (c.state = 'failed' OR (c.state = 'in_flight' AND (c.owner IS NULL OR NOT ` + leaseLive + `)))
 RETURNING c.attempt, c.ambiguous, old.dead, coalesce(c.partial, ''), coalesce(c.partial_attempt, 0)`
 
-// leaseLive is the SQL condition that row c's lease still holds at now.t, with $4 the
-// caller's clock (NULL: PostgreSQL's) and $5 the lease in µs: its lease_until is in
-// the future, or, on PostgreSQL's own clock, the server started less than a lease ago.
-// An owner cannot renew while PostgreSQL is down; counting the lease from the start as
-// well gives a live owner one whole lease after an outage of any length to renew
-// (it renews every Lease/3), instead of letting the first retry after the outage take
-// over a call that is still running and make it a second time. A dead owner's row is
-// taken over at most one lease after the restart. A test clock ($4) is left alone.
-const leaseLive = `(c.lease_until >= now.t OR ($4::timestamptz IS NULL AND
-		pg_postmaster_start_time() + $5::bigint * interval '1 microsecond' >= now.t))`
+// clockSQL is the SELECT of the `now` relation that leaseLive reads: now.t, the
+// caller's clock (the parameter named by clock; NULL: PostgreSQL's), now.real, whether
+// that is PostgreSQL's own, and now.lease, the lease (the parameter named by lease, in
+// µs).
+func clockSQL(clock, lease string) string {
+	return "SELECT coalesce(" + clock + "::timestamptz, now()) AS t, " + clock + "::timestamptz IS NULL AS real, " +
+		lease + "::bigint * interval '1 microsecond' AS lease"
+}
+
+// leaseLive is the SQL condition that row c's lease still holds at now.t (clockSQL):
+// its lease_until is not past, or, on PostgreSQL's own clock, the server started less
+// than a lease ago. An owner cannot renew while PostgreSQL is down; counting the lease
+// from the start as well gives a live owner one whole lease after an outage of any
+// length to renew (it renews every Lease/3), instead of letting the first retry after
+// the outage take over a call that is still running and make it a second time. A dead
+// owner's row is taken over at most one lease after the restart. A test clock is left
+// alone. Begin's claim and Progress judge liveness by it alike.
+const leaseLive = `(c.lease_until >= now.t OR (now.real AND pg_postmaster_start_time() + now.lease >= now.t))`
 
 // recordSQL reads a succeeded row for replay.
 //

@@ -55,14 +55,13 @@ func (a *Attempt) Announce(ctx context.Context, meta json.RawMessage) (bool, err
 // from byte `from` on (when that attempt announced its stream), and the recorded
 // answer once there is one.
 //
-// A row is live as Begin's claim judges it (leaseLive: the lease also counts from
-// PostgreSQL's start), so that a follower never tries to claim a row Begin would not
-// give it.
+// A row is live as Begin's claim judges it (leaseLive), so that a follower never tries
+// to claim a row Begin would not give it.
 //
 //	$1 idem_key, $2 from (bytes), $3 now (NULL: now()), $4 lease µs
-const progressSQL = `SELECT state, request_hash, attempt,
-	state = 'in_flight' AND owner IS NOT NULL AND (lease_until > coalesce($3::timestamptz, now()) OR ($3::timestamptz IS NULL AND
-		pg_postmaster_start_time() + $4::bigint * interval '1 microsecond' > now())),
+var progressSQL = `WITH now AS (` + clockSQL("$3", "$4") + `)
+SELECT state, request_hash, attempt,
+	state = 'in_flight' AND owner IS NOT NULL AND ` + leaseLive + `,
 	state = 'in_flight' AND partial_attempt = attempt AND response_meta IS NOT NULL,
 	CASE WHEN state = 'in_flight' AND partial_attempt = attempt THEN
 		substring(convert_to(coalesce(partial, ''), 'UTF8') FROM ($2::bigint + 1)::int) END,
@@ -70,7 +69,7 @@ const progressSQL = `SELECT state, request_hash, attempt,
 	CASE WHEN state = 'succeeded' THEN response END,
 	CASE WHEN state = 'succeeded' THEN response_raw END,
 	ambiguous
-FROM llm_calls WHERE idem_key = $1`
+FROM llm_calls c, now WHERE c.idem_key = $1`
 
 // Progress is what a follower of a call sees of it (Ledger.Progress).
 type Progress struct {
