@@ -317,11 +317,10 @@ func (p *persister) dropped() bool {
 func (p *persister) run() {
 	defer close(p.stopped)
 	ctx := p.ctx
-	writeTimeout := cmp.Or(p.g.cfg.Ledger.WriteTimeout, ledger.DefaultWriteTimeout)
-	// Each write is bounded (a PostgreSQL that hangs holds the persister back no longer
-	// than a write may take: the partial buffer bounds its own), and one that fails is
-	// tried again at the next tick (the partial buffer keeps its text): an outage delays
-	// what followers on other processes see, and does not end it.
+	// Each write is bounded by the ledger's write timeout (a PostgreSQL that hangs holds
+	// the persister back no longer), and one that fails is tried again at the next tick
+	// (the partial buffer keeps its text): an outage delays what followers on other
+	// processes see, and does not end it.
 	failing := false // a write failed and none worked since: said once per outage
 	result := func(what string, err error) {
 		if err == nil {
@@ -346,9 +345,7 @@ func (p *persister) run() {
 			return // the answer is being recorded: the writes no longer matter
 		}
 		if partial == nil && (tick || done) {
-			actx, cancel := context.WithTimeout(ctx, writeTimeout)
-			ok, err := p.att.Announce(actx, p.meta)
-			cancel()
+			ok, err := p.att.Announce(ctx, p.meta)
 			result("announce a stream", err)
 			if err == nil && !ok {
 				return // the row is no longer this attempt's
@@ -370,8 +367,8 @@ func (p *persister) run() {
 			if !utf8.Valid(seg) || bytes.IndexByte(seg, 0) >= 0 {
 				return
 			}
-			err := partial.Add(ctx, string(seg)) // its writes are bounded by the write timeout
-			persisted = b                        // taken in, written or buffered
+			err := partial.Add(ctx, string(seg))
+			persisted = b // taken in, written or buffered
 			if errors.Is(err, ledger.ErrPartialStopped) {
 				return // the row no longer holds this attempt's output as written
 			}

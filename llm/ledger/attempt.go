@@ -327,7 +327,8 @@ WHERE idem_key = $1 AND owner = $2 AND state = 'in_flight'
 	AND ($7::bigint = 0 OR (partial_attempt = $3 AND octet_length(coalesce(partial, '')) = $7::bigint))`
 
 // AppendPartial persists text as more of this attempt's streamed output, in one round
-// trip (batch the text: Client.Stream writes once per Config.StreamFlushBytes or
+// trip within Config.WriteTimeout (a PostgreSQL that hangs holds the stream back no
+// longer; batch the text: Client.Stream writes once per Config.StreamFlushBytes or
 // StreamFlushInterval). It reports false when the row is no longer this attempt's, or
 // no longer holds what this attempt wrote before (a crash of PostgreSQL lost an
 // append): write no more partial output then.
@@ -341,6 +342,8 @@ func (a *Attempt) AppendPartial(ctx context.Context, text string) (bool, error) 
 	a.mu.Lock()
 	before := a.appended
 	a.mu.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, a.l.cfg.WriteTimeout)
+	defer cancel()
 	tag, err := a.l.db.Exec(ctx, a.l.sql.appendPartial, a.call.Key, a.owner, a.number, text, a.l.now(), micros(a.l.cfg.Lease), before)
 	if err != nil {
 		return false, dbError("persist partial output of "+a.call.Key, err)
@@ -394,23 +397,19 @@ func (p *PartialBuffer) Add(ctx context.Context, text string) error {
 	return nil
 }
 
-// Flush writes what is buffered, if anything, within Config.WriteTimeout. When the write fails (PostgreSQL
-// unavailable), the text stays buffered and the next Flush (or Add) writes it with what
-// came after, so that the row never misses a piece of the output: an outage delays the
-// partial output, and does not end it. (A failed write that did commit makes the next
-// one find the row longer than this attempt believes: that write is refused, and
-// ErrPartialStopped returned.)
+// Flush writes what is buffered, if anything (AppendPartial, within
+// Config.WriteTimeout). When the write fails (PostgreSQL unavailable), the text stays
+// buffered and the next Flush (or Add) writes it with what came after, so that the row
+// never misses a piece of the output: an outage delays the partial output, and does not
+// end it. (A failed write that did commit makes the next one find the row longer than
+// this attempt believes: that write is refused, and ErrPartialStopped returned.)
 func (p *PartialBuffer) Flush(ctx context.Context) error {
 	p.lastFlush = p.att.l.clock().Now()
 	if p.buf.Len() == 0 || p.stopped {
 		return nil
 	}
 	text := p.buf.String()
-	// Bounded like every write (a PostgreSQL that hangs holds the stream that feeds
-	// this buffer back no longer than WriteTimeout).
-	wctx, cancel := context.WithTimeout(ctx, p.att.l.cfg.WriteTimeout)
-	ok, err := p.att.AppendPartial(wctx, text)
-	cancel()
+	ok, err := p.att.AppendPartial(ctx, text)
 	if err != nil {
 		return err
 	}

@@ -98,8 +98,8 @@ type Config struct {
 	RelaxedInsert bool
 	// WriteTimeout bounds Succeed, Fail and lease renewals, which run even when the
 	// caller's context is already cancelled (a response that arrived is worth
-	// recording), and each statement of Begin (a PostgreSQL that hangs fails a Begin
-	// within it, not only at the caller's deadline). Default: 5s.
+	// recording), and each statement of Begin, Announce and AppendPartial (a PostgreSQL
+	// that hangs fails them within it, not only at the caller's deadline). Default: 5s.
 	WriteTimeout time.Duration
 	// Owner names this process in the rows it owns (a random suffix is added per
 	// attempt). Default: hostname:pid.

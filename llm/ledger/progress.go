@@ -37,9 +37,11 @@ const followerWrite = `FROM (SELECT set_config('synchronous_commit', 'off', true
 // (for onceflow gateway, the status and headers) and the start of this attempt's
 // partial output, which AppendPartial then extends. It reports false when the row is
 // no longer this attempt's. One round trip, committed without waiting for the WAL
-// flush (a PostgreSQL crash may lose it: followers then wait for the end); the lease
-// is renewed with it.
+// flush (a PostgreSQL crash may lose it: followers then wait for the end), within
+// Config.WriteTimeout; the lease is renewed with it.
 func (a *Attempt) Announce(ctx context.Context, meta json.RawMessage) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, a.l.cfg.WriteTimeout)
+	defer cancel()
 	tag, err := a.l.db.Exec(ctx, a.l.sql.announce, a.call.Key, a.owner, a.number, jsonbSafe(meta), a.l.now(), micros(a.l.cfg.Lease))
 	if err != nil {
 		return false, dbError("announce the stream of "+a.call.Key, err)
