@@ -70,9 +70,7 @@ func runGateway(ctx context.Context, e *env, args []string) error {
 	}
 	// /readyz checks the ledger's tables too: a gateway on a database nobody migrated
 	// takes no traffic, and says why.
-	checks := d.checks()
-	checks["ledger"] = g.Ready
-	s := httpapi.New(httpapi.Config{Logger: d.log, Registry: d.reg, Checks: checks})
+	s := d.httpServer(map[string]httpapi.Check{"ledger": g.Ready})
 	if err := g.Ready(ctx); errors.Is(err, gateway.ErrNotMigrated) {
 		log.ErrorContext(ctx, "gateway: not ready: every keyed request fails until the database is migrated", "err", err)
 	}

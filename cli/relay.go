@@ -34,7 +34,7 @@ func runRelay(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	log.InfoContext(ctx, "starting relay", "config", cfg)
-	if err := runAll(ctx, d, d.httpServer(), cfg.MetricsAddr, c.RunRelay); err != nil {
+	if err := runAll(ctx, d, d.httpServer(nil), cfg.MetricsAddr, c.RunRelay); err != nil {
 		return fmt.Errorf("relay: %w", err)
 	}
 	log.InfoContext(ctx, "relay stopped")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"maps"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -176,10 +177,13 @@ func limitsConfig(c *config.Config) limiter.Config {
 	}
 }
 
-// httpServer returns the health, readiness and metrics endpoints over d's stores; the
-// API adds its routes to it, work and relay serve it on ONCEFLOW_METRICS_ADDR.
-func (d *deps) httpServer() *httpapi.Server {
-	return httpapi.New(httpapi.Config{Logger: d.log, Registry: d.reg, Checks: d.checks()})
+// httpServer returns the health, readiness and metrics endpoints over d's stores and
+// the role's extra readiness checks (by name; nil for none); the API adds its routes to
+// it, work and relay serve it on ONCEFLOW_METRICS_ADDR.
+func (d *deps) httpServer(extra map[string]httpapi.Check) *httpapi.Server {
+	checks := d.checks()
+	maps.Copy(checks, extra)
+	return httpapi.New(httpapi.Config{Logger: d.log, Registry: d.reg, Checks: checks})
 }
 
 // traceParent returns what the API writes in a job's traceparent field: the request

@@ -73,7 +73,7 @@ func (d *deps) appServer(c *onceflow.Client) (*httpapi.Server, error) {
 	if err := c.LoadScripts(ctx); err != nil {
 		d.log.Warn("cannot load the accept script; it is sent with the first accept", "err", err)
 	}
-	s := d.httpServer()
+	s := d.httpServer(nil)
 	s.Mount(mux)
 	for pattern, codes := range d.routeStatuses {
 		s.Statuses(pattern, codes...)

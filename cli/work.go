@@ -42,7 +42,7 @@ func runWork(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	log.InfoContext(ctx, "starting work", "config", cfg, "queues", selected)
-	return runAll(ctx, d, d.httpServer(), cfg.MetricsAddr, func(ctx context.Context) error { return c.RunWorkers(ctx, selected...) })
+	return runAll(ctx, d, d.httpServer(nil), cfg.MetricsAddr, func(ctx context.Context) error { return c.RunWorkers(ctx, selected...) })
 }
 
 // runTestWork is `work --test-handler=SPEC` (test builds only): a worker running the
@@ -79,7 +79,7 @@ func runTestWork(ctx context.Context, e *env, cfg *config.Config, log *slog.Logg
 		return err
 	}
 	log.InfoContext(ctx, "starting work", "config", cfg, "queues", selected, "consumer", w.Consumer(), "test_handler", spec)
-	return runAll(ctx, d, d.httpServer(), cfg.MetricsAddr, w.Run)
+	return runAll(ctx, d, d.httpServer(nil), cfg.MetricsAddr, w.Run)
 }
 
 // runAll runs the roles' Run functions and, when addr is set, srv on addr (the API under
