@@ -845,7 +845,9 @@ func withoutQuery(err error) error {
 // generated again by the next retry. Past that, it returns the error, and the answer
 // is passed on unrecorded while recordLater goes on trying in the background.
 func (g *Gateway) succeed(ctx context.Context, att *ledger.Attempt, res ledger.Result) (*ledger.Record, error) {
-	rec, err := succeedUntil(ctx, att, res, time.Now().Add(succeedPatience))
+	pctx, cancel := context.WithTimeout(ctx, succeedPatience)
+	defer cancel()
+	rec, err := succeedUntil(pctx, att, res)
 	if errors.Is(err, ledger.ErrUnavailable) {
 		g.recordLater(ctx, att, res)
 	}
@@ -853,12 +855,13 @@ func (g *Gateway) succeed(ctx context.Context, att *ledger.Attempt, res ledger.R
 }
 
 // succeedUntil calls att.Succeed until it works, fails otherwise than by PostgreSQL
-// being unavailable, ctx ends or giveUp passes; it tries at least once.
-func succeedUntil(ctx context.Context, att *ledger.Attempt, res ledger.Result, giveUp time.Time) (*ledger.Record, error) {
+// being unavailable, or ctx ends; it tries at least once (Succeed's own write outlives
+// ctx, within the ledger's write timeout).
+func succeedUntil(ctx context.Context, att *ledger.Attempt, res ledger.Result) (*ledger.Record, error) {
 	wait := 50 * time.Millisecond
 	for {
 		rec, _, err := att.Succeed(ctx, res)
-		if err == nil || !errors.Is(err, ledger.ErrUnavailable) || time.Now().Add(wait).After(giveUp) {
+		if err == nil || !errors.Is(err, ledger.ErrUnavailable) {
 			return rec, err
 		}
 		select {
@@ -883,7 +886,7 @@ func (g *Gateway) recordLater(ctx context.Context, att *ledger.Attempt, res ledg
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.cfg.Timeout)
 		defer cancel()
 		defer context.AfterFunc(g.base, cancel)()
-		if _, err := succeedUntil(ctx, att, res, time.Now().Add(g.cfg.Timeout)); err != nil {
+		if _, err := succeedUntil(ctx, att, res); err != nil {
 			g.log.ErrorContext(ctx, "gateway: gave up recording an answer passed on unrecorded; a retry of its key will call the upstream again", "key", att.Key(), "err", err)
 			return
 		}
