@@ -5,7 +5,6 @@ package cli
 // was written against (76bc248).
 
 import (
-	"encoding/json"
 	"io"
 	"net/http"
 	"strings"
@@ -17,10 +16,9 @@ import (
 
 // A new user who starts `onceflow gateway` on a database that `onceflow migrate` never
 // ran on (docs/providers.md: "It needs PostgreSQL (ONCEFLOW_DATABASE_URL, migrated by
-// onceflow migrate)"): the gateway must say so where an operator looks, either by
-// refusing to start (a non-zero exit naming the migration) or by a /readyz that is not
-// 200, so that a load balancer sends it nothing. Every keyed request fails on it, with
-// nothing any retry can mend.
+// onceflow migrate)"): the gateway must say so where an operator looks: a /readyz that
+// is not 200 and names the migration, so that a load balancer sends it nothing. Every
+// keyed request fails on it, with nothing any retry can mend.
 //
 // Fails on 76bc248: the gateway starts, /readyz answers 200 (it only pings), and every
 // keyed request gets 503 ledger_unavailable with Retry-After: 1 and retry-after-ms:
@@ -30,29 +28,8 @@ func TestAttack16cGatewayOnAnUnmigratedDatabaseIsNotReady(t *testing.T) {
 	t.Parallel()
 	dsn := testenv.EmptySchema(t)
 	_, fake := startFakeLLM(t)
-	p := testenv.Start(t, testenv.Binary(t), []string{"ONCEFLOW_DATABASE_URL=" + dsn, "ONCEFLOW_LLM_BASE_URL=" + fake,
-		"ONCEFLOW_GATEWAY_ADDR=127.0.0.1:0", "ONCEFLOW_SHUTDOWN_TIMEOUT=5s"}, "gateway")
-	base := ""
-	for deadline := time.Now().Add(20 * time.Second); base == "" && !p.Exited() && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		for _, l := range strings.Split(p.Stderr(), "\n") {
-			var line struct {
-				Msg     string `json:"msg"`
-				BaseURL string `json:"base_url"`
-			}
-			if json.Unmarshal([]byte(l), &line) == nil && line.Msg == "gateway listening" {
-				base = strings.TrimSuffix(line.BaseURL, "/v1")
-			}
-		}
-	}
-	if p.Exited() {
-		if code := p.Wait(time.Second); code == 0 || !strings.Contains(p.Stderr(), "migrate") {
-			t.Fatalf("the gateway exited %d without naming `onceflow migrate`:\n%s", code, p.Stderr())
-		}
-		return // refused to start, saying why: holds
-	}
-	if base == "" {
-		t.Fatalf("the gateway neither started nor exited:\n%s", p.Stderr())
-	}
+	_, v1 := startGateway(t, dsn, fake, "ONCEFLOW_SHUTDOWN_TIMEOUT=5s")
+	base := strings.TrimSuffix(v1, "/v1")
 	status, body := 0, ""
 	for range 20 { // /readyz may take a moment to notice
 		resp, err := http.Get(base + "/readyz")
@@ -63,11 +40,14 @@ func TestAttack16cGatewayOnAnUnmigratedDatabaseIsNotReady(t *testing.T) {
 		resp.Body.Close()
 		status, body = resp.StatusCode, string(b)
 		if status != http.StatusOK {
+			if !strings.Contains(body, "onceflow migrate") {
+				t.Fatalf("/readyz answers %d %s: it should name `onceflow migrate`", status, body)
+			}
 			return // holds
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	code, answer, err := keyedPost(base+"/v1", "unmigrated-key-0001")
+	code, answer, err := keyedPost(v1, "unmigrated-key-0001")
 	t.Fatalf("on an unmigrated database the gateway started and /readyz answers %d %s; a keyed request gets %d %s (%v): "+
 		"a missing schema looks like a passing outage, retried by every SDK", status, body, code, answer, err)
 }

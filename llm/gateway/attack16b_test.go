@@ -144,20 +144,29 @@ func openAnnounced(t *testing.T, up *gatedStream, url string, pool *pgxpool.Pool
 
 // readAllWithin reads r to its end, for up to d.
 func readAllWithin(r io.Reader, d time.Duration) (string, error) {
-	type read struct {
+	return within(d, fmt.Errorf("not at its end within %v", d), func() (string, error) {
+		b, err := io.ReadAll(r)
+		return string(b), err
+	})
+}
+
+// within runs read on a goroutine of its own and returns what it returns, or late once
+// d passed (read is left to finish on its own).
+func within(d time.Duration, late error, read func() (string, error)) (string, error) {
+	type result struct {
 		s   string
 		err error
 	}
-	ch := make(chan read, 1)
+	ch := make(chan result, 1)
 	go func() {
-		b, err := io.ReadAll(r)
-		ch <- read{string(b), err}
+		s, err := read()
+		ch <- result{s, err}
 	}()
 	select {
 	case x := <-ch:
 		return x.s, x.err
 	case <-time.After(d):
-		return "", fmt.Errorf("not at its end within %v", d)
+		return "", late
 	}
 }
 

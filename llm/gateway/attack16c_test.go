@@ -13,6 +13,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"strings"
 	"sync"
@@ -98,22 +99,11 @@ func isClear503(r reply) bool {
 
 // readExactly reads len(want) bytes from r within d and reports what it read.
 func readExactly(r io.Reader, n int, d time.Duration) (string, error) {
-	type read struct {
-		s   string
-		err error
-	}
-	ch := make(chan read, 1)
-	go func() {
+	return within(d, errors.New("timed out"), func() (string, error) {
 		b := make([]byte, n)
 		k, err := io.ReadFull(r, b)
-		ch <- read{string(b[:k]), err}
-	}()
-	select {
-	case x := <-ch:
-		return x.s, x.err
-	case <-time.After(d):
-		return "", errors.New("timed out")
-	}
+		return string(b[:k]), err
+	})
 }
 
 // An outage longer than the gateway's patience for a record (succeedPatience, 15 s):
@@ -407,7 +397,8 @@ func TestAttack16cHungPostgresAnswers503Promptly(t *testing.T) {
 	u.Host = fr.ln.Addr().String()
 	up := newHeldUnary()
 	close(up.release)
-	ups := newServer16c(t, up)
+	ups := httptest.NewServer(up)
+	t.Cleanup(ups.Close)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	pool, err := connect.Postgres(ctx, u.String(), nil)
@@ -415,17 +406,18 @@ func TestAttack16cHungPostgresAnswers503Promptly(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	g, err := gateway.New(gateway.Config{Upstream: ups + "/v1", DB: pool, Timeout: 45 * time.Second, Logger: testenv.Logger(t)})
+	g, err := gateway.New(gateway.Config{Upstream: ups.URL + "/v1", DB: pool, Timeout: 45 * time.Second, Logger: testenv.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	gs := newServer16c(t, g)
-	if r := send16c(gs+"/v1", "hung-pg-warm-up-0001", chatBody, 10*time.Second); r.err != nil || r.code != http.StatusOK {
+	gs := httptest.NewServer(g)
+	t.Cleanup(gs.Close)
+	if r := send16c(gs.URL+"/v1", "hung-pg-warm-up-0001", chatBody, 10*time.Second); r.err != nil || r.code != http.StatusOK {
 		t.Fatalf("warm-up: %d %q %v", r.code, r.body, r.err)
 	}
 	fr.freeze()
 	start := time.Now()
-	r := send16c(gs+"/v1", "hung-pg-keyed-0002", chatBody, 12*time.Second)
+	r := send16c(gs.URL+"/v1", "hung-pg-keyed-0002", chatBody, 12*time.Second)
 	took := time.Since(start).Round(time.Millisecond)
 	calls := up.calls.Load()
 	fr.thaw() // let the held request finish before cleanup
@@ -435,23 +427,6 @@ func TestAttack16cHungPostgresAnswers503Promptly(t *testing.T) {
 	if calls != 1 {
 		t.Errorf("%d upstream calls while PostgreSQL hung, want only the warm-up's", calls)
 	}
-}
-
-// newServer16c serves h on a loopback port until cleanup and returns its root URL.
-func newServer16c(t *testing.T, h http.Handler) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
-	go func() { _ = s.Serve(ln) }()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		defer cancel()
-		_ = s.Shutdown(ctx)
-	})
-	return "http://" + ln.Addr().String()
 }
 
 // The operator's outage drill, shorter than the gateway's patience for a record: two

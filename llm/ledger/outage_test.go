@@ -69,14 +69,7 @@ func TestPartialBufferKeepsWhatAFailedWriteHeld(t *testing.T) {
 	ctx := ctxT(t)
 	l, _ := newLedger(t, ledger.Config{Wait: -1, StreamFlushBytes: 1 << 20, StreamFlushInterval: time.Hour})
 	call := ledger.Call{Key: "partial-outage", Work: "POST /v1/chat/completions", RequestHash: "h", Provider: "openai", Model: "m"}
-	att, _, err := l.Begin(ctx, call)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = att.Fail(ctx, errors.New("test over"), false) }()
-	if ok, err := att.Announce(ctx, []byte(`{"status":200}`)); !ok || err != nil {
-		t.Fatalf("announce: %v %v", ok, err)
-	}
+	att := announcedAttempt(ctx, t, l, call)
 	buf := att.PartialBuffer()
 	if err := buf.Add(ctx, "data: one\n\n"); err != nil {
 		t.Fatal(err)
@@ -113,19 +106,12 @@ func TestPartialBufferWriteIsBoundedByWriteTimeout(t *testing.T) {
 	const writeTimeout = 300 * time.Millisecond
 	l, pool := newLedger(t, ledger.Config{Wait: -1, WriteTimeout: writeTimeout, StreamFlushBytes: 1 << 20, StreamFlushInterval: time.Hour})
 	call := ledger.Call{Key: "partial-hung", Work: "POST /v1/chat/completions", RequestHash: "h", Provider: "openai", Model: "m"}
-	att, _, err := l.Begin(ctx, call)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = att.Fail(ctx, errors.New("test over"), false) }()
-	if ok, err := att.Announce(ctx, []byte(`{"status":200}`)); !ok || err != nil {
-		t.Fatalf("announce: %v %v", ok, err)
-	}
+	att := announcedAttempt(ctx, t, l, call)
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = tx.Rollback(ctx) }() // before Fail (deferred first), which waits for the lock
+	defer func() { _ = tx.Rollback(ctx) }() // before the attempt's Fail at cleanup, which waits for the lock
 	if _, err := tx.Exec(ctx, `SELECT 1 FROM llm_calls WHERE idem_key = $1 FOR UPDATE`, call.Key); err != nil {
 		t.Fatal(err)
 	}
@@ -150,4 +136,19 @@ func TestPartialBufferWriteIsBoundedByWriteTimeout(t *testing.T) {
 	if r := mustGet(t, l, call.Key); r.Partial != "data: one\n\n" {
 		t.Fatalf("partial = %q", r.Partial)
 	}
+}
+
+// announcedAttempt begins call on l and announces its stream, as the gateway does before
+// its first partial write; the attempt fails at cleanup.
+func announcedAttempt(ctx context.Context, t *testing.T, l *ledger.Ledger, call ledger.Call) *ledger.Attempt {
+	t.Helper()
+	att, _, err := l.Begin(ctx, call)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = att.Fail(ctx, errors.New("test over"), false) })
+	if ok, err := att.Announce(ctx, []byte(`{"status":200}`)); !ok || err != nil {
+		t.Fatalf("announce: %v %v", ok, err)
+	}
+	return att
 }
