@@ -210,8 +210,13 @@ func TestSlowWorkerAndReclaimerMakeOneModelCallWithTheLedger(t *testing.T) {
 				t.Fatalf("worker a %+v, worker b %+v", ra, rb)
 			}
 			if withLedger {
-				if calls != 1 || ra.outcome != summaries.OutcomeDone || rb.outcome != summaries.OutcomeDuplicate {
-					t.Fatalf("with the ledger: %d model calls, a %s, b %s; want 1, done, duplicate", calls, ra.outcome, rb.outcome)
+				// Both get the one recorded answer once a's call ends; which of them then
+				// commits first is a race (a usually, b when its poll of the ledger lands
+				// right after a's record and a is descheduled): one done, one duplicate.
+				done := map[summaries.Outcome]int{ra.outcome: 1}
+				done[rb.outcome]++
+				if calls != 1 || done[summaries.OutcomeDone] != 1 || done[summaries.OutcomeDuplicate] != 1 {
+					t.Fatalf("with the ledger: %d model calls, a %s, b %s; want 1, one done and one duplicate", calls, ra.outcome, rb.outcome)
 				}
 				st, err := ledger.ReadStats(context.Background(), e.pool)
 				if err != nil || len(st) != 1 || st[0].Succeeded != 1 || st[0].Attempts != 1 || st[0].Ambiguous != 0 {
