@@ -15,7 +15,7 @@ TEST_TIMEOUT ?= 20m
 # (internal/testenv.Binary): `onceflow work --test-handler`. `make build` leaves them out.
 TEST_TAGS := onceflowtest
 
-.PHONY: all build test ui-screenshots demo lint fuzz bench bench-limits bench-gateway bench-ui chaos chaos-outage chaos-cluster services-up services-down clean example-minimal example-triage
+.PHONY: all build test test-long ui-screenshots demo lint fuzz bench bench-limits bench-gateway bench-ui chaos chaos-outage chaos-cluster services-up services-down clean example-minimal example-triage
 
 all: build
 
@@ -23,15 +23,22 @@ all: build
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o bin/onceflow ./cmd/onceflow
 
-## test: start real Redis and PostgreSQL (scripts/dev-services), install Chromium for the
-## browser tests when root (scripts/install-chromium; without it they skip) and run every
-## test with -race; then the queue's and the idempotency store's suites again on a local
-## Redis Cluster they start (3 primaries on loopback; docs/operations.md, "Redis Cluster")
+## test: start real Redis and PostgreSQL (scripts/dev-services) and run the library's and
+## the product's tests (the root module) with -race
 test:
 	scripts/dev-services up
-	scripts/install-chromium || echo "chromium not installed: the browser tests will be skipped"
 	eval "$$(scripts/dev-services env)" && $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+
+## test-long: the long profiles: the queue's and the idempotency store's suites again on a
+## local Redis Cluster they start (3 primaries on loopback; docs/operations.md, "Redis
+## Cluster"), then the lab's tests (lab/: the short chaos profiles, the operator UI in a
+## real Chromium, which scripts/install-chromium installs when root, the gateway under
+## the official SDKs, the benchmarks' own tests)
+test-long:
+	scripts/dev-services up
+	scripts/install-chromium || echo "chromium not installed: the browser tests will be skipped"
 	eval "$$(scripts/dev-services env)" && ONCEFLOW_TEST_REDIS_CLUSTER=local $(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./queue ./idempotency/redisstore
+	eval "$$(scripts/dev-services env)" && cd lab && $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
 
 ## ui-screenshots: the operator UI's browser tests, saving their screenshots (1280x800
 ## PNGs) in docs/ui/ for docs/ui.md
@@ -39,7 +46,7 @@ ui-screenshots:
 	scripts/dev-services up
 	scripts/install-chromium
 	eval "$$(scripts/dev-services env)" && ONCEFLOW_UI_SCREENSHOTS=$(CURDIR)/docs/ui ONCEFLOW_REQUIRE_BROWSER=1 \
-	  $(GO) test -count=1 -run '^TestBrowser' ./adminui/
+	  cd lab && $(GO) test -count=1 -run '^TestBrowser' ./browsertest/
 
 ## demo: the service end to end against real Redis and PostgreSQL (under a minute);
 ## CLUSTER=1 runs it on a local Redis Cluster of its own (3 primaries, 3 replicas, the
@@ -48,14 +55,17 @@ demo:
 	scripts/demo $(if $(filter 1 yes true,$(CLUSTER)),--cluster)
 
 ## lint: the repository check (no file over 1 MiB, no executable binary tracked), gofmt,
-## go vet, staticcheck and gosec (pinned), each also with the test build tag (TEST_TAGS)
+## go vet and staticcheck (pinned) on both modules, each also with the test build tag
+## (TEST_TAGS), and gosec (pinned) on the root module, the code that ships
 lint:
 	scripts/check-repo
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) vet -tags $(TEST_TAGS) ./...
+	cd lab && $(GO) vet ./...
 	$(GO) run $(STATICCHECK) ./...
 	$(GO) run $(STATICCHECK) -tags $(TEST_TAGS) ./...
+	cd lab && $(GO) run $(STATICCHECK) ./...
 	$(GO) run $(GOSEC) -quiet ./...
 	$(GO) run $(GOSEC) -quiet -tags $(TEST_TAGS) ./...
 
@@ -86,21 +96,21 @@ CHAOS_ENV = CHAOS_DURATION=$(CHAOS_DURATION) CHAOS_SEED=$(CHAOS_SEED) CHAOS_OUTA
 	CHAOS_CLUSTER_DURATION=$(CHAOS_CLUSTER_DURATION) CHAOS_CLUSTER_NOWAIT=1
 chaos:
 	scripts/dev-services up
-	$(CHAOS_ENV) $(GO) test -count=1 -run '^(TestChaos|TestChaosOutage|TestChaosCluster|TestChaosClusterNoWait)$$' -v -timeout 2h ./internal/chaos
+	cd lab && $(CHAOS_ENV) $(GO) test -count=1 -run '^(TestChaos|TestChaosOutage|TestChaosCluster|TestChaosClusterNoWait)$$' -v -timeout 2h ./chaos
 
 chaos-cluster:
 	scripts/dev-services up
-	$(CHAOS_ENV) $(GO) test -count=1 -run '^(TestChaosCluster|TestChaosClusterNoWait)$$' -v -timeout 2h ./internal/chaos
+	cd lab && $(CHAOS_ENV) $(GO) test -count=1 -run '^(TestChaosCluster|TestChaosClusterNoWait)$$' -v -timeout 2h ./chaos
 
 chaos-outage:
 	scripts/dev-services up
-	$(CHAOS_ENV) $(GO) test -count=1 -run '^TestChaosOutage$$' -v -timeout 2h ./internal/chaos
+	cd lab && $(CHAOS_ENV) $(GO) test -count=1 -run '^TestChaosOutage$$' -v -timeout 2h ./chaos
 
 ## bench: onceflow's worker beside asynq and River (bench/ module), and the guarded POST
 ## beside a bare handler; figures go to docs/BENCHMARKS.md
 bench:
 	scripts/dev-services up
-	eval "$$(scripts/dev-services env)" && cd bench && $(GO) run . $(BENCH_ARGS)
+	eval "$$(scripts/dev-services env)" && cd lab && $(GO) run ./bench $(BENCH_ARGS)
 	eval "$$(scripts/dev-services env)" && $(GO) test -run '^$$' -bench Idempotency -benchtime 1x ./idempotency/redisstore/
 
 ## bench-limits: provider admission control (issue 15, internal/limitbench): 4 workers against
@@ -109,7 +119,7 @@ bench:
 ## (figures go to docs/BENCHMARKS.md by hand)
 bench-limits:
 	scripts/dev-services up
-	eval "$$(scripts/dev-services env)" && ONCEFLOW_LIMITS_BENCH=1 $(GO) test -count=1 -run '^TestLimitsBench$$' -v -timeout 60m ./internal/limitbench
+	eval "$$(scripts/dev-services env)" && cd lab && ONCEFLOW_LIMITS_BENCH=1 $(GO) test -count=1 -run '^TestLimitsBench$$' -v -timeout 60m ./limitbench
 
 ## bench-ui: the operator UI's server-side render times with 100,000 jobs and 1,000 dead
 ## letters in the stores (issue 17, adminui); about a minute; prints the report
@@ -123,7 +133,7 @@ bench-ui:
 ## about 6 minutes; prints the report (figures go to docs/BENCHMARKS.md by hand)
 bench-gateway:
 	scripts/dev-services up
-	eval "$$(scripts/dev-services env)" && ONCEFLOW_GATEWAY_BENCH=1 $(GO) test -count=1 -run '^TestGatewayBench$$' -v -timeout 60m ./internal/gatewaybench
+	eval "$$(scripts/dev-services env)" && cd lab && ONCEFLOW_GATEWAY_BENCH=1 $(GO) test -count=1 -run '^TestGatewayBench$$' -v -timeout 60m ./gatewaybench
 
 ## example-minimal: the smallest workflow's test (examples/minimal), against real Redis and PostgreSQL
 example-minimal:

@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/breaker"
-	"github.com/onceflow/onceflow/llm/ledger"
-	"github.com/onceflow/onceflow/llm/limiter"
+	"github.com/onceflow/onceflow/ledger"
+	"github.com/onceflow/onceflow/limiter"
 	"github.com/onceflow/onceflow/retry"
 )
 

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/breaker"
-	"github.com/onceflow/onceflow/llm/ledger"
+	"github.com/onceflow/onceflow/ledger"
 	"github.com/onceflow/onceflow/retry"
 )
 

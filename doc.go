@@ -23,7 +23,7 @@
 //     PostgreSQL transaction, and a relay sends the intent with its dedupe key as the
 //     provider's idempotency key (package outbox). For providers that ignore keys, a
 //     ledger of model calls written before each request goes out dedupes on the client
-//     side (package llm/ledger).
+//     side (package ledger).
 //
 // Exactly-once delivery is not on offer; exactly-once effects are, and that is what users
 // see. The reference workflow that glues the parts together is package summaries; the

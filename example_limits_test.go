@@ -10,7 +10,7 @@ import (
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/llm/fakeserver"
-	"github.com/onceflow/onceflow/llm/limiter"
+	"github.com/onceflow/onceflow/limiter"
 	"github.com/onceflow/onceflow/llm/openai"
 )
 

@@ -12,9 +12,9 @@ import (
 
 	"github.com/onceflow/onceflow/breaker"
 	"github.com/onceflow/onceflow/llm"
-	"github.com/onceflow/onceflow/llm/ledger"
-	"github.com/onceflow/onceflow/llm/limiter"
-	"github.com/onceflow/onceflow/llm/limiter/pgbudget"
+	"github.com/onceflow/onceflow/ledger"
+	"github.com/onceflow/onceflow/limiter"
+	"github.com/onceflow/onceflow/limiter/pgbudget"
 	"github.com/onceflow/onceflow/llm/llmmetrics"
 	"github.com/onceflow/onceflow/llm/toolkey"
 	"github.com/onceflow/onceflow/queue"

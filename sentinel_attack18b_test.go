@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow"
-	"github.com/onceflow/onceflow/internal/cluster"
+	"github.com/onceflow/onceflow/internal/testenv/cluster"
 )
 
 // Found by the second attack round of issue 18, failed before its fix: a Sentinel URL with replica_only=true (an option redis.ParseFailoverURL

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow"
-	"github.com/onceflow/onceflow/internal/cluster"
+	"github.com/onceflow/onceflow/internal/testenv/cluster"
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 

@@ -24,31 +24,20 @@ import (
 
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/adminui"
+	"github.com/onceflow/onceflow/adminui/adminuitest"
 	"github.com/onceflow/onceflow/internal/connect"
 	"github.com/onceflow/onceflow/internal/testenv"
-	"github.com/onceflow/onceflow/llm/ledger"
+	"github.com/onceflow/onceflow/ledger"
 	"github.com/onceflow/onceflow/queue"
 )
 
 // ---- helpers of this file ----
 
-// serveLogged is serveUI with the UI's log captured in buf (serveUI sets its own logger).
-func serveLogged(t *testing.T, c *onceflow.Client, rdb *redis.Client, cfg adminui.Config, buf *testenv.SyncBuffer) *uiEnv {
+// serveLogged is adminuitest.Serve with the UI's log captured in buf as well.
+func serveLogged(t *testing.T, c *onceflow.Client, rdb *redis.Client, cfg adminui.Config, buf *testenv.SyncBuffer) *adminuitest.Env {
 	t.Helper()
-	cfg.Client = c
-	if cfg.AdminKeys == nil {
-		cfg.AdminKeys = []string{adminKey}
-	}
 	cfg.Logger = slog.New(slog.NewTextHandler(io.MultiWriter(buf, testWriter{t}), &slog.HandlerOptions{Level: slog.LevelDebug}))
-	ui, err := adminui.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mux := http.NewServeMux()
-	mux.Handle("/ui/", ui)
-	srv := httptest.NewServer(mux)
-	t.Cleanup(srv.Close)
-	return &uiEnv{url: srv.URL, rdb: rdb, client: c, keys: c.QueueKeys(queueName)}
+	return adminuitest.Serve(t, c, rdb, cfg)
 }
 
 type testWriter struct{ t *testing.T }
@@ -88,21 +77,23 @@ func try(c *http.Client, method, u string, body io.Reader, header ...string) (in
 	return resp.StatusCode, resp.Header, string(b)
 }
 
-func signedIn(t *testing.T, e *uiEnv) (*http.Client, string) {
+func signedIn(t *testing.T, e *adminuitest.Env) (*http.Client, string) {
 	t.Helper()
-	c := browser(t)
-	if code := signIn(t, e, c, adminKey); code != http.StatusSeeOther {
+	c := adminuitest.Browser(t)
+	if code := adminuitest.SignIn(t, e, c, adminuitest.AdminKey); code != http.StatusSeeOther {
 		t.Fatalf("sign-in: %d", code)
 	}
-	_, page := get(t, c, e.url+"/ui/dead-letters")
-	return c, csrfOf(t, page)
+	_, page := adminuitest.Get(t, c, e.URL+"/ui/dead-letters")
+	return c, adminuitest.CSRF(t, page)
 }
 
-func deadCount(e *uiEnv) int64 { return e.rdb.XLen(context.Background(), e.keys.Dead()).Val() }
+func deadCount(e *adminuitest.Env) int64 {
+	return e.Redis.XLen(context.Background(), e.Keys.Dead()).Val()
+}
 
 // privateRedisEnv is a UI whose client's Redis is a server of the test's own (so that
 // the test can stop it), through connect.Redis as `onceflow serve` makes it.
-func privateRedisEnv(t *testing.T, buf *testenv.SyncBuffer) (*uiEnv, *testenv.Server) {
+func privateRedisEnv(t *testing.T, buf *testenv.SyncBuffer) (*adminuitest.Env, *testenv.Server) {
 	t.Helper()
 	srv := testenv.PrivateRedis(t)
 	rdb, err := connect.Redis(testenv.RedisURLOf(srv))
@@ -112,7 +103,7 @@ func privateRedisEnv(t *testing.T, buf *testenv.SyncBuffer) (*uiEnv, *testenv.Se
 	t.Cleanup(func() { _ = rdb.Close() })
 	pool, _ := testenv.Postgres(t)
 	c, err := onceflow.NewClient(onceflow.Config{Redis: rdb, DB: pool, Prefix: "att17", Logger: testenv.Logger(t),
-		Queues: map[string]onceflow.QueueConfig{queueName: {}}})
+		Queues: map[string]onceflow.QueueConfig{adminuitest.Queue: {}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,22 +116,22 @@ func privateRedisEnv(t *testing.T, buf *testenv.SyncBuffer) (*uiEnv, *testenv.Se
 // in another case, with a NUL or non-ASCII byte, nor a very long key; none sets a session.
 func TestAttackCredentialVariants(t *testing.T) {
 	t.Parallel()
-	e := newUIEnv(t, adminui.Config{LoginAttempts: 100})
-	for _, key := range []string{tenantKey, " " + adminKey, adminKey + "\t", adminKey + "\n", strings.ToUpper(adminKey),
-		adminKey + "\x00", "\x00" + adminKey, adminKey[:len(adminKey)-1] + "é", adminKey + "é", strings.Repeat(adminKey, 4000), strings.Repeat("a", 16)} {
-		c := browser(t)
-		if code := signIn(t, e, c, key); code != http.StatusUnauthorized {
+	e := adminuitest.New(t, adminui.Config{LoginAttempts: 100})
+	for _, key := range []string{adminuitest.TenantKey, " " + adminuitest.AdminKey, adminuitest.AdminKey + "\t", adminuitest.AdminKey + "\n", strings.ToUpper(adminuitest.AdminKey),
+		adminuitest.AdminKey + "\x00", "\x00" + adminuitest.AdminKey, adminuitest.AdminKey[:len(adminuitest.AdminKey)-1] + "é", adminuitest.AdminKey + "é", strings.Repeat(adminuitest.AdminKey, 4000), strings.Repeat("a", 16)} {
+		c := adminuitest.Browser(t)
+		if code := adminuitest.SignIn(t, e, c, key); code != http.StatusUnauthorized {
 			t.Errorf("key %.40q (len %d): sign-in answered %d, want 401", key, len(key), code)
 		}
-		if cookieOf(t, c, e.url, "onceflow_ui") != "" {
+		if cookieOf(t, c, e.URL, "onceflow_ui") != "" {
 			t.Errorf("key %.40q: a session cookie was set", key)
 		}
 	}
 	// A key past the form limit is refused without a 5xx.
-	c := browser(t)
-	_, form := get(t, c, e.url+"/ui/login")
-	body := url.Values{"csrf": {csrfOf(t, form)}, "key": {strings.Repeat("k", 300<<10)}}.Encode()
-	if code, _, _ := try(c, http.MethodPost, e.url+"/ui/login", strings.NewReader(body)); code >= 500 || code == http.StatusSeeOther {
+	c := adminuitest.Browser(t)
+	_, form := adminuitest.Get(t, c, e.URL+"/ui/login")
+	body := url.Values{"csrf": {adminuitest.CSRF(t, form)}, "key": {strings.Repeat("k", 300<<10)}}.Encode()
+	if code, _, _ := try(c, http.MethodPost, e.URL+"/ui/login", strings.NewReader(body)); code >= 500 || code == http.StatusSeeOther {
 		t.Errorf("300 KiB key: %d", code)
 	}
 }
@@ -148,28 +139,28 @@ func TestAttackCredentialVariants(t *testing.T) {
 // A cookie value an attacker chose never becomes a session: sign-in issues a fresh token.
 func TestAttackSessionFixation(t *testing.T) {
 	t.Parallel()
-	e := newUIEnv(t, adminui.Config{})
+	e := adminuitest.New(t, adminui.Config{})
 	chosen := strings.Repeat("A", 43)
-	c := browser(t)
-	u, _ := url.Parse(e.url + "/ui/")
+	c := adminuitest.Browser(t)
+	u, _ := url.Parse(e.URL + "/ui/")
 	c.Jar.SetCookies(u, []*http.Cookie{{Name: "onceflow_ui", Value: chosen, Path: "/ui/"}})
-	if resp, _ := get(t, c, e.url+"/ui/"); resp.StatusCode != http.StatusSeeOther {
+	if resp, _ := adminuitest.Get(t, c, e.URL+"/ui/"); resp.StatusCode != http.StatusSeeOther {
 		t.Fatalf("a chosen cookie opened the overview: %d", resp.StatusCode)
 	}
-	if code := signIn(t, e, c, adminKey); code != http.StatusSeeOther {
+	if code := adminuitest.SignIn(t, e, c, adminuitest.AdminKey); code != http.StatusSeeOther {
 		t.Fatal(code)
 	}
-	got := cookieOf(t, c, e.url, "onceflow_ui")
+	got := cookieOf(t, c, e.URL, "onceflow_ui")
 	if got == chosen || got == "" {
 		t.Fatalf("session token after sign-in: %q", got)
 	}
-	fix := browser(t)
+	fix := adminuitest.Browser(t)
 	fix.Jar.SetCookies(u, []*http.Cookie{{Name: "onceflow_ui", Value: chosen, Path: "/ui/"}})
-	if resp, _ := get(t, fix, e.url+"/ui/"); resp.StatusCode != http.StatusSeeOther {
+	if resp, _ := adminuitest.Get(t, fix, e.URL+"/ui/"); resp.StatusCode != http.StatusSeeOther {
 		t.Fatalf("the attacker's chosen cookie became a session: %d", resp.StatusCode)
 	}
 	sum := sha256.Sum256([]byte(chosen))
-	if n, _ := e.rdb.Keys(context.Background(), "*"+hex.EncodeToString(sum[:])+"*").Result(); len(n) != 0 {
+	if n, _ := e.Redis.Keys(context.Background(), "*"+hex.EncodeToString(sum[:])+"*").Result(); len(n) != 0 {
 		t.Fatalf("a session was stored for the chosen token: %v", n)
 	}
 }
@@ -179,55 +170,55 @@ func TestAttackSessionFixation(t *testing.T) {
 // another site are all refused, and nothing is done.
 func TestAttackCSRFVariants(t *testing.T) {
 	t.Parallel()
-	e := newUIEnv(t, adminui.Config{})
-	deadLetters(t, e, 1)
-	dl, _, _ := queue.ListDead(context.Background(), e.rdb, e.keys, "", 10)
+	e := adminuitest.New(t, adminui.Config{})
+	adminuitest.DeadLetters(t, e, 1)
+	dl, _, _ := queue.ListDead(context.Background(), e.Redis, e.Keys, "", 10)
 	c, old := signedIn(t, e)
-	if resp, _ := post(t, c, e.url+"/ui/logout", url.Values{"csrf": {old}}); resp.StatusCode != http.StatusSeeOther {
+	if resp, _ := adminuitest.Post(t, c, e.URL+"/ui/logout", url.Values{"csrf": {old}}); resp.StatusCode != http.StatusSeeOther {
 		t.Fatal(resp.StatusCode)
 	}
-	c2 := browser(t)
-	if code := signIn(t, e, c2, adminKey); code != http.StatusSeeOther {
+	c2 := adminuitest.Browser(t)
+	if code := adminuitest.SignIn(t, e, c2, adminuitest.AdminKey); code != http.StatusSeeOther {
 		t.Fatal(code)
 	}
-	_, page := get(t, c2, e.url+"/ui/dead-letters")
-	token := csrfOf(t, page)
+	_, page := adminuitest.Get(t, c2, e.URL+"/ui/dead-letters")
+	token := adminuitest.CSRF(t, page)
 	if token == old {
 		t.Fatal("a new session reuses the old CSRF token")
 	}
 	form := func(csrf string) url.Values {
-		return url.Values{"csrf": {csrf}, "queue": {queueName}, "action": {"replay"}, "id": {dl[0].ID}}
+		return url.Values{"csrf": {csrf}, "queue": {adminuitest.Queue}, "action": {"replay"}, "id": {dl[0].ID}}
 	}
 	cases := map[string]func() int{
-		"token after sign-out": func() int { r, _ := post(t, c2, e.url+"/ui/dead-letters", form(old)); return r.StatusCode },
+		"token after sign-out": func() int { r, _ := adminuitest.Post(t, c2, e.URL+"/ui/dead-letters", form(old)); return r.StatusCode },
 		"token in the query only": func() int {
 			f := form("")
 			f.Del("csrf")
-			r, _ := post(t, c2, e.url+"/ui/dead-letters?csrf="+url.QueryEscape(token), f)
+			r, _ := adminuitest.Post(t, c2, e.URL+"/ui/dead-letters?csrf="+url.QueryEscape(token), f)
 			return r.StatusCode
 		},
 		"same-site, no Origin": func() int {
-			r, _ := post(t, c2, e.url+"/ui/dead-letters", form(token), "Sec-Fetch-Site", "same-site")
+			r, _ := adminuitest.Post(t, c2, e.URL+"/ui/dead-letters", form(token), "Sec-Fetch-Site", "same-site")
 			return r.StatusCode
 		},
 		"Origin null, cross-site": func() int {
-			r, _ := post(t, c2, e.url+"/ui/dead-letters", form(token), "Origin", "null", "Sec-Fetch-Site", "cross-site")
+			r, _ := adminuitest.Post(t, c2, e.URL+"/ui/dead-letters", form(token), "Origin", "null", "Sec-Fetch-Site", "cross-site")
 			return r.StatusCode
 		},
 		"Origin null, same-site": func() int {
-			r, _ := post(t, c2, e.url+"/ui/dead-letters", form(token), "Origin", "null", "Sec-Fetch-Site", "same-site")
+			r, _ := adminuitest.Post(t, c2, e.URL+"/ui/dead-letters", form(token), "Origin", "null", "Sec-Fetch-Site", "same-site")
 			return r.StatusCode
 		},
 		"override header, no token": func() int {
-			r, _ := post(t, c2, e.url+"/ui/dead-letters", form(""), "X-HTTP-Method-Override", "GET")
+			r, _ := adminuitest.Post(t, c2, e.URL+"/ui/dead-letters", form(""), "X-HTTP-Method-Override", "GET")
 			return r.StatusCode
 		},
 		"login from another origin": func() int {
-			_, f := get(t, browser(t), e.url+"/ui/login")
+			_, f := adminuitest.Get(t, adminuitest.Browser(t), e.URL+"/ui/login")
 			_ = f
-			lc := browser(t)
-			_, lf := get(t, lc, e.url+"/ui/login")
-			r, _ := post(t, lc, e.url+"/ui/login", url.Values{"csrf": {csrfOf(t, lf)}, "key": {adminKey}}, "Origin", "https://evil.example")
+			lc := adminuitest.Browser(t)
+			_, lf := adminuitest.Get(t, lc, e.URL+"/ui/login")
+			r, _ := adminuitest.Post(t, lc, e.URL+"/ui/login", url.Values{"csrf": {adminuitest.CSRF(t, lf)}, "key": {adminuitest.AdminKey}}, "Origin", "https://evil.example")
 			return r.StatusCode
 		},
 	}
@@ -240,14 +231,14 @@ func TestAttackCSRFVariants(t *testing.T) {
 	// GET with a method-override header.
 	q := form(token)
 	q.Set("confirm", "yes")
-	if resp, _ := get(t, c2, e.url+"/ui/dead-letters?"+q.Encode()); resp.StatusCode != http.StatusOK {
+	if resp, _ := adminuitest.Get(t, c2, e.URL+"/ui/dead-letters?"+q.Encode()); resp.StatusCode != http.StatusOK {
 		t.Errorf("GET with action fields: %d", resp.StatusCode)
 	}
-	code, _, _ := try(c2, http.MethodGet, e.url+"/ui/logout", nil, "X-HTTP-Method-Override", "POST")
+	code, _, _ := try(c2, http.MethodGet, e.URL+"/ui/logout", nil, "X-HTTP-Method-Override", "POST")
 	if code != http.StatusMethodNotAllowed {
 		t.Errorf("GET /ui/logout: %d, want 405", code)
 	}
-	if resp, _ := get(t, c2, e.url+"/ui/"); resp.StatusCode != http.StatusOK {
+	if resp, _ := adminuitest.Get(t, c2, e.URL+"/ui/"); resp.StatusCode != http.StatusOK {
 		t.Errorf("the session ended after a GET /ui/logout: %d", resp.StatusCode)
 	}
 	if n := deadCount(e); n != 1 {
@@ -260,18 +251,18 @@ const xss = `"'><b>XSS</b><script>alert(1)</script>`
 // Every stored field and every echoed input is escaped on every page.
 func TestAttackStoredAndReflectedXSS(t *testing.T) {
 	t.Parallel()
-	e := newUIEnv(t, adminui.Config{})
+	e := adminuitest.New(t, adminui.Config{})
 	ctx := context.Background()
 	// A dead letter whose every field is hostile (a malformed record, as a buggy or
 	// hostile producer leaves), and one whose job id is a javascript: URL.
 	for _, id := range []string{xss, "javascript:alert(1)"} {
-		if err := e.rdb.XAdd(ctx, &redis.XAddArgs{Stream: e.keys.Dead(), Values: map[string]any{
+		if err := e.Redis.XAdd(ctx, &redis.XAddArgs{Stream: e.Keys.Dead(), Values: map[string]any{
 			"job_id": id, "tenant": xss, "kind": xss, "reason": "malformed: " + xss, "raw": `{"x":"` + `<b>XSS</b>` + `"}`,
 			"failed_at": strconv.FormatInt(time.Now().UnixMilli(), 10), "deliveries": "1"}}).Err(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	db := e.client.DB()
+	db := e.Client.DB()
 	if _, err := db.Exec(ctx, `INSERT INTO outbox (topic, dedupe_key, payload, attempts, last_error, exhausted_at) VALUES ($1, $2, '{}', 3, $1, now())`,
 		xss, xss+"-"+xss); err != nil {
 		t.Fatal(err)
@@ -299,7 +290,7 @@ func TestAttackStoredAndReflectedXSS(t *testing.T) {
 	}
 	seen := 0
 	for _, p := range pages {
-		resp, page := get(t, c, e.url+p)
+		resp, page := adminuitest.Get(t, c, e.URL+p)
 		if resp.StatusCode >= 500 {
 			t.Errorf("%s: %d", p, resp.StatusCode)
 		}
@@ -320,7 +311,7 @@ func TestAttackStoredAndReflectedXSS(t *testing.T) {
 	if seen < 6 {
 		t.Fatalf("the hostile values were rendered (escaped) on only %d pages: the test did not reach them", seen)
 	}
-	_, page := get(t, c, e.url+"/ui/dead-letters?done=replay&n=-7&gone=x&failed=-1")
+	_, page := adminuitest.Get(t, c, e.URL+"/ui/dead-letters?done=replay&n=-7&gone=x&failed=-1")
 	if !strings.Contains(page, "Replayed 0.") {
 		t.Errorf("a negative n is not clamped: %.300s", page)
 	}
@@ -330,14 +321,14 @@ func TestAttackStoredAndReflectedXSS(t *testing.T) {
 // idempotency key and path.
 func TestAttackSearchOpenRedirect(t *testing.T) {
 	t.Parallel()
-	e := newUIEnv(t, adminui.Config{})
+	e := adminuitest.New(t, adminui.Config{})
 	ctx := context.Background()
 	// An effect whose dedupe key is a redirect and embeds no job.
-	if _, err := e.client.DB().Exec(ctx, `INSERT INTO outbox (topic, dedupe_key, payload) VALUES ('t', '//evil.example', '{}')`); err != nil {
+	if _, err := e.Client.DB().Exec(ctx, `INSERT INTO outbox (topic, dedupe_key, payload) VALUES ('t', '//evil.example', '{}')`); err != nil {
 		t.Fatal(err)
 	}
 	c, _ := signedIn(t, e)
-	base, _ := url.Parse(e.url + "/ui/jobs")
+	base, _ := url.Parse(e.URL + "/ui/jobs")
 	queries := []string{}
 	for _, v := range []string{"//evil.example", `/\evil.example`, `\\evil.example`, "https://evil.example/", "http:evil.example",
 		"%2F%2Fevil.example", "/%2Fevil.example", "..//evil.example", "\t//evil.example", "javascript:alert(1)"} {
@@ -345,7 +336,7 @@ func TestAttackSearchOpenRedirect(t *testing.T) {
 	}
 	redirects := 0
 	for _, q := range queries {
-		resp, _ := get(t, c, e.url+"/ui/jobs?"+q)
+		resp, _ := adminuitest.Get(t, c, e.URL+"/ui/jobs?"+q)
 		loc := resp.Header.Get("Location")
 		if loc == "" {
 			continue
@@ -364,13 +355,13 @@ func TestAttackSearchOpenRedirect(t *testing.T) {
 // Path tricks on /ui/static/ and /ui/jobs/{id} serve no template, no source, no 5xx.
 func TestAttackPathTricks(t *testing.T) {
 	t.Parallel()
-	e := newUIEnv(t, adminui.Config{})
+	e := adminuitest.New(t, adminui.Config{})
 	c, _ := signedIn(t, e)
 	for _, p := range []string{"/ui/static/../templates/login.html", "/ui/static/%2e%2e/templates/login.html", "/ui/static/..%2ftemplates%2flogin.html",
 		"/ui/static/..%5ctemplates%5clogin.html", "/ui/static/templates/login.html", "/ui/static//../../ui.go", "/ui/static/ui.css%00.html",
 		"/ui/static/ui.js/..%2f..%2fui.go", "/ui/jobs/..%2F..%2Fstatic%2Fui.js", "/ui/jobs/%00", "/ui/jobs/" + strings.Repeat("a", 5000),
 		"/ui/jobs/%ff%fe", "/ui/jobs/a%2Fb", "/ui//jobs/x", "/ui/jobs/x/y"} {
-		code, h, body := try(c, http.MethodGet, e.url+p, nil)
+		code, h, body := try(c, http.MethodGet, e.URL+p, nil)
 		if code >= 500 || strings.Contains(body, "{{") || strings.Contains(body, "package adminui") {
 			t.Errorf("%s: %d %.200s", p, code, body)
 		}
@@ -379,11 +370,11 @@ func TestAttackPathTricks(t *testing.T) {
 		}
 	}
 	// The static files are served (without a session) with nosniff and the CSP.
-	code, h, body := try(browser(t), http.MethodGet, e.url+"/ui/static/ui.js", nil)
+	code, h, body := try(adminuitest.Browser(t), http.MethodGet, e.URL+"/ui/static/ui.js", nil)
 	if code != http.StatusOK || h.Get("X-Content-Type-Options") != "nosniff" || !strings.Contains(body, "data-live") {
 		t.Errorf("ui.js: %d %v", code, h)
 	}
-	if code, _, body := try(browser(t), http.MethodGet, e.url+"/ui/static/", nil); code == http.StatusOK {
+	if code, _, body := try(adminuitest.Browser(t), http.MethodGet, e.URL+"/ui/static/", nil); code == http.StatusOK {
 		t.Logf("note: /ui/static/ lists its directory: %.200s", body)
 	}
 }
@@ -392,36 +383,36 @@ func TestAttackPathTricks(t *testing.T) {
 // (4xx, never 5xx) and nothing is done.
 func TestAttackBadForms(t *testing.T) {
 	t.Parallel()
-	e := newUIEnv(t, adminui.Config{})
-	deadLetters(t, e, 1)
-	dl, _, _ := queue.ListDead(context.Background(), e.rdb, e.keys, "", 10)
-	outboxRows(t, e.client.DB(), 2, 1)
+	e := adminuitest.New(t, adminui.Config{})
+	adminuitest.DeadLetters(t, e, 1)
+	dl, _, _ := queue.ListDead(context.Background(), e.Redis, e.Keys, "", 10)
+	adminuitest.OutboxRows(t, e.Client.DB(), 2, 1)
 	c, token := signedIn(t, e)
-	form := url.Values{"csrf": {token}, "queue": {queueName}, "action": {"purge"}, "confirm": {"yes"}, "id": {dl[0].ID}}
+	form := url.Values{"csrf": {token}, "queue": {adminuitest.Queue}, "action": {"purge"}, "confirm": {"yes"}, "id": {dl[0].ID}}
 	big := form.Encode() + "&pad=" + strings.Repeat("x", 300<<10)
-	if code, _, _ := try(c, http.MethodPost, e.url+"/ui/dead-letters", strings.NewReader(big)); code >= 500 || code == http.StatusSeeOther {
+	if code, _, _ := try(c, http.MethodPost, e.URL+"/ui/dead-letters", strings.NewReader(big)); code >= 500 || code == http.StatusSeeOther {
 		t.Errorf("300 KiB form: %d", code)
 	}
-	many := url.Values{"csrf": {token}, "queue": {queueName}, "action": {"purge"}, "confirm": {"yes"}}
+	many := url.Values{"csrf": {token}, "queue": {adminuitest.Queue}, "action": {"purge"}, "confirm": {"yes"}}
 	for range 1001 {
 		many.Add("id", dl[0].ID)
 	}
-	if resp, _ := post(t, c, e.url+"/ui/dead-letters", many); resp.StatusCode != http.StatusBadRequest {
+	if resp, _ := adminuitest.Post(t, c, e.URL+"/ui/dead-letters", many); resp.StatusCode != http.StatusBadRequest {
 		t.Errorf("1001 ids: %d", resp.StatusCode)
 	}
 	for _, id := range []string{"1-", "-1", "abc", "1-2-3", "+1-0", "1 -0", "(1-0", "0x1-0", "1-0\x00", "99999999999999999999-0"} {
-		f := url.Values{"csrf": {token}, "queue": {queueName}, "action": {"purge"}, "confirm": {"yes"}, "id": {dl[0].ID, id}}
-		if resp, _ := post(t, c, e.url+"/ui/dead-letters", f); resp.StatusCode != http.StatusBadRequest {
+		f := url.Values{"csrf": {token}, "queue": {adminuitest.Queue}, "action": {"purge"}, "confirm": {"yes"}, "id": {dl[0].ID, id}}
+		if resp, _ := adminuitest.Post(t, c, e.URL+"/ui/dead-letters", f); resp.StatusCode != http.StatusBadRequest {
 			t.Errorf("id %q: %d", id, resp.StatusCode)
 		}
 	}
-	for _, q := range []string{"nope", queueName + " ", strings.ToUpper(queueName), "../" + queueName} {
+	for _, q := range []string{"nope", adminuitest.Queue + " ", strings.ToUpper(adminuitest.Queue), "../" + adminuitest.Queue} {
 		f := url.Values{"csrf": {token}, "queue": {q}, "action": {"purge"}, "confirm": {"yes"}, "all": {"1"}}
-		if resp, _ := post(t, c, e.url+"/ui/dead-letters", f); resp.StatusCode != http.StatusNotFound {
+		if resp, _ := adminuitest.Post(t, c, e.URL+"/ui/dead-letters", f); resp.StatusCode != http.StatusNotFound {
 			t.Errorf("queue %q: %d", q, resp.StatusCode)
 		}
 	}
-	if resp, _ := post(t, c, e.url+"/ui/dead-letters", url.Values{"csrf": {token}, "queue": {queueName}, "action": {"delete"}, "all": {"1"}, "confirm": {"yes"}}); resp.StatusCode != http.StatusBadRequest {
+	if resp, _ := adminuitest.Post(t, c, e.URL+"/ui/dead-letters", url.Values{"csrf": {token}, "queue": {adminuitest.Queue}, "action": {"delete"}, "all": {"1"}, "confirm": {"yes"}}); resp.StatusCode != http.StatusBadRequest {
 		t.Errorf("unknown action: %d", resp.StatusCode)
 	}
 	if n := deadCount(e); n != 1 {
@@ -429,7 +420,7 @@ func TestAttackBadForms(t *testing.T) {
 	}
 	for _, id := range []string{"0", "-1", "1e3", "0x10", "9223372036854775808", ""} {
 		f := url.Values{"csrf": {token}, "action": {"retry"}, "confirm": {"yes"}, "id": {id}}
-		if resp, _ := post(t, c, e.url+"/ui/outbox", f); resp.StatusCode != http.StatusBadRequest {
+		if resp, _ := adminuitest.Post(t, c, e.URL+"/ui/outbox", f); resp.StatusCode != http.StatusBadRequest {
 			t.Errorf("outbox id %q: %d", id, resp.StatusCode)
 		}
 	}
@@ -437,11 +428,11 @@ func TestAttackBadForms(t *testing.T) {
 	for i := range 1001 {
 		manyRows.Add("id", strconv.Itoa(i+1))
 	}
-	if resp, _ := post(t, c, e.url+"/ui/outbox", manyRows); resp.StatusCode != http.StatusBadRequest {
+	if resp, _ := adminuitest.Post(t, c, e.URL+"/ui/outbox", manyRows); resp.StatusCode != http.StatusBadRequest {
 		t.Errorf("1001 outbox ids: %d", resp.StatusCode)
 	}
 	var exhausted int
-	_ = e.client.DB().QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE exhausted_at IS NOT NULL`).Scan(&exhausted)
+	_ = e.Client.DB().QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE exhausted_at IS NOT NULL`).Scan(&exhausted)
 	if exhausted != 1 {
 		t.Fatalf("a refused outbox form retried rows: %d exhausted left", exhausted)
 	}
@@ -451,11 +442,11 @@ func TestAttackBadForms(t *testing.T) {
 // dead letters that arrived between the confirmation and the click.
 func TestAttackPurgeAllPurgesOnlyWhatWasConfirmed(t *testing.T) {
 	t.Parallel()
-	e := newUIEnv(t, adminui.Config{})
-	deadLetters(t, e, 1)
+	e := adminuitest.New(t, adminui.Config{})
+	adminuitest.DeadLetters(t, e, 1)
 	c, token := signedIn(t, e)
-	f := url.Values{"csrf": {token}, "queue": {queueName}, "action": {"purge"}, "all": {"1"}}
-	_, page := post(t, c, e.url+"/ui/dead-letters", f)
+	f := url.Values{"csrf": {token}, "queue": {adminuitest.Queue}, "action": {"purge"}, "all": {"1"}}
+	_, page := adminuitest.Post(t, c, e.URL+"/ui/dead-letters", f)
 	if !strings.Contains(page, "all 1 dead letters") {
 		t.Fatalf("confirmation: %.300s", page)
 	}
@@ -463,13 +454,13 @@ func TestAttackPurgeAllPurgesOnlyWhatWasConfirmed(t *testing.T) {
 	// Two more jobs fail while the operator reads the question.
 	ctx := context.Background()
 	for i := range 2 {
-		if err := e.rdb.XAdd(ctx, &redis.XAddArgs{Stream: e.keys.Dead(), Values: map[string]any{"job_id": fmt.Sprintf("late-%d", i), "tenant": "acme",
+		if err := e.Redis.XAdd(ctx, &redis.XAddArgs{Stream: e.Keys.Dead(), Values: map[string]any{"job_id": fmt.Sprintf("late-%d", i), "tenant": "acme",
 			"reason": "permanent: late", "raw": "{}", "failed_at": strconv.FormatInt(time.Now().UnixMilli(), 10), "deliveries": "1"}}).Err(); err != nil {
 			t.Fatal(err)
 		}
 	}
 	f.Set("confirm", "yes")
-	post(t, c, e.url+"/ui/dead-letters", f)
+	adminuitest.Post(t, c, e.URL+"/ui/dead-letters", f)
 	if n := deadCount(e); n != 2 {
 		t.Errorf("confirmed a purge of 1 dead letter; %d of 3 are left, want the 2 the operator never saw", n)
 	}
@@ -479,20 +470,20 @@ func TestAttackPurgeAllPurgesOnlyWhatWasConfirmed(t *testing.T) {
 // reset it, and a success does not either.
 func TestAttackSignInLimitNotBypassedByHeaders(t *testing.T) {
 	t.Parallel()
-	e := newUIEnv(t, adminui.Config{LoginAttempts: 3})
+	e := adminuitest.New(t, adminui.Config{LoginAttempts: 3})
 	for i := range 3 {
-		c := browser(t)
-		_, form := get(t, c, e.url+"/ui/login")
+		c := adminuitest.Browser(t)
+		_, form := adminuitest.Get(t, c, e.URL+"/ui/login")
 		ip := fmt.Sprintf("203.0.113.%d", i+1)
-		resp, _ := post(t, c, e.url+"/ui/login", url.Values{"csrf": {csrfOf(t, form)}, "key": {"wrong-key-0123456789abcdef"}},
+		resp, _ := adminuitest.Post(t, c, e.URL+"/ui/login", url.Values{"csrf": {adminuitest.CSRF(t, form)}, "key": {"wrong-key-0123456789abcdef"}},
 			"X-Forwarded-For", ip, "X-Real-IP", ip, "Forwarded", "for="+ip, "True-Client-IP", ip)
 		if resp.StatusCode != http.StatusUnauthorized {
 			t.Fatalf("attempt %d: %d", i+1, resp.StatusCode)
 		}
 	}
-	c := browser(t)
-	_, form := get(t, c, e.url+"/ui/login")
-	resp, _ := post(t, c, e.url+"/ui/login", url.Values{"csrf": {csrfOf(t, form)}, "key": {adminKey}}, "X-Forwarded-For", "198.51.100.9")
+	c := adminuitest.Browser(t)
+	_, form := adminuitest.Get(t, c, e.URL+"/ui/login")
+	resp, _ := adminuitest.Post(t, c, e.URL+"/ui/login", url.Values{"csrf": {adminuitest.CSRF(t, form)}, "key": {adminuitest.AdminKey}}, "X-Forwarded-For", "198.51.100.9")
 	if resp.StatusCode != http.StatusTooManyRequests {
 		t.Fatalf("a new X-Forwarded-For reset the count: %d", resp.StatusCode)
 	}
@@ -502,7 +493,7 @@ func TestAttackSignInLimitNotBypassedByHeaders(t *testing.T) {
 // be one step. (A client outside a browser forges the login form's double-submit token.)
 func TestAttackSignInLimitHoldsUnderConcurrency(t *testing.T) {
 	t.Parallel()
-	e := newUIEnv(t, adminui.Config{LoginAttempts: 3})
+	e := adminuitest.New(t, adminui.Config{LoginAttempts: 3})
 	var tried, limited atomic.Int32
 	var wg sync.WaitGroup
 	start := make(chan struct{})
@@ -511,7 +502,7 @@ func TestAttackSignInLimitHoldsUnderConcurrency(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			<-start
-			req, _ := http.NewRequest(http.MethodPost, e.url+"/ui/login",
+			req, _ := http.NewRequest(http.MethodPost, e.URL+"/ui/login",
 				strings.NewReader(url.Values{"csrf": {"forged-token"}, "key": {fmt.Sprintf("guess-%02d-0123456789abcdef", i)}}.Encode()))
 			req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 			req.AddCookie(&http.Cookie{Name: "onceflow_ui_login", Value: "forged-token"})
@@ -542,30 +533,30 @@ func TestAttackNoSecretsInLogs(t *testing.T) {
 	rdb, prefix := testenv.Redis(t)
 	pool, _ := testenv.Postgres(t)
 	cl, err := onceflow.NewClient(onceflow.Config{Redis: rdb, DB: pool, Prefix: prefix, Logger: testenv.Logger(t),
-		Queues: map[string]onceflow.QueueConfig{queueName: {}}})
+		Queues: map[string]onceflow.QueueConfig{adminuitest.Queue: {}}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	e := serveLogged(t, cl, rdb, adminui.Config{}, &buf)
-	deadLetters(t, e, 2)
-	dl, _, _ := queue.ListDead(context.Background(), e.rdb, e.keys, "", 10)
+	adminuitest.DeadLetters(t, e, 2)
+	dl, _, _ := queue.ListDead(context.Background(), e.Redis, e.Keys, "", 10)
 	const wrong = "wrong-but-close-admin-key-0123"
-	for _, k := range []string{wrong, tenantKey, adminKey + " "} {
-		signIn(t, e, browser(t), k)
+	for _, k := range []string{wrong, adminuitest.TenantKey, adminuitest.AdminKey + " "} {
+		adminuitest.SignIn(t, e, adminuitest.Browser(t), k)
 	}
 	c, token := signedIn(t, e)
-	session := cookieOf(t, c, e.url, "onceflow_ui")
-	post(t, c, e.url+"/ui/dead-letters", url.Values{"csrf": {token}, "queue": {queueName}, "action": {"replay"}, "id": {dl[0].ID}})
-	post(t, c, e.url+"/ui/dead-letters", url.Values{"csrf": {token + "x"}, "queue": {queueName}, "action": {"replay"}, "id": {dl[1].ID}})
-	post(t, c, e.url+"/ui/dead-letters", url.Values{"csrf": {token}, "queue": {queueName}, "action": {"purge"}, "confirm": {"yes"}, "id": {dl[1].ID}})
-	post(t, c, e.url+"/ui/outbox", url.Values{"csrf": {token}, "action": {"retry"}, "all": {"1"}, "confirm": {"yes"}})
-	post(t, c, e.url+"/ui/logout", url.Values{"csrf": {token}})
+	session := cookieOf(t, c, e.URL, "onceflow_ui")
+	adminuitest.Post(t, c, e.URL+"/ui/dead-letters", url.Values{"csrf": {token}, "queue": {adminuitest.Queue}, "action": {"replay"}, "id": {dl[0].ID}})
+	adminuitest.Post(t, c, e.URL+"/ui/dead-letters", url.Values{"csrf": {token + "x"}, "queue": {adminuitest.Queue}, "action": {"replay"}, "id": {dl[1].ID}})
+	adminuitest.Post(t, c, e.URL+"/ui/dead-letters", url.Values{"csrf": {token}, "queue": {adminuitest.Queue}, "action": {"purge"}, "confirm": {"yes"}, "id": {dl[1].ID}})
+	adminuitest.Post(t, c, e.URL+"/ui/outbox", url.Values{"csrf": {token}, "action": {"retry"}, "all": {"1"}, "confirm": {"yes"}})
+	adminuitest.Post(t, c, e.URL+"/ui/logout", url.Values{"csrf": {token}})
 	logs := buf.String()
 	if !strings.Contains(logs, "signed in") || !strings.Contains(logs, "failed sign-in") {
 		t.Fatalf("the log was not captured: %.500s", logs)
 	}
 	sum := sha256.Sum256([]byte(session))
-	for name, secret := range map[string]string{"admin key": adminKey, "tried key": wrong, "tenant key": tenantKey,
+	for name, secret := range map[string]string{"admin key": adminuitest.AdminKey, "tried key": wrong, "tenant key": adminuitest.TenantKey,
 		"session token": session, "CSRF token": token, "session id": hex.EncodeToString(sum[:])} {
 		if strings.Contains(logs, secret) {
 			t.Errorf("the log holds the %s", name)
@@ -577,7 +568,7 @@ func TestAttackNoSecretsInLogs(t *testing.T) {
 // Secure over TLS or with SecureCookies.
 func TestAttackHeadersAndCookies(t *testing.T) {
 	t.Parallel()
-	e := newUIEnv(t, adminui.Config{})
+	e := adminuitest.New(t, adminui.Config{})
 	c, token := signedIn(t, e)
 	check := func(what string, h http.Header, page bool) {
 		if !strings.Contains(h.Get("Content-Security-Policy"), "frame-ancestors 'none'") || !strings.Contains(h.Get("Content-Security-Policy"), "script-src 'self'") ||
@@ -589,17 +580,17 @@ func TestAttackHeadersAndCookies(t *testing.T) {
 		}
 	}
 	for _, p := range []string{"/ui/login", "/ui/", "/ui/dead-letters", "/ui/outbox", "/ui/calls", "/ui/jobs", "/ui/jobs/x", "/ui/nope", "/ui/dead-letters?queue=nope"} {
-		resp, _ := get(t, c, e.url+p)
+		resp, _ := adminuitest.Get(t, c, e.URL+p)
 		check(p, resp.Header, true)
 	}
-	_, h, _ := try(c, http.MethodGet, e.url+"/ui/logout", nil)
+	_, h, _ := try(c, http.MethodGet, e.URL+"/ui/logout", nil)
 	check("405", h, true)
-	resp, _ := post(t, c, e.url+"/ui/dead-letters", url.Values{"csrf": {"x"}})
+	resp, _ := adminuitest.Post(t, c, e.URL+"/ui/dead-letters", url.Values{"csrf": {"x"}})
 	check("403", resp.Header, true)
-	_, h, _ = try(browser(t), http.MethodGet, e.url+"/ui/static/ui.css", nil)
+	_, h, _ = try(adminuitest.Browser(t), http.MethodGet, e.URL+"/ui/static/ui.css", nil)
 	check("static", h, false)
 	// Sign-out clears the cookie on the same path.
-	resp, _ = post(t, c, e.url+"/ui/logout", url.Values{"csrf": {token}})
+	resp, _ = adminuitest.Post(t, c, e.URL+"/ui/logout", url.Values{"csrf": {token}})
 	for _, ck := range resp.Cookies() {
 		if ck.Name == "onceflow_ui" && (ck.MaxAge >= 0 || ck.Path != "/ui/" || !ck.HttpOnly) {
 			t.Errorf("sign-out cookie: %+v", ck)
@@ -608,11 +599,11 @@ func TestAttackHeadersAndCookies(t *testing.T) {
 
 	// Over TLS every cookie is Secure.
 	rdb, prefix := testenv.Redis(t)
-	cl, err := onceflow.NewClient(onceflow.Config{Redis: rdb, Prefix: prefix, Logger: testenv.Logger(t), Queues: map[string]onceflow.QueueConfig{queueName: {}}})
+	cl, err := onceflow.NewClient(onceflow.Config{Redis: rdb, Prefix: prefix, Logger: testenv.Logger(t), Queues: map[string]onceflow.QueueConfig{adminuitest.Queue: {}}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ui, err := adminui.New(adminui.Config{Client: cl, AdminKeys: []string{adminKey}, Logger: testenv.Logger(t)})
+	ui, err := adminui.New(adminui.Config{Client: cl, AdminKeys: []string{adminuitest.AdminKey}, Logger: testenv.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -621,9 +612,9 @@ func TestAttackHeadersAndCookies(t *testing.T) {
 	tc := srv.Client()
 	tc.Jar, _ = cookiejar.New(nil)
 	tc.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
-	te := &uiEnv{url: srv.URL, rdb: rdb, client: cl}
-	_, form := get(t, tc, te.url+"/ui/login")
-	resp, _ = post(t, tc, te.url+"/ui/login", url.Values{"csrf": {csrfOf(t, form)}, "key": {adminKey}})
+	te := &adminuitest.Env{URL: srv.URL, Redis: rdb, Client: cl}
+	_, form := adminuitest.Get(t, tc, te.URL+"/ui/login")
+	resp, _ = adminuitest.Post(t, tc, te.URL+"/ui/login", url.Values{"csrf": {adminuitest.CSRF(t, form)}, "key": {adminuitest.AdminKey}})
 	var got int
 	for _, ck := range resp.Cookies() {
 		got++
@@ -635,8 +626,8 @@ func TestAttackHeadersAndCookies(t *testing.T) {
 		t.Errorf("TLS sign-in: %d, %d cookies", resp.StatusCode, got)
 	}
 	// SecureCookies marks them Secure on plain HTTP too.
-	se := newUIEnv(t, adminui.Config{SecureCookies: true})
-	resp, _ = get(t, browser(t), se.url+"/ui/login")
+	se := adminuitest.New(t, adminui.Config{SecureCookies: true})
+	resp, _ = adminuitest.Get(t, adminuitest.Browser(t), se.URL+"/ui/login")
 	if cks := resp.Cookies(); len(cks) == 0 || !cks[0].Secure {
 		t.Errorf("SecureCookies: %+v", cks)
 	}
@@ -652,12 +643,12 @@ func TestAttackRedisDownPagesAnswer503(t *testing.T) {
 	e, srv := privateRedisEnv(t, &buf)
 	c, token := signedIn(t, e)
 	c.Timeout = 4 * time.Second
-	lc := browser(t)
-	_, form := get(t, lc, e.url+"/ui/login")
+	lc := adminuitest.Browser(t)
+	_, form := adminuitest.Get(t, lc, e.URL+"/ui/login")
 	srv.Stop()
 	for _, p := range []string{"/ui/", "/ui/dead-letters", "/ui/outbox", "/ui/calls", "/ui/jobs/00000000-0000-4000-8000-000000000001", "/ui/login"} {
 		t0 := time.Now()
-		code, h, _ := try(c, http.MethodGet, e.url+p, nil)
+		code, h, _ := try(c, http.MethodGet, e.URL+p, nil)
 		if p == "/ui/login" {
 			if code != http.StatusOK && code != http.StatusServiceUnavailable {
 				t.Errorf("GET /ui/login with Redis down: %d", code)
@@ -668,12 +659,12 @@ func TestAttackRedisDownPagesAnswer503(t *testing.T) {
 			t.Errorf("%s with Redis down: %d (Retry-After %q) after %s", p, code, h.Get("Retry-After"), time.Since(t0))
 		}
 	}
-	code, _, _ := try(c, http.MethodPost, e.url+"/ui/dead-letters", strings.NewReader(url.Values{"csrf": {token}, "queue": {queueName}, "action": {"replay"}, "all": {"1"}, "confirm": {"yes"}}.Encode()))
+	code, _, _ := try(c, http.MethodPost, e.URL+"/ui/dead-letters", strings.NewReader(url.Values{"csrf": {token}, "queue": {adminuitest.Queue}, "action": {"replay"}, "all": {"1"}, "confirm": {"yes"}}.Encode()))
 	if code != http.StatusServiceUnavailable {
 		t.Errorf("bulk replay with Redis down: %d", code)
 	}
 	lc.Timeout = 4 * time.Second
-	code, _, _ = try(lc, http.MethodPost, e.url+"/ui/login", strings.NewReader(url.Values{"csrf": {csrfOf(t, form)}, "key": {adminKey}}.Encode()))
+	code, _, _ = try(lc, http.MethodPost, e.URL+"/ui/login", strings.NewReader(url.Values{"csrf": {adminuitest.CSRF(t, form)}, "key": {adminuitest.AdminKey}}.Encode()))
 	if code != http.StatusServiceUnavailable {
 		t.Errorf("sign-in with Redis down: %d, want 503 (fail closed)", code)
 	}
@@ -682,7 +673,7 @@ func TestAttackRedisDownPagesAnswer503(t *testing.T) {
 	}
 	srv.Start()
 	testenv.WaitFor(t, 3*time.Second, "the session after the outage", func() bool {
-		code, _, _ := try(c, http.MethodGet, e.url+"/ui/", nil)
+		code, _, _ := try(c, http.MethodGet, e.URL+"/ui/", nil)
 		return code == http.StatusOK
 	})
 }
@@ -695,21 +686,21 @@ func TestAttackBulkReplayInterruptedByRedisCrash(t *testing.T) {
 	var buf testenv.SyncBuffer
 	e, srv := privateRedisEnv(t, &buf)
 	ctx := context.Background()
-	jobs := deadLetters(t, e, 20)
+	jobs := adminuitest.DeadLetters(t, e, 20)
 	c, token := signedIn(t, e)
 	c.Timeout = 4 * time.Second
 	var armed atomic.Bool
 	var scripts atomic.Int32
-	e.rdb.AddHook(killHook{before: func(cmd redis.Cmder) {
+	e.Redis.AddHook(killHook{before: func(cmd redis.Cmder) {
 		if armed.Load() && (cmd.Name() == "evalsha" || cmd.Name() == "eval") && scripts.Add(1) == 7 {
 			srv.Kill()
 		}
 	}})
-	_, confirm := post(t, c, e.url+"/ui/dead-letters", url.Values{"csrf": {token}, "queue": {queueName}, "action": {"replay"}, "all": {"1"}})
+	_, confirm := adminuitest.Post(t, c, e.URL+"/ui/dead-letters", url.Values{"csrf": {token}, "queue": {adminuitest.Queue}, "action": {"replay"}, "all": {"1"}})
 	upto := uptoOf(t, confirm)
 	armed.Store(true)
 	t0 := time.Now()
-	code, h, body := try(c, http.MethodPost, e.url+"/ui/dead-letters", strings.NewReader(url.Values{"csrf": {token}, "queue": {queueName}, "action": {"replay"}, "all": {"1"}, "confirm": {"yes"}, "upto": {upto}}.Encode()))
+	code, h, body := try(c, http.MethodPost, e.URL+"/ui/dead-letters", strings.NewReader(url.Values{"csrf": {token}, "queue": {adminuitest.Queue}, "action": {"replay"}, "all": {"1"}, "confirm": {"yes"}, "upto": {upto}}.Encode()))
 	elapsed := time.Since(t0)
 	armed.Store(false)
 	loc := ""
@@ -719,11 +710,11 @@ func TestAttackBulkReplayInterruptedByRedisCrash(t *testing.T) {
 	srv.Start()
 	var dead, replayed int
 	for _, id := range jobs {
-		d, err := queue.FindDead(ctx, e.rdb, e.keys, id)
+		d, err := queue.FindDead(ctx, e.Redis, e.Keys, id)
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, state, _, _ := queue.JobState(ctx, e.rdb, e.keys, id)
+		_, state, _, _ := queue.JobState(ctx, e.Redis, e.Keys, id)
 		switch {
 		case len(d) == 1 && state == "failed":
 			dead++
@@ -764,21 +755,21 @@ func TestAttackPostgresDown(t *testing.T) {
 	pg, _, pool := testenv.MigratedPrivatePostgres(t, "&connect_timeout=1")
 	rdb, prefix := testenv.Redis(t)
 	cl, err := onceflow.NewClient(onceflow.Config{Redis: rdb, DB: pool, Prefix: prefix, Logger: testenv.Logger(t),
-		Queues: map[string]onceflow.QueueConfig{queueName: {}}})
+		Queues: map[string]onceflow.QueueConfig{adminuitest.Queue: {}}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	e := serveLogged(t, cl, rdb, adminui.Config{}, &buf)
-	outboxRows(t, pool, 3, 2)
+	adminuitest.OutboxRows(t, pool, 3, 2)
 	c, token := signedIn(t, e)
 	c.Timeout = 4 * time.Second
 	pg.Stop()
 	for p, want := range map[string]int{"/ui/outbox": 503, "/ui/calls": 503, "/ui/": 200, "/ui/dead-letters": 200} {
-		if code, _, body := try(c, http.MethodGet, e.url+p, nil); code != want {
+		if code, _, body := try(c, http.MethodGet, e.URL+p, nil); code != want {
 			t.Errorf("%s with PostgreSQL down: %d, want %d (%.100s)", p, code, want, body)
 		}
 	}
-	code, _, body := try(c, http.MethodGet, e.url+"/ui/jobs/00000000-0000-4000-8000-000000000001", nil)
+	code, _, body := try(c, http.MethodGet, e.URL+"/ui/jobs/00000000-0000-4000-8000-000000000001", nil)
 	if code >= 500 && code != http.StatusServiceUnavailable || !strings.Contains(body, "did not answer") {
 		t.Errorf("job page with PostgreSQL down: %d %.300s", code, body)
 	}
@@ -788,7 +779,7 @@ func TestAttackPostgresDown(t *testing.T) {
 		{"csrf": {token}, "action": {"retry"}, "id": {"1", "2"}, "confirm": {"yes"}},
 		{"csrf": {token}, "action": {"retry"}, "id": {"1"}},
 	} {
-		if code, _, _ := try(c, http.MethodPost, e.url+"/ui/outbox", strings.NewReader(f.Encode())); code != http.StatusServiceUnavailable {
+		if code, _, _ := try(c, http.MethodPost, e.URL+"/ui/outbox", strings.NewReader(f.Encode())); code != http.StatusServiceUnavailable {
 			t.Errorf("outbox retry %v with PostgreSQL down: %d", f, code)
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/adminui"
+	"github.com/onceflow/onceflow/adminui/adminuitest"
 	"github.com/onceflow/onceflow/queue"
 )
 
@@ -17,10 +18,10 @@ import (
 // the deliveries table, markup in them is text.
 func TestAttackHistoryDetailsAreEscapedOnTheJobPage(t *testing.T) {
 	t.Parallel()
-	e := newUIEnv(t, adminui.Config{})
+	e := adminuitest.New(t, adminui.Config{})
 	ctx := context.Background()
 	const job = "00000000-0000-4000-8000-00000000a77a"
-	if _, err := queue.Enqueue(ctx, e.rdb, e.keys, queue.Message{JobID: job, Tenant: "acme", Payload: []byte(`{}`), EnqueuedAt: time.Now()}); err != nil {
+	if _, err := queue.Enqueue(ctx, e.Redis, e.Keys, queue.Message{JobID: job, Tenant: "acme", Payload: []byte(`{}`), EnqueuedAt: time.Now()}); err != nil {
 		t.Fatal(err)
 	}
 	const xss = `<script>alert(1)</script><img src=x onerror=alert(2)>"'`
@@ -30,14 +31,14 @@ func TestAttackHistoryDetailsAreEscapedOnTheJobPage(t *testing.T) {
 			"end": time.Now().UnixMilli(), "detail": xss, "dead": xss, "wait": 10})
 		lines = append(lines, string(rune('1'+i))+" "+string(rec))
 	}
-	if err := e.rdb.HSet(ctx, e.keys.Job(job), "history", strings.Join(lines, "\n"), "history_n", 3).Err(); err != nil {
+	if err := e.Redis.HSet(ctx, e.Keys.Job(job), "history", strings.Join(lines, "\n"), "history_n", 3).Err(); err != nil {
 		t.Fatal(err)
 	}
-	b := browser(t)
-	if code := signIn(t, e, b, adminKey); code != http.StatusSeeOther {
+	b := adminuitest.Browser(t)
+	if code := adminuitest.SignIn(t, e, b, adminuitest.AdminKey); code != http.StatusSeeOther {
 		t.Fatal(code)
 	}
-	resp, page := get(t, b, e.url+"/ui/jobs/"+job)
+	resp, page := adminuitest.Get(t, b, e.URL+"/ui/jobs/"+job)
 	if resp.StatusCode != http.StatusOK || !strings.Contains(page, "<h2>Deliveries</h2>") {
 		t.Fatalf("%d %.3000s", resp.StatusCode, page)
 	}

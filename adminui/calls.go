@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/onceflow/onceflow/llm/ledger"
+	"github.com/onceflow/onceflow/ledger"
 )
 
 // callsPageSize is the rows the model-calls page lists.

@@ -10,19 +10,20 @@ import (
 
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/adminui"
+	"github.com/onceflow/onceflow/adminui/adminuitest"
 	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/ledger"
+	"github.com/onceflow/onceflow/limiter"
 	"github.com/onceflow/onceflow/llm/fake"
-	"github.com/onceflow/onceflow/llm/ledger"
-	"github.com/onceflow/onceflow/llm/limiter"
 )
 
 // The model-calls page lists the ledger with tokens, filters it, and counts the calls
 // with an ambiguous attempt per hour.
 func TestModelCalls(t *testing.T) {
 	t.Parallel()
-	e := newUIEnv(t, adminui.Config{})
+	e := adminuitest.New(t, adminui.Config{})
 	ctx := context.Background()
-	l, err := ledger.New(e.client.DB(), ledger.Config{Wait: -1})
+	l, err := ledger.New(e.Client.DB(), ledger.Config{Wait: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,11 +41,11 @@ func TestModelCalls(t *testing.T) {
 	if err := amb.Fail(ctx, errors.New("connection reset mid-answer"), true); err != nil {
 		t.Fatal(err)
 	}
-	c := browser(t)
-	if code := signIn(t, e, c, adminKey); code != http.StatusSeeOther {
+	c := adminuitest.Browser(t)
+	if code := adminuitest.SignIn(t, e, c, adminuitest.AdminKey); code != http.StatusSeeOther {
 		t.Fatal(code)
 	}
-	resp, page := get(t, c, e.url+"/ui/calls")
+	resp, page := adminuitest.Get(t, c, e.URL+"/ui/calls")
 	// 120 input and 34 output tokens of gpt-4.1-mini at the default prices (0.40 and 1.60
 	// USD per million): 0.0001024 USD.
 	for _, want := range []string{"2 calls begun, 1 with an attempt", "(50.00 %)", "120 / 34", `summarise/<a href="/ui/jobs/job-ok-0001">`, "connection reset mid-answer",
@@ -53,19 +54,19 @@ func TestModelCalls(t *testing.T) {
 			t.Fatalf("calls page lacks %q: %.4000s", want, page)
 		}
 	}
-	_, page = get(t, c, e.url+"/ui/calls?state=ambiguous")
+	_, page = adminuitest.Get(t, c, e.URL+"/ui/calls?state=ambiguous")
 	if !strings.Contains(page, "job-amb-0002") || strings.Contains(page, "/ui/jobs/job-ok-0001") {
 		t.Fatalf("ambiguous filter: %.4000s", page)
 	}
-	_, page = get(t, c, e.url+"/ui/calls?model=gpt-4.1-mini&job=job-ok-0001")
+	_, page = adminuitest.Get(t, c, e.URL+"/ui/calls?model=gpt-4.1-mini&job=job-ok-0001")
 	if !strings.Contains(page, "/ui/jobs/job-ok-0001") || strings.Contains(page, "job-amb-0002\"") {
 		t.Fatalf("model and job filter: %.4000s", page)
 	}
-	_, page = get(t, c, e.url+"/ui/calls?tenant=globex")
+	_, page = adminuitest.Get(t, c, e.URL+"/ui/calls?tenant=globex")
 	if !strings.Contains(page, "job-amb-0002") || strings.Contains(page, "job-ok-0001") {
 		t.Fatalf("tenant filter: %.4000s", page)
 	}
-	if resp, _ := get(t, c, e.url+"/ui/calls?state=bogus"); resp.StatusCode != http.StatusBadRequest {
+	if resp, _ := adminuitest.Get(t, c, e.URL+"/ui/calls?state=bogus"); resp.StatusCode != http.StatusBadRequest {
 		t.Fatalf("unknown state: %d", resp.StatusCode)
 	}
 }
@@ -84,12 +85,12 @@ func TestOverviewShowsTheLimiter(t *testing.T) {
 	if err := rdb.HSet(context.Background(), c.Limiter().Keys().Model("openai/gpt-4.1-mini"), "pause", time.Now().Add(time.Minute).UnixMilli(), "why", "429 from the provider").Err(); err != nil {
 		t.Fatal(err)
 	}
-	e := serveUI(t, c, rdb, adminui.Config{})
-	b := browser(t)
-	if code := signIn(t, e, b, adminKey); code != http.StatusSeeOther {
+	e := adminuitest.Serve(t, c, rdb, adminui.Config{})
+	b := adminuitest.Browser(t)
+	if code := adminuitest.SignIn(t, e, b, adminuitest.AdminKey); code != http.StatusSeeOther {
 		t.Fatal(code)
 	}
-	_, page := get(t, b, e.url+"/ui/")
+	_, page := adminuitest.Get(t, b, e.URL+"/ui/")
 	for _, want := range []string{`<th scope="row">gpt-4.1-mini</th>`, "/ 600", "/ 200000", "0 / 8", "429 from the provider"} {
 		if !strings.Contains(page, want) {
 			t.Fatalf("the overview lacks %q: %.6000s", want, page)

@@ -12,7 +12,7 @@ import (
 
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/idempotency"
-	"github.com/onceflow/onceflow/llm/ledger"
+	"github.com/onceflow/onceflow/ledger"
 	"github.com/onceflow/onceflow/outbox/pgoutbox"
 	"github.com/onceflow/onceflow/queue"
 )

@@ -5,7 +5,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/onceflow/onceflow/llm/limiter"
+	"github.com/onceflow/onceflow/limiter"
 	"github.com/onceflow/onceflow/queue"
 )
 

@@ -13,6 +13,7 @@ import (
 
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/adminui"
+	"github.com/onceflow/onceflow/adminui/adminuitest"
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/queue"
 )
@@ -26,13 +27,13 @@ func TestAttack18UIPartitionPages(t *testing.T) {
 	rdb, prefix := testenv.Redis(t)
 	pool, _ := testenv.Postgres(t)
 	c, err := onceflow.NewClient(onceflow.Config{Redis: rdb, DB: pool, Prefix: prefix, Logger: testenv.Logger(t),
-		Queues: map[string]onceflow.QueueConfig{queueName: {Partitions: 3}}})
+		Queues: map[string]onceflow.QueueConfig{adminuitest.Queue: {Partitions: 3}}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := serveUI(t, c, rdb, adminui.Config{})
+	e := adminuitest.Serve(t, c, rdb, adminui.Config{})
 	ctx := context.Background()
-	keys := c.QueueKeys(queueName).InPartition(2)
+	keys := c.QueueKeys(adminuitest.Queue).InPartition(2)
 	const id = "00000000-0000-4000-8000-000000000042"
 	if _, err := queue.Enqueue(ctx, rdb, keys, queue.Message{JobID: id, Tenant: "acme", Kind: "greeting", Payload: json.RawMessage(`{"name":"x"}`)}); err != nil {
 		t.Fatal(err)
@@ -49,32 +50,32 @@ func TestAttack18UIPartitionPages(t *testing.T) {
 	cancel()
 	<-done
 
-	b := browser(t)
-	if code := signIn(t, e, b, adminKey); code != http.StatusSeeOther {
+	b := adminuitest.Browser(t)
+	if code := adminuitest.SignIn(t, e, b, adminuitest.AdminKey); code != http.StatusSeeOther {
 		t.Fatal(code)
 	}
-	if _, page := get(t, b, e.url+"/ui/dead-letters?queue="+queueName); strings.Contains(page, id) {
+	if _, page := adminuitest.Get(t, b, e.URL+"/ui/dead-letters?queue="+adminuitest.Queue); strings.Contains(page, id) {
 		t.Fatal("partition 2's dead letter is on partition 0's page")
 	}
-	resp, page := get(t, b, e.url+"/ui/dead-letters?queue="+queueName+":2")
+	resp, page := adminuitest.Get(t, b, e.URL+"/ui/dead-letters?queue="+adminuitest.Queue+":2")
 	if resp.StatusCode != http.StatusOK || !strings.Contains(page, id) {
 		t.Fatalf("partition 2's page: %d, job listed %v", resp.StatusCode, strings.Contains(page, id))
 	}
 	for _, bad := range []string{":9", ":02", ":-1", ":", ":2:2"} {
-		if resp, _ := get(t, b, e.url+"/ui/dead-letters?queue="+url.QueryEscape(queueName+bad)); resp.StatusCode != http.StatusNotFound {
-			t.Errorf("queue %s%s: %d, want 404", queueName, bad, resp.StatusCode)
+		if resp, _ := adminuitest.Get(t, b, e.URL+"/ui/dead-letters?queue="+url.QueryEscape(adminuitest.Queue+bad)); resp.StatusCode != http.StatusNotFound {
+			t.Errorf("queue %s%s: %d, want 404", adminuitest.Queue, bad, resp.StatusCode)
 		}
 	}
-	if resp, page := get(t, b, e.url+"/ui/jobs/"+id); resp.StatusCode != http.StatusOK || !strings.Contains(page, queueName+":2") {
-		t.Fatalf("job page of a job in partition 2: %d, names %s:2: %v", resp.StatusCode, queueName, strings.Contains(page, queueName+":2"))
+	if resp, page := adminuitest.Get(t, b, e.URL+"/ui/jobs/"+id); resp.StatusCode != http.StatusOK || !strings.Contains(page, adminuitest.Queue+":2") {
+		t.Fatalf("job page of a job in partition 2: %d, names %s:2: %v", resp.StatusCode, adminuitest.Queue, strings.Contains(page, adminuitest.Queue+":2"))
 	}
 	dl, _, _ := queue.ListDead(ctx, rdb, keys, "", 10)
-	resp, _ = post(t, b, e.url+"/ui/dead-letters", url.Values{"csrf": {csrfOf(t, page)}, "queue": {queueName + ":2"}, "action": {"replay"}, "id": {dl[0].ID}})
+	resp, _ = adminuitest.Post(t, b, e.URL+"/ui/dead-letters", url.Values{"csrf": {adminuitest.CSRF(t, page)}, "queue": {adminuitest.Queue + ":2"}, "action": {"replay"}, "id": {dl[0].ID}})
 	if resp.StatusCode != http.StatusSeeOther {
 		t.Fatalf("replay: %d", resp.StatusCode)
 	}
-	if _, state, _, err := queue.JobState(ctx, rdb, keys, id); err != nil || state != queue.StateQueued || rdb.XLen(ctx, c.QueueKeys(queueName).Stream()).Val() != 0 {
-		t.Fatalf("after the replay: state %q in partition 2 (%v), %d entries in partition 0", state, err, rdb.XLen(ctx, c.QueueKeys(queueName).Stream()).Val())
+	if _, state, _, err := queue.JobState(ctx, rdb, keys, id); err != nil || state != queue.StateQueued || rdb.XLen(ctx, c.QueueKeys(adminuitest.Queue).Stream()).Val() != 0 {
+		t.Fatalf("after the replay: state %q in partition 2 (%v), %d entries in partition 0", state, err, rdb.XLen(ctx, c.QueueKeys(adminuitest.Queue).Stream()).Val())
 	}
 	if st, err := c.JobState(ctx, "acme", id); err != nil || st.Status != onceflow.StatusQueued {
 		t.Fatalf("JobState after the replay: %+v, %v", st, err)

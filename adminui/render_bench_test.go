@@ -17,6 +17,7 @@ import (
 
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/adminui"
+	"github.com/onceflow/onceflow/adminui/adminuitest"
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/queue"
 )
@@ -36,7 +37,7 @@ func TestRenderTimeWithLargeStores(t *testing.T) {
 	rdb, prefix := testenv.Redis(t)
 	db, _ := testenv.Postgres(t)
 	c, err := onceflow.NewClient(onceflow.Config{Redis: rdb, DB: db, Prefix: prefix, Logger: slog.New(slog.DiscardHandler),
-		Queues: map[string]onceflow.QueueConfig{queueName: {}}})
+		Queues: map[string]onceflow.QueueConfig{adminuitest.Queue: {}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,7 +48,7 @@ func TestRenderTimeWithLargeStores(t *testing.T) {
 		args []any
 	}{
 		{`INSERT INTO job_completions (job_id, kind, tenant, result, queue, completed_at)
-		 SELECT 'job-' || i, 'greeting', 'tenant-' || (i % 50), '{"ok": true}', $2, now() - (i || ' seconds')::interval FROM generate_series(1, $1) i`, []any{jobs, queueName}},
+		 SELECT 'job-' || i, 'greeting', 'tenant-' || (i % 50), '{"ok": true}', $2, now() - (i || ' seconds')::interval FROM generate_series(1, $1) i`, []any{jobs, adminuitest.Queue}},
 		{`INSERT INTO outbox (topic, dedupe_key, payload, attempts, sent_at, created_at)
 		 SELECT 'email.greeting', 'greeting:job-' || i, '{"to": "a@example.com"}', 0, now() - (i || ' seconds')::interval, now() - (i || ' seconds')::interval FROM generate_series(1, $1) i`, []any{jobs}},
 		{`INSERT INTO llm_calls (idem_key, work, state, request_hash, provider, model, response, attempt, expires_at, created_at, updated_at)
@@ -61,7 +62,7 @@ func TestRenderTimeWithLargeStores(t *testing.T) {
 		}
 	}
 	// Redis: each job's index, as a finished job leaves it.
-	keys := c.QueueKeys(queueName)
+	keys := c.QueueKeys(adminuitest.Queue)
 	for i := 1; i <= jobs; i += 1000 {
 		pipe := rdb.Pipeline()
 		for j := i; j < i+1000 && j <= jobs; j++ {
@@ -92,7 +93,7 @@ func TestRenderTimeWithLargeStores(t *testing.T) {
 	<-wdone
 	t.Logf("seeded %d jobs and %d dead letters in %v", jobs, dead, time.Since(t0).Round(time.Millisecond))
 
-	ui, err := adminui.New(adminui.Config{Client: c, AdminKeys: []string{adminKey}, Logger: slog.New(slog.DiscardHandler)})
+	ui, err := adminui.New(adminui.Config{Client: c, AdminKeys: []string{adminuitest.AdminKey}, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,9 +109,9 @@ func TestRenderTimeWithLargeStores(t *testing.T) {
 	}))
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
-	e := &uiEnv{url: srv.URL, rdb: rdb, client: c, keys: keys}
-	b := browser(t)
-	if code := signIn(t, e, b, adminKey); code != http.StatusSeeOther {
+	e := &adminuitest.Env{URL: srv.URL, Redis: rdb, Client: c, Keys: keys}
+	b := adminuitest.Browser(t)
+	if code := adminuitest.SignIn(t, e, b, adminuitest.AdminKey); code != http.StatusSeeOther {
 		t.Fatal(code)
 	}
 	pages := []struct{ name, path string }{
@@ -130,7 +131,7 @@ func TestRenderTimeWithLargeStores(t *testing.T) {
 				cur = cur[:0]
 				mu.Unlock()
 			}
-			resp, _ := get(t, b, srv.URL+p.path)
+			resp, _ := adminuitest.Get(t, b, srv.URL+p.path)
 			if resp.StatusCode != http.StatusOK {
 				t.Fatalf("%s: %d", p.path, resp.StatusCode)
 			}

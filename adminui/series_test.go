@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/adminui"
+	"github.com/onceflow/onceflow/adminui/adminuitest"
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/queue"
 )
@@ -23,8 +24,8 @@ func TestOverviewChartCountsRunsBetweenSamples(t *testing.T) {
 	var now atomic.Int64
 	now.Store(time.Date(2026, 12, 2, 9, 0, 0, 0, time.UTC).UnixNano())
 	clock := func() time.Time { return time.Unix(0, now.Load()) }
-	e := newUIEnv(t, adminui.Config{SampleInterval: time.Second, Now: clock})
-	ui, err := adminui.New(adminui.Config{Client: e.client, AdminKeys: []string{adminKey}, SampleInterval: time.Second, Now: clock, Logger: testenv.Logger(t)})
+	e := adminuitest.New(t, adminui.Config{SampleInterval: time.Second, Now: clock})
+	ui, err := adminui.New(adminui.Config{Client: e.Client, AdminKeys: []string{adminuitest.AdminKey}, SampleInterval: time.Second, Now: clock, Logger: testenv.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -32,17 +33,17 @@ func TestOverviewChartCountsRunsBetweenSamples(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- ui.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
-	series := e.keys.Prefix + ":ui:series:" + queueName
-	testenv.WaitFor(t, 10*time.Second, "the first sample", func() bool { return e.rdb.HLen(ctx, series).Val() == 1 })
+	series := e.Keys.Prefix + ":ui:series:" + adminuitest.Queue
+	testenv.WaitFor(t, 10*time.Second, "the first sample", func() bool { return e.Redis.HLen(ctx, series).Val() == 1 })
 
-	deadLetters(t, e, 1) // one job accepted, run, dead-lettered
+	adminuitest.DeadLetters(t, e, 1) // one job accepted, run, dead-lettered
 	for _, id := range []string{"00000000-0000-4000-8000-0000000000a1", "00000000-0000-4000-8000-0000000000a2"} {
-		if _, err := queue.Enqueue(ctx, e.rdb, e.keys, queue.Message{JobID: id, Tenant: "acme", Kind: "greeting", Payload: json.RawMessage(`{}`)}); err != nil {
+		if _, err := queue.Enqueue(ctx, e.Redis, e.Keys, queue.Message{JobID: id, Tenant: "acme", Kind: "greeting", Payload: json.RawMessage(`{}`)}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	var ran atomic.Int64
-	w, err := queue.NewWorker(queue.WorkerConfig{Redis: e.rdb, Keys: e.keys, Logger: slog.New(slog.DiscardHandler),
+	w, err := queue.NewWorker(queue.WorkerConfig{Redis: e.Redis, Keys: e.Keys, Logger: slog.New(slog.DiscardHandler),
 		Handler: queue.HandlerFunc(func(context.Context, *queue.Job) error { ran.Add(1); return nil })})
 	if err != nil {
 		t.Fatal(err)
@@ -51,19 +52,19 @@ func TestOverviewChartCountsRunsBetweenSamples(t *testing.T) {
 	wdone := make(chan struct{})
 	go func() { _ = w.Run(wctx); close(wdone) }()
 	testenv.WaitFor(t, 10*time.Second, "two runs done", func() bool {
-		st, err := queue.ReadStats(ctx, e.rdb, e.keys, queue.DefaultGroup)
+		st, err := queue.ReadStats(ctx, e.Redis, e.Keys, queue.DefaultGroup)
 		return ran.Load() == 2 && err == nil && st.Pending == 0
 	})
 	wcancel()
 	<-wdone
 
 	now.Add(int64(time.Second)) // the next sample is a second later
-	testenv.WaitFor(t, 10*time.Second, "the second sample", func() bool { return e.rdb.HLen(ctx, series).Val() == 2 })
-	c := browser(t)
-	if code := signIn(t, e, c, adminKey); code != http.StatusSeeOther {
+	testenv.WaitFor(t, 10*time.Second, "the second sample", func() bool { return e.Redis.HLen(ctx, series).Val() == 2 })
+	c := adminuitest.Browser(t)
+	if code := adminuitest.SignIn(t, e, c, adminuitest.AdminKey); code != http.StatusSeeOther {
 		t.Fatal(code)
 	}
-	resp, page := get(t, c, e.url+"/ui/")
+	resp, page := adminuitest.Get(t, c, e.URL+"/ui/")
 	want := "3 runs ended (1 dead-lettered, a failure rate of 33.3 %), 3 jobs accepted"
 	if resp.StatusCode != http.StatusOK || !strings.Contains(page, want) || !strings.Contains(page, "<svg") {
 		t.Fatalf("overview: want %q in %.4000s", want, page)

@@ -12,7 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/onceflow/onceflow/internal/testenv"
-	"github.com/onceflow/onceflow/llm/ledger"
+	"github.com/onceflow/onceflow/ledger"
 	"github.com/onceflow/onceflow/queue"
 	"github.com/onceflow/onceflow/summaries"
 )

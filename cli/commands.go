@@ -12,7 +12,7 @@ import (
 	"strings"
 
 	"github.com/onceflow/onceflow/config"
-	"github.com/onceflow/onceflow/internal/tracing"
+	"github.com/onceflow/onceflow/cli/internal/tracing"
 )
 
 // env is what a subcommand gets from the process: output streams and the environment.

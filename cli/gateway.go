@@ -9,13 +9,13 @@ import (
 
 	"github.com/onceflow/onceflow/config"
 	"github.com/onceflow/onceflow/internal/httpapi"
-	"github.com/onceflow/onceflow/llm/gateway"
-	"github.com/onceflow/onceflow/llm/ledger"
-	"github.com/onceflow/onceflow/llm/limiter"
+	"github.com/onceflow/onceflow/gateway"
+	"github.com/onceflow/onceflow/ledger"
+	"github.com/onceflow/onceflow/limiter"
 	"github.com/onceflow/onceflow/llm/openai"
 )
 
-// runGateway serves llm/gateway on ONCEFLOW_GATEWAY_ADDR, in front of
+// runGateway serves gateway on ONCEFLOW_GATEWAY_ADDR, in front of
 // ONCEFLOW_LLM_BASE_URL (docs/providers.md), with /healthz, /readyz and /metrics
 // beside /v1/, and purges expired ledger rows. On SIGINT/SIGTERM it stops accepting and
 // lets in-flight upstream calls finish and be recorded within ONCEFLOW_SHUTDOWN_TIMEOUT.

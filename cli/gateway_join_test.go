@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/internal/testenv"
-	"github.com/onceflow/onceflow/llm/ledger"
+	"github.com/onceflow/onceflow/ledger"
 )
 
 // streamAnswer sends streamRequest and reads its answer whole; err is the read error of

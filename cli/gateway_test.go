@@ -12,8 +12,8 @@ import (
 
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/llm/fakeserver"
-	"github.com/onceflow/onceflow/llm/gateway"
-	"github.com/onceflow/onceflow/llm/ledger"
+	"github.com/onceflow/onceflow/gateway"
+	"github.com/onceflow/onceflow/ledger"
 	"github.com/onceflow/onceflow/llm/probe"
 )
 

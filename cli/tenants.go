@@ -18,8 +18,8 @@ import (
 
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/config"
-	"github.com/onceflow/onceflow/llm/limiter"
-	"github.com/onceflow/onceflow/llm/limiter/pgbudget"
+	"github.com/onceflow/onceflow/limiter"
+	"github.com/onceflow/onceflow/limiter/pgbudget"
 	"github.com/onceflow/onceflow/queue"
 )
 

@@ -15,8 +15,8 @@ import (
 	"github.com/onceflow/onceflow/cli"
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/llm"
-	"github.com/onceflow/onceflow/llm/limiter"
-	"github.com/onceflow/onceflow/llm/limiter/pgbudget"
+	"github.com/onceflow/onceflow/limiter"
+	"github.com/onceflow/onceflow/limiter/pgbudget"
 )
 
 // tenantsEnv is the environment of the tenants tests: the test Redis under a prefix of

@@ -4,7 +4,7 @@ import (
 	"context"
 	"time"
 
-	"github.com/onceflow/onceflow/internal/tracing"
+	"github.com/onceflow/onceflow/cli/internal/tracing"
 )
 
 // tracingFlushTimeout bounds the flush of the last spans at exit (never more than

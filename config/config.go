@@ -27,7 +27,7 @@ import (
 
 	"golang.org/x/net/http/httpguts"
 
-	"github.com/onceflow/onceflow/llm/limiter"
+	"github.com/onceflow/onceflow/limiter"
 	"github.com/onceflow/onceflow/queue"
 )
 

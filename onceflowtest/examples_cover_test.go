@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/onceflow/onceflow/internal/doccheck"
+	"github.com/onceflow/onceflow/internal/testenv/doccheck"
 )
 
 // Every exported function and method of the kit has a runnable Example (go doc shows

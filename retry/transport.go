@@ -21,7 +21,7 @@ import (
 //     of Go 1.26's net/http, and of golang.org/x/net/http2 where it has the same error.
 //
 // The tests in this package and in llm/openai, llm/anthropic and summaries produce these
-// errors from real servers (internal/h2fault), so a Go release that changes one fails
+// errors from real servers (internal/testenv/h2fault), so a Go release that changes one fails
 // them instead of silently turning a retryable reset into an unknown error.
 
 // h2StreamError has the shape of net/http's http2StreamError (and x/net's StreamError):
@@ -187,7 +187,7 @@ func anyInChain(err error, f func(error) bool) bool {
 // A GOAWAY that covered the request (net/http's "http2: server sent GOAWAY and closed
 // the connection"), a stream reset with any other code and a lost connection are false:
 // the server may have processed the request. Errors with an HTTP status, and errors
-// marked Permanent, are false. The llm_calls ledger (llm/ledger.IsAmbiguous) counts
+// marked Permanent, are false. The llm_calls ledger (ledger.IsAmbiguous) counts
 // such failures as clear, not ambiguous. It is safe for concurrent use.
 func NotProcessed(err error) bool {
 	if err == nil || errors.Is(err, ErrPermanent) {

@@ -16,7 +16,7 @@ import (
 
 	"golang.org/x/net/http2"
 
-	"github.com/onceflow/onceflow/internal/h2fault"
+	"github.com/onceflow/onceflow/internal/testenv/h2fault"
 	"github.com/onceflow/onceflow/retry"
 )
 
@@ -51,7 +51,7 @@ func TestNotProcessed(t *testing.T) {
 }
 
 // The errors below come from net/http's own HTTP/2 client against real TLS servers
-// (internal/h2fault): the types are unexported, so only real ones prove the match.
+// (internal/testenv/h2fault): the types are unexported, so only real ones prove the match.
 
 func TestClassifyRealHTTP2Failures(t *testing.T) {
 	t.Parallel()

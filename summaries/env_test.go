@@ -21,7 +21,7 @@ import (
 	"github.com/onceflow/onceflow/internal/httpapi"
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/llm"
-	"github.com/onceflow/onceflow/llm/ledger"
+	"github.com/onceflow/onceflow/ledger"
 	"github.com/onceflow/onceflow/queue"
 	"github.com/onceflow/onceflow/retry"
 	"github.com/onceflow/onceflow/summaries"

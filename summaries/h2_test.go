@@ -3,7 +3,7 @@ package summaries_test
 // A model call that meets an HTTP/2 failure at the provider's edge (issue 12): the job
 // must be left for redelivery, not dead-lettered, and the llm_calls ledger must count
 // the attempts as ambiguous exactly when the server may have processed them. Real
-// PostgreSQL, the real OpenAI adapter over TLS HTTP/2 (internal/h2fault), fake-llm
+// PostgreSQL, the real OpenAI adapter over TLS HTTP/2 (internal/testenv/h2fault), fake-llm
 // behind it.
 
 import (
@@ -15,10 +15,10 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/onceflow/onceflow/internal/h2fault"
+	"github.com/onceflow/onceflow/internal/testenv/h2fault"
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/llm/fakeserver"
-	"github.com/onceflow/onceflow/llm/ledger"
+	"github.com/onceflow/onceflow/ledger"
 	"github.com/onceflow/onceflow/llm/openai"
 	"github.com/onceflow/onceflow/queue"
 	"github.com/onceflow/onceflow/retry"

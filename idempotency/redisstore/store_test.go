@@ -11,7 +11,7 @@ import (
 	"github.com/onceflow/onceflow/idempotency"
 	"github.com/onceflow/onceflow/idempotency/storetest"
 	"github.com/onceflow/onceflow/internal/connect"
-	"github.com/onceflow/onceflow/internal/roundtrip"
+	"github.com/onceflow/onceflow/internal/testenv/roundtrip"
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 

@@ -248,7 +248,7 @@ func PostgresConfig(url string) (*pgxpool.Config, error) {
 
 // Postgres returns a pgx pool for url (see PostgresConfig). Like Redis it connects
 // lazily, so a process can start while PostgreSQL is down. Tracer, when not nil,
-// observes every query (see internal/roundtrip).
+// observes every query (see internal/testenv/roundtrip).
 func Postgres(ctx context.Context, url string, tracer pgx.QueryTracer) (*pgxpool.Pool, error) {
 	cfg, err := PostgresConfig(url)
 	if err != nil {

@@ -13,10 +13,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/onceflow/onceflow/internal/h2fault"
+	"github.com/onceflow/onceflow/internal/testenv/h2fault"
 	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/llm/fakeserver"
-	"github.com/onceflow/onceflow/llm/ledger"
+	"github.com/onceflow/onceflow/ledger"
 	"github.com/onceflow/onceflow/llm/openai"
 	"github.com/onceflow/onceflow/retry"
 	"github.com/onceflow/onceflow/retry/retrytest"

@@ -10,7 +10,7 @@
 //
 //   - the same response id and the same text: honoured (the second was a replay);
 //   - two different ids: ignored (two generations, both billed; deduplication is now
-//     yours: see llm/ledger, or put onceflow gateway in front);
+//     yours: see ledger, or put onceflow gateway in front);
 //   - anything else (a call failed, an answer without an id, the same id with other
 //     text): inconclusive, with the reason.
 package probe

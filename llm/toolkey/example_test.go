@@ -31,7 +31,7 @@ func ExampleArgsKey() {
 	}))
 	defer payments.Close()
 
-	// The model request's key, derived from the work (llm/ledger.Key does this).
+	// The model request's key, derived from the work (ledger.Key does this).
 	requestKey := "llm-job-42-refund-step"
 	answers := []llm.ToolCall{
 		{ID: "call_Yx81", Name: "refund", Arguments: `{"order": "A-17", "amount": 10}`},

@@ -4,7 +4,7 @@
 // service) rejects the duplicate (docs/providers.md, "Tool calls: carry the key downstream").
 //
 // Two derivations, both from the key of the model request that produced the call (for
-// onceflow, the llm/ledger key: derived from the work, never from the attempt):
+// onceflow, the ledger key: derived from the work, never from the attempt):
 //
 //   - IDKey, from the provider's tool-call id. Right when the provider gives a repeated
 //     request the same id (or replays the response, as a provider or onceflow gateway
@@ -15,7 +15,7 @@
 //     next, as most providers' do.
 //
 // Compare tells whether a provider's ids are stable: given the calls of two answers to
-// the same request, it matches calls by ArgsKey and compares their ids. llm/ledger's
+// the same request, it matches calls by ArgsKey and compares their ids. ledger's
 // ToolKeys does that durably across attempts and processes, and keeps the first key.
 //
 // Keys are "tool-" and 64 lower-case hex characters: printable ASCII, within every
@@ -85,7 +85,7 @@ const (
 	// Stable: every shared call kept its id.
 	Stable
 	// Unstable: a shared call came back with another id. Key downstream effects with
-	// ArgsKey (or through llm/ledger's ToolKeys), never with IDKey alone.
+	// ArgsKey (or through ledger's ToolKeys), never with IDKey alone.
 	Unstable
 )
 

@@ -1,0 +1,96 @@
+package ledger_test
+
+import (
+	"context"
+	"fmt"
+	"log"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/onceflow/onceflow/llm"
+	"github.com/onceflow/onceflow/llm/fake"
+	"github.com/onceflow/onceflow/ledger"
+)
+
+// A job handler wraps its model client once; every call names its work (job id and
+// step) in IdempotencyKey. The redelivered job replays the recorded answer instead of
+// calling (and paying for) the model again.
+func ExampleLedger_Wrap() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, exampleDSN) // a database migrated by `onceflow migrate`
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	l, err := ledger.New(pool, ledger.Config{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	model := fake.New() // the provider
+	client := l.Wrap("fake", model)
+
+	handle := func(jobID string) string {
+		resp, err := client.Complete(ctx, &llm.Request{
+			Model:          "gpt-4.1-mini",
+			Messages:       []llm.Message{{Role: llm.RoleUser, Content: "Summarise: the quarter went well."}},
+			IdempotencyKey: ledger.Work(jobID, "summarise"),
+		})
+		if err != nil {
+			log.Fatal(err)
+		}
+		return resp.ID
+	}
+	first := handle("job-42")
+	again := handle("job-42") // the queue delivered the job again
+	fmt.Println("same answer:", first == again)
+	fmt.Println("model calls:", model.Calls())
+	// Output:
+	// same answer: true
+	// model calls: 1
+}
+
+// With Begin and SucceedTx, the response and the downstream write it causes commit in
+// one transaction: both or neither.
+func ExampleAttempt_SucceedTx() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, exampleDSN)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	l, err := ledger.New(pool, ledger.Config{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	req := &llm.Request{Model: "gpt-4.1-mini", Messages: []llm.Message{{Role: llm.RoleUser, Content: "Draft the welcome email."}}}
+	work := ledger.Work("signup-7", "welcome-email")
+	call := ledger.Call{Key: ledger.Key(work, req), Work: work, RequestHash: ledger.RequestHash(req), Provider: "fake", Model: req.Model}
+
+	att, rec, err := l.Begin(ctx, call)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if rec == nil { // this attempt owns the call: make it
+		resp, err := fake.New().Complete(ctx, req)
+		if err != nil {
+			_ = att.Fail(ctx, err, ledger.IsAmbiguous(err))
+			log.Fatal(err)
+		}
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			log.Fatal(err)
+		}
+		defer tx.Rollback(ctx)
+		rec, _, err = att.SucceedTx(ctx, tx, ledger.ResultOf(resp))
+		if err != nil {
+			log.Fatal(err)
+		}
+		// ... write the email's outbox row in tx, from rec ...
+		if err := tx.Commit(ctx); err != nil {
+			log.Fatal(err)
+		}
+	}
+	row, _ := l.Get(ctx, call.Key)
+	fmt.Println(row.State, "in attempt", row.Attempt)
+	// Output: succeeded in attempt 1
+}

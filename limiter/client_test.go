@@ -1,0 +1,149 @@
+package limiter_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"iter"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/llm"
+	"github.com/onceflow/onceflow/llm/fake"
+	"github.com/onceflow/onceflow/limiter"
+	"github.com/onceflow/onceflow/retry"
+)
+
+// replaying is a layer that answers every call itself, as the ledger does for a
+// recorded call, without calling the provider below it.
+type replaying struct{ next llm.Client }
+
+func (r replaying) Complete(context.Context, *llm.Request) (*llm.Response, error) {
+	return &llm.Response{ID: "recorded", Content: "recorded answer"}, nil
+}
+
+func (r replaying) Stream(context.Context, *llm.Request) iter.Seq2[llm.Chunk, error] {
+	return func(yield func(llm.Chunk, error) bool) {
+		if yield(llm.Chunk{Content: "recorded answer"}, nil) {
+			yield(llm.Chunk{Done: true, FinishReason: llm.FinishStop}, nil)
+		}
+	}
+}
+
+func request(i int) *llm.Request {
+	return &llm.Request{Model: "m", IdempotencyKey: fmt.Sprint("job:", i), Messages: []llm.Message{{Role: llm.RoleUser, Content: "hello"}}}
+}
+
+// A call the layer answers on its own (a replay) gives its capacity back: it costs
+// neither a request of the minute nor a token of the budget.
+func TestReplayedCallsGiveTheirCapacityBack(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	l := newLimiter(t, rdb, prefix, limiter.Config{Limits: limiter.Limits{RPM: 2}, TenantTokenBudget: 5000, MaxWait: time.Millisecond})
+	provider := fake.New()
+	replayed := l.WrapAround(func(next llm.Client) llm.Client { return replaying{next} }, provider)
+	ctx := limiter.WithTenant(context.Background(), "acme")
+	for i := range 10 {
+		if _, err := replayed.Complete(ctx, request(i)); err != nil {
+			t.Fatalf("replayed call %d: %v", i, err)
+		}
+		for range replayed.Stream(ctx, request(100+i)) {
+		}
+	}
+	if provider.Calls() != 0 {
+		t.Fatalf("the layer answered, yet the provider had %d calls", provider.Calls())
+	}
+	direct := l.Wrap(provider)
+	for i := range 2 {
+		if _, err := direct.Complete(ctx, request(200+i)); err != nil {
+			t.Fatalf("after 20 replays, real call %d: %v (the replays kept the minute's requests)", i, err)
+		}
+	}
+	if _, err := direct.Complete(ctx, request(300)); !errors.Is(err, retry.ErrWaiting) {
+		t.Fatalf("the third real call of a minute of 2: %v, want a wait", err)
+	}
+	if u := usageOf(t, l, "acme"); u.BudgetReserved != 0 || u.BudgetUsed == 0 {
+		t.Fatalf("budget used %d reserved %d: want the two real calls' usage only, nothing held", u.BudgetUsed, u.BudgetReserved)
+	}
+}
+
+// rateLimited answers 429 with Retry-After.
+type rateLimited struct{ calls int }
+
+func (r *rateLimited) Complete(context.Context, *llm.Request) (*llm.Response, error) {
+	r.calls++
+	h := http.Header{}
+	h.Set("Retry-After", "2")
+	return nil, llm.NewAPIError("openai", 429, h, []byte(`{"error":{"type":"requests","code":"rate_limit_exceeded","message":"slow down"}}`), time.Now(), nil)
+}
+
+func (r *rateLimited) Stream(ctx context.Context, req *llm.Request) iter.Seq2[llm.Chunk, error] {
+	return func(yield func(llm.Chunk, error) bool) {
+		_, err := r.Complete(ctx, req)
+		yield(llm.Chunk{}, err)
+	}
+}
+
+// A 429 is a wait, not a failure: the caller gets a *retry.WaitError wrapping the
+// provider's answer, and the next call waits without reaching the provider.
+func TestA429IsAWaitForTheCallerAndTheNextCalls(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	l := newLimiter(t, rdb, prefix, limiter.Config{MaxWait: time.Millisecond})
+	provider := &rateLimited{}
+	client := l.Wrap(provider)
+	_, err := client.Complete(context.Background(), request(1))
+	we := waitErr(t, err)
+	var api *llm.APIError
+	if !errors.As(err, &api) || api.StatusCode != 429 || we.Delay < 2*time.Second {
+		t.Fatalf("got %v (delay %v), want the wait wrapping the 429, for its Retry-After", err, we.Delay)
+	}
+	for _, call := range []func() error{
+		func() error { _, err := client.Complete(context.Background(), request(2)); return err },
+		func() error {
+			for _, err := range client.Stream(context.Background(), request(3)) {
+				return err
+			}
+			return nil
+		},
+	} {
+		if err := call(); !errors.Is(err, retry.ErrWaiting) || errors.As(err, new(*llm.APIError)) {
+			t.Fatalf("a call during the pause: %v, want a wait that never reached the provider", err)
+		}
+	}
+	if provider.calls != 1 {
+		t.Fatalf("the provider had %d calls, want the one that answered 429", provider.calls)
+	}
+}
+
+// A stream is charged its usage when it completes, and its reservation when its
+// consumer stops reading (the answer was cut off, billed though unseen).
+func TestStreamsAreChargedUsageOrTheirReservation(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	l := newLimiter(t, rdb, prefix, limiter.Config{TenantTokenBudget: 100_000})
+	client := l.Wrap(fake.New())
+	ctx := limiter.WithTenant(context.Background(), "acme")
+	var usage *llm.Usage
+	for ch, err := range client.Stream(ctx, request(1)) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ch.Done {
+			usage = ch.Usage
+		}
+	}
+	if usage == nil {
+		t.Fatal("the fake stream reported no usage")
+	}
+	want := int64(usage.InputTokens + usage.OutputTokens)
+	if u := usageOf(t, l, "acme"); u.BudgetUsed != want || u.BudgetReserved != 0 {
+		t.Fatalf("a complete stream: used %d reserved %d, want its usage %d", u.BudgetUsed, u.BudgetReserved, want)
+	}
+	for range client.Stream(ctx, request(2)) {
+		break // the consumer stops at the first chunk
+	}
+	reservation := int64(llm.EstimateTokens(request(2)))
+	if u := usageOf(t, l, "acme"); u.BudgetUsed != want+reservation || u.BudgetReserved != 0 {
+		t.Fatalf("a stream cut off: used %d reserved %d, want %d more (its reservation)", u.BudgetUsed, u.BudgetReserved, reservation)
+	}
+}
