@@ -41,7 +41,7 @@ func TestArgsWithADurationRoundTripOrAreRefused(t *testing.T) {
 		return
 	}
 	runClient(t, c)
-	keys := c.QueueKeys(onceflow.DefaultQueue)
+	keys := c.Inspector().QueueKeys(onceflow.DefaultQueue)
 	testenv.WaitFor(t, 10*time.Second, "the job run or dead-lettered", func() bool {
 		n, _ := rdb.XLen(ctx, keys.Dead()).Result()
 		return got.Load() != 0 || n > 0
@@ -82,7 +82,7 @@ func TestArgsWithAByteArrayRoundTripOrAreRefused(t *testing.T) {
 		return
 	}
 	runClient(t, c)
-	keys := c.QueueKeys(onceflow.DefaultQueue)
+	keys := c.Inspector().QueueKeys(onceflow.DefaultQueue)
 	testenv.WaitFor(t, 10*time.Second, "the job run or dead-lettered", func() bool {
 		n, _ := rdb.XLen(ctx, keys.Dead()).Result()
 		return got.Load() != 0 || n > 0

@@ -49,7 +49,7 @@ func (c *Client) Audit(ctx context.Context) (*AuditReport, error) {
 	// Redis first: a completion written after this read cannot be of a dead letter we
 	// failed to see.
 	dead := map[string][]string{} // queue -> dead-lettered job ids
-	for _, name := range c.Queues() {
+	for _, name := range c.queueNames() {
 		qc := c.queues[name]
 		parts, err := c.QueuePartitions(ctx, name)
 		if err != nil {
@@ -90,7 +90,7 @@ func (c *Client) Audit(ctx context.Context) (*AuditReport, error) {
 	}
 	r.Checked = append(r.Checked, "job_completions")
 	r.Counts["job_completions"] = total
-	for _, name := range c.Queues() {
+	for _, name := range c.queueNames() {
 		if len(dead[name]) == 0 {
 			continue
 		}

@@ -124,7 +124,7 @@ func TestAuditReportsRunsHeldLongerThanMaxRunTime(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	keys := c.QueueKeys(onceflow.DefaultQueue)
+	keys := c.Inspector().QueueKeys(onceflow.DefaultQueue)
 	release := make(chan struct{})
 	w, err := queue.NewWorker(queue.WorkerConfig{Redis: rdb, Keys: keys, MaxRunTime: -1, ClaimIdle: 150 * time.Millisecond,
 		RenewInterval: 30 * time.Millisecond, Logger: testenv.Logger(t),

@@ -43,34 +43,6 @@ func (c *Client) setupBreakers() error {
 	return nil
 }
 
-// Breakers returns the client's circuit breakers, for readiness reports (each one's Err
-// says since when and why it is open) and for a queue.Gate of one's own (breaker.Set):
-//
-//   - "redis": opened by BreakerThreshold failing PINGs in a row;
-//   - "postgres" (with Config.DB): opened by BreakerThreshold failures in a row of pool
-//     pings, or of jobs that found PostgreSQL unreachable (Commit, CommitTx, the model
-//     ledger, or a Worker's own PostgresError);
-//   - "llm" (with Config.Model): opened by an exhausted quota, or by BreakerThreshold
-//     model calls in a row that failed with a 5xx, a timeout or a lost connection
-//     after their retries; while it is open model calls fail at once.
-//
-// Run and RunWorkers check Redis and PostgreSQL every HealthInterval; while one's
-// breaker is open that check is its probe, and the first that passes closes it. The
-// model's breaker is probed by one job's call every QuotaProbe. The queues take no work
-// while a breaker is open (QueueConfig.Gate), so an outage spends no job's deliveries:
-// a job that meets it is handed back (ErrUnavailable) and runs once the dependency is
-// back. The slice is new on each call; the breakers are the client's.
-func (c *Client) Breakers() []*breaker.Breaker {
-	out := []*breaker.Breaker{c.redisBreaker}
-	if c.pgBreaker != nil {
-		out = append(out, c.pgBreaker)
-	}
-	if c.model != nil {
-		out = append(out, c.model.breaker)
-	}
-	return out
-}
-
 // watchers are the health checks of Redis and PostgreSQL, and the sharing of the
 // model's breaker with the other processes (shareModelBreaker), which Run and
 // RunWorkers run. The model's breaker is synchronised once before they return, so that

@@ -26,7 +26,7 @@ import (
 // breakerOf returns the client's breaker named name, failing the test without one.
 func breakerOf(t *testing.T, c *onceflow.Client, name string) *breaker.Breaker {
 	t.Helper()
-	for _, b := range c.Breakers() {
+	for _, b := range c.Inspector().Breakers() {
 		if b.Name() == name {
 			return b
 		}
@@ -62,7 +62,7 @@ func gauge(t *testing.T, reg *prometheus.Registry, name, dep string) float64 {
 func readyz(t *testing.T, c *onceflow.Client, checks map[string]httpapi.Check) func() (int, map[string]string) {
 	t.Helper()
 	for name, check := range checks {
-		for _, b := range c.Breakers() {
+		for _, b := range c.Inspector().Breakers() {
 			if b.Name() == name {
 				checks[name] = httpapi.BreakerCheck(b, check)
 			}
@@ -394,7 +394,7 @@ func TestModelBreakerIsSharedAcrossProcesses(t *testing.T) {
 	if st := fs.Stats(); st.Requests != 0 {
 		t.Fatalf("%d model requests while every process's model breaker was open (%d runs)", st.Requests, runs.Load())
 	}
-	keys := c.QueueKeys(onceflow.DefaultQueue)
+	keys := c.Inspector().QueueKeys(onceflow.DefaultQueue)
 	if n := rdb.XLen(ctx, keys.Dead()).Val(); n != 0 {
 		t.Fatalf("%d dead letters", n)
 	}

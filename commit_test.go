@@ -18,8 +18,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/onceflow/onceflow"
-	"github.com/onceflow/onceflow/internal/testenv/roundtrip"
 	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/internal/testenv/roundtrip"
 	"github.com/onceflow/onceflow/outbox/pgoutbox"
 	"github.com/onceflow/onceflow/queue"
 )
@@ -109,7 +109,7 @@ func (e *dbEnv) client(cfg onceflow.Config) *onceflow.Client {
 // deliver runs one delivery of a refund job straight through the client's handler.
 func deliver(c *onceflow.Client, id string, args refundArgs, delivery int64) error {
 	payload, _ := json.Marshal(args)
-	return c.Handler(onceflow.DefaultQueue).Handle(context.Background(), &queue.Job{
+	return c.Inspector().Handler(onceflow.DefaultQueue).Handle(context.Background(), &queue.Job{
 		Message: queue.Message{JobID: id, Kind: refundArgs{}.Kind(), Tenant: "acme", Payload: payload,
 			EnqueuedAt: time.Now(), TraceParent: testTraceParent},
 		ID: fmt.Sprintf("%d-0", delivery), Deliveries: delivery,

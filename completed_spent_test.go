@@ -52,7 +52,7 @@ func TestCommittedJobWithASpentBudgetIsNotDeadLettered(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	keys := c.QueueKeys(onceflow.DefaultQueue)
+	keys := c.Inspector().QueueKeys(onceflow.DefaultQueue)
 	if err := queue.CreateGroup(ctx, rdb, keys, queue.DefaultGroup); err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +66,7 @@ func TestCommittedJobWithASpentBudgetIsNotDeadLettered(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Handler(onceflow.DefaultQueue).Handle(ctx, &queue.Job{Message: msg, ID: entry.ID, Deliveries: maxDeliveries}); err != nil {
+	if err := c.Inspector().Handler(onceflow.DefaultQueue).Handle(ctx, &queue.Job{Message: msg, ID: entry.ID, Deliveries: maxDeliveries}); err != nil {
 		t.Fatalf("the committing run: %v", err)
 	}
 	if err := rdb.Do(ctx, "XCLAIM", keys.Stream(), queue.DefaultGroup, "dead", 0, entry.ID, "IDLE", 3_600_000, "RETRYCOUNT", maxDeliveries, "JUSTID").Err(); err != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/outbox/pgoutbox"
 	"github.com/onceflow/onceflow/queue"
+	"github.com/onceflow/onceflow/retry"
 )
 
 // TopicEnqueue is the outbox topic of the jobs EnqueueTx writes. Its sender is built
@@ -109,12 +110,12 @@ func runAtMillis(t time.Time) int64 {
 func (c *Client) sendEnqueue(ctx context.Context, om outbox.Message) error {
 	var in enqueueIntent
 	if err := json.Unmarshal(om.Payload, &in); err != nil {
-		return outbox.Permanent(fmt.Errorf("decode %s row: %w", TopicEnqueue, err))
+		return retry.Permanent(fmt.Errorf("decode %s row: %w", TopicEnqueue, err))
 	}
 	m := queue.Message{JobID: in.JobID, Kind: in.Kind, Tenant: in.Tenant, Payload: json.RawMessage(in.Args),
 		EnqueuedAt: time.UnixMilli(in.EnqueuedAt), TraceParent: in.TraceParent}
 	if err := c.keys(in.Queue).Validate(); err != nil {
-		return outbox.Permanent(fmt.Errorf("%s row: %w", TopicEnqueue, err))
+		return retry.Permanent(fmt.Errorf("%s row: %w", TopicEnqueue, err))
 	}
 	keys, err := c.enqueueKeys(ctx, in.Queue, in.JobID)
 	if redisUnreachable(err) {
@@ -123,7 +124,7 @@ func (c *Client) sendEnqueue(ctx context.Context, om outbox.Message) error {
 		return err
 	}
 	if err := m.Validate(); err != nil {
-		return outbox.Permanent(fmt.Errorf("%s row: %w", TopicEnqueue, err))
+		return retry.Permanent(fmt.Errorf("%s row: %w", TopicEnqueue, err))
 	}
 	var runAt time.Time
 	if in.RunAt > 0 {
@@ -132,13 +133,13 @@ func (c *Client) sendEnqueue(ctx context.Context, om outbox.Message) error {
 	if in.Key != "" {
 		_, err = c.acceptKeyed(ctx, EnqueueScopeOn(keys.Queue, m.Tenant, m.Kind, in.Key), m, keys, runAt)
 		if errors.Is(err, idempotency.ErrKeyReused) {
-			return outbox.Permanent(err)
+			return retry.Permanent(err)
 		}
 	} else {
 		err = c.enqueue(ctx, keys, m, runAt)
 	}
 	if errors.Is(err, ErrJobIDTaken) { // another tenant's job id: no retry can change that
-		return outbox.Permanent(err)
+		return retry.Permanent(err)
 	}
 	if redisUnreachable(err) && !errors.Is(err, outbox.ErrUnavailable) {
 		return outbox.Unavailable(err)

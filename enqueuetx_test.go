@@ -104,7 +104,7 @@ func newEnqueueEnv(t *testing.T) *dbEnv {
 func relayPass(t *testing.T, e *dbEnv, c *onceflow.Client, store outbox.Store, cfg outbox.Config) (outbox.PassResult, error) {
 	t.Helper()
 	cfg.Logger = testenv.Logger(t)
-	r, err := outbox.NewRelay(store, c.Sender(), cfg)
+	r, err := outbox.NewRelay(store, c.Inspector().Sender(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,9 +129,13 @@ func TestEnqueueTxEnqueuesIfAndOnlyIfTheTransactionCommits(t *testing.T) {
 
 	kept := e.enqueueInTx(c, refundArgs{OrderID: "o-committed", AmountCents: 100}, nil, true)
 	runClient(t, c)
-	testenv.WaitFor(t, 20*time.Second, "the committed job's completion", func() bool {
+	// The relay marks the row sent after its enqueue, so the job may finish first.
+	sent := func() int {
+		return e.count(`SELECT count(*) FROM outbox WHERE topic = $1 AND sent_at IS NOT NULL`, onceflow.TopicEnqueue)
+	}
+	testenv.WaitFor(t, 20*time.Second, "the committed job's completion and its row marked sent", func() bool {
 		n, _, _ := e.effects(kept.JobID)
-		return n == 1 && e.pending() == 0
+		return n == 1 && e.pending() == 0 && sent() == 1
 	})
 	e.onlyJob(kept.JobID)
 	if n := e.added(); n != 1 || runs.Load() != 1 {
@@ -140,7 +144,7 @@ func TestEnqueueTxEnqueuesIfAndOnlyIfTheTransactionCommits(t *testing.T) {
 	if c, _, _ := e.effects(gone.JobID); c != 0 {
 		t.Fatal("the rolled-back job completed")
 	}
-	if n := e.count(`SELECT count(*) FROM outbox WHERE topic = $1 AND sent_at IS NOT NULL`, onceflow.TopicEnqueue); n != 1 {
+	if n := sent(); n != 1 {
 		t.Fatalf("%d enqueue rows marked sent, want 1", n)
 	}
 }

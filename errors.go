@@ -23,13 +23,12 @@ import (
 // exhausted provider quota and PostgreSQL unreachable under the ledger as Unavailable,
 // and a call the model's limiter put off as a wait (ErrWaiting).
 // The outbox relay reads the same markers on a Sender's error: Permanent
-// (outbox.Permanent) exhausts the row at once, Unavailable (outbox.Unavailable) retries
+// (retry.Permanent) exhausts the row at once, Unavailable (outbox.Unavailable) retries
 // it without counting an attempt, never exhausting it, and any other error counts an
 // attempt; the sender of EnqueueTx's rows returns Redis unreachable as Unavailable.
 var (
-	// ErrPermanent is matched by every error marked with Permanent, by whichever package
-	// marked it (retry.Permanent, queue.Permanent and outbox.Permanent are the same
-	// marker).
+	// ErrPermanent is matched by every error marked with Permanent (Permanent and
+	// retry.Permanent are the same marker).
 	ErrPermanent = retry.ErrPermanent
 	// ErrUnavailable is matched by errors that say a dependency is down rather than
 	// that the job failed: Unavailable's, and an open circuit breaker's.
@@ -52,6 +51,29 @@ var (
 	// completed by a job of another tenant or kind fails permanently with it too (the
 	// job is dead-lettered with the reason, never silently taken as done).
 	ErrJobIDTaken = queue.ErrJobIDTaken
+
+	// ErrClientRunning is returned by a second concurrent call of Client.Run.
+	ErrClientRunning = errors.New("onceflow: client already running")
+
+	// ErrJobNotFound is returned by JobState for an id no job has, or has for another
+	// tenant: a tenant cannot learn that another's job exists.
+	ErrJobNotFound = errors.New("onceflow: no such job")
+
+	// ErrRedisOptions is matched by CheckRedis's errors.
+	ErrRedisOptions = errors.New("onceflow: unsafe Redis client options")
+
+	// ErrSomeRedisNodesDown is matched by PingRedis's error when some primaries of a Redis
+	// Cluster answered and some did not: the partitions whose slots the silent ones hold
+	// cannot be used until they come back or their replicas take over, the others can.
+	ErrSomeRedisNodesDown = errors.New("some primaries of the Redis Cluster do not answer")
+
+	// ErrUnknownQueue is returned by RunWorkers for a queue the client's Config does not
+	// list (Config.Queues and the workflows' queues).
+	ErrUnknownQueue = errors.New("onceflow: unknown queue")
+
+	// ErrNoModel is matched by the permanent error of Job.Complete and Job.Stream on a
+	// Client without Config.Model (or on a Job that no Client delivered).
+	ErrNoModel = errors.New("onceflow: no model (Config.Model is not set)")
 )
 
 // Permanent marks err as a failure no retry can fix: a Worker that returns it has its job

@@ -54,22 +54,22 @@ func ExampleJob_Committed() {
 	// duplicate
 }
 
-// A workflow reads its own tables through the client's pool (Client.DB) and inspects its
-// queue with the queue package (Client.Redis, Client.QueueKeys).
-func ExampleClient_QueueKeys() {
+// A workflow reads its own tables through the client's pool (Inspector.DB) and inspects its
+// queue with the queue package (Inspector.Redis, Inspector.QueueKeys).
+func ExampleInspector_QueueKeys() {
 	rdb, prefix, db, done := exampleStores(``)
 	defer done()
 	client, err := onceflow.NewClient(onceflow.Config{Redis: rdb, DB: db, Prefix: prefix})
 	must(err)
-	keys := client.QueueKeys("default")
-	fmt.Println(keys.Stream() == prefix+":{default}:stream", client.DB() == db, client.Redis() == rdb)
+	keys := client.Inspector().QueueKeys("default")
+	fmt.Println(keys.Stream() == prefix+":{default}:stream", client.Inspector().DB() == db, client.Inspector().Redis() == rdb)
 	// Output: true true true
 }
 
 // A queue of three partitions has three sets of keys, each under a hash tag of its own
 // (a Redis Cluster spreads them over its nodes); inspecting the whole queue reads them
 // all, here with queue.ReadStatsOf.
-func ExampleClient_QueuePartitions() {
+func ExampleInspector_QueuePartitions() {
 	rdb, prefix, _, done := exampleStores(``)
 	defer done()
 	client, err := onceflow.NewClient(onceflow.Config{Redis: rdb, Prefix: prefix,
@@ -80,7 +80,7 @@ func ExampleClient_QueuePartitions() {
 		_, err := client.Enqueue(ctx, Visit{Page: fmt.Sprintf("/p%d", i)}, nil)
 		must(err)
 	}
-	parts, err := client.QueuePartitions(ctx, "default")
+	parts, err := client.Inspector().QueuePartitions(ctx, "default")
 	must(err)
 	for _, keys := range parts {
 		fmt.Println(strings.TrimPrefix(keys.Stream(), prefix))
@@ -118,12 +118,12 @@ func ExampleClient_LoadScripts() {
 // Breakers are the circuit breakers the queues wait on: a readiness check reports the
 // open ones (Err says since when and why), and breaker.Set combines them into the gate
 // of a worker of one's own.
-func ExampleClient_Breakers() {
+func ExampleInspector_Breakers() {
 	rdb, prefix, db, done := exampleStores(``)
 	defer done()
 	client, err := onceflow.NewClient(onceflow.Config{Redis: rdb, DB: db, Prefix: prefix})
 	must(err)
-	for _, b := range client.Breakers() {
+	for _, b := range client.Inspector().Breakers() {
 		fmt.Println(b.Name(), b.Err())
 	}
 	// Output:

@@ -43,12 +43,12 @@ func ExampleNewClient() {
 	if err != nil {
 		panic(err)
 	}
-	fmt.Println(client.Queues())
+	fmt.Println(client.Inspector().Queues())
 	// Output: [email images]
 }
 
 // Queues lists the queues Run works: Config.Queues, and those of the workflows.
-func ExampleClient_Queues() {
+func ExampleInspector_Queues() {
 	rdb, _ := onceflow.NewRedis("redis://127.0.0.1:6379/0")
 	defer rdb.Close()
 	client, err := onceflow.NewClient(onceflow.Config{Redis: rdb, Workflows: []onceflow.Workflow{
@@ -57,7 +57,7 @@ func ExampleClient_Queues() {
 	if err != nil {
 		panic(err)
 	}
-	fmt.Println(client.Queues())
+	fmt.Println(client.Inspector().Queues())
 	// Output: [images]
 }
 
@@ -236,7 +236,7 @@ func ExampleStateHandler() {
 
 // A program that builds its own queue.Worker runs the client's jobs with Handler: the
 // routing by kind, the decoding and the middleware are the same as Run's.
-func ExampleClient_Handler() {
+func ExampleInspector_Handler() {
 	rdb, prefix, _, done := exampleStores("SELECT 1")
 	defer done()
 	resized := make(chan string, 1)
@@ -252,7 +252,7 @@ func ExampleClient_Handler() {
 	w, err := queue.NewWorker(queue.WorkerConfig{
 		Redis:   rdb,
 		Keys:    queue.Keys{Prefix: prefix, Queue: onceflow.DefaultQueue},
-		Handler: client.Handler(onceflow.DefaultQueue),
+		Handler: client.Inspector().Handler(onceflow.DefaultQueue),
 	})
 	if err != nil {
 		panic(err)
@@ -271,15 +271,15 @@ func ExampleClient_Handler() {
 
 // A process that runs the outbox relay on its own sends what Run's relay would:
 // Config.Senders by topic and EnqueueTx's jobs. Here a job enqueued in a transaction
-// reaches its queue through a relay built on client.Sender().
-func ExampleClient_Sender() {
+// reaches its queue through a relay built on client.Inspector().Sender().
+func ExampleInspector_Sender() {
 	rdb, prefix, db, done := exampleStores("SELECT 1")
 	defer done()
 	client, err := onceflow.NewClient(onceflow.Config{Redis: rdb, DB: db, Prefix: prefix})
 	if err != nil {
 		panic(err)
 	}
-	relay, err := outbox.NewRelay(pgoutbox.New(db), client.Sender(), outbox.Config{PollInterval: 20 * time.Millisecond})
+	relay, err := outbox.NewRelay(pgoutbox.New(db), client.Inspector().Sender(), outbox.Config{PollInterval: 20 * time.Millisecond})
 	if err != nil {
 		panic(err)
 	}
@@ -357,7 +357,7 @@ func ExampleWorkflow() {
 		panic(err)
 	}
 	_, pattern := mux.Handler(httptest.NewRequest("POST", "/v1/resizes", nil))
-	fmt.Println(client.Queues(), pattern)
+	fmt.Println(client.Inspector().Queues(), pattern)
 	// Output: [images] POST /v1/resizes
 }
 
@@ -384,14 +384,14 @@ func ExampleClient_Mount() {
 }
 
 // Workflows returns the workflows, for a host that lists or audits them.
-func ExampleClient_Workflows() {
+func ExampleInspector_Workflows() {
 	rdb, _ := onceflow.NewRedis("redis://127.0.0.1:6379/0")
 	defer rdb.Close()
 	client, err := onceflow.NewClient(onceflow.Config{Redis: rdb, Workflows: []onceflow.Workflow{images(nil), {Name: "billing"}}})
 	if err != nil {
 		panic(err)
 	}
-	for _, wf := range client.Workflows() {
+	for _, wf := range client.Inspector().Workflows() {
 		fmt.Println(wf.Name)
 	}
 	// Output:
@@ -570,7 +570,7 @@ func ExampleAuditReport_OK() {
 
 // Completion reads a finished job's completion record whatever its tenant: for operator
 // tools (package adminui), never for an API a tenant calls, which JobState serves.
-func ExampleClient_Completion() {
+func ExampleInspector_Completion() {
 	rdb, prefix, db, done := exampleStores(`CREATE TABLE refunds (job_id text PRIMARY KEY, order_id text, amount_cents int)`)
 	defer done()
 	workers := onceflow.NewWorkers()
@@ -594,12 +594,12 @@ func ExampleClient_Completion() {
 		panic(err)
 	}
 	waitDone(client, "acme", res.JobID)
-	st, err := client.Completion(ctx, res.JobID)
+	st, err := client.Inspector().Completion(ctx, res.JobID)
 	if err != nil {
 		panic(err)
 	}
 	fmt.Println(st.Status, st.Tenant, st.Kind, string(st.Result))
-	_, err = client.Completion(ctx, "no-such-job")
+	_, err = client.Inspector().Completion(ctx, "no-such-job")
 	fmt.Println(errors.Is(err, onceflow.ErrJobNotFound))
 	// Output:
 	// done acme refund {"refunded_cents": 300}

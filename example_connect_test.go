@@ -25,7 +25,7 @@ func ExampleNewRedis() {
 	if err != nil {
 		panic(err)
 	}
-	fmt.Println(client.Queues(), rdb.Ping(context.Background()).Val())
+	fmt.Println(client.Inspector().Queues(), rdb.Ping(context.Background()).Val())
 	// Output: [default] PONG
 }
 

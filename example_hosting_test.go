@@ -100,7 +100,7 @@ func ExampleClient_RunRelay() {
 }
 
 // A workflow's Audit reads its own tables with the client's pool.
-func ExampleClient_DB() {
+func ExampleInspector_DB() {
 	rdb, prefix, db, done := exampleStores(`CREATE TABLE tickets (id text PRIMARY KEY)`)
 	defer done()
 	client, err := onceflow.NewClient(onceflow.Config{Redis: rdb, DB: db, Prefix: prefix})
@@ -108,7 +108,7 @@ func ExampleClient_DB() {
 		panic(err)
 	}
 	var n int64
-	if err := client.DB().QueryRow(context.Background(), `SELECT count(*) FROM tickets`).Scan(&n); err != nil {
+	if err := client.Inspector().DB().QueryRow(context.Background(), `SELECT count(*) FROM tickets`).Scan(&n); err != nil {
 		panic(err)
 	}
 	fmt.Println("tickets:", n)

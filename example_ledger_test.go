@@ -13,7 +13,7 @@ import (
 
 // Ledger reads the llm_calls row of a step by its key: the recorded answer every later
 // delivery of the job gets instead of a second model call.
-func ExampleClient_Ledger() {
+func ExampleInspector_Ledger() {
 	env := newModelExample(fakeserver.Config{}) // Redis, PostgreSQL and fake-llm for the example
 	defer env.close()
 	keys := make(chan string, 1)
@@ -37,7 +37,7 @@ func ExampleClient_Ledger() {
 	_, err = client.Enqueue(ctx, summaryArgs{Text: "Two parcels, one refund."}, nil)
 	must(err)
 
-	row, err := client.Ledger().Get(ctx, <-keys)
+	row, err := client.Inspector().Ledger().Get(ctx, <-keys)
 	must(err)
 	fmt.Println(row.State, row.Provider, row.Model, "attempts:", row.Attempt)
 	// Output: succeeded openai gpt-4.1-mini attempts: 1
@@ -45,13 +45,13 @@ func ExampleClient_Ledger() {
 
 // ModelBreaker is open while the model's quota is exhausted or its calls keep failing
 // (the queues then take no work); report it in a readiness check.
-func ExampleClient_ModelBreaker() {
+func ExampleInspector_ModelBreaker() {
 	env := newModelExample(fakeserver.Config{})
 	defer env.close()
 	client, err := onceflow.NewClient(onceflow.Config{Redis: env.rdb, DB: env.db, Prefix: env.prefix,
 		Model: openai.New(openai.Config{BaseURL: env.modelURL, APIKey: "fake"})})
 	must(err)
-	b := client.ModelBreaker()
+	b := client.Inspector().ModelBreaker()
 	fmt.Println(b.Name(), "open:", b.Err() != nil)
 	// Output: llm open: false
 }

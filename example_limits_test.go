@@ -8,9 +8,9 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/limiter"
 	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/llm/fakeserver"
-	"github.com/onceflow/onceflow/limiter"
 	"github.com/onceflow/onceflow/llm/openai"
 )
 
@@ -18,7 +18,7 @@ import (
 // process, fair shares, and tenants' daily token budgets. A job whose call does not fit
 // its tenant's budget waits, queued, without spending an attempt; JobState says why,
 // and the limiter shows what the tenant spent.
-func ExampleClient_Limiter() {
+func ExampleInspector_Limiter() {
 	env := newModelExample(fakeserver.Config{}) // Redis, PostgreSQL and fake-llm for the example
 	defer env.close()
 
@@ -59,12 +59,12 @@ func ExampleClient_Limiter() {
 	st := wait("acme", second.JobID, func(st *onceflow.JobState) bool { return st.Waiting != "" })
 	fmt.Println(st.Status, "-", st.Waiting[:strings.Index(st.Waiting, " (")])
 
-	usage, err := client.Limiter().Usage(ctx, time.Now(), "acme")
+	usage, err := client.Inspector().Limiter().Usage(ctx, time.Now(), "acme")
 	if err != nil {
 		log.Fatal(err)
 	}
 	for _, u := range usage {
-		fmt.Printf("%s: budget used %d of %d tokens\n", u.Tenant, u.BudgetUsed, client.Limiter().Budget(u.Tenant))
+		fmt.Printf("%s: budget used %d of %d tokens\n", u.Tenant, u.BudgetUsed, client.Inspector().Limiter().Budget(u.Tenant))
 	}
 	// Output:
 	// queued - token budget of tenant acme is spent for today

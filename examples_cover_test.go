@@ -19,10 +19,11 @@ func TestEveryEntryPointHasAnExample(t *testing.T) {
 		"Commit.Emit":     "ExampleJob_Commit",
 		"Commit.Result":   "ExampleJob_Commit",
 		// Accessors shown in the examples of their neighbours.
-		"Client.DB":       "ExampleClient_QueueKeys",
-		"Client.Redis":    "ExampleClient_QueueKeys",
-		"Client.RunRelay": "ExampleClient_RunWorkers",
-		"Job.Client":      "ExampleJob_Committed",
+		"Inspector.DB":     "ExampleInspector_QueueKeys",
+		"Inspector.Redis":  "ExampleInspector_QueueKeys",
+		"Client.Inspector": "ExampleInspector_QueueKeys (every Inspector example starts with it)",
+		"Client.RunRelay":  "ExampleClient_RunWorkers",
+		"Job.Client":       "ExampleJob_Committed",
 	}
 	missing := doccheck.MissingExamples(t, ".", "github.com/onceflow/onceflow", covered)
 	if len(missing) > 0 {

@@ -58,7 +58,7 @@ type Job[T JobArgs] struct {
 }
 
 // Client returns the Client that delivered the job (nil for a Job it did not deliver),
-// for a Worker's reads of its own tables (Client.DB).
+// for a Worker's reads of its own tables (Inspector.DB).
 func (j *Job[T]) Client() *Client {
 	if j.run == nil {
 		return nil

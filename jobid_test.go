@@ -75,7 +75,7 @@ func TestCommitOfAnIDCompletedByAnotherJobIsRefused(t *testing.T) {
 		})
 	}))
 	c := e.client(onceflow.Config{Workers: ws})
-	h := c.Handler(onceflow.DefaultQueue)
+	h := c.Inspector().Handler(onceflow.DefaultQueue)
 	run := func(kind, tenant string, args any, entry string) error {
 		payload, _ := json.Marshal(args)
 		return h.Handle(context.Background(), &queue.Job{

@@ -197,7 +197,7 @@ func TestStateOfAJobOnAQueueTheClientDoesNotRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := rdb.XLen(ctx, c.QueueKeys(res.Queue).Stream()).Val(); res.Queue != "mail" || n != 1 {
+	if n := rdb.XLen(ctx, c.Inspector().QueueKeys(res.Queue).Stream()).Val(); res.Queue != "mail" || n != 1 {
 		t.Fatalf("enqueued to %q (%d entries), want mail", res.Queue, n)
 	}
 	st, err := c.JobState(ctx, "acme", res.JobID)
@@ -277,7 +277,7 @@ func TestKeyedEnqueueOnAnotherQueueIsAnotherJob(t *testing.T) {
 	if _, err := c.Enqueue(ctx, sortArgs{Strings: []string{"c"}}, urgent); !errors.Is(err, idempotency.ErrKeyReused) {
 		t.Fatalf("other arguments on that queue: %v, want ErrKeyReused", err)
 	}
-	if n := rdb.XLen(ctx, c.QueueKeys("urgent").Stream()).Val(); n != 1 {
+	if n := rdb.XLen(ctx, c.Inspector().QueueKeys("urgent").Stream()).Val(); n != 1 {
 		t.Fatalf("%d jobs on urgent, want 1", n)
 	}
 }
@@ -308,7 +308,7 @@ func TestRouteQueueIsFixedSoAKeyIsOneJob(t *testing.T) {
 		t.Errorf("the same key with another body: %d %s; want 422", a.code, a.body)
 	}
 	ctx := context.Background()
-	if u, d := rdb.XLen(ctx, c.QueueKeys("urgent").Stream()).Val(), rdb.XLen(ctx, c.QueueKeys(onceflow.DefaultQueue).Stream()).Val(); u != 1 || d != 0 {
+	if u, d := rdb.XLen(ctx, c.Inspector().QueueKeys("urgent").Stream()).Val(), rdb.XLen(ctx, c.Inspector().QueueKeys(onceflow.DefaultQueue).Stream()).Val(); u != 1 || d != 0 {
 		t.Fatalf("jobs on urgent %d, on default %d; want 1 and 0", u, d)
 	}
 }
@@ -346,7 +346,7 @@ func TestWorkflowQueuesDoNotDropTheDefaultQueue(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	if sorted.Load() != 1 {
-		t.Fatalf("the plain workflow's job never ran: the client works queues %v", c.Queues())
+		t.Fatalf("the plain workflow's job never ran: the client works queues %v", c.Inspector().Queues())
 	}
 }
 

@@ -12,9 +12,9 @@ import (
 
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/limiter"
 	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/llm/fakeserver"
-	"github.com/onceflow/onceflow/limiter"
 	"github.com/onceflow/onceflow/llm/openai"
 	"github.com/onceflow/onceflow/queue"
 )

@@ -11,10 +11,10 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/breaker"
-	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/ledger"
 	"github.com/onceflow/onceflow/limiter"
 	"github.com/onceflow/onceflow/limiter/pgbudget"
+	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/llm/llmmetrics"
 	"github.com/onceflow/onceflow/llm/toolkey"
 	"github.com/onceflow/onceflow/queue"
@@ -24,10 +24,6 @@ import (
 // DefaultProvider names the model's provider in ledger rows and metrics when
 // Config.Provider is empty.
 const DefaultProvider = "llm"
-
-// ErrNoModel is matched by the permanent error of Job.Complete and Job.Stream on a
-// Client without Config.Model (or on a Job that no Client delivered).
-var ErrNoModel = errors.New("onceflow: no model (Config.Model is not set)")
 
 // model is the model machinery of a Client with Config.Model.
 type model struct {
@@ -66,7 +62,7 @@ func (c *Client) setupModel() error {
 	}
 	// A row must outlive every redelivery of its job, or a late delivery calls again.
 	retention := cmp.Or(lc.Retention, ledger.DefaultRetention)
-	for _, name := range c.Queues() {
+	for _, name := range c.queueNames() {
 		qc := c.queues[name]
 		deliveries := cmp.Or(qc.MaxDeliveries, queue.DefaultMaxDeliveries)
 		wait := max(cmp.Or(qc.ClaimIdle, queue.DefaultClaimIdle), cmp.Or(qc.RetryMax, queue.DefaultRetryMax))
@@ -137,15 +133,6 @@ func (c *Client) newLimiter(provider string) (*limiter.Limiter, error) {
 	return lim, nil
 }
 
-// Limiter returns the admission control of the client's model calls (nil without
-// Config.Model, or with Config.NoLimits), for its state and tools.
-func (c *Client) Limiter() *limiter.Limiter {
-	if c.model == nil {
-		return nil
-	}
-	return c.model.limiter
-}
-
 // checkPolicy refuses negative settings of Config.ModelRetry, naming the field.
 func checkPolicy(p retry.Policy) error {
 	for name, d := range map[string]time.Duration{"Base": p.Base, "Cap": p.Cap, "PerCallTimeout": p.PerCallTimeout,
@@ -158,27 +145,6 @@ func checkPolicy(p retry.Policy) error {
 		return fmt.Errorf("onceflow: Config.ModelRetry.MaxAttempts %d must not be negative", p.MaxAttempts)
 	}
 	return nil
-}
-
-// ModelBreaker returns the circuit breaker of the client's model calls (nil without
-// Config.Model): open while the provider's quota is exhausted, or after
-// BreakerThreshold calls in a row failed with a 5xx, a timeout or a lost connection,
-// until a probe succeeds. Report it in a readiness check; its Err says since when and
-// why it is open. It is one of Breakers.
-func (c *Client) ModelBreaker() *breaker.Breaker {
-	if c.model == nil {
-		return nil
-	}
-	return c.model.breaker
-}
-
-// Ledger returns the llm_calls ledger of the client's model calls (nil without
-// Config.Model), for inspection (Get) and audits.
-func (c *Client) Ledger() *ledger.Ledger {
-	if c.model == nil {
-		return nil
-	}
-	return c.model.ledger
 }
 
 // Step is the answer to one model call of a job, named by the job and a step name: see

@@ -16,10 +16,10 @@ import (
 
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/ledger"
 	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/llm/fake"
 	"github.com/onceflow/onceflow/llm/fakeserver"
-	"github.com/onceflow/onceflow/ledger"
 	"github.com/onceflow/onceflow/llm/openai"
 	"github.com/onceflow/onceflow/llm/toolkey"
 	"github.com/onceflow/onceflow/queue"
@@ -114,7 +114,7 @@ func (e *modelEnv) waitRuns(n int) []run {
 
 func (e *modelEnv) row(key string) *ledger.Row {
 	e.t.Helper()
-	r, err := e.client.Ledger().Get(context.Background(), key)
+	r, err := e.client.Inspector().Ledger().Get(context.Background(), key)
 	if err != nil {
 		e.t.Fatalf("ledger row %s: %v", key, err)
 	}
@@ -393,7 +393,7 @@ func TestQuotaHandsTheJobBackAndTheGateHoldsTheQueue(t *testing.T) {
 		e.enqueue("Ticket " + text + ".")
 	}
 	e.start()
-	testenv.WaitFor(t, 10*time.Second, "the breaker to open", func() bool { return e.client.ModelBreaker().Err() != nil })
+	testenv.WaitFor(t, 10*time.Second, "the breaker to open", func() bool { return e.client.Inspector().ModelBreaker().Err() != nil })
 	time.Sleep(probe * 3 / 4) // several ClaimIdle periods while the breaker is open
 	if runs := e.runs.all(); len(runs) > 2 || e.calls() != 1 || !errors.Is(runs[0].err, onceflow.ErrUnavailable) {
 		t.Fatalf("while open: %d runs (first: %v), %d model calls; want the quota's run (unavailable), at most one more, one call", len(runs), runs[0].err, e.calls())
@@ -418,7 +418,7 @@ func TestQuotaHandsTheJobBackAndTheGateHoldsTheQueue(t *testing.T) {
 	if st := e.fake.Stats(); st.ByStatus["429"] != 1 || st.ByStatus["200"] != 4 {
 		t.Fatalf("model stats %+v, want one quota answer and one answer per job", st)
 	}
-	if err := e.client.ModelBreaker().Err(); err != nil {
+	if err := e.client.Inspector().ModelBreaker().Err(); err != nil {
 		t.Fatalf("breaker still open: %v", err)
 	}
 }
@@ -569,7 +569,7 @@ func TestStreamDropMidwayAndRetryBeforeTheFirstChunk(t *testing.T) {
 		}
 		got.calls, got.step = e.calls(), s.Step()
 		if got.err != nil {
-			if r, err := e.client.Ledger().Get(ctx, s.Key()); err == nil {
+			if r, err := e.client.Inspector().Ledger().Get(ctx, s.Key()); err == nil {
 				got.partial = r.Partial
 			}
 		}
@@ -639,7 +639,7 @@ func TestModelSettingsAreChecked(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.ModelBreaker() == nil || c.Ledger() == nil {
-		t.Fatalf("breaker %v, ledger %v; want both", c.ModelBreaker(), c.Ledger())
+	if c.Inspector().ModelBreaker() == nil || c.Inspector().Ledger() == nil {
+		t.Fatalf("breaker %v, ledger %v; want both", c.Inspector().ModelBreaker(), c.Inspector().Ledger())
 	}
 }

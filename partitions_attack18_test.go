@@ -54,7 +54,7 @@ func TestAttack18ChangedPartitionsCommitWritesOnce(t *testing.T) {
 				t.Fatalf("second accept: %+v, %v; want job %s", again, err, id)
 			}
 			runClient(t, after)
-			parts, err := after.QueuePartitions(ctx, onceflow.DefaultQueue)
+			parts, err := after.Inspector().QueuePartitions(ctx, onceflow.DefaultQueue)
 			if err != nil || len(parts) != max(3, to) {
 				t.Fatalf("QueuePartitions: %d, %v", len(parts), err)
 			}

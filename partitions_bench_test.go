@@ -13,8 +13,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/onceflow/onceflow"
-	"github.com/onceflow/onceflow/internal/testenv/roundtrip"
 	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/internal/testenv/roundtrip"
 )
 
 // Run with (docs/BENCHMARKS.md, "Partitions on a Redis Cluster"):

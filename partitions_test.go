@@ -53,7 +53,7 @@ func TestPartitionedQueueOnARedisCluster(t *testing.T) {
 			t.Fatal(err)
 		}
 		ids[key] = res.JobID
-		keys := cl.QueueKeys(onceflow.DefaultQueue).InPartition(queue.PartitionOf(res.JobID, parts))
+		keys := cl.Inspector().QueueKeys(onceflow.DefaultQueue).InPartition(queue.PartitionOf(res.JobID, parts))
 		scope := onceflow.EnqueueScopeOn(onceflow.DefaultQueue, tenant, "sort", key)
 		record := fmt.Sprintf("%s:{%s}:idem:%s", prefix, keys.Name(), scope.Hash())
 		if n, err := rdb.Exists(ctx, record, keys.Job(res.JobID)).Result(); err != nil || n != 2 {

@@ -32,7 +32,7 @@ func TestWorkerOfAKindWithItsOwnQueueRunsItsJobs(t *testing.T) {
 		t.Fatal(err)
 	}
 	if _, err := c.JobState(ctx, "demo", res.JobID); err != nil {
-		t.Errorf("JobState of the job just enqueued to %q: %v (the client's queues: %v)", res.Queue, err, c.Queues())
+		t.Errorf("JobState of the job just enqueued to %q: %v (the client's queues: %v)", res.Queue, err, c.Inspector().Queues())
 	}
 	runClient(t, c)
 	deadline := time.Now().Add(10 * time.Second)
@@ -40,6 +40,6 @@ func TestWorkerOfAKindWithItsOwnQueueRunsItsJobs(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	if runs.Load() != 1 {
-		t.Errorf("the job on queue %q ran %d times in 10s, want 1: the client has its kind's worker but works only %v", res.Queue, runs.Load(), c.Queues())
+		t.Errorf("the job on queue %q ran %d times in 10s, want 1: the client has its kind's worker but works only %v", res.Queue, runs.Load(), c.Inspector().Queues())
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/queue"
+	"github.com/onceflow/onceflow/retry"
 )
 
 // redisUnreachable tells Redis's outages from failing commands, on errors produced by a
@@ -134,7 +135,7 @@ func TestSendEnqueueMarksRedisOutagesUnavailable(t *testing.T) {
 	srv.Stop()
 	for _, key := range []string{"", "key-1"} {
 		err := c.sendEnqueue(ctx, row(key))
-		if !errors.Is(err, outbox.ErrUnavailable) || outbox.IsPermanent(err) {
+		if !errors.Is(err, outbox.ErrUnavailable) || retry.IsPermanent(err) {
 			t.Errorf("key %q, Redis stopped: %v, want Unavailable", key, err)
 		}
 		var once interface{ Unwrap() error }
@@ -142,7 +143,7 @@ func TestSendEnqueueMarksRedisOutagesUnavailable(t *testing.T) {
 			t.Errorf("key %q: %v marked Unavailable twice", key, err)
 		}
 	}
-	if err := c.sendEnqueue(ctx, outbox.Message{Topic: TopicEnqueue, Payload: []byte(`not json`)}); !outbox.IsPermanent(err) || errors.Is(err, outbox.ErrUnavailable) {
+	if err := c.sendEnqueue(ctx, outbox.Message{Topic: TopicEnqueue, Payload: []byte(`not json`)}); !retry.IsPermanent(err) || errors.Is(err, outbox.ErrUnavailable) {
 		t.Errorf("undecodable row with Redis stopped: %v, want permanent only", err)
 	}
 }

@@ -12,8 +12,8 @@ import (
 
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/idempotency"
-	"github.com/onceflow/onceflow/internal/testenv/roundtrip"
 	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/internal/testenv/roundtrip"
 )
 
 type ticketArgs struct {

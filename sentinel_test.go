@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow"
-	"github.com/onceflow/onceflow/internal/testenv/cluster"
 	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/internal/testenv/cluster"
 )
 
 // A Sentinel-managed primary (ONCEFLOW_REDIS_URL with master_name: go-redis's failover

@@ -55,10 +55,6 @@ type JobState struct {
 	Waiting string `json:"waiting,omitempty"`
 }
 
-// ErrJobNotFound is returned by JobState for an id no job has, or has for another
-// tenant: a tenant cannot learn that another's job exists.
-var ErrJobNotFound = errors.New("onceflow: no such job")
-
 // JobState returns the state of job id for tenant: done (its completion record, read from
 // PostgreSQL), else failed, running, done without a Commit or queued (its job index and
 // its stream entry, read from Redis, in each queue the client works, enqueued to or
@@ -85,17 +81,6 @@ func (c *Client) JobState(ctx context.Context, tenant, id string) (*JobState, er
 		}
 	}
 	return nil, ErrJobNotFound
-}
-
-// Completion returns the completion record of job id whatever its tenant (Tenant is
-// set): for operator tools (the adminui package), never for an API a tenant calls
-// (JobState checks the tenant). A job without one (not done, never done with a Commit,
-// or an unknown id) gives ErrJobNotFound; so does a client without DB.
-func (c *Client) Completion(ctx context.Context, id string) (*JobState, error) {
-	if c.cfg.DB == nil {
-		return nil, ErrJobNotFound
-	}
-	return c.completion(ctx, id)
 }
 
 // completed reads the completion record of id, if it is tenant's.

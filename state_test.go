@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow"
-	"github.com/onceflow/onceflow/internal/testenv/roundtrip"
 	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/internal/testenv/roundtrip"
 )
 
 // A job goes queued, running, done in JobState, whether it finished with a Commit (done,

@@ -136,9 +136,6 @@ func validName(s string) bool {
 	return true
 }
 
-// Workflows returns the workflows of the client's Config, in order.
-func (c *Client) Workflows() []Workflow { return slices.Clone(c.cfg.Workflows) }
-
 // Mount mounts every workflow's routes on mux (Workflow.Routes), in order.
 func (c *Client) Mount(mux *http.ServeMux) error {
 	var errs []error

@@ -43,7 +43,7 @@ func TestWorkflowBringsQueuesWorkersAndRoutes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := strings.Join(c.Queues(), ","); got != "default,mail" {
+	if got := strings.Join(c.Inspector().Queues(), ","); got != "default,mail" {
 		t.Fatalf("queues %s, want default,mail", got)
 	}
 	if got := strings.Join(mine.Kinds(), ","); got != "sort" {

@@ -262,7 +262,7 @@ func TestAttackStoredAndReflectedXSS(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	db := e.Client.DB()
+	db := e.Client.Inspector().DB()
 	if _, err := db.Exec(ctx, `INSERT INTO outbox (topic, dedupe_key, payload, attempts, last_error, exhausted_at) VALUES ($1, $2, '{}', 3, $1, now())`,
 		xss, xss+"-"+xss); err != nil {
 		t.Fatal(err)
@@ -324,7 +324,7 @@ func TestAttackSearchOpenRedirect(t *testing.T) {
 	e := adminuitest.New(t, adminui.Config{})
 	ctx := context.Background()
 	// An effect whose dedupe key is a redirect and embeds no job.
-	if _, err := e.Client.DB().Exec(ctx, `INSERT INTO outbox (topic, dedupe_key, payload) VALUES ('t', '//evil.example', '{}')`); err != nil {
+	if _, err := e.Client.Inspector().DB().Exec(ctx, `INSERT INTO outbox (topic, dedupe_key, payload) VALUES ('t', '//evil.example', '{}')`); err != nil {
 		t.Fatal(err)
 	}
 	c, _ := signedIn(t, e)
@@ -386,7 +386,7 @@ func TestAttackBadForms(t *testing.T) {
 	e := adminuitest.New(t, adminui.Config{})
 	adminuitest.DeadLetters(t, e, 1)
 	dl, _, _ := queue.ListDead(context.Background(), e.Redis, e.Keys, "", 10)
-	adminuitest.OutboxRows(t, e.Client.DB(), 2, 1)
+	adminuitest.OutboxRows(t, e.Client.Inspector().DB(), 2, 1)
 	c, token := signedIn(t, e)
 	form := url.Values{"csrf": {token}, "queue": {adminuitest.Queue}, "action": {"purge"}, "confirm": {"yes"}, "id": {dl[0].ID}}
 	big := form.Encode() + "&pad=" + strings.Repeat("x", 300<<10)
@@ -432,7 +432,7 @@ func TestAttackBadForms(t *testing.T) {
 		t.Errorf("1001 outbox ids: %d", resp.StatusCode)
 	}
 	var exhausted int
-	_ = e.Client.DB().QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE exhausted_at IS NOT NULL`).Scan(&exhausted)
+	_ = e.Client.Inspector().DB().QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE exhausted_at IS NOT NULL`).Scan(&exhausted)
 	if exhausted != 1 {
 		t.Fatalf("a refused outbox form retried rows: %d exhausted left", exhausted)
 	}

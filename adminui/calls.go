@@ -69,7 +69,7 @@ func (u *UI) calls(w http.ResponseWriter, r *http.Request, s *session) {
 		u.unavailable(w, r, err)
 		return
 	}
-	lim := u.client.Limiter() // its price table; without one, limiter.DefaultPrices
+	lim := u.client.Inspector().Limiter() // its price table; without one, limiter.DefaultPrices
 	d.HasLimiter = lim != nil
 	for _, row := range rows {
 		cr := callRow{Summary: row}

@@ -23,7 +23,7 @@ func TestModelCalls(t *testing.T) {
 	t.Parallel()
 	e := adminuitest.New(t, adminui.Config{})
 	ctx := context.Background()
-	l, err := ledger.New(e.Client.DB(), ledger.Config{Wait: -1})
+	l, err := ledger.New(e.Client.Inspector().DB(), ledger.Config{Wait: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +82,7 @@ func TestOverviewShowsTheLimiter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := rdb.HSet(context.Background(), c.Limiter().Keys().Model("openai/gpt-4.1-mini"), "pause", time.Now().Add(time.Minute).UnixMilli(), "why", "429 from the provider").Err(); err != nil {
+	if err := rdb.HSet(context.Background(), c.Inspector().Limiter().Keys().Model("openai/gpt-4.1-mini"), "pause", time.Now().Add(time.Minute).UnixMilli(), "why", "429 from the provider").Err(); err != nil {
 		t.Fatal(err)
 	}
 	e := adminuitest.Serve(t, c, rdb, adminui.Config{})

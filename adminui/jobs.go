@@ -102,7 +102,7 @@ func (u *UI) jobOfEffect(r *http.Request, dedupeKey string) string {
 		if !queue.IsUUID(cand) {
 			continue
 		}
-		if _, err := u.client.Completion(r.Context(), cand); err == nil {
+		if _, err := u.client.Inspector().Completion(r.Context(), cand); err == nil {
 			return cand
 		}
 	}
@@ -165,7 +165,7 @@ func (u *UI) job(w http.ResponseWriter, r *http.Request, s *session) {
 		}
 		break
 	}
-	if c, err := u.client.Completion(ctx, d.ID); err == nil {
+	if c, err := u.client.Inspector().Completion(ctx, d.ID); err == nil {
 		d.Found, d.Completion, d.Status = true, c, "done"
 		d.Queue, d.Tenant, d.Kind = cmp.Or(d.Queue, c.Queue), cmp.Or(d.Tenant, c.Tenant), c.Kind
 	} else if !errors.Is(err, onceflow.ErrJobNotFound) {

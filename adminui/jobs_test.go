@@ -30,7 +30,7 @@ func TestJobTrail(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	keys := c.QueueKeys(onceflow.DefaultQueue)
+	keys := c.Inspector().QueueKeys(onceflow.DefaultQueue)
 	testenv.WaitFor(t, 15*time.Second, "the dead letter", func() bool { return rdb.XLen(ctx, keys.Dead()).Val() == 1 })
 
 	e := adminuitest.Serve(t, c, rdb, adminui.Config{})

@@ -17,7 +17,7 @@ import (
 func TestOutboxRetry(t *testing.T) {
 	t.Parallel()
 	e := adminuitest.New(t, adminui.Config{})
-	db := e.Client.DB()
+	db := e.Client.Inspector().DB()
 	ids := adminuitest.OutboxRows(t, db, 5, 3)
 	c := adminuitest.Browser(t)
 	if code := adminuitest.SignIn(t, e, c, adminuitest.AdminKey); code != http.StatusSeeOther {

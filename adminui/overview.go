@@ -54,14 +54,14 @@ func (u *UI) overview(w http.ResponseWriter, r *http.Request, s *session) {
 		}
 		d.Queues = append(d.Queues, row)
 	}
-	for _, b := range u.client.Breakers() {
+	for _, b := range u.client.Inspector().Breakers() {
 		dep := dependency{Name: b.Name()}
 		if err := b.Err(); err != nil {
 			dep.Open, dep.Cause = true, err.Error()
 		}
 		d.Dependencies = append(d.Dependencies, dep)
 	}
-	if l := u.client.Limiter(); l != nil {
+	if l := u.client.Inspector().Limiter(); l != nil {
 		d.HasLimiter = true
 		usage, err := l.Usage(ctx, u.now())
 		if err != nil {

@@ -12,8 +12,8 @@ import (
 // Redis's record of earlier partitions, the configured ones (logged).
 func (u *UI) partitions(ctx context.Context) []queue.Keys {
 	var out []queue.Keys
-	for _, name := range u.client.Queues() {
-		parts, err := u.client.QueuePartitions(ctx, name)
+	for _, name := range u.client.Inspector().Queues() {
+		parts, err := u.client.Inspector().QueuePartitions(ctx, name)
 		if err != nil {
 			u.log.WarnContext(ctx, "adminui: read the queue's partitions", "queue", name, "err", err)
 		}

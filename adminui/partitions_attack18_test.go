@@ -16,6 +16,7 @@ import (
 	"github.com/onceflow/onceflow/adminui/adminuitest"
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/queue"
+	"github.com/onceflow/onceflow/retry"
 )
 
 // Guard (attack round of issue 18): a UI of a queue of 3 partitions: a dead letter of partition 2 is on the page of
@@ -33,13 +34,13 @@ func TestAttack18UIPartitionPages(t *testing.T) {
 	}
 	e := adminuitest.Serve(t, c, rdb, adminui.Config{})
 	ctx := context.Background()
-	keys := c.QueueKeys(adminuitest.Queue).InPartition(2)
+	keys := c.Inspector().QueueKeys(adminuitest.Queue).InPartition(2)
 	const id = "00000000-0000-4000-8000-000000000042"
 	if _, err := queue.Enqueue(ctx, rdb, keys, queue.Message{JobID: id, Tenant: "acme", Kind: "greeting", Payload: json.RawMessage(`{"name":"x"}`)}); err != nil {
 		t.Fatal(err)
 	}
 	w, err := queue.NewWorker(queue.WorkerConfig{Redis: rdb, Keys: keys, Logger: slog.New(slog.DiscardHandler),
-		Handler: queue.HandlerFunc(func(context.Context, *queue.Job) error { return queue.Permanent(io.ErrUnexpectedEOF) })})
+		Handler: queue.HandlerFunc(func(context.Context, *queue.Job) error { return retry.Permanent(io.ErrUnexpectedEOF) })})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,8 +75,8 @@ func TestAttack18UIPartitionPages(t *testing.T) {
 	if resp.StatusCode != http.StatusSeeOther {
 		t.Fatalf("replay: %d", resp.StatusCode)
 	}
-	if _, state, _, err := queue.JobState(ctx, rdb, keys, id); err != nil || state != queue.StateQueued || rdb.XLen(ctx, c.QueueKeys(adminuitest.Queue).Stream()).Val() != 0 {
-		t.Fatalf("after the replay: state %q in partition 2 (%v), %d entries in partition 0", state, err, rdb.XLen(ctx, c.QueueKeys(adminuitest.Queue).Stream()).Val())
+	if _, state, _, err := queue.JobState(ctx, rdb, keys, id); err != nil || state != queue.StateQueued || rdb.XLen(ctx, c.Inspector().QueueKeys(adminuitest.Queue).Stream()).Val() != 0 {
+		t.Fatalf("after the replay: state %q in partition 2 (%v), %d entries in partition 0", state, err, rdb.XLen(ctx, c.Inspector().QueueKeys(adminuitest.Queue).Stream()).Val())
 	}
 	if st, err := c.JobState(ctx, "acme", id); err != nil || st.Status != onceflow.StatusQueued {
 		t.Fatalf("JobState after the replay: %+v, %v", st, err)

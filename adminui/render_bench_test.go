@@ -20,6 +20,7 @@ import (
 	"github.com/onceflow/onceflow/adminui/adminuitest"
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/queue"
+	"github.com/onceflow/onceflow/retry"
 )
 
 // TestRenderTimeWithLargeStores is `make bench-ui`: the server-side time of the UI's
@@ -62,7 +63,7 @@ func TestRenderTimeWithLargeStores(t *testing.T) {
 		}
 	}
 	// Redis: each job's index, as a finished job leaves it.
-	keys := c.QueueKeys(adminuitest.Queue)
+	keys := c.Inspector().QueueKeys(adminuitest.Queue)
 	for i := 1; i <= jobs; i += 1000 {
 		pipe := rdb.Pipeline()
 		for j := i; j < i+1000 && j <= jobs; j++ {
@@ -81,7 +82,7 @@ func TestRenderTimeWithLargeStores(t *testing.T) {
 		}
 	}
 	w, err := queue.NewWorker(queue.WorkerConfig{Redis: rdb, Keys: keys, Logger: slog.New(slog.DiscardHandler),
-		Handler: queue.HandlerFunc(func(context.Context, *queue.Job) error { return queue.Permanent(io.ErrUnexpectedEOF) })})
+		Handler: queue.HandlerFunc(func(context.Context, *queue.Job) error { return retry.Permanent(io.ErrUnexpectedEOF) })})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -124,14 +124,14 @@ func New(cfg Config) (*UI, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	u := &UI{cfg: cfg, client: cfg.Client, rdb: cfg.Client.Redis(), db: cfg.Client.DB(), base: cfg.Base, log: cfg.Logger}
+	u := &UI{cfg: cfg, client: cfg.Client, rdb: cfg.Client.Inspector().Redis(), db: cfg.Client.Inspector().DB(), base: cfg.Base, log: cfg.Logger}
 	if u.rdb == nil {
 		return nil, errors.New("adminui: the client has no Redis")
 	}
-	u.prefix = cfg.Client.QueueKeys("ui").Prefix
+	u.prefix = cfg.Client.Inspector().QueueKeys("ui").Prefix
 	if u.db != nil {
 		u.outbox = pgoutbox.New(u.db)
-		if u.ledger = cfg.Client.Ledger(); u.ledger == nil {
+		if u.ledger = cfg.Client.Inspector().Ledger(); u.ledger == nil {
 			// A client without a model (serve's) reads the ledger all the same.
 			l, err := ledger.New(u.db, ledger.Config{Logger: cfg.Logger})
 			if err != nil {

@@ -259,7 +259,7 @@ func (d *deps) appClient(e *env, withModel bool) (*onceflow.Client, error) {
 		// This process runs the Client's workers (run, work): its readiness reports
 		// their breakers, which RunWorkers checks.
 		d.breakers = map[string]*breaker.Breaker{}
-		for _, b := range c.Breakers() {
+		for _, b := range c.Inspector().Breakers() {
 			d.breakers[b.Name()] = b
 		}
 	}

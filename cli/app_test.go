@@ -61,7 +61,7 @@ func notesWorkflow(h cli.Host) onceflow.Workflow {
 		Audit: func(ctx context.Context, c *onceflow.Client) (*onceflow.AuditReport, error) {
 			r := &onceflow.AuditReport{Checked: []string{"notes"}, Counts: map[string]int64{}}
 			var notes, orphans int64
-			err := c.DB().QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE o.id IS NULL)
+			err := c.Inspector().DB().QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE o.id IS NULL)
 				FROM notes n LEFT JOIN outbox o ON o.dedupe_key = 'noted:' || n.job_id`).Scan(&notes, &orphans)
 			if err != nil {
 				return nil, err

@@ -24,7 +24,7 @@ func runAuditReports(ctx context.Context, e *env, c *onceflow.Client, asJSON boo
 		return err
 	}
 	reports := []*onceflow.AuditReport{own}
-	for _, wf := range c.Workflows() {
+	for _, wf := range c.Inspector().Workflows() {
 		r := &onceflow.AuditReport{}
 		if wf.Audit != nil {
 			if r, err = wf.Audit(ctx, c); err != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/ledger"
 	"github.com/onceflow/onceflow/queue"
+	"github.com/onceflow/onceflow/retry"
 	"github.com/onceflow/onceflow/summaries"
 )
 
@@ -208,7 +209,7 @@ func deadLetter(t *testing.T, rdb *redis.Client, keys queue.Keys, jobID string) 
 	w, err := queue.NewWorker(queue.WorkerConfig{Redis: rdb, Keys: keys, Consumer: "dead-letterer", Block: 50 * time.Millisecond,
 		Logger: testenv.Logger(t),
 		Handler: queue.HandlerFunc(func(context.Context, *queue.Job) error {
-			return queue.Permanent(errors.New("planted by the audit test"))
+			return retry.Permanent(errors.New("planted by the audit test"))
 		})})
 	if err != nil {
 		t.Fatal(err)

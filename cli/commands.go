@@ -11,8 +11,8 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/onceflow/onceflow/config"
 	"github.com/onceflow/onceflow/cli/internal/tracing"
+	"github.com/onceflow/onceflow/config"
 )
 
 // env is what a subcommand gets from the process: output streams and the environment.

@@ -6,12 +6,14 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/redis/go-redis/v9"
 	"io"
 	"log/slog"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/retry"
 
 	"github.com/onceflow/onceflow/queue"
 )
@@ -146,7 +148,7 @@ func deadLetterJobsFrom(t *testing.T, rdb *redis.Client, keys queue.Keys, first,
 		jobs = append(jobs, testJob(t, rdb, keys, first+i))
 	}
 	w, err := queue.NewWorker(queue.WorkerConfig{Redis: rdb, Keys: keys, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Handler: queue.HandlerFunc(func(context.Context, *queue.Job) error { return queue.Permanent(io.ErrUnexpectedEOF) })})
+		Handler: queue.HandlerFunc(func(context.Context, *queue.Job) error { return retry.Permanent(io.ErrUnexpectedEOF) })})
 	if err != nil {
 		t.Fatal(err)
 	}

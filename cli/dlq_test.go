@@ -16,6 +16,7 @@ import (
 
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/queue"
+	"github.com/onceflow/onceflow/retry"
 )
 
 // deadLetterJobs enqueues n jobs and lets a worker fail them permanently.
@@ -27,7 +28,7 @@ func deadLetterJobs(t *testing.T, rdb *redis.Client, keys queue.Keys, n int) []s
 		jobs = append(jobs, testJob(t, rdb, keys, i+1))
 	}
 	w, err := queue.NewWorker(queue.WorkerConfig{Redis: rdb, Keys: keys, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Handler: queue.HandlerFunc(func(context.Context, *queue.Job) error { return queue.Permanent(io.ErrUnexpectedEOF) })})
+		Handler: queue.HandlerFunc(func(context.Context, *queue.Job) error { return retry.Permanent(io.ErrUnexpectedEOF) })})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/config"
-	"github.com/onceflow/onceflow/internal/httpapi"
 	"github.com/onceflow/onceflow/gateway"
+	"github.com/onceflow/onceflow/internal/httpapi"
 	"github.com/onceflow/onceflow/ledger"
 	"github.com/onceflow/onceflow/limiter"
 	"github.com/onceflow/onceflow/llm/openai"

@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/internal/testenv"
-	"github.com/onceflow/onceflow/llm/fakeserver"
 	"github.com/onceflow/onceflow/ledger"
+	"github.com/onceflow/onceflow/llm/fakeserver"
 )
 
 // gatedUpstream's first call sends holdHead and then waits for release before it sends

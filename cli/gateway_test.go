@@ -10,10 +10,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/onceflow/onceflow/internal/testenv"
-	"github.com/onceflow/onceflow/llm/fakeserver"
 	"github.com/onceflow/onceflow/gateway"
+	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/ledger"
+	"github.com/onceflow/onceflow/llm/fakeserver"
 	"github.com/onceflow/onceflow/llm/probe"
 )
 

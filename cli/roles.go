@@ -16,11 +16,11 @@ import (
 	"github.com/onceflow/onceflow/breaker"
 	"github.com/onceflow/onceflow/config"
 	"github.com/onceflow/onceflow/internal/httpapi"
+	"github.com/onceflow/onceflow/ledger"
+	"github.com/onceflow/onceflow/limiter"
 	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/llm/anthropic"
 	"github.com/onceflow/onceflow/llm/fake"
-	"github.com/onceflow/onceflow/ledger"
-	"github.com/onceflow/onceflow/limiter"
 	"github.com/onceflow/onceflow/llm/openai"
 	"github.com/onceflow/onceflow/onceflowotel"
 	"github.com/onceflow/onceflow/queue"
@@ -41,7 +41,7 @@ type deps struct {
 	// stopTracing flushes the last spans; Close calls it. Nil when tracing is off.
 	stopTracing func()
 	// breakers are the circuit breakers of the Client whose workers this process runs
-	// (Client.Breakers: redis, postgres, llm), by name, which /readyz reports; nil until
+	// (Inspector.Breakers: redis, postgres, llm), by name, which /readyz reports; nil until
 	// appClient made a Client with the model (run, work).
 	breakers map[string]*breaker.Breaker
 	// routeStatuses are the statuses of the workflows' routes, by pattern

@@ -29,7 +29,7 @@ func runRun(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	selected, err := selectQueues(*queues, c.Queues())
+	selected, err := selectQueues(*queues, c.Inspector().Queues())
 	if err != nil {
 		return err
 	}

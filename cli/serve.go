@@ -48,7 +48,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 // ONCEFLOW_ADMIN_KEYS is set. ONCEFLOW_API_KEYS is required when a workflow has routes
 // (Host.Tenant authenticates with it).
 func (d *deps) appServer(c *onceflow.Client) (*httpapi.Server, error) {
-	if slices.ContainsFunc(c.Workflows(), func(wf onceflow.Workflow) bool { return wf.Routes != nil }) {
+	if slices.ContainsFunc(c.Inspector().Workflows(), func(wf onceflow.Workflow) bool { return wf.Routes != nil }) {
 		if err := d.cfg.RequireAPIKeys(); err != nil {
 			return nil, err
 		}

@@ -15,9 +15,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onceflow/onceflow/gateway"
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/llm/fakeserver"
-	"github.com/onceflow/onceflow/gateway"
 	"github.com/onceflow/onceflow/queue"
 	"github.com/onceflow/onceflow/summaries"
 )

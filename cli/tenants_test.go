@@ -14,9 +14,9 @@ import (
 
 	"github.com/onceflow/onceflow/cli"
 	"github.com/onceflow/onceflow/internal/testenv"
-	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/limiter"
 	"github.com/onceflow/onceflow/limiter/pgbudget"
+	"github.com/onceflow/onceflow/llm"
 )
 
 // tenantsEnv is the environment of the tenants tests: the test Redis under a prefix of

@@ -37,7 +37,7 @@ func runWork(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	selected, err := selectQueues(*queues, c.Queues())
+	selected, err := selectQueues(*queues, c.Inspector().Queues())
 	if err != nil {
 		return err
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/onceflow/onceflow/queue"
+	"github.com/onceflow/onceflow/retry"
 )
 
 // This file is compiled only with the build tag onceflowtest, which the tests' binary
@@ -82,7 +83,7 @@ func newTestHandler(spec string, rdb redis.UniversalClient, keys queue.Keys) (qu
 		return queue.HandlerFunc(func(context.Context, *queue.Job) error { return errors.New("test handler: transient failure") }), nil
 	case "permanent":
 		return queue.HandlerFunc(func(context.Context, *queue.Job) error {
-			return queue.Permanent(errors.New("test handler: permanent failure"))
+			return retry.Permanent(errors.New("test handler: permanent failure"))
 		}), nil
 	}
 	return nil, usageErrorf("invalid --test-handler=%q: want %s", spec, testHandlerSpecs)

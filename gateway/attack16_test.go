@@ -28,12 +28,12 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/onceflow/onceflow/gateway"
 	"github.com/onceflow/onceflow/internal/connect"
 	"github.com/onceflow/onceflow/internal/testenv"
-	"github.com/onceflow/onceflow/llm/fakeserver"
-	"github.com/onceflow/onceflow/gateway"
 	"github.com/onceflow/onceflow/ledger"
 	"github.com/onceflow/onceflow/limiter"
+	"github.com/onceflow/onceflow/llm/fakeserver"
 )
 
 // bigStream is an upstream whose first call sends one event, waits for release, then

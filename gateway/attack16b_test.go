@@ -23,9 +23,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/onceflow/onceflow/gateway"
 	"github.com/onceflow/onceflow/internal/connect"
 	"github.com/onceflow/onceflow/internal/testenv"
-	"github.com/onceflow/onceflow/gateway"
 	"github.com/onceflow/onceflow/ledger"
 	"github.com/onceflow/onceflow/limiter"
 )

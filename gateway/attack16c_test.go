@@ -21,9 +21,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onceflow/onceflow/gateway"
 	"github.com/onceflow/onceflow/internal/connect"
 	"github.com/onceflow/onceflow/internal/testenv"
-	"github.com/onceflow/onceflow/gateway"
 	"github.com/onceflow/onceflow/ledger"
 )
 

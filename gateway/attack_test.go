@@ -14,8 +14,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/gateway"
+	"github.com/onceflow/onceflow/internal/testenv"
 )
 
 // attackGateway serves a gateway in front of upstream and returns its /v1 URL, its

@@ -7,9 +7,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/onceflow/onceflow/gateway"
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/llm/fakeserver"
-	"github.com/onceflow/onceflow/gateway"
 )
 
 const messagesBody = `{"model":"claude-sonnet-4-5","max_tokens":64,"temperature":1,"messages":[{"role":"user","content":"Say one random word."}]}`

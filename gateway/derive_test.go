@@ -12,11 +12,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/onceflow/onceflow/internal/connect"
-	"github.com/onceflow/onceflow/internal/testenv/roundtrip"
-	"github.com/onceflow/onceflow/internal/testenv"
-	"github.com/onceflow/onceflow/llm/fakeserver"
 	"github.com/onceflow/onceflow/gateway"
+	"github.com/onceflow/onceflow/internal/connect"
+	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/internal/testenv/roundtrip"
+	"github.com/onceflow/onceflow/llm/fakeserver"
 )
 
 // sdkPost sends a request without Idempotency-Key as the official SDKs do, with

@@ -20,11 +20,11 @@ import (
 	"github.com/openai/openai-go/v3/option"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/onceflow/onceflow/gateway"
 	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/ledger"
 	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/llm/fakeserver"
-	"github.com/onceflow/onceflow/gateway"
-	"github.com/onceflow/onceflow/ledger"
 	"github.com/onceflow/onceflow/llm/openai"
 	"github.com/onceflow/onceflow/retry"
 )

@@ -14,9 +14,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/onceflow/onceflow/gateway"
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/llm/fakeserver"
-	"github.com/onceflow/onceflow/gateway"
 )
 
 // fleet is n gateways sharing one llm_calls table, as the processes of a fleet do.

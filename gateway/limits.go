@@ -15,9 +15,9 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/internal/httpapi"
-	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/ledger"
 	"github.com/onceflow/onceflow/limiter"
+	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/llm/sse"
 	"github.com/onceflow/onceflow/retry"
 )

@@ -7,11 +7,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onceflow/onceflow/gateway"
 	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/limiter"
 	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/llm/fakeserver"
-	"github.com/onceflow/onceflow/gateway"
-	"github.com/onceflow/onceflow/limiter"
 )
 
 // With the limiter on, the gateway keeps its callers, keyed or not, under the

@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onceflow/onceflow/gateway"
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/llm/fakeserver"
-	"github.com/onceflow/onceflow/gateway"
 )
 
 // protocol is one of the APIs the gateway records: its path, a request body and the

@@ -6,9 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onceflow/onceflow/gateway"
 	"github.com/onceflow/onceflow/internal/connect"
 	"github.com/onceflow/onceflow/internal/testenv"
-	"github.com/onceflow/onceflow/gateway"
 )
 
 // Ready fails on a database nobody migrated, naming the migration, and holds on a

@@ -13,10 +13,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/onceflow/onceflow/internal/testenv"
-	"github.com/onceflow/onceflow/llm/fakeserver"
 	"github.com/onceflow/onceflow/gateway"
+	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/ledger"
+	"github.com/onceflow/onceflow/llm/fakeserver"
 )
 
 // sseUpstream is an upstream that answers every request with a scripted event stream:

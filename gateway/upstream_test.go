@@ -7,8 +7,8 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/gateway"
+	"github.com/onceflow/onceflow/internal/testenv"
 )
 
 // The upstream's own query (Azure OpenAI's api-version in ONCEFLOW_LLM_BASE_URL) is kept,

@@ -21,8 +21,8 @@ import (
 	"github.com/onceflow/onceflow/idempotency"
 	"github.com/onceflow/onceflow/idempotency/redisstore"
 	"github.com/onceflow/onceflow/internal/connect"
-	"github.com/onceflow/onceflow/internal/testenv/roundtrip"
 	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/internal/testenv/roundtrip"
 )
 
 const path = "/v1/things"

@@ -10,12 +10,12 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/internal/connect"
-	"github.com/onceflow/onceflow/internal/testenv/roundtrip"
 	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/internal/testenv/roundtrip"
+	"github.com/onceflow/onceflow/ledger"
 	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/llm/fake"
 	"github.com/onceflow/onceflow/llm/fakeserver"
-	"github.com/onceflow/onceflow/ledger"
 	"github.com/onceflow/onceflow/llm/openai"
 )
 

@@ -14,11 +14,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/onceflow/onceflow/internal/connect"
-	"github.com/onceflow/onceflow/internal/testenv/roundtrip"
 	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/internal/testenv/roundtrip"
+	"github.com/onceflow/onceflow/ledger"
 	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/llm/fakeserver"
-	"github.com/onceflow/onceflow/ledger"
 	"github.com/onceflow/onceflow/llm/openai"
 	"github.com/onceflow/onceflow/retry"
 	"github.com/onceflow/onceflow/retry/retrytest"

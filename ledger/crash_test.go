@@ -9,8 +9,8 @@ import (
 
 	"github.com/onceflow/onceflow/internal/connect"
 	"github.com/onceflow/onceflow/internal/testenv"
-	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/ledger"
+	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/migrations"
 	"github.com/onceflow/onceflow/retry/retrytest"
 )

@@ -7,9 +7,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/onceflow/onceflow/ledger"
 	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/llm/fake"
-	"github.com/onceflow/onceflow/ledger"
 )
 
 // A job handler wraps its model client once; every call names its work (job id and

@@ -17,8 +17,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/onceflow/onceflow/internal/testenv"
-	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/ledger"
+	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/migrations"
 )
 

@@ -20,8 +20,8 @@ import (
 	"golang.org/x/net/http2"
 
 	"github.com/onceflow/onceflow/internal/testenv"
-	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/ledger"
+	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/retry"
 	"github.com/onceflow/onceflow/retry/retrytest"
 )

@@ -3,8 +3,8 @@ package ledger_test
 import (
 	"testing"
 
-	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/ledger"
+	"github.com/onceflow/onceflow/llm"
 )
 
 // List selects by state (ambiguous: any ambiguous attempt), model and job, newest

@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onceflow/onceflow/ledger"
 	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/llm/fakeserver"
-	"github.com/onceflow/onceflow/ledger"
 	"github.com/onceflow/onceflow/retry"
 	"github.com/onceflow/onceflow/retry/retrytest"
 )

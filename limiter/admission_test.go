@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/internal/testenv"
-	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/limiter"
+	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/retry"
 )
 

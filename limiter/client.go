@@ -5,8 +5,8 @@ import (
 	"errors"
 	"iter"
 
-	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/ledger"
+	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/retry"
 )
 

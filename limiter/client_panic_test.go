@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/internal/testenv"
-	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/limiter"
+	"github.com/onceflow/onceflow/llm"
 )
 
 // panicky is a model client (Config.Model is the user's own llm.Client, or an adapter

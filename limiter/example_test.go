@@ -8,9 +8,9 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/limiter"
 	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/llm/fake"
-	"github.com/onceflow/onceflow/limiter"
 	"github.com/onceflow/onceflow/retry"
 )
 

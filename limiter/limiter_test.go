@@ -14,10 +14,10 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/onceflow/onceflow/internal/connect"
-	"github.com/onceflow/onceflow/internal/testenv/roundtrip"
 	"github.com/onceflow/onceflow/internal/testenv"
-	"github.com/onceflow/onceflow/llm"
+	"github.com/onceflow/onceflow/internal/testenv/roundtrip"
 	"github.com/onceflow/onceflow/limiter"
+	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/retry"
 )
 

@@ -13,9 +13,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/onceflow/onceflow/internal/testenv"
-	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/limiter"
 	"github.com/onceflow/onceflow/limiter/pgbudget"
+	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/retry"
 )
 

@@ -12,9 +12,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/onceflow/onceflow/internal/testenv"
-	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/limiter"
 	"github.com/onceflow/onceflow/limiter/pgbudget"
+	"github.com/onceflow/onceflow/llm"
 )
 
 // TestStalledBudgetStoreHoldsNeitherRunNorBudgets: a regression test (attack round 2 of issue 15).

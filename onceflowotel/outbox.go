@@ -9,6 +9,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/onceflow/onceflow/outbox"
+	"github.com/onceflow/onceflow/retry"
 )
 
 // Sender returns s with a producer span around each send ("outbox send <topic>"), a
@@ -33,7 +34,7 @@ func Sender(tp trace.TracerProvider, s outbox.Sender) outbox.Sender {
 		m.Traceparent = TraceParent(ctx)
 		err := s.Send(ctx, m)
 		if err != nil {
-			span.SetAttributes(attribute.Bool("onceflow.outbox.permanent", outbox.IsPermanent(err)))
+			span.SetAttributes(attribute.Bool("onceflow.outbox.permanent", retry.IsPermanent(err)))
 			span.RecordError(err)
 			span.SetStatus(codes.Error, "send failed")
 		}

@@ -19,6 +19,7 @@ import (
 	"github.com/onceflow/onceflow/onceflowotel"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/queue"
+	"github.com/onceflow/onceflow/retry"
 )
 
 const (
@@ -83,7 +84,7 @@ func FuzzContextWithTraceParent(f *testing.F) {
 func TestQueueHandlerSpans(t *testing.T) {
 	rec, tp := newRecorder(t)
 	var inner string
-	results := []error{nil, queue.Permanent(errors.New("bad input")), onceflow.Unavailable(errors.New("quota")),
+	results := []error{nil, retry.Permanent(errors.New("bad input")), onceflow.Unavailable(errors.New("quota")),
 		onceflow.RetryAfter(2*time.Second, errors.New("later")), errors.New("flaky")}
 	i := 0
 	h := onceflowotel.QueueHandler(tp, "summaries", queue.HandlerFunc(func(_ context.Context, j *queue.Job) error {
@@ -181,7 +182,7 @@ func TestSenderSpans(t *testing.T) {
 	s := onceflowotel.Sender(tp, outbox.SenderFunc(func(_ context.Context, m outbox.Message) error {
 		inner = m.Traceparent
 		if fail {
-			return outbox.Permanent(errors.New("410 gone"))
+			return retry.Permanent(errors.New("410 gone"))
 		}
 		return nil
 	}))
@@ -190,7 +191,7 @@ func TestSenderSpans(t *testing.T) {
 		t.Fatal(err)
 	}
 	fail = true
-	if err := s.Send(context.Background(), m); !outbox.IsPermanent(err) {
+	if err := s.Send(context.Background(), m); !retry.IsPermanent(err) {
 		t.Fatalf("Send = %v, want the permanent error", err)
 	}
 	spans := spansNamed(rec, "outbox send payments.refund")

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/outbox"
+	"github.com/onceflow/onceflow/retry"
 )
 
 // memStore is a tiny in-memory outbox.Store, enough to show the Relay's API; production
@@ -60,7 +61,7 @@ func ExampleRelay() {
 	sender := outbox.SenderFunc(func(ctx context.Context, m outbox.Message) error {
 		var p struct{ To string }
 		if err := json.Unmarshal(m.Payload, &p); err != nil || p.To == "not an address" {
-			return outbox.Permanent(errors.New("invalid recipient"))
+			return retry.Permanent(errors.New("invalid recipient"))
 		}
 		fmt.Printf("deliver %s with Idempotency-Key %s\n", m.Topic, m.DedupeKey)
 		return nil
@@ -82,8 +83,8 @@ func ExampleRelay() {
 }
 
 func ExamplePermanent() {
-	err := fmt.Errorf("send: %w", outbox.Permanent(errors.New("550 no such user")))
-	fmt.Println(outbox.IsPermanent(err), errors.Is(err, outbox.ErrPermanent))
+	err := fmt.Errorf("send: %w", retry.Permanent(errors.New("550 no such user")))
+	fmt.Println(retry.IsPermanent(err), errors.Is(err, retry.ErrPermanent))
 	// Output: true true
 }
 

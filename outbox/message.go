@@ -49,18 +49,21 @@ type SenderFunc func(ctx context.Context, m Message) error
 // Send calls f(ctx, m).
 func (f SenderFunc) Send(ctx context.Context, m Message) error { return f(ctx, m) }
 
-// ErrPermanent matches, with errors.Is, every error marked permanent. It is
-// retry.ErrPermanent, the one permanent marker of onceflow, so retry.Permanent,
-// queue.Permanent and Permanent mark alike.
+// ErrPermanent is retry.ErrPermanent, the one permanent marker of onceflow: a send
+// whose error matches it (retry.Permanent, onceflow.Permanent) exhausts its row at once
+// instead of retrying it.
+//
+// Deprecated: use retry.ErrPermanent; this alias goes in a later release.
 var ErrPermanent = retry.ErrPermanent
 
-// Permanent marks err as a failure that retrying cannot fix (an HTTP 400, an invalid
-// recipient): the relay exhausts the row at once instead of retrying it. Permanent(nil)
-// is nil. The result unwraps to err and matches ErrPermanent with errors.Is; it is
-// retry.Permanent.
+// Permanent marks err as a failure that retrying cannot fix: it is retry.Permanent.
+//
+// Deprecated: use retry.Permanent; this forwarder goes in a later release.
 func Permanent(err error) error { return retry.Permanent(err) }
 
-// IsPermanent reports whether err, or an error it wraps, was marked permanent.
+// IsPermanent reports whether err was marked permanent: it is retry.IsPermanent.
+//
+// Deprecated: use retry.IsPermanent; this forwarder goes in a later release.
 func IsPermanent(err error) bool { return retry.IsPermanent(err) }
 
 // ErrUnavailable matches, with errors.Is, every error marked Unavailable: a send that

@@ -496,7 +496,7 @@ const (
 func classOf(ctx context.Context, err error) string {
 	var ne net.Error
 	switch {
-	case IsPermanent(err):
+	case retry.IsPermanent(err):
 		return classPermanent
 	case errors.Is(err, ErrUnavailable):
 		return classUnavailable

@@ -10,6 +10,7 @@ import (
 
 	"github.com/onceflow/onceflow/internal/webhooksink"
 	"github.com/onceflow/onceflow/outbox"
+	"github.com/onceflow/onceflow/retry"
 )
 
 // topicRecorder is a Sender that records the dedupe keys it sent.
@@ -60,7 +61,7 @@ func TestRouterPicksTheExactTopicElseTheLongestPrefix(t *testing.T) {
 		switch {
 		case want == "" && !errors.Is(err, outbox.ErrNoSender):
 			t.Errorf("%s: %v, want ErrNoSender", topic, err)
-		case want == "" && outbox.IsPermanent(err):
+		case want == "" && retry.IsPermanent(err):
 			t.Errorf("%s: no sender is permanent; another process may send it", topic)
 		case want != "" && (err == nil || err.Error() != want):
 			t.Errorf("%s: sent by %v, want %s", topic, err, want)

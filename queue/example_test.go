@@ -13,6 +13,7 @@ import (
 
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/queue"
+	"github.com/onceflow/onceflow/retry"
 )
 
 // A producer enqueues a job with an id derived from the request; a worker runs it. The
@@ -43,7 +44,7 @@ func Example() {
 		Handler: queue.HandlerFunc(func(ctx context.Context, job *queue.Job) error {
 			fmt.Printf("job %s for %s, delivery %d: %s\n", job.JobID, job.Tenant, job.Deliveries, job.Payload)
 			close(done)
-			return nil // acknowledged; return queue.Permanent(err) to dead-letter instead
+			return nil // acknowledged; return retry.Permanent(err) to dead-letter instead
 		}),
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
@@ -79,7 +80,7 @@ func ExampleReplay() {
 	}
 	w, _ := queue.NewWorker(queue.WorkerConfig{Redis: rdb, Keys: keys, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Handler: queue.HandlerFunc(func(context.Context, *queue.Job) error {
-			return queue.Permanent(fmt.Errorf("400 context_length_exceeded"))
+			return retry.Permanent(fmt.Errorf("400 context_length_exceeded"))
 		})})
 	wctx, cancel := context.WithCancel(ctx)
 	stopped := make(chan error)

@@ -48,16 +48,18 @@ type HandlerFunc func(ctx context.Context, job *Job) error
 // Handle calls f(ctx, job).
 func (f HandlerFunc) Handle(ctx context.Context, job *Job) error { return f(ctx, job) }
 
-// ErrPermanent marks a handler error that no redelivery can fix (a 400 from the model, a
-// payload the handler rejects): the job is dead-lettered after this run with the reason
-// "permanent: <error>". It is retry.ErrPermanent, the one permanent marker of onceflow:
-// retry.Permanent, outbox.Permanent and Permanent all mark errors with it. Return it
-// wrapped, with Permanent or fmt.Errorf("...: %w", ...).
+// ErrPermanent is retry.ErrPermanent, the one permanent marker of onceflow: a handler
+// error that matches it (retry.Permanent, onceflow.Permanent) has its job dead-lettered
+// after this run with the reason "permanent: <error>".
+//
+// Deprecated: use retry.ErrPermanent (or onceflow.ErrPermanent); this alias goes in a
+// later release.
 var ErrPermanent = retry.ErrPermanent
 
-// Permanent returns err marked as permanent (retry.Permanent): errors.Is(result,
-// ErrPermanent) and errors.Is(result, err) both hold, and its message is err's.
-// Permanent(nil) is nil.
+// Permanent returns err marked as permanent: it is retry.Permanent.
+//
+// Deprecated: use retry.Permanent (or onceflow.Permanent); this forwarder goes in a
+// later release.
 func Permanent(err error) error { return retry.Permanent(err) }
 
 // ErrUnavailable marks a handler error that says a dependency the job needs is down (a

@@ -80,12 +80,12 @@ func Workflows(h cli.Host) ([]onceflow.Workflow, error) {
 // hold.
 func Audit(ctx context.Context, h cli.Host, c *onceflow.Client, w io.Writer, asJSON bool) error {
 	cfg := h.Config
-	parts, err := c.QueuePartitions(ctx, summaries.QueueName)
+	parts, err := c.Inspector().QueuePartitions(ctx, summaries.QueueName)
 	if err != nil {
 		return err
 	}
 	r, err := summaries.Audit(ctx, summaries.AuditConfig{
-		DB: c.DB(), Redis: c.Redis(), Keys: c.QueueKeys(summaries.QueueName), Partitions: parts,
+		DB: c.Inspector().DB(), Redis: c.Inspector().Redis(), Keys: c.Inspector().QueueKeys(summaries.QueueName), Partitions: parts,
 		ClaimIdle: cfg.ClaimIdle, MaxAge: cfg.AuditMaxAge, Retention: cfg.OutboxRetention,
 	})
 	if err != nil {

@@ -14,12 +14,13 @@ import (
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/idempotency"
 	"github.com/onceflow/onceflow/internal/connect"
-	"github.com/onceflow/onceflow/internal/testenv/roundtrip"
 	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/internal/testenv/roundtrip"
 	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/llm/fake"
 	"github.com/onceflow/onceflow/migrations"
 	"github.com/onceflow/onceflow/queue"
+	"github.com/onceflow/onceflow/retry"
 	"github.com/onceflow/onceflow/summaries"
 )
 
@@ -297,7 +298,7 @@ func TestHandlerRefusesALoosePayload(t *testing.T) {
 		job := &queue.Job{Message: queue.Message{JobID: uuid.NewString(), Tenant: "acme", Payload: []byte(payload), EnqueuedAt: time.Now()}, ID: "1-1", Deliveries: 1}
 		_, err := h.Process(context.Background(), job)
 		// onceflow decodes a job's arguments strictly before the worker runs.
-		if !errors.Is(err, queue.ErrPermanent) || !errors.Is(err, onceflow.ErrUndecodable) {
+		if !errors.Is(err, retry.ErrPermanent) || !errors.Is(err, onceflow.ErrUndecodable) {
 			t.Fatalf("payload %s: %v, want a permanent invalid-payload error", payload, err)
 		}
 	}

@@ -27,7 +27,7 @@ type AuditConfig struct {
 	// queue.DefaultGroup.
 	Keys  queue.Keys
 	Group string
-	// Partitions are the queue's partitions (onceflow.Client.QueuePartitions). Default:
+	// Partitions are the queue's partitions (onceflow.Inspector.QueuePartitions). Default:
 	// Keys alone.
 	Partitions []queue.Keys
 	// ClaimIdle is the workers' ONCEFLOW_CLAIM_IDLE: an entry pending for twice that is a
@@ -207,15 +207,15 @@ func ids(ctx context.Context, db pgoutbox.DB, sql string, args ...any) ([]string
 // auditWorkflow is the workflow's Audit: Audit over the Client's stores, as an
 // onceflow.AuditReport.
 func auditWorkflow(ctx context.Context, c *onceflow.Client, o Options) (*onceflow.AuditReport, error) {
-	if c.DB() == nil {
+	if c.Inspector().DB() == nil {
 		return nil, errors.New("audit: the Client needs Config.DB")
 	}
-	parts, err := c.QueuePartitions(ctx, QueueName)
+	parts, err := c.Inspector().QueuePartitions(ctx, QueueName)
 	if err != nil {
 		return nil, err
 	}
 	r, err := Audit(ctx, AuditConfig{
-		DB: c.DB(), Redis: c.Redis(), Keys: c.QueueKeys(QueueName), Partitions: parts,
+		DB: c.Inspector().DB(), Redis: c.Inspector().Redis(), Keys: c.Inspector().QueueKeys(QueueName), Partitions: parts,
 		ClaimIdle: o.Queue.ClaimIdle, MaxAge: o.AuditMaxAge, Retention: o.AuditRetention,
 	})
 	if err != nil {

@@ -482,7 +482,7 @@ func Test429Forever(t *testing.T) {
 
 	r := rec.Runs()[0]
 	var apiErr *llm.APIError
-	if r.err == nil || errors.Is(r.err, queue.ErrPermanent) || !retry.Transient(r.err) || !errors.As(r.err, &apiErr) || apiErr.StatusCode != 429 {
+	if r.err == nil || errors.Is(r.err, retry.ErrPermanent) || !retry.Transient(r.err) || !errors.As(r.err, &apiErr) || apiErr.StatusCode != 429 {
 		t.Fatalf("run %+v, want a transient 429 error", r)
 	}
 	st := fs.Stats()
@@ -517,7 +517,7 @@ func TestContextLength400IsDeadLetteredAfterOneCall(t *testing.T) {
 	testenv.WaitFor(t, 20*time.Second, "the dead letter", func() bool { return len(p.dead(jobID)) == 1 })
 	stop()
 
-	if r := rec.Runs(); len(r) != 1 || !errors.Is(r[0].err, queue.ErrPermanent) {
+	if r := rec.Runs(); len(r) != 1 || !errors.Is(r[0].err, retry.ErrPermanent) {
 		t.Fatalf("runs %+v, want one permanent failure", r)
 	}
 	if st := fs.Stats(); st.Requests != 1 || st.ByStatus["400"] != 1 {

@@ -20,8 +20,8 @@ import (
 	"github.com/onceflow/onceflow/idempotency"
 	"github.com/onceflow/onceflow/internal/httpapi"
 	"github.com/onceflow/onceflow/internal/testenv"
-	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/ledger"
+	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/queue"
 	"github.com/onceflow/onceflow/retry"
 	"github.com/onceflow/onceflow/summaries"
@@ -193,7 +193,7 @@ type handlerConfig struct {
 }
 
 // testHandler runs summary jobs through an onceflow.Client with the summaries workflow
-// (Client.Handler of the summaries queue), and reports each run's outcome.
+// (Inspector.Handler of the summaries queue), and reports each run's outcome.
 type testHandler struct {
 	h      queue.Handler
 	client *onceflow.Client
@@ -246,7 +246,7 @@ func newHandler(t testing.TB, pool *pgxpool.Pool, client llm.Client, cfg handler
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &testHandler{h: c.Handler(summaries.QueueName), client: c}
+	return &testHandler{h: c.Inspector().Handler(summaries.QueueName), client: c}
 }
 
 // startWorker runs a queue worker until the test ends (or the returned stop is called,

@@ -15,10 +15,10 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/onceflow/onceflow/internal/testenv/h2fault"
 	"github.com/onceflow/onceflow/internal/testenv"
-	"github.com/onceflow/onceflow/llm/fakeserver"
+	"github.com/onceflow/onceflow/internal/testenv/h2fault"
 	"github.com/onceflow/onceflow/ledger"
+	"github.com/onceflow/onceflow/llm/fakeserver"
 	"github.com/onceflow/onceflow/llm/openai"
 	"github.com/onceflow/onceflow/queue"
 	"github.com/onceflow/onceflow/retry"
@@ -64,8 +64,8 @@ func TestHTTP2ResetLeavesTheJobForRedelivery(t *testing.T) {
 			job := h2Job(t, uuid.NewString())
 
 			err = h.Handle(context.Background(), job)
-			if err == nil || errors.Is(err, queue.ErrPermanent) || !retry.Transient(err) {
-				t.Fatalf("Handle: %v, want a transient error that leaves the job pending (not queue.ErrPermanent)", err)
+			if err == nil || errors.Is(err, retry.ErrPermanent) || !retry.Transient(err) {
+				t.Fatalf("Handle: %v, want a transient error that leaves the job pending (not retry.ErrPermanent)", err)
 			}
 			if srv.Requests() != 2 {
 				t.Fatalf("the model saw %d requests, want 2 (both attempts of the delivery)", srv.Requests())
@@ -101,7 +101,7 @@ func TestHTTP2GoAwayBelowTheStreamIsAClearFailure(t *testing.T) {
 	}
 	h := newHandler(t, pool, model, handlerConfig{Provider: "openai", Ledger: l, Retry: h2Policy})
 	_, err = h.Process(context.Background(), h2Job(t, uuid.NewString()))
-	if err == nil || errors.Is(err, queue.ErrPermanent) || !retry.Transient(err) {
+	if err == nil || errors.Is(err, retry.ErrPermanent) || !retry.Transient(err) {
 		t.Fatalf("Process: %v, want a transient error that leaves the job pending", err)
 	}
 	if srv.Requests() != 2 {

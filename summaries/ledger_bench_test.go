@@ -15,10 +15,10 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/onceflow/onceflow/internal/connect"
-	"github.com/onceflow/onceflow/internal/testenv/roundtrip"
 	"github.com/onceflow/onceflow/internal/testenv"
-	"github.com/onceflow/onceflow/llm/fake"
+	"github.com/onceflow/onceflow/internal/testenv/roundtrip"
 	"github.com/onceflow/onceflow/ledger"
+	"github.com/onceflow/onceflow/llm/fake"
 	"github.com/onceflow/onceflow/queue"
 	"github.com/onceflow/onceflow/summaries"
 )

@@ -19,8 +19,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/onceflow/onceflow/internal/testenv"
-	"github.com/onceflow/onceflow/llm/fakeserver"
 	"github.com/onceflow/onceflow/ledger"
+	"github.com/onceflow/onceflow/llm/fakeserver"
 	"github.com/onceflow/onceflow/llm/openai"
 	"github.com/onceflow/onceflow/queue"
 	"github.com/onceflow/onceflow/retry"

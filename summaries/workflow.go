@@ -167,7 +167,7 @@ func routes(c *onceflow.Client, o Options, m *workflowMetrics) (post, get http.H
 	if o.Tenant == nil {
 		return nil, nil, errors.New("summaries: Options.Tenant is required")
 	}
-	if c.DB() == nil {
+	if c.Inspector().DB() == nil {
 		return nil, nil, errors.New("summaries: the Client needs Config.DB (GET reads the summaries table)")
 	}
 	o.Logger = cmp.Or(o.Logger, slog.Default())
@@ -236,7 +236,7 @@ func (w *worker) process(ctx context.Context, job *onceflow.Job[Request]) (Outco
 	if err := req.validate(); err != nil { // what the route refuses, a producer may not
 		return "", onceflow.Permanent(fmt.Errorf("invalid payload: %w", err))
 	}
-	db := job.Client().DB()
+	db := job.Client().Inspector().DB()
 	if db == nil {
 		return "", onceflow.Permanent(errors.New("summaries: the Client needs Config.DB"))
 	}
@@ -367,7 +367,7 @@ func (g *getter) serve(w http.ResponseWriter, r *http.Request, tenant string) {
 	ctx, cancel := context.WithTimeout(r.Context(), g.o.Timeout)
 	defer cancel()
 	var owner, summary string
-	err := g.c.DB().QueryRow(ctx, `SELECT tenant, summary FROM summaries WHERE job_id = $1`, id).Scan(&owner, &summary)
+	err := g.c.Inspector().DB().QueryRow(ctx, `SELECT tenant, summary FROM summaries WHERE job_id = $1`, id).Scan(&owner, &summary)
 	switch {
 	case err == nil && owner == tenant:
 		writeJSON(w, http.StatusOK, status{JobID: id, Status: "done", Summary: summary})
@@ -401,7 +401,7 @@ func (g *getter) serve(w http.ResponseWriter, r *http.Request, tenant string) {
 // summary reads a summary known to exist.
 func (g *getter) summary(ctx context.Context, id string) string {
 	var s string
-	_ = g.c.DB().QueryRow(ctx, `SELECT summary FROM summaries WHERE job_id = $1`, id).Scan(&s)
+	_ = g.c.Inspector().DB().QueryRow(ctx, `SELECT summary FROM summaries WHERE job_id = $1`, id).Scan(&s)
 	return s
 }
 

@@ -88,7 +88,7 @@ func Serve(t testing.TB, c *onceflow.Client, rdb *redis.Client, cfg adminui.Conf
 	mux.Handle("/ui/", ui)
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
-	return &Env{URL: srv.URL, Redis: rdb, Client: c, Keys: c.QueueKeys(Queue)}
+	return &Env{URL: srv.URL, Redis: rdb, Client: c, Keys: c.Inspector().QueueKeys(Queue)}
 }
 
 // Browser returns a cookie-keeping client that does not follow redirects.

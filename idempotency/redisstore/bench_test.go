@@ -20,9 +20,9 @@ import (
 
 	"github.com/onceflow/onceflow/idempotency"
 	"github.com/onceflow/onceflow/internal/connect"
+	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/internal/testenv/loadgen"
 	"github.com/onceflow/onceflow/internal/testenv/roundtrip"
-	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/queue"
 )
 

@@ -11,8 +11,8 @@ import (
 	"github.com/onceflow/onceflow/idempotency"
 	"github.com/onceflow/onceflow/idempotency/storetest"
 	"github.com/onceflow/onceflow/internal/connect"
-	"github.com/onceflow/onceflow/internal/testenv/roundtrip"
 	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/internal/testenv/roundtrip"
 )
 
 func newTestStore(t *testing.T, cfg Config) (*Store, *roundtrip.Counter) {

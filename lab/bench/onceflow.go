@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/onceflow/onceflow/queue"
+	"github.com/onceflow/onceflow/retry"
 )
 
 // onceflowSystem runs onceflow's queue.Worker with its defaults except Concurrency; jobs
@@ -61,7 +62,7 @@ func (s *onceflowSystem) start(ctx context.Context, h handlerFunc) (func(), erro
 				ID int `json:"id"`
 			}
 			if err := json.Unmarshal(job.Payload, &p); err != nil {
-				return queue.Permanent(err)
+				return retry.Permanent(err)
 			}
 			return h(ctx, p.ID)
 		}),

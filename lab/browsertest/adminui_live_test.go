@@ -18,6 +18,7 @@ import (
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/lab/browsertest"
 	"github.com/onceflow/onceflow/queue"
+	"github.com/onceflow/onceflow/retry"
 )
 
 // A page left open refreshes its numbers without a reload (the script the page loads
@@ -45,7 +46,7 @@ func TestBrowserOverviewRefreshesLive(t *testing.T) {
 		t.Fatal(err)
 	}
 	w, err := queue.NewWorker(queue.WorkerConfig{Redis: e.Redis, Keys: e.Keys, Logger: slog.New(slog.DiscardHandler),
-		Handler: queue.HandlerFunc(func(context.Context, *queue.Job) error { return queue.Permanent(io.ErrUnexpectedEOF) })})
+		Handler: queue.HandlerFunc(func(context.Context, *queue.Job) error { return retry.Permanent(io.ErrUnexpectedEOF) })})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -33,6 +33,7 @@ import (
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/lab/browsertest"
 	"github.com/onceflow/onceflow/queue"
+	"github.com/onceflow/onceflow/retry"
 )
 
 // envScreenshots names the directory the browser tests save their screenshots in.
@@ -343,7 +344,7 @@ func failJobs(t *testing.T, e *adminuitest.Env, msgs []queue.Message, reasons ma
 	}
 	w, err := queue.NewWorker(queue.WorkerConfig{Redis: e.Redis, Keys: e.Keys, Logger: slog.New(slog.DiscardHandler),
 		Handler: queue.HandlerFunc(func(_ context.Context, j *queue.Job) error {
-			return queue.Permanent(errors.New(reasons[j.JobID]))
+			return retry.Permanent(errors.New(reasons[j.JobID]))
 		})})
 	if err != nil {
 		t.Fatal(err)

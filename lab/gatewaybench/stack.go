@@ -15,8 +15,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/onceflow/onceflow/internal/testenv/cluster"
 	"github.com/onceflow/onceflow/internal/connect"
+	"github.com/onceflow/onceflow/internal/testenv/cluster"
 	"github.com/onceflow/onceflow/ledger"
 	"github.com/onceflow/onceflow/migrations"
 )

@@ -21,8 +21,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/onceflow/onceflow/internal/testenv/cluster"
 	"github.com/onceflow/onceflow/internal/connect"
+	"github.com/onceflow/onceflow/internal/testenv/cluster"
 	"github.com/onceflow/onceflow/llm/fakeserver"
 	"github.com/onceflow/onceflow/migrations"
 	"github.com/onceflow/onceflow/queue"

@@ -41,11 +41,11 @@ import (
 	"github.com/openai/openai-go/v3/option"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/onceflow/onceflow/lab/npmkit"
-	"github.com/onceflow/onceflow/internal/testenv"
-	"github.com/onceflow/onceflow/llm/fakeserver"
 	"github.com/onceflow/onceflow/gateway"
+	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/lab/npmkit"
 	"github.com/onceflow/onceflow/ledger"
+	"github.com/onceflow/onceflow/llm/fakeserver"
 	"github.com/onceflow/onceflow/llm/sse"
 )
 

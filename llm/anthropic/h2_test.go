@@ -14,10 +14,10 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/internal/testenv/h2fault"
+	"github.com/onceflow/onceflow/ledger"
 	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/llm/anthropic"
 	"github.com/onceflow/onceflow/llm/fakeserver"
-	"github.com/onceflow/onceflow/ledger"
 	"github.com/onceflow/onceflow/retry"
 	"github.com/onceflow/onceflow/retry/retrytest"
 )

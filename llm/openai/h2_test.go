@@ -14,9 +14,9 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/internal/testenv/h2fault"
+	"github.com/onceflow/onceflow/ledger"
 	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/llm/fakeserver"
-	"github.com/onceflow/onceflow/ledger"
 	"github.com/onceflow/onceflow/llm/openai"
 	"github.com/onceflow/onceflow/retry"
 	"github.com/onceflow/onceflow/retry/retrytest"

@@ -33,6 +33,7 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/outbox"
+	"github.com/onceflow/onceflow/retry"
 )
 
 // DefaultTimeout bounds one send, connection and TLS handshake included.
@@ -137,7 +138,7 @@ type payload struct {
 func (s *Sender) Send(ctx context.Context, m outbox.Message) error {
 	to, msg, err := s.compose(m, time.Now())
 	if err != nil {
-		return outbox.Permanent(err)
+		return retry.Permanent(err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
@@ -275,9 +276,9 @@ func classify(err error) error {
 	var tp *textproto.Error
 	switch {
 	case errors.Is(err, errConfig):
-		return outbox.Permanent(err)
+		return retry.Permanent(err)
 	case errors.As(err, &tp) && tp.Code >= 500:
-		return outbox.Permanent(err)
+		return retry.Permanent(err)
 	default:
 		return err
 	}

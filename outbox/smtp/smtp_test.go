@@ -16,6 +16,7 @@ import (
 
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/outbox/smtp"
+	"github.com/onceflow/onceflow/retry"
 )
 
 const from = "onceflow <noreply@mail.example.com>"
@@ -105,7 +106,7 @@ func TestImplicitTLS(t *testing.T) {
 	}
 	// A server certificate the client does not trust: no delivery, and retryable.
 	err := newSender(t, "smtps://"+d.addr(), nil).Send(context.Background(), message("k", `{"to":"a@example.com"}`))
-	if err == nil || outbox.IsPermanent(err) || len(d.received()) != 1 {
+	if err == nil || retry.IsPermanent(err) || len(d.received()) != 1 {
 		t.Fatalf("untrusted certificate: %v", err)
 	}
 }
@@ -145,8 +146,8 @@ func TestFailureClassification(t *testing.T) {
 			t.Parallel()
 			d := startSMTPD(t, c.configure)
 			err := newSender(t, strings.Replace(c.url, "%s", d.addr(), 1), clientTLS).Send(context.Background(), message("k", c.payload))
-			if err == nil || outbox.IsPermanent(err) != c.permanent {
-				t.Fatalf("err %v, permanent %v; want permanent %v", err, outbox.IsPermanent(err), c.permanent)
+			if err == nil || retry.IsPermanent(err) != c.permanent {
+				t.Fatalf("err %v, permanent %v; want permanent %v", err, retry.IsPermanent(err), c.permanent)
 			}
 			if strings.Contains(err.Error(), "wrong") || strings.Contains(err.Error(), "right") {
 				t.Fatalf("error shows a password: %v", err)
@@ -164,7 +165,7 @@ func TestConnectionErrorsAndHangsAreRetryable(t *testing.T) {
 	addr := ln.Addr().String()
 	ln.Close()
 	err := newSender(t, "smtp://"+addr, nil).Send(context.Background(), message("k", `{"to":"a@example.com"}`))
-	if err == nil || outbox.IsPermanent(err) {
+	if err == nil || retry.IsPermanent(err) {
 		t.Fatalf("refused: %v", err)
 	}
 	// A server that accepts and never greets: the per-send timeout ends the attempt.
@@ -182,7 +183,7 @@ func TestConnectionErrorsAndHangsAreRetryable(t *testing.T) {
 	s, _ := smtp.New(smtp.Config{URL: "smtp://" + hang.Addr().String(), From: from, Timeout: 200 * time.Millisecond})
 	start := time.Now()
 	err = s.Send(context.Background(), message("k", `{"to":"a@example.com"}`))
-	if err == nil || outbox.IsPermanent(err) || !errors.Is(err, context.DeadlineExceeded) && !isTimeout(err) {
+	if err == nil || retry.IsPermanent(err) || !errors.Is(err, context.DeadlineExceeded) && !isTimeout(err) {
 		t.Fatalf("hung server: %v, want a retryable timeout", err)
 	}
 	if time.Since(start) > 5*time.Second {

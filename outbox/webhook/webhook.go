@@ -134,17 +134,17 @@ func payloadOf(m outbox.Message) json.RawMessage {
 // is done or Timeout has passed.
 func (s *Sender) Send(ctx context.Context, m outbox.Message) error {
 	if strings.ContainsFunc(m.DedupeKey, func(r rune) bool { return r < ' ' && r != '\t' || r == 0x7f }) {
-		return outbox.Permanent(errors.New("dedupe key holds control characters: it cannot be an Idempotency-Key header"))
+		return retry.Permanent(errors.New("dedupe key holds control characters: it cannot be an Idempotency-Key header"))
 	}
 	b, err := s.body(m)
 	if err != nil {
-		return outbox.Permanent(fmt.Errorf("encode webhook body: %w", err))
+		return retry.Permanent(fmt.Errorf("encode webhook body: %w", err))
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.url, bytes.NewReader(b))
 	if err != nil {
-		return outbox.Permanent(fmt.Errorf("build webhook request: %w", err))
+		return retry.Permanent(fmt.Errorf("build webhook request: %w", err))
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", m.DedupeKey)
@@ -168,7 +168,7 @@ func (s *Sender) Send(ctx context.Context, m outbox.Message) error {
 	// One classification for the whole project: 408, 409, 429 and 5xx are worth another
 	// attempt, any other status is permanent (retry.ClassifyStatus).
 	if !retry.ClassifyStatus(resp.StatusCode).Retryable {
-		return outbox.Permanent(serr)
+		return retry.Permanent(serr)
 	}
 	return serr
 }

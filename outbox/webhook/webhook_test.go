@@ -15,6 +15,7 @@ import (
 	"github.com/onceflow/onceflow/internal/webhooksink"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/outbox/webhook"
+	"github.com/onceflow/onceflow/retry"
 )
 
 var msg = outbox.Message{ID: 1, Topic: "email.summary_ready", DedupeKey: "summary_ready:3f2a",
@@ -94,8 +95,8 @@ func TestStatusClassification(t *testing.T) {
 			t.Errorf("%d: error %v, want a *StatusError", c.status, err)
 			continue
 		}
-		if outbox.IsPermanent(err) != c.permanent {
-			t.Errorf("%d: permanent = %v, want %v", c.status, outbox.IsPermanent(err), c.permanent)
+		if retry.IsPermanent(err) != c.permanent {
+			t.Errorf("%d: permanent = %v, want %v", c.status, retry.IsPermanent(err), c.permanent)
 		}
 		if d, _ := outbox.RetryAfterOf(err); d != c.wait {
 			t.Errorf("%d: retry after %v, want %v", c.status, d, c.wait)
@@ -112,7 +113,7 @@ func TestTimeoutsAndConnectionErrorsAreRetryable(t *testing.T) {
 	defer slow.Close()
 	start := time.Now()
 	err := newSender(t, slow.URL, 100*time.Millisecond).Send(context.Background(), msg)
-	if err == nil || outbox.IsPermanent(err) || !errors.Is(err, context.DeadlineExceeded) {
+	if err == nil || retry.IsPermanent(err) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("slow receiver: %v, want a retryable deadline error", err)
 	}
 	if time.Since(start) > 4*time.Second {
@@ -126,7 +127,7 @@ func TestTimeoutsAndConnectionErrorsAreRetryable(t *testing.T) {
 	addr := ln.Addr().String()
 	ln.Close() // nothing listens there now: connection refused
 	err = newSender(t, "http://"+addr+"/x?token=secret-token", time.Second).Send(context.Background(), msg)
-	if err == nil || outbox.IsPermanent(err) {
+	if err == nil || retry.IsPermanent(err) {
 		t.Fatalf("refused connection: %v, want a retryable error", err)
 	}
 	if strings.Contains(err.Error(), "secret-token") {
@@ -141,7 +142,7 @@ func TestADedupeKeyThatCannotBeAHeaderIsPermanent(t *testing.T) {
 	defer srv.Close()
 	m := msg
 	m.DedupeKey = "summary_ready:1\r\nX-Injected: 1"
-	if err := newSender(t, srv.URL, 0).Send(context.Background(), m); !outbox.IsPermanent(err) {
+	if err := newSender(t, srv.URL, 0).Send(context.Background(), m); !retry.IsPermanent(err) {
 		t.Fatalf("err %v, want permanent", err)
 	}
 	if sink.Stats().Deliveries != 0 {
@@ -199,7 +200,7 @@ func TestBodyErrorIsPermanent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Send(context.Background(), msg); !outbox.IsPermanent(err) || !strings.Contains(err.Error(), "no amount") {
+	if err := s.Send(context.Background(), msg); !retry.IsPermanent(err) || !strings.Contains(err.Error(), "no amount") {
 		t.Fatalf("err %v, want permanent naming the cause", err)
 	}
 	if sink.Stats().Deliveries != 0 {

@@ -49,14 +49,3 @@ func (c *Client) setupOutbox() error {
 	c.background = append(c.background, relay.Run)
 	return nil
 }
-
-// Sender returns the outbox sender of the relay Run runs: Config.Senders by topic plus
-// the built-in sender of EnqueueTx's jobs, as an *outbox.Router, which makes a relay
-// claim only its topics. It is for programs that run the relay themselves
-// (outbox.NewRelay(pgoutbox.New(pool), client.Sender(), cfg)); nil without Config.DB.
-func (c *Client) Sender() outbox.Sender {
-	if c.router == nil {
-		return nil
-	}
-	return c.router
-}

@@ -102,7 +102,7 @@ func TestNewClientChecksSenders(t *testing.T) {
 		}
 	}
 	c, err := onceflow.NewClient(onceflow.Config{Redis: e.rdb})
-	if err != nil || c.Sender() != nil {
-		t.Fatalf("without DB: %v, sender %v", err, c.Sender())
+	if err != nil || c.Inspector().Sender() != nil {
+		t.Fatalf("without DB: %v, sender %v", err, c.Inspector().Sender())
 	}
 }
