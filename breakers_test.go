@@ -1,10 +1,12 @@
 package onceflow_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -219,11 +221,20 @@ type unavailableModel struct {
 	next           http.Handler
 	down           atomic.Bool
 	requests, s503 atomic.Int64
+	// poison, when set, makes the model answer 503 to every request whose body holds it
+	// (an input the provider fails on), whether or not it is down.
+	poison string
 }
 
 func (m *unavailableModel) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	m.requests.Add(1)
-	if m.down.Load() {
+	poisoned := false
+	if m.poison != "" {
+		body, _ := io.ReadAll(r.Body)
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		poisoned = bytes.Contains(body, []byte(m.poison))
+	}
+	if m.down.Load() || poisoned {
 		m.s503.Add(1)
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusServiceUnavailable)
@@ -401,4 +412,101 @@ func TestModelBreakerIsSharedAcrossProcesses(t *testing.T) {
 	if rdb.Exists(ctx, prefix+":breaker:llm").Val() != 1 {
 		t.Fatal("no fleet key while the first process's breaker is open")
 	}
+}
+
+// modelFailureEnv is a client whose model (the production OpenAI client against model)
+// fails with 503s, with a breaker that never opens in the test's time, MaxDeliveries 2
+// and fast retries: what a failing call spends shows in dead letters at once.
+func modelFailureEnv(t *testing.T, model *unavailableModel) (c *onceflow.Client, dead func() int64, done func(ids []string) int) {
+	t.Helper()
+	pool, _ := testenv.Postgres(t)
+	rdb, prefix := testenv.Redis(t)
+	fs, err := fakeserver.New(fakeserver.Config{Logger: testenv.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	model.next = fs
+	srv := httptest.NewServer(model)
+	t.Cleanup(func() { fs.Close(); srv.Close() })
+	ws := onceflow.NewWorkers()
+	onceflow.AddWorker(ws, onceflow.WorkFunc[outageArgs](func(ctx context.Context, j *onceflow.Job[outageArgs]) error {
+		st, err := j.Complete(ctx, "summarise", prompt("order "+j.Args.Order))
+		if err != nil {
+			return err
+		}
+		return j.Commit(ctx, func(c *onceflow.Commit) error { c.Result(st.Response.Content); return nil })
+	}))
+	policy := fastRetry
+	policy.MaxAttempts = 2
+	c, err = onceflow.NewClient(onceflow.Config{Redis: rdb, Prefix: prefix, DB: pool, Workers: ws, Logger: testenv.Logger(t),
+		BreakerThreshold: 1000, Model: openai.New(openai.Config{BaseURL: srv.URL + "/v1", APIKey: "test-key"}),
+		ModelRetry: policy, JobBudget: 2 * time.Second,
+		Queues: map[string]onceflow.QueueConfig{onceflow.DefaultQueue: {MaxDeliveries: 2, ClaimIdle: 300 * time.Millisecond,
+			RetryBase: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := queue.Keys{Prefix: prefix, Queue: onceflow.DefaultQueue}
+	dead = func() int64 { return rdb.XLen(context.Background(), keys.Dead()).Val() }
+	done = func(ids []string) int {
+		var n int
+		if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM job_completions WHERE job_id = ANY($1)`, ids).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	return c, dead, done
+}
+
+// An outage of the provider that the breaker has not yet recognised (its threshold not
+// reached: on a fleet, each process counts its own run) dead-letters no job: a failure
+// while other jobs' calls are failing too is the provider's, and hands the job back
+// without spending a delivery.
+func TestModelFailuresOfManyJobsSpendNoDelivery(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	model := &unavailableModel{}
+	c, dead, done := modelFailureEnv(t, model)
+	model.down.Store(true)
+	const jobs = 6
+	var ids []string
+	for i := range jobs {
+		res, err := c.Enqueue(ctx, outageArgs{Order: fmt.Sprint("o-", i)}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, res.JobID)
+	}
+	runClient(t, c)
+	// Every job meets the outage several times: with MaxDeliveries 2, each failure that
+	// spent a delivery would dead-letter jobs.
+	testenv.WaitFor(t, 30*time.Second, "three failing requests per job", func() bool { return model.s503.Load() >= 3*2*jobs || dead() > 0 })
+	if n := dead(); n != 0 {
+		t.Fatalf("%d jobs dead-lettered by an outage of the provider", n)
+	}
+	model.down.Store(false)
+	testenv.WaitFor(t, 30*time.Second, "every job after the outage", func() bool { return done(ids) == jobs })
+	if n := dead(); n != 0 {
+		t.Fatalf("%d jobs dead-lettered by an outage of the provider", n)
+	}
+}
+
+// A job whose own input makes the provider fail (while no other job's calls fail) spends
+// a delivery per failure and is dead-lettered after MaxDeliveries, and the jobs after it
+// are done.
+func TestJobWhoseOwnModelCallsFailIsDeadLettered(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	model := &unavailableModel{poison: "order poison"}
+	c, dead, done := modelFailureEnv(t, model)
+	if _, err := c.Enqueue(ctx, outageArgs{Order: "poison"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	runClient(t, c)
+	testenv.WaitFor(t, 30*time.Second, "the poison job's dead letter", func() bool { return dead() == 1 })
+	res, err := c.Enqueue(ctx, outageArgs{Order: "fine"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 30*time.Second, "the next job", func() bool { return done([]string{res.JobID}) == 1 })
 }

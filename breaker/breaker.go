@@ -247,6 +247,10 @@ func (b *Breaker) Failure(err error) (open bool) {
 	return true
 }
 
+// Failing returns the length of the current run of failures: how many transient
+// failures were reported since the last success (0 after one, or while none failed).
+func (b *Breaker) Failing() int64 { return b.failing.Load() }
+
 // Success reports a call to the dependency that worked, made without a ticket (a
 // commit, a ping): it ends the current run of failures. An open breaker closes only
 // once its probe is due, as a probe that worked would close it; before that, a call
