@@ -15,6 +15,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"net/url"
 	"os"
 	"strings"
@@ -128,24 +129,30 @@ func DeleteKeys(ctx context.Context, c *redis.Client, prefix string) {
 	}
 }
 
-// Postgres creates a schema of this test's own on the shared test PostgreSQL, applies
-// onceflow's migrations to it (then extra, a program's own, as migrations.Up does) and
+// Postgres gives the test a schema of its own on the shared test PostgreSQL with
+// onceflow's migrations applied (then extra, a program's own, as migrations.Up does), and
 // returns a pool whose search_path selects it, with the URL that does the same (for
-// subprocesses and code that opens its own connections). The schema is dropped at
-// cleanup.
+// subprocesses and code that opens its own connections). Without extra the schema comes
+// from the schema pool (schemapool.go): migrated once, emptied between tests; with extra
+// it is a fresh schema, migrated, and dropped at cleanup.
 func Postgres(t testing.TB, extra ...migrations.Source) (*pgxpool.Pool, string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	dsn := EmptySchema(t)
-	if _, err := migrations.Up(ctx, dsn, discardLogger(), extra...); err != nil {
-		t.Fatalf("migrate: %v", err)
+	var dsn string
+	if len(extra) == 0 {
+		dsn = WithSearchPath(t, DatabaseURL(t), pooledSchema(t, DatabaseURL(t)))
+	} else {
+		dsn = EmptySchema(t)
+		if _, err := migrations.Up(ctx, dsn, discardLogger(), extra...); err != nil {
+			t.Fatalf("migrate: %v", err)
+		}
 	}
 	pool, err := connect.Postgres(ctx, dsn, nil)
 	if err != nil {
 		t.Fatalf("postgres pool: %v", err)
 	}
-	t.Cleanup(pool.Close) // runs before the schema is dropped (cleanups run last-in first-out)
+	t.Cleanup(pool.Close) // runs before the schema is handed back (cleanups run last-in first-out)
 	return pool, dsn
 }
 
@@ -184,14 +191,22 @@ func EmptySchema(t testing.TB) string {
 // WithSearchPath returns dsn with its search_path set to schema.
 func WithSearchPath(t testing.TB, dsn, schema string) string {
 	t.Helper()
+	u, err := withSearchPath(dsn, schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
+
+func withSearchPath(dsn, schema string) (string, error) {
 	u, err := url.Parse(dsn)
 	if err != nil {
-		t.Fatalf("parse database url: %v", err)
+		return "", fmt.Errorf("parse database url: %w", err)
 	}
 	q := u.Query()
 	q.Set("search_path", schema)
 	u.RawQuery = q.Encode()
-	return u.String()
+	return u.String(), nil
 }
 
 func randomHex(n int) string {

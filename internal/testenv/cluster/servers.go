@@ -2,6 +2,8 @@ package cluster
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"math"
 	"net"
@@ -115,7 +117,7 @@ func NewRedis(dir, appendfsync string) (*Server, error) {
 	}, nil
 }
 
-// NewPostgres initialises (initdb, a second or two) and prepares, without starting, a
+// NewPostgres initialises (a copy of initdbTemplate) and prepares, without starting, a
 // PostgreSQL server on a free port with its data under dir/pg, a superuser "onceflow" and,
 // once Up, a database "onceflow". As root it runs as the "postgres" user, since PostgreSQL
 // refuses to run as root: dir must then be reachable by that user (not inside a 0700
@@ -153,12 +155,13 @@ func NewPostgres(dir string) (*Server, error) {
 		}
 	}
 	data := filepath.Join(home, "data")
-	// #nosec G204 -- initdb found by LookPostgres, with this package's own arguments
-	init := exec.Command(initdb, "-D", data, "-U", "onceflow", "--auth=trust", "-E", "UTF8", "--locale=C.UTF-8", "--no-sync")
-	init.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
-	init.Dir = "/"
-	if out, err := init.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("initdb: %v\n%s", err, out)
+	template, err := initdbTemplate(initdb, cred)
+	if err != nil {
+		return nil, err
+	}
+	// #nosec G204 -- cp with this package's own paths
+	if out, err := exec.Command("cp", "-a", template, data).CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("copy the initdb template: %v\n%s", err, out)
 	}
 	port, err := FreePort()
 	if err != nil {
@@ -188,6 +191,52 @@ func NewPostgres(dir string) (*Server, error) {
 		return nil
 	}
 	return s, nil
+}
+
+// initdbArgs are initdb's arguments but the data directory.
+var initdbArgs = []string{"-U", "onceflow", "--auth=trust", "-E", "UTF8", "--locale=C.UTF-8", "--no-sync"}
+
+// initdbTemplate returns a data directory initdb made with initdbArgs, run as cred, for
+// NewPostgres to copy (a copy takes a tenth of initdb's second or two). It is made once
+// per machine, in the temporary directory under a name that digests the binary (path,
+// size, time), the user and the arguments, and renamed into place when complete, so
+// concurrent test processes share it and a killed one leaves no half-made template.
+func initdbTemplate(initdb string, cred *syscall.Credential) (string, error) {
+	st, err := os.Stat(initdb)
+	if err != nil {
+		return "", err
+	}
+	h := sha256.New()
+	fmt.Fprintf(h, "%s %d %d %v %v", initdb, st.Size(), st.ModTime().UnixNano(), cred, initdbArgs)
+	dir := filepath.Join(os.TempDir(), "onceflow-initdb-"+hex.EncodeToString(h.Sum(nil))[:16])
+	if _, err := os.Stat(filepath.Join(dir, "PG_VERSION")); err == nil {
+		return dir, nil
+	}
+	tmp, err := os.MkdirTemp(os.TempDir(), "onceflow-initdb-new-")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(tmp)
+	if cred != nil {
+		if err := os.Chown(tmp, int(cred.Uid), int(cred.Gid)); err != nil {
+			return "", err
+		}
+	}
+	made := filepath.Join(tmp, "data")
+	// #nosec G204 -- initdb found by LookPostgres, with this package's own arguments
+	init := exec.Command(initdb, append([]string{"-D", made}, initdbArgs...)...)
+	init.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	init.Dir = "/"
+	if out, err := init.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("initdb: %v\n%s", err, out)
+	}
+	if err := os.Rename(made, dir); err != nil {
+		if _, serr := os.Stat(filepath.Join(dir, "PG_VERSION")); serr == nil {
+			return dir, nil // another process made it first
+		}
+		return "", fmt.Errorf("keep the initdb template: %w", err)
+	}
+	return dir, nil
 }
 
 // LookPostgres finds a PostgreSQL binary: in /usr/lib/postgresql/*/bin (Debian's layout,
