@@ -9,8 +9,12 @@ GOSEC := github.com/securego/gosec/v2/cmd/gosec@v2.30.0
 VERSION := $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X github.com/onceflow/onceflow/cli.version=$(VERSION)
 FUZZTIME ?= 10s
-# Go test timeout for the whole suite; it normally takes a few minutes.
-TEST_TIMEOUT ?= 20m
+# Go test timeout of each package's test binary; the slowest takes about a minute and a half.
+TEST_TIMEOUT ?= 10m
+# Tests of one package run at once (t.Parallel): most wait on Redis, PostgreSQL, a
+# subprocess or an outage's timer rather than use a core, so more than the 2 of a 2-core
+# machine's default keep it busy.
+TEST_PARALLEL ?= 8
 # Build tag of the test aids compiled only into the binary the tests run
 # (internal/testenv.Binary): `onceflow work --test-handler`. `make build` leaves them out.
 TEST_TAGS := onceflowtest
@@ -27,7 +31,7 @@ build:
 ## the product's tests (the root module) with -race
 test:
 	scripts/dev-services up
-	eval "$$(scripts/dev-services env)" && $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+	eval "$$(scripts/dev-services env)" && $(GO) test -race -count=1 -parallel $(TEST_PARALLEL) -timeout $(TEST_TIMEOUT) ./...
 
 ## test-long: the long profiles: the queue's and the idempotency store's suites again on a
 ## local Redis Cluster they start (3 primaries on loopback; docs/operations.md, "Redis
@@ -37,7 +41,7 @@ test:
 test-long:
 	scripts/dev-services up
 	scripts/install-chromium || echo "chromium not installed: the browser tests will be skipped"
-	eval "$$(scripts/dev-services env)" && ONCEFLOW_TEST_REDIS_CLUSTER=local $(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./queue ./idempotency/redisstore
+	eval "$$(scripts/dev-services env)" && ONCEFLOW_TEST_REDIS_CLUSTER=local $(GO) test -count=1 -parallel $(TEST_PARALLEL) -timeout $(TEST_TIMEOUT) ./queue ./idempotency/redisstore
 	eval "$$(scripts/dev-services env)" && cd lab && $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
 
 ## ui-screenshots: the operator UI's browser tests, saving their screenshots (1280x800
