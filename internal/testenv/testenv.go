@@ -2,8 +2,10 @@
 //
 // Redis and Postgres use the shared servers named by ONCEFLOW_REDIS_URL and
 // ONCEFLOW_DATABASE_URL (`make test` starts them with scripts/dev-services and exports
-// both). Each test gets its own Redis key prefix and its own PostgreSQL schema, both
-// removed in t.Cleanup, so packages can test in parallel against the same servers.
+// both). Each test gets its own Redis key prefix, whose keys are deleted in t.Cleanup,
+// and a PostgreSQL schema of its own while it runs: one of a pool of schemas migrated
+// once and emptied between tests (schemapool.go), so packages and parallel tests share
+// the servers without migrating a schema per test.
 // When a variable is unset the test fails, telling the reader to run `make test`: a
 // suite that silently skips its real-service tests proves nothing.
 //
