@@ -4,10 +4,13 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -29,28 +32,52 @@ const TestTags = "onceflowtest"
 
 // Binary builds ./cmd/onceflow with the test aids (-tags TestTags) once per test binary
 // and returns its path, for tests that run real processes (kill -9, signals, concurrent
-// migrate).
+// migrate). The binary lives in a directory of the checkout's own under the temporary
+// directory, shared by every test binary of the checkout: go build leaves an up-to-date
+// binary as it is (a fraction of a second, against several of linking it again), and a
+// file lock keeps two test binaries from building it at once.
 func Binary(t testing.TB) string {
 	t.Helper()
 	buildOnce.Do(func() {
 		_, file, _, _ := runtime.Caller(0)
-		root := filepath.Join(filepath.Dir(file), "..", "..")
-		dir, err := BinDir("onceflow-bin-")
+		root, err := filepath.Abs(filepath.Join(filepath.Dir(file), "..", ".."))
 		if err != nil {
 			buildErr = err
 			return
 		}
-		buildPath = filepath.Join(dir, "onceflow")
-		cmd := exec.Command("go", "build", "-tags", TestTags, "-o", buildPath, "./cmd/onceflow") // #nosec G204 -- a temporary path of our own
-		cmd.Dir = root
-		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go build -tags %s ./cmd/onceflow: %v\n%s", TestTags, err, out)
-		}
+		buildPath, buildErr = buildShared(root, "onceflow-testbin-", "./cmd/onceflow", TestTags)
 	})
 	if buildErr != nil {
 		t.Fatal(buildErr)
 	}
 	return buildPath
+}
+
+// buildShared builds pkg of the module at root with tags into a directory of the
+// checkout's own (prefix and a digest of root, under the temporary directory), holding
+// an exclusive lock on a file beside it while it builds, and returns the binary's path.
+func buildShared(root, prefix, pkg, tags string) (string, error) {
+	sum := sha256.Sum256([]byte(root + "\x00" + pkg + "\x00" + tags))
+	dir := filepath.Join(os.TempDir(), prefix+hex.EncodeToString(sum[:8]))
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", err
+	}
+	lock, err := os.OpenFile(filepath.Join(dir, "build.lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return "", err
+	}
+	defer lock.Close()
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil { // #nosec G115 -- a file descriptor
+		return "", fmt.Errorf("lock %s: %w", lock.Name(), err)
+	}
+	defer syscall.Flock(int(lock.Fd()), syscall.LOCK_UN) // #nosec G115 -- a file descriptor
+	out := filepath.Join(dir, path.Base(pkg))
+	cmd := exec.Command("go", "build", "-tags", tags, "-o", out, pkg) // #nosec G204 -- a path of our own
+	cmd.Dir = root
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build -tags %s %s: %v\n%s", tags, pkg, err, b)
+	}
+	return out, nil
 }
 
 // Process is a subprocess of a test, with its stderr (the JSON log) captured.
