@@ -93,15 +93,18 @@ func indexOfRun(lines, run []string) int {
 	return -1
 }
 
-// Every relative link of README.md, CHANGELOG.md and docs/*.md (inline links, images
-// and reference definitions, outside code) points at a file or folder of the repository,
+// Every relative link of README.md, CHANGELOG.md, docs/*.md and the examples' READMEs
+// (inline links, images and reference definitions, outside code) points at a file or folder of the repository,
 // and a #fragment at a heading of the Markdown file it names (GitHub's anchors).
 func TestDocLinksResolve(t *testing.T) {
-	pages, err := filepath.Glob("docs/*.md")
-	if err != nil {
-		t.Fatal(err)
+	pages := []string{"README.md", "CHANGELOG.md"}
+	for _, pattern := range []string{"docs/*.md", "examples/*/README.md"} {
+		more, err := filepath.Glob(pattern)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pages = append(pages, more...)
 	}
-	pages = append([]string{"README.md", "CHANGELOG.md"}, pages...)
 	anchors := map[string]map[string]bool{}
 	anchorsOf := func(page string) map[string]bool {
 		if a, ok := anchors[page]; ok {
@@ -149,11 +152,17 @@ func TestDocLinksResolve(t *testing.T) {
 	}
 }
 
+var (
+	fencedCode = regexp.MustCompile("(?ms)^ *```.*?^ *```[^\n]*$")
+	codeSpan   = regexp.MustCompile("`[^`\n]*`")
+	heading    = regexp.MustCompile(`(?m)^#{1,6}\s+(.+?)\s*#*\s*$`)
+	linkTarget = regexp.MustCompile(`\]\([^)]*\)`)
+)
+
 // withoutCode blanks fenced code blocks and code spans out of a Markdown page, so that
 // their contents are not read as links or headings.
 func withoutCode(page string) string {
-	page = regexp.MustCompile("(?ms)^ *```.*?^ *```[^\n]*$").ReplaceAllString(page, "")
-	return regexp.MustCompile("`[^`\n]*`").ReplaceAllString(page, "``")
+	return codeSpan.ReplaceAllString(fencedCode.ReplaceAllString(page, ""), "``")
 }
 
 // headingAnchors returns the anchors GitHub gives the headings of a Markdown page: the
@@ -162,9 +171,8 @@ func withoutCode(page string) string {
 func headingAnchors(page string) map[string]bool {
 	anchors := map[string]bool{}
 	seen := map[string]int{}
-	page = regexp.MustCompile("(?ms)^ *```.*?^ *```[^\n]*$").ReplaceAllString(page, "")
-	for _, m := range regexp.MustCompile(`(?m)^#{1,6}\s+(.+?)\s*#*\s*$`).FindAllStringSubmatch(page, -1) {
-		text := regexp.MustCompile(`\]\([^)]*\)`).ReplaceAllString(m[1], "]") // a link's text only
+	for _, m := range heading.FindAllStringSubmatch(fencedCode.ReplaceAllString(page, ""), -1) {
+		text := linkTarget.ReplaceAllString(m[1], "]") // a link's text only
 		var b strings.Builder
 		for _, r := range strings.ToLower(text) {
 			switch {
