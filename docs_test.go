@@ -1,10 +1,14 @@
 package onceflow_test
 
 import (
+	"fmt"
 	"os"
+	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
+	"unicode"
 )
 
 // docs/first-workflow.md shows the code of example_firstworkflow_test.go verbatim: each
@@ -34,4 +38,157 @@ func TestFirstWorkflowDocMirrorsTheExample(t *testing.T) {
 			t.Errorf("docs/first-workflow.md does not show the example's %s block verbatim:\n%s", m[1], code)
 		}
 	}
+}
+
+// The README's example is code of example_firstworkflow_test.go: each ```go block of
+// README.md, split at lines reading "// ...", is made of runs of the example's lines
+// (compared without indentation, blank lines ignored), in the example's order. So the
+// front door shows code that compiles and whose run Example_firstWorkflow checks.
+func TestReadmeExampleIsTheFirstWorkflowsCode(t *testing.T) {
+	src, err := os.ReadFile("example_firstworkflow_test.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	example := trimmedLines(string(src))
+	blocks := regexp.MustCompile("(?s)```go\n(.*?)\n```").FindAllStringSubmatch(string(readme), -1)
+	if len(blocks) == 0 {
+		t.Fatal("README.md shows no ```go block")
+	}
+	for _, b := range blocks {
+		from := 0
+		for _, run := range strings.Split(b[1], "// ...\n") {
+			lines := trimmedLines(run)
+			at := indexOfRun(example[from:], lines)
+			if at < 0 {
+				t.Errorf("README.md shows lines that are not, in this order, lines of example_firstworkflow_test.go:\n%s", run)
+				break
+			}
+			from += at + len(lines)
+		}
+	}
+}
+
+// trimmedLines returns s's lines without their surrounding spaces, blank lines left out.
+func trimmedLines(s string) []string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if l = strings.TrimSpace(l); l != "" {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// indexOfRun returns where run starts in lines, or -1.
+func indexOfRun(lines, run []string) int {
+	for i := 0; i+len(run) <= len(lines); i++ {
+		if slices.Equal(lines[i:i+len(run)], run) {
+			return i
+		}
+	}
+	return -1
+}
+
+// Every relative link of README.md, CHANGELOG.md, docs/*.md and the examples' READMEs
+// (inline links, images and reference definitions, outside code) points at a file or folder of the repository,
+// and a #fragment at a heading of the Markdown file it names (GitHub's anchors).
+func TestDocLinksResolve(t *testing.T) {
+	pages := []string{"README.md", "CHANGELOG.md"}
+	for _, pattern := range []string{"docs/*.md", "examples/*/README.md"} {
+		more, err := filepath.Glob(pattern)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pages = append(pages, more...)
+	}
+	anchors := map[string]map[string]bool{}
+	anchorsOf := func(page string) map[string]bool {
+		if a, ok := anchors[page]; ok {
+			return a
+		}
+		b, err := os.ReadFile(page)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a := headingAnchors(string(b))
+		anchors[page] = a
+		return a
+	}
+	link := regexp.MustCompile(`!?\[[^\]]*\]\(([^)\s]+)(?:\s+"[^"]*")?\)|(?m)^\[[^\]]+\]:\s*(\S+)`)
+	for _, page := range pages {
+		b, err := os.ReadFile(page)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range link.FindAllStringSubmatch(withoutCode(string(b)), -1) {
+			target := m[1] + m[2]
+			if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+				continue
+			}
+			path, fragment, _ := strings.Cut(target, "#")
+			file := page
+			if path != "" {
+				file = filepath.Join(filepath.Dir(page), path)
+				if _, err := os.Stat(file); err != nil {
+					t.Errorf("%s links to %s: no such file", page, target)
+					continue
+				}
+			}
+			if fragment == "" {
+				continue
+			}
+			if !strings.HasSuffix(file, ".md") {
+				t.Errorf("%s links to %s: a fragment of a file that is not Markdown", page, target)
+				continue
+			}
+			if !anchorsOf(file)[fragment] {
+				t.Errorf("%s links to %s: %s has no heading with that anchor", page, target, file)
+			}
+		}
+	}
+}
+
+var (
+	fencedCode = regexp.MustCompile("(?ms)^ *```.*?^ *```[^\n]*$")
+	codeSpan   = regexp.MustCompile("`[^`\n]*`")
+	heading    = regexp.MustCompile(`(?m)^#{1,6}\s+(.+?)\s*#*\s*$`)
+	linkTarget = regexp.MustCompile(`\]\([^)]*\)`)
+)
+
+// withoutCode blanks fenced code blocks and code spans out of a Markdown page, so that
+// their contents are not read as links or headings.
+func withoutCode(page string) string {
+	return codeSpan.ReplaceAllString(fencedCode.ReplaceAllString(page, ""), "``")
+}
+
+// headingAnchors returns the anchors GitHub gives the headings of a Markdown page: the
+// heading's text in lower case, without punctuation but hyphens and underscores, spaces
+// made hyphens; a repeated anchor gets -1, -2, ...
+func headingAnchors(page string) map[string]bool {
+	anchors := map[string]bool{}
+	seen := map[string]int{}
+	for _, m := range heading.FindAllStringSubmatch(fencedCode.ReplaceAllString(page, ""), -1) {
+		text := linkTarget.ReplaceAllString(m[1], "]") // a link's text only
+		var b strings.Builder
+		for _, r := range strings.ToLower(text) {
+			switch {
+			case unicode.IsLetter(r) || unicode.IsDigit(r) || r == '-' || r == '_':
+				b.WriteRune(r)
+			case r == ' ':
+				b.WriteByte('-')
+			}
+		}
+		anchor := b.String()
+		if n := seen[anchor]; n > 0 {
+			anchors[fmt.Sprintf("%s-%d", anchor, n)] = true
+		} else {
+			anchors[anchor] = true
+		}
+		seen[anchor]++
+	}
+	return anchors
 }
