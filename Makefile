@@ -117,7 +117,7 @@ bench:
 	eval "$$(scripts/dev-services env)" && cd lab && $(GO) run ./bench $(BENCH_ARGS)
 	eval "$$(scripts/dev-services env)" && $(GO) test -run '^$$' -bench Idempotency -benchtime 1x ./idempotency/redisstore/
 
-## bench-limits: provider admission control (issue 15, internal/limitbench): 4 workers against
+## bench-limits: provider admission control (lab/limitbench): 4 workers against
 ## fake-llm --rpm 600 --tpm 200000 with admission configured, learnt and off (goodput, 429s),
 ## then a late tenant's wait behind another's backlog; about 11 minutes; prints the report
 ## (figures go to docs/BENCHMARKS.md by hand)
@@ -126,12 +126,12 @@ bench-limits:
 	eval "$$(scripts/dev-services env)" && cd lab && ONCEFLOW_LIMITS_BENCH=1 $(GO) test -count=1 -run '^TestLimitsBench$$' -v -timeout 60m ./limitbench
 
 ## bench-ui: the operator UI's server-side render times with 100,000 jobs and 1,000 dead
-## letters in the stores (issue 17, adminui); about a minute; prints the report
+## letters in the stores (adminui); about a minute; prints the report
 bench-ui:
 	scripts/dev-services up
 	eval "$$(scripts/dev-services env)" && ONCEFLOW_UI_BENCH=1 $(GO) test -count=1 -run '^TestRenderTimeWithLargeStores$$' -v -timeout 20m ./adminui
 
-## bench-gateway: onceflow gateway's overhead (issue 16, internal/gatewaybench): latency at
+## bench-gateway: onceflow gateway's overhead (lab/gatewaybench): latency at
 ## concurrency 1 and throughput at 16 against direct calls to fake-llm (keyed unary, keyed
 ## stream, keyless), then joiners of live streams on the same and another gateway process;
 ## about 6 minutes; prints the report (figures go to docs/BENCHMARKS.md by hand)

@@ -1,5 +1,5 @@
 // Package gatewaybench measures what `onceflow gateway` (gateway) costs in front of
-// a model server (issue 16), with real processes on loopback: `onceflow fake-llm` as
+// a model server, with real processes on loopback: `onceflow fake-llm` as
 // the upstream, `onceflow gateway` processes in front of it, and a database of the
 // benchmark's own on the PostgreSQL named by Config.DatabaseURL, created, migrated and
 // dropped by Run.
@@ -72,7 +72,7 @@ const (
 	DefaultDripInterval = 500 * time.Microsecond
 )
 
-// Targets of issue 16, checked by Report.Targets.
+// Targets of the gateway's overhead, checked by Report.Targets.
 const (
 	// TargetThroughputRatio is the least gateway / direct throughput of keyed requests.
 	TargetThroughputRatio = 0.8

@@ -61,7 +61,7 @@ func (r *Report) Violations() []string {
 	return v
 }
 
-// Targets lists issue 16's targets with the measured figures, each "met" or "missed".
+// Targets lists the gateway's targets with the measured figures, each "met" or "missed".
 func (r *Report) Targets() []string {
 	var out []string
 	for _, t := range r.Throughput {
@@ -186,7 +186,7 @@ func (r *Report) String() string {
 		b.WriteString("\n")
 	}
 	if t := r.Targets(); len(t) > 0 {
-		b.WriteString("Targets (issue 16):\n\n- " + strings.Join(t, "\n- ") + "\n")
+		b.WriteString("Targets:\n\n- " + strings.Join(t, "\n- ") + "\n")
 	}
 	if v := r.Violations(); len(v) > 0 {
 		b.WriteString("\nInvariants broken:\n\n- " + strings.Join(v, "\n- ") + "\n")

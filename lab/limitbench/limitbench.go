@@ -1,4 +1,4 @@
-// Package limitbench measures the provider admission control of issue 15 (package
+// Package limitbench measures the provider admission control (package
 // limiter) with real processes: `onceflow fake-llm --rpm --tpm`, which enforces
 // per-model limits the way OpenAI does (token buckets that start full with a minute's
 // worth and refill continuously; 429 with Retry-After and x-ratelimit-* headers),
@@ -44,7 +44,7 @@ import (
 	"github.com/onceflow/onceflow/summaries"
 )
 
-// Defaults of Config's fields: the figures issue 15 asks for.
+// Defaults of Config's fields: the load of the published figures (docs/BENCHMARKS.md).
 const (
 	DefaultJobs           = 2000
 	DefaultTenants        = 3
@@ -60,7 +60,7 @@ const (
 	DefaultStall          = 3 * time.Minute
 )
 
-// Targets of issue 15, checked by Report.Violations.
+// Targets of the admission control, checked by Report.Violations.
 const (
 	// TargetGoodput is the least steady-state goodput (successful calls per minute
 	// after the first minute, divided by the provider's requests per minute) with

@@ -14,7 +14,7 @@ import (
 // three tenants and from one, learnt, off) and the fairness run, about 11 minutes on two
 // cores. It runs only with ONCEFLOW_LIMITS_BENCH=1 (so `make test` skips it at once);
 // LIMITS_BENCH_RUNS (comma-separated names of AllRuns) selects runs. It fails when a
-// target of issue 15 is missed or an invariant broken, after printing the whole report;
+// target is missed or an invariant broken, after printing the whole report;
 // the runs' logs stay in the folder it names then, or always with
 // LIMITS_BENCH_KEEP_LOGS=1.
 func TestLimitsBench(t *testing.T) {
