@@ -8,6 +8,7 @@ import (
 // Config.QueueDefaults fill a queue's zero settings only: its own win, and what
 // QueueDefaults do not cover (DefaultKind, Gate) is left alone.
 func TestQueueDefaultsFillOnlyZeroSettings(t *testing.T) {
+	t.Parallel()
 	d := QueueConfig{Concurrency: 17, ClaimIdle: time.Minute, MaxDeliveries: 9, ShutdownTimeout: time.Second,
 		StatsInterval: 3 * time.Second, DeadLetterRetention: time.Hour, DefaultKind: "not.copied"}
 	if got := (QueueConfig{}).withDefaults(d); got != (QueueConfig{Concurrency: 17, ClaimIdle: time.Minute, MaxDeliveries: 9,
