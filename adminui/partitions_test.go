@@ -19,11 +19,11 @@ import (
 	"github.com/onceflow/onceflow/retry"
 )
 
-// Guard (attack round of issue 18): a UI of a queue of 3 partitions: a dead letter of partition 2 is on the page of
+// A UI of a queue of 3 partitions: a dead letter of partition 2 is on the page of
 // queue "uiq:2" (not on uiq's), is replayed into partition 2's stream, its job page
 // answers and names uiq:2; names of partitions that do not exist ("uiq:9", "uiq:02",
 // "uiq:-1", "uiq:") are 404.
-func TestAttack18UIPartitionPages(t *testing.T) {
+func TestPartitionPages(t *testing.T) {
 	t.Parallel()
 	rdb, prefix := testenv.Redis(t)
 	pool, _ := testenv.Postgres(t)
