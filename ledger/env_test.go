@@ -1,11 +1,15 @@
 package ledger_test
 
+// The ledger tests' environment: TestMain, ledgers on a test's own PostgreSQL schema,
+// a PostgreSQL the test can crash, fake-llm, and readers of rows and metrics.
+
 import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
 	"log/slog"
+	"net/http/httptest"
 	"net/url"
 	"os"
 	"testing"
@@ -16,9 +20,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/onceflow/onceflow/internal/connect"
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/ledger"
 	"github.com/onceflow/onceflow/llm"
+	"github.com/onceflow/onceflow/llm/fakeserver"
+	"github.com/onceflow/onceflow/llm/openai"
 	"github.com/onceflow/onceflow/migrations"
 )
 
@@ -127,4 +134,53 @@ func metricValue(m *dto.Metric) float64 {
 		return m.GetCounter().GetValue()
 	}
 	return m.GetGauge().GetValue()
+}
+
+// crashablePostgres is a migrated PostgreSQL of the test's own whose WAL writer waits
+// 10 s and whose autovacuum is off: within the test's window only a durable commit
+// flushes the WAL (the WAL writer would otherwise write a relaxed commit within 200ms,
+// and autovacuum commit behind the test's back), so a SIGKILL loses exactly the relaxed
+// commits since the last durable one. open returns a pool on its URL with params
+// appended.
+func crashablePostgres(t *testing.T, params string) (pg *testenv.Server, open func() *pgxpool.Pool) {
+	t.Helper()
+	pg = testenv.PrivatePostgres(t)
+	dsn := testenv.PostgresURLOf(pg)
+	ctx := ctxT(t)
+	if _, err := migrations.Up(ctx, dsn, testenv.Logger(t)); err != nil {
+		t.Fatal(err)
+	}
+	open = func() *pgxpool.Pool {
+		p, err := connect.Postgres(ctx, dsn+params, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(p.Close)
+		return p
+	}
+	pool := open()
+	for _, sql := range []string{`ALTER SYSTEM SET wal_writer_delay = '10s'`, `ALTER SYSTEM SET autovacuum = off`, `SELECT pg_reload_conf()`} {
+		if _, err := pool.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pool.Close()
+	time.Sleep(200 * time.Millisecond) // let the WAL writer pick up its new delay
+	return pg, open
+}
+
+// fakeLLM starts llm/fakeserver (the provider stand-in) and returns it with the real
+// OpenAI adapter pointed at it.
+func fakeLLM(t *testing.T, cfg fakeserver.Config) (*fakeserver.Server, *openai.Client) {
+	t.Helper()
+	if cfg.Logger == nil {
+		cfg.Logger = testenv.Logger(t)
+	}
+	srv, err := fakeserver.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(srv)
+	t.Cleanup(func() { srv.Close(); hs.Close() })
+	return srv, openai.New(openai.Config{BaseURL: hs.URL + "/v1", APIKey: "sk-test"})
 }
