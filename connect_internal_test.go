@@ -43,19 +43,8 @@ func TestRedisUnreachableClassifiesRealErrors(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	type row struct {
-		name string
-		err  error
-		want bool
-	}
-	var rows []row
-	add := func(name string, err error, want bool) {
-		t.Helper()
-		if err == nil {
-			t.Fatalf("%s: no error", name)
-		}
-		rows = append(rows, row{name, err, want})
-	}
+	var rows outageRows
+	add := func(name string, err error, want bool) { t.Helper(); rows.add(t, name, err, want) }
 	keys := queue.Keys{Prefix: "t", Queue: "q"}
 	enqueue := func(c *redis.Client) error {
 		_, err := queue.Enqueue(ctx, c, keys, queue.Message{JobID: "j", Kind: "k", Payload: []byte(`{}`), EnqueuedAt: time.Now()})
@@ -106,12 +95,7 @@ func TestRedisUnreachableClassifiesRealErrors(t *testing.T) {
 	}(), true)
 	srv.Start()
 
-	for _, r := range rows {
-		t.Logf("%s: %T: %v", r.name, r.err, r.err)
-		if got := redisUnreachable(r.err); got != r.want {
-			t.Errorf("%s: redisUnreachable(%T %v) = %v, want %v", r.name, r.err, r.err, got, r.want)
-		}
-	}
+	rows.check(t, "redisUnreachable", redisUnreachable)
 	if redisUnreachable(nil) {
 		t.Error("nil is an outage")
 	}
@@ -144,19 +128,8 @@ func TestPostgresUnreachableClassifiesRealErrors(t *testing.T) {
 		_, err := c.Exec(ctx, sql)
 		return err
 	}
-	type row struct {
-		name string
-		err  error
-		want bool
-	}
-	var rows []row
-	add := func(name string, err error, want bool) {
-		t.Helper()
-		if err == nil {
-			t.Fatalf("%s: no error", name)
-		}
-		rows = append(rows, row{name, err, want})
-	}
+	var rows outageRows
+	add := func(name string, err error, want bool) { t.Helper(); rows.add(t, name, err, want) }
 
 	// Failing statements, on a live server: the job's own failures.
 	live := conn()
@@ -229,14 +202,11 @@ func TestPostgresUnreachableClassifiesRealErrors(t *testing.T) {
 		"08006": true, "08003": true, "57P02": true, "57P03": true, "53300": true,
 		"53100": false, "40001": false, "23505": false, "57014": false,
 	} {
-		rows = append(rows, row{"SQLSTATE " + code, fmt.Errorf("wrapped: %w", &pgconn.PgError{Code: code}), want})
+		add("SQLSTATE "+code, fmt.Errorf("wrapped: %w", &pgconn.PgError{Code: code}), want)
 	}
 
+	rows.check(t, "postgresUnreachable", postgresUnreachable)
 	for _, r := range rows {
-		t.Logf("%s: %T: %v", r.name, r.err, r.err)
-		if got := postgresUnreachable(r.err); got != r.want {
-			t.Errorf("%s: postgresUnreachable(%T %v) = %v, want %v", r.name, r.err, r.err, got, r.want)
-		}
 		marked := PostgresError(r.err)
 		if errors.Is(marked, ErrUnavailable) != r.want || !errors.Is(marked, r.err) {
 			t.Errorf("%s: PostgresError(%v) = %v: Unavailable %v, want %v, still wrapping the error", r.name, r.err, marked, errors.Is(marked, ErrUnavailable), r.want)
@@ -260,5 +230,35 @@ func TestPostgresUnreachableClassifiesRealErrors(t *testing.T) {
 	una := Unavailable(&pgconn.PgError{Code: "08006"})
 	if got := PostgresError(una); got != una {
 		t.Errorf("an Unavailable error was marked twice: %v", got)
+	}
+}
+
+// outageRow is a real error and whether a classifier must call it an outage.
+type outageRow struct {
+	name string
+	err  error
+	want bool
+}
+
+// outageRows are the rows a classifier is checked against.
+type outageRows []outageRow
+
+// add appends err, which must not be nil.
+func (rows *outageRows) add(t *testing.T, name string, err error, want bool) {
+	t.Helper()
+	if err == nil {
+		t.Fatalf("%s: no error", name)
+	}
+	*rows = append(*rows, outageRow{name, err, want})
+}
+
+// check fails the test for each row that classify, named name, gets wrong.
+func (rows outageRows) check(t *testing.T, name string, classify func(error) bool) {
+	t.Helper()
+	for _, r := range rows {
+		t.Logf("%s: %T: %v", r.name, r.err, r.err)
+		if got := classify(r.err); got != r.want {
+			t.Errorf("%s: %s(%T %v) = %v, want %v", r.name, name, r.err, r.err, got, r.want)
+		}
 	}
 }

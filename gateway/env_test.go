@@ -280,14 +280,26 @@ func setup(t *testing.T, fake fakeserver.Config, cfg gateway.Config) *env {
 	t.Cleanup(func() { fs.Close(); ups.Close() })
 	pool, _ := testenv.Postgres(t)
 	reg := prometheus.NewRegistry()
-	cfg.Upstream, cfg.DB, cfg.Logger, cfg.Registerer = ups.URL+"/v1", pool, testenv.Logger(t), reg
+	cfg.Logger, cfg.Registerer = testenv.Logger(t), reg
+	g, url := serveGateway(t, ups.URL, pool, cfg)
+	return &env{up: up, gw: g, url: url, ledger: g.Ledger(), reg: reg, db: pool}
+}
+
+// serveGateway starts a gateway of cfg in front of the upstream at upstreamURL (its
+// root) on db, and returns it and its /v1 URL; a nil cfg.Logger is the test's.
+func serveGateway(t *testing.T, upstreamURL string, db *pgxpool.Pool, cfg gateway.Config) (*gateway.Gateway, string) {
+	t.Helper()
+	cfg.Upstream, cfg.DB = upstreamURL+"/v1", db
+	if cfg.Logger == nil {
+		cfg.Logger = testenv.Logger(t)
+	}
 	g, err := gateway.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	gs := httptest.NewServer(g)
 	t.Cleanup(gs.Close)
-	return &env{up: up, gw: g, url: gs.URL + "/v1", ledger: g.Ledger(), reg: reg, db: pool}
+	return g, gs.URL + "/v1"
 }
 
 // fleet is n gateways sharing one llm_calls table, as the processes of a fleet do.
@@ -307,14 +319,9 @@ func gatewaysOn(t *testing.T, up http.Handler, n int, cfg gateway.Config) *fleet
 	for range n {
 		c := cfg
 		reg := prometheus.NewRegistry()
-		c.Upstream, c.DB, c.Logger, c.Registerer = ups.URL+"/v1", pool, testenv.Logger(t), reg
-		g, err := gateway.New(c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		gs := httptest.NewServer(g)
-		t.Cleanup(gs.Close)
-		fl.urls = append(fl.urls, gs.URL+"/v1")
+		c.Logger, c.Registerer = testenv.Logger(t), reg
+		_, url := serveGateway(t, ups.URL, pool, c)
+		fl.urls = append(fl.urls, url)
 		fl.regs = append(fl.regs, reg)
 	}
 	return fl
@@ -358,14 +365,9 @@ func privateFleet(t *testing.T, up http.Handler, cfg gateway.Config) (*testenv.S
 		}
 		t.Cleanup(pool.Close)
 		c := cfg
-		c.Upstream, c.DB, c.Logger = ups.URL+"/v1", pool, testenv.Logger(t)
-		g, err := gateway.New(c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		gs := httptest.NewServer(g)
-		t.Cleanup(gs.Close)
-		urls = append(urls, gs.URL+"/v1")
+		c.Logger = testenv.Logger(t)
+		_, url := serveGateway(t, ups.URL, pool, c)
+		urls = append(urls, url)
 	}
 	return pg, urls
 }
@@ -385,17 +387,12 @@ func privateGateway(t *testing.T, up http.Handler, cfg gateway.Config) (*testenv
 		t.Fatal(err)
 	}
 	t.Cleanup(gpool.Close)
-	cfg.Upstream, cfg.DB, cfg.Logger = ups.URL+"/v1", gpool, testenv.Logger(t)
+	cfg.Logger = testenv.Logger(t)
 	if cfg.Registerer == nil {
 		cfg.Registerer = prometheus.NewRegistry()
 	}
-	g, err := gateway.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	gs := httptest.NewServer(g)
-	t.Cleanup(gs.Close)
-	return pg, g, gs.URL + "/v1", pool
+	g, url := serveGateway(t, ups.URL, gpool, cfg)
+	return pg, g, url, pool
 }
 
 // freezer is a TCP proxy in front of PostgreSQL that can hang: frozen, it passes no
@@ -504,19 +501,13 @@ func loggedGateway(t *testing.T, upstream http.Handler) (string, *pgxpool.Pool, 
 	t.Cleanup(ups.Close)
 	pool, _ := testenv.Postgres(t)
 	logs := &testenv.SyncBuffer{}
-	g, err := gateway.New(gateway.Config{Upstream: ups.URL + "/v1", DB: pool,
-		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	gs := httptest.NewServer(g)
-	t.Cleanup(gs.Close)
+	_, url := serveGateway(t, ups.URL, pool, gateway.Config{Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("gateway logs:\n%s", logs)
 		}
 	})
-	return gs.URL + "/v1", pool, logs
+	return url, pool, logs
 }
 
 const chatBody = `{"model":"gpt-4.1-mini","temperature":1,"messages":[{"role":"user","content":"Say one random word."}]}`

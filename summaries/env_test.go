@@ -18,8 +18,10 @@ import (
 
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/idempotency"
+	"github.com/onceflow/onceflow/internal/connect"
 	"github.com/onceflow/onceflow/internal/httpapi"
 	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/internal/testenv/roundtrip"
 	"github.com/onceflow/onceflow/internal/webhooksink"
 	"github.com/onceflow/onceflow/ledger"
 	"github.com/onceflow/onceflow/llm"
@@ -466,4 +468,22 @@ func lgSetup(t *testing.T) *lgEnv {
 	}
 	return &lgEnv{rdb: rdb, keys: queue.Keys{Prefix: prefix, Queue: summaries.QueueName}, pool: pool, fake: fake, gate: gate,
 		model: openai.New(openai.Config{BaseURL: srv.URL + "/v1", APIKey: "sk-test"}), ledger: l}
+}
+
+// countedAPIServer starts the API on a Redis client of its own whose round trips rt
+// counts, on the test's own key prefix and PostgreSQL schema, and returns a client to
+// inspect its keys, the queue's keys, rt and the API's URL.
+func countedAPIServer(t *testing.T) (inspect *redis.Client, keys queue.Keys, rt *roundtrip.Counter, base string) {
+	t.Helper()
+	inspect, prefix := testenv.Redis(t)
+	keys = queue.Keys{Prefix: prefix, Queue: summaries.QueueName}
+	serverRedis, err := connect.Redis(testenv.RedisURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { serverRedis.Close() })
+	rt = &roundtrip.Counter{}
+	serverRedis.AddHook(rt)
+	pool, _ := testenv.Postgres(t)
+	return inspect, keys, rt, newAPIServer(t, serverRedis, prefix, pool).URL
 }

@@ -25,7 +25,6 @@ import (
 	"github.com/onceflow/onceflow/internal/connect"
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/internal/testenv/h2fault"
-	"github.com/onceflow/onceflow/internal/testenv/roundtrip"
 	"github.com/onceflow/onceflow/ledger"
 	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/llm/fake"
@@ -74,17 +73,7 @@ func TestJobIDIsUUIDv5OfTheScope(t *testing.T) {
 // with the effects (stream entries, job index, stored records) checked after each row.
 func TestPostStatusTable(t *testing.T) {
 	t.Parallel()
-	inspect, prefix := testenv.Redis(t)
-	keys := queue.Keys{Prefix: prefix, Queue: summaries.QueueName}
-	serverRedis, err := connect.Redis(testenv.RedisURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { serverRedis.Close() })
-	var rt roundtrip.Counter
-	serverRedis.AddHook(&rt)
-	pool, _ := testenv.Postgres(t)
-	base := newAPIServer(t, serverRedis, prefix, pool).URL
+	inspect, keys, rt, base := countedAPIServer(t)
 	ctx := context.Background()
 
 	entries := func(want int) []queue.Message {
@@ -258,17 +247,7 @@ func TestPostStatusTable(t *testing.T) {
 // same key is a new job afterwards.
 func TestPostRejectsCaseFoldedAndDuplicateNames(t *testing.T) {
 	t.Parallel()
-	inspect, prefix := testenv.Redis(t)
-	keys := queue.Keys{Prefix: prefix, Queue: summaries.QueueName}
-	serverRedis, err := connect.Redis(testenv.RedisURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { serverRedis.Close() })
-	var rt roundtrip.Counter
-	serverRedis.AddHook(&rt)
-	pool, _ := testenv.Postgres(t)
-	base := newAPIServer(t, serverRedis, prefix, pool).URL
+	inspect, keys, rt, base := countedAPIServer(t)
 
 	for i, tc := range []struct {
 		body     string
