@@ -10,6 +10,7 @@ import (
 )
 
 func TestLogSenderRedactsSecretLookingFields(t *testing.T) {
+	t.Parallel()
 	var buf bytes.Buffer
 	s := LogSender{Logger: slog.New(slog.NewJSONHandler(&buf, nil))}
 	err := s.Send(context.Background(), Message{ID: 7, Topic: "email.summary_ready", DedupeKey: "summary_ready:j1",

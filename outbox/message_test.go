@@ -10,6 +10,7 @@ import (
 )
 
 func TestPermanentAndRetryAfterAreFoundThroughWrapping(t *testing.T) {
+	t.Parallel()
 	base := errors.New("bad request")
 	p := fmt.Errorf("send: %w", Permanent(base))
 	if !IsPermanent(p) || !errors.Is(p, ErrPermanent) || !errors.Is(p, base) || p.Error() != "send: bad request" {
@@ -33,6 +34,7 @@ func TestPermanentAndRetryAfterAreFoundThroughWrapping(t *testing.T) {
 // One permanent marker: whoever marked the error (retry, queue or outbox), the relay
 // sees it as permanent.
 func TestPermanentIsRetryPermanent(t *testing.T) {
+	t.Parallel()
 	base := errors.New("HTTP 400")
 	for _, err := range []error{Permanent(base), retry.Permanent(base)} {
 		if !IsPermanent(err) || !errors.Is(err, ErrPermanent) || !retry.IsPermanent(err) || !errors.Is(err, base) {

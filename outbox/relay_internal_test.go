@@ -9,6 +9,7 @@ import (
 )
 
 func TestClassOf(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	expired, cancel := context.WithTimeout(ctx, -time.Second)
 	defer cancel()
@@ -35,6 +36,7 @@ func TestClassOf(t *testing.T) {
 // backoff's base and cap, per topic, and starts again once a send of the topic
 // succeeded.
 func TestOutageDelayGrowsWithTheOutage(t *testing.T) {
+	t.Parallel()
 	const base, most = time.Second, time.Minute
 	var o outages
 	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)

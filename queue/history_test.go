@@ -212,6 +212,7 @@ func TestHistoryNeverCreatesAnIndex(t *testing.T) {
 }
 
 func TestParseHistorySkipsWhatItCannotRead(t *testing.T) {
+	t.Parallel()
 	h := "1 {\"outcome\":\"retry\",\"entry\":\"1-0\",\"n\":1,\"start\":1000,\"end\":2000,\"wait\":30}\n" +
 		"garbage\n2 not-json\n-3 {\"outcome\":\"x\"}\n4 {\"entry\":\"2-0\"}\n5 {\"outcome\":\"succeeded\",\"n\":2}"
 	ev := ParseHistory(h)

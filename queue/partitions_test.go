@@ -20,6 +20,7 @@ import (
 // to several keeps its jobs where they are), and every other partition has a hash tag of
 // its own.
 func TestPartitionKeys(t *testing.T) {
+	t.Parallel()
 	k := Keys{Prefix: "p", Queue: "q"}
 	if got := k.InPartition(0).Stream(); got != "p:{q}:stream" {
 		t.Fatalf("partition 0 stream %q, want p:{q}:stream", got)
@@ -43,6 +44,7 @@ func TestPartitionKeys(t *testing.T) {
 // PartitionOf spreads job ids evenly and gives the same answer every time; one
 // partition is always 0.
 func TestPartitionOfSpreadsJobs(t *testing.T) {
+	t.Parallel()
 	const n, jobs = 3, 3000
 	counts := make([]int, n)
 	for i := range jobs {

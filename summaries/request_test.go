@@ -11,6 +11,7 @@ import (
 )
 
 func TestDecodeRequest(t *testing.T) {
+	t.Parallel()
 	long := strings.Repeat("é", MaxTextChars) // 100k characters, 200k bytes: allowed
 	cases := []struct {
 		body  string
@@ -71,6 +72,7 @@ func TestDecodeRequest(t *testing.T) {
 }
 
 func TestCanonicalIgnoresWhitespaceAndOrder(t *testing.T) {
+	t.Parallel()
 	a, err := DecodeRequest([]byte(`{"text":"hello","notify":"a@example.com"}`))
 	if err != nil {
 		t.Fatal(err)
