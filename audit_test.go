@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -150,5 +151,48 @@ func TestAuditReportsRunsHeldLongerThanMaxRunTime(t *testing.T) {
 	}
 	if stale, err := queue.StalePending(ctx, rdb, keys, queue.DefaultGroup, 300*time.Millisecond, 10); err != nil || len(stale) != 0 {
 		t.Fatalf("StalePending = %v %v: the renewed entry should not look idle (that is the point)", stale, err)
+	}
+}
+
+// Audit's MaxRunTime check measures a run from when its attempt began, not from when its
+// job was added to the stream: a job that waited in a backlog longer than MaxRunTime +
+// 2 x ClaimIdle (an outage's backlog) is no violation the moment a worker starts a
+// healthy run of it.
+func TestAuditDoesNotFlagAHealthyRunOfABackloggedJob(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.Redis(t)
+	var started atomic.Bool
+	release := make(chan struct{})
+	ws := onceflow.NewWorkers()
+	onceflow.AddWorker(ws, onceflow.WorkFunc[sortArgs](func(ctx context.Context, _ *onceflow.Job[sortArgs]) error {
+		started.Store(true)
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return nil
+	}))
+	c, err := onceflow.NewClient(onceflow.Config{Redis: rdb, Prefix: prefix, Logger: testenv.Logger(t), Workers: ws,
+		Queues: map[string]onceflow.QueueConfig{onceflow.DefaultQueue: {MaxRunTime: 5 * time.Second, ClaimIdle: 500 * time.Millisecond}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := c.Enqueue(ctx, sortArgs{}, &onceflow.EnqueueOpts{Tenant: "acme"}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(6500 * time.Millisecond) // the backlog: longer than MaxRunTime + 2 x ClaimIdle (6s)
+	runClient(t, c)
+	defer close(release)
+	testenv.WaitFor(t, 10*time.Second, "the run", started.Load)
+	time.Sleep(200 * time.Millisecond) // the run is 200ms old, MaxRunTime is 5s
+	r, err := c.Audit(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range r.Violations {
+		if strings.Contains(v, "MaxRunTime") {
+			t.Errorf("audit reports a run that began 200ms ago: %s", v)
+		}
 	}
 }

@@ -15,6 +15,7 @@ import (
 // Only the provider's own failures count towards the llm breaker's run: not the
 // ledger's (PostgreSQL answers 503 to package retry), not the job's, not shutdown.
 func TestProviderFailure(t *testing.T) {
+	t.Parallel()
 	status := func(code int) error { return retry.NewStatusError(code, nil, time.Now()) }
 	for _, tc := range []struct {
 		name string

@@ -103,8 +103,7 @@ func checkSince(t *testing.T, entry, want string, start time.Time) {
 // PostgreSQL is stopped for about ten seconds while jobs are queued: the postgres
 // breaker opens (its health checks fail), /readyz and the metrics say so and since
 // when, the workers take no job meanwhile, nothing is dead-lettered, and once
-// PostgreSQL is back every job is done once. (Before the breaker, each delivery met the
-// outage and was handed back, again and again.)
+// PostgreSQL is back every job is done once.
 func TestPostgresBreakerHoldsTheWorkersBack(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -248,8 +247,7 @@ func (m *unavailableModel) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // client: the llm breaker opens after BreakerThreshold model calls in a row failed
 // after their retries, calls stop but for one probe per QuotaProbe, no job is
 // dead-lettered although MaxDeliveries is 2, and every job is done once after the
-// window. (Before the failure run, each job's deliveries each failed on the 503s, and
-// the third dead-lettered it.)
+// window.
 func TestModelOutageTripsTheLLMBreaker(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,96 +16,17 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/internal/testenv/roundtrip"
+	"github.com/onceflow/onceflow/llm/fakeserver"
+	"github.com/onceflow/onceflow/llm/openai"
 	"github.com/onceflow/onceflow/outbox/pgoutbox"
 	"github.com/onceflow/onceflow/queue"
 )
 
-// refundArgs are the arguments of a job that refunds an order: a row of the user's own
-// (refunds), a payment effect and an email effect, committed once.
-type refundArgs struct {
-	OrderID     string `json:"order_id"`
-	AmountCents int    `json:"amount_cents"`
-}
-
-func (refundArgs) Kind() string { return "refund.issue" }
-
 const testTraceParent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-
-// refundWorker commits the refund row, its two effects and a result with Job.Commit.
-func refundWorker(runs *atomic.Int64) onceflow.WorkFunc[refundArgs] {
-	return func(ctx context.Context, j *onceflow.Job[refundArgs]) error {
-		runs.Add(1)
-		return j.Commit(ctx, func(c *onceflow.Commit) error {
-			c.Exec(`INSERT INTO refunds (job_id, order_id, amount_cents) VALUES ($1, $2, $3)`, j.ID, j.Args.OrderID, j.Args.AmountCents)
-			c.Emit("payments.refund", "refund:"+j.ID, j.Args)
-			c.Emit("email.reply", "reply:"+j.ID, map[string]string{"to": "customer@example.com"})
-			c.Result(map[string]int{"refunded_cents": j.Args.AmountCents})
-			return nil
-		})
-	}
-}
-
-// dbEnv is one test's Redis prefix and PostgreSQL schema, with the user's refunds table.
-type dbEnv struct {
-	t      *testing.T
-	pool   *pgxpool.Pool
-	dsn    string
-	rdb    *redis.Client
-	prefix string
-}
-
-func newDBEnv(t *testing.T) *dbEnv {
-	t.Helper()
-	pool, dsn := testenv.Postgres(t)
-	rdb, prefix := testenv.Redis(t)
-	e := &dbEnv{t: t, pool: pool, dsn: dsn, rdb: rdb, prefix: prefix}
-	e.exec(`CREATE TABLE refunds (job_id text PRIMARY KEY, order_id text NOT NULL, amount_cents integer NOT NULL CHECK (amount_cents > 0))`)
-	return e
-}
-
-func (e *dbEnv) exec(sql string, args ...any) {
-	e.t.Helper()
-	if _, err := e.pool.Exec(context.Background(), sql, args...); err != nil {
-		e.t.Fatal(err)
-	}
-}
-
-func (e *dbEnv) count(sql string, args ...any) int {
-	e.t.Helper()
-	var n int
-	if err := e.pool.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
-		e.t.Fatal(err)
-	}
-	return n
-}
-
-// effects returns the completions, refund rows and outbox effects (EnqueueTx's rows
-// aside) of job id.
-func (e *dbEnv) effects(id string) (completions, refunds, outboxRows int) {
-	e.t.Helper()
-	return e.count(`SELECT count(*) FROM job_completions WHERE job_id = $1`, id),
-		e.count(`SELECT count(*) FROM refunds WHERE job_id = $1`, id),
-		e.count(`SELECT count(*) FROM outbox WHERE dedupe_key LIKE '%:' || $1 AND topic <> $2`, id, onceflow.TopicEnqueue)
-}
-
-// client returns a Client on the env's Redis and cfg.DB (the env's pool when nil).
-func (e *dbEnv) client(cfg onceflow.Config) *onceflow.Client {
-	e.t.Helper()
-	cfg.Redis, cfg.Prefix, cfg.Logger = e.rdb, e.prefix, testenv.Logger(e.t)
-	if cfg.DB == nil {
-		cfg.DB = e.pool
-	}
-	c, err := onceflow.NewClient(cfg)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return c
-}
 
 // deliver runs one delivery of a refund job straight through the client's handler.
 func deliver(c *onceflow.Client, id string, args refundArgs, delivery int64) error {
@@ -114,12 +36,6 @@ func deliver(c *onceflow.Client, id string, args refundArgs, delivery int64) err
 			EnqueuedAt: time.Now(), TraceParent: testTraceParent},
 		ID: fmt.Sprintf("%d-0", delivery), Deliveries: delivery,
 	})
-}
-
-func refundWorkers(runs *atomic.Int64) *onceflow.Workers {
-	ws := onceflow.NewWorkers()
-	onceflow.AddWorker(ws, refundWorker(runs))
-	return ws
 }
 
 // flights counts the client's sends on the wire: a write after a read (or the first
@@ -509,5 +425,242 @@ func TestCommitTxRoundTrips(t *testing.T) {
 	t.Logf("CommitTx with one read in fn: %d round trips on the wire (%d traced)", got, traced)
 	if got != 4 {
 		t.Fatalf("CommitTx took %d round trips, want 4 (begin+completion, fn's read, batch, commit)", got)
+	}
+}
+
+// After the first job's index expired, another tenant's (or kind's) job with the same
+// id is enqueued, but its Commit finds the first job's completion record: it fails
+// permanently with ErrJobIDTaken (so it is dead-lettered with the reason) instead of
+// being taken as done, and writes nothing; the reason names neither the other tenant
+// nor its kind. A redelivery of the first job is still done.
+func TestCommitOfAnIDCompletedByAnotherJobIsRefused(t *testing.T) {
+	t.Parallel()
+	e := newDBEnv(t)
+	var runs atomic.Int64
+	ws := onceflow.NewWorkers()
+	onceflow.AddWorker(ws, refundWorker(&runs))
+	onceflow.AddWorker(ws, onceflow.WorkFunc[refundTxArgs](func(ctx context.Context, j *onceflow.Job[refundTxArgs]) error {
+		return j.CommitTx(ctx, func(ctx context.Context, tx pgx.Tx, c *onceflow.Commit) error {
+			c.Exec(`INSERT INTO refunds (job_id, order_id, amount_cents) VALUES ($1, $2, $3)`, j.ID+"/tx", j.Args.OrderID, j.Args.AmountCents)
+			return nil
+		})
+	}))
+	c := e.client(onceflow.Config{Workers: ws})
+	h := c.Inspector().Handler(onceflow.DefaultQueue)
+	run := func(kind, tenant string, args any, entry string) error {
+		payload, _ := json.Marshal(args)
+		return h.Handle(context.Background(), &queue.Job{
+			Message: queue.Message{JobID: "order-1", Kind: kind, Tenant: tenant, Payload: payload, EnqueuedAt: time.Now()},
+			ID:      entry, Deliveries: 1,
+		})
+	}
+	args := refundArgs{OrderID: "o-1", AmountCents: 100}
+	if err := run(args.Kind(), "acme", args, "1-0"); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, kind, tenant string
+		args               any
+	}{
+		{"Commit, another tenant", args.Kind(), "globex", refundArgs{OrderID: "o-2", AmountCents: 5}},
+		{"Commit, no tenant", args.Kind(), "", refundArgs{OrderID: "o-2", AmountCents: 5}},
+		{"CommitTx, another kind", refundTxArgs{}.Kind(), "acme", refundTxArgs{OrderID: "o-3", AmountCents: 7}},
+	} {
+		err := run(tc.kind, tc.tenant, tc.args, "2-0")
+		if !errors.Is(err, onceflow.ErrJobIDTaken) || !onceflow.IsPermanent(err) {
+			t.Fatalf("%s: %v, want a permanent ErrJobIDTaken", tc.name, err)
+		}
+		if msg := err.Error(); containsAny(msg, "acme", "refund.issue") {
+			t.Fatalf("%s: the reason %q names the other job's tenant or kind", tc.name, msg)
+		}
+	}
+	if err := run(args.Kind(), "acme", args, "3-0"); err != nil {
+		t.Fatalf("a redelivery of acme's own job: %v, want done", err)
+	}
+	if n := e.count(`SELECT count(*) FROM refunds`); n != 1 || runs.Load() != 4 {
+		t.Fatalf("%d refunds after %d runs, want acme's one", n, runs.Load())
+	}
+	if c, _, o := e.effects("order-1"); c != 1 || o != 2 {
+		t.Fatalf("completions %d, effects %d; want acme's 1 and 2", c, o)
+	}
+}
+
+// refundTxArgs is a second kind committing with CommitTx.
+type refundTxArgs struct {
+	OrderID     string `json:"order_id"`
+	AmountCents int    `json:"amount_cents"`
+}
+
+func (refundTxArgs) Kind() string { return "refund.tx" }
+
+// containsAny reports whether s contains any of subs.
+func containsAny(s string, subs ...string) bool {
+	for _, sub := range subs {
+		if strings.Contains(s, sub) {
+			return true
+		}
+	}
+	return false
+}
+
+// Job.Commit writes on its effects the traceparent of the Work call's context
+// (Config.TraceParent) when it has one, else the one the job was enqueued with.
+func TestCommitTraceParentPrefersTheWorkContext(t *testing.T) {
+	t.Parallel()
+	e := newDBEnv(t)
+	const workSpan = "00-11111111111111111111111111111111-2222222222222222-01"
+	type spanKey struct{}
+	var runs atomic.Int64
+	c := e.client(onceflow.Config{Workers: refundWorkers(&runs),
+		TraceParent: func(ctx context.Context) string { s, _ := ctx.Value(spanKey{}).(string); return s },
+		Middleware: []onceflow.Middleware{func(next onceflow.JobFunc) onceflow.JobFunc {
+			return func(ctx context.Context, info *onceflow.JobInfo) error {
+				if info.ID == "traced" {
+					ctx = context.WithValue(ctx, spanKey{}, workSpan)
+				}
+				return next(ctx, info)
+			}
+		}}})
+	for _, id := range []string{"traced", "untraced"} {
+		if err := deliver(c, id, refundArgs{OrderID: id, AmountCents: 100}, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for id, want := range map[string]string{"traced": workSpan, "untraced": testTraceParent} {
+		if n := e.count(`SELECT count(*) FROM outbox WHERE dedupe_key LIKE '%:' || $1 AND traceparent = $2`, id, want); n != 2 {
+			t.Errorf("job %s: %d effects carry traceparent %s, want 2", id, n, want)
+		}
+	}
+}
+
+// PostgreSQL is down while a job tries to commit (or, first, to call the model through
+// the llm_calls ledger), for longer than its queue's MaxDeliveries × ClaimIdle: every
+// delivery meets the outage, is handed back without spending a delivery, and once
+// PostgreSQL is back the job commits once (and calls the model once). It is not
+// dead-lettered.
+func TestPostgresOutageDuringCommitSpendsNoDelivery(t *testing.T) {
+	t.Parallel()
+	for name, commit := range map[string]func(ctx context.Context, j *onceflow.Job[outageArgs]) error{
+		"Complete then Commit": func(ctx context.Context, j *onceflow.Job[outageArgs]) error {
+			st, err := j.Complete(ctx, "summarise", prompt("order "+j.Args.Order))
+			if err != nil {
+				return err
+			}
+			return j.Commit(ctx, func(c *onceflow.Commit) error {
+				c.Exec(`INSERT INTO orders (job_id, order_id) VALUES ($1, $2)`, j.ID, st.Response.Content)
+				c.Emit("email.order", "order:"+j.ID, j.Args)
+				return nil
+			})
+		},
+		"Commit": func(ctx context.Context, j *onceflow.Job[outageArgs]) error {
+			return j.Commit(ctx, func(c *onceflow.Commit) error {
+				c.Exec(`INSERT INTO orders (job_id, order_id) VALUES ($1, $2)`, j.ID, j.Args.Order)
+				c.Emit("email.order", "order:"+j.ID, j.Args)
+				return nil
+			})
+		},
+		"CommitTx": func(ctx context.Context, j *onceflow.Job[outageArgs]) error {
+			return j.CommitTx(ctx, func(ctx context.Context, tx pgx.Tx, c *onceflow.Commit) error {
+				var n int
+				if err := tx.QueryRow(ctx, `SELECT count(*) FROM orders WHERE order_id = $1`, j.Args.Order).Scan(&n); err != nil {
+					return err
+				}
+				c.Exec(`INSERT INTO orders (job_id, order_id) VALUES ($1, $2)`, j.ID, j.Args.Order)
+				c.Emit("email.order", "order:"+j.ID, j.Args)
+				return nil
+			})
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			defer cancel()
+			pg, _, pool := testenv.MigratedPrivatePostgres(t, "&connect_timeout=1")
+			if _, err := pool.Exec(ctx, `CREATE TABLE orders (job_id text PRIMARY KEY, order_id text NOT NULL)`); err != nil {
+				t.Fatal(err)
+			}
+			rdb, prefix := testenv.Redis(t)
+
+			var runs atomic.Int64
+			ws := onceflow.NewWorkers()
+			onceflow.AddWorker(ws, onceflow.WorkFunc[outageArgs](func(ctx context.Context, j *onceflow.Job[outageArgs]) error {
+				runs.Add(1)
+				return commit(ctx, j)
+			}))
+			const maxDeliveries, claimIdle = 2, 300 * time.Millisecond
+			// BreakerThreshold: this test is about each delivery that meets the outage; the
+			// breaker that stops the deliveries is TestPostgresBreakerHoldsTheWorkersBack's.
+			cfg := onceflow.Config{Redis: rdb, Prefix: prefix, DB: pool, Workers: ws, Logger: testenv.Logger(t), BreakerThreshold: 1000,
+				Queues: map[string]onceflow.QueueConfig{onceflow.DefaultQueue: {MaxDeliveries: maxDeliveries, ClaimIdle: claimIdle}}}
+			// The model, used by one case: fake-llm through the OpenAI adapter. A delivery
+			// retries the ledger within its budget (2s) before it hands the job back.
+			fs, err := fakeserver.New(fakeserver.Config{Logger: testenv.Logger(t)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv := httptest.NewServer(fs)
+			t.Cleanup(func() { fs.Close(); srv.Close() })
+			cfg.Model = openai.New(openai.Config{BaseURL: srv.URL + "/v1", APIKey: "test-key"})
+			cfg.ModelRetry, cfg.JobBudget = fastRetry, 2*time.Second
+			c, err := onceflow.NewClient(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			keys := queue.Keys{Prefix: prefix, Queue: onceflow.DefaultQueue}
+			dead := func() int64 {
+				n, err := rdb.XLen(ctx, keys.Dead()).Result()
+				if err != nil {
+					t.Fatal(err)
+				}
+				return n
+			}
+
+			pg.Stop()
+			res, err := c.Enqueue(ctx, outageArgs{Order: "o-1"}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			runClient(t, c)
+			// More deliveries than MaxDeliveries, each handed back after meeting the
+			// outage (or, on the broken code, the dead letter that ends them).
+			const outageRuns = 3 * maxDeliveries
+			testenv.WaitFor(t, 90*time.Second, "deliveries during the outage", func() bool {
+				return runs.Load() >= outageRuns || dead() > 0
+			})
+			if n := dead(); n != 0 {
+				t.Fatalf("the job was dead-lettered during the outage after %d runs", runs.Load())
+			}
+			during := runs.Load()
+			pg.Start()
+
+			count := func(sql string, args ...any) int {
+				t.Helper()
+				var n int
+				if err := pool.QueryRow(ctx, sql, args...).Scan(&n); err != nil {
+					t.Fatal(err)
+				}
+				return n
+			}
+			testenv.WaitFor(t, 90*time.Second, "the job's commit after the outage", func() bool {
+				var n int
+				err := pool.QueryRow(ctx, `SELECT count(*) FROM job_completions WHERE job_id = $1`, res.JobID).Scan(&n)
+				return err == nil && n == 1 && pendingOf(ctx, rdb, keys) == 0
+			})
+			completions := count(`SELECT count(*) FROM job_completions WHERE job_id = $1`, res.JobID)
+			rows := count(`SELECT count(*) FROM orders WHERE job_id = $1`, res.JobID)
+			effects := count(`SELECT count(*) FROM outbox WHERE dedupe_key = $1`, "order:"+res.JobID)
+			if completions != 1 || rows != 1 || effects != 1 || dead() != 0 {
+				t.Fatalf("after the outage: %d completions, %d rows, %d effects, %d dead letters; want 1, 1, 1, 0",
+					completions, rows, effects, dead())
+			}
+			wantCalls := int64(0)
+			if strings.HasPrefix(name, "Complete") {
+				wantCalls = 1 // the ledger's row is written before the call: none during the outage
+			}
+			if got := fs.Stats().Requests; got != wantCalls {
+				t.Errorf("%d model calls, want %d", got, wantCalls)
+			}
+			t.Logf("%d runs during the outage, %d in all", during, runs.Load())
+		})
 	}
 }

@@ -16,6 +16,7 @@ import (
 // ```go block of the page (firstWorkflowMain shown as main), so the page's code is code
 // that compiles and whose run Example_firstWorkflow checks.
 func TestFirstWorkflowDocMirrorsTheExample(t *testing.T) {
+	t.Parallel()
 	src, err := os.ReadFile("example_firstworkflow_test.go")
 	if err != nil {
 		t.Fatal(err)
@@ -191,4 +192,25 @@ func headingAnchors(page string) map[string]bool {
 		seen[anchor]++
 	}
 	return anchors
+}
+
+// The docs describe the attempt budget as docs/queue.md "Attempts and retries" does: a
+// count of failed attempts with a full-jitter backoff (RetryBase, RetryMax), not a
+// delivery budget bounded by ClaimIdle; and Job.Delivery (job.go) is the attempt number
+// across entries (1 + the attempts spent; a retry is a new entry, a snooze keeps the
+// number), not a count of one stream entry's deliveries.
+func TestDocsDescribeTheAttemptBudget(t *testing.T) {
+	t.Parallel()
+	for file, stale := range map[string]string{
+		"docs/coming-from-river-asynq.md": "`MaxDeliveries` and `ClaimIdle` bound how often and how soon a job runs again",
+		"job.go":                          "Delivery counts the deliveries of this job's stream entry",
+	} {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(strings.Join(strings.Fields(strings.ReplaceAll(string(b), "//", "")), " "), stale) {
+			t.Errorf("%s still says %q", file, stale)
+		}
+	}
 }

@@ -9,90 +9,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/idempotency"
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/outbox/pgoutbox"
-	"github.com/onceflow/onceflow/queue"
 )
-
-// stream returns the job ids in the default queue's stream, in order.
-func (e *dbEnv) stream() []string {
-	e.t.Helper()
-	entries, err := e.rdb.XRange(context.Background(), queue.Keys{Prefix: e.prefix, Queue: onceflow.DefaultQueue}.Stream(), "-", "+").Result()
-	if err != nil && !errors.Is(err, redis.Nil) {
-		e.t.Fatal(err)
-	}
-	var ids []string
-	for _, en := range entries {
-		ids = append(ids, en.Values["job_id"].(string))
-	}
-	return ids
-}
-
-// added returns how many entries were ever added to the default queue's stream
-// (XINFO STREAM entries-added), which the workers' trimming of acknowledged entries
-// does not lower, unlike the stream's length.
-func (e *dbEnv) added() int64 {
-	e.t.Helper()
-	info, err := e.rdb.XInfoStream(context.Background(), queue.Keys{Prefix: e.prefix, Queue: onceflow.DefaultQueue}.Stream()).Result()
-	if err != nil {
-		if err.Error() == "ERR no such key" {
-			return 0
-		}
-		e.t.Fatal(err)
-	}
-	return info.EntriesAdded
-}
-
-// onlyJob fails the test unless every entry still in the stream (trimming may have
-// removed acknowledged ones) is the job id.
-func (e *dbEnv) onlyJob(id string) {
-	e.t.Helper()
-	for _, got := range e.stream() {
-		if got != id {
-			e.t.Fatalf("stream holds job %s, want only %s", got, id)
-		}
-	}
-}
-
-// pending returns the default queue's unacknowledged entries.
-func (e *dbEnv) pending() int64 {
-	e.t.Helper()
-	p, err := e.rdb.XPending(context.Background(), queue.Keys{Prefix: e.prefix, Queue: onceflow.DefaultQueue}.Stream(), queue.DefaultGroup).Result()
-	if err != nil {
-		return -1
-	}
-	return p.Count
-}
-
-// enqueueInTx runs EnqueueTx with the user's own write in one transaction and commits
-// it, or rolls it back.
-func (e *dbEnv) enqueueInTx(c *onceflow.Client, args refundArgs, opts *onceflow.EnqueueOpts, commit bool) *onceflow.EnqueueResult {
-	e.t.Helper()
-	ctx := context.Background()
-	tx, err := e.pool.Begin(ctx)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, `INSERT INTO orders (id) VALUES ($1) ON CONFLICT DO NOTHING`, args.OrderID); err != nil {
-		e.t.Fatal(err)
-	}
-	res, err := c.EnqueueTx(ctx, tx, args, opts)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	if commit {
-		if err := tx.Commit(ctx); err != nil {
-			e.t.Fatal(err)
-		}
-	}
-	return res
-}
 
 func newEnqueueEnv(t *testing.T) *dbEnv {
 	e := newDBEnv(t)
@@ -252,4 +176,127 @@ func TestEnqueueTxLatency(t *testing.T) {
 	}
 	t.Logf("EnqueueTx commit to worker start, relay PollInterval %v: mean %v, worst %v over %d jobs",
 		outbox.DefaultPollInterval, (total / n).Round(time.Millisecond), worst.Round(time.Millisecond), n)
+}
+
+// EnqueueTx with a caller-chosen job id that another tenant's EnqueueTx already wrote is
+// refused with ErrJobIDTaken, as Enqueue refuses it (the outbox row's dedupe key is
+// scoped by tenant): the second tenant's job is never silently dropped while its caller
+// is told it was enqueued.
+func TestEnqueueTxRefusesAnotherTenantsJobID(t *testing.T) {
+	t.Parallel()
+	e := newEnqueueEnv(t)
+	c := e.client(onceflow.Config{})
+	e.enqueueInTx(c, refundArgs{OrderID: "o-alice", AmountCents: 100}, &onceflow.EnqueueOpts{Tenant: "alice", JobID: "refund-1"}, true)
+
+	ctx := context.Background()
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	res, err := c.EnqueueTx(ctx, tx, refundArgs{OrderID: "o-mallory", AmountCents: 999}, &onceflow.EnqueueOpts{Tenant: "mallory", JobID: "refund-1"})
+	if !errors.Is(err, onceflow.ErrJobIDTaken) {
+		t.Errorf("mallory's EnqueueTx of alice's job id: %+v, %v; want ErrJobIDTaken", res, err)
+	}
+	if err == nil {
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := e.count(`SELECT count(*) FROM outbox WHERE topic = $1`, onceflow.TopicEnqueue); n != 1 {
+		t.Fatalf("%d enqueue rows, want alice's only", n)
+	}
+}
+
+// The relay's enqueue of an EnqueueTx row whose job id another tenant's job holds in
+// Redis is refused by the queue (ErrJobIDTaken), which is final: the id is taken until
+// that job's index expires. The relay settles the row at once as permanent (as it does
+// a reused key), after one pass, rather than retrying it MaxAttempts times.
+func TestRelayTreatsJobIDTakenAsPermanent(t *testing.T) {
+	t.Parallel()
+	e := newEnqueueEnv(t)
+	c := e.client(onceflow.Config{})
+	ctx := context.Background()
+	if _, err := c.Enqueue(ctx, refundArgs{OrderID: "o-alice", AmountCents: 100}, &onceflow.EnqueueOpts{Tenant: "alice", JobID: "refund-2"}); err != nil {
+		t.Fatal(err)
+	}
+	e.enqueueInTx(c, refundArgs{OrderID: "o-mallory", AmountCents: 999}, &onceflow.EnqueueOpts{Tenant: "mallory", JobID: "refund-2"}, true)
+	res, err := relayPass(t, e, c, pgoutbox.New(e.pool), outbox.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var attempts int
+	var exhausted bool
+	if err := e.pool.QueryRow(ctx, `SELECT attempts, exhausted_at IS NOT NULL FROM outbox WHERE topic = $1`, onceflow.TopicEnqueue).Scan(&attempts, &exhausted); err != nil {
+		t.Fatal(err)
+	}
+	if !exhausted {
+		t.Fatalf("after one pass (%+v) the row refused with ErrJobIDTaken has %d attempts and is not exhausted: it will be retried %d times", res, attempts, outbox.DefaultMaxAttempts)
+	}
+	if n := e.added(); n != 1 {
+		t.Fatalf("%d entries added, want alice's only", n)
+	}
+}
+
+// Redis is down when EnqueueTx's transaction commits, for longer than the relay's
+// MaxAttempts sends: every send of the outbox row fails, as Unavailable, without
+// counting an attempt, and once Redis is back the relay enqueues the job, which runs
+// once. The row is sent, never exhausted.
+func TestRedisOutageNeverExhaustsEnqueueTx(t *testing.T) {
+	t.Parallel()
+	srv := testenv.PrivateRedis(t)
+	rdb, err := onceflow.NewRedis(testenv.RedisURLOf(srv))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rdb.Close() })
+	pool, _ := testenv.Postgres(t)
+	e := &dbEnv{t: t, pool: pool, rdb: rdb, prefix: testenv.Prefix(t)}
+	e.exec(`CREATE TABLE orders (id text PRIMARY KEY)`)
+	e.exec(`CREATE TABLE refunds (job_id text PRIMARY KEY, order_id text NOT NULL, amount_cents integer NOT NULL)`)
+	var runs atomic.Int64
+	reg := prometheus.NewRegistry()
+	const maxAttempts = 2
+	c := e.client(onceflow.Config{Workers: refundWorkers(&runs), Registerer: reg, Relay: outbox.Config{
+		MaxAttempts: maxAttempts, BackoffBase: 20 * time.Millisecond, BackoffCap: 100 * time.Millisecond,
+		PollInterval: 20 * time.Millisecond,
+	}})
+	runClient(t, c)
+
+	srv.Stop()
+	res := e.enqueueInTx(c, refundArgs{OrderID: "o-outage", AmountCents: 100}, nil, true)
+	// More failed sends than MaxAttempts (or, on the broken code, the exhaustion that
+	// ends them).
+	failures := func() float64 {
+		return metricValue(t, reg, "onceflow_outbox_send_failures_total", nil)
+	}
+	testenv.WaitFor(t, 90*time.Second, "failed sends during the outage", func() bool {
+		return failures() >= 3*maxAttempts || e.count(`SELECT count(*) FROM outbox WHERE exhausted_at IS NOT NULL`) > 0
+	})
+	if n := e.count(`SELECT count(*) FROM outbox WHERE exhausted_at IS NOT NULL`); n != 0 {
+		t.Fatalf("the enqueue row was exhausted during the outage, after %v failed sends", failures())
+	}
+	if n := e.count(`SELECT count(*) FROM outbox WHERE topic = $1 AND attempts = 0 AND sent_at IS NULL`, onceflow.TopicEnqueue); n != 1 {
+		t.Fatal("during the outage: want the enqueue row unsent with no attempt counted")
+	}
+	during := failures()
+	srv.Start()
+
+	// The relay marks the enqueue row sent after the enqueue: the job may run and commit
+	// in between, so the wait covers the mark too.
+	testenv.WaitFor(t, 90*time.Second, "the job's commit after the outage, and its enqueue row marked sent", func() bool {
+		n, _, _ := e.effects(res.JobID)
+		return n == 1 && e.pending() == 0 &&
+			e.count(`SELECT count(*) FROM outbox WHERE topic = $1 AND sent_at IS NOT NULL`, onceflow.TopicEnqueue) == 1
+	})
+	if got := metricValue(t, reg, "onceflow_outbox_send_failures_total", map[string]string{"class": "unavailable"}); got < during {
+		t.Errorf("send_failures_total{class=unavailable} %v, want the %v failures of the outage", got, during)
+	}
+	completions, refunds, effects := e.effects(res.JobID)
+	sent := e.count(`SELECT count(*) FROM outbox WHERE topic = $1 AND sent_at IS NOT NULL AND exhausted_at IS NULL`, onceflow.TopicEnqueue)
+	if completions != 1 || refunds != 1 || effects != 2 || sent != 1 || runs.Load() != 1 || e.added() != 1 {
+		t.Fatalf("after the outage: %d completions, %d refunds, %d effects, %d enqueue rows sent, %d runs, %d entries added; want 1, 1, 2, 1, 1, 1",
+			completions, refunds, effects, sent, runs.Load(), e.added())
+	}
+	t.Logf("%v failed sends during the outage", during)
 }

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/internal/webhooksink"
@@ -105,4 +107,30 @@ func TestNewClientChecksSenders(t *testing.T) {
 	if err != nil || c.Inspector().Sender() != nil {
 		t.Fatalf("without DB: %v, sender %v", err, c.Inspector().Sender())
 	}
+}
+
+// The relay Run runs exports its metrics on Config.Registerer: one effect sent counts
+// one in onceflow_outbox_sent_total.
+func TestRelayMetricsOnTheRegisterer(t *testing.T) {
+	t.Parallel()
+	e := newDBEnv(t)
+	reg := prometheus.NewRegistry()
+	rec := &keyRecorder{}
+	ws := onceflow.NewWorkers()
+	onceflow.AddWorker(ws, onceflow.WorkFunc[emailArgs](func(ctx context.Context, j *onceflow.Job[emailArgs]) error {
+		return j.Commit(ctx, func(c *onceflow.Commit) error {
+			c.Emit("email.reply", "reply:"+j.ID, j.Args)
+			return nil
+		})
+	}))
+	c := e.client(onceflow.Config{Workers: ws, Registerer: reg, Senders: map[string]outbox.Sender{"email.": rec},
+		Queues: map[string]onceflow.QueueConfig{"mail": {}},
+		Relay:  outbox.Config{PollInterval: 20 * time.Millisecond}})
+	if _, err := c.Enqueue(context.Background(), emailArgs{To: "a@example.com"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	runClient(t, c)
+	testenv.WaitFor(t, 10*time.Second, "the email sent and counted", func() bool {
+		return len(rec.sent()) == 1 && metricValue(t, reg, "onceflow_outbox_sent_total", nil) == 1
+	})
 }

@@ -2,9 +2,11 @@ package onceflow_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -90,5 +92,39 @@ func TestWorkflowConflictsAreErrors(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("NewClient of %+v: %v, want an error saying %q", wfs, err, want)
 		}
+	}
+}
+
+// Two workflows in one program: one whose kind runs on the default queue and declares
+// no Queues (as docs/first-workflow.md's replies does), one that declares its own
+// queue's settings (Workflow.Queues). NewClient merges the Queues into Config.Queues and
+// still works the default queue ("DefaultQueue and the queue each of Workers' kinds
+// names"): the first workflow's jobs run.
+func TestWorkflowQueuesDoNotDropTheDefaultQueue(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.Redis(t)
+	var sorted atomic.Int64
+	plain := onceflow.Workflow{Name: "plain", Workers: func(ws *onceflow.Workers) error {
+		return onceflow.AddWorkerSafely(ws, onceflow.WorkFunc[sortArgs](func(context.Context, *onceflow.Job[sortArgs]) error {
+			sorted.Add(1)
+			return nil
+		}))
+	}}
+	mail := onceflow.Workflow{Name: "mail", Queues: map[string]onceflow.QueueConfig{"mail": {Concurrency: 4}},
+		Workers: func(ws *onceflow.Workers) error {
+			return onceflow.AddWorkerSafely(ws, onceflow.WorkFunc[emailArgs](func(context.Context, *onceflow.Job[emailArgs]) error { return nil }))
+		}}
+	c, err := onceflow.NewClient(onceflow.Config{Redis: rdb, Prefix: prefix, Logger: testenv.Logger(t), Workflows: []onceflow.Workflow{plain, mail}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Enqueue(context.Background(), sortArgs{Strings: []string{"x"}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	runClient(t, c)
+	testenv.WaitFor(t, 10*time.Second, fmt.Sprintf("the plain workflow's job to run (the client works queues %v)", c.Inspector().Queues()),
+		func() bool { return sorted.Load() > 0 })
+	if n := sorted.Load(); n != 1 {
+		t.Fatalf("the plain workflow's job ran %d times, want 1", n)
 	}
 }

@@ -2,6 +2,7 @@ package adminui_test
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"net/url"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"github.com/onceflow/onceflow/adminui/adminuitest"
 	"github.com/onceflow/onceflow/idempotency"
 	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/queue"
 )
 
 // A job that failed once, was replayed from the UI and then committed a result and an
@@ -112,4 +114,79 @@ func TestJobTrailWithoutRecordedSuccesses(t *testing.T) {
 		return strings.Contains(page, "<strong>run succeeded (acknowledged)</strong>") && strings.Contains(page, "ONCEFLOW_RECORD_SUCCESSES=true") &&
 			!strings.Contains(page, "<h2>Deliveries</h2>")
 	})
+}
+
+// The job search redirects only into the UI, whatever the id, dedupe key or
+// idempotency key and path.
+func TestJobSearchRedirectsOnlyIntoTheUI(t *testing.T) {
+	t.Parallel()
+	e := adminuitest.New(t, adminui.Config{})
+	ctx := context.Background()
+	// An effect whose dedupe key is a redirect and embeds no job.
+	if _, err := e.Client.Inspector().DB().Exec(ctx, `INSERT INTO outbox (topic, dedupe_key, payload) VALUES ('t', '//evil.example', '{}')`); err != nil {
+		t.Fatal(err)
+	}
+	c, _ := signedIn(t, e)
+	base, _ := url.Parse(e.URL + "/ui/jobs")
+	queries := []string{}
+	for _, v := range []string{"//evil.example", `/\evil.example`, `\\evil.example`, "https://evil.example/", "http:evil.example",
+		"%2F%2Fevil.example", "/%2Fevil.example", "..//evil.example", "\t//evil.example", "javascript:alert(1)"} {
+		queries = append(queries, "q="+url.QueryEscape(v), "key=k&path="+url.QueryEscape(v), "key="+url.QueryEscape(v)+"&path=k&tenant="+url.QueryEscape(v))
+	}
+	redirects := 0
+	for _, q := range queries {
+		resp, _ := adminuitest.Get(t, c, e.URL+"/ui/jobs?"+q)
+		loc := resp.Header.Get("Location")
+		if loc == "" {
+			continue
+		}
+		redirects++
+		to, err := base.Parse(loc)
+		if err != nil || to.Host != base.Host || !strings.HasPrefix(to.Path, "/ui/jobs/") || strings.HasPrefix(loc, "//") || strings.HasPrefix(loc, `/\`) {
+			t.Errorf("search %s redirected to %q (%v)", q, loc, to)
+		}
+	}
+	if redirects < 15 {
+		t.Fatalf("only %d searches redirected: the test did not reach the redirects", redirects)
+	}
+}
+
+// A history line's strings (detail, consumer, outcome, entry, dead
+// letter id) reach the job page only escaped by html/template: in the trail and in
+// the deliveries table, markup in them is text.
+func TestJobPageEscapesHistoryDetails(t *testing.T) {
+	t.Parallel()
+	e := adminuitest.New(t, adminui.Config{})
+	ctx := context.Background()
+	const job = "00000000-0000-4000-8000-00000000a77a"
+	if _, err := queue.Enqueue(ctx, e.Redis, e.Keys, queue.Message{JobID: job, Tenant: "acme", Payload: []byte(`{}`), EnqueuedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	const xss = `<script>alert(1)</script><img src=x onerror=alert(2)>"'`
+	var lines []string
+	for i, outcome := range []string{queue.OutcomeRetry, queue.OutcomeDeadLettered, xss} {
+		rec, _ := json.Marshal(map[string]any{"outcome": outcome, "entry": "1-0" + xss, "n": 1, "consumer": xss, "start": time.Now().UnixMilli() - 1000,
+			"end": time.Now().UnixMilli(), "detail": xss, "dead": xss, "wait": 10})
+		lines = append(lines, string(rune('1'+i))+" "+string(rec))
+	}
+	if err := e.Redis.HSet(ctx, e.Keys.Job(job), "history", strings.Join(lines, "\n"), "history_n", 3).Err(); err != nil {
+		t.Fatal(err)
+	}
+	b := adminuitest.Browser(t)
+	if code := adminuitest.SignIn(t, e, b, adminuitest.AdminKey); code != http.StatusSeeOther {
+		t.Fatal(code)
+	}
+	resp, page := adminuitest.Get(t, b, e.URL+"/ui/jobs/"+job)
+	if resp.StatusCode != http.StatusOK || !strings.Contains(page, "<h2>Deliveries</h2>") {
+		t.Fatalf("%d %.3000s", resp.StatusCode, page)
+	}
+	for _, bad := range []string{"<script>alert", "<img src=x"} {
+		if strings.Contains(page, bad) {
+			i := strings.Index(page, bad)
+			t.Errorf("unescaped %q on the job page: %s", bad, page[max(i-200, 0):min(i+200, len(page))])
+		}
+	}
+	if !strings.Contains(page, "&lt;script&gt;alert(1)&lt;/script&gt;") {
+		t.Errorf("the hostile detail is not shown escaped")
+	}
 }

@@ -60,3 +60,29 @@ func TestOutboxRetry(t *testing.T) {
 		t.Fatalf("retry without a token: %d", resp.StatusCode)
 	}
 }
+
+// Malformed row ids and too many of them are refused (400) and no row is retried.
+func TestBadOutboxFormsAreRefused(t *testing.T) {
+	t.Parallel()
+	e := adminuitest.New(t, adminui.Config{})
+	adminuitest.OutboxRows(t, e.Client.Inspector().DB(), 2, 1)
+	c, token := signedIn(t, e)
+	for _, id := range []string{"0", "-1", "1e3", "0x10", "9223372036854775808", ""} {
+		f := url.Values{"csrf": {token}, "action": {"retry"}, "confirm": {"yes"}, "id": {id}}
+		if resp, _ := adminuitest.Post(t, c, e.URL+"/ui/outbox", f); resp.StatusCode != http.StatusBadRequest {
+			t.Errorf("outbox id %q: %d", id, resp.StatusCode)
+		}
+	}
+	manyRows := url.Values{"csrf": {token}, "action": {"retry"}, "confirm": {"yes"}}
+	for i := range 1001 {
+		manyRows.Add("id", strconv.Itoa(i+1))
+	}
+	if resp, _ := adminuitest.Post(t, c, e.URL+"/ui/outbox", manyRows); resp.StatusCode != http.StatusBadRequest {
+		t.Errorf("1001 outbox ids: %d", resp.StatusCode)
+	}
+	var exhausted int
+	_ = e.Client.Inspector().DB().QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE exhausted_at IS NOT NULL`).Scan(&exhausted)
+	if exhausted != 1 {
+		t.Fatalf("a refused outbox form retried rows: %d exhausted left", exhausted)
+	}
+}

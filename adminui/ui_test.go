@@ -2,278 +2,329 @@ package adminui_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
 	"net/http"
+	"net/http/cookiejar"
+	"net/http/httptest"
 	"net/url"
-	"regexp"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/redis/go-redis/v9"
+
+	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/adminui"
 	"github.com/onceflow/onceflow/adminui/adminuitest"
+	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/ledger"
 	"github.com/onceflow/onceflow/queue"
 )
 
-// A sign-in opens every page on every process of the deployment (the session is in
-// Redis), sets a cookie that scripts cannot read and other sites cannot send, and
-// signing out ends it everywhere.
-func TestSignInAndOutAcrossProcesses(t *testing.T) {
-	t.Parallel()
-	e := adminuitest.New(t, adminui.Config{})
-	other := adminuitest.Serve(t, e.Client, e.Redis, adminui.Config{}) // a second process
-	c := adminuitest.Browser(t)
-	if resp, _ := adminuitest.Get(t, c, e.URL+"/ui/"); resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != "/ui/login" {
-		t.Fatalf("signed out, /ui/ answered %d %q", resp.StatusCode, resp.Header.Get("Location"))
-	}
-	_, form := adminuitest.Get(t, c, e.URL+"/ui/login")
-	resp, _ := adminuitest.Post(t, c, e.URL+"/ui/login", url.Values{"csrf": {adminuitest.CSRF(t, form)}, "key": {adminuitest.AdminKey}})
-	if resp.StatusCode != http.StatusSeeOther {
-		t.Fatalf("sign-in: %d", resp.StatusCode)
-	}
-	var session *http.Cookie
-	for _, ck := range resp.Cookies() {
-		if ck.Name == "onceflow_ui" && ck.Value != "" {
-			session = ck
-		}
-	}
-	if session == nil || !session.HttpOnly || session.SameSite != http.SameSiteStrictMode || session.Path != "/ui/" || session.Secure {
-		t.Fatalf("session cookie: %+v", session)
-	}
-	if strings.Contains(session.Value, adminuitest.AdminKey) {
-		t.Fatal("the cookie carries the admin key")
-	}
-	resp, page := adminuitest.Get(t, c, e.URL+"/ui/")
-	if resp.StatusCode != http.StatusOK || !strings.Contains(page, "<h1>Overview</h1>") || !strings.Contains(page, adminuitest.Queue) {
-		t.Fatalf("overview: %d %.300s", resp.StatusCode, page)
-	}
-	if csp := resp.Header.Get("Content-Security-Policy"); !strings.Contains(csp, "frame-ancestors 'none'") || resp.Header.Get("Cache-Control") != "no-store" {
-		t.Fatalf("headers: %v", resp.Header)
-	}
-	// The other process knows the session.
-	oc := adminuitest.Browser(t)
-	u, _ := url.Parse(other.URL + "/ui/")
-	oc.Jar.SetCookies(u, []*http.Cookie{{Name: "onceflow_ui", Value: session.Value, Path: "/ui/"}})
-	if resp, _ := adminuitest.Get(t, oc, other.URL+"/ui/"); resp.StatusCode != http.StatusOK {
-		t.Fatalf("the other process: %d", resp.StatusCode)
-	}
-	// Sign out on the first: the session ends on both.
-	resp, _ = adminuitest.Post(t, c, e.URL+"/ui/logout", url.Values{"csrf": {adminuitest.CSRF(t, page)}})
-	if resp.StatusCode != http.StatusSeeOther {
-		t.Fatalf("sign-out: %d", resp.StatusCode)
-	}
-	if resp, _ := adminuitest.Get(t, oc, other.URL+"/ui/"); resp.StatusCode != http.StatusSeeOther {
-		t.Fatalf("after sign-out the other process answered %d", resp.StatusCode)
-	}
-}
+const xss = `"'><b>XSS</b><script>alert(1)</script>`
 
-// Tenant API keys, wrong keys and a removed admin key do not open the UI.
-func TestOnlyAdminKeysOpenTheUI(t *testing.T) {
-	t.Parallel()
-	e := adminuitest.New(t, adminui.Config{AdminKeys: []string{adminuitest.AdminKey, "second-admin-key-0123456789"}})
-	for _, key := range []string{adminuitest.TenantKey, "", adminuitest.AdminKey + " ", strings.ToUpper(adminuitest.AdminKey)} {
-		c := adminuitest.Browser(t)
-		if code := adminuitest.SignIn(t, e, c, key); code != http.StatusUnauthorized {
-			t.Errorf("key %q: sign-in answered %d, want 401", key, code)
-		}
-		if resp, _ := adminuitest.Get(t, c, e.URL+"/ui/"); resp.StatusCode != http.StatusSeeOther {
-			t.Errorf("key %q opened the overview", key)
-		}
-	}
-	// A session opened with a key that a later configuration no longer has ends.
-	c := adminuitest.Browser(t)
-	if code := adminuitest.SignIn(t, e, c, "second-admin-key-0123456789"); code != http.StatusSeeOther {
-		t.Fatalf("second key: %d", code)
-	}
-	rotated := adminuitest.Serve(t, e.Client, e.Redis, adminui.Config{AdminKeys: []string{adminuitest.AdminKey}})
-	var token string
-	u, _ := url.Parse(e.URL + "/ui/")
-	for _, ck := range c.Jar.Cookies(u) {
-		if ck.Name == "onceflow_ui" {
-			token = ck.Value
-		}
-	}
-	rc := adminuitest.Browser(t)
-	ru, _ := url.Parse(rotated.URL + "/ui/")
-	rc.Jar.SetCookies(ru, []*http.Cookie{{Name: "onceflow_ui", Value: token, Path: "/ui/"}})
-	if resp, _ := adminuitest.Get(t, rc, rotated.URL+"/ui/"); resp.StatusCode != http.StatusSeeOther {
-		t.Fatalf("a session of a removed key was accepted: %d", resp.StatusCode)
-	}
-}
-
-// Failed sign-ins are counted per address across processes: past the limit even the
-// right key is refused with 429 and Retry-After.
-func TestSignInAttemptsAreLimited(t *testing.T) {
-	t.Parallel()
-	e := adminuitest.New(t, adminui.Config{LoginAttempts: 3})
-	other := adminuitest.Serve(t, e.Client, e.Redis, adminui.Config{LoginAttempts: 3})
-	for i := range 3 {
-		target := e
-		if i%2 == 1 {
-			target = other
-		}
-		if code := adminuitest.SignIn(t, target, adminuitest.Browser(t), "wrong-key-0123456789abcdef"); code != http.StatusUnauthorized {
-			t.Fatalf("attempt %d: %d", i+1, code)
-		}
-	}
-	c := adminuitest.Browser(t)
-	_, form := adminuitest.Get(t, c, e.URL+"/ui/login")
-	resp, page := adminuitest.Post(t, c, e.URL+"/ui/login", url.Values{"csrf": {adminuitest.CSRF(t, form)}, "key": {adminuitest.AdminKey}})
-	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" || !strings.Contains(page, "Too many") {
-		t.Fatalf("after 3 failures the right key got %d (Retry-After %q)", resp.StatusCode, resp.Header.Get("Retry-After"))
-	}
-	if n, _ := strconv.Atoi(resp.Header.Get("Retry-After")); n < 1 || n > 60 {
-		t.Fatalf("Retry-After %q", resp.Header.Get("Retry-After"))
-	}
-}
-
-// Every POST needs the session's CSRF token and the UI's own origin: without them it is
-// refused with 403 and nothing is done.
-func TestPostsWithoutTheSessionsTokenDoNothing(t *testing.T) {
-	t.Parallel()
-	e := adminuitest.New(t, adminui.Config{})
-	adminuitest.DeadLetters(t, e, 1)
-	dl, _, err := queue.ListDead(context.Background(), e.Redis, e.Keys, "", 10)
-	if err != nil || len(dl) != 1 {
-		t.Fatal(dl, err)
-	}
-	c := adminuitest.Browser(t)
-	if code := adminuitest.SignIn(t, e, c, adminuitest.AdminKey); code != http.StatusSeeOther {
-		t.Fatal(code)
-	}
-	_, page := adminuitest.Get(t, c, e.URL+"/ui/dead-letters")
-	token := adminuitest.CSRF(t, page)
-	other := adminuitest.Browser(t) // another operator's session
-	if code := adminuitest.SignIn(t, e, other, adminuitest.AdminKey); code != http.StatusSeeOther {
-		t.Fatal(code)
-	}
-	_, otherPage := adminuitest.Get(t, other, e.URL+"/ui/dead-letters")
-	form := func(csrf string) url.Values {
-		return url.Values{"csrf": {csrf}, "queue": {adminuitest.Queue}, "action": {"replay"}, "id": {dl[0].ID}}
-	}
-	for name, try := range map[string]func() *http.Response{
-		"no token": func() *http.Response { r, _ := adminuitest.Post(t, c, e.URL+"/ui/dead-letters", form("")); return r },
-		"wrong token": func() *http.Response {
-			r, _ := adminuitest.Post(t, c, e.URL+"/ui/dead-letters", form(token+"x"))
-			return r
-		},
-		"another's": func() *http.Response {
-			r, _ := adminuitest.Post(t, c, e.URL+"/ui/dead-letters", form(adminuitest.CSRF(t, otherPage)))
-			return r
-		},
-		"other origin": func() *http.Response {
-			r, _ := adminuitest.Post(t, c, e.URL+"/ui/dead-letters", form(token), "Origin", "https://evil.example")
-			return r
-		},
-		"cross-site": func() *http.Response {
-			r, _ := adminuitest.Post(t, c, e.URL+"/ui/dead-letters", form(token), "Sec-Fetch-Site", "cross-site")
-			return r
-		},
-		"no session": func() *http.Response {
-			r, _ := adminuitest.Post(t, adminuitest.Browser(t), e.URL+"/ui/dead-letters", form(token))
-			return r
-		},
-		"login, no form": func() *http.Response {
-			r, _ := adminuitest.Post(t, adminuitest.Browser(t), e.URL+"/ui/login", url.Values{"key": {adminuitest.AdminKey}})
-			return r
-		},
-	} {
-		if resp := try(); resp.StatusCode != http.StatusForbidden {
-			t.Errorf("%s: %d, want 403", name, resp.StatusCode)
-		}
-	}
-	if n := e.Redis.XLen(context.Background(), e.Keys.Dead()).Val(); n != 1 {
-		t.Fatalf("a refused POST changed the dead letters: %d left", n)
-	}
-	// The same POST with the token and the UI's origin works.
-	resp, _ := adminuitest.Post(t, c, e.URL+"/ui/dead-letters", form(token), "Origin", e.URL)
-	if resp.StatusCode != http.StatusSeeOther || e.Redis.XLen(context.Background(), e.Keys.Dead()).Val() != 0 {
-		t.Fatalf("the valid replay: %d", resp.StatusCode)
-	}
-}
-
-// The dead-letters page lists a queue's dead letters; a replay puts the job back on the
-// queue; purges and bulk actions ask first.
-func TestDeadLettersReplayAndPurge(t *testing.T) {
+// Every stored field (a dead letter, an outbox row, a model call whose every field is
+// hostile) and every echoed input is escaped on every page, and no page redirects out
+// of the UI.
+func TestEveryPageEscapesStoredAndEchoedValues(t *testing.T) {
 	t.Parallel()
 	e := adminuitest.New(t, adminui.Config{})
 	ctx := context.Background()
-	jobs := adminuitest.DeadLetters(t, e, 4)
-	c := adminuitest.Browser(t)
-	if code := adminuitest.SignIn(t, e, c, adminuitest.AdminKey); code != http.StatusSeeOther {
-		t.Fatal(code)
-	}
-	resp, page := adminuitest.Get(t, c, e.URL+"/ui/dead-letters")
-	if resp.StatusCode != http.StatusOK {
-		t.Fatal(resp.StatusCode)
-	}
-	for _, j := range jobs {
-		if !strings.Contains(page, j) {
-			t.Fatalf("job %s not listed", j)
+	// A dead letter whose every field is hostile (a malformed record, as a buggy or
+	// hostile producer leaves), and one whose job id is a javascript: URL.
+	for _, id := range []string{xss, "javascript:alert(1)"} {
+		if err := e.Redis.XAdd(ctx, &redis.XAddArgs{Stream: e.Keys.Dead(), Values: map[string]any{
+			"job_id": id, "tenant": xss, "kind": xss, "reason": "malformed: " + xss, "raw": `{"x":"` + `<b>XSS</b>` + `"}`,
+			"failed_at": strconv.FormatInt(time.Now().UnixMilli(), 10), "deliveries": "1"}}).Err(); err != nil {
+			t.Fatal(err)
 		}
 	}
-	if !strings.Contains(page, "permanent: unexpected EOF") {
-		t.Fatalf("reason not shown: %.500s", page)
+	db := e.Client.Inspector().DB()
+	if _, err := db.Exec(ctx, `INSERT INTO outbox (topic, dedupe_key, payload, attempts, last_error, exhausted_at) VALUES ($1, $2, '{}', 3, $1, now())`,
+		xss, xss+"-"+xss); err != nil {
+		t.Fatal(err)
 	}
-	token := adminuitest.CSRF(t, page)
-	dl, _, _ := queue.ListDead(ctx, e.Redis, e.Keys, "", 10)
-	// The filter finds by job id (or tenant, kind, reason).
-	_, page = adminuitest.Get(t, c, e.URL+"/ui/dead-letters?queue="+adminuitest.Queue+"&q="+jobs[2][len(jobs[2])-4:])
-	if !strings.Contains(page, jobs[2]) || strings.Contains(page, jobs[0]) || !strings.Contains(page, "1 matching of 4 read") {
-		t.Fatalf("filter: %.2000s", page)
+	l, err := ledger.New(db, ledger.Config{Wait: -1})
+	if err != nil {
+		t.Fatal(err)
 	}
-
-	// Replay of one row: at once.
-	resp, _ = adminuitest.Post(t, c, e.URL+"/ui/dead-letters", url.Values{"csrf": {token}, "queue": {adminuitest.Queue}, "action": {"replay"}, "id": {dl[0].ID}})
-	if resp.StatusCode != http.StatusSeeOther || !strings.Contains(resp.Header.Get("Location"), "done=replay&n=1") {
-		t.Fatalf("replay: %d %s", resp.StatusCode, resp.Header.Get("Location"))
+	if a, _, err := l.Begin(ctx, ledger.Call{Key: "k-xss", Work: xss + "/" + xss, RequestHash: "h", Provider: "openai", Model: xss}); err != nil {
+		t.Logf("ledger refused a hostile row (fine): %v", err)
+	} else if err := a.Fail(ctx, errors.New(xss), false); err != nil {
+		t.Fatal(err)
 	}
-	if _, state, _, err := queue.JobState(ctx, e.Redis, e.Keys, dl[0].JobID); err != nil || state != "queued" {
-		t.Fatalf("replayed job's state: %q %v", state, err)
+	c, _ := signedIn(t, e)
+	pages := []string{
+		"/ui/", "/ui/dead-letters", "/ui/dead-letters?q=" + url.QueryEscape(xss), "/ui/dead-letters?q=" + url.QueryEscape("<b>XSS"),
+		"/ui/dead-letters?done=" + url.QueryEscape(xss) + "&n=" + url.QueryEscape(xss) + "&gone=" + url.QueryEscape(xss),
+		"/ui/dead-letters?done=replay&n=" + url.QueryEscape(xss) + "&failed=" + url.QueryEscape(xss),
+		"/ui/outbox?state=all", "/ui/outbox?state=exhausted&topic=" + url.QueryEscape(xss),
+		"/ui/outbox?done=retry&n=" + url.QueryEscape(xss),
+		"/ui/calls", "/ui/calls?model=" + url.QueryEscape(xss) + "&job=" + url.QueryEscape(xss),
+		"/ui/jobs/" + url.PathEscape(xss), "/ui/jobs/" + url.PathEscape("javascript:alert(1)"),
+		"/ui/jobs?q=" + url.QueryEscape(xss), "/ui/jobs?key=k&path=" + url.QueryEscape(xss) + "&tenant=" + url.QueryEscape(xss),
+		"/ui/dead-letters?queue=" + url.QueryEscape(xss), "/ui/outbox?state=" + url.QueryEscape(xss), "/ui/calls?state=" + url.QueryEscape(xss),
 	}
-	_, page = adminuitest.Get(t, c, e.URL+resp.Header.Get("Location"))
-	if !strings.Contains(page, "Replayed 1.") {
-		t.Fatalf("no outcome shown: %.500s", page)
+	seen := 0
+	for _, p := range pages {
+		resp, page := adminuitest.Get(t, c, e.URL+p)
+		if resp.StatusCode >= 500 {
+			t.Errorf("%s: %d", p, resp.StatusCode)
+		}
+		if loc := resp.Header.Get("Location"); loc != "" && !strings.HasPrefix(loc, "/ui/") {
+			t.Errorf("%s redirected to %q", p, loc)
+		}
+		for _, bad := range []string{"<b>XSS", "<script>alert", `href="javascript:`, `'><`} {
+			if strings.Contains(page, bad) {
+				t.Errorf("%s renders %q unescaped", p, bad)
+			}
+		}
+		if strings.Contains(page, "&lt;b&gt;XSS") {
+			seen++
+		} else if p == "/ui/dead-letters" || p == "/ui/outbox?state=all" || p == "/ui/calls" || p == "/ui/jobs/"+url.PathEscape(xss) {
+			t.Errorf("%s does not show the stored hostile value (escaped): the test did not reach it", p)
+		}
 	}
-	// Purge of one row: asks, then does it.
-	purge := url.Values{"csrf": {token}, "queue": {adminuitest.Queue}, "action": {"purge"}, "id": {dl[1].ID}}
-	resp, page = adminuitest.Post(t, c, e.URL+"/ui/dead-letters", purge)
-	if resp.StatusCode != http.StatusOK || !strings.Contains(page, "Are you sure?") || e.Redis.XLen(ctx, e.Keys.Dead()).Val() != 3 {
-		t.Fatalf("purge without confirmation: %d, %d left", resp.StatusCode, e.Redis.XLen(ctx, e.Keys.Dead()).Val())
+	if seen < 6 {
+		t.Fatalf("the hostile values were rendered (escaped) on only %d pages: the test did not reach them", seen)
 	}
-	purge.Set("confirm", "yes")
-	if resp, _ = adminuitest.Post(t, c, e.URL+"/ui/dead-letters", purge); resp.StatusCode != http.StatusSeeOther || e.Redis.XLen(ctx, e.Keys.Dead()).Val() != 2 {
-		t.Fatalf("confirmed purge: %d", resp.StatusCode)
-	}
-	// Bulk replay of the rest (all): asks, then replays both.
-	all := url.Values{"csrf": {token}, "queue": {adminuitest.Queue}, "action": {"replay"}, "all": {"1"}}
-	if _, page = adminuitest.Post(t, c, e.URL+"/ui/dead-letters", all); !strings.Contains(page, "all 2 dead letters") {
-		t.Fatalf("bulk confirmation: %.500s", page)
-	}
-	all.Set("confirm", "yes")
-	if resp, _ = adminuitest.Post(t, c, e.URL+"/ui/dead-letters", all); resp.StatusCode != http.StatusBadRequest || e.Redis.XLen(ctx, e.Keys.Dead()).Val() != 2 {
-		t.Fatalf("a confirmed \"all\" without the confirmation page's upto: %d", resp.StatusCode)
-	}
-	all.Set("upto", regexp.MustCompile(`name="upto" value="([0-9]+-[0-9]+)"`).FindStringSubmatch(page)[1])
-	resp, _ = adminuitest.Post(t, c, e.URL+"/ui/dead-letters", all)
-	if resp.StatusCode != http.StatusSeeOther || e.Redis.XLen(ctx, e.Keys.Dead()).Val() != 0 || e.Redis.XLen(ctx, e.Keys.Stream()).Val() < 3 {
-		t.Fatalf("bulk replay: %d, %d dead left", resp.StatusCode, e.Redis.XLen(ctx, e.Keys.Dead()).Val())
-	}
-	if resp, _ = adminuitest.Get(t, c, e.URL+"/ui/dead-letters?queue=nope"); resp.StatusCode != http.StatusNotFound {
-		t.Fatalf("unknown queue: %d", resp.StatusCode)
+	_, page := adminuitest.Get(t, c, e.URL+"/ui/dead-letters?done=replay&n=-7&gone=x&failed=-1")
+	if !strings.Contains(page, "Replayed 0.") {
+		t.Errorf("a negative n is not clamped: %.300s", page)
 	}
 }
 
-// A successful sign-in gives its attempt back: an operator who signs in, out and in
-// again is not counted against the limit like a guesser.
-func TestSuccessfulSignInsDoNotSpendTheLimit(t *testing.T) {
+// Path tricks on /ui/static/ and /ui/jobs/{id} serve no template, no source, no 5xx.
+func TestPathTricksServeNoTemplateOrSource(t *testing.T) {
 	t.Parallel()
-	e := adminuitest.New(t, adminui.Config{LoginAttempts: 2})
-	for i := range 4 {
-		if code := adminuitest.SignIn(t, e, adminuitest.Browser(t), adminuitest.AdminKey); code != http.StatusSeeOther {
-			t.Fatalf("sign-in %d with the right key: %d", i+1, code)
+	e := adminuitest.New(t, adminui.Config{})
+	c, _ := signedIn(t, e)
+	for _, p := range []string{"/ui/static/../templates/login.html", "/ui/static/%2e%2e/templates/login.html", "/ui/static/..%2ftemplates%2flogin.html",
+		"/ui/static/..%5ctemplates%5clogin.html", "/ui/static/templates/login.html", "/ui/static//../../ui.go", "/ui/static/ui.css%00.html",
+		"/ui/static/ui.js/..%2f..%2fui.go", "/ui/jobs/..%2F..%2Fstatic%2Fui.js", "/ui/jobs/%00", "/ui/jobs/" + strings.Repeat("a", 5000),
+		"/ui/jobs/%ff%fe", "/ui/jobs/a%2Fb", "/ui//jobs/x", "/ui/jobs/x/y"} {
+		code, h, body := try(c, http.MethodGet, e.URL+p, nil)
+		if code >= 500 || strings.Contains(body, "{{") || strings.Contains(body, "package adminui") {
+			t.Errorf("%s: %d %.200s", p, code, body)
+		}
+		if code == http.StatusOK && strings.HasPrefix(p, "/ui/static/") {
+			t.Errorf("%s served: %s %.100s", p, h.Get("Content-Type"), body)
 		}
 	}
-	if code := adminuitest.SignIn(t, e, adminuitest.Browser(t), "wrong-key-0123456789abcdef"); code != http.StatusUnauthorized {
-		t.Fatalf("the first wrong key after 4 sign-ins: %d, want 401", code)
+	// The static files are served (without a session) with nosniff and the CSP.
+	code, h, body := try(adminuitest.Browser(t), http.MethodGet, e.URL+"/ui/static/ui.js", nil)
+	if code != http.StatusOK || h.Get("X-Content-Type-Options") != "nosniff" || !strings.Contains(body, "data-live") {
+		t.Errorf("ui.js: %d %v", code, h)
 	}
+	if code, _, body := try(adminuitest.Browser(t), http.MethodGet, e.URL+"/ui/static/", nil); code == http.StatusOK {
+		t.Logf("note: /ui/static/ lists its directory: %.200s", body)
+	}
+}
+
+// Every kind of answer carries the security headers (CSP, X-Frame-Options, nosniff,
+// Referrer-Policy; no-store on pages); cookies are HttpOnly, SameSite=Strict, Path /ui/,
+// and Secure over TLS or with SecureCookies.
+func TestSecurityHeadersAndCookieFlags(t *testing.T) {
+	t.Parallel()
+	e := adminuitest.New(t, adminui.Config{})
+	c, token := signedIn(t, e)
+	check := func(what string, h http.Header, page bool) {
+		if !strings.Contains(h.Get("Content-Security-Policy"), "frame-ancestors 'none'") || !strings.Contains(h.Get("Content-Security-Policy"), "script-src 'self'") ||
+			h.Get("X-Frame-Options") != "DENY" || h.Get("X-Content-Type-Options") != "nosniff" || h.Get("Referrer-Policy") != "same-origin" {
+			t.Errorf("%s: security headers %v", what, h)
+		}
+		if page && h.Get("Cache-Control") != "no-store" {
+			t.Errorf("%s: Cache-Control %q", what, h.Get("Cache-Control"))
+		}
+	}
+	for _, p := range []string{"/ui/login", "/ui/", "/ui/dead-letters", "/ui/outbox", "/ui/calls", "/ui/jobs", "/ui/jobs/x", "/ui/nope", "/ui/dead-letters?queue=nope"} {
+		resp, _ := adminuitest.Get(t, c, e.URL+p)
+		check(p, resp.Header, true)
+	}
+	_, h, _ := try(c, http.MethodGet, e.URL+"/ui/logout", nil)
+	check("405", h, true)
+	resp, _ := adminuitest.Post(t, c, e.URL+"/ui/dead-letters", url.Values{"csrf": {"x"}})
+	check("403", resp.Header, true)
+	_, h, _ = try(adminuitest.Browser(t), http.MethodGet, e.URL+"/ui/static/ui.css", nil)
+	check("static", h, false)
+	// Sign-out clears the cookie on the same path.
+	resp, _ = adminuitest.Post(t, c, e.URL+"/ui/logout", url.Values{"csrf": {token}})
+	for _, ck := range resp.Cookies() {
+		if ck.Name == "onceflow_ui" && (ck.MaxAge >= 0 || ck.Path != "/ui/" || !ck.HttpOnly) {
+			t.Errorf("sign-out cookie: %+v", ck)
+		}
+	}
+
+	// Over TLS every cookie is Secure.
+	rdb, prefix := testenv.Redis(t)
+	cl, err := onceflow.NewClient(onceflow.Config{Redis: rdb, Prefix: prefix, Logger: testenv.Logger(t), Queues: map[string]onceflow.QueueConfig{adminuitest.Queue: {}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ui, err := adminui.New(adminui.Config{Client: cl, AdminKeys: []string{adminuitest.AdminKey}, Logger: testenv.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewTLSServer(ui)
+	t.Cleanup(srv.Close)
+	tc := srv.Client()
+	tc.Jar, _ = cookiejar.New(nil)
+	tc.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	te := &adminuitest.Env{URL: srv.URL, Redis: rdb, Client: cl}
+	_, form := adminuitest.Get(t, tc, te.URL+"/ui/login")
+	resp, _ = adminuitest.Post(t, tc, te.URL+"/ui/login", url.Values{"csrf": {adminuitest.CSRF(t, form)}, "key": {adminuitest.AdminKey}})
+	var got int
+	for _, ck := range resp.Cookies() {
+		got++
+		if !ck.Secure || !ck.HttpOnly || ck.SameSite != http.SameSiteStrictMode || ck.Path != "/ui/" {
+			t.Errorf("TLS cookie %+v", ck)
+		}
+	}
+	if resp.StatusCode != http.StatusSeeOther || got < 2 {
+		t.Errorf("TLS sign-in: %d, %d cookies", resp.StatusCode, got)
+	}
+	// SecureCookies marks them Secure on plain HTTP too.
+	se := adminuitest.New(t, adminui.Config{SecureCookies: true})
+	resp, _ = adminuitest.Get(t, adminuitest.Browser(t), se.URL+"/ui/login")
+	if cks := resp.Cookies(); len(cks) == 0 || !cks[0].Secure {
+		t.Errorf("SecureCookies: %+v", cks)
+	}
+}
+
+// No log line holds an admin key, a tried key, a session token or a CSRF token.
+func TestNoSecretsInLogs(t *testing.T) {
+	t.Parallel()
+	var buf testenv.SyncBuffer
+	rdb, prefix := testenv.Redis(t)
+	pool, _ := testenv.Postgres(t)
+	cl, err := onceflow.NewClient(onceflow.Config{Redis: rdb, DB: pool, Prefix: prefix, Logger: testenv.Logger(t),
+		Queues: map[string]onceflow.QueueConfig{adminuitest.Queue: {}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := serveLogged(t, cl, rdb, adminui.Config{}, &buf)
+	adminuitest.DeadLetters(t, e, 2)
+	dl, _, _ := queue.ListDead(context.Background(), e.Redis, e.Keys, "", 10)
+	const wrong = "wrong-but-close-admin-key-0123"
+	for _, k := range []string{wrong, adminuitest.TenantKey, adminuitest.AdminKey + " "} {
+		adminuitest.SignIn(t, e, adminuitest.Browser(t), k)
+	}
+	c, token := signedIn(t, e)
+	session := cookieOf(t, c, e.URL, "onceflow_ui")
+	adminuitest.Post(t, c, e.URL+"/ui/dead-letters", url.Values{"csrf": {token}, "queue": {adminuitest.Queue}, "action": {"replay"}, "id": {dl[0].ID}})
+	adminuitest.Post(t, c, e.URL+"/ui/dead-letters", url.Values{"csrf": {token + "x"}, "queue": {adminuitest.Queue}, "action": {"replay"}, "id": {dl[1].ID}})
+	adminuitest.Post(t, c, e.URL+"/ui/dead-letters", url.Values{"csrf": {token}, "queue": {adminuitest.Queue}, "action": {"purge"}, "confirm": {"yes"}, "id": {dl[1].ID}})
+	adminuitest.Post(t, c, e.URL+"/ui/outbox", url.Values{"csrf": {token}, "action": {"retry"}, "all": {"1"}, "confirm": {"yes"}})
+	adminuitest.Post(t, c, e.URL+"/ui/logout", url.Values{"csrf": {token}})
+	logs := buf.String()
+	if !strings.Contains(logs, "signed in") || !strings.Contains(logs, "failed sign-in") {
+		t.Fatalf("the log was not captured: %.500s", logs)
+	}
+	sum := sha256.Sum256([]byte(session))
+	for name, secret := range map[string]string{"admin key": adminuitest.AdminKey, "tried key": wrong, "tenant key": adminuitest.TenantKey,
+		"session token": session, "CSRF token": token, "session id": hex.EncodeToString(sum[:])} {
+		if strings.Contains(logs, secret) {
+			t.Errorf("the log holds the %s", name)
+		}
+	}
+}
+
+// A store that does not answer is a prompt 503 with Retry-After on the pages that need
+// it, with the cause logged; the UI is back when the store is.
+func TestPagesDuringAStoreOutage(t *testing.T) {
+	t.Parallel()
+	// Redis down: every page and the sign-in answer 503 with Retry-After promptly, the cause
+	// is logged, sign-in fails closed, and the session is still there when Redis is back.
+	t.Run("Redis down", func(t *testing.T) {
+		t.Parallel()
+		var buf testenv.SyncBuffer
+		e, srv := privateRedisEnv(t, &buf)
+		c, token := signedIn(t, e)
+		c.Timeout = 4 * time.Second
+		lc := adminuitest.Browser(t)
+		_, form := adminuitest.Get(t, lc, e.URL+"/ui/login")
+		srv.Stop()
+		for _, p := range []string{"/ui/", "/ui/dead-letters", "/ui/outbox", "/ui/calls", "/ui/jobs/00000000-0000-4000-8000-000000000001", "/ui/login"} {
+			t0 := time.Now()
+			code, h, _ := try(c, http.MethodGet, e.URL+p, nil)
+			if p == "/ui/login" {
+				if code != http.StatusOK && code != http.StatusServiceUnavailable {
+					t.Errorf("GET /ui/login with Redis down: %d", code)
+				}
+				continue
+			}
+			if code != http.StatusServiceUnavailable || h.Get("Retry-After") == "" {
+				t.Errorf("%s with Redis down: %d (Retry-After %q) after %s", p, code, h.Get("Retry-After"), time.Since(t0))
+			}
+		}
+		code, _, _ := try(c, http.MethodPost, e.URL+"/ui/dead-letters", strings.NewReader(url.Values{"csrf": {token}, "queue": {adminuitest.Queue}, "action": {"replay"}, "all": {"1"}, "confirm": {"yes"}}.Encode()))
+		if code != http.StatusServiceUnavailable {
+			t.Errorf("bulk replay with Redis down: %d", code)
+		}
+		lc.Timeout = 4 * time.Second
+		code, _, _ = try(lc, http.MethodPost, e.URL+"/ui/login", strings.NewReader(url.Values{"csrf": {adminuitest.CSRF(t, form)}, "key": {adminuitest.AdminKey}}.Encode()))
+		if code != http.StatusServiceUnavailable {
+			t.Errorf("sign-in with Redis down: %d, want 503 (fail closed)", code)
+		}
+		if !strings.Contains(buf.String(), "a store failed") {
+			t.Errorf("the cause was not logged")
+		}
+		srv.Start()
+		testenv.WaitFor(t, 3*time.Second, "the session after the outage", func() bool {
+			code, _, _ := try(c, http.MethodGet, e.URL+"/ui/", nil)
+			return code == http.StatusOK
+		})
+	})
+	// PostgreSQL down: the outbox and model-call pages and an outbox retry answer 503
+	// promptly, the job page says which store did not answer, the Redis pages still work,
+	// and no outbox row changed.
+	t.Run("PostgreSQL down", func(t *testing.T) {
+		t.Parallel()
+		var buf testenv.SyncBuffer
+		pg, _, pool := testenv.MigratedPrivatePostgres(t, "&connect_timeout=1")
+		rdb, prefix := testenv.Redis(t)
+		cl, err := onceflow.NewClient(onceflow.Config{Redis: rdb, DB: pool, Prefix: prefix, Logger: testenv.Logger(t),
+			Queues: map[string]onceflow.QueueConfig{adminuitest.Queue: {}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e := serveLogged(t, cl, rdb, adminui.Config{}, &buf)
+		adminuitest.OutboxRows(t, pool, 3, 2)
+		c, token := signedIn(t, e)
+		c.Timeout = 4 * time.Second
+		pg.Stop()
+		for p, want := range map[string]int{"/ui/outbox": 503, "/ui/calls": 503, "/ui/": 200, "/ui/dead-letters": 200} {
+			if code, _, body := try(c, http.MethodGet, e.URL+p, nil); code != want {
+				t.Errorf("%s with PostgreSQL down: %d, want %d (%.100s)", p, code, want, body)
+			}
+		}
+		code, _, body := try(c, http.MethodGet, e.URL+"/ui/jobs/00000000-0000-4000-8000-000000000001", nil)
+		if code >= 500 && code != http.StatusServiceUnavailable || !strings.Contains(body, "did not answer") {
+			t.Errorf("job page with PostgreSQL down: %d %.300s", code, body)
+		}
+		for _, f := range []url.Values{
+			{"csrf": {token}, "action": {"retry"}, "all": {"1"}, "confirm": {"yes"}},
+			{"csrf": {token}, "action": {"retry"}, "all": {"1"}},
+			{"csrf": {token}, "action": {"retry"}, "id": {"1", "2"}, "confirm": {"yes"}},
+			{"csrf": {token}, "action": {"retry"}, "id": {"1"}},
+		} {
+			if code, _, _ := try(c, http.MethodPost, e.URL+"/ui/outbox", strings.NewReader(f.Encode())); code != http.StatusServiceUnavailable {
+				t.Errorf("outbox retry %v with PostgreSQL down: %d", f, code)
+			}
+		}
+		if !strings.Contains(buf.String(), "a store failed") {
+			t.Errorf("the cause was not logged")
+		}
+		pg.Start()
+		var exhausted int
+		testenv.WaitFor(t, 3*time.Second, "PostgreSQL back", func() bool {
+			return pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE exhausted_at IS NOT NULL`).Scan(&exhausted) == nil
+		})
+		if exhausted != 2 {
+			t.Errorf("after the outage %d rows are exhausted, want 2", exhausted)
+		}
+	})
 }

@@ -22,10 +22,16 @@ import (
 // deadLetterJobs enqueues n jobs and lets a worker fail them permanently.
 func deadLetterJobs(t *testing.T, rdb *redis.Client, keys queue.Keys, n int) []string {
 	t.Helper()
+	return deadLetterJobsFrom(t, rdb, keys, 1, n)
+}
+
+// deadLetterJobsFrom is deadLetterJobs with job numbers first to first+n-1.
+func deadLetterJobsFrom(t *testing.T, rdb *redis.Client, keys queue.Keys, first, n int) []string {
+	t.Helper()
 	var jobs []string
 	before := rdb.XLen(context.Background(), keys.Dead()).Val()
 	for i := range n {
-		jobs = append(jobs, testJob(t, rdb, keys, i+1))
+		jobs = append(jobs, testJob(t, rdb, keys, first+i))
 	}
 	w, err := queue.NewWorker(queue.WorkerConfig{Redis: rdb, Keys: keys, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Handler: queue.HandlerFunc(func(context.Context, *queue.Job) error { return retry.Permanent(io.ErrUnexpectedEOF) })})
@@ -212,4 +218,123 @@ func TestDLQPurgeOlderThan(t *testing.T) {
 			t.Errorf("dlq %v: exit %d, want 2; %s", args, code, errOut)
 		}
 	}
+}
+
+// `onceflow dlq` on a queue of several partitions: it lists and replays every
+// partition's dead letters, into their own partition, whatever the P:partitions record
+// says.
+func TestDLQOnAPartitionedQueue(t *testing.T) {
+	t.Parallel()
+	// docs/queue.md: "a `PARTITION` column, and `partition` in `--json`, when there are
+	// several": partition 0's dead letters too (a script reads .partition to replay with the
+	// right keys), not only those of the others.
+	t.Run("list --json names every entry's partition", func(t *testing.T) {
+		t.Parallel()
+		env, rdb, keys := workEnv(t, "ONCEFLOW_QUEUE_PARTITIONS=2")
+		deadLetterJobs(t, rdb, keys.InPartition(0), 1)
+		deadLetterJobs(t, rdb, keys.InPartition(1), 1)
+		code, out, errOut := dlq(t, env, "list", "--json")
+		if code != 0 {
+			t.Fatalf("list --json: exit %d: %s", code, errOut)
+		}
+		var listed []map[string]json.RawMessage
+		if err := json.Unmarshal([]byte(out), &listed); err != nil || len(listed) != 2 {
+			t.Fatalf("list --json: %q, %v", out, err)
+		}
+		for _, d := range listed {
+			if _, ok := d["partition"]; !ok {
+				t.Errorf("dead letter %s of a queue of 2 partitions has no \"partition\" in --json", d["dead_id"])
+			}
+		}
+	})
+	// A P:partitions record that is not an integer (an operator's hand edit, which
+	// docs/queue.md asks for when lowering N: `HSET P:partitions Q N`) does not make every
+	// command fail: during an incident the operator can still list and replay.
+	t.Run("a malformed partitions record does not stop it", func(t *testing.T) {
+		t.Parallel()
+		env, rdb, keys := workEnv(t, "ONCEFLOW_QUEUE_PARTITIONS=2")
+		jobs := deadLetterJobs(t, rdb, keys, 1)
+		if err := rdb.HSet(context.Background(), queue.PartitionsKey(keys.Prefix), keys.Queue, "2 ").Err(); err != nil {
+			t.Fatal(err)
+		}
+		if code, out, errOut := dlq(t, env, "list"); code != 0 || !strings.Contains(out, jobs[0]) {
+			t.Fatalf("dlq list with a malformed partitions record: exit %d, %q, %s", code, out, errOut)
+		}
+	})
+	// N lowered from 3 to 1, the record still 3: the dead letters of the higher partitions
+	// are listed and replayed, by job id and with --all, into their own partition; an entry
+	// id found in two partitions is refused with the job ids.
+	t.Run("dead letters above the configured count are listed and replayed", func(t *testing.T) {
+		t.Parallel()
+		env, rdb, keys := workEnv(t, "ONCEFLOW_QUEUE_PARTITIONS=1")
+		ctx := context.Background()
+		if _, err := queue.RegisterPartitions(ctx, rdb, keys, 3); err != nil {
+			t.Fatal(err)
+		}
+		p0 := deadLetterJobs(t, rdb, keys.InPartition(0), 1)
+		// Other job ids than partition 0's (deadLetterJobs numbers its jobs from 1).
+		p2 := deadLetterJobsFrom(t, rdb, keys.InPartition(2), 11, 2)
+		code, out, errOut := dlq(t, env, "list", "--json")
+		var listed []queue.DeadLetter
+		if code != 0 || json.Unmarshal([]byte(out), &listed) != nil || len(listed) != 3 {
+			t.Fatalf("list --json: %d %q %s", code, out, errOut)
+		}
+		for _, d := range listed {
+			want := 2
+			if d.JobID == p0[0] {
+				want = 0
+			}
+			if d.Partition != want {
+				t.Errorf("dead letter of job %s listed in partition %d, want %d", d.JobID, d.Partition, want)
+			}
+		}
+		if code, out, errOut := dlq(t, env, "replay", p2[0]); code != 0 || !strings.Contains(out, "replayed") {
+			t.Fatalf("replay %s: %d %q %s", p2[0], code, out, errOut)
+		}
+		if n := rdb.XLen(ctx, keys.InPartition(2).Stream()).Val(); n != 3 {
+			t.Fatalf("partition 2's stream has %d entries after one replay, want 3 (2 + the replay)", n)
+		}
+		if n := rdb.XLen(ctx, keys.Stream()).Val(); n != 1 {
+			t.Fatalf("partition 0's stream has %d entries, want 1 (the replay must go to partition 2)", n)
+		}
+		// The same entry id in partitions 0 and 2.
+		raw := rdb.XRange(ctx, keys.InPartition(2).Dead(), "-", "+").Val()
+		if len(raw) != 1 {
+			t.Fatalf("partition 2 has %d dead letters", len(raw))
+		}
+		for _, k := range []queue.Keys{keys.InPartition(0), keys.InPartition(2)} {
+			if err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: k.Dead(), ID: "9999999999999-0", Values: raw[0].Values}).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if code, _, errOut := dlq(t, env, "purge", "9999999999999-0"); code == 0 || !strings.Contains(errOut, "partitions") {
+			t.Fatalf("purge of an entry id in two partitions: exit %d, %s; want refused", code, errOut)
+		}
+		if code, out, errOut := dlq(t, env, "replay", "--all"); code != 0 {
+			t.Fatalf("replay --all: %d %q %s", code, out, errOut)
+		}
+		if n := rdb.XLen(ctx, keys.InPartition(2).Dead()).Val() + rdb.XLen(ctx, keys.Dead()).Val(); n != 0 {
+			t.Fatalf("%d dead letters after replay --all", n)
+		}
+	})
+	// The same job id dead-lettered in two partitions (a keyed job accepted twice across a
+	// change of N, whose runs both failed): `dlq replay <job id>` queues the job once, as
+	// in one partition, where the replay of a job's first dead letter retires its other.
+	t.Run("a job dead in two partitions is replayed once", func(t *testing.T) {
+		t.Parallel()
+		env, rdb, keys := workEnv(t, "ONCEFLOW_QUEUE_PARTITIONS=3")
+		ctx := context.Background()
+		job := deadLetterJobs(t, rdb, keys.InPartition(0), 1)[0]
+		if again := deadLetterJobs(t, rdb, keys.InPartition(2), 1)[0]; again != job {
+			t.Fatalf("job ids %s and %s", job, again)
+		}
+		before := rdb.XLen(ctx, keys.Stream()).Val() + rdb.XLen(ctx, keys.InPartition(2).Stream()).Val()
+		if code, out, errOut := dlq(t, env, "replay", job); code != 0 {
+			t.Fatalf("replay %s: %d %q %s", job, code, out, errOut)
+		}
+		after := rdb.XLen(ctx, keys.Stream()).Val() + rdb.XLen(ctx, keys.InPartition(2).Stream()).Val()
+		if after-before != 1 {
+			t.Fatalf("replay of job %s (dead in partitions 0 and 2) added %d stream entries, want 1", job, after-before)
+		}
+	})
 }

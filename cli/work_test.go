@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -147,5 +149,78 @@ func TestWorkUsageErrors(t *testing.T) {
 		if !strings.Contains(p.Stderr(), tc.contains) {
 			t.Errorf("%v: stderr does not contain %q:\n%s", tc.args, tc.contains, p.Stderr())
 		}
+	}
+}
+
+// An operator's outage: the provider answers insufficient_quota for minutes, and
+// `onceflow work` is restarted (a deploy) during the stop. docs/retries.md promises "one
+// 429 per process, then one probe per interval per process", /readyz on
+// ONCEFLOW_METRICS_ADDR reporting it, and no delivery spent: with a backlog, a process
+// calls the provider at most ONCEFLOW_WORKER_CONCURRENCY times before the first 429
+// trips its breaker, and a restarted one no more.
+func TestWorkQuotaStopCallsAtMostItsConcurrencyPerProcess(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int64
+	model := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		time.Sleep(50 * time.Millisecond) // a real provider takes a moment to refuse
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusTooManyRequests)
+		fmt.Fprint(w, `{"error":{"message":"You exceeded your current quota.","type":"insufficient_quota","param":null,"code":"insufficient_quota"}}`)
+	}))
+	t.Cleanup(model.Close)
+	_, dsn := testenv.Postgres(t)
+	env, rdb, keys := workEnv(t, "ONCEFLOW_DATABASE_URL="+dsn,
+		"ONCEFLOW_LLM=openai", "ONCEFLOW_LLM_BASE_URL="+model.URL+"/v1", "OPENAI_API_KEY=sk-test-quota-stop",
+		"ONCEFLOW_LLM_QUOTA_PROBE=1h", "ONCEFLOW_WORKER_CONCURRENCY=8", "ONCEFLOW_CLAIM_IDLE=200ms",
+		"ONCEFLOW_METRICS_ADDR=127.0.0.1:0")
+	testenv.Binary(t) // built before the clock starts
+	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Second)
+	defer cancel()
+	for i := range 16 {
+		req := summaries.Request{Text: fmt.Sprintf("Backlog item %d to summarise.", i), Notify: "team@example.com"}
+		id := fmt.Sprintf("00000000-0000-4000-8000-%012d", i)
+		if _, err := queue.Enqueue(ctx, rdb, keys, queue.Message{JobID: id, Tenant: "acme", Payload: req.Canonical()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var perProcess []int64
+	for round := range 2 {
+		before := calls.Load()
+		p := startWork(t, env)
+		p.WaitLog(ctx, "dependency unavailable: stopped calling it and taking work that needs it, until a probe succeeds")
+		addr := p.WaitLog(ctx, "http listening")["addr"]
+		code, body := httpGet(t, fmt.Sprintf("http://%v/readyz", addr), "")
+		if code != 200 || !strings.Contains(body, `"degraded"`) || !strings.Contains(body, "insufficient_quota") {
+			t.Errorf("round %d: /readyz of work: %d %s, want 200 degraded naming the quota", round, code, body)
+		}
+		time.Sleep(500 * time.Millisecond) // let every call already made land
+		perProcess = append(perProcess, calls.Load()-before)
+		p.Signal(syscall.SIGTERM)
+		if c := p.Wait(15 * time.Second); c != 0 {
+			t.Fatalf("round %d: exit %d", round, c)
+		}
+	}
+	if n := rdb.XLen(ctx, keys.Dead()).Val(); n != 0 {
+		t.Fatalf("%d dead letters during the quota stop", n)
+	}
+	pend, err := rdb.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: keys.Stream(), Group: queue.DefaultGroup, Start: "-", End: "+", Count: 100}).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range pend {
+		if e.RetryCount > 1 {
+			t.Errorf("entry %s has %d deliveries counted after the stop", e.ID, e.RetryCount)
+		}
+	}
+	// Calls already sent when the first quota answer arrives cannot be recalled: at most
+	// the process's concurrency of them (docs/retries.md), then none until a probe. The
+	// process restarted during the stop makes none: its first call reads the fleet's
+	// quota pause from the limiter, and its breaker opens for it.
+	if n := perProcess[0]; n < 1 || n > 8 {
+		t.Errorf("the first process made %d provider calls into the exhausted quota; want 1 to its concurrency (8)", n)
+	}
+	if n := perProcess[1]; n != 0 {
+		t.Errorf("the process restarted during the stop made %d provider calls into the exhausted quota; want 0 (the fleet's pause)", n)
 	}
 }

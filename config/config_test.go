@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -25,6 +26,7 @@ func load(t *testing.T, env map[string]string, args ...string) (*Config, error) 
 }
 
 func TestDefaultsMatchContract(t *testing.T) {
+	t.Parallel()
 	c, err := load(t, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -77,6 +79,7 @@ func TestDefaultsMatchContract(t *testing.T) {
 }
 
 func TestPrecedenceFlagOverEnvOverDefault(t *testing.T) {
+	t.Parallel()
 	c, err := load(t, map[string]string{"ONCEFLOW_CLAIM_IDLE": "5m", "ONCEFLOW_MAX_DELIVERIES": "7"}, "--claim-idle", "90s")
 	if err != nil {
 		t.Fatal(err)
@@ -93,6 +96,7 @@ func TestPrecedenceFlagOverEnvOverDefault(t *testing.T) {
 }
 
 func TestInvalidValuesNameTheirSource(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		env     map[string]string
 		args    []string
@@ -147,6 +151,7 @@ func TestInvalidValuesNameTheirSource(t *testing.T) {
 
 // ONCEFLOW_DLQ_RETENTION=0 keeps dead letters for ever.
 func TestDLQRetentionZeroMeansForEver(t *testing.T) {
+	t.Parallel()
 	c, err := load(t, map[string]string{"ONCEFLOW_DLQ_RETENTION": "0"})
 	if err != nil || c.DLQRetention != 0 {
 		t.Fatalf("ONCEFLOW_DLQ_RETENTION=0: %v %v, want 0", c, err)
@@ -154,6 +159,7 @@ func TestDLQRetentionZeroMeansForEver(t *testing.T) {
 }
 
 func TestEmptyVariableMeansDefault(t *testing.T) {
+	t.Parallel()
 	c, err := load(t, map[string]string{"ONCEFLOW_CLAIM_IDLE": ""})
 	if err != nil {
 		t.Fatal(err)
@@ -164,6 +170,7 @@ func TestEmptyVariableMeansDefault(t *testing.T) {
 }
 
 func TestGatewayCredentialHeadersAreAList(t *testing.T) {
+	t.Parallel()
 	c, err := load(t, map[string]string{"ONCEFLOW_GATEWAY_CREDENTIAL_HEADERS": "X-Custom-Key, x-tenant-token"})
 	if err != nil {
 		t.Fatal(err)
@@ -174,6 +181,7 @@ func TestGatewayCredentialHeadersAreAList(t *testing.T) {
 }
 
 func TestAPIKeysGiveTenants(t *testing.T) {
+	t.Parallel()
 	c, err := load(t, map[string]string{"ONCEFLOW_API_KEYS": "acme:key-acme-0123456789, globex:key-globex-0123456789,acme:key-acme-second-0123"})
 	if err != nil {
 		t.Fatal(err)
@@ -199,55 +207,97 @@ func TestAPIKeysGiveTenants(t *testing.T) {
 	}
 }
 
+// No secret of the configuration is printed: not by Config's String and LogValue (the
+// "starting ..." line every command logs), nor by RedactURL (the gateway's upstream
+// attribute), nor in a load error.
 func TestSecretsNeverPrinted(t *testing.T) {
-	secrets := []string{"key-acme-0123456789", "sk-openai-secret", "sk-ant-secret", "pgpassword", "redispassword", "smtppassword", "hooktoken"}
-	c, err := load(t, map[string]string{
-		"ONCEFLOW_API_KEYS":     "acme:key-acme-0123456789",
-		"OPENAI_API_KEY":        "sk-openai-secret",
-		"ANTHROPIC_API_KEY":     "sk-ant-secret",
-		"ONCEFLOW_DATABASE_URL": "postgres://u:pgpassword@db:5432/x?sslmode=disable",
-		"ONCEFLOW_REDIS_URL":    "redis://:redispassword@cache:6379/0",
-		"ONCEFLOW_SENDER":       "smtp",
-		"ONCEFLOW_SMTP_URL":     "smtp://mailer:smtppassword@mail:587",
-		"ONCEFLOW_SMTP_FROM":    "noreply@example.com",
-		"ONCEFLOW_WEBHOOK_URL":  "https://hooks.example.com/x?token=hooktoken",
+	t.Parallel()
+	t.Run("keys, passwords and tokens of every setting", func(t *testing.T) {
+		secrets := []string{"key-acme-0123456789", "sk-openai-secret", "sk-ant-secret", "pgpassword", "redispassword", "smtppassword", "hooktoken"}
+		c, err := load(t, map[string]string{
+			"ONCEFLOW_API_KEYS":     "acme:key-acme-0123456789",
+			"OPENAI_API_KEY":        "sk-openai-secret",
+			"ANTHROPIC_API_KEY":     "sk-ant-secret",
+			"ONCEFLOW_DATABASE_URL": "postgres://u:pgpassword@db:5432/x?sslmode=disable",
+			"ONCEFLOW_REDIS_URL":    "redis://:redispassword@cache:6379/0",
+			"ONCEFLOW_SENDER":       "smtp",
+			"ONCEFLOW_SMTP_URL":     "smtp://mailer:smtppassword@mail:587",
+			"ONCEFLOW_SMTP_FROM":    "noreply@example.com",
+			"ONCEFLOW_WEBHOOK_URL":  "https://hooks.example.com/x?token=hooktoken",
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var logged strings.Builder
+		slog.New(slog.NewJSONHandler(&logged, nil)).Info("config", "config", c)
+		slog.New(slog.NewTextHandler(&logged, nil)).Info("config", "config", c)
+		for _, out := range []string{c.String(), logged.String()} {
+			for _, s := range secrets {
+				if strings.Contains(out, s) {
+					t.Errorf("secret %q printed in:\n%s", s, out)
+				}
+			}
+			for _, keep := range []string{"tenants acme", "db:5432", "cache:6379", "hooks.example.com", "mail:587"} {
+				if !strings.Contains(out, keep) {
+					t.Errorf("%q missing from:\n%s", keep, out)
+				}
+			}
+		}
+		// An invalid secret is not echoed in the error either.
+		_, err = load(t, map[string]string{"ONCEFLOW_API_KEYS": "acme:supersecretbutshort\x01"})
+		if err == nil || strings.Contains(err.Error(), "supersecret") {
+			t.Errorf("error leaks the key: %v", err)
+		}
+		_, err = load(t, map[string]string{"ONCEFLOW_DATABASE_URL": "postgres://u:pgpassword@db:notaport/x"})
+		if err == nil || strings.Contains(err.Error(), "pgpassword") {
+			t.Errorf("error leaks the password: %v", err)
+		}
+		// A URL with a typo in its scheme has no user information to redact, but may still
+		// hold a password.
+		_, err = load(t, map[string]string{"ONCEFLOW_REDIS_URL": "redis//:redispassword@cache:6379"})
+		if err == nil || strings.Contains(err.Error(), "redispassword") {
+			t.Errorf("error leaks the password: %v", err)
+		}
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var logged strings.Builder
-	slog.New(slog.NewJSONHandler(&logged, nil)).Info("config", "config", c)
-	slog.New(slog.NewTextHandler(&logged, nil)).Info("config", "config", c)
-	for _, out := range []string{c.String(), logged.String()} {
-		for _, s := range secrets {
-			if strings.Contains(out, s) {
-				t.Errorf("secret %q printed in:\n%s", s, out)
+	// pgx (like libpq) takes the password as a query parameter of the connection URI
+	// (postgres://u@db/x?password=...), and an upstream may take its key in the query
+	// (ONCEFLOW_LLM_BASE_URL=...?key=...).
+	t.Run("passwords in a URL's query", func(t *testing.T) {
+		c, err := load(t, map[string]string{
+			"ONCEFLOW_DATABASE_URL": "postgres://onceflow@db:5432/onceflow?password=pg-query-secret&sslmode=disable",
+			"ONCEFLOW_LLM_BASE_URL": "https://llm.example.com/v1?key=llm-query-secret",
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var logged strings.Builder
+		slog.New(slog.NewJSONHandler(&logged, nil)).Info("starting work", "config", c)
+		outs := map[string]string{"config": c.String() + logged.String(),
+			"RedactURL (the gateway's upstream attribute)": RedactURL(c.LLMBaseURL)}
+		for what, out := range outs {
+			for _, s := range []string{"pg-query-secret", "llm-query-secret"} {
+				if strings.Contains(out, s) {
+					t.Errorf("%s prints %q", what, s)
+				}
 			}
 		}
-		for _, keep := range []string{"tenants acme", "db:5432", "cache:6379", "hooks.example.com", "mail:587"} {
-			if !strings.Contains(out, keep) {
-				t.Errorf("%q missing from:\n%s", keep, out)
-			}
+	})
+	// RedactURL hides the sentinels' password (the userinfo) and the primary's (the
+	// password parameter), and keeps master_name and addr.
+	t.Run("both passwords of a Sentinel URL", func(t *testing.T) {
+		u := "redis://admin:sentPW1@s1:26379?addr=s2:26379&master_name=mymaster&username=app&password=primPW2"
+		got := RedactURL(u)
+		if strings.Contains(got, "sentPW1") || strings.Contains(got, "primPW2") {
+			t.Fatalf("RedactURL(%s) = %s", u, got)
 		}
-	}
-	// An invalid secret is not echoed in the error either.
-	_, err = load(t, map[string]string{"ONCEFLOW_API_KEYS": "acme:supersecretbutshort\x01"})
-	if err == nil || strings.Contains(err.Error(), "supersecret") {
-		t.Errorf("error leaks the key: %v", err)
-	}
-	_, err = load(t, map[string]string{"ONCEFLOW_DATABASE_URL": "postgres://u:pgpassword@db:notaport/x"})
-	if err == nil || strings.Contains(err.Error(), "pgpassword") {
-		t.Errorf("error leaks the password: %v", err)
-	}
-	// A URL with a typo in its scheme has no user information to redact, but may still
-	// hold a password.
-	_, err = load(t, map[string]string{"ONCEFLOW_REDIS_URL": "redis//:redispassword@cache:6379"})
-	if err == nil || strings.Contains(err.Error(), "redispassword") {
-		t.Errorf("error leaks the password: %v", err)
-	}
+		if !strings.Contains(got, "master_name=mymaster") || !strings.Contains(got, "s2%3A26379") && !strings.Contains(got, "s2:26379") {
+			t.Fatalf("RedactURL lost the sentinel settings: %s", got)
+		}
+	})
 }
 
 func TestEveryFlagMatchesItsVariable(t *testing.T) {
+	t.Parallel()
 	fs := flag.NewFlagSet("test", flag.ContinueOnError)
 	Register(fs)
 	for _, s := range settings {
@@ -268,6 +318,7 @@ func TestEveryFlagMatchesItsVariable(t *testing.T) {
 // docs/configuration.md is the user's reference: every setting has a row of its own in
 // its tables ("| `NAME` | default | meaning |"), and every ONCEFLOW_ row there is a setting.
 func TestConfigurationPageDocumentsEverySetting(t *testing.T) {
+	t.Parallel()
 	page, err := os.ReadFile("../docs/configuration.md")
 	if err != nil {
 		t.Fatal(err)
@@ -287,5 +338,81 @@ func TestConfigurationPageDocumentsEverySetting(t *testing.T) {
 		if strings.HasPrefix(name, "ONCEFLOW_") && !known[name] {
 			t.Errorf("docs/configuration.md documents %s, which is not a setting", name)
 		}
+	}
+}
+
+func TestAdminKeys(t *testing.T) {
+	t.Parallel()
+	c, err := load(t, nil)
+	if err != nil || len(c.AdminKeys) != 0 || c.UISecureCookies {
+		t.Fatalf("defaults: %v %v %v", c.AdminKeys, c.UISecureCookies, err)
+	}
+	c, err = load(t, map[string]string{"ONCEFLOW_ADMIN_KEYS": " admin-key-0123456789 ,second-admin-key-0123,admin-key-0123456789", "ONCEFLOW_UI_SECURE_COOKIES": "true"})
+	if err != nil || !slices.Equal(c.AdminKeys, []string{"admin-key-0123456789", "second-admin-key-0123"}) || !c.UISecureCookies {
+		t.Fatalf("%v %v %v", c.AdminKeys, c.UISecureCookies, err)
+	}
+	for _, bad := range []string{"short", "admin-key-0123456789,", "admin key 0123456789x"} {
+		_, err := load(t, map[string]string{"ONCEFLOW_ADMIN_KEYS": bad})
+		var ce *Error
+		if !errors.As(err, &ce) || ce.Name != "ONCEFLOW_ADMIN_KEYS" || strings.Contains(err.Error(), "0123456789") {
+			t.Errorf("%q: %v (must name the variable, never echo a key)", bad, err)
+		}
+	}
+	// A tenant's API key is never an admin key.
+	_, err = load(t, map[string]string{"ONCEFLOW_API_KEYS": "acme:shared-key-0123456789", "ONCEFLOW_ADMIN_KEYS": "shared-key-0123456789"})
+	var ce *Error
+	if !errors.As(err, &ce) || ce.Name != "ONCEFLOW_ADMIN_KEYS" || strings.Contains(err.Error(), "shared-key") {
+		t.Fatalf("an admin key that is a tenant's: %v", err)
+	}
+}
+
+func TestRedisClusterAddrs(t *testing.T) {
+	t.Parallel()
+	c, err := load(t, nil)
+	if err != nil || c.RedisClusterAddrs != nil || c.RedisClusterURL() != "" {
+		t.Fatalf("default: %v %q %v", c.RedisClusterAddrs, c.RedisClusterURL(), err)
+	}
+	c, err = load(t, map[string]string{"ONCEFLOW_REDIS_CLUSTER_ADDRS": "10.0.0.1:7000, 10.0.0.2:7001,10.0.0.1:7000",
+		"ONCEFLOW_REDIS_URL": "rediss://app:s3cret@ignored:6379/2?dial_timeout=3s"})
+	if err != nil || !slices.Equal(c.RedisClusterAddrs, []string{"10.0.0.1:7000", "10.0.0.2:7001"}) {
+		t.Fatalf("%v %v", c.RedisClusterAddrs, err)
+	}
+	// The seeds with the URL's scheme (TLS), user, password and options; no host, no db.
+	if got, want := c.RedisClusterURL(), "rediss://app:s3cret@10.0.0.1:7000?addr=10.0.0.2%3A7001&dial_timeout=3s"; got != want {
+		t.Fatalf("cluster URL %q, want %q", got, want)
+	}
+	for _, bad := range []string{"10.0.0.1", "10.0.0.1:0", ":7000", "host:port", "10.0.0.1:7000,"} {
+		_, err := load(t, map[string]string{"ONCEFLOW_REDIS_CLUSTER_ADDRS": bad})
+		var ce *Error
+		if !errors.As(err, &ce) || ce.Name != "ONCEFLOW_REDIS_CLUSTER_ADDRS" {
+			t.Errorf("%q: %v", bad, err)
+		}
+	}
+}
+
+func TestLedgerAndGatewaySettings(t *testing.T) {
+	t.Parallel()
+	c, err := load(t, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.LedgerRetention != 24*time.Hour || c.LedgerRelaxedInsert || c.GatewayTimeout != 5*time.Minute || c.GatewayMaxBody != 8<<20 {
+		t.Fatalf("defaults: retention %v relaxed %v gateway timeout %v max body %d", c.LedgerRetention, c.LedgerRelaxedInsert, c.GatewayTimeout, c.GatewayMaxBody)
+	}
+	c, err = load(t, map[string]string{"ONCEFLOW_LEDGER_RELAXED_INSERT": "true", "ONCEFLOW_LEDGER_RETENTION": "72h"})
+	if err != nil || !c.LedgerRelaxedInsert || c.LedgerRetention != 72*time.Hour {
+		t.Fatalf("%+v %v", c, err)
+	}
+	if _, err := load(t, map[string]string{"ONCEFLOW_LEDGER_RELAXED_INSERT": "maybe"}); err == nil {
+		t.Fatal("a non-boolean accepted")
+	}
+	// The retention must cover the retry horizon: 5 × (max(2m, 5m) + 60s) = 30m by default.
+	_, err = load(t, map[string]string{"ONCEFLOW_LEDGER_RETENTION": "10m"})
+	var ce *Error
+	if !errors.As(err, &ce) || ce.Name != "ONCEFLOW_LEDGER_RETENTION" || !strings.Contains(err.Error(), "30m0s") {
+		t.Fatalf("retention below the retry horizon: %v", err)
+	}
+	if _, err := load(t, map[string]string{"ONCEFLOW_LEDGER_RETENTION": "30m"}); err != nil {
+		t.Fatalf("retention equal to the horizon: %v", err)
 	}
 }

@@ -7,15 +7,19 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/onceflow/onceflow/gateway"
 	"github.com/onceflow/onceflow/internal/connect"
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/internal/testenv/roundtrip"
+	"github.com/onceflow/onceflow/ledger"
 	"github.com/onceflow/onceflow/llm/fakeserver"
 )
 
@@ -171,5 +175,156 @@ func TestDerivedKeysCostOneRoundTripMore(t *testing.T) {
 	if derivedFirst != keyedFirst+1 || derivedRetry != keyedReplay+1 {
 		t.Fatalf("derived first attempt %d and retry %d round trips; want %d and %d (a keyed request's and a keyed replay's, plus one)",
 			derivedFirst, derivedRetry, keyedFirst+1, keyedReplay+1)
+	}
+}
+
+// derivedPost sends p's body as an SDK does (no Idempotency-Key, X-Stainless-Retry-Count
+// count), with secret in p's credential header ("" for no credential) and extra headers.
+func derivedPost(url string, p protocol, count, secret string, extra http.Header) protoAnswer {
+	h := http.Header{}
+	if count != "" {
+		h.Set("X-Stainless-Retry-Count", count)
+	}
+	for k, vs := range extra {
+		h[k] = vs
+	}
+	return protoSend(url, p, false, secret, h)
+}
+
+// Derived keys never cross credentials, for every protocol and its credential header
+// (Azure's api-key too): while tenant A's first attempt is in flight and after it is
+// recorded, a "retry" (X-Stainless-Retry-Count >= 1) with the identical body from
+// tenant B, from a request without credentials, or from A's credential plus another
+// credential header is a call of its own, never A's answer; A's own retries get it.
+func TestDerivedRetryNeverCrossesCredentials(t *testing.T) {
+	t.Parallel()
+	azure := protocol{"azure chat completions", "/chat/completions", protocols[0].body,
+		func(h http.Header, s string) { h.Set("Api-Key", s) }}
+	for _, p := range append(slices.Clone(protocols), azure) {
+		t.Run(p.name, func(t *testing.T) {
+			t.Parallel()
+			fs, err := fakeserver.New(fakeserver.Config{Latency: 700 * time.Millisecond, Logger: testenv.Logger(t)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(fs.Close)
+			fl := gatewaysOn(t, fs, 2, gateway.Config{DeriveKeys: gateway.DeriveRetryCount})
+			firstc := make(chan protoAnswer, 1)
+			go func() { firstc <- derivedPost(fl.urls[0], p, "0", "secret-a", nil) }()
+			waitUpstreamInFlight(t, fs)
+			type probe struct {
+				name, secret string
+				extra        http.Header
+			}
+			strangers := []probe{{"tenant B", "secret-b", nil}, {"no credential", "", nil},
+				{"A plus another credential", "secret-a", http.Header{"Authorization": {"Bearer other"}, "X-Api-Key": {"other"}}}}
+			if p.name != "chat completions" && p.name != "responses" {
+				strangers[2].extra = http.Header{"Authorization": {"Bearer other"}}
+			}
+			var mu sync.Mutex
+			var inFlight []protoAnswer
+			var wg sync.WaitGroup
+			for i, s := range strangers {
+				wg.Go(func() {
+					a := derivedPost(fl.urls[i%2], p, "1", s.secret, s.extra)
+					mu.Lock()
+					defer mu.Unlock()
+					inFlight = append(inFlight, a)
+				})
+			}
+			mine := derivedPost(fl.urls[1], p, "1", "secret-a", nil)
+			wg.Wait()
+			first := <-firstc
+			if first.status != 200 || mine.status != 200 || mine.joined != "true" || !bytes.Equal(mine.body, first.body) {
+				t.Fatalf("A's retry while in flight: %d joined=%q; first %d", mine.status, mine.joined, first.status)
+			}
+			for _, a := range inFlight {
+				if a.status != 200 || a.joined != "" || a.replay != "" || bytes.Equal(a.body, first.body) {
+					t.Fatalf("a stranger's retry while A's call was in flight: %d joined=%q replayed=%q: got A's answer", a.status, a.joined, a.replay)
+				}
+			}
+			for i, s := range strangers {
+				a := derivedPost(fl.urls[i%2], p, "2", s.secret, s.extra)
+				if a.status != 200 || a.replay == "true" && bytes.Equal(a.body, first.body) {
+					t.Fatalf("%s's retry after A's call was recorded: %d replayed=%q: got A's answer", s.name, a.status, a.replay)
+				}
+			}
+			if n := fs.Stats().Requests; n != 4 {
+				t.Fatalf("%d upstream calls, want 4 (A's, and the strangers' 3 first retries; their second retries replay their own)", n)
+			}
+		})
+	}
+}
+
+// X-Stainless-Retry-Count that is not one non-negative integer (negative, beyond int, a
+// list, the header twice, empty) is not an SDK's count: the request passes through
+// unrecorded and never joins or replays, even with a body a first attempt noted. A
+// count with spaces or a plus sign is still a count.
+func TestMalformedRetryCountsPassThrough(t *testing.T) {
+	t.Parallel()
+	fs, err := fakeserver.New(fakeserver.Config{Logger: testenv.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(fs.Close)
+	fl := gatewaysOn(t, fs, 1, gateway.Config{DeriveKeys: gateway.DeriveRetryCount})
+	p := protocols[0]
+	first := derivedPost(fl.urls[0], p, "0", "secret-a", nil)
+	if first.status != 200 {
+		t.Fatalf("first: %+v", first)
+	}
+	for _, vs := range [][]string{{"-1"}, {"99999999999999999999"}, {"1, 1"}, {"1", "1"}, {""}, {"0x1"}, {"1e0"}} {
+		a := derivedPost(fl.urls[0], p, "", "secret-a", http.Header{"X-Stainless-Retry-Count": vs})
+		if a.status != 200 || a.replay != "" || bytes.Equal(a.body, first.body) {
+			t.Fatalf("X-Stainless-Retry-Count %q: %d replayed=%q; want a pass-through call", vs, a.status, a.replay)
+		}
+	}
+	for _, v := range []string{" 1 ", "+1", "2147483647"} {
+		a := derivedPost(fl.urls[0], p, "", "secret-a", http.Header{"X-Stainless-Retry-Count": {v}})
+		if a.status != 200 || a.replay != "true" || !bytes.Equal(a.body, first.body) {
+			t.Fatalf("X-Stainless-Retry-Count %q: %d replayed=%q; want the first attempt's answer", v, a.status, a.replay)
+		}
+	}
+	var rows int
+	if err := fl.pool.QueryRow(context.Background(), `SELECT count(*) FROM llm_calls`).Scan(&rows); err != nil {
+		t.Fatal(err)
+	}
+	if n := fs.Stats().Requests; n != 8 || rows != 1 {
+		t.Fatalf("%d upstream calls and %d recorded calls, want 8 (the first and 7 pass-throughs) and 1", n, rows)
+	}
+}
+
+// With ONCEFLOW_GATEWAY_DERIVE_KEYS=retry-count every first attempt of an SDK call
+// notes a row in gateway_derived_keys, and Run purges the notes older than the window:
+// three minutes of Run (on a fake clock) purge 5000 notes a day old.
+func TestDerivedKeyPurgeKeepsUp(t *testing.T) {
+	t.Parallel()
+	pool, _ := testenv.Postgres(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `INSERT INTO gateway_derived_keys (fingerprint, idem_key, seen_at)
+		SELECT 'fp-' || i, 'gwd-' || i, now() - interval '1 day' FROM generate_series(1, 5000) i`); err != nil {
+		t.Fatal(err)
+	}
+	synctest.Test(t, func(t *testing.T) {
+		g, err := gateway.New(gateway.Config{Upstream: "http://127.0.0.1:1/v1", DB: pool, DeriveKeys: gateway.DeriveRetryCount,
+			Ledger: ledger.Config{PurgeInterval: time.Hour}, Logger: testenv.Logger(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- g.Run(rctx) }()
+		time.Sleep(3*time.Minute + time.Second)
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	})
+	var left int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM gateway_derived_keys`).Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	if left != 0 {
+		t.Fatalf("%d of 5000 expired derived-key notes left after three minutes of Run: the purge deletes at most 1000 a minute", left)
 	}
 }

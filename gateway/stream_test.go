@@ -1,13 +1,15 @@
 package gateway_test
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
-	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,39 +20,6 @@ import (
 	"github.com/onceflow/onceflow/ledger"
 	"github.com/onceflow/onceflow/llm/fakeserver"
 )
-
-// sseUpstream is an upstream that answers every request with a scripted event stream:
-// the n-th call (from 0) writes the chunks of script(n), flushing after each, then
-// drops the connection if drop, else closes cleanly. It counts its calls.
-type sseUpstream struct {
-	script func(call int) (chunks []string, drop bool)
-	mu     sync.Mutex
-	calls  int
-}
-
-func (u *sseUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	_, _ = io.Copy(io.Discard, r.Body)
-	u.mu.Lock()
-	n := u.calls
-	u.calls++
-	u.mu.Unlock()
-	chunks, drop := u.script(n)
-	w.Header().Set("Content-Type", "text/event-stream")
-	w.WriteHeader(http.StatusOK)
-	for _, c := range chunks {
-		_, _ = io.WriteString(w, c)
-		http.NewResponseController(w).Flush()
-	}
-	if drop {
-		panic(http.ErrAbortHandler) // the connection closes without the chunked terminator
-	}
-}
-
-func (u *sseUpstream) Calls() int {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	return u.calls
-}
 
 // streamGateway runs a gateway in front of up and returns its /v1 URL and ledger.
 func streamGateway(t *testing.T, up http.Handler) (string, *ledger.Ledger) {
@@ -65,24 +34,6 @@ func streamGateway(t *testing.T, up http.Handler) (string, *ledger.Ledger) {
 	gs := httptest.NewServer(g)
 	t.Cleanup(gs.Close)
 	return gs.URL + "/v1", g.Ledger()
-}
-
-const streamBody = `{"model":"gpt-4.1-mini","stream":true,"messages":[{"role":"user","content":"Say one random word."}]}`
-
-// streamPost sends a keyed streaming request with Authorization "Bearer sk" and reads
-// the answer whole; err is the read error of a stream that was cut.
-func streamPost(t *testing.T, url, key string) (resp *http.Response, body string, err error) {
-	t.Helper()
-	req, _ := http.NewRequest(http.MethodPost, url+"/chat/completions", strings.NewReader(streamBody))
-	req.Header.Set("Idempotency-Key", key)
-	req.Header.Set("Authorization", "Bearer sk")
-	resp, err = http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	return resp, string(b), err
 }
 
 const goodStream = "data: {\"choices\":[{\"delta\":{\"content\":\"word\"}}]}\n\ndata: [DONE]\n\n"
@@ -271,5 +222,256 @@ func TestStreamClientGetsItsEndBeforeTheRecordCommits(t *testing.T) {
 	}
 	if n := up.Calls(); n != 1 {
 		t.Fatalf("%d upstream calls", n)
+	}
+}
+
+// A long generation streams megabytes (an OpenAI chunk is about 200 bytes a token: 16k
+// output tokens are over 3 MiB). A 6 MiB stream that the upstream sends in milliseconds
+// passes through the gateway within 6 s more than directly (about 3 s under -race).
+func TestLargeStreamIsNotSlowedByItsPartials(t *testing.T) {
+	up := newBigStream(6 << 10)
+	close(up.release)
+	ups := httptest.NewServer(up)
+	t.Cleanup(ups.Close)
+	start := time.Now()
+	req, _ := http.NewRequest(http.MethodPost, ups.URL+"/v1/chat/completions", strings.NewReader(streamBody))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	direct, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	directTook := time.Since(start)
+	if err != nil || string(direct) != up.whole() {
+		t.Fatalf("direct: %d bytes %v", len(direct), err)
+	}
+	fl := gatewaysOn(t, up, 1, gateway.Config{Timeout: 30 * time.Second})
+	start = time.Now()
+	_, body, err := streamPost(t, fl.urls[0], "large-stream-key-00001")
+	took := time.Since(start)
+	if err != nil || body != up.whole() {
+		t.Fatalf("through the gateway: %d bytes %v", len(body), err)
+	}
+	t.Logf("%d bytes: direct %v, through the gateway %v", len(body), directTook, took)
+	if took > directTook+6*time.Second {
+		t.Fatalf("a %d-byte stream took %v through the gateway, %v directly: its partial writes rewrite the whole partial each time",
+			len(body), took.Round(time.Millisecond), directTook.Round(time.Millisecond))
+	}
+}
+
+// A rolling deploy during a PostgreSQL failover: a stream completes while PostgreSQL is
+// down, its client gets the end at once (its handler returned), and the HTTP server,
+// with no handler left, lets the gateway Close. The answer was generated and passed on
+// whole: Close must let its record wait for PostgreSQL (gateway.succeed retries for up
+// to succeedPatience), or the row stays in_flight and the retry that follows the lease
+// makes a second upstream call.
+func TestCloseRightAfterTheEOFRecordsThroughAPostgresRestart(t *testing.T) {
+	t.Parallel()
+	up := newGatedStream()
+	pg, g, url, pool := privateGateway(t, up, gateway.Config{Ledger: ledger.Config{StreamFlushInterval: time.Hour}})
+	const key = "close-after-eof-pg-restart"
+	row := keyFor("Bearer sk", key)
+	fr := openAnnounced(t, up, url, pool, key)
+	pg.Stop()
+	close(up.release)
+	if tail, err := readAllWithin(fr, 15*time.Second); err != nil || tail != gatedTail {
+		t.Fatalf("the client's tail while PostgreSQL is down: %q %v", tail, err)
+	}
+	closed := make(chan error, 1)
+	go func() {
+		cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		closed <- g.Close(cctx)
+	}()
+	closedEarly := false
+	select {
+	case err := <-closed:
+		closedEarly = true
+		closed <- err
+	case <-time.After(3 * time.Second):
+	}
+	pg.Start()
+	if err := <-closed; err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	r := waitRow(t, pool, row, "readable row", func(*ledger.Row) bool { return true })
+	if r.State != ledger.StateSucceeded || string(r.Raw) != gatedHead+gatedTail {
+		t.Fatalf("after Close (returned while PostgreSQL was down: %v) the row is %s (owner %q): the answer its client got whole was not recorded, "+
+			"and the next retry makes a second upstream call", closedEarly, r.State, r.Owner)
+	}
+}
+
+// PostgreSQL is killed (SIGKILL) after the owner's client got the end of a complete
+// stream and before its record committed (held up by a row lock, which the crash
+// ends): the record commits once PostgreSQL is back, and a retry replays the same
+// bytes. One upstream call.
+func TestPostgresKilledBetweenTheEOFAndTheCommit(t *testing.T) {
+	t.Parallel()
+	up := newGatedStream()
+	pg, _, url, pool := privateGateway(t, up, gateway.Config{Ledger: ledger.Config{StreamFlushInterval: time.Hour}})
+	const key = "pg-killed-after-eof"
+	row := keyFor("Bearer sk", key)
+	fr := openAnnounced(t, up, url, pool, key)
+	holdRecord(t, pool, row)
+	close(up.release)
+	if tail, err := readAllWithin(fr, 15*time.Second); err != nil || tail != gatedTail {
+		t.Fatalf("tail: %q %v", tail, err)
+	}
+	time.Sleep(100 * time.Millisecond) // the record waits on the lock
+	pg.Kill()
+	pg.Start()
+	waitRow(t, pool, row, "the record after the crash", func(r *ledger.Row) bool {
+		return r.State == ledger.StateSucceeded && string(r.Raw) == gatedHead+gatedTail
+	})
+	r, body, err := streamPost(t, url, key)
+	if err != nil || body != gatedHead+gatedTail || r.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("retry: replayed %q, %v\n%q", r.Header.Get("Idempotent-Replayed"), err, body)
+	}
+	if n := up.Calls(); n != 1 {
+		t.Fatalf("%d upstream calls, want 1", n)
+	}
+}
+
+// An upstream that drops mid-stream cuts the client's connection too, and the row keeps
+// what came before the cut.
+func TestCutStream(t *testing.T) {
+	t.Parallel()
+	// An upstream that drops mid-stream: the owner's client still sees its connection cut
+	// (an error, not a clean end), and the row records the cut as before, with everything
+	// received up to the last complete event kept as its partial output (finish(true)
+	// writes it whole although no batch was due), for the retry's Onceflow-Stream-Restarted.
+	t.Run("aborts the client and keeps its output", func(t *testing.T) {
+		t.Parallel()
+		const e1, e2, torn = "data: {\"choices\":[{\"delta\":{\"content\":\"one\"}}]}\n\n", "data: {\"choices\":[{\"delta\":{\"content\":\" two\"}}]}\n\n", "data: {\"choi"
+		up := &sseUpstream{script: func(call int) ([]string, bool) {
+			if call == 0 {
+				return []string{e1, e2, torn}, true
+			}
+			return []string{goodStream}, false
+		}}
+		fl := gatewaysOn(t, up, 1, gateway.Config{Ledger: ledger.Config{StreamFlushInterval: time.Hour}})
+		const key = "cut-stream-keeps-output"
+		_, body, err := streamPost(t, fl.urls[0], key)
+		if err == nil || body != e1+e2+torn {
+			t.Fatalf("the cut stream's client: %q, err %v; want every byte received, then an error", body, err)
+		}
+		r := waitRow(t, fl.pool, keyFor("Bearer sk", key), "row", func(*ledger.Row) bool { return true })
+		if r.State != ledger.StateInFlight || r.Owner != "" || r.Ambiguous != 1 || r.Partial != e1+e2 || r.PartialAttempt != 1 {
+			t.Fatalf("the record of the cut: state %s owner %q ambiguous %d partial %q (attempt %d); want in_flight, released, 1, %q (1)",
+				r.State, r.Owner, r.Ambiguous, r.Partial, r.PartialAttempt, e1+e2)
+		}
+		resp, body, err := streamPost(t, fl.urls[0], key)
+		if err != nil || body != goodStream || resp.Header.Get(gateway.HeaderRestarted) != strconv.Itoa(len(e1+e2)) {
+			t.Fatalf("retry: %q %v, restarted %q", body, err, resp.Header.Get(gateway.HeaderRestarted))
+		}
+		if n := up.Calls(); n != 2 {
+			t.Fatalf("%d upstream calls, want 2", n)
+		}
+	})
+	// A stream cut after more than maxPartialBytes (1 MiB): the client's connection is
+	// cut after every byte received, and the row's partial output is an exact prefix of the
+	// stream that ends at an event boundary, within the 1 MiB bound.
+	t.Run("beyond 1 MiB keeps an exact prefix", func(t *testing.T) {
+		t.Parallel()
+		var b strings.Builder
+		for i := range 1500 {
+			b.WriteString(bigEvent(i))
+		}
+		sent := b.String() + "data: {\"choi"
+		up := &sseUpstream{script: func(call int) ([]string, bool) {
+			if call == 0 {
+				return []string{sent}, true
+			}
+			return []string{goodStream}, false
+		}}
+		fl := gatewaysOn(t, up, 1, gateway.Config{Timeout: 30 * time.Second})
+		const key = "cut-stream-beyond-1mib"
+		_, body, err := streamPost(t, fl.urls[0], key)
+		if err == nil || body != sent {
+			t.Fatalf("the cut stream's client: %d of %d bytes, err %v", len(body), len(sent), err)
+		}
+		r := waitRow(t, fl.pool, keyFor("Bearer sk", key), "row", func(*ledger.Row) bool { return true })
+		if r.State != ledger.StateInFlight || r.Ambiguous != 1 || len(r.Partial) > 1<<20 || !strings.HasPrefix(sent, r.Partial) ||
+			(r.Partial != "" && !strings.HasSuffix(r.Partial, "\n\n")) {
+			t.Fatalf("the record of the cut: state %s ambiguous %d, partial of %d bytes (prefix %v)", r.State, r.Ambiguous, len(r.Partial), strings.HasPrefix(sent, r.Partial))
+		}
+		t.Logf("partial kept: %d bytes", len(r.Partial))
+	})
+}
+
+// A stream that is not valid UTF-8 (and holds a NUL): the partial column is text, so
+// the persister stops before the first invalid segment; the owner's client, a joiner on
+// its process and one on another process each get every byte as sent, and a retry
+// replays them. One upstream call.
+func TestNonUTF8StreamIsPassedOnJoinedAndReplayedWhole(t *testing.T) {
+	t.Parallel()
+	up := newPhased(
+		"data: {\"choices\":[{\"delta\":{\"content\":\"ok\"}}]}\n\n",
+		"data: {\"choices\":[{\"delta\":{\"content\":\"\xff\xfe bad\"}}]}\n\n",
+		"data: {\"choices\":[{\"delta\":{\"content\":\"nul \x00 here\"}}]}\n\ndata: [DONE]\n\n")
+	fl := gatewaysOn(t, up, 2, gateway.Config{Ledger: ledger.Config{StreamFlushInterval: 10 * time.Millisecond}})
+	const key = "non-utf8-stream-0001"
+	row := keyFor("Bearer sk", key)
+	owner := openStream(t, fl.urls[0], key)
+	or := bufio.NewReader(owner.Body)
+	if got := readEvents(t, or, 1); got != up.parts[0] {
+		t.Fatalf("first event: %q", got)
+	}
+	waitRow(t, fl.pool, row, "the first event persisted", func(r *ledger.Row) bool { return r.Partial == up.parts[0] })
+	close(up.gates[0])
+	if got := readEvents(t, or, 1); got != up.parts[1] {
+		t.Fatalf("second event: %q", got)
+	}
+	var joiners []*http.Response
+	for i := range 2 {
+		j := openStream(t, fl.urls[i], key)
+		if j.Header.Get("Onceflow-Joined") != "true" {
+			t.Fatalf("gateway %d: no join: %d", i, j.StatusCode)
+		}
+		joiners = append(joiners, j)
+	}
+	fl.waitJoining(t, 0, 1)
+	fl.waitJoining(t, 1, 1)
+	close(up.gates[1])
+	if rest, err := readAllWithin(or, 15*time.Second); err != nil || rest != up.parts[2] {
+		t.Fatalf("the owner's tail: %q %v", rest, err)
+	}
+	for i, j := range joiners {
+		if got, err := readAllWithin(j.Body, 15*time.Second); err != nil || got != up.whole() {
+			t.Fatalf("joiner on gateway %d: %q %v", i, got, err)
+		}
+	}
+	r, body, err := streamPost(t, fl.urls[1], key)
+	if err != nil || body != up.whole() || r.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("replay: %q %v", body, err)
+	}
+	if n := up.calls.Load(); n != 1 {
+		t.Fatalf("%d upstream calls, want 1", n)
+	}
+}
+
+// A stream carrying an error event is not a complete answer, even when it ends with
+// data: [DONE], as vLLM (the usual self-hosted OpenAI-compatible upstream) ends a failed
+// one (its serving_chat: `yield f"data: {error}"` then `yield "data: [DONE]"`): it is
+// not recorded, so a retry of the key is not answered that error for
+// ONCEFLOW_LEDGER_RETENTION.
+func TestStreamWithAnErrorEventIsNotRecorded(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int64
+	upstream := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, `data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":"Hel"},"finish_reason":null}]}`+"\n\n"+
+			`data: {"error":{"object":"error","message":"CUDA out of memory","type":"InternalServerError","param":null,"code":500}}`+"\n\n"+
+			"data: [DONE]\n\n")
+	})
+	url, _, _ := loggedGateway(t, upstream)
+	body := `{"model":"m","stream":true,"messages":[{"role":"user","content":"Say one random word."}]}`
+	h := http.Header{"Idempotency-Key": {"vllm-error-key-000001"}, "Authorization": {"Bearer sk-alice"}}
+	rawPost(t, url+"/chat/completions", body, h)
+	_, replayed, b := rawPost(t, url+"/chat/completions", body, h)
+	if replayed == "true" || calls.Load() != 2 {
+		t.Fatalf("the retry got the failed stream replayed (%d upstream calls): %.200s", calls.Load(), b)
 	}
 }

@@ -2,12 +2,15 @@ package queue
 
 import (
 	"context"
+	"errors"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/onceflow/onceflow/internal/testenv"
 )
 
 func streamIDs(t *testing.T, rdb redis.UniversalClient, keys Keys) []string {
@@ -256,5 +259,41 @@ func TestTrimReleasesTheIndexesOfWhatItRemoves(t *testing.T) {
 		if ttl := rdb.PTTL(ctx, keys.Job(jobID(i))).Val(); ttl != -1 {
 			t.Errorf("job %d's index TTL %v, want none (it is still in the stream)", i, ttl)
 		}
+	}
+}
+
+// EnqueueAt of a job (due in an hour), then Enqueue of the same id by the same tenant (a
+// client's retry without RunAt): once the immediate entry ran and was trimmed, the
+// index of the job still in the scheduled set does not expire (an index expires only
+// after its job left the stream and the scheduled set), so JobState still finds it and
+// the id stays the first tenant's.
+func TestDelayedDuplicateKeepsItsIndexAfterTrim(t *testing.T) {
+	t.Parallel()
+	rdb, keys := setup(t)
+	ctx := context.Background()
+	var runs atomic.Int32
+	start(t, WorkerConfig{Redis: rdb, Keys: keys, Handler: HandlerFunc(func(context.Context, *Job) error { runs.Add(1); return nil })})
+	m := message(7, nil)
+	if _, err := EnqueueAt(ctx, rdb, keys, m, time.Now().Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	enqueue(t, rdb, keys, m)
+	testenv.WaitFor(t, 10*time.Second, "the immediate run's ack", func() bool {
+		return runs.Load() == 1 && len(pendingIDs(t, rdb, keys, DefaultGroup)) == 0
+	})
+	if _, err := Trim(ctx, rdb, keys, 200*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	if n := rdb.ZCard(ctx, keys.Scheduled()).Val(); n != 1 {
+		t.Fatalf("%d scheduled, want the delayed job still waiting", n)
+	}
+	if rdb.Exists(ctx, keys.Job(m.JobID)).Val() == 0 {
+		t.Errorf("the job index expired while the job is still scheduled")
+	}
+	evil := m
+	evil.Tenant = "mallory"
+	if _, err := Enqueue(ctx, rdb, keys, evil); !errors.Is(err, ErrJobIDTaken) {
+		t.Errorf("another tenant's enqueue of a job id still scheduled for %q: %v, want ErrJobIDTaken", m.Tenant, err)
 	}
 }

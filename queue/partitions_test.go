@@ -20,6 +20,7 @@ import (
 // to several keeps its jobs where they are), and every other partition has a hash tag of
 // its own.
 func TestPartitionKeys(t *testing.T) {
+	t.Parallel()
 	k := Keys{Prefix: "p", Queue: "q"}
 	if got := k.InPartition(0).Stream(); got != "p:{q}:stream" {
 		t.Fatalf("partition 0 stream %q, want p:{q}:stream", got)
@@ -43,6 +44,7 @@ func TestPartitionKeys(t *testing.T) {
 // PartitionOf spreads job ids evenly and gives the same answer every time; one
 // partition is always 0.
 func TestPartitionOfSpreadsJobs(t *testing.T) {
+	t.Parallel()
 	const n, jobs = 3, 3000
 	counts := make([]int, n)
 	for i := range jobs {
@@ -222,4 +224,85 @@ func TestPartitionsSpreadOverARedisCluster(t *testing.T) {
 		}
 	}
 	t.Logf("%d partitions on nodes %v", parts, nodes)
+}
+
+// A shared Budget smaller than (or equal to) the number of partitions does not starve a
+// backlog: the idle partitions' readers do not hold the budget's slots in their blocking
+// XREADGROUP (4 partitions, a budget of 2: 20 instant jobs run in well under a Block each,
+// as one unpartitioned worker of Concurrency 2 runs them).
+func TestBudgetSmallerThanThePartitionsDoesNotStarveABacklog(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.Redis(t)
+	ctx := context.Background()
+	keys := Keys{Prefix: prefix, Queue: "starve"}
+	const parts, size, jobs = 4, 2, 20
+	var ran atomic.Int64
+	// The Client's workers use DefaultBlock (1s).
+	partitionWorkers(t, rdb, keys, parts, size, DefaultBlock, func(ctx context.Context, j *Job) error {
+		ran.Add(1)
+		return nil
+	})
+	time.Sleep(300 * time.Millisecond) // the idle readers are blocking
+	busy := keys.InPartition(parts - 1)
+	start := time.Now()
+	for i := range jobs {
+		if _, err := Enqueue(ctx, rdb, busy, Message{JobID: jobID(i + 1), Tenant: "acme", Payload: json.RawMessage(`{}`)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(4 * time.Second)
+	for ran.Load() < jobs && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := ran.Load(); n < jobs {
+		t.Fatalf("after %v only %d of %d instant jobs of the busy partition ran: %d idle partitions' readers hold the budget of %d in their blocking reads",
+			time.Since(start).Round(time.Millisecond), n, jobs, parts-1, size)
+	}
+}
+
+// The P:partitions record, which docs/queue.md tells operators to write by hand (HSET),
+// is read alike by KnownPartitions and RegisterPartitions, whatever it holds.
+func TestPartitionsRecord(t *testing.T) {
+	t.Parallel()
+	// A record that is not an integer ("4 " or "") does not make KnownPartitions fail (and
+	// with it `onceflow dlq` and JobState of an id outside its partition): it reads it as
+	// RegisterPartitions does.
+	t.Run("a malformed one is read as registration reads it", func(t *testing.T) {
+		t.Parallel()
+		rdb, prefix := testenv.Redis(t)
+		ctx := context.Background()
+		keys := Keys{Prefix: prefix, Queue: "q"}
+		for _, v := range []string{"abc", "4 ", "", "2.0"} {
+			if err := rdb.HSet(ctx, PartitionsKey(prefix), "q", v).Err(); err != nil {
+				t.Fatal(err)
+			}
+			n, err := KnownPartitions(ctx, rdb, keys, 2)
+			if err != nil || n < 2 {
+				t.Errorf("record %q: KnownPartitions = %d, %v; want at least the configured 2, no error", v, n, err)
+			}
+		}
+	})
+	// An over-large record is clamped to MaxPartitions by both readers (a worker never
+	// starts more than 256 readers), and a negative one is overwritten by the next
+	// registration.
+	t.Run("one out of range is clamped or overwritten", func(t *testing.T) {
+		t.Parallel()
+		rdb, prefix := testenv.Redis(t)
+		ctx := context.Background()
+		keys := Keys{Prefix: prefix, Queue: "q"}
+		rdb.HSet(ctx, PartitionsKey(prefix), "q", "999999")
+		if n, err := RegisterPartitions(ctx, rdb, keys, 2); err != nil || n != MaxPartitions {
+			t.Fatalf("record 999999: RegisterPartitions = %d, %v; want %d", n, err, MaxPartitions)
+		}
+		if n, err := KnownPartitions(ctx, rdb, keys, 2); err != nil || n != MaxPartitions {
+			t.Fatalf("record 999999: KnownPartitions = %d, %v; want %d", n, err, MaxPartitions)
+		}
+		rdb.HSet(ctx, PartitionsKey(prefix), "q", "-1")
+		if n, err := RegisterPartitions(ctx, rdb, keys, 3); err != nil || n != 3 {
+			t.Fatalf("record -1: RegisterPartitions = %d, %v; want 3", n, err)
+		}
+		if v, _ := rdb.HGet(ctx, PartitionsKey(prefix), "q").Result(); v != "3" {
+			t.Fatalf("record after registering 3 over -1: %q", v)
+		}
+	})
 }

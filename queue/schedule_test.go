@@ -459,3 +459,96 @@ func TestAbandonedHandlerIsHandedBackAnyway(t *testing.T) {
 		t.Errorf("handed-back entry %+v %v, want job 1 with no attempt spent", m, err)
 	}
 }
+
+// A job whose budget is spent is not buried while the handler cannot tell whether it
+// completed (Completer errs: its store is down): it is handed back with the attempts the
+// failure spent, so it is only asked again (Completed), never run again: exactly
+// MaxDeliveries runs, however long the store is down.
+func TestSpentJobIsNotRunAgainWhileCompletionIsUnknown(t *testing.T) {
+	t.Parallel()
+	rdb, keys := setup(t)
+	var unknown atomic.Bool
+	unknown.Store(true)
+	var runs atomic.Int32
+	h := &completer{
+		HandlerFunc: func(context.Context, *Job) error { runs.Add(1); return errors.New("boom") },
+		done: func(*Job) (bool, error) {
+			if unknown.Load() {
+				return false, errors.New("postgres down")
+			}
+			return false, nil
+		}}
+	start(t, WorkerConfig{Redis: rdb, Keys: keys, MaxDeliveries: 1, ClaimIdle: time.Hour, Handler: h})
+	enqueue(t, rdb, keys, message(1, nil))
+	testenv.WaitFor(t, 10*time.Second, "the completion question", func() bool { return h.asked.Load() >= 1 })
+	time.Sleep(2 * time.Second) // the store stays down a while
+	unknown.Store(false)
+	testenv.WaitFor(t, 20*time.Second, "the dead letter", func() bool { return len(deadLetters(t, rdb, keys)) == 1 })
+	if n := runs.Load(); n != 1 {
+		t.Errorf("the handler ran %d times (asked %d times whether it completed), want 1: MaxDeliveries is 1 and a spent job waiting for its completion check must not run again", n, h.asked.Load())
+	}
+}
+
+// EnqueueAt of a job, then Enqueue of the same id (a client retrying without RunAt),
+// whose immediate run fails permanently and is dead-lettered: a later move of the
+// stale delayed member never sets the index queued while the dead letter it points at
+// (dead_id) exists (the enqueue's invariant): it retires the dead letter, as an enqueue
+// does, or leaves the index failed.
+func TestStaleDelayedDuplicateDoesNotHideADeadLetter(t *testing.T) {
+	t.Parallel()
+	rdb, keys := setup(t)
+	ctx := context.Background()
+	var runs atomic.Int32
+	release := make(chan struct{})
+	start(t, WorkerConfig{Redis: rdb, Keys: keys, Handler: HandlerFunc(func(context.Context, *Job) error {
+		if runs.Add(1) == 1 {
+			return fmt.Errorf("bad input: %w", ErrPermanent)
+		}
+		<-release
+		return nil
+	})})
+	t.Cleanup(func() { close(release) })
+	m := message(4, nil)
+	if _, err := EnqueueAt(ctx, rdb, keys, m, time.Now().Add(1500*time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
+	enqueue(t, rdb, keys, m)
+	testenv.WaitFor(t, 10*time.Second, "the dead letter", func() bool { return len(deadLetters(t, rdb, keys)) == 1 })
+	testenv.WaitFor(t, 10*time.Second, "the delayed duplicate's run", func() bool { return runs.Load() == 2 })
+	ix, err := ReadJobIndex(ctx, rdb, keys, m.JobID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadID, _ := rdb.HGet(ctx, keys.Job(m.JobID), "dead_id").Result()
+	exists := false
+	if deadID != "" {
+		if r, err := rdb.XRange(ctx, keys.Dead(), deadID, deadID).Result(); err == nil && len(r) == 1 {
+			exists = true
+		}
+	}
+	if ix.State == StateQueued && exists {
+		t.Errorf("index says %s (entry %s) while the dead letter it points at (%s) exists: the mover re-queued a job whose index points at a dead letter", ix.State, ix.Entry, deadID)
+	}
+}
+
+// A RunAt that cannot be represented in milliseconds (past year ~292 million, where
+// UnixMilli wraps) is refused (ErrMalformed) or clamped to the latest representable
+// time: a job asked to run "never" never runs earlier than asked.
+func TestFarFutureRunAtDoesNotRunAtOnce(t *testing.T) {
+	t.Parallel()
+	rdb, keys := setup(t)
+	ctx := context.Background()
+	at := time.Unix(1<<62, 0)
+	m := message(6, nil)
+	member, err := EnqueueAt(ctx, rdb, keys, m, at)
+	if err != nil {
+		return // refused: fine
+	}
+	score, err := rdb.ZScore(ctx, keys.Scheduled(), member).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if due := time.UnixMilli(int64(score)); due.Before(time.Now().Add(24 * time.Hour)) {
+		t.Errorf("a job asked to run at %v is due at %v (score %v): the Unix millisecond time wrapped", at.UTC(), due.UTC(), score)
+	}
+}

@@ -5,7 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
+	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -663,5 +666,269 @@ func TestWorkerSurvivesRedisRestart(t *testing.T) {
 	testenv.WaitFor(t, 20*time.Second, "a job after the restart", func() bool { return runs.get(jobID(2)) == 1 })
 	if runs.get(jobID(1)) != 1 {
 		t.Errorf("job 1 ran %d times", runs.get(jobID(1)))
+	}
+}
+
+// msgCounter is a slog.Handler that counts records by message and forwards them to next.
+type msgCounter struct {
+	next slog.Handler
+	mu   *sync.Mutex
+	n    map[string]int
+}
+
+func newMsgCounter(next slog.Handler) *msgCounter {
+	return &msgCounter{next: next, mu: &sync.Mutex{}, n: map[string]int{}}
+}
+
+func (h *msgCounter) Enabled(ctx context.Context, l slog.Level) bool { return true }
+
+func (h *msgCounter) Handle(ctx context.Context, r slog.Record) error {
+	h.mu.Lock()
+	h.n[r.Message]++
+	h.mu.Unlock()
+	return h.next.Handle(ctx, r)
+}
+
+func (h *msgCounter) WithAttrs(as []slog.Attr) slog.Handler {
+	return &msgCounter{next: h.next.WithAttrs(as), mu: h.mu, n: h.n}
+}
+
+func (h *msgCounter) WithGroup(g string) slog.Handler {
+	return &msgCounter{next: h.next.WithGroup(g), mu: h.mu, n: h.n}
+}
+
+func (h *msgCounter) count(prefix string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	total := 0
+	for m, n := range h.n {
+		if strings.HasPrefix(m, prefix) {
+			total += n
+		}
+	}
+	return total
+}
+
+// A handler reports its dependency down (ErrUnavailable, which spends no attempt) and
+// Redis stays down longer than a hand-back's settleTimeout (30s): the outage still
+// spends no attempt, however long. With MaxDeliveries 1 the job runs again once Redis
+// is back and is not dead-lettered as "failed 1 attempts (the last never reported)".
+func TestLongRedisOutageDuringHandBackSpendsNoAttempt(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits out a 35s Redis outage")
+	}
+	t.Parallel()
+	srv, rdb := privateRedis(t)
+	keys := Keys{Prefix: "outage", Queue: "summaries"}
+	down := make(chan struct{})
+	var runs atomic.Int32
+	var lastDeliveries atomic.Int64
+	start(t, WorkerConfig{Redis: rdb, Keys: keys, MaxDeliveries: 1, ClaimIdle: 500 * time.Millisecond,
+		Handler: HandlerFunc(func(ctx context.Context, j *Job) error {
+			lastDeliveries.Store(j.Deliveries)
+			if runs.Add(1) == 1 {
+				<-down
+				return fmt.Errorf("redis: %w", ErrUnavailable)
+			}
+			return nil
+		})})
+	enqueue(t, rdb, keys, message(2, nil))
+	testenv.WaitFor(t, 10*time.Second, "the first run", func() bool { return runs.Load() == 1 })
+	srv.Stop()
+	close(down)
+	time.Sleep(35 * time.Second) // longer than a hand-back retries its settlement (settleTimeout, 30s)
+	srv.Start()
+	testenv.WaitFor(t, 60*time.Second, "the job to run again or be dead-lettered", func() bool {
+		if runs.Load() >= 2 {
+			return true
+		}
+		n, err := rdb.XLen(context.Background(), keys.Dead()).Result()
+		return err == nil && n > 0
+	})
+	if d := deadLetters(t, rdb, keys); len(d) != 0 {
+		t.Errorf("dead-lettered after an outage: %q (runs %d), want the job to run again: an outage spends no attempt", d[0].Reason, runs.Load())
+	}
+	if runs.Load() < 2 {
+		t.Errorf("%d runs, want a second run after Redis came back", runs.Load())
+	}
+}
+
+// A handler that ignores its context past MaxRunTime, on a worker that is the only one
+// (one `onceflow run` process, a common deployment).
+func TestHungRun(t *testing.T) {
+	t.Parallel()
+	// The worker's reclaim scan finds the entry whose lease it let go still running here:
+	// "reclaimed an entry this worker is still running" is logged a few times, not on every
+	// ClaimInterval for as long as the handler hangs.
+	t.Run("is reported a few times, not on every reclaim scan", func(t *testing.T) {
+		t.Parallel()
+		rdb, keys := setup(t)
+		logs := newMsgCounter(testenv.Logger(t).Handler())
+		stuck := make(chan struct{})
+		var runs atomic.Int32
+		start(t, WorkerConfig{Redis: rdb, Keys: keys, Logger: slog.New(logs), MaxRunTime: 100 * time.Millisecond,
+			ClaimIdle: 300 * time.Millisecond, RenewInterval: 50 * time.Millisecond, ClaimInterval: 50 * time.Millisecond,
+			Handler: HandlerFunc(func(context.Context, *Job) error {
+				runs.Add(1)
+				<-stuck
+				return nil
+			})})
+		t.Cleanup(func() { close(stuck) })
+		enqueue(t, rdb, keys, message(3, nil))
+		testenv.WaitFor(t, 10*time.Second, "the run", func() bool { return runs.Load() == 1 })
+		time.Sleep(4 * time.Second)
+		if n := logs.count("reclaimed an entry this worker is still running"); n > 3 {
+			t.Errorf("the hung run was reported %d times in 4s, want at most a few: it is logged on every reclaim scan", n)
+		}
+	})
+	// Past MaxRunTime + ClaimIdle the job's next attempt runs on this worker (no other takes
+	// it), the hung run counted as a failed attempt, rather than the worker undoing its own
+	// claim for ever.
+	t.Run("is retried on the same worker", func(t *testing.T) {
+		t.Parallel()
+		rdb, keys := setup(t)
+		stuck := make(chan struct{})
+		var log runLog
+		start(t, WorkerConfig{Redis: rdb, Keys: keys, MaxRunTime: 100 * time.Millisecond, ClaimIdle: 300 * time.Millisecond,
+			RenewInterval: 50 * time.Millisecond, ClaimInterval: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler),
+			Handler: HandlerFunc(func(_ context.Context, j *Job) error {
+				if log.add(j) == 1 {
+					<-stuck
+				}
+				return nil
+			})})
+		t.Cleanup(func() { close(stuck) })
+		enqueue(t, rdb, keys, message(10, nil))
+		testenv.WaitFor(t, 10*time.Second, "a second run (attempt 2) after MaxRunTime + ClaimIdle", func() bool { at, _ := log.snapshot(); return len(at) >= 2 })
+	})
+}
+
+// An entry whose attempts field is forged huge (any positive decimal that fits an int)
+// is refused as malformed (dead-lettered with a reason) or treated as spent: the
+// "spent" check (attempts + deliveries - 1 >= MaxDeliveries) never overflows into
+// running the handler, which never sees a negative Job.Deliveries.
+func TestForgedHugeAttemptsNeverRunTheHandler(t *testing.T) {
+	t.Parallel()
+	rdb, keys := setup(t)
+	ctx := context.Background()
+	if err := CreateGroup(ctx, rdb, keys, DefaultGroup); err != nil {
+		t.Fatal(err)
+	}
+	m := message(5, nil)
+	values := append(m.Values(), fieldAttempts, strconv.FormatInt(math.MaxInt64, 10))
+	id, err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: keys.Stream(), Values: values}).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Delivered once to a consumer that died: the next delivery is its second.
+	if err := rdb.XReadGroup(ctx, readArgs(keys, "dead", 1)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.Do(ctx, "XCLAIM", keys.Stream(), DefaultGroup, "dead", 0, id, "IDLE", 3_600_000, "RETRYCOUNT", 1, "JUSTID").Err(); err != nil {
+		t.Fatal(err)
+	}
+	var runs atomic.Int32
+	var seen atomic.Int64
+	start(t, WorkerConfig{Redis: rdb, Keys: keys, ClaimIdle: 50 * time.Millisecond, Handler: HandlerFunc(func(_ context.Context, j *Job) error {
+		runs.Add(1)
+		seen.Store(j.Deliveries)
+		return nil
+	})})
+	testenv.WaitFor(t, 10*time.Second, "the entry to be settled", func() bool {
+		return runs.Load() > 0 || len(deadLetters(t, rdb, keys)) > 0
+	})
+	if n := runs.Load(); n != 0 {
+		t.Errorf("the handler ran %d times with Job.Deliveries = %d for an entry claiming %d attempts, want it never run (dead-lettered as spent or malformed)", n, seen.Load(), int64(math.MaxInt64))
+	}
+}
+
+// A run that passed MaxRunTime and still returned nil succeeded: its effects are
+// committed, so it is acknowledged (docs/queue.md, "Handler outcomes"). One that
+// returned an error is a failed attempt even when the error is Unavailable.
+func TestOverrunRunSucceedsWithNilAndFailsWithAnError(t *testing.T) {
+	t.Parallel()
+	rdb, keys := setup(t)
+	var log runLog
+	start(t, WorkerConfig{Redis: rdb, Keys: keys, MaxRunTime: 100 * time.Millisecond, ClaimIdle: time.Hour,
+		Handler: HandlerFunc(func(ctx context.Context, j *Job) error {
+			switch log.add(j) {
+			case 1: // ignores its context, then reports success
+				time.Sleep(300 * time.Millisecond)
+				return nil
+			case 2: // overruns, then says a dependency is down
+				<-ctx.Done()
+				return Unavailable(ctx.Err())
+			}
+			return nil
+		})})
+	enqueue(t, rdb, keys, message(8, nil), message(9, nil))
+	testenv.WaitFor(t, 10*time.Second, "three runs", func() bool { at, _ := log.snapshot(); return len(at) >= 3 })
+	time.Sleep(time.Second)
+	_, tries := log.snapshot()
+	if !slices.Equal(tries, []int64{1, 1, 2}) {
+		t.Errorf("runs saw attempts %v, want [1 1 2]: the overrun success acknowledged, the overrun Unavailable a failed attempt", tries)
+	}
+}
+
+// The dead-letter reason of a job whose last attempt failed ("failed N attempts; last
+// error: ...") is clipped as the index's last_error is: a handler error that carries a
+// big response body (1 MiB here) is not stored whole in the dead letter, in the index's
+// reason (which the API's GET returns) or in the log.
+func TestDeadLetterReasonIsClipped(t *testing.T) {
+	t.Parallel()
+	rdb, keys := setup(t)
+	huge := strings.Repeat("x", 1<<20)
+	start(t, WorkerConfig{Redis: rdb, Keys: keys, MaxDeliveries: 1, Logger: slog.New(slog.DiscardHandler),
+		Handler: HandlerFunc(func(context.Context, *Job) error { return errors.New("provider said: " + huge) })})
+	enqueue(t, rdb, keys, message(9, nil))
+	testenv.WaitFor(t, 10*time.Second, "the dead letter", func() bool { return len(deadLetters(t, rdb, keys)) == 1 })
+	d := deadLetters(t, rdb, keys)[0]
+	_, _, reason, err := JobState(context.Background(), rdb, keys, jobID(9))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(d.Reason) > 4*maxLastErrorLen || len(reason) > 4*maxLastErrorLen {
+		t.Errorf("dead-letter reason is %d bytes, the index's %d, want them clipped near %d like last_error", len(d.Reason), len(reason), maxLastErrorLen)
+	}
+}
+
+// SIGTERM while Redis is down: at the shutdown timeout the handlers are cancelled and
+// each returning job is handed back, a settlement that retries for up to settleTimeout
+// while Redis does not answer. Run returns within about ShutdownTimeout + grace + one
+// settleTimeout however many jobs were in flight (not one settleTimeout after another),
+// their entries left pending to be reclaimed.
+func TestShutdownDuringRedisOutageIsBounded(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits out a 35s Redis outage")
+	}
+	t.Parallel()
+	srv, rdb := privateRedis(t)
+	keys := Keys{Prefix: "outage", Queue: "summaries"}
+	var running atomic.Int32
+	w, err := NewWorker(WorkerConfig{Redis: rdb, Keys: keys, Concurrency: 4, ShutdownTimeout: 200 * time.Millisecond,
+		Block: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler),
+		Handler: HandlerFunc(func(ctx context.Context, _ *Job) error {
+			running.Add(1)
+			<-ctx.Done() // honours the cancellation
+			return ctx.Err()
+		})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 4 {
+		enqueue(t, rdb, keys, message(40+i, nil))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = w.Run(ctx); close(done) }() // not joined on failure: it may outlive the test by minutes
+	testenv.WaitFor(t, 10*time.Second, "four runs", func() bool { return running.Load() == 4 })
+	srv.Stop()
+	cancel()
+	start := time.Now()
+	const bound = 20 * time.Second // 200ms + 200ms grace + the 5s hand-back bound (abandonTimeout), with margin
+	select {
+	case <-done:
+	case <-time.After(bound):
+		t.Errorf("Run has not returned %v after the signal with 4 jobs in flight and Redis down; want about one abandonTimeout (%v)", time.Since(start).Round(time.Second), abandonTimeout)
 	}
 }

@@ -2,16 +2,19 @@ package summaries_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
+	"net/http/cookiejar"
 	"net/http/httptest"
 	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -22,6 +25,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/adminui"
 	"github.com/onceflow/onceflow/internal/connect"
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/internal/testenv/cluster"
@@ -62,7 +67,7 @@ func BenchmarkPipeline(b *testing.B) {
 
 	ceiling := pgbenchCeiling(b, pgClients, pgTime)
 	// Both configurations in the same run: the handler without the ledger, and the service's, whose
-	// model calls go through the llm_calls ledger (issue 7: what it costs against the
+	// model calls go through the llm_calls ledger (what it costs against the
 	// 1,000 jobs/s target).
 	for _, withLedger := range []bool{false, true} {
 		b.Run(fmt.Sprintf("ledger=%v", withLedger), func(b *testing.B) {
@@ -340,4 +345,227 @@ func benchEnvInt(b *testing.B, name string, def int) int {
 		b.Fatalf("%s=%q: want a positive integer", name, v)
 	}
 	return n
+}
+
+// lgWrites counts the PostgreSQL statements that write (each is one commit in the
+// handler, which uses no explicit transactions), beside roundtrip.Counter's round trips.
+type lgWrites struct {
+	roundtrip.Counter
+	writes atomic.Int64
+}
+
+func (w *lgWrites) TraceQueryStart(ctx context.Context, c *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	sql := strings.ToUpper(d.SQL)
+	if strings.Contains(sql, "INSERT ") || strings.Contains(sql, "UPDATE ") || strings.Contains(sql, "DELETE ") {
+		w.writes.Add(1)
+	}
+	return w.Counter.TraceQueryStart(ctx, c, d)
+}
+
+// BenchmarkWorkerLedger measures what the llm_calls ledger costs a summaries worker,
+// end to end from the stream to the committed summary and outbox row: b.N jobs are
+// enqueued, then one queue.Worker (ONCEFLOW_WORKER_CONCURRENCY 64) runs the summaries
+// handler until every job's summary is committed, with a zero-latency in-process model
+// (llm/fake), against the dev Redis and PostgreSQL (synchronous_commit on). Modes, in
+// one run: without the ledger, with it, with it and RelaxedInsert. Metrics: jobs/s and,
+// per job, PostgreSQL round trips, PostgreSQL commits, Redis round trips.
+//
+//	go test -run '^$' -bench BenchmarkWorkerLedger -benchtime 5000x -count 3 ./summaries/
+//
+// ONCEFLOW_BENCH_CONCURRENCY overrides the worker concurrency (default 64).
+func BenchmarkWorkerLedger(b *testing.B) {
+	concurrency := 64
+	if v, err := strconv.Atoi(os.Getenv("ONCEFLOW_BENCH_CONCURRENCY")); err == nil && v > 0 {
+		concurrency = v
+	}
+	for _, mode := range []string{"no-ledger", "ledger", "ledger-relaxed"} {
+		b.Run(mode, func(b *testing.B) {
+			rdb, prefix := testenv.Redis(b)
+			watch, dsn := testenv.Postgres(b) // the benchmark's own polls, not counted
+			var pgc lgWrites
+			pool, err := connect.Postgres(context.Background(), dsn, &pgc)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(pool.Close)
+			var rc roundtrip.Counter
+			rdb.AddHook(&rc)
+			quiet := slog.New(slog.DiscardHandler)
+			cfg := handlerConfig{Model: "gpt-4.1-mini", Provider: "fake", Logger: quiet}
+			if mode != "no-ledger" {
+				cfg.LedgerConfig = ledger.Config{RelaxedInsert: mode == "ledger-relaxed"}
+				cfg.Ledger, err = ledger.New(pool, cfg.LedgerConfig)
+				if err != nil {
+					b.Fatal(err)
+				}
+			}
+			h := newHandler(b, pool, fake.New(), cfg)
+			keys := queue.Keys{Prefix: prefix, Queue: summaries.QueueName}
+			ctx := context.Background()
+			for i := range b.N {
+				payload, _ := json.Marshal(summaries.Request{Text: fmt.Sprintf("Report %d: revenue grew in every region.", i), Notify: "ops@example.com"})
+				m := queue.Message{JobID: fmt.Sprintf("00000000-0000-4000-8000-%012x", i), Tenant: "acme", Payload: payload, EnqueuedAt: time.Now()}
+				if _, err := queue.Enqueue(ctx, rdb, keys, m); err != nil {
+					b.Fatal(err)
+				}
+			}
+			w, err := queue.NewWorker(queue.WorkerConfig{Redis: rdb, Keys: keys, Handler: h, Concurrency: concurrency, Logger: quiet})
+			if err != nil {
+				b.Fatal(err)
+			}
+			pgc.Reset()
+			pgc.writes.Store(0)
+			rc.Reset()
+			b.ResetTimer()
+			runCtx, stop := context.WithCancel(ctx)
+			done := make(chan error, 1)
+			go func() { done <- w.Run(runCtx) }()
+			for {
+				var n int
+				if err := watch.QueryRow(ctx, `SELECT count(*) FROM summaries`).Scan(&n); err != nil {
+					b.Fatal(err)
+				}
+				if n == b.N {
+					break
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			b.StopTimer()
+			elapsed := b.Elapsed()
+			stop()
+			if err := <-done; err != nil {
+				b.Fatal(err)
+			}
+			jobs := float64(b.N)
+			b.ReportMetric(jobs/elapsed.Seconds(), "jobs/s")
+			b.ReportMetric(float64(pgc.Postgres())/jobs, "pg-rt/job")
+			b.ReportMetric(float64(pgc.writes.Load())/jobs, "pg-commits/job")
+			b.ReportMetric(float64(rc.Redis())/jobs, "redis-rt/job")
+		})
+	}
+}
+
+// BenchmarkPipelineWithUI measures what the operator UI costs the pipeline while pages
+// are open and live: BenchmarkPipeline's service configuration (the ledger on), alone
+// and with an operator UI on the same stores, its sampler running and two tabs open
+// (the overview and the dead letters), each refreshing every 5 seconds as the page's
+// script does; the two alternate over ONCEFLOW_BENCH_UI_ROUNDS rounds (default 3).
+// The UI has its own Redis and PostgreSQL connections, as a serve process beside the
+// workers would, so the per-job round trips counted are the pipeline's alone.
+//
+//	go test -run '^$' -bench BenchmarkPipelineWithUI -benchtime 1x ./summaries/
+func BenchmarkPipelineWithUI(b *testing.B) {
+	jobs := benchEnvInt(b, "ONCEFLOW_BENCH_JOBS", 20000)
+	clients := benchEnvInt(b, "ONCEFLOW_BENCH_CONCURRENCY", 64)
+	workers := benchEnvInt(b, "ONCEFLOW_WORKER_CONCURRENCY", 64)
+	rounds := benchEnvInt(b, "ONCEFLOW_BENCH_UI_ROUNDS", 3)
+	var plain, withUI []float64
+	for i := range rounds {
+		order := []bool{false, true}
+		if i%2 == 1 {
+			order = []bool{true, false}
+		}
+		for _, ui := range order {
+			b.Run(fmt.Sprintf("round=%d/ui=%v", i+1, ui), func(b *testing.B) {
+				r := runPipeline(b, jobs, clients, workers, true, ui)
+				b.ReportMetric(r.jobsPerSec, "jobs/s")
+				b.ReportMetric(r.redisAPI, "redis-api-rt/job")
+				b.ReportMetric(r.redisWorker, "redis-worker-rt/job")
+				b.ReportMetric(r.pgRoundTrips, "pg-rt/job")
+				if ui {
+					withUI = append(withUI, r.jobsPerSec)
+				} else {
+					plain = append(plain, r.jobsPerSec)
+				}
+			})
+		}
+	}
+	if len(plain) == rounds && len(withUI) == rounds {
+		mp, mu := medianOf(plain), medianOf(withUI)
+		b.Logf("pipeline jobs/s, %d rounds alternating: without the UI %v (median %.0f), with the UI open and live %v (median %.0f): ratio %.3f",
+			rounds, plain, mp, withUI, mu, mu/mp)
+	}
+}
+
+func medianOf(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// openUI starts an operator UI on the pipeline's stores (prefix, dsn) with its sampler,
+// signs in, and keeps two pages refreshing every 5 seconds until the returned func is
+// called, which logs the requests served.
+func openUI(b *testing.B, prefix, dsn string) (stop func()) {
+	b.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	rdb, err := connect.Redis(testenv.RedisURL(b))
+	if err != nil {
+		b.Fatal(err)
+	}
+	pool, err := connect.Postgres(ctx, dsn, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	c, err := onceflow.NewClient(onceflow.Config{Redis: rdb, DB: pool, Prefix: prefix, Logger: slog.New(slog.DiscardHandler),
+		Queues: map[string]onceflow.QueueConfig{summaries.QueueName: {}}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	const key = "bench-admin-key-0123456789"
+	ui, err := adminui.New(adminui.Config{Client: c, AdminKeys: []string{key}, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/ui/", ui)
+	srv := httptest.NewServer(mux)
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = ui.Run(ctx) })
+	jar, _ := cookiejar.New(nil)
+	hc := &http.Client{Jar: jar}
+	resp, err := hc.Get(srv.URL + "/ui/login")
+	if err != nil {
+		b.Fatal(err)
+	}
+	form, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	m := regexp.MustCompile(`name="csrf" value="([^"]+)"`).FindSubmatch(form)
+	if m == nil {
+		b.Fatal("no sign-in form")
+	}
+	resp, err = hc.PostForm(srv.URL+"/ui/login", url.Values{"csrf": {string(m[1])}, "key": {key}})
+	if err != nil || resp.StatusCode != http.StatusOK {
+		b.Fatalf("sign in: %v %v", resp, err)
+	}
+	resp.Body.Close()
+	var served atomic.Int64
+	for _, page := range []string{"/ui/", "/ui/dead-letters"} {
+		wg.Go(func() {
+			t := time.NewTicker(5 * time.Second)
+			defer t.Stop()
+			for {
+				if resp, err := hc.Get(srv.URL + page); err == nil {
+					_, _ = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					if resp.StatusCode == http.StatusOK && !strings.Contains(resp.Request.URL.Path, "login") {
+						served.Add(1)
+					}
+				}
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+				}
+			}
+		})
+	}
+	return func() {
+		cancel()
+		wg.Wait()
+		srv.Close()
+		pool.Close()
+		_ = rdb.Close()
+		b.Logf("the UI served %d page refreshes during the run", served.Load())
+	}
 }

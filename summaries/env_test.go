@@ -18,10 +18,19 @@ import (
 
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/idempotency"
+	"github.com/onceflow/onceflow/internal/connect"
 	"github.com/onceflow/onceflow/internal/httpapi"
 	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/internal/testenv/roundtrip"
+	"github.com/onceflow/onceflow/internal/webhooksink"
 	"github.com/onceflow/onceflow/ledger"
 	"github.com/onceflow/onceflow/llm"
+	"github.com/onceflow/onceflow/llm/fake"
+	"github.com/onceflow/onceflow/llm/fakeserver"
+	"github.com/onceflow/onceflow/llm/openai"
+	"github.com/onceflow/onceflow/outbox"
+	"github.com/onceflow/onceflow/outbox/pgoutbox"
+	"github.com/onceflow/onceflow/outbox/webhook"
 	"github.com/onceflow/onceflow/queue"
 	"github.com/onceflow/onceflow/retry"
 	"github.com/onceflow/onceflow/summaries"
@@ -287,4 +296,194 @@ func count(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int {
 		t.Fatalf("%s: %v", sql, err)
 	}
 	return n
+}
+
+// pipeline is one test's queue, database and email provider.
+type pipeline struct {
+	t    *testing.T
+	rdb  *redis.Client
+	keys queue.Keys
+	pool *pgxpool.Pool
+	dsn  string
+	sink *webhooksink.Sink
+	hook *httptest.Server // the sink's URL
+}
+
+func newPipeline(t *testing.T) *pipeline {
+	t.Helper()
+	rdb, prefix := testenv.Redis(t)
+	return newPipelineOn(t, rdb, prefix)
+}
+
+// newPipelineOn is newPipeline on a Redis of the test's choosing.
+func newPipelineOn(t *testing.T, rdb *redis.Client, prefix string) *pipeline {
+	t.Helper()
+	pool, dsn := testenv.Postgres(t)
+	sink := webhooksink.New(webhooksink.Options{})
+	hook := httptest.NewServer(sink)
+	t.Cleanup(hook.Close)
+	return &pipeline{t: t, rdb: rdb, keys: queue.Keys{Prefix: prefix, Queue: summaries.QueueName}, pool: pool, dsn: dsn, sink: sink, hook: hook}
+}
+
+// enqueue adds a job as the API would: the canonical request as payload.
+func (p *pipeline) enqueue(jobID, text string) queue.Message {
+	p.t.Helper()
+	req := summaries.Request{Text: text, Notify: "owner@example.com"}
+	m := queue.Message{JobID: jobID, Tenant: "acme", Payload: req.Canonical()}
+	if _, err := queue.Enqueue(context.Background(), p.rdb, p.keys, m); err != nil {
+		p.t.Fatal(err)
+	}
+	return m
+}
+
+// relay returns an outbox relay sending to the sink over HTTP with the webhook sender.
+func (p *pipeline) relay(cfg outbox.Config) *outbox.Relay {
+	p.t.Helper()
+	sender, err := webhook.New(webhook.Config{URL: p.hook.URL})
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = testenv.Logger(p.t)
+	}
+	r, err := outbox.NewRelay(pgoutbox.New(p.pool), sender, cfg)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	return r
+}
+
+// pass runs one relay pass.
+func (p *pipeline) pass(r *outbox.Relay) outbox.PassResult {
+	p.t.Helper()
+	res, err := r.Pass(context.Background())
+	if err != nil {
+		p.t.Fatalf("relay pass: %v", err)
+	}
+	return res
+}
+
+// effects checks the summaries and outbox rows of jobID and the emails delivered for it.
+func (p *pipeline) effects(jobID string, summariesWant, outboxWant, emailsWant int) {
+	p.t.Helper()
+	s := count(p.t, p.pool, `SELECT count(*) FROM summaries WHERE job_id = $1`, jobID)
+	o := count(p.t, p.pool, `SELECT count(*) FROM outbox WHERE dedupe_key = $1 AND topic = $2`, summaries.DedupeKey(jobID), summaries.TopicSummaryReady)
+	e := p.sink.Count(summaries.DedupeKey(jobID))
+	if s != summariesWant || o != outboxWant || e != emailsWant {
+		p.t.Fatalf("job %s: %d summaries, %d outbox rows, %d emails; want %d, %d, %d", jobID, s, o, e, summariesWant, outboxWant, emailsWant)
+	}
+	if all := p.sink.Stats().Deliveries; all != emailsWant {
+		p.t.Fatalf("%d emails delivered in all, want %d", all, emailsWant)
+	}
+}
+
+// pending returns the group's pending entries.
+func (p *pipeline) pending() []redis.XPendingExt {
+	p.t.Helper()
+	ps, err := p.rdb.XPendingExt(context.Background(), &redis.XPendingExtArgs{
+		Stream: p.keys.Stream(), Group: queue.DefaultGroup, Start: "-", End: "+", Count: 100,
+	}).Result()
+	if err != nil && !strings.Contains(err.Error(), "NOGROUP") {
+		p.t.Fatal(err)
+	}
+	return ps
+}
+
+// dead returns the dead letters of jobID.
+func (p *pipeline) dead(jobID string) []queue.DeadLetter {
+	p.t.Helper()
+	d, err := queue.FindDead(context.Background(), p.rdb, p.keys, jobID)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	return d
+}
+
+// recorder is a queue.Handler running the summaries worker (testHandler) and recording each run.
+type recorder struct {
+	h    *testHandler
+	mu   sync.Mutex
+	runs []run
+}
+
+func (r *recorder) Handle(ctx context.Context, job *queue.Job) error {
+	start := time.Now()
+	o, err := r.h.Process(ctx, job)
+	r.mu.Lock()
+	r.runs = append(r.runs, run{o, err, job.Deliveries, start})
+	r.mu.Unlock()
+	return err
+}
+
+func (r *recorder) Runs() []run {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]run(nil), r.runs...)
+}
+
+// fastRetries keeps a delivery's four attempts quick: the fake's Retry-After (1s) is
+// capped to a few milliseconds, as is the jitter.
+var fastRetries = retry.Policy{Base: time.Millisecond, Cap: 5 * time.Millisecond, RetryAfterCap: 5 * time.Millisecond}
+
+// process runs the handler on a job directly, as one delivery, to write its outbox row.
+func (p *pipeline) process(m queue.Message) {
+	p.t.Helper()
+	h := newHandler(p.t, p.pool, fake.New(), handlerConfig{})
+	if o, err := h.Process(context.Background(), &queue.Job{Message: m, ID: "1-1", Deliveries: 1}); err != nil || o != summaries.OutcomeDone {
+		p.t.Fatalf("process: %v %v", o, err)
+	}
+}
+
+// exampleStores gives a runnable example the test Redis (ONCEFLOW_REDIS_URL) with a key
+// prefix of its own and a pool on a migrated PostgreSQL schema of its own
+// (ONCEFLOW_DATABASE_URL); done removes both. It discards slog's default logger.
+func exampleStores() (rdb *redis.Client, prefix string, db *pgxpool.Pool, done func()) {
+	slog.SetDefault(slog.New(slog.DiscardHandler))
+	t := testenv.NewExampleT()
+	rdb, prefix = testenv.Redis(t)
+	db, _ = testenv.Postgres(t)
+	return rdb, prefix, db, t.Done
+}
+
+func must(err error) {
+	if err != nil {
+		panic(err)
+	}
+}
+
+func lgSetup(t *testing.T) *lgEnv {
+	t.Helper()
+	rdb, prefix := testenv.Redis(t)
+	pool, _ := testenv.Postgres(t)
+	fake, err := fakeserver.New(fakeserver.Config{Logger: testenv.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gate := &lgGate{next: fake, arrived: make(chan struct{}, 1), release: make(chan struct{})}
+	srv := httptest.NewServer(gate)
+	t.Cleanup(func() { gate.Release(); fake.Close(); srv.Close() })
+	l, err := ledger.New(pool, ledger.Config{Logger: testenv.Logger(t), Wait: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &lgEnv{rdb: rdb, keys: queue.Keys{Prefix: prefix, Queue: summaries.QueueName}, pool: pool, fake: fake, gate: gate,
+		model: openai.New(openai.Config{BaseURL: srv.URL + "/v1", APIKey: "sk-test"}), ledger: l}
+}
+
+// countedAPIServer starts the API on a Redis client of its own whose round trips rt
+// counts, on the test's own key prefix and PostgreSQL schema, and returns a client to
+// inspect its keys, the queue's keys, rt and the API's URL.
+func countedAPIServer(t *testing.T) (inspect *redis.Client, keys queue.Keys, rt *roundtrip.Counter, base string) {
+	t.Helper()
+	inspect, prefix := testenv.Redis(t)
+	keys = queue.Keys{Prefix: prefix, Queue: summaries.QueueName}
+	serverRedis, err := connect.Redis(testenv.RedisURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { serverRedis.Close() })
+	rt = &roundtrip.Counter{}
+	serverRedis.AddHook(rt)
+	pool, _ := testenv.Postgres(t)
+	return inspect, keys, rt, newAPIServer(t, serverRedis, prefix, pool).URL
 }

@@ -11,6 +11,7 @@ import (
 )
 
 func TestDecodeRequest(t *testing.T) {
+	t.Parallel()
 	long := strings.Repeat("é", MaxTextChars) // 100k characters, 200k bytes: allowed
 	cases := []struct {
 		body  string
@@ -71,6 +72,7 @@ func TestDecodeRequest(t *testing.T) {
 }
 
 func TestCanonicalIgnoresWhitespaceAndOrder(t *testing.T) {
+	t.Parallel()
 	a, err := DecodeRequest([]byte(`{"text":"hello","notify":"a@example.com"}`))
 	if err != nil {
 		t.Fatal(err)
@@ -161,4 +163,29 @@ func topLevelMembers(body []byte) (names []string, values map[string]string, rea
 		return nil, nil, false
 	}
 	return names, values, true
+}
+
+// A 400 names the field, briefly: a value nested past the decoder's depth limit under
+// "text" is a FieldError of "text" (not the whole nesting path, garbled: 20 KB of
+// "text.:{.:{....a.a.a"), and an unknown member's name is not echoed whole, however
+// long: the detail stays under 1 KiB.
+func TestFieldErrorsNameTheFieldBriefly(t *testing.T) {
+	t.Parallel()
+	deep := strings.Repeat(`{"a":`, 20000) + "1" + strings.Repeat("}", 20000)
+	for name, body := range map[string]string{
+		"deeply nested text": `{"text":` + deep + `,"notify":"team@example.com"}`,
+		"long unknown name":  `{"text":"x","notify":"team@example.com","x` + strings.Repeat("y", 100_000) + `":1}`,
+	} {
+		_, err := DecodeRequest([]byte(body))
+		var fe *FieldError
+		if !errors.As(err, &fe) {
+			t.Fatalf("%s: %v, want a FieldError", name, err)
+		}
+		if len(fe.Error()) > 1024 {
+			t.Errorf("%s: the 400 detail is %d bytes: %.80q...", name, len(fe.Error()), fe.Error())
+		}
+		if name == "deeply nested text" && fe.Field != "text" {
+			t.Errorf("%s: field %.80q..., want text", name, fe.Field)
+		}
+	}
 }

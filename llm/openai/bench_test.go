@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -21,9 +22,14 @@ func BenchmarkComplete(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	_, _, c := fakeLLMFromServer(b, s)
+	ts := httptest.NewServer(s)
+	b.Cleanup(func() { s.Close(); ts.Close() })
+	c := newClient(ts.URL, nil)
 	ctx := context.Background()
-	req := summarise("")
+	req := &llm.Request{
+		Messages:  []llm.Message{{Role: llm.RoleUser, Content: "Summarise for the account team:\n\nThe March invoice was charged twice."}},
+		MaxTokens: 200,
+	}
 	b.Run("direct", func(b *testing.B) {
 		for b.Loop() {
 			if _, err := c.Complete(ctx, req); err != nil {
