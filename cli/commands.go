@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -9,9 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"slices"
-	"strings"
 
-	"github.com/onceflow/onceflow/cli/internal/tracing"
 	"github.com/onceflow/onceflow/config"
 )
 
@@ -101,49 +98,25 @@ type exitError struct {
 func (e *exitError) Error() string { return e.err.Error() }
 func (e *exitError) Unwrap() error { return e.err }
 
-// flags returns a FlagSet for a subcommand that reports parse errors as usage errors.
-func flags(e *env, name, usage string) *flag.FlagSet {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(e.stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(e.stderr, "usage: %s %s %s\n\nflags:\n", cmp.Or(e.app.Name, "onceflow"), name, usage)
-		fs.PrintDefaults()
-	}
-	return fs
+// public is what e gives a command: the Env of App.Commands' commands.
+func (e *env) public() Env {
+	return Env{Name: e.app.Name, Stdout: e.stdout, Stderr: e.stderr, Getenv: e.getenv}
 }
 
-// parse parses args into fs, mapping errors to usage errors; -h returns flag.ErrHelp.
-func parse(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return &usageError{err}
-	}
-	return nil
+// flags returns the FlagSet of a built-in subcommand (Env.Flags): -h lists its own
+// flags and the settings of groups, the settings it reads.
+func flags(e *env, name, usage string, groups ...config.Group) *flag.FlagSet {
+	return e.public().Flags(name, usage, groups...)
 }
 
-// load parses args and resolves the configuration; the loader must have been registered
-// on fs. The logger it returns writes to stderr in the configured format.
+// load parses args and resolves the configuration (Env.Load); the loader must have
+// been registered on fs.
 func load(e *env, fs *flag.FlagSet, l *config.Loader, args []string) (*config.Config, *slog.Logger, error) {
-	if err := parse(fs, args); err != nil {
-		return nil, nil, err
-	}
-	cfg, err := l.Load(e.getenv)
-	if err != nil {
-		return nil, nil, err
-	}
-	if _, err := tracing.FromEnv(e.getenv); err != nil {
-		return nil, nil, err // the OTEL_* variables are settings too: a bad one exits 2
-	}
-	return cfg, newLogger(e.stderr, cfg.LogFormat), nil
+	return e.public().Load(fs, l, args)
 }
 
-// newLogger returns the process logger: JSON (default) or text on stderr.
-func newLogger(w io.Writer, format string) *slog.Logger {
-	opts := &slog.HandlerOptions{Level: slog.LevelInfo}
-	if strings.EqualFold(format, "text") {
-		return slog.New(slog.NewTextHandler(w, opts))
-	}
-	return slog.New(slog.NewJSONHandler(w, opts))
+// settings resolves the configuration l registered without parsing flags (the
+// commands that parse their own, interspersed with arguments).
+func settings(e *env, l *config.Loader) (*config.Config, error) {
+	return e.public().settings(l)
 }

@@ -19,7 +19,8 @@ import (
 func runFakeLLM(ctx context.Context, e *env, args []string) error {
 	fs := flags(e, "fake-llm", "--addr ADDR [fault flags]\n\n"+
 		"At run time, POST /_fault with {\"fault\": KIND} answers every model request with fault KIND\n"+
-		"(an outage of the provider) until {\"fault\": \"\"}; GET /_fault reports it. KIND: "+forcibleFaults()+".")
+		"(an outage of the provider) until {\"fault\": \"\"}; GET /_fault reports it. KIND: "+forcibleFaults()+".",
+		config.GroupHTTP, config.GroupShutdown, config.GroupLogs)
 	addr := fs.String("addr", "127.0.0.1:9090", "listen address (port 0 picks a free port)")
 	latency := fs.Duration("latency", 0, "time to produce each answer")
 	fail429 := fs.Float64("fail-429", 0, "probability (0 to 1) of a 429 rate_limit_exceeded with Retry-After")

@@ -20,7 +20,8 @@ import (
 // beside /v1/, and purges expired ledger rows. On SIGINT/SIGTERM it stops accepting and
 // lets in-flight upstream calls finish and be recorded within ONCEFLOW_SHUTDOWN_TIMEOUT.
 func runGateway(ctx context.Context, e *env, args []string) error {
-	fs := flags(e, "gateway", "")
+	fs := flags(e, "gateway", "", config.GroupRedis, config.GroupPostgres, config.GroupGateway, config.GroupModel,
+		config.GroupLimits, config.GroupLedger, config.GroupHTTP, config.GroupShutdown, config.GroupLogs)
 	cfg, log, err := load(e, fs, config.Register(fs), args)
 	if err != nil {
 		return err

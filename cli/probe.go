@@ -25,7 +25,7 @@ var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 // honoured (exit 0), ignored (exit 3) or inconclusive (exit 1) with both response ids
 // (docs/providers.md, "Verifying a provider").
 func runProbe(ctx context.Context, e *env, args []string) error {
-	fs := flags(e, "probe", "--base-url URL --model M [--api-key-env VAR] [--json]")
+	fs := flags(e, "probe", "--base-url URL --model M [--api-key-env VAR] [--json]", config.GroupModel)
 	loader := config.Register(fs)
 	baseURL := fs.String("base-url", "", "OpenAI-compatible API root, /v1 included (default: ONCEFLOW_LLM_BASE_URL, else "+openai.DefaultBaseURL+")")
 	model := fs.String("model", "", "model to ask (default: ONCEFLOW_LLM_MODEL)")

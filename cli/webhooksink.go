@@ -13,7 +13,8 @@ import (
 // counts per Idempotency-Key on GET: the email provider of `make demo` and of the chaos
 // suite, and a way to try ONCEFLOW_SENDER=webhook without a real provider.
 func runWebhookSink(ctx context.Context, e *env, args []string) error {
-	fs := flags(e, "webhook-sink", "[--addr ADDR] [--latency D] [--fail-rate P] [--fail-status N] [--retry-after D] [--seed N]")
+	fs := flags(e, "webhook-sink", "[--addr ADDR] [--latency D] [--fail-rate P] [--fail-status N] [--retry-after D] [--seed N]",
+		config.GroupHTTP, config.GroupLogs)
 	addr := fs.String("addr", "127.0.0.1:8099", "listen address (port 0: any free port; the log line names it)")
 	latency := fs.Duration("latency", 0, "delay of every answer (the delivery is recorded on arrival)")
 	failRate := fs.Float64("fail-rate", 0, "probability from 0 to 1 of answering --fail-status instead of recording")

@@ -17,7 +17,9 @@ import (
 // until SIGINT/SIGTERM, then finishes or hands back the jobs in flight within
 // ONCEFLOW_SHUTDOWN_TIMEOUT and exits 0.
 func runWork(ctx context.Context, e *env, args []string) error {
-	fs := flags(e, "work", strings.TrimSpace("[--queue NAME[,NAME...]] "+testHandlerUsage))
+	fs := flags(e, "work", strings.TrimSpace("[--queue NAME[,NAME...]] "+testHandlerUsage), config.GroupRedis, config.GroupPostgres,
+		config.GroupJobs, config.GroupWorkers, config.GroupModel, config.GroupModelCalls, config.GroupLimits, config.GroupLedger, config.GroupMetrics, config.GroupHTTP,
+		config.GroupShutdown, config.GroupLogs)
 	loader := config.Register(fs)
 	queues := queueFlag(fs, "work only this queue (repeatable or comma-separated; default: every queue of the program)")
 	testSpec := testHandlerFlag(fs) // test builds only (-tags onceflowtest)
