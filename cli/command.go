@@ -2,6 +2,7 @@ package cli
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -13,6 +14,23 @@ import (
 	"github.com/onceflow/onceflow/cli/internal/tracing"
 	"github.com/onceflow/onceflow/config"
 )
+
+// Command is a subcommand a program adds to the built-in ones (App.Commands): the
+// onceflow binary adds `fake-llm` (package cli/fakellm) and `webhook-sink` (package
+// cli/webhooksink) this way, so that a program of one's own links them only when it
+// lists them.
+type Command struct {
+	// Name runs it: `PROGRAM NAME [flags]`. It must not be a built-in command's name
+	// nor another Command's (Run answers exit 2).
+	Name string
+	// Summary is its line in `PROGRAM help`.
+	Summary string
+	// Run runs the command with the arguments that follow its name, until it is done
+	// or ctx is cancelled (SIGINT, SIGTERM). Its error is printed and mapped to the
+	// exit status as a built-in command's (ExitCode): flag.ErrHelp is 0, an error of
+	// UsageErrorf or a *config.Error 2.
+	Run func(ctx context.Context, e Env, args []string) error
+}
 
 // Env is what a command gets from the process: the program's name, its output streams
 // and its environment, and the command's way to the ONCEFLOW_* settings (Flags, Load).
@@ -101,6 +119,10 @@ func printFlags(w io.Writer, fs *flag.FlagSet, names []string) {
 	}
 	sub.PrintDefaults()
 }
+
+// Parse parses args with fs (from Flags): flag.ErrHelp for -h, a usage error (exit 2)
+// for a bad flag. Load parses too; Parse is for a command that reads no setting.
+func (e Env) Parse(fs *flag.FlagSet, args []string) error { return parse(fs, args) }
 
 // Load parses args with fs (from Flags) and resolves the settings l registered on it
 // (config.Register): a flag wins over its variable, which wins over the default. It

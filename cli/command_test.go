@@ -3,17 +3,20 @@ package cli_test
 import (
 	"bytes"
 	"context"
+	"io"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/onceflow/onceflow/cli"
+	"github.com/onceflow/onceflow/cli/fakellm"
+	"github.com/onceflow/onceflow/cli/webhooksink"
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
 // helpApp is the App the -h tests run: the onceflow binary's commands.
-var helpApp = cli.App{}
+var helpApp = cli.App{Commands: []cli.Command{fakellm.Command(), webhooksink.Command()}}
 
 // help runs `args... -h` and returns what it printed on stderr; -h exits 0 and prints
 // nothing on stdout.
@@ -202,5 +205,64 @@ func TestSettingsStillWorkAsFlagsAndVariables(t *testing.T) {
 				t.Fatalf("exit %d (%v), want 2 with %q; stderr:\n%s", code, err, tc.want, out)
 			}
 		})
+	}
+}
+
+// A program's own commands (App.Commands) run beside the built-in ones, are listed by
+// help, and their errors map to exit statuses as the built-ins' do; a program without
+// them does not have the onceflow binary's fake-llm and webhook-sink.
+func TestAppCommands(t *testing.T) {
+	t.Parallel()
+	greet := cli.Command{Name: "greet", Summary: "say hello", Run: func(ctx context.Context, e cli.Env, args []string) error {
+		fs := e.Flags("greet", "[--to NAME]")
+		to := fs.String("to", "world", "whom to greet")
+		if err := e.Parse(fs, args); err != nil {
+			return err
+		}
+		if *to == "" {
+			return cli.UsageErrorf("greet: --to must not be empty")
+		}
+		_, err := io.WriteString(e.Stdout, e.Name+" says hello to "+*to+" "+e.Getenv("GREETING_SUFFIX")+"\n")
+		return err
+	}}
+	app := cli.App{Name: "notesd", Commands: []cli.Command{greet}}
+	getenv := func(k string) string { return map[string]string{"GREETING_SUFFIX": "!"}[k] }
+	runApp := func(app cli.App, args ...string) (string, string, int) {
+		var out, errs bytes.Buffer
+		err := cli.Run(context.Background(), app, args, &out, &errs, getenv)
+		return out.String(), errs.String(), cli.ExitCode(err)
+	}
+	if out, errs, code := runApp(app, "greet", "--to", "ann"); code != 0 || out != "notesd says hello to ann !\n" {
+		t.Errorf("greet --to ann: exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+	if _, errs, code := runApp(app, "greet", "--to", ""); code != 2 || !strings.Contains(errs, "notesd: greet: --to must not be empty") {
+		t.Errorf("greet --to '': exit %d, want 2; stderr %q", code, errs)
+	}
+	if _, errs, code := runApp(app, "greet", "--from", "bob"); code != 2 || !strings.Contains(errs, "flag provided but not defined: -from") {
+		t.Errorf("greet --from bob: exit %d, want 2 (a bad flag); stderr %q", code, errs)
+	}
+	if _, errs, code := runApp(app, "greet", "-h"); code != 0 || !strings.Contains(errs, "usage: notesd greet [--to NAME]") || !listed(errs, "to") {
+		t.Errorf("greet -h: exit %d, want 0 with its usage; stderr %q", code, errs)
+	}
+	out, _, code := runApp(app, "help")
+	if code != 0 || !strings.Contains(out, "\n  greet ") || !strings.Contains(out, "\n  migrate ") {
+		t.Errorf("help: exit %d, does not list greet and the built-ins:\n%s", code, out)
+	}
+	for _, name := range []string{"fake-llm", "webhook-sink"} {
+		if strings.Contains(out, "\n  "+name+" ") {
+			t.Errorf("help of a program without %s lists it:\n%s", name, out)
+		}
+		if _, errs, code := runApp(app, name); code != 2 || !strings.Contains(errs, `unknown command "`+name+`"`) {
+			t.Errorf("%s in a program without it: exit %d, want 2; stderr %q", name, code, errs)
+		}
+	}
+	for _, bad := range [][]cli.Command{
+		{{Name: "serve", Run: greet.Run}},
+		{greet, greet},
+		{{Name: "greet"}},
+	} {
+		if _, errs, code := runApp(cli.App{Commands: bad}, "version"); code != 2 || !strings.Contains(errs, "cli.App.Commands[") {
+			t.Errorf("App.Commands %v: exit %d, want 2; stderr %q", bad, code, errs)
+		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"net"
 	"time"
 
+	"github.com/onceflow/onceflow/cli/internal/listen"
 	"github.com/onceflow/onceflow/config"
 	"github.com/onceflow/onceflow/gateway"
 	"github.com/onceflow/onceflow/internal/httpapi"
@@ -78,7 +79,7 @@ func runGateway(ctx context.Context, e *env, args []string) error {
 	s.Handle("/v1/", "/v1/", g)
 	log.InfoContext(ctx, "starting gateway", "config", cfg, "upstream", config.RedactURL(upstream))
 	serve := func(ctx context.Context) error {
-		err := httpapi.Serve(ctx, cfg.GatewayAddr, s, serveConfig(cfg, log, func(a net.Addr) {
+		err := httpapi.Serve(ctx, cfg.GatewayAddr, s, listen.ServeConfig(cfg, log, func(a net.Addr) {
 			log.InfoContext(ctx, "gateway listening", "addr", a.String(), "base_url", fmt.Sprintf("http://%s/v1", a))
 		}))
 		// Calls that outlived the shutdown timeout are given up: record them as ambiguous

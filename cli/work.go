@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/onceflow/onceflow/cli/internal/listen"
 	"github.com/onceflow/onceflow/config"
 	"github.com/onceflow/onceflow/internal/httpapi"
 	"github.com/onceflow/onceflow/onceflowotel"
@@ -98,7 +99,7 @@ func runAll(ctx context.Context, d *deps, srv *httpapi.Server, addr string, role
 			h = onceflowotel.HTTPHandler(d.tp, srv)
 		}
 		roles = append(roles, func(ctx context.Context) error {
-			return httpapi.Serve(ctx, addr, h, serveConfig(d.cfg, d.log, nil))
+			return httpapi.Serve(ctx, addr, h, listen.ServeConfig(d.cfg, d.log, nil))
 		})
 	}
 	errs := make(chan error, len(roles))
