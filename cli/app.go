@@ -61,6 +61,16 @@ type App struct {
 	// cli/fakellm) and webhooksink.Command() (package cli/webhooksink) for them.
 	// Default: none; before they were Commands, every program had those two.
 	Commands []Command
+	// Providers are the model providers ONCEFLOW_LLM may select besides the built-in
+	// fake. The onceflow binary's are openaiprovider.Provider() (package
+	// cli/openaiprovider: ONCEFLOW_LLM=openai, OpenAI and any OpenAI-compatible
+	// endpoint) and anthropicprovider.Provider() (cli/anthropicprovider: anthropic); a
+	// program links a provider's SDK only when it lists the provider. ONCEFLOW_LLM
+	// naming a provider the program does not list stops every command with a
+	// configuration error that names the package to import (exit 2). Default: none,
+	// the fake only; before Providers, every program had openai and anthropic: list
+	// both for that.
+	Providers []Provider
 }
 
 // ErrViolations is matched by the error of `audit` when an invariant does not hold (exit
@@ -248,7 +258,7 @@ func (d *deps) appClient(e *env, withModel bool) (*onceflow.Client, error) {
 			wfs[i].Senders = senders
 		}
 	}
-	oc, err := d.clientConfig(withModel && d.pool != nil)
+	oc, err := d.clientConfig(e.app, withModel && d.pool != nil)
 	if err != nil {
 		return nil, err
 	}

@@ -53,6 +53,9 @@ func run(ctx context.Context, args []string, e *env) error {
 	if err := checkCommands(e.app.Commands); err != nil {
 		return err
 	}
+	if err := checkProviders(e.app.Providers); err != nil {
+		return err
+	}
 	if len(args) == 0 || slices.Contains([]string{"help", "-h", "-help", "--help"}, args[0]) {
 		printCommands(e.stdout, e.app)
 		if len(args) == 0 {
@@ -139,7 +142,7 @@ func (e *exitError) Unwrap() error { return e.err }
 
 // public is what e gives a command: the Env of App.Commands' commands.
 func (e *env) public() Env {
-	return Env{Name: e.app.Name, Stdout: e.stdout, Stderr: e.stderr, Getenv: e.getenv}
+	return Env{Name: e.app.Name, Stdout: e.stdout, Stderr: e.stderr, Getenv: e.getenv, check: e.app.checkProvider}
 }
 
 // flags returns the FlagSet of a built-in subcommand (Env.Flags): -h lists its own

@@ -13,7 +13,6 @@ import (
 	"github.com/onceflow/onceflow/internal/httpapi"
 	"github.com/onceflow/onceflow/ledger"
 	"github.com/onceflow/onceflow/limiter"
-	"github.com/onceflow/onceflow/llm/openai"
 )
 
 // runGateway serves gateway on ONCEFLOW_GATEWAY_ADDR, in front of
@@ -29,7 +28,7 @@ func runGateway(ctx context.Context, e *env, args []string) error {
 	}
 	upstream := cfg.LLMBaseURL
 	if upstream == "" {
-		upstream = openai.DefaultBaseURL
+		upstream = openAIBaseURL
 	}
 	// The limiter needs Redis: the gateway uses it when a limit is configured.
 	lc := limitsConfig(cfg)

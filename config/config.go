@@ -325,7 +325,7 @@ var settings = []setting{
 		return parseInt(&c.QueuePartitions, v, 1, queue.MaxPartitions)
 	}},
 	{env: "ONCEFLOW_LLM", def: "fake", usage: "model provider: openai, anthropic or fake", parse: func(c *Config, v string) error {
-		return parseEnum(&c.LLM, v, "openai", "anthropic", "fake")
+		return parseEnum(&c.LLM, v, Providers()...)
 	}},
 	{env: "ONCEFLOW_LLM_BASE_URL", usage: "model provider endpoint (default: the provider's)", parse: func(c *Config, v string) error {
 		if v == "" {
@@ -541,6 +541,10 @@ var settings = []setting{
 		return parseEnum(&c.LogFormat, v, "json", "text")
 	}},
 }
+
+// Providers returns the values ONCEFLOW_LLM accepts: the model providers onceflow knows
+// (which of them a program links is package cli's App.Providers).
+func Providers() []string { return []string{"openai", "anthropic", "fake"} }
 
 // Defaults returns the configuration with every documented default applied.
 func Defaults() *Config {
