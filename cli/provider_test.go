@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"os/exec"
 	"strings"
 	"testing"
 
@@ -94,6 +95,44 @@ func TestAppProvidersMustBeUsable(t *testing.T) {
 	} {
 		if errs, code := runWith(cli.App{Providers: ps}, nil, "version"); code != 2 || !strings.Contains(errs, "cli.App.Providers[") {
 			t.Errorf("App.Providers %+v: exit %d, want 2; stderr %q", ps, code, errs)
+		}
+	}
+}
+
+// A program on package cli links only the providers and commands it lists: the smallest
+// one (examples/embed: cli.Main with one workflow) has neither model SDK nor their
+// adapters, neither the fake model server nor the webhook sink, all of which the
+// onceflow binary (cmd/onceflow, which lists them) has.
+func TestEmbeddingProgramLinksOnlyWhatItLists(t *testing.T) {
+	t.Parallel()
+	deps := func(pkg string) map[string]bool {
+		t.Helper()
+		cmd := exec.Command("go", "list", "-deps", "-f", "{{.ImportPath}}", pkg)
+		cmd.Dir = ".."
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("go list -deps %s: %v", pkg, err)
+		}
+		set := map[string]bool{}
+		for _, p := range strings.Fields(string(out)) {
+			set[p] = true
+		}
+		return set
+	}
+	reference, embed := deps("./cmd/onceflow"), deps("./examples/embed")
+	if !embed["github.com/onceflow/onceflow/cli"] {
+		t.Fatal("examples/embed does not embed package cli")
+	}
+	for _, p := range []string{
+		"github.com/openai/openai-go/v3", "github.com/anthropics/anthropic-sdk-go/v2",
+		"github.com/onceflow/onceflow/llm/openai", "github.com/onceflow/onceflow/llm/anthropic",
+		"github.com/onceflow/onceflow/llm/fakeserver", "github.com/onceflow/onceflow/internal/webhooksink",
+	} {
+		if !reference[p] {
+			t.Errorf("the onceflow binary does not link %s", p)
+		}
+		if embed[p] {
+			t.Errorf("examples/embed links %s, which it does not list", p)
 		}
 	}
 }
