@@ -45,7 +45,7 @@ type App struct {
 	// Workflows returns the workflows the program hosts, built from what the command
 	// read from the environment (h). It is called once per command, after the
 	// settings are loaded. Default: nil, no workflows: the operator commands (migrate,
-	// dlq --queue, outbox, probe, gateway, fake-llm, webhook-sink) work, and the
+	// dlq --queue, outbox, tenants, probe, gateway, and Commands) work, and the
 	// commands that host workflows (serve, work, relay, run, audit) exit 2.
 	Workflows func(h Host) ([]onceflow.Workflow, error)
 	// Audit, when set, is what `audit` checks and prints in place of its reports: it
@@ -55,6 +55,22 @@ type App struct {
 	// service's (service.Audit). Default: nil, onceflow's checks (Client.Audit), then
 	// each workflow's Workflow.Audit, one report each.
 	Audit func(ctx context.Context, h Host, c *onceflow.Client, w io.Writer, asJSON bool) error
+	// Commands are the program's commands beyond the built-in ones, which `help` lists
+	// after them. The onceflow binary has fake-llm and webhook-sink, the demos' and
+	// tests' model server and webhook receiver: list fakellm.Command() (package
+	// cli/fakellm) and webhooksink.Command() (package cli/webhooksink) for them.
+	// Default: none; before they were Commands, every program had those two.
+	Commands []Command
+	// Providers are the model providers ONCEFLOW_LLM may select besides the built-in
+	// fake. The onceflow binary's are openaiprovider.Provider() (package
+	// cli/openaiprovider: ONCEFLOW_LLM=openai, OpenAI and any OpenAI-compatible
+	// endpoint) and anthropicprovider.Provider() (cli/anthropicprovider: anthropic); a
+	// program links a provider's SDK only when it lists the provider. ONCEFLOW_LLM
+	// naming a provider the program does not list stops every command with a
+	// configuration error that names the package to import (exit 2). Default: none,
+	// the fake only; before Providers, every program had openai and anthropic: list
+	// both for that.
+	Providers []Provider
 }
 
 // ErrViolations is matched by the error of `audit` when an invariant does not hold (exit
@@ -242,7 +258,7 @@ func (d *deps) appClient(e *env, withModel bool) (*onceflow.Client, error) {
 			wfs[i].Senders = senders
 		}
 	}
-	oc, err := d.clientConfig(withModel && d.pool != nil)
+	oc, err := d.clientConfig(e.app, withModel && d.pool != nil)
 	if err != nil {
 		return nil, err
 	}

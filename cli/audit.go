@@ -13,7 +13,8 @@ import (
 // onceflow's checks and each workflow's audit (runAuditReports). It exits 4 when an
 // invariant is violated.
 func runAudit(ctx context.Context, e *env, args []string) error {
-	fs := flags(e, "audit", "[--json]")
+	fs := flags(e, "audit", "[--json]", config.GroupRedis, config.GroupPostgres, config.GroupJobs, config.GroupWorkers,
+		config.GroupAudit, config.GroupLogs)
 	loader := config.Register(fs)
 	asJSON := fs.Bool("json", false, "print one JSON object on stdout")
 	cfg, log, err := load(e, fs, loader, args)

@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -11,7 +10,6 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/onceflow/onceflow/cli/internal/tracing"
 	"github.com/onceflow/onceflow/config"
 )
 
@@ -30,7 +28,8 @@ type command struct {
 	run     func(ctx context.Context, e *env, args []string) error
 }
 
-// commands lists every subcommand, in the order `onceflow help` shows them.
+// commands lists the built-in subcommands, in the order `help` shows them (version
+// last, after App.Commands).
 func commands() []command {
 	return []command{
 		{"migrate", "create or upgrade the PostgreSQL schema (safe to run twice and concurrently)", runMigrate},
@@ -42,18 +41,23 @@ func commands() []command {
 		{"relay", "run the outbox relay (run several: they never send the same row at once)", runRelay},
 		{"outbox", "list [--failed] [--json] | retry ID|--all: inspect outbox rows, reset exhausted ones", runOutbox},
 		{"tenants", "set TENANT --tokens-per-day N | delete TENANT | list [--json]: tenants' daily model token budgets and use today", runTenants},
-		{"fake-llm", "serve a fake OpenAI-compatible model with injectable faults (demos and tests)", runFakeLLM},
 		{"gateway", "an OpenAI-compatible proxy adding Idempotency-Key semantics to any upstream (ONCEFLOW_GATEWAY_ADDR)", runGateway},
 		{"probe", "does a provider honour Idempotency-Key? one key twice: honoured (0), ignored (3), inconclusive (1)", runProbe},
-		{"webhook-sink", "a webhook receiver counting deliveries per Idempotency-Key (make demo's email provider; GET shows duplicates)", runWebhookSink},
 		{"version", "print the version", runVersion},
 	}
 }
 
-// run dispatches args[0] to its subcommand.
+// run dispatches args[0] to its subcommand: a built-in one, else one of
+// App.Commands.
 func run(ctx context.Context, args []string, e *env) error {
+	if err := checkCommands(e.app.Commands); err != nil {
+		return err
+	}
+	if err := checkProviders(e.app.Providers); err != nil {
+		return err
+	}
 	if len(args) == 0 || slices.Contains([]string{"help", "-h", "-help", "--help"}, args[0]) {
-		printUsage(e.stdout, e.app.Name)
+		printCommands(e.stdout, e.app)
 		if len(args) == 0 {
 			return usageErrorf("missing command")
 		}
@@ -64,15 +68,50 @@ func run(ctx context.Context, args []string, e *env) error {
 			return c.run(ctx, e, args[1:])
 		}
 	}
+	for _, c := range e.app.Commands {
+		if c.Name == args[0] {
+			return c.Run(ctx, e.public(), args[1:])
+		}
+	}
 	return usageErrorf("unknown command %q; run `%s help`", args[0], e.app.Name)
 }
 
-func printUsage(w io.Writer, name string) {
-	fmt.Fprintf(w, "usage: %s COMMAND [flags]\n\ncommands:\n", name)
+// checkCommands reports an App.Commands entry that cannot run: no name or Run, or the
+// name of a built-in command or of another entry.
+func checkCommands(cs []Command) error {
+	names := map[string]bool{}
 	for _, c := range commands() {
+		names[c.name] = true
+	}
+	for i, c := range cs {
+		switch {
+		case c.Name == "" || c.Run == nil || strings.HasPrefix(c.Name, "-"):
+			return usageErrorf("cli.App.Commands[%d]: a command needs a Name (not a flag) and a Run", i)
+		case names[c.Name]:
+			return usageErrorf("cli.App.Commands[%d]: the command %q is already defined", i, c.Name)
+		}
+		names[c.Name] = true
+	}
+	return nil
+}
+
+// printCommands is `help`: every command of app, the built-in ones, then app's, then
+// version.
+func printCommands(w io.Writer, app App) {
+	fmt.Fprintf(w, "usage: %s COMMAND [flags]\n\ncommands:\n", app.Name)
+	var version command
+	for _, c := range commands() {
+		if c.name == "version" {
+			version = c
+			continue
+		}
 		fmt.Fprintf(w, "  %-12s %s\n", c.name, c.summary)
 	}
-	fmt.Fprintf(w, "\nRun `%s COMMAND -h` for a command's flags. Every setting is also an environment variable (see README).\n", name)
+	for _, c := range app.Commands {
+		fmt.Fprintf(w, "  %-12s %s\n", c.Name, c.Summary)
+	}
+	fmt.Fprintf(w, "  %-12s %s\n", version.name, version.summary)
+	fmt.Fprintf(w, "\nRun `%s COMMAND -h` for a command's flags. Every setting is also an environment variable (see README).\n", app.Name)
 }
 
 // usageError marks a usage or configuration mistake: exit status 2.
@@ -101,49 +140,25 @@ type exitError struct {
 func (e *exitError) Error() string { return e.err.Error() }
 func (e *exitError) Unwrap() error { return e.err }
 
-// flags returns a FlagSet for a subcommand that reports parse errors as usage errors.
-func flags(e *env, name, usage string) *flag.FlagSet {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(e.stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(e.stderr, "usage: %s %s %s\n\nflags:\n", cmp.Or(e.app.Name, "onceflow"), name, usage)
-		fs.PrintDefaults()
-	}
-	return fs
+// public is what e gives a command: the Env of App.Commands' commands.
+func (e *env) public() Env {
+	return Env{Name: e.app.Name, Stdout: e.stdout, Stderr: e.stderr, Getenv: e.getenv, check: e.app.checkProvider}
 }
 
-// parse parses args into fs, mapping errors to usage errors; -h returns flag.ErrHelp.
-func parse(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return &usageError{err}
-	}
-	return nil
+// flags returns the FlagSet of a built-in subcommand (Env.Flags): -h lists its own
+// flags and the settings of groups, the settings it reads.
+func flags(e *env, name, usage string, groups ...config.Group) *flag.FlagSet {
+	return e.public().Flags(name, usage, groups...)
 }
 
-// load parses args and resolves the configuration; the loader must have been registered
-// on fs. The logger it returns writes to stderr in the configured format.
+// load parses args and resolves the configuration (Env.Load); the loader must have
+// been registered on fs.
 func load(e *env, fs *flag.FlagSet, l *config.Loader, args []string) (*config.Config, *slog.Logger, error) {
-	if err := parse(fs, args); err != nil {
-		return nil, nil, err
-	}
-	cfg, err := l.Load(e.getenv)
-	if err != nil {
-		return nil, nil, err
-	}
-	if _, err := tracing.FromEnv(e.getenv); err != nil {
-		return nil, nil, err // the OTEL_* variables are settings too: a bad one exits 2
-	}
-	return cfg, newLogger(e.stderr, cfg.LogFormat), nil
+	return e.public().Load(fs, l, args)
 }
 
-// newLogger returns the process logger: JSON (default) or text on stderr.
-func newLogger(w io.Writer, format string) *slog.Logger {
-	opts := &slog.HandlerOptions{Level: slog.LevelInfo}
-	if strings.EqualFold(format, "text") {
-		return slog.New(slog.NewTextHandler(w, opts))
-	}
-	return slog.New(slog.NewJSONHandler(w, opts))
+// settings resolves the configuration l registered without parsing flags (the
+// commands that parse their own, interspersed with arguments).
+func settings(e *env, l *config.Loader) (*config.Config, error) {
+	return e.public().settings(l)
 }

@@ -43,7 +43,7 @@ func runDLQ(ctx context.Context, e *env, args []string) error {
 	if sub != "list" && sub != "replay" && sub != "purge" {
 		return usageErrorf("dlq: unknown subcommand %q; want list, replay or purge", sub)
 	}
-	fs := flags(e, "dlq "+sub, dlqUsage)
+	fs := flags(e, "dlq", dlqUsage, config.GroupRedis, config.GroupJobs)
 	loader := config.Register(fs)
 	asJSON := fs.Bool("json", false, "machine-readable output on stdout")
 	all := fs.Bool("all", false, "act on every dead letter (replay, purge)")
@@ -54,7 +54,7 @@ func runDLQ(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	cfg, err := loader.Load(e.getenv)
+	cfg, err := settings(e, loader)
 	if err != nil {
 		return err
 	}

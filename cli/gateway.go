@@ -7,12 +7,12 @@ import (
 	"net"
 	"time"
 
+	"github.com/onceflow/onceflow/cli/internal/listen"
 	"github.com/onceflow/onceflow/config"
 	"github.com/onceflow/onceflow/gateway"
 	"github.com/onceflow/onceflow/internal/httpapi"
 	"github.com/onceflow/onceflow/ledger"
 	"github.com/onceflow/onceflow/limiter"
-	"github.com/onceflow/onceflow/llm/openai"
 )
 
 // runGateway serves gateway on ONCEFLOW_GATEWAY_ADDR, in front of
@@ -20,14 +20,15 @@ import (
 // beside /v1/, and purges expired ledger rows. On SIGINT/SIGTERM it stops accepting and
 // lets in-flight upstream calls finish and be recorded within ONCEFLOW_SHUTDOWN_TIMEOUT.
 func runGateway(ctx context.Context, e *env, args []string) error {
-	fs := flags(e, "gateway", "")
+	fs := flags(e, "gateway", "", config.GroupRedis, config.GroupPostgres, config.GroupGateway, config.GroupModel,
+		config.GroupLimits, config.GroupLedger, config.GroupHTTP, config.GroupShutdown, config.GroupLogs)
 	cfg, log, err := load(e, fs, config.Register(fs), args)
 	if err != nil {
 		return err
 	}
 	upstream := cfg.LLMBaseURL
 	if upstream == "" {
-		upstream = openai.DefaultBaseURL
+		upstream = openAIBaseURL
 	}
 	// The limiter needs Redis: the gateway uses it when a limit is configured.
 	lc := limitsConfig(cfg)
@@ -77,7 +78,7 @@ func runGateway(ctx context.Context, e *env, args []string) error {
 	s.Handle("/v1/", "/v1/", g)
 	log.InfoContext(ctx, "starting gateway", "config", cfg, "upstream", config.RedactURL(upstream))
 	serve := func(ctx context.Context) error {
-		err := httpapi.Serve(ctx, cfg.GatewayAddr, s, serveConfig(cfg, log, func(a net.Addr) {
+		err := httpapi.Serve(ctx, cfg.GatewayAddr, s, listen.ServeConfig(cfg, log, func(a net.Addr) {
 			log.InfoContext(ctx, "gateway listening", "addr", a.String(), "base_url", fmt.Sprintf("http://%s/v1", a))
 		}))
 		// Calls that outlived the shutdown timeout are given up: record them as ambiguous

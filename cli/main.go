@@ -5,6 +5,16 @@
 // service's workflow and audit (package service), and a program of one's own
 // is Main with its workflows, on the same path. Run `onceflow help` for the list.
 //
+// A program links only the model providers and extra commands it lists in its App
+// (App.Providers, App.Commands): the onceflow binary lists openai and anthropic
+// (packages cli/openaiprovider, cli/anthropicprovider) and fake-llm and webhook-sink
+// (cli/fakellm, cli/webhooksink); the fake provider is built in.
+//
+// Each command's -h lists its own flags and the settings it reads, with their
+// variables and defaults. Every command still accepts, and checks, the flag and the
+// variable of every setting, so a script that passes one a command does not read keeps
+// working, and a bad value anywhere stops any command (exit 2).
+//
 // Exit status: 0 success, 1 failure, 2 usage or configuration error; `audit` exits 4 when
 // an invariant is violated and `probe` 3 when the provider ignores Idempotency-Key.
 package cli

@@ -36,7 +36,7 @@ func TestUsageAndConfigErrorsExit2(t *testing.T) {
 		{nil, []string{"no-such-command"}, 2, `unknown command "no-such-command"`},
 		{nil, nil, 2, "missing command"},
 		{nil, []string{"help"}, 0, ""},
-		{nil, []string{"serve", "-h"}, 0, "-claim-idle"},
+		{nil, []string{"serve", "-h"}, 0, "-api-keys"},
 	}
 	for _, tc := range cases {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {

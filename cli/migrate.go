@@ -13,7 +13,7 @@ import (
 // program with App.Workflows, the workflows' own migrations (Workflow.Migrations) run
 // after onceflow's, in order.
 func runMigrate(ctx context.Context, e *env, args []string) error {
-	fs := flags(e, "migrate", "")
+	fs := flags(e, "migrate", "", config.GroupPostgres, config.GroupLogs)
 	cfg, log, err := load(e, fs, config.Register(fs), args)
 	if err != nil {
 		return err

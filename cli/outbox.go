@@ -37,7 +37,7 @@ func runOutbox(ctx context.Context, e *env, args []string) error {
 }
 
 func outboxList(ctx context.Context, e *env, args []string) error {
-	fs := flags(e, "outbox list", "[--failed] [--json] [--limit N] [--topic TOPIC]")
+	fs := flags(e, "outbox list", "[--failed] [--json] [--limit N] [--topic TOPIC]", config.GroupPostgres)
 	topic := fs.String("topic", "", `only this topic's rows, or a prefix's ending in "." or "*" ("email.")`)
 	failed := fs.Bool("failed", false, "only exhausted rows (they wait for `onceflow outbox retry`)")
 	asJSON := fs.Bool("json", false, "print a JSON array on stdout")
@@ -79,7 +79,7 @@ func outboxList(ctx context.Context, e *env, args []string) error {
 }
 
 func outboxRetry(ctx context.Context, e *env, args []string) error {
-	fs := flags(e, "outbox retry", "ID...|--all")
+	fs := flags(e, "outbox retry", "ID...|--all", config.GroupPostgres)
 	all := fs.Bool("all", false, "reset every exhausted row")
 	cfg, _, err := load(e, fs, config.Register(fs), args)
 	if err != nil {

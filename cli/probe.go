@@ -8,9 +8,13 @@ import (
 	"regexp"
 
 	"github.com/onceflow/onceflow/config"
-	"github.com/onceflow/onceflow/llm/openai"
 	"github.com/onceflow/onceflow/llm/probe"
 )
+
+// openAIBaseURL is the OpenAI API's root, llm/openai's DefaultBaseURL: the default
+// upstream of gateway and probe. The command does not import llm/openai for it, which
+// would link the OpenAI SDK into every program built on package cli.
+const openAIBaseURL = "https://api.openai.com/v1"
 
 // errKeyIgnored is probe's error when the provider ignores Idempotency-Key: exit 3.
 var errKeyIgnored = errors.New("the provider ignores Idempotency-Key")
@@ -25,9 +29,9 @@ var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 // honoured (exit 0), ignored (exit 3) or inconclusive (exit 1) with both response ids
 // (docs/providers.md, "Verifying a provider").
 func runProbe(ctx context.Context, e *env, args []string) error {
-	fs := flags(e, "probe", "--base-url URL --model M [--api-key-env VAR] [--json]")
+	fs := flags(e, "probe", "--base-url URL --model M [--api-key-env VAR] [--json]", config.GroupModel)
 	loader := config.Register(fs)
-	baseURL := fs.String("base-url", "", "OpenAI-compatible API root, /v1 included (default: ONCEFLOW_LLM_BASE_URL, else "+openai.DefaultBaseURL+")")
+	baseURL := fs.String("base-url", "", "OpenAI-compatible API root, /v1 included (default: ONCEFLOW_LLM_BASE_URL, else "+openAIBaseURL+")")
 	model := fs.String("model", "", "model to ask (default: ONCEFLOW_LLM_MODEL)")
 	keyEnv := fs.String("api-key-env", "OPENAI_API_KEY", "environment variable holding the API key (sent as a bearer token; never printed)")
 	timeout := fs.Duration("timeout", probe.DefaultTimeout, "limit of each of the two requests")
@@ -47,7 +51,7 @@ func runProbe(ctx context.Context, e *env, args []string) error {
 		pc.BaseURL = cfg.LLMBaseURL
 	}
 	if pc.BaseURL == "" {
-		pc.BaseURL = openai.DefaultBaseURL
+		pc.BaseURL = openAIBaseURL
 	}
 	if pc.Model == "" {
 		pc.Model = cfg.LLMModel

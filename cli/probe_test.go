@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/llm/openai"
 	"github.com/onceflow/onceflow/llm/probe"
 )
 
@@ -63,5 +64,13 @@ func TestProbeAgainstFakeLLM(t *testing.T) {
 		if code, _, p := runProbeCmd(t, nil, args...); code != 2 {
 			t.Errorf("%v: exit %d, want 2; stderr %s", args, code, p.Stderr())
 		}
+	}
+}
+
+// gateway's and probe's default upstream is llm/openai's, which package cli does not
+// import.
+func TestOpenAIBaseURLIsTheAdapters(t *testing.T) {
+	if openAIBaseURL != openai.DefaultBaseURL {
+		t.Fatalf("openAIBaseURL %q, llm/openai's DefaultBaseURL %q", openAIBaseURL, openai.DefaultBaseURL)
 	}
 }

@@ -42,6 +42,11 @@ func TestProductionBuildHasNoTestAids(t *testing.T) {
 			t.Errorf("help does not list %s:\n%s", c.name, help.Stdout())
 		}
 	}
+	for _, name := range []string{"fake-llm", "webhook-sink"} { // App.Commands of cmd/onceflow, documented commands
+		if !strings.Contains(help.Stdout(), "\n  "+name+" ") {
+			t.Errorf("help does not list %s:\n%s", name, help.Stdout())
+		}
+	}
 	code, err := os.ReadFile(bin)
 	if err != nil {
 		t.Fatal(err)

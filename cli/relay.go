@@ -18,7 +18,8 @@ import (
 // the workflows' effects with their senders, by topic (Client.RunRelay), and claims only
 // those topics; EnqueueTx's jobs go to Redis, which /readyz reports without failing on.
 func runRelay(ctx context.Context, e *env, args []string) error {
-	fs := flags(e, "relay", "")
+	fs := flags(e, "relay", "", config.GroupRedis, config.GroupPostgres, config.GroupJobs, config.GroupSender, config.GroupRelay,
+		config.GroupMetrics, config.GroupHTTP, config.GroupShutdown, config.GroupLogs)
 	cfg, log, err := load(e, fs, config.Register(fs), args)
 	if err != nil {
 		return err

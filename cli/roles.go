@@ -18,10 +18,6 @@ import (
 	"github.com/onceflow/onceflow/internal/httpapi"
 	"github.com/onceflow/onceflow/ledger"
 	"github.com/onceflow/onceflow/limiter"
-	"github.com/onceflow/onceflow/llm"
-	"github.com/onceflow/onceflow/llm/anthropic"
-	"github.com/onceflow/onceflow/llm/fake"
-	"github.com/onceflow/onceflow/llm/openai"
 	"github.com/onceflow/onceflow/onceflowotel"
 	"github.com/onceflow/onceflow/queue"
 	"github.com/onceflow/onceflow/retry"
@@ -136,8 +132,9 @@ func (d *deps) checks() map[string]httpapi.Check {
 
 // clientConfig is the onceflow.Config of the command's Client (appClient):
 // d's connections, logger, metrics and tracing, the ONCEFLOW_* budget and TTL, and with
-// withModel the model of ONCEFLOW_LLM with its retry policy and ledger settings.
-func (d *deps) clientConfig(withModel bool) (onceflow.Config, error) {
+// withModel the model of ONCEFLOW_LLM (app's provider) with its retry policy and
+// ledger settings.
+func (d *deps) clientConfig(app App, withModel bool) (onceflow.Config, error) {
 	cfg := onceflow.Config{
 		Redis: d.rdb, DB: d.pool, Prefix: d.cfg.Prefix, ResultTTL: d.cfg.ResultTTL, JobBudget: d.cfg.JobBudget,
 		Logger: d.log, Registerer: d.reg, TraceParent: d.traceParent(),
@@ -147,7 +144,7 @@ func (d *deps) clientConfig(withModel bool) (onceflow.Config, error) {
 	if !withModel {
 		return cfg, nil
 	}
-	client, err := newLLMClient(d.cfg)
+	client, err := app.newLLMClient(d.cfg)
 	if err != nil {
 		return cfg, err
 	}
@@ -193,21 +190,6 @@ func (d *deps) traceParent() func(context.Context) string {
 		return nil
 	}
 	return onceflowotel.TraceParent
-}
-
-// newLLMClient returns the model client ONCEFLOW_LLM selects.
-func newLLMClient(cfg *config.Config) (llm.Client, error) {
-	switch cfg.LLM {
-	case "openai":
-		return openai.New(openai.Config{BaseURL: cfg.LLMBaseURL, APIKey: cfg.OpenAIAPIKey, Model: cfg.LLMModel}), nil
-	case "anthropic":
-		// The Anthropic adapter's base URL has no /v1; accept one by habit.
-		return anthropic.New(anthropic.Config{BaseURL: strings.TrimSuffix(strings.TrimSuffix(cfg.LLMBaseURL, "/"), "/v1"),
-			APIKey: cfg.AnthropicAPIKey, Model: cfg.LLMModel}), nil
-	case "fake":
-		return fake.New(), nil
-	}
-	return nil, &config.Error{Name: "ONCEFLOW_LLM", Value: cfg.LLM, Err: errors.New("unknown provider")}
 }
 
 // buildWorker returns a queue worker running h on the queue keys names, with the

@@ -16,7 +16,8 @@ import (
 // ONCEFLOW_SHUTDOWN_TIMEOUT: the workflows' routes (Client.Mount) beside /healthz,
 // /readyz and /metrics, on a Client without the model (serve runs no jobs).
 func runServe(ctx context.Context, e *env, args []string) error {
-	fs := flags(e, "serve", "")
+	fs := flags(e, "serve", "", config.GroupRedis, config.GroupPostgres, config.GroupAPI, config.GroupUI, config.GroupJobs,
+		config.GroupHTTP, config.GroupShutdown, config.GroupLogs)
 	cfg, log, err := load(e, fs, config.Register(fs), args)
 	if err != nil {
 		return err

@@ -67,7 +67,7 @@ func tenantArg(sub string, pos []string) (string, error) {
 }
 
 func tenantsSet(ctx context.Context, e *env, args []string) error {
-	fs := flags(e, "tenants set", "TENANT --tokens-per-day N")
+	fs := flags(e, "tenants set", "TENANT --tokens-per-day N", config.GroupPostgres)
 	loader := config.Register(fs)
 	perDay := fs.String("tokens-per-day", "", "the tenant's model tokens per UTC day, prompt and output (0: no budget for this tenant)")
 	pos, err := parseInterspersed(fs, args)
@@ -85,7 +85,7 @@ func tenantsSet(ctx context.Context, e *env, args []string) error {
 	if err != nil || n < 0 {
 		return usageErrorf("tenants set: --tokens-per-day %q must be a non-negative integer (0: no budget for this tenant)", *perDay)
 	}
-	cfg, err := loader.Load(e.getenv)
+	cfg, err := settings(e, loader)
 	if err != nil {
 		return err
 	}
@@ -109,7 +109,7 @@ func tenantsSet(ctx context.Context, e *env, args []string) error {
 }
 
 func tenantsDelete(ctx context.Context, e *env, args []string) error {
-	fs := flags(e, "tenants delete", "TENANT")
+	fs := flags(e, "tenants delete", "TENANT", config.GroupPostgres, config.GroupLimits)
 	loader := config.Register(fs)
 	pos, err := parseInterspersed(fs, args)
 	if err != nil {
@@ -119,7 +119,7 @@ func tenantsDelete(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	cfg, err := loader.Load(e.getenv)
+	cfg, err := settings(e, loader)
 	if err != nil {
 		return err
 	}
@@ -180,7 +180,7 @@ type tenantRow struct {
 }
 
 func tenantsList(ctx context.Context, e *env, args []string) error {
-	fs := flags(e, "tenants list", "[--json]")
+	fs := flags(e, "tenants list", "[--json]", config.GroupRedis, config.GroupPostgres, config.GroupLimits, config.GroupLogs)
 	asJSON := fs.Bool("json", false, `print one JSON object on stdout: {"day", "default_tokens_per_day", "tenants": [...]}`)
 	cfg, log, err := load(e, fs, config.Register(fs), args)
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/onceflow/onceflow/cli/internal/listen"
 	"github.com/onceflow/onceflow/config"
 	"github.com/onceflow/onceflow/internal/httpapi"
 	"github.com/onceflow/onceflow/onceflowotel"
@@ -17,7 +18,9 @@ import (
 // until SIGINT/SIGTERM, then finishes or hands back the jobs in flight within
 // ONCEFLOW_SHUTDOWN_TIMEOUT and exits 0.
 func runWork(ctx context.Context, e *env, args []string) error {
-	fs := flags(e, "work", strings.TrimSpace("[--queue NAME[,NAME...]] "+testHandlerUsage))
+	fs := flags(e, "work", strings.TrimSpace("[--queue NAME[,NAME...]] "+testHandlerUsage), config.GroupRedis, config.GroupPostgres,
+		config.GroupJobs, config.GroupWorkers, config.GroupModel, config.GroupModelCalls, config.GroupLimits, config.GroupLedger, config.GroupMetrics, config.GroupHTTP,
+		config.GroupShutdown, config.GroupLogs)
 	loader := config.Register(fs)
 	queues := queueFlag(fs, "work only this queue (repeatable or comma-separated; default: every queue of the program)")
 	testSpec := testHandlerFlag(fs) // test builds only (-tags onceflowtest)
@@ -96,7 +99,7 @@ func runAll(ctx context.Context, d *deps, srv *httpapi.Server, addr string, role
 			h = onceflowotel.HTTPHandler(d.tp, srv)
 		}
 		roles = append(roles, func(ctx context.Context) error {
-			return httpapi.Serve(ctx, addr, h, serveConfig(d.cfg, d.log, nil))
+			return httpapi.Serve(ctx, addr, h, listen.ServeConfig(d.cfg, d.log, nil))
 		})
 	}
 	errs := make(chan error, len(roles))

@@ -325,7 +325,7 @@ var settings = []setting{
 		return parseInt(&c.QueuePartitions, v, 1, queue.MaxPartitions)
 	}},
 	{env: "ONCEFLOW_LLM", def: "fake", usage: "model provider: openai, anthropic or fake", parse: func(c *Config, v string) error {
-		return parseEnum(&c.LLM, v, "openai", "anthropic", "fake")
+		return parseEnum(&c.LLM, v, Providers()...)
 	}},
 	{env: "ONCEFLOW_LLM_BASE_URL", usage: "model provider endpoint (default: the provider's)", parse: func(c *Config, v string) error {
 		if v == "" {
@@ -542,6 +542,10 @@ var settings = []setting{
 	}},
 }
 
+// Providers returns the values ONCEFLOW_LLM accepts: the model providers onceflow knows
+// (which of them a program links is package cli's App.Providers).
+func Providers() []string { return []string{"openai", "anthropic", "fake"} }
+
 // Defaults returns the configuration with every documented default applied.
 func Defaults() *Config {
 	c := &Config{raw: make(map[string]string, len(settings))}
@@ -552,6 +556,100 @@ func Defaults() *Config {
 		c.raw[s.env] = s.def
 	}
 	return c
+}
+
+// Group is a family of settings that one part of onceflow reads: the Redis connection,
+// the API, the workers, the relay... A command's -h lists the flags of the groups it
+// reads, one group after another; it still accepts (and checks) the flag of every
+// setting.
+type Group string
+
+// The groups, in the order a command's -h shows them. Every setting is in exactly one.
+const (
+	GroupRedis      Group = "Redis"
+	GroupPostgres   Group = "PostgreSQL"
+	GroupAPI        Group = "HTTP API"
+	GroupUI         Group = "operator UI"
+	GroupJobs       Group = "jobs"
+	GroupWorkers    Group = "workers"
+	GroupModel      Group = "model"
+	GroupModelCalls Group = "model calls"
+	GroupLimits     Group = "model limits and budgets"
+	GroupLedger     Group = "ledger (llm_calls)"
+	GroupSender     Group = "outbox sender"
+	GroupRelay      Group = "outbox relay"
+	GroupGateway    Group = "gateway"
+	GroupAudit      Group = "audit"
+	GroupHTTP       Group = "HTTP listeners"
+	GroupMetrics    Group = "metrics listener"
+	GroupShutdown   Group = "shutdown"
+	GroupLogs       Group = "logs"
+)
+
+// groups lists the settings of each group, by variable, in the documented order.
+var groups = []struct {
+	group Group
+	envs  []string
+}{
+	{GroupRedis, []string{"ONCEFLOW_REDIS_URL", "ONCEFLOW_REDIS_CLUSTER_ADDRS", "ONCEFLOW_PREFIX"}},
+	{GroupPostgres, []string{"ONCEFLOW_DATABASE_URL"}},
+	{GroupAPI, []string{"ONCEFLOW_HTTP_ADDR", "ONCEFLOW_API_KEYS", "ONCEFLOW_IDEMPOTENCY_TIMEOUT", "ONCEFLOW_IDEMPOTENCY_RESPONSE_LIMIT",
+		"ONCEFLOW_LOCK_TTL", "ONCEFLOW_REDIS_WAIT_REPLICAS", "ONCEFLOW_REDIS_WAIT_TIMEOUT"}},
+	{GroupUI, []string{"ONCEFLOW_ADMIN_KEYS", "ONCEFLOW_UI_SECURE_COOKIES"}},
+	{GroupJobs, []string{"ONCEFLOW_RESULT_TTL", "ONCEFLOW_QUEUE_PARTITIONS"}},
+	{GroupWorkers, []string{"ONCEFLOW_WORKER_CONCURRENCY", "ONCEFLOW_CLAIM_IDLE", "ONCEFLOW_MAX_DELIVERIES", "ONCEFLOW_RETRY_BASE",
+		"ONCEFLOW_RETRY_MAX", "ONCEFLOW_MAX_RUN_TIME", "ONCEFLOW_JOB_BUDGET", "ONCEFLOW_DLQ_RETENTION", "ONCEFLOW_RECORD_SUCCESSES",
+		"ONCEFLOW_BREAKER_THRESHOLD", "ONCEFLOW_HEALTH_INTERVAL", "ONCEFLOW_STATS_INTERVAL"}},
+	{GroupModel, []string{"ONCEFLOW_LLM", "ONCEFLOW_LLM_BASE_URL", "ONCEFLOW_LLM_MODEL"}},
+	{GroupModelCalls, []string{"OPENAI_API_KEY", "ANTHROPIC_API_KEY", "ONCEFLOW_LLM_TIMEOUT", "ONCEFLOW_LLM_MAX_ATTEMPTS",
+		"ONCEFLOW_LLM_QUOTA_PROBE"}},
+	{GroupLimits, []string{"ONCEFLOW_LLM_ADMISSION", "ONCEFLOW_LLM_RPM", "ONCEFLOW_LLM_TPM", "ONCEFLOW_LLM_CONCURRENCY",
+		"ONCEFLOW_LLM_LIMITS", "ONCEFLOW_LLM_PRICES", "ONCEFLOW_LLM_ADMISSION_WAIT", "ONCEFLOW_TENANT_CONCURRENCY",
+		"ONCEFLOW_TENANT_TOKEN_BUDGET"}},
+	{GroupLedger, []string{"ONCEFLOW_LEDGER_LEASE", "ONCEFLOW_LEDGER_RETENTION", "ONCEFLOW_LEDGER_RELAXED_INSERT"}},
+	{GroupSender, []string{"ONCEFLOW_SENDER", "ONCEFLOW_WEBHOOK_URL", "ONCEFLOW_SMTP_URL", "ONCEFLOW_SMTP_FROM"}},
+	{GroupRelay, []string{"ONCEFLOW_RELAY_INTERVAL", "ONCEFLOW_RELAY_LEASE", "ONCEFLOW_RELAY_MAX_ATTEMPTS", "ONCEFLOW_RELAY_BATCH_SIZE",
+		"ONCEFLOW_RELAY_CONCURRENCY", "ONCEFLOW_OUTBOX_RETENTION"}},
+	{GroupGateway, []string{"ONCEFLOW_GATEWAY_ADDR", "ONCEFLOW_GATEWAY_TIMEOUT", "ONCEFLOW_GATEWAY_MAX_BODY", "ONCEFLOW_GATEWAY_JOIN_TIMEOUT",
+		"ONCEFLOW_GATEWAY_DERIVE_KEYS", "ONCEFLOW_GATEWAY_DERIVE_WINDOW", "ONCEFLOW_GATEWAY_TENANT_HEADER",
+		"ONCEFLOW_GATEWAY_CREDENTIAL_HEADERS"}},
+	{GroupAudit, []string{"ONCEFLOW_AUDIT_MAX_AGE"}},
+	{GroupHTTP, []string{"ONCEFLOW_HTTP_READ_HEADER_TIMEOUT", "ONCEFLOW_HTTP_READ_TIMEOUT", "ONCEFLOW_HTTP_IDLE_TIMEOUT",
+		"ONCEFLOW_HTTP_MAX_HEADER_BYTES"}},
+	{GroupMetrics, []string{"ONCEFLOW_METRICS_ADDR"}},
+	{GroupShutdown, []string{"ONCEFLOW_SHUTDOWN_TIMEOUT"}},
+	{GroupLogs, []string{"ONCEFLOW_LOG_FORMAT"}},
+}
+
+// Groups returns every group, in the order a command's -h shows them.
+func Groups() []Group {
+	out := make([]Group, len(groups))
+	for i, g := range groups {
+		out[i] = g.group
+	}
+	return out
+}
+
+// Flags returns the flag names of g's settings (Register's: --redis-url for
+// ONCEFLOW_REDIS_URL), in the documented order; none for a Group this package does
+// not define.
+func (g Group) Flags() []string {
+	for _, gr := range groups {
+		if gr.group == g {
+			out := make([]string, len(gr.envs))
+			for i, env := range gr.envs {
+				out[i] = setting{env: env}.flag()
+			}
+			return out
+		}
+	}
+	return nil
+}
+
+// IsFlag reports whether name (without dashes) is the flag of a setting, one that
+// Register adds.
+func IsFlag(name string) bool {
+	return slices.ContainsFunc(settings, func(s setting) bool { return s.flag() == name })
 }
 
 // Loader resolves a Config from defaults, the environment and the flags it registered.

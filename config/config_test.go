@@ -416,3 +416,33 @@ func TestLedgerAndGatewaySettings(t *testing.T) {
 		t.Fatalf("retention equal to the horizon: %v", err)
 	}
 }
+
+// Every setting is in exactly one group, so that a command's -h, which lists groups,
+// can show any of them, and a group names only settings.
+func TestEverySettingIsInOneGroup(t *testing.T) {
+	t.Parallel()
+	seen := map[string]Group{}
+	for _, g := range Groups() {
+		flags := g.Flags()
+		if len(flags) == 0 {
+			t.Errorf("group %q has no settings", g)
+		}
+		for _, f := range flags {
+			if !IsFlag(f) {
+				t.Errorf("group %q names --%s, which is no setting's flag", g, f)
+			}
+			if other, dup := seen[f]; dup {
+				t.Errorf("--%s is in groups %q and %q", f, other, g)
+			}
+			seen[f] = g
+		}
+	}
+	for _, s := range settings {
+		if _, ok := seen[s.flag()]; !ok {
+			t.Errorf("%s is in no group", s.env)
+		}
+	}
+	if IsFlag("addr") || Group("no such group").Flags() != nil {
+		t.Error("IsFlag or Flags answers for what is not a setting or a group")
+	}
+}

@@ -2,10 +2,10 @@
 // (package summaries) as the onceflow command (package cli) hosts it, its options read
 // from the ONCEFLOW_* settings, and the audit the binary prints. cmd/onceflow is
 //
-//	cli.Main(cli.App{Workflows: service.Workflows, Audit: service.Audit})
+//	cli.Main(cli.App{Workflows: service.Workflows, Audit: service.Audit, Providers: ..., Commands: ...})
 //
-// and a program of one's own hosts the service beside its workflows by listing
-// Workflow(h) among them.
+// with every model provider and command (see cmd/onceflow), and a program of one's own
+// hosts the service beside its workflows by listing Workflow(h) among them.
 //
 // The dependencies run one way: service imports cli and summaries; summaries is a
 // library on the public API that knows neither, and cli hosts any workflow without

@@ -30,7 +30,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/onceflow/onceflow/llm"
-	"github.com/onceflow/onceflow/llm/openai"
+	"github.com/onceflow/onceflow/llm/internal/chatwire"
 )
 
 // Verdict is the probe's answer.
@@ -49,6 +49,9 @@ const (
 	DefaultTimeout = 30 * time.Second
 	// maxBody bounds the answer read from the provider.
 	maxBody = 4 << 20
+	// provider names the endpoints' wire format in errors: llm/openai's Provider (the
+	// probe reads answers without that adapter and its SDK).
+	provider = "openai"
 )
 
 // Config says what to probe.
@@ -157,10 +160,10 @@ func ask(ctx context.Context, cfg Config, body []byte) Answer {
 		return a
 	}
 	if resp.StatusCode >= 300 {
-		a.Error = llm.NewAPIError(openai.Provider, resp.StatusCode, resp.Header, raw, time.Now(), nil).Error()
+		a.Error = llm.NewAPIError(provider, resp.StatusCode, resp.Header, raw, time.Now(), nil).Error()
 		return a
 	}
-	c, err := openai.DecodeCompletion(raw)
+	c, err := chatwire.Decode(raw)
 	if err != nil {
 		a.Error = "the answer is not a chat completion: " + err.Error()
 		return a

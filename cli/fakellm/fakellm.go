@@ -1,4 +1,9 @@
-package cli
+// Package fakellm is the `fake-llm` command of the onceflow binary: llm/fakeserver, an
+// OpenAI-compatible (and Anthropic Messages) model server with injectable faults, for
+// demos and tests (docs/retries.md, "onceflow fake-llm"). A program of one's own built
+// on package cli has it only when it lists Command in cli.App.Commands, so that its
+// production binary does not carry a fake model server.
+package fakellm
 
 import (
 	"context"
@@ -8,18 +13,29 @@ import (
 	"strings"
 	"time"
 
+	"github.com/onceflow/onceflow/cli"
+	"github.com/onceflow/onceflow/cli/internal/listen"
 	"github.com/onceflow/onceflow/config"
 	"github.com/onceflow/onceflow/internal/httpapi"
 	"github.com/onceflow/onceflow/llm/fakeserver"
 )
 
-// runFakeLLM serves llm/fakeserver: an OpenAI-compatible (and Anthropic Messages)
-// model server with injectable faults, for demos and tests (docs/retries.md, "onceflow fake-llm"). On
-// SIGINT/SIGTERM it releases hung and dripping requests and shuts down.
-func runFakeLLM(ctx context.Context, e *env, args []string) error {
-	fs := flags(e, "fake-llm", "--addr ADDR [fault flags]\n\n"+
+// Command returns the `fake-llm` command, for cli.App.Commands.
+func Command() cli.Command {
+	return cli.Command{
+		Name:    "fake-llm",
+		Summary: "serve a fake OpenAI-compatible model with injectable faults (demos and tests)",
+		Run:     run,
+	}
+}
+
+// run serves llm/fakeserver on --addr until SIGINT/SIGTERM, then releases hung and
+// dripping requests and shuts down.
+func run(ctx context.Context, e cli.Env, args []string) error {
+	fs := e.Flags("fake-llm", "--addr ADDR [fault flags]\n\n"+
 		"At run time, POST /_fault with {\"fault\": KIND} answers every model request with fault KIND\n"+
-		"(an outage of the provider) until {\"fault\": \"\"}; GET /_fault reports it. KIND: "+forcibleFaults()+".")
+		"(an outage of the provider) until {\"fault\": \"\"}; GET /_fault reports it. KIND: "+forcibleFaults()+".",
+		config.GroupHTTP, config.GroupShutdown, config.GroupLogs)
 	addr := fs.String("addr", "127.0.0.1:9090", "listen address (port 0 picks a free port)")
 	latency := fs.Duration("latency", 0, "time to produce each answer")
 	fail429 := fs.Float64("fail-429", 0, "probability (0 to 1) of a 429 rate_limit_exceeded with Retry-After")
@@ -40,7 +56,7 @@ func runFakeLLM(ctx context.Context, e *env, args []string) error {
 	noTools := fs.Bool("no-tool-calls", false, "answer requests that declare tools in text, as when the model needs none")
 	rpm := fs.Int("rpm", 0, "requests per minute per model, enforced like OpenAI: 429 with Retry-After and x-ratelimit-* headers (0: no limit)")
 	tpm := fs.Int("tpm", 0, "tokens per minute per model: the prompt's estimate plus max_tokens on arrival, corrected by the usage (0: no limit)")
-	cfg, log, err := load(e, fs, config.Register(fs), args)
+	cfg, log, err := e.Load(fs, config.Register(fs), args)
 	if err != nil {
 		return err
 	}
@@ -49,16 +65,16 @@ func runFakeLLM(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	if *retryAfter < 0 {
-		return usageErrorf("--retry-after %d: must not be negative", *retryAfter)
+		return cli.UsageErrorf("--retry-after %d: must not be negative", *retryAfter)
 	}
 	if *dripInterval <= 0 {
-		return usageErrorf("--drip-interval %v: must be positive", *dripInterval)
+		return cli.UsageErrorf("--drip-interval %v: must be positive", *dripInterval)
 	}
 	if *rpm < 0 {
-		return usageErrorf("--rpm %d: must not be negative", *rpm)
+		return cli.UsageErrorf("--rpm %d: must not be negative", *rpm)
 	}
 	if *tpm < 0 {
-		return usageErrorf("--tpm %d: must not be negative", *tpm)
+		return cli.UsageErrorf("--tpm %d: must not be negative", *tpm)
 	}
 	ra := time.Duration(*retryAfter) * time.Second
 	if ra == 0 {
@@ -70,7 +86,7 @@ func runFakeLLM(ctx context.Context, e *env, args []string) error {
 		Fault: fakeserver.FaultKind(*force), RPM: *rpm, TPM: *tpm,
 	})
 	if err != nil {
-		return usageErrorf("fake-llm: %v", err)
+		return cli.UsageErrorf("fake-llm: %v", err)
 	}
 	go func() {
 		<-ctx.Done()
@@ -82,7 +98,7 @@ func runFakeLLM(ctx context.Context, e *env, args []string) error {
 			"drip", *drip, "drip_interval", dripInterval.String(), "drop_stream", *drop, "max_input_chars", *maxInput, "honour_idempotency", *honour, "tool_call_ids", *toolIDs,
 			"tool", *tool, "no_tool_calls", *noTools, "fault", *force, "rpm", *rpm, "tpm", *tpm)
 	}
-	if err := httpapi.Serve(ctx, *addr, srv, serveConfig(cfg, log, ready)); err != nil {
+	if err := httpapi.Serve(ctx, *addr, srv, listen.ServeConfig(cfg, log, ready)); err != nil {
 		return fmt.Errorf("fake-llm: %w", err)
 	}
 	log.InfoContext(ctx, "fake-llm stopped")
@@ -103,11 +119,11 @@ func forcibleFaults() string {
 func toolChooser(tool, args string, none bool) (fakeserver.ToolChooser, error) {
 	switch {
 	case none && (tool != "" || args != ""):
-		return nil, usageErrorf("--no-tool-calls excludes --tool and --tool-args")
+		return nil, cli.UsageErrorf("--no-tool-calls excludes --tool and --tool-args")
 	case none:
 		return fakeserver.NoToolCalls, nil
 	case args != "" && tool == "":
-		return nil, usageErrorf("--tool-args needs --tool")
+		return nil, cli.UsageErrorf("--tool-args needs --tool")
 	case tool == "":
 		return nil, nil
 	}
@@ -115,7 +131,7 @@ func toolChooser(tool, args string, none bool) (fakeserver.ToolChooser, error) {
 	if args != "" {
 		var obj map[string]json.RawMessage
 		if err := json.Unmarshal([]byte(args), &obj); err != nil || obj == nil {
-			return nil, usageErrorf("--tool-args %q: not a JSON object", args)
+			return nil, cli.UsageErrorf("--tool-args %q: not a JSON object", args)
 		}
 		raw = json.RawMessage(args)
 	}
