@@ -177,12 +177,12 @@ func TestAttack14HungRunIsNotReportedInALoop(t *testing.T) {
 }
 
 // FINDING (attacker, stale delayed duplicate): EnqueueAt of a job, then Enqueue of the
-// same id (a client retrying without RunAt). EnqueueLua leaves the index's "scheduled"
-// field pointing at the delayed member. The immediate run fails permanently and the
-// job is dead-lettered (index failed, dead_id). Then the mover moves the delayed member,
+// same id (a client retrying without RunAt). The enqueue (lua/enqueue.lua) leaves the
+// index's "scheduled" field pointing at the delayed member. The immediate run fails
+// permanently and the job is dead-lettered (index failed, dead_id). Then the mover moves the delayed member,
 // finds the index still names it, and sets state queued: the index now says queued while
 // the dead letter it points at (dead_id) still exists, breaking the invariant
-// EnqueueLua documents ("a job is never queued in the index while the dead letter it
+// lua/enqueue.lua documents ("a job is never queued in the index while the dead letter it
 // points at exists").
 //
 // Expected: once the dead letter exists, a later move of a stale member either retires
@@ -297,7 +297,7 @@ func TestAttack14FarFutureRunAtDoesNotRunAtOnce(t *testing.T) {
 // (due in an hour), then Enqueue of the same id by the same tenant (a client's retry
 // without RunAt). The immediate entry runs and is acknowledged; the trim then gives the
 // job index JobTTL because its "entry" is the trimmed one, although the job is still in
-// the scheduled set (EnqueueLua set "entry" and left "scheduled" and "run_at"). Once the
+// the scheduled set (the enqueue set "entry" and left "scheduled" and "run_at"). Once the
 // index expires, the delayed job has no index: JobState says unknown, and another
 // tenant's enqueue of the id is accepted (ErrJobIDTaken no longer holds) while the first
 // tenant's job still waits to run.
