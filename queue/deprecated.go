@@ -5,8 +5,11 @@ import "time"
 // EnqueueLua is the queue's enqueue as it was exported before the queue's scripts moved
 // to .lua files: the body of a Lua function of (keys, argv), with keys
 // Keys.EnqueueKeys(job_id) and argv EnqueueArgs(m), returning the new entry id. Its
-// text is frozen at this release (it does what lua/enqueue.lua does today); new code
-// uses EnqueueStep.
+// text is frozen at this release (it does what lua/enqueue.lua does today) and nothing
+// in onceflow uses it.
+//
+// Deprecated: use EnqueueStep, the queue's enqueue as a Step, and
+// redisstore.Store.AcceptStep; this constant goes in a later release.
 const EnqueueLua = `
 local f = redis.call('HMGET', keys[3], 'state', 'dead_id', 'tenant')
 
@@ -32,8 +35,11 @@ return id
 
 // EnqueueAtLua is EnqueueLua for a job that runs at a time, as it was exported before
 // the queue's scripts moved to .lua files: keys Keys.EnqueueAtKeys(job_id), argv
-// EnqueueAtArgs(m, at), returning the set member. Its text is frozen at this release;
-// new code uses EnqueueAtStep.
+// EnqueueAtArgs(m, at), returning the set member. Its text is frozen at this release
+// and nothing in onceflow uses it.
+//
+// Deprecated: use EnqueueAtStep and redisstore.Store.AcceptStep; this constant goes in
+// a later release.
 const EnqueueAtLua = `
 local f = redis.call('HMGET', keys[3], 'state', 'dead_id', 'tenant')
 
@@ -61,17 +67,29 @@ return argv[3]
 
 // EnqueueKeys returns the keys of the queue's enqueue of jobID, in order: the stream,
 // the dead-letter stream and the job index.
+//
+// Deprecated: use EnqueueStep, which carries its keys; this forwarder goes in a later
+// release.
 func (k Keys) EnqueueKeys(jobID string) []string { return k.enqueueKeys(jobID) }
 
 // EnqueueAtKeys returns the keys of the queue's enqueue at a time of jobID, in order.
+//
+// Deprecated: use EnqueueAtStep, which carries its keys; this forwarder goes in a later
+// release.
 func (k Keys) EnqueueAtKeys(jobID string) []string { return k.enqueueAtKeys(jobID) }
 
 // EnqueueArgs returns the arguments of the queue's enqueue of m: its tenant, then its
 // fields (Message.Values). A zero m.EnqueuedAt is set to the current time. An m that
 // fails Validate gives an error wrapping ErrMalformed.
+//
+// Deprecated: use EnqueueStep, which carries its args; this forwarder goes in a later
+// release.
 func EnqueueArgs(m Message) ([]any, error) { return enqueueArgs(m) }
 
 // EnqueueAtArgs returns the arguments of the queue's enqueue of m to run at at: its
 // tenant, the time, a fresh set member, then its fields. A zero m.EnqueuedAt is set to
 // the current time; an m that fails Validate gives an error wrapping ErrMalformed.
+//
+// Deprecated: use EnqueueAtStep, which carries its args; this forwarder goes in a later
+// release.
 func EnqueueAtArgs(m Message, at time.Time) ([]any, error) { return enqueueAtArgs(m, at) }

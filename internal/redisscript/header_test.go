@@ -99,7 +99,7 @@ func TestEveryLuaFileHasAHeader(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, d := range []string{"queue/lua", "limiter/lua"} {
+	for _, d := range []string{"queue/lua", "limiter/lua", "idempotency/redisstore/lua"} {
 		if !dirs[d] {
 			t.Errorf("found no .lua file in %s (found some in %v)", d, dirs)
 		}
