@@ -155,7 +155,7 @@ func (l *Lib) Func(name string) *Function {
 	if !slices.Contains(l.funcs, name) {
 		panic(fmt.Sprintf("redisscript: %s defines no function %s", l.path, name))
 	}
-	return &Function{lib: l, name: name, keys: l.header.Keys, args: l.header.Args}
+	return &Function{lib: l, name: name, id: l.path + ":" + name, keys: l.header.Keys, args: l.header.Args}
 }
 
 // order returns libs and their dependencies, each once, every library after those it
@@ -203,6 +203,7 @@ func compose(main string, libs []*Lib, bind string) string {
 type Function struct {
 	lib        *Lib
 	name       string
+	id         string // "<library path>:<name>", for errors and script names
 	keys, args Arity
 
 	once   sync.Once
@@ -218,7 +219,7 @@ func (f *Function) Script() *Script {
 	f.once.Do(func() {
 		src := compose("return "+f.name+"(KEYS, ARGV)\n", []*Lib{f.lib}, "")
 		h := Header{Keys: f.keys, Args: f.args, Reply: f.lib.header.Reply, Invariant: f.lib.header.Invariant}
-		f.script = f.lib.set.add(newScript(f.lib.path+":"+f.name, "", []*Lib{f.lib}, src, h))
+		f.script = f.lib.set.add(newScript(f.id, "", []*Lib{f.lib}, src, h))
 	})
 	return f.script
 }
@@ -226,7 +227,7 @@ func (f *Function) Script() *Script {
 // Step returns f applied to keys and args, for a template's slot. An error matching
 // ErrArity means their counts are not what f's header names.
 func (f *Function) Step(keys []string, args ...any) (Step, error) {
-	if err := checkArity(f.lib.path+":"+f.name, f.keys, f.args, len(keys), len(args)); err != nil {
+	if err := checkArity(f.id, f.keys, f.args, len(keys), len(args)); err != nil {
 		return Step{}, err
 	}
 	return Step{fn: f, keys: keys, args: args}, nil
@@ -239,7 +240,7 @@ func (f *Function) Step(keys []string, args ...any) (Step, error) {
 func LegacyFunction(name, body string) *Function {
 	src := "local function " + name + "(keys, argv)\n" + body + "\nend\n"
 	l := &Lib{path: "(" + name + ")", src: src, funcs: []string{name}}
-	return &Function{lib: l, name: name, keys: unbounded, args: unbounded}
+	return &Function{lib: l, name: name, id: l.path + ":" + name, keys: unbounded, args: unbounded}
 }
 
 // Step is a Function with the keys and args of one call, made by the package that owns
@@ -300,7 +301,7 @@ func (t *Template) With(f *Function) *Script {
 	src := compose(t.src, libs, bind)
 	h := t.header
 	h.Keys, h.Args = h.Keys.plus(f.keys), h.Args.plus(f.args)
-	sc, loaded := t.scripts.LoadOrStore(f, newScript(t.path+"("+f.lib.path+":"+f.name+")", t.path, libs, src, h))
+	sc, loaded := t.scripts.LoadOrStore(f, newScript(t.path+"("+f.id+")", t.path, libs, src, h))
 	if !loaded {
 		t.set.add(sc.(*Script))
 	}
