@@ -14,20 +14,20 @@ import (
 
 // accept runs the one-round-trip accept: in one script, it checks scope's record (a
 // replay or a reused key) or runs the queue's own enqueue of m on keys' queue (its entry
-// and its job index, queue.EnqueueLua) and stores resp for Config.ResultTTL.
+// and its job index: queue.EnqueueStep, or queue.EnqueueAtStep for a runAt in the
+// future) and stores resp for Config.ResultTTL.
 func (c *Client) accept(ctx context.Context, scope idempotency.Scope, fp string, resp *idempotency.Response, m queue.Message, keys queue.Keys, runAt time.Time) (*idempotency.Response, bool, error) {
-	w := redisstore.Write{Lua: queue.EnqueueLua, Keys: keys.EnqueueKeys(m.JobID)}
+	var step redisstore.Step
 	var err error
 	if later(runAt) {
-		w.Lua, w.Keys = queue.EnqueueAtLua, keys.EnqueueAtKeys(m.JobID)
-		w.Args, err = queue.EnqueueAtArgs(m, runAt)
+		step, err = queue.EnqueueAtStep(keys, m, runAt)
 	} else {
-		w.Args, err = queue.EnqueueArgs(m)
+		step, err = queue.EnqueueStep(keys, m)
 	}
 	if err != nil {
 		return nil, false, err
 	}
-	stored, replayed, err := c.store.AcceptWrite(ctx, scope, fp, resp, w)
+	stored, replayed, err := c.store.AcceptStep(ctx, scope, fp, resp, step)
 	if err == nil && !replayed {
 		c.enqueued.WithLabelValues(keys.Queue).Inc()
 	}
@@ -68,9 +68,10 @@ func newEnqueuedCounter(reg prometheus.Registerer, queues []string) *prometheus.
 	return vec
 }
 
-// LoadScripts loads the accept script (Route's and a keyed Enqueue's) into Redis's
-// script cache, so that the first accept costs one round trip rather than two. It is
-// optional: a script missing from the cache is sent once, then cached.
+// LoadScripts loads the accept scripts (Route's and a keyed Enqueue's, for a job now and
+// for a job at a time) into Redis's script cache, so that the first accept costs one
+// round trip rather than two. It is optional: a script missing from the cache is sent
+// once, then cached.
 func (c *Client) LoadScripts(ctx context.Context) error {
-	return c.store.LoadScripts(ctx, queue.EnqueueLua)
+	return c.store.Preload(ctx, queue.StepFunctions()...)
 }

@@ -186,17 +186,18 @@ func (c *Client) postgresWorked() {
 	}
 }
 
-// callError maps the final error of job jobID's model step (after its in-process
+// callError maps the final error of a model step (after its in-process
 // retries) onto the job's error vocabulary (modelError), counting a failure of the
-// provider itself (providerFailure) in the model's breaker. The failure that opens the
-// breaker, any while it is open, and one that continues a run of failing calls of other
-// jobs (another job's call failed since the last success) are the provider's outage, not
-// the job's: Unavailable, so the job is handed back (with a growing delay) without
-// spending a delivery. A failure right after a success, or after only this job's own
-// failures, spends one: a job whose own input makes the provider fail is dead-lettered
-// after its deliveries, while an outage faster than the breaker's threshold (several
-// processes, each counting its own run) dead-letters nothing.
-func (m *model) callError(jobID, step string, err error) error {
+// provider itself (providerFailure) in the model's breaker. Only a failure right after a
+// call that worked spends a delivery of the job; the failure that opens the breaker, any
+// while it is open, and any that continues a run of failing calls (this job's or
+// others') are the provider's outage, not the job's: Unavailable, so the job is handed
+// back (with a growing delay) without spending a delivery. So an outage, however many
+// processes meet it and however fast, dead-letters no job; a job whose own input makes
+// the provider fail spends a delivery each time it fails after another job's success,
+// and is dead-lettered after its deliveries (with no other traffic it holds the breaker
+// open, visibly, until another job's call closes it).
+func (m *model) callError(step string, err error) error {
 	var wait *retry.WaitError
 	if errors.Is(err, limiter.ErrQuotaPaused) && errors.As(err, &wait) && m.breaker.Err() == nil {
 		// The fleet paused the model for an exhausted quota (another process, or this
@@ -207,16 +208,15 @@ func (m *model) callError(jobID, step string, err error) error {
 	if !providerFailure(err) {
 		return modelError(step, err)
 	}
-	last := m.lastFailed.Swap(&jobID)
-	othersFailing := m.breaker.Failing() > 0 && last != nil && *last != jobID
+	inRun := m.breaker.Failing() > 0
 	if m.breaker.Failure(err) {
 		if open := m.breaker.Err(); open != nil {
 			return retry.Unavailable(fmt.Errorf("onceflow: model step %q: %w (%w)", step, err, open))
 		}
 		return retry.Unavailable(fmt.Errorf("onceflow: model step %q: %w", step, err))
 	}
-	if othersFailing {
-		return retry.Unavailable(fmt.Errorf("onceflow: model step %q: %w (other jobs' calls are failing too)", step, err))
+	if inRun {
+		return retry.Unavailable(fmt.Errorf("onceflow: model step %q: %w (the provider's calls are failing in a row)", step, err))
 	}
 	return modelError(step, err)
 }

@@ -458,7 +458,7 @@ func modelFailureEnv(t *testing.T, model *unavailableModel) (c *onceflow.Client,
 
 // An outage of the provider that the breaker has not yet recognised (its threshold not
 // reached: on a fleet, each process counts its own run) dead-letters no job: a failure
-// while other jobs' calls are failing too is the provider's, and hands the job back
+// that continues a run of failing calls is the provider's, and hands the job back
 // without spending a delivery.
 func TestModelFailuresOfManyJobsSpendNoDelivery(t *testing.T) {
 	t.Parallel()
@@ -489,9 +489,9 @@ func TestModelFailuresOfManyJobsSpendNoDelivery(t *testing.T) {
 	}
 }
 
-// A job whose own input makes the provider fail (while no other job's calls fail) spends
-// a delivery per failure and is dead-lettered after MaxDeliveries, and the jobs after it
-// are done.
+// A job whose own input makes the provider fail, while other jobs' calls work, spends
+// a delivery per failure (each comes after another call's success) and is dead-lettered
+// after MaxDeliveries; the other jobs are done.
 func TestJobWhoseOwnModelCallsFailIsDeadLettered(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -501,10 +501,18 @@ func TestJobWhoseOwnModelCallsFailIsDeadLettered(t *testing.T) {
 		t.Fatal(err)
 	}
 	runClient(t, c)
-	testenv.WaitFor(t, 30*time.Second, "the poison job's dead letter", func() bool { return dead() == 1 })
-	res, err := c.Enqueue(ctx, outageArgs{Order: "fine"}, nil)
-	if err != nil {
-		t.Fatal(err)
+	// Traffic that works, between the poison job's failures.
+	var ids []string
+	testenv.WaitFor(t, 30*time.Second, "the poison job's dead letter", func() bool {
+		res, err := c.Enqueue(ctx, outageArgs{Order: fmt.Sprint("fine-", len(ids))}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, res.JobID)
+		return dead() == 1
+	})
+	testenv.WaitFor(t, 30*time.Second, "the other jobs", func() bool { return done(ids) == len(ids) })
+	if n := dead(); n != 1 {
+		t.Fatalf("%d dead letters, want the poison job's only", n)
 	}
-	testenv.WaitFor(t, 30*time.Second, "the next job", func() bool { return done([]string{res.JobID}) == 1 })
 }

@@ -33,9 +33,6 @@ type model struct {
 	breaker  *breaker.Breaker
 	provider string
 	policy   retry.Policy
-	// lastFailed is the job of the last model step that failed on the provider
-	// (callError): whether a run of failures is one job's or the provider's.
-	lastFailed atomic.Pointer[string]
 }
 
 // setupModel prepares the model calls of Config.Model: the ledger, the breaker that
@@ -214,7 +211,7 @@ func (s *Step) ToolKeys() []ledger.ToolKey { return append([]ledger.ToolKey(nil)
 // The error is made to be returned as is by the Worker: an outage of the provider (an
 // exhausted quota, the breaker open because of one or because Config.BreakerThreshold
 // calls in a row, this one included, failed with a 5xx, a timeout or a lost connection
-// after their retries, or such a failure while other jobs' calls are failing too)
+// after their retries, or such a failure that continues a run of failing calls)
 // matches ErrUnavailable, and the job is handed back without
 // spending a delivery while the queues wait for the breaker's probe; so does PostgreSQL unreachable under the ledger (a refused or lost connection,
 // a server shutting down: the ledger's calls were retried within the delivery's budget
@@ -320,7 +317,7 @@ func (rt *runtime) stream(ctx context.Context, jobID, step string, req *llm.Requ
 			return struct{}{}, nil
 		})
 		if err != nil && !stopped {
-			yield(llm.Chunk{}, m.callError(jobID, step, err))
+			yield(llm.Chunk{}, m.callError(step, err))
 			return
 		}
 		rt.client.postgresWorked() // the ledger wrote the call
@@ -401,7 +398,7 @@ func (rt *runtime) complete(ctx context.Context, jobID, step string, req *llm.Re
 		return s, m.recordToolKeys(ctx, s)
 	})
 	if err != nil {
-		return nil, m.callError(jobID, step, err)
+		return nil, m.callError(step, err)
 	}
 	rt.client.postgresWorked() // the ledger wrote the call
 	return s, nil

@@ -615,7 +615,7 @@ func TestResultTTLExpiry(t *testing.T) {
 func TestRoundTripsThroughMiddleware(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, idempotency.Config{}, created)
-	if err := h.store.LoadScripts(context.Background()); err != nil {
+	if err := h.store.Preload(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	count := func(what string, want int64, f func()) {

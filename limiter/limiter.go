@@ -500,14 +500,9 @@ func (l *Limiter) Acquire(ctx context.Context, c Call) (*Permit, error) {
 			return p, nil
 		}
 		day := now.UTC().Truncate(dayLen)
-		keys := []string{l.keys.Model(mk), l.keys.InFlight(mk), l.keys.Lines(mk), l.keys.Places(mk),
-			l.keys.TenantInFlight(tenantKey(c.Tenant)), l.keys.Budget(tenantKey(c.Tenant), day), l.keys.Held(tenantKey(c.Tenant), day),
-			l.keys.Released(p.id)}
-		args := []any{p.id, c.Tenant, work, lim.RPM, lim.TPM, lim.Concurrency, tenantCap(c.Tenant, l.cfg.TenantConcurrency), need,
-			budget, l.cfg.Lease.Milliseconds(), day.Add(dayLen).UnixMilli(), int64(budgetTTL.Seconds()),
-			l.cfg.HalfLife.Milliseconds(), waitingMark.Milliseconds(), placeGrace.Milliseconds(), firstCallDur.Milliseconds(),
-			max(c.InputTokens, 1), learnTTL.Milliseconds(), l.cfg.RateLimitPause.Milliseconds()}
-		res, err := admitScript.Run(ctx, l.rdb, keys, args...).Slice()
+		res, err := l.runAdmit(ctx, mk, day, admitArgs{permit: p.id, tenant: c.Tenant, work: work, lim: lim,
+			tenantConc: tenantCap(c.Tenant, l.cfg.TenantConcurrency), need: need, budget: budget, lease: l.cfg.Lease,
+			dayEnd: day.Add(dayLen), halfLife: l.cfg.HalfLife, firstCost: max(c.InputTokens, 1), probeFor: l.cfg.RateLimitPause})
 		if err != nil {
 			if replyLost(err) {
 				// Redis may have run the admission and its reply is lost: Run ends the
@@ -925,7 +920,7 @@ func (l *Limiter) pause(mk string, d time.Duration, why string, probe bool) {
 	l.m.pauses.WithLabelValues(name).Inc()
 	ctx, cancel := context.WithTimeout(context.Background(), settleWithin)
 	defer cancel()
-	till, err := pauseScript.Run(ctx, l.rdb, []string{l.keys.Model(mk)}, d.Milliseconds(), why, l.keys.Events(), mk, boolArg(probe)).Int64()
+	till, err := l.runPause(ctx, mk, d, why, probe)
 	if err != nil {
 		l.m.redisErrors.Inc()
 		l.log.Warn("limiter: could not share a pause of a model; other processes will meet it on their own", "model", mk, "err", err)
@@ -952,26 +947,20 @@ type settleArgs struct {
 
 // settlementOf builds the settleScript call of a permit of model for tenant on day.
 func (l *Limiter) settlementOf(model, tenant string, day time.Time, a settleArgs) settlement {
-	return settlement{model: model, tenant: tenant, day: day, args: []any{a.id, boolArg(a.sent), a.tokens, a.cost, a.budgetRes,
-		a.lim.RPM, a.lim.TPM, a.leftReq, a.leftTok, a.dur, a.lrpm, a.ltpm, learnTTL.Milliseconds(), a.probe, boolArg(a.answered),
-		a.release.Milliseconds(), l.keys.Events(), model}}
+	return settlement{model: model, tenant: tenant, day: day, args: a}
 }
 
 // settlement is one settleScript call, kept for a retry when Redis fails.
 type settlement struct {
 	model, tenant string
 	day           time.Time
-	args          []any
+	args          settleArgs
 }
 
 func (l *Limiter) settle(s settlement) error {
 	ctx, cancel := context.WithTimeout(context.Background(), settleWithin)
 	defer cancel()
-	t := tenantKey(s.tenant)
-	id, _ := s.args[0].(string)
-	keys := []string{l.keys.Model(s.model), l.keys.InFlight(s.model), l.keys.TenantInFlight(t), l.keys.Budget(t, s.day), l.keys.Held(t, s.day),
-		l.keys.Released(id)}
-	res, err := settleScript.Run(ctx, l.rdb, keys, s.args...).Int64Slice()
+	res, err := l.runSettle(ctx, s)
 	if err != nil {
 		l.m.redisErrors.Inc()
 		return err

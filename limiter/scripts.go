@@ -1,6 +1,12 @@
 package limiter
 
-import "github.com/redis/go-redis/v9"
+import (
+	"context"
+	"embed"
+	"time"
+
+	"github.com/onceflow/onceflow/internal/redisscript"
+)
 
 // The limiter's state is in Redis, every key under Prefix:{limits}: one hash slot, so
 // that each script below runs on one node (a Redis Cluster keeps the limiter on the
@@ -33,387 +39,63 @@ import "github.com/redis/go-redis/v9"
 // providers' own limiters do. Tokens are reserved at admission (the estimate: prompt
 // plus the output that may come) and corrected at settlement from the answer's usage;
 // the token bucket may go below zero when an answer used more than its estimate.
-
-// admitScript decides whether one call may go now. It is the only writer of a permit's
-// admission, and every check and every reservation it makes is one atomic step: two
-// processes can never both take the last request of a minute or the last tokens of a
-// budget.
 //
-//	KEYS[1] Model  KEYS[2] InFlight  KEYS[3] Lines  KEYS[4] Places
-//	KEYS[5] TenantInFlight  KEYS[6] Budget  KEYS[7] Held  KEYS[8] Released(permit)
-//	ARGV[1]  permit id                 ARGV[2]  tenant
-//	ARGV[3]  the call's work key ("" none: it never holds a place)
-//	ARGV[4]  requests per minute configured (0: the learnt one, if any)
-//	ARGV[5]  tokens per minute configured (0: the learnt one, if any)
-//	ARGV[6]  calls in flight (0: none)  ARGV[7]  the tenant's calls in flight (0: none)
-//	ARGV[8]  tokens the call needs (estimate plus output)
-//	ARGV[9]  the tenant's tokens per day (0: no budget)
-//	ARGV[10] permit lease, ms           ARGV[11] the end of the budget's day, Unix ms
-//	ARGV[12] the budget keys' TTL, s    ARGV[13] usage half-life, ms
-//	ARGV[14] how long a tenant counts as waiting after its place, ms
-//	ARGV[15] how long a place is held after it is due, ms
-//	ARGV[16] a call's duration until one was measured, ms
-//	ARGV[17] a call's cost in tokens until one was measured: its prompt's estimate
-//	         (too low a guess makes lines a little too dense until the first answer
-//	         settles; the output's whole reservation would leave capacity idle)
-//	ARGV[18] how long a learnt limit holds without the provider saying it again, ms
-//	ARGV[19] after a pause, how long a probe goes alone before another may go, ms
-//
-// Returns {1, tokens, probe} when admitted (the tokens it took from the token bucket;
-// probe: the pause ("rec") this call probes, "" when none), else {0, wait ms, reason,
-// detail}: reason "paused" (detail: why), "recovering" (a probe is out: wait for its
-// answer, announced as "resume <model>" on the events channel, or the wait), "budget" (the call does not fit in what is
-// left of today's budget; detail: tokens used and reserved today), "budget reserved"
-// (it would fit, but calls in flight hold the rest: a wait of about a call),
-// "tenant concurrency", or, for the shared capacity, "requests per minute",
-// "tokens per minute", "concurrency" or "fair share" (another waiting tenant has had
-// less lately). A call denied shared capacity is given a place in its tenant's line:
-// its wait ends at that place, so that a backlog of calls put off together comes back
-// spread out rather than all at once, and when it comes back (with the same work key) a
-// denial puts it back near the front (one spacing per waiting tenant ahead), not
-// behind its tenant's later calls. A line advances by the spacing of one call (the
-// tightest of 1/rpm, the average call's tokens/tpm and duration/concurrency) times
-// the tenants whose lines reach past the place given: the backlogs of the tenants
-// that have one interleave, round robin, at the capacity's pace, and where a line
-// ends the others speed up. Where calls still meet (a tenant arriving after another's
-// backlog was placed), a tenant that has had more lately yields to a waiting tenant
-// that has had less (the fair share). A place is a hint, not a reservation: capacity
-// goes to whoever asks first, but for that yield, so none is left idle for a share
-// nobody uses.
-var admitScript = redis.NewScript(`
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local id, tenant, work = ARGV[1], ARGV[2], ARGV[3]
--- An admission that arrives after its caller gave up on it and released it (its
--- reply was lost, and it was delayed behind the release) admits nothing.
-if redis.call('EXISTS', KEYS[8]) == 1 then return {0, 1, 'released', ''} end
-local need = tonumber(ARGV[8])
-local st = redis.call('HMGET', KEYS[1], 'rt', 'rts', 'tt', 'tts', 'pause', 'why', 'dur', 'lrpm', 'ltpm', 'avgtok', 'lts', 'rec', 'probe', 'seen')
-local fresh = now - (tonumber(st[11]) or 0) < tonumber(ARGV[18])
-local rpm = tonumber(ARGV[4]); if rpm <= 0 then rpm = fresh and tonumber(st[8]) or 0 end
-local tpm = tonumber(ARGV[5]); if tpm <= 0 then tpm = fresh and tonumber(st[9]) or 0 end
-local conc, tconc = tonumber(ARGV[6]), tonumber(ARGV[7])
-local lease = tonumber(ARGV[10])
-local dur = tonumber(st[7]) or tonumber(ARGV[16])
-local pause = tonumber(st[5]) or 0
-if pause > now then return {0, pause - now, 'paused', st[6] or ''} end
--- After a pause, one call at a time goes first (a probe, one every ARGV[19] ms while
--- none has answered): the calls that waited for the pause do not all go at once into
--- a limit that may not have come back.
-local rec = st[12]
-if not rec and rpm <= 0 and tpm <= 0 and conc <= 0 and tconc <= 0 and tonumber(ARGV[9]) <= 0
-    and now - (tonumber(st[14]) or 0) >= tonumber(ARGV[18]) then
-  -- First contact: nothing configured (no limit, budget or tenant cap), nothing learnt
-  -- and no answer lately. The first call goes alone (a probe): its answer's headers
-  -- teach the limits before the others go, rather than a whole fleet's worker slots
-  -- meeting the limit at once.
-  rec = 'first'
-  redis.call('HSET', KEYS[1], 'rec', rec)
-end
-if rec then
-  local probe = tonumber(st[13]) or 0
-  if probe > now then return {0, probe - now, 'recovering', ''} end
-end
+// The scripts that keep this state are the .lua files in lua/, each with a header naming
+// its KEYS, ARGV, reply and the invariant it keeps (internal/redisscript), each run by
+// one typed function below.
 
-local budget = tonumber(ARGV[9])
-if budget > 0 then
-  for _, p in ipairs(redis.call('ZRANGEBYSCORE', KEYS[7], '-inf', now)) do
-    local n = tonumber(redis.call('HGET', KEYS[6], 'p:' .. p)) or 0
-    redis.call('HINCRBY', KEYS[6], 'reserved', -n)
-    redis.call('HINCRBY', KEYS[6], 'used', n)
-    redis.call('HDEL', KEYS[6], 'p:' .. p)
-    redis.call('HSET', KEYS[6], 'x:' .. p, n)
-    redis.call('ZREM', KEYS[7], p)
-  end
-  local b = redis.call('HMGET', KEYS[6], 'used', 'reserved')
-  local used = tonumber(b[1]) or 0
-  local spent = used + (tonumber(b[2]) or 0)
-  if spent + need > budget then
-    if used + need > budget then
-      return {0, math.max(tonumber(ARGV[11]) - now, 1), 'budget', tostring(spent)}
-    end
-    -- What is missing is held by calls in flight: they settle (usually below their
-    -- reservation) within about a call's duration, or their leases end.
-    local w = dur
-    local first = redis.call('ZRANGE', KEYS[7], 0, 0, 'WITHSCORES')
-    if first[2] then w = math.min(w, tonumber(first[2]) - now) end
-    return {0, math.max(math.floor(w), 1), 'budget reserved', tostring(spent)}
-  end
-end
-if tconc > 0 then
-  redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now)
-  if redis.call('ZCARD', KEYS[5]) >= tconc then
-    return {0, math.max(math.floor(dur / tconc), 1), 'tenant concurrency', ''}
-  end
-end
+//go:embed lua/*.lua
+var luaFiles embed.FS
 
-local shared = rpm > 0 or tpm > 0 or conc > 0
-local rt, tt = 0, 0
-local tneed = need
-if shared then
-  local function refill(tok, ts, cap)
-    if not tok then return cap end
-    local r = tok + (now - (ts or now)) * cap / 60000
-    if r > cap then return cap end
-    return r
-  end
-  if rpm > 0 then rt = refill(tonumber(st[1]), tonumber(st[2]), rpm) end
-  if tpm > 0 then
-    tt = refill(tonumber(st[3]), tonumber(st[4]), tpm)
-    if tneed > tpm then tneed = tpm end
-  end
-  if conc > 0 then redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now) end
-  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+// scripts is the limiter's script set.
+var scripts = redisscript.NewSet(luaFiles)
 
-  local line, mark, use = {}, {}, {}
-  local fair_ret
-  local fair = redis.call('HGETALL', KEYS[3])
-  for i = 1, #fair, 2 do
-    local k, v = fair[i], fair[i + 1]
-    local kind, who = string.sub(k, 1, 1), string.sub(k, 3)
-    if k == 'ret' then fair_ret = v
-    elseif kind == 'n' then line[who] = tonumber(v)
-    elseif kind == 'w' then mark[who] = tonumber(v)
-    elseif kind == 'u' then use[who] = v end
-  end
-  local half = tonumber(ARGV[13])
-  local function usage(who)
-    local v = use[who]
-    if not v then return 0 end
-    local sep = string.find(v, '|', 1, true)
-    if not sep then return 0 end
-    local u, ts = tonumber(string.sub(v, 1, sep - 1)) or 0, tonumber(string.sub(v, sep + 1)) or now
-    return u * math.pow(2, -(now - ts) / half)
-  end
-  -- Forget tenants with nothing recent: no place ahead, not waiting, no usage left.
-  local seen = {}
-  for who in pairs(line) do seen[who] = true end
-  for who in pairs(mark) do seen[who] = true end
-  for who in pairs(use) do seen[who] = true end
-  for who in pairs(seen) do
-    if who ~= tenant and (line[who] or 0) < now and (mark[who] or 0) < now and usage(who) < 0.01 then
-      redis.call('HDEL', KEYS[3], 'n:' .. who, 'w:' .. who, 'u:' .. who)
-      line[who], mark[who], use[who] = nil, nil, nil
-    end
-  end
+// admitScript decides whether one call may go now, and reserves what it takes, in one
+// atomic step (lua/admit.lua).
+var admitScript = scripts.MustScript("lua/admit.lua")
 
-  local held = false
-  if work ~= '' and redis.call('ZSCORE', KEYS[4], work) then held = true end
-  local wait, why = 0, nil
-  if conc > 0 and redis.call('ZCARD', KEYS[2]) >= conc then wait, why = dur / conc, 'concurrency' end
-  if rpm > 0 and rt < 1 then
-    local w = (1 - rt) * 60000 / rpm
-    if not why or w > wait then wait, why = w, 'requests per minute' end
-  end
-  if tpm > 0 and tt < tneed then
-    local w = (tneed - tt) * 60000 / tpm
-    if not why or w > wait then wait, why = w, 'tokens per minute' end
-  end
-  if not why then
-    local mine = usage(tenant)
-    for who, til in pairs(mark) do
-      if who ~= tenant and til > now and usage(who) + 1 <= mine then
-        why = 'fair share'
-        break
-      end
-    end
-  end
-  if why then
-    local sp = 0
-    if rpm > 0 then sp = 60000 / rpm end
-    if tpm > 0 then sp = math.max(sp, math.min(tneed, tonumber(st[10]) or tonumber(ARGV[17])) * 60000 / tpm) end
-    if conc > 0 then sp = math.max(sp, dur / conc) end
-    local place
-    if held and why ~= 'fair share' then
-      -- Back at its place and the capacity taken (by calls that came back late, or a
-      -- moment too early): it is not sent behind its tenant's backlog, but joins the
-      -- model's line of returns, one spacing apart, so that calls back at once do not
-      -- all ask again for the next unit (a crowd polling the bucket).
-      place = math.max(now + wait, tonumber(fair_ret) or 0)
-      redis.call('HSET', KEYS[3], 'ret', tostring(place + sp))
-    elseif held then
-      -- It yields to a waiting tenant that has had less: after one spacing per such
-      -- tenant.
-      local waiting = 1
-      for who, til in pairs(mark) do
-        if who ~= tenant and til > now then waiting = waiting + 1 end
-      end
-      place = now + math.max(wait, sp * waiting)
-    else
-      place = math.max(now + wait, line[tenant] or 0)
-      -- Round robin: the line advances by one spacing for each tenant whose own line
-      -- reaches past this place, so the lines of the tenants with a backlog there
-      -- interleave at the capacity's pace (and a short line ahead does not slow a
-      -- long one beyond its end).
-      local sharing = 1
-      for who, nxt in pairs(line) do
-        if who ~= tenant and nxt > place then sharing = sharing + 1 end
-      end
-      redis.call('HSET', KEYS[3], 'n:' .. tenant, tostring(place + sp * sharing))
-    end
-    redis.call('HSET', KEYS[3], 'w:' .. tenant, tostring(place + tonumber(ARGV[14])))
-    if work ~= '' then redis.call('ZADD', KEYS[4], place + tonumber(ARGV[15]), work) end
-    return {0, math.max(math.ceil(place - now), 1), why, ''}
-  end
+// admitArgs are admitScript's arguments (see its ARGV), by name.
+type admitArgs struct {
+	permit, tenant, work      string
+	lim                       Limits
+	tenantConc                int
+	need, budget              int64
+	lease, halfLife, probeFor time.Duration
+	dayEnd                    time.Time
+	firstCost                 int
+}
 
-  if rpm > 0 then rt = rt - 1 end
-  if tpm > 0 then tt = tt - tneed end
-  if rpm > 0 then redis.call('HSET', KEYS[1], 'rt', tostring(rt), 'rts', now) end
-  if tpm > 0 then redis.call('HSET', KEYS[1], 'tt', tostring(tt), 'tts', now) end
-  if conc > 0 then redis.call('ZADD', KEYS[2], now + lease, id) end
-  redis.call('HSET', KEYS[3], 'u:' .. tenant, tostring(usage(tenant) + 1) .. '|' .. now)
-  if held then redis.call('ZREM', KEYS[4], work) end
-end
+// runAdmit runs admitScript for a permit of model mk for a.tenant on day.
+func (l *Limiter) runAdmit(ctx context.Context, mk string, day time.Time, a admitArgs) ([]any, error) {
+	t := tenantKey(a.tenant)
+	keys := []string{l.keys.Model(mk), l.keys.InFlight(mk), l.keys.Lines(mk), l.keys.Places(mk),
+		l.keys.TenantInFlight(t), l.keys.Budget(t, day), l.keys.Held(t, day), l.keys.Released(a.permit)}
+	return admitScript.Run(ctx, l.rdb, keys, a.permit, a.tenant, a.work, a.lim.RPM, a.lim.TPM, a.lim.Concurrency, a.tenantConc,
+		a.need, a.budget, a.lease.Milliseconds(), a.dayEnd.UnixMilli(), int64(budgetTTL.Seconds()),
+		a.halfLife.Milliseconds(), waitingMark.Milliseconds(), placeGrace.Milliseconds(), firstCallDur.Milliseconds(),
+		a.firstCost, learnTTL.Milliseconds(), a.probeFor.Milliseconds()).Slice()
+}
 
-if tconc > 0 then redis.call('ZADD', KEYS[5], now + lease, id) end
-if budget > 0 then
-  redis.call('HINCRBY', KEYS[6], 'reserved', need)
-  redis.call('HSET', KEYS[6], 'p:' .. id, need)
-  redis.call('ZADD', KEYS[7], now + lease, id)
-  redis.call('EXPIRE', KEYS[6], tonumber(ARGV[12]))
-  redis.call('EXPIRE', KEYS[7], tonumber(ARGV[12]))
-end
-if rec then redis.call('HSET', KEYS[1], 'probe', now + tonumber(ARGV[19])) end
-if tpm > 0 then return {1, tneed, rec or ''} end
-return {1, 0, rec or ''}
-`)
+// settleScript ends a permit: its concurrency back, its tokens corrected, the provider's
+// limits learnt, the tenant's budget charged (lua/settle.lua).
+var settleScript = scripts.MustScript("lua/settle.lua")
 
-// settleScript ends a permit: it gives back its concurrency, corrects the tokens it
-// reserved to what the call cost, learns the provider's limits and remainders from its
-// answer's headers, and charges the tenant's budget. It is safe to run for a permit
-// that was never admitted through Redis (every removal is a no-op) and for one whose
-// lease ended (its budget reservation was then charged whole and marked "x:<permit>";
-// the charge is corrected, once). Its budget part is idempotent: run again (a retry
-// after a reply lost to a timeout), it finds neither the hold nor the mark and changes
-// nothing. Its token bucket part is not: a second run corrects the bucket again, by at
-// most the call's reservation, within the bucket's one minute (documented bound).
-//
-//	KEYS[1] Model  KEYS[2] InFlight  KEYS[3] TenantInFlight  KEYS[4] Budget  KEYS[5] Held
-//	KEYS[6] Released(permit)
-//	ARGV[1]  permit id
-//	ARGV[2]  1 when the request was sent (its request counts), 0 when it never left
-//	ARGV[3]  tokens the admission took from the token bucket (0: none)
-//	ARGV[4]  tokens the call cost (its usage; the reservation when it is unknown)
-//	ARGV[5]  tokens the admission reserved from the budget (0: no budget)
-//	ARGV[6]  requests per minute configured (0: learnt)
-//	ARGV[7]  tokens per minute configured (0: learnt)
-//	ARGV[8]  requests the provider says remain (-1: it did not say)
-//	ARGV[9]  tokens the provider says remain (-1)
-//	ARGV[10] the call's duration, ms (-1: none, it was not sent)
-//	ARGV[11] requests per minute the provider says (0: it did not say)
-//	ARGV[12] tokens per minute the provider says (0)
-//	ARGV[13] how long a learnt limit holds without the provider saying it again, ms
-//	ARGV[14] the pause this call probed ("" none: see admitScript)
-//	ARGV[15] 1 when the provider answered (anything but a 429, an exhausted quota or
-//	         no answer): the probe ends the recovery; 0: the next probe may go now
-//	ARGV[16] for the release of an admission whose reply was lost, the lease, ms: a
-//	         mark (KEYS[6]) that long makes the admission a no-op if it comes later;
-//	         0 otherwise
-//	ARGV[17] the events channel  ARGV[18] the model's name: a probe's answer that ends
-//	         the recovery is announced there ("resume <model>"), so the calls waiting
-//	         for it go at once
-//
-// Returns {rpm, tpm, learnt at} in force after it (learnt when not configured, and only
-// while the provider said them within ARGV[13]; learnt at in Unix ms, 0 for never).
-var settleScript = redis.NewScript(`
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local id = ARGV[1]
-if tonumber(ARGV[16]) > 0 then redis.call('SET', KEYS[6], '1', 'PX', ARGV[16]) end
-redis.call('ZREM', KEYS[2], id)
-redis.call('ZREM', KEYS[3], id)
-local bres = tonumber(ARGV[5])
-local cost = tonumber(ARGV[4])
-if bres > 0 then
-  if redis.call('ZREM', KEYS[5], id) == 1 then
-    redis.call('HINCRBY', KEYS[4], 'reserved', -bres)
-    redis.call('HINCRBY', KEYS[4], 'used', cost)
-    redis.call('HDEL', KEYS[4], 'p:' .. id)
-  else
-    local x = tonumber(redis.call('HGET', KEYS[4], 'x:' .. id))
-    if x then
-      redis.call('HINCRBY', KEYS[4], 'used', cost - x)
-      redis.call('HDEL', KEYS[4], 'x:' .. id)
-    end
-  end
-end
-if ARGV[15] == '1' then redis.call('HSET', KEYS[1], 'seen', now) end
-if ARGV[14] ~= '' and redis.call('HGET', KEYS[1], 'rec') == ARGV[14] then
-  if ARGV[15] == '1' then
-    redis.call('HDEL', KEYS[1], 'rec', 'probe')
-    redis.call('PUBLISH', ARGV[17], 'resume ' .. ARGV[18])
-  else redis.call('HDEL', KEYS[1], 'probe') end
-end
-local lrpm, ltpm = tonumber(ARGV[11]), tonumber(ARGV[12])
-if lrpm > 0 then redis.call('HSET', KEYS[1], 'lrpm', lrpm) end
-if ltpm > 0 then redis.call('HSET', KEYS[1], 'ltpm', ltpm) end
-if lrpm > 0 or ltpm > 0 then redis.call('HSET', KEYS[1], 'lts', now) end
-local st = redis.call('HMGET', KEYS[1], 'rt', 'rts', 'tt', 'tts', 'dur', 'lrpm', 'ltpm', 'avgtok', 'lts')
-local lts = tonumber(st[9]) or 0
-local fresh = now - lts < tonumber(ARGV[13])
-local rpm = tonumber(ARGV[6]); if rpm <= 0 then rpm = fresh and tonumber(st[6]) or 0 end
-local tpm = tonumber(ARGV[7]); if tpm <= 0 then tpm = fresh and tonumber(st[7]) or 0 end
-local function refill(tok, ts, cap)
-  if not tok then return cap end
-  local r = tok + (now - (ts or now)) * cap / 60000
-  if r > cap then return cap end
-  return r
-end
-if rpm > 0 then
-  local rt = refill(tonumber(st[1]), tonumber(st[2]), rpm)
-  if ARGV[2] == '0' then rt = math.min(rt + 1, rpm) end
-  local left = tonumber(ARGV[8])
-  if left >= 0 and left < rt then rt = left end
-  redis.call('HSET', KEYS[1], 'rt', tostring(rt), 'rts', now)
-end
-if tpm > 0 then
-  local tt = refill(tonumber(st[3]), tonumber(st[4]), tpm)
-  tt = tt + tonumber(ARGV[3]) - cost
-  if tt > tpm then tt = tpm end
-  if tt < -tpm then tt = -tpm end
-  local left = tonumber(ARGV[9])
-  if left >= 0 and left < tt then tt = left end
-  redis.call('HSET', KEYS[1], 'tt', tostring(tt), 'tts', now)
-end
-local d = tonumber(ARGV[10])
-if d >= 0 then
-  local old = tonumber(st[5])
-  if old then d = old * 0.8 + d * 0.2 end
-  redis.call('HSET', KEYS[1], 'dur', tostring(d))
-  if cost > 0 then
-    local avg = tonumber(st[8])
-    if avg then avg = avg * 0.8 + cost * 0.2 else avg = cost end
-    redis.call('HSET', KEYS[1], 'avgtok', tostring(avg))
-  end
-end
-return {rpm, tpm, lts}
-`)
+// runSettle runs settleScript for s and returns its reply (rpm, tpm, learnt at).
+func (l *Limiter) runSettle(ctx context.Context, s settlement) ([]int64, error) {
+	t, a := tenantKey(s.tenant), s.args
+	keys := []string{l.keys.Model(s.model), l.keys.InFlight(s.model), l.keys.TenantInFlight(t), l.keys.Budget(t, s.day),
+		l.keys.Held(t, s.day), l.keys.Released(a.id)}
+	return settleScript.Run(ctx, l.rdb, keys, a.id, boolArg(a.sent), a.tokens, a.cost, a.budgetRes,
+		a.lim.RPM, a.lim.TPM, a.leftReq, a.leftTok, a.dur, a.lrpm, a.ltpm, learnTTL.Milliseconds(), a.probe, boolArg(a.answered),
+		a.release.Milliseconds(), l.keys.Events(), s.model).Int64Slice()
+}
 
-// pauseScript stops calls to a model for the whole fleet until a time, and tells every
-// process at once (PUBLISH on Keys.Events). A pause only ever lengthens: a shorter one
-// than the pause in force changes nothing. A pause for a refusal marks the model
-// recovering ("rec", the pause's end): after the pause, admitScript lets one probe go
-// at a time until one answers (settleScript ends the recovery). A pause for a window
-// the answers said was empty does not: its reset is known, and the buckets pace the
-// calls after it.
-//
-//	KEYS[1] Model
-//	ARGV[1] the pause, ms from Redis' now  ARGV[2] why  ARGV[3] the events channel
-//	ARGV[4] the model's name in the event
-//	ARGV[5] 1: a refusal (a 429, an exhausted quota): one probe goes first after it
-//
-// Returns the pause's end in Unix ms (the one in force).
-var pauseScript = redis.NewScript(`
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local till = now + tonumber(ARGV[1])
-local cur = tonumber(redis.call('HGET', KEYS[1], 'pause')) or 0
-if till <= cur then return cur end
-redis.call('HSET', KEYS[1], 'pause', till, 'why', ARGV[2])
-if ARGV[5] == '1' then
-  redis.call('HSET', KEYS[1], 'rec', till)
-  redis.call('HDEL', KEYS[1], 'probe')
-end
-redis.call('PUBLISH', ARGV[3], 'pause ' .. till .. ' ' .. ARGV[4])
-return till
-`)
+// pauseScript pauses a model for the whole fleet and announces it; a pause only
+// lengthens (lua/pause.lua).
+var pauseScript = scripts.MustScript("lua/pause.lua")
+
+// runPause runs pauseScript for model mk: paused for d, for why, a refusal when probe
+// (one probe goes first after it). It returns the end of the pause in force, Unix ms.
+func (l *Limiter) runPause(ctx context.Context, mk string, d time.Duration, why string, probe bool) (int64, error) {
+	return pauseScript.Run(ctx, l.rdb, []string{l.keys.Model(mk)}, d.Milliseconds(), why, l.keys.Events(), mk, boolArg(probe)).Int64()
+}

@@ -74,48 +74,9 @@ func (m Message) MarshalJSON() ([]byte, error) {
 	}{m.JobID, m.Kind, m.Tenant, m.Payload, m.EnqueuedAt.UTC(), m.TraceParent})
 }
 
-// deadLetterScript moves one pending entry to the dead-letter stream.
-//
-//	KEYS[1]  the stream
-//	KEYS[2]  the dead-letter stream
-//	KEYS[3]  the job index (absent when the message has no valid job id)
-//	ARGV[1]  consumer group
-//	ARGV[2]  consumer that must own the entry
-//	ARGV[3]  entry id
-//	ARGV[4]  reason
-//	ARGV[5]  failed_at, Unix milliseconds
-//	ARGV[6]  tenant, or "" when unknown
-//	ARGV[7]  the attempts the job spent, or 0 to record the entry's delivery count
-//	ARGV[8]  the delivery's history event (a JSON object; the script adds "dead"), or
-//	         "" for none
-//	ARGV[9:] the dead-letter record's field/value list; the script appends "deliveries"
-//	         with ARGV[7] or the entry's delivery count from the PEL
-//
-// Returns the dead-letter entry id, or nil when the entry is no longer pending to
-// ARGV[2] (acknowledged, or reclaimed by another consumer whose run now decides).
-// Invariant: XADD to the dead-letter stream, XACK and the index's state=failed happen
-// together or not at all, and only the entry's current owner moves it, so one entry
-// never yields two dead letters. The index loses its TTL and its "entry" (so that no
-// trim gives it one once the entry is removed: see trimBatchScript): it must outlive the record it points to
-// (Purge gives it a TTL back).
-var deadLetterScript = redis.NewScript(historyLua + `
-local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1, ARGV[2])
-if #p == 0 then return false end
-local rec = {}
-for i = 9, #ARGV do rec[#rec + 1] = ARGV[i] end
-rec[#rec + 1] = 'deliveries'
-if tonumber(ARGV[7]) > 0 then rec[#rec + 1] = ARGV[7] else rec[#rec + 1] = tostring(p[1][4]) end
-local dead = redis.call('XADD', KEYS[2], '*', unpack(rec))
-redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
-if KEYS[3] then
-  redis.call('HSET', KEYS[3], 'state', 'failed', 'reason', ARGV[4], 'dead_id', dead, 'failed_at', ARGV[5])
-  redis.call('HDEL', KEYS[3], 'entry')
-  if ARGV[6] ~= '' then redis.call('HSETNX', KEYS[3], 'tenant', ARGV[6]) end
-  redis.call('PERSIST', KEYS[3])
-  if ARGV[8] ~= '' then history(KEYS[3], string.sub(ARGV[8], 1, -2) .. ',"dead":"' .. dead .. '"}') end
-end
-return dead
-`)
+// deadLetterScript moves one pending entry to the dead-letter stream, with the job
+// index's state=failed, in one step (lua/dead_letter.lua).
+var deadLetterScript = scripts.MustScript("lua/dead_letter.lua", historyLib)
 
 // deadLetter moves entry id (pending to consumer) to the dead-letter stream. msg is the
 // parsed message, or nil when fields were malformed. It reports ok=false when the entry
@@ -262,30 +223,9 @@ func getDead(ctx context.Context, rdb redis.Cmdable, keys Keys, deadID string) (
 	return ParseDeadLetter(msgs[0].ID, msgs[0].Values), nil
 }
 
-// replayScript re-enqueues a dead letter and removes it.
-//
-//	KEYS[1]  the stream
-//	KEYS[2]  the dead-letter stream
-//	KEYS[3]  the job index
-//	ARGV[1]  dead-letter entry id
-//	ARGV[2]  the time, Unix milliseconds, for the job's history
-//	ARGV[3]  when the dead letter's job was enqueued, Unix milliseconds, for its history
-//	ARGV[4:] EnqueueLua's argv: tenant, then the new entry's field/value list
-//
-// Returns the new entry id, or nil when the dead letter no longer exists. It enqueues
-// with EnqueueLua, so the index says queued again, without a TTL, exactly as for any
-// enqueue (which also retires the dead letter the index points at, when that is another
-// one of the same job). Invariant: the job is back in the stream exactly when its dead
-// letter is gone, so two concurrent replays enqueue it once.
-var replayScript = redis.NewScript(enqueueFunc + historyLua + `
-if #redis.call('XRANGE', KEYS[2], ARGV[1], ARGV[1]) == 0 then return false end
-local argv = {}
-for i = 4, #ARGV do argv[#argv + 1] = ARGV[i] end
-local id = enqueue(KEYS, argv)
-redis.call('XDEL', KEYS[2], ARGV[1])
-history(KEYS[3], cjson.encode({outcome = 'replayed', entry = id, dead = ARGV[1], ['end'] = tonumber(ARGV[2]), enqueued = tonumber(ARGV[3])}))
-return id
-`)
+// replayScript re-enqueues a dead letter with the queue's enqueue and removes it, in
+// one step (lua/replay.lua).
+var replayScript = scripts.MustScript("lua/replay.lua", historyLib, enqueueLib)
 
 // Replay puts the dead letter deadID back on the queue with the same job id (and
 // payload, tenant and trace context; enqueued_at becomes now) and removes it from the
@@ -307,11 +247,11 @@ func Replay(ctx context.Context, rdb redis.Cmdable, keys Keys, deadID string) (s
 	m := *d.Message
 	first := m.EnqueuedAt
 	m.EnqueuedAt = time.Now()
-	enq, err := EnqueueArgs(m)
+	enq, err := enqueueArgs(m)
 	if err != nil {
 		return "", fmt.Errorf("replay %s: %w", deadID, err)
 	}
-	id, err := replayScript.Run(ctx, rdb, keys.EnqueueKeys(m.JobID), append([]any{deadID, m.EnqueuedAt.UnixMilli(), first.UnixMilli()}, enq...)...).Text()
+	id, err := replayScript.Run(ctx, rdb, keys.enqueueKeys(m.JobID), append([]any{deadID, m.EnqueuedAt.UnixMilli(), first.UnixMilli()}, enq...)...).Text()
 	if errors.Is(err, redis.Nil) {
 		return "", fmt.Errorf("%w: %s", ErrDeadLetterNotFound, deadID)
 	}
@@ -321,28 +261,8 @@ func Replay(ctx context.Context, rdb redis.Cmdable, keys Keys, deadID string) (s
 	return id, nil
 }
 
-// purgeScript deletes a dead letter.
-//
-//	KEYS[1]  the dead-letter stream
-//	KEYS[2]  the job index (absent when the record has no valid job id)
-//	ARGV[1]  dead-letter entry id
-//	ARGV[2]  index TTL in milliseconds
-//	ARGV[3]  the time, Unix milliseconds, for the job's history
-//
-// Returns 1 when deleted, 0 when it did not exist. Invariant: an index that pointed at
-// the deleted entry stops pointing at it and gets a TTL back, so it does not outlive it
-// by more than ARGV[2]; the job stays failed until then.
-var purgeScript = redis.NewScript(historyLua + `
-if redis.call('XDEL', KEYS[1], ARGV[1]) == 0 then return 0 end
-if KEYS[2] then
-  history(KEYS[2], cjson.encode({outcome = 'purged', dead = ARGV[1], ['end'] = tonumber(ARGV[3])}))
-  if redis.call('HGET', KEYS[2], 'dead_id') == ARGV[1] then
-    redis.call('HDEL', KEYS[2], 'dead_id')
-    redis.call('PEXPIRE', KEYS[2], ARGV[2])
-  end
-end
-return 1
-`)
+// purgeScript deletes a dead letter and gives its job index a TTL back (lua/purge.lua).
+var purgeScript = scripts.MustScript("lua/purge.lua", historyLib)
 
 // Purge deletes the dead letter deadID for good. The job index stays "failed" for ttl
 // more, then expires. A dead letter that does not exist gives an error wrapping
@@ -367,28 +287,8 @@ func Purge(ctx context.Context, rdb redis.Cmdable, keys Keys, deadID string, ttl
 }
 
 // trimDeadScript deletes the dead letters below a threshold id and releases their job
-// indexes.
-//
-//	KEYS[1]  the dead-letter stream
-//	KEYS[2:] job indexes of dead letters below the threshold (those with a valid job id)
-//	ARGV[1]  the threshold: XTRIM MINID deletes every entry with a lower id
-//	ARGV[2]  index TTL in milliseconds
-//	ARGV[3:] for KEYS[i], the id of the dead letter of that job below the threshold
-//
-// Returns the number of entries deleted. Invariant: as for purgeScript, an index that
-// pointed at a deleted dead letter stops pointing at it and gets the TTL back, in the
-// same step as the XTRIM, so no index keeps saying failed for ever about a dead letter
-// that no longer exists. An index that meanwhile points elsewhere (the job was enqueued
-// again, or failed again) is left alone.
-var trimDeadScript = redis.NewScript(`
-for i = 2, #KEYS do
-  if redis.call('HGET', KEYS[i], 'dead_id') == ARGV[i + 1] then
-    redis.call('HDEL', KEYS[i], 'dead_id')
-    redis.call('PEXPIRE', KEYS[i], ARGV[2])
-  end
-end
-return redis.call('XTRIM', KEYS[1], 'MINID', ARGV[1])
-`)
+// indexes, in one step (lua/trim_dead.lua).
+var trimDeadScript = scripts.MustScript("lua/trim_dead.lua")
 
 // trimDeadBatch bounds the dead letters one trimDeadScript call handles.
 const trimDeadBatch = 500

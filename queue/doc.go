@@ -38,8 +38,8 @@
 //
 // # The job index
 //
-// Every enqueue (Enqueue, Replay, and any script embedding EnqueueLua, such as the API's
-// accept) records the job's tenant and state in its index; the index does not expire
+// Every enqueue (Enqueue, Replay, and any script running EnqueueStep's step, such as the
+// API's accept) records the job's tenant and state in its index; the index does not expire
 // while the job is queued, running or dead-lettered, and expires JobTTL after the
 // trim removed the job's acknowledged entry or its dead letter was deleted. Enqueueing a job whose index says failed
 // runs it again and retires its dead letter, as a replay does.

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/onceflow/onceflow/internal/redisscript"
 )
 
 // DefaultJobTTL is how long the job index (the hash at Keys.Job) of a job that left the
@@ -17,48 +19,6 @@ import (
 // is queued, running or dead-lettered its index does not expire.
 const DefaultJobTTL = 24 * time.Hour
 
-// EnqueueLua is the queue's enqueue as the body of a Lua function of (keys, argv). It is
-// the one piece of code that adds a job and writes its index: Enqueue runs it, Replay
-// runs it, and a script that must enqueue in the same atomic step as writes of its own
-// (the API's accept, redisstore.Store.AcceptWrite) embeds it rather than copy it:
-//
-//	local function enqueue(keys, argv)
-//	  <EnqueueLua>
-//	end
-//
-// with
-//
-//	keys[1]  the stream (Keys.Stream)
-//	keys[2]  the dead-letter stream (Keys.Dead)
-//	keys[3]  the job index (Keys.Job(job_id))
-//	argv[1]  tenant
-//	argv[2:] the entry's field/value list (Message.Values)
-//
-// as Keys.EnqueueKeys and EnqueueArgs return them; all three keys share the queue's hash
-// slot. It returns the new entry id. When the job's index names another tenant it raises
-// JOBIDTAKEN (see ErrJobIDTaken and EnqueueError), and when a key holds another type it
-// raises WRONGTYPE, both before its first write (it reads the index first, and XADD is
-// its first write), so a script that writes only after it returns writes all or nothing. In the common case it
-// costs four commands: HMGET, XADD, HSET, PERSIST.
-//
-// It adds the entry, and the index gets tenant, state=queued and entry (the new entry
-// id) and loses any TTL: the index of a job in the stream never expires (the worker
-// gives it WorkerConfig.JobTTL when its maintenance trims the acknowledged latest entry
-// from the stream, see Trim). When the
-// index records a failure, the job was asked for again and runs again, as after a
-// replay: the dead letter the index points at (dead_id) is deleted and reason, dead_id,
-// failed_at and last_error are removed; its new entry runs with the whole budget. Invariant: a job is never queued in the index while the
-// dead letter it points at exists, nor expires from the index while queued.
-const EnqueueLua = `
-local f = redis.call('HMGET', keys[3], 'state', 'dead_id', 'tenant')
-` + jobIDCheckLua + `
-local id = redis.call('XADD', keys[1], '*', unpack(argv, 2))
-` + retireLua + `
-redis.call('HSET', keys[3], 'tenant', argv[1], 'state', 'queued', 'entry', id)
-redis.call('PERSIST', keys[3])
-return id
-`
-
 // ErrJobIDTaken is matched by the error of an enqueue of a job id whose index belongs to
 // another tenant (the index records the tenant of the job's first enqueue, "" for
 // none): a job id is one job, and a caller that chooses ids cannot take over, or have
@@ -66,10 +26,11 @@ return id
 // index's own tenant is allowed, as before.
 var ErrJobIDTaken = errors.New("queue: the job id belongs to another tenant")
 
-// jobIDTakenReply starts the error EnqueueLua raises for ErrJobIDTaken.
+// jobIDTakenReply starts the error enqueue.lua raises for ErrJobIDTaken.
 const jobIDTakenReply = "JOBIDTAKEN"
 
-// EnqueueError returns err, the error of a script that runs or embeds EnqueueLua, with
+// EnqueueError returns err, the error of a script that runs the queue's enqueue (alone,
+// or as a Step of EnqueueStep or EnqueueAtStep in another package's script), with
 // ErrJobIDTaken added to what it matches when the enqueue refused another tenant's job
 // id. Other errors, and nil, are returned as they are.
 func EnqueueError(err error) error {
@@ -80,22 +41,19 @@ func EnqueueError(err error) error {
 	return err
 }
 
-// enqueueFunc defines the Lua function enqueue(keys, argv) for the queue's own scripts.
-const enqueueFunc = "local function enqueue(keys, argv)\n" + EnqueueLua + "end\n"
+// enqueueScript runs enqueue(KEYS, ARGV) (lua/enqueue.lua).
+var enqueueScript = enqueueFunc.Script()
 
-// enqueueScript runs EnqueueLua with KEYS and ARGV as its keys and argv.
-var enqueueScript = redis.NewScript(enqueueFunc + "return enqueue(KEYS, ARGV)\n")
-
-// EnqueueKeys returns the keys EnqueueLua takes to enqueue jobID, in order: the stream,
+// enqueueKeys returns the keys enqueue.lua takes to enqueue jobID, in order: the stream,
 // the dead-letter stream and the job index.
-func (k Keys) EnqueueKeys(jobID string) []string {
+func (k Keys) enqueueKeys(jobID string) []string {
 	return []string{k.Stream(), k.Dead(), k.Job(jobID)}
 }
 
-// EnqueueArgs returns the arguments EnqueueLua takes to enqueue m: its tenant, then its
+// enqueueArgs returns the arguments enqueue.lua takes to enqueue m: its tenant, then its
 // fields (Message.Values). A zero m.EnqueuedAt is set to the current time. An m that
 // fails Validate gives an error wrapping ErrMalformed.
-func EnqueueArgs(m Message) ([]any, error) {
+func enqueueArgs(m Message) ([]any, error) {
 	if m.EnqueuedAt.IsZero() {
 		m.EnqueuedAt = time.Now()
 	}
@@ -105,13 +63,33 @@ func EnqueueArgs(m Message) ([]any, error) {
 	return append([]any{m.Tenant}, m.Values()...), nil
 }
 
+// EnqueueStep returns the enqueue of m on keys' queue as a Step: the queue's own enqueue
+// (the function Enqueue runs: the entry, and the job index's rules) with its keys and
+// args, for a script of another package to run in the same atomic step as writes of its
+// own (redisstore.Store.AcceptStep, the API's accept). It validates as Enqueue does: an
+// invalid keys gives its error, an m that fails Validate an error wrapping ErrMalformed;
+// a zero m.EnqueuedAt is set to the current time. Run, the step raises its errors
+// before its first write (pass them through EnqueueError to match ErrJobIDTaken), so a
+// script that writes only after it writes all or nothing. Its keys share the queue's
+// hash slot.
+func EnqueueStep(keys Keys, m Message) (redisscript.Step, error) {
+	if err := keys.Validate(); err != nil {
+		return redisscript.Step{}, err
+	}
+	args, err := enqueueArgs(m)
+	if err != nil {
+		return redisscript.Step{}, err
+	}
+	return enqueueFunc.Step(keys.enqueueKeys(m.JobID), args...)
+}
+
 // Enqueue adds m to the queue named by keys and records m.Tenant in the job index
-// (Keys.Job), in one round trip (EnqueueLua). It returns the stream entry id. A zero
+// (Keys.Job), in one round trip (lua/enqueue.lua). It returns the stream entry id. A zero
 // m.EnqueuedAt is set to the current time. Enqueueing the same job id twice is allowed
 // and adds a second entry: handlers deduplicate on the job id; enqueueing it for another
 // tenant than its index's is refused with an error wrapping ErrJobIDTaken. Enqueueing a job whose
 // index says failed runs it again: its dead letter is deleted and its index says queued
-// (see EnqueueLua).
+// (see lua/enqueue.lua).
 //
 // The index does not expire while the job waits or runs, however long; the worker gives
 // it WorkerConfig.JobTTL when the trim removes the job's acknowledged entry.
@@ -123,11 +101,11 @@ func Enqueue(ctx context.Context, rdb redis.Scripter, keys Keys, m Message) (str
 	if err := keys.Validate(); err != nil {
 		return "", err
 	}
-	args, err := EnqueueArgs(m)
+	args, err := enqueueArgs(m)
 	if err != nil {
 		return "", err
 	}
-	id, err := enqueueScript.Run(ctx, rdb, keys.EnqueueKeys(m.JobID), args...).Text()
+	id, err := enqueueScript.Run(ctx, rdb, keys.enqueueKeys(m.JobID), args...).Text()
 	if err != nil {
 		return "", fmt.Errorf("enqueue job %s: %w", m.JobID, EnqueueError(err))
 	}

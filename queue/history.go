@@ -97,28 +97,11 @@ type historyWire struct {
 
 // historyMax bounds a job's history in bytes; past it the oldest events are dropped.
 // About 30 events: enough for every attempt of the default budget and a few replays.
+// lua/history.lua, which appends the events, has it as a literal.
 const historyMax = 8 << 10
 
 // historyDetailMax bounds an event's Detail in bytes.
 const historyDetailMax = 200
-
-// historyLua defines history(key, rec): it appends rec as the next event of the index
-// at key, when that index exists (an index never comes into being, or loses its TTL,
-// for its history), dropping the oldest events past historyMax bytes.
-var historyLua = `
-local function history(key, rec)
-  if rec == '' or redis.call('EXISTS', key) == 0 then return end
-  local n = redis.call('HINCRBY', key, 'history_n', 1)
-  local h = redis.call('HGET', key, 'history')
-  local line = n .. ' ' .. rec
-  if h then h = h .. '\n' .. line else h = line end
-  if #h > ` + strconv.Itoa(historyMax) + ` then
-    local cut = string.find(h, '\n', #h - ` + strconv.Itoa(historyMax) + `, true)
-    if cut then h = string.sub(h, cut + 1) else h = line end
-  end
-  redis.call('HSET', key, 'history', h)
-end
-`
 
 // historyRecord encodes the event of delivery d that ended at end on consumer, as
 // historyWire's JSON (on one line: encoding/json escapes newlines). Strings are made
@@ -191,20 +174,9 @@ func ReadHistory(ctx context.Context, rdb redis.Cmdable, keys Keys, jobID string
 	return events, dropped, nil
 }
 
-// readHistoryScript reads a job's history in one step: its index's appended events and
-// moved success record, and the success record of its latest entry while that is still
-// in the successes hash (acknowledged, not yet trimmed).
-//
-//	KEYS[1]  the job index
-//	KEYS[2]  the successes hash
-//
-// Returns {history, done, success of the latest entry}, each nil when absent.
-var readHistoryScript = redis.NewScript(`
-local v = redis.call('HMGET', KEYS[1], 'history', 'done', 'entry')
-local s = false
-if v[3] then s = redis.call('HGET', KEYS[2], v[3]) end
-return {v[1], v[2], s}
-`)
+// readHistoryScript reads a job's history, its moved success and its latest entry's
+// success in one step (lua/read_history.lua).
+var readHistoryScript = scripts.MustScript("lua/read_history.lua")
 
 // parseDone decodes the "done" field of a job index, nil when absent or unreadable.
 func parseDone(done string) *HistoryEvent {

@@ -64,7 +64,7 @@ func (k Keys) Dead() string { return k.base() + "dead" }
 // Job returns the key of the job index hash of jobID: Prefix:{Queue}:job:jobID. The hash
 // holds "tenant", "state" (queued) and "entry" (the latest stream entry id), written at
 // enqueue and replay, and once the job was dead-lettered "state" failed, "reason",
-// "dead_id" and "failed_at" (and no "entry"); see EnqueueLua and JobState. It has no TTL while the job is
+// "dead_id" and "failed_at" (and no "entry"); see lua/enqueue.lua and JobState. It has no TTL while the job is
 // in the stream or dead-lettered, and WorkerConfig.JobTTL once its acknowledged entry was
 // trimmed from the stream or its dead letter purged.
 func (k Keys) Job(jobID string) string { return k.base() + "job:" + jobID }

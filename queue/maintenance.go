@@ -11,68 +11,37 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// thresholdScript finds how far the stream can be trimmed.
-//
-//	KEYS[1]  the stream
-//
-// Returns the lowest entry id any consumer group still needs (its oldest pending entry,
-// or the entry after its last delivered one), or "" when there is no stream or no group:
-// every entry below it has been acknowledged by every group.
-var thresholdScript = redis.NewScript(`
-if redis.call('EXISTS', KEYS[1]) == 0 then return '' end
-local groups = redis.call('XINFO', 'GROUPS', KEYS[1])
-if #groups == 0 then return '' end
-local best_ms, best_seq
-local function consider(ms, seq)
-  if best_ms == nil or ms < best_ms or (ms == best_ms and seq < best_seq) then
-    best_ms, best_seq = ms, seq
-  end
-end
-for _, g in ipairs(groups) do
-  local info = {}
-  for i = 1, #g, 2 do info[g[i]] = g[i + 1] end
-  if info['pending'] > 0 then
-    local summary = redis.call('XPENDING', KEYS[1], info['name'])
-    local ms, seq = string.match(summary[2], '^(%d+)-(%d+)$')
-    consider(tonumber(ms), tonumber(seq))
-  else
-    local ms, seq = string.match(info['last-delivered-id'], '^(%d+)-(%d+)$')
-    consider(tonumber(ms), tonumber(seq) + 1)
-  end
-end
-return string.format('%d-%d', best_ms, best_seq)
-`)
+// thresholdScript finds how far the stream can be trimmed: the lowest entry id a
+// consumer group still needs (lua/threshold.lua).
+var thresholdScript = scripts.MustScript("lua/threshold.lua")
 
-// trimBatchScript releases the job indexes of a batch of acknowledged entries and trims
-// them from the stream; each entry's success record moves from the successes hash into
-// its job's index (field "done", when the index exists).
-//
-//	KEYS[1]    the stream
-//	KEYS[2]    the successes hash (Keys.Successes)
-//	KEYS[2+i]  the job index of the i-th entry
-//	ARGV[1]    index TTL in milliseconds
-//	ARGV[2]    the MINID to trim to (just above the batch's last entry)
-//	ARGV[2+i]  the i-th entry id
-//
-// Returns the number of entries trimmed. An index gets the TTL only when its "entry" is
-// the trimmed entry and the job has no copy in the scheduled set ("scheduled"): not when
-// the job was enqueued again and a newer entry, or a delayed one, waits (its index must
-// not expire while it does), and not when the job was dead-lettered (the
-// dead-letter script removes "entry": the index must outlive the dead letter).
-// Invariant: an index expires only after its job left the stream.
-var trimBatchScript = redis.NewScript(`
-for i = 3, #KEYS do
-  local rec = redis.call('HGET', KEYS[2], ARGV[i])
-  if rec then
-    if redis.call('EXISTS', KEYS[i]) == 1 then redis.call('HSET', KEYS[i], 'done', rec) end
-    redis.call('HDEL', KEYS[2], ARGV[i])
-  end
-  if redis.call('HGET', KEYS[i], 'entry') == ARGV[i] and redis.call('HEXISTS', KEYS[i], 'scheduled') == 0 then
-    redis.call('PEXPIRE', KEYS[i], ARGV[1])
-  end
-end
-return redis.call('XTRIM', KEYS[1], 'MINID', ARGV[2])
-`)
+// readThreshold runs thresholdScript: "" when keys' stream has no entry every group has
+// acknowledged (no stream, or no group).
+func readThreshold(ctx context.Context, rdb redis.Scripter, keys Keys) (string, error) {
+	return thresholdScript.Run(ctx, rdb, []string{keys.Stream()}).Text()
+}
+
+// trimBatchScript releases the job indexes of a batch of acknowledged entries, moves
+// their success records into them, and trims the batch from the stream
+// (lua/trim_batch.lua).
+var trimBatchScript = scripts.MustScript("lua/trim_batch.lua")
+
+// trimEntries runs trimBatchScript for msgs, a batch of acknowledged entries of keys'
+// stream in order, giving their jobs' indexes jobTTL, and returns how many entries it
+// trimmed.
+func trimEntries(ctx context.Context, rdb redis.Scripter, keys Keys, jobTTL time.Duration, msgs []redis.XMessage) (int64, error) {
+	ks := make([]string, 2, 2+len(msgs))
+	ks[0], ks[1] = keys.Stream(), keys.Successes()
+	args := make([]any, 2, 2+len(msgs))
+	args[0], args[1] = jobTTL.Milliseconds(), nextID(msgs[len(msgs)-1].ID)
+	for _, m := range msgs {
+		if id, _ := m.Values[fieldJobID].(string); ValidJobID(id) {
+			ks = append(ks, keys.Job(id))
+			args = append(args, m.ID)
+		}
+	}
+	return trimBatchScript.Run(ctx, rdb, ks, args...).Int64()
+}
 
 // trimBatch bounds the entries one trimBatchScript call releases.
 const trimBatch = 500
@@ -89,7 +58,7 @@ func Trim(ctx context.Context, rdb redis.Cmdable, keys Keys, jobTTL time.Duratio
 	if err := sweepSuccesses(ctx, rdb, keys); err != nil {
 		return 0, fmt.Errorf("trim %s: %w", keys.Stream(), err)
 	}
-	threshold, err := thresholdScript.Run(ctx, rdb, []string{keys.Stream()}).Text()
+	threshold, err := readThreshold(ctx, rdb, keys)
 	if err != nil {
 		return 0, fmt.Errorf("trim %s: %w", keys.Stream(), err)
 	}
@@ -105,17 +74,7 @@ func Trim(ctx context.Context, rdb redis.Cmdable, keys Keys, jobTTL time.Duratio
 		if len(msgs) == 0 {
 			return total, nil
 		}
-		ks := make([]string, 2, 2+len(msgs))
-		ks[0], ks[1] = keys.Stream(), keys.Successes()
-		args := make([]any, 2, 2+len(msgs))
-		args[0], args[1] = jobTTL.Milliseconds(), nextID(msgs[len(msgs)-1].ID)
-		for _, m := range msgs {
-			if id, _ := m.Values[fieldJobID].(string); ValidJobID(id) {
-				ks = append(ks, keys.Job(id))
-				args = append(args, m.ID)
-			}
-		}
-		n, err := trimBatchScript.Run(ctx, rdb, ks, args...).Int64()
+		n, err := trimEntries(ctx, rdb, keys, jobTTL, msgs)
 		if err != nil {
 			return total, fmt.Errorf("trim %s: %w", keys.Stream(), err)
 		}
@@ -126,34 +85,9 @@ func Trim(ctx context.Context, rdb redis.Cmdable, keys Keys, jobTTL time.Duratio
 	}
 }
 
-// sweepSuccessesScript deletes, from one HSCAN page of the successes hash, the records
-// of entries no longer in the stream (older than its first entry, or any when it is
-// empty): those the trim could not move, because the entry was acknowledged by a run
-// that had lost its lease after another run's acknowledgement and the trim, or deleted
-// by someone's XDEL. Without it they would stay: the hash has no TTL.
-//
-//	KEYS[1]  the stream
-//	KEYS[2]  the successes hash
-//	ARGV[1]  the HSCAN cursor
-//
-// Returns the next cursor ("0" when the scan is complete).
-var sweepSuccessesScript = redis.NewScript(`
-local function parse(id)
-  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
-  return tonumber(ms), tonumber(seq)
-end
-local first = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', 1)
-local fms, fseq
-if #first > 0 then fms, fseq = parse(first[1][1]) end
-local r = redis.call('HSCAN', KEYS[2], ARGV[1], 'COUNT', 500)
-local kv, del = r[2], {}
-for i = 1, #kv, 2 do
-  local ms, seq = parse(kv[i])
-  if ms == nil or fms == nil or ms < fms or (ms == fms and seq < fseq) then del[#del + 1] = kv[i] end
-end
-if #del > 0 then redis.call('HDEL', KEYS[2], unpack(del)) end
-return r[1]
-`)
+// sweepSuccessesScript deletes, from one HSCAN page of the successes hash, the records of
+// entries no longer in the stream (lua/sweep_successes.lua).
+var sweepSuccessesScript = scripts.MustScript("lua/sweep_successes.lua")
 
 // sweepSuccesses runs sweepSuccessesScript over the whole successes hash: one round
 // trip when it is empty or small (recent successes, not yet trimmed), once a trim.
@@ -177,28 +111,9 @@ func nextID(id string) string {
 	return strconv.FormatUint(ms, 10) + "-" + strconv.FormatUint(seq+1, 10)
 }
 
-// deleteConsumersScript deletes the idle consumers of a group that hold nothing.
-//
-//	KEYS[1]  the stream
-//	ARGV[1]  consumer group
-//	ARGV[2]  consumer never to delete (the caller)
-//	ARGV[3]  idle threshold in milliseconds
-//
-// Returns the names deleted. Invariant: XGROUP DELCONSUMER drops a consumer's pending
-// entries from the PEL, losing them; the script deletes only consumers with 0 pending,
-// checked in the same atomic step, so no pending entry is ever lost this way.
-var deleteConsumersScript = redis.NewScript(`
-local deleted = {}
-for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])) do
-  local info = {}
-  for i = 1, #c, 2 do info[c[i]] = c[i + 1] end
-  if info['name'] ~= ARGV[2] and info['pending'] == 0 and info['idle'] > tonumber(ARGV[3]) then
-    redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], info['name'])
-    deleted[#deleted + 1] = info['name']
-  end
-end
-return deleted
-`)
+// deleteConsumersScript deletes the idle consumers of a group that hold no pending
+// entry (lua/delete_consumers.lua).
+var deleteConsumersScript = scripts.MustScript("lua/delete_consumers.lua")
 
 // DeleteIdleConsumers deletes the consumers of group that have no pending entries and
 // have been idle longer than maxIdle, except keep (the caller's own name), and returns
@@ -212,48 +127,9 @@ func DeleteIdleConsumers(ctx context.Context, rdb redis.Scripter, keys Keys, gro
 	return names, nil
 }
 
-// renewScript resets the idle time of entries the caller still owns, and records when
-// their runs started.
-//
-//	KEYS[1]  the stream
-//	KEYS[2]  the runs hash (Keys.Runs)
-//	ARGV[1]  consumer group
-//	ARGV[2]  consumer (the caller)
-//	ARGV[3:] pairs of an entry id and the Unix millisecond time its run started
-//
-// Returns {ids owned by another consumer or no longer pending, ids deleted from the
-// stream while pending}. XCLAIM with JUSTID and min-idle-time 0 resets the idle time
-// without incrementing the delivery counter. Each owned entry's start is kept in the
-// runs hash (HSETNX: the first renewal's), since renewals hide a long run's age from its
-// idle time; the worker deletes it when it settles the entry. Invariant: only entries
-// still pending to ARGV[2] are claimed; a plain XCLAIM would take back an entry another
-// worker reclaimed after a pause of ours, and both would run it at once.
-var renewScript = redis.NewScript(`
-local owned, lost = {}, {}
-for i = 3, #ARGV - 1, 2 do
-  if #redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1, ARGV[2]) == 1 then
-    owned[#owned + 1] = ARGV[i]
-    redis.call('HSETNX', KEYS[2], ARGV[i], ARGV[i + 1])
-  else
-    lost[#lost + 1] = ARGV[i]
-  end
-end
-local deleted = {}
-if #owned > 0 then
-  local args = {KEYS[1], ARGV[1], ARGV[2], 0}
-  for _, id in ipairs(owned) do args[#args + 1] = id end
-  args[#args + 1] = 'JUSTID'
-  local claimed = {}
-  for _, id in ipairs(redis.call('XCLAIM', unpack(args))) do claimed[id] = true end
-  for _, id in ipairs(owned) do
-    if not claimed[id] then
-      deleted[#deleted + 1] = id
-      redis.call('HDEL', KEYS[2], id)
-    end
-  end
-end
-return {lost, deleted}
-`)
+// renewScript resets the idle time of entries the caller still owns and records when
+// their runs started (lua/renew.lua).
+var renewScript = scripts.MustScript("lua/renew.lua")
 
 // renew runs renewScript for ids, whose runs started at starts (at most renewChunk per
 // call).

@@ -45,21 +45,9 @@ func (b *Budget) report(p int, s Stats) Stats {
 	return total
 }
 
-// registerPartitionsScript raises the recorded partitions of a queue to ARGV[2] if they
-// are fewer and returns the larger count. A count of 1 is not written: a queue that was
-// never partitioned has no record.
-//
-//	KEYS[1]  PartitionsKey(prefix)
-//	ARGV[1]  the queue
-//	ARGV[2]  its configured partitions
-var registerPartitionsScript = redis.NewScript(`
-local n = tonumber(ARGV[2])
-local cur = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0') or 0
-if cur < n and n > 1 then
-  redis.call('HSET', KEYS[1], ARGV[1], n)
-end
-return math.max(cur, n)
-`)
+// registerPartitionsScript raises the recorded partitions of a queue, never lowers them
+// (lua/register_partitions.lua).
+var registerPartitionsScript = scripts.MustScript("lua/register_partitions.lua")
 
 // RegisterPartitions records that queue keys.Queue has n partitions, unless more were
 // recorded before, and returns the recorded count: the partitions its Workers must

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/idempotency"
+	"github.com/onceflow/onceflow/internal/redisscript"
+	"github.com/onceflow/onceflow/queue"
 )
 
 // acceptFixture is a summaries-like accept: the queue's stream entry format (v, job_id,
@@ -251,10 +253,10 @@ func TestHashTag(t *testing.T) {
 	}
 }
 
-// TestAcceptWriteRunsTheOwnersLua: AcceptWrite runs a Write's Lua (here a counter and a
-// list in one slot, with the keys and args as given) once per key, in one round trip;
-// replays do not run it; an error the Lua raises stores nothing; keys in two slots are
-// refused.
+// TestAcceptWriteRunsTheOwnersLua: the deprecated AcceptWrite still runs a Write's Lua
+// body (here a counter and a list in one slot, with the keys and args as given) once
+// per key, in one round trip once LoadScripts loaded it; replays do not run it; an
+// error the Lua raises stores nothing; keys in two slots are refused.
 func TestAcceptWriteRunsTheOwnersLua(t *testing.T) {
 	t.Parallel()
 	s, c := newTestStore(t, Config{ResultTTL: time.Hour})
@@ -308,5 +310,77 @@ return 'ok'
 		if _, _, err := s.AcceptWrite(ctx, other, testFP, accepted(), bad); err == nil {
 			t.Errorf("%s: AcceptWrite succeeded", name)
 		}
+	}
+}
+
+// TestAcceptStepRunsTheOwnersStep: AcceptStep runs the queue's own enqueue (a Step of
+// queue.EnqueueStep) once per key, in one round trip once Preload loaded it: the entry
+// and the job index as queue.Enqueue writes them; replays do not run it; an error the
+// step raises (another tenant's job id) stores nothing; a Step with no function, no
+// keys or keys in two slots is refused before anything is sent.
+func TestAcceptStepRunsTheOwnersStep(t *testing.T) {
+	t.Parallel()
+	s, c := newTestStore(t, Config{ResultTTL: time.Hour})
+	ctx := context.Background()
+	if err := s.Preload(ctx, queue.StepFunctions()...); err != nil {
+		t.Fatal(err)
+	}
+	keys := queue.Keys{Prefix: s.cfg.Prefix, Queue: "summaries"}
+	const jobID = "11111111-2222-5333-8444-555555555555"
+	step, err := queue.EnqueueStep(keys, queue.Message{JobID: jobID, Tenant: "acme", Payload: []byte(`{"n":1}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := c.Redis()
+	got, replayed, err := s.AcceptStep(ctx, testScope, testFP, accepted(), step)
+	if err != nil || replayed || got.Status != http.StatusAccepted {
+		t.Fatalf("AcceptStep = (%+v, %v, %v), want the new response", got, replayed, err)
+	}
+	if n := c.Redis() - before; n != 1 {
+		t.Errorf("AcceptStep took %d round trips, want 1", n)
+	}
+	if _, replayed, err := s.AcceptStep(ctx, testScope, testFP, accepted(), step); err != nil || !replayed {
+		t.Fatalf("second AcceptStep = (%v, %v), want a replay", replayed, err)
+	}
+	if n := s.rdb.XLen(ctx, keys.Stream()).Val(); n != 1 {
+		t.Errorf("the stream has %d entries, want 1", n)
+	}
+	ix, err := queue.ReadJobIndex(ctx, s.rdb, keys, jobID)
+	if err != nil || ix.Tenant != "acme" || ix.State != queue.StateQueued || ix.Entry == "" {
+		t.Errorf("job index = %+v, %v; want acme's, queued, with its entry", ix, err)
+	}
+	key, _ := s.AcceptKey(keys.Stream(), testScope)
+	if ttl := s.rdb.PTTL(ctx, key).Val(); ttl <= 59*time.Minute {
+		t.Errorf("record %s TTL %v, want about the result TTL in the queue's slot", key, ttl)
+	}
+
+	other := idempotency.Scope{Tenant: "globex", Method: "POST", Path: "/x", Key: "another-key-0123456789"}
+	taken, err := queue.EnqueueStep(keys, queue.Message{JobID: jobID, Tenant: "globex", Payload: []byte(`{"n":2}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.AcceptStep(ctx, other, testFP, accepted(), taken); !errors.Is(queue.EnqueueError(err), queue.ErrJobIDTaken) {
+		t.Fatalf("AcceptStep of another tenant's job id = %v, want ErrJobIDTaken", err)
+	}
+	if k, _ := s.AcceptKey(keys.Stream(), other); s.rdb.Exists(ctx, k).Val() != 0 {
+		t.Error("a refused step stored a response")
+	}
+	if n := s.rdb.XLen(ctx, keys.Stream()).Val(); n != 1 {
+		t.Errorf("a refused step added to the stream: %d entries", n)
+	}
+
+	twoSlots, err := redisscript.LegacyFunction("write", "return 1").Step([]string{keys.Stream(), s.cfg.Prefix + ":{other}:x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	noKeys, _ := redisscript.LegacyFunction("write", "return 1").Step(nil)
+	before = c.Redis()
+	for name, bad := range map[string]Step{"two slots": twoSlots, "no keys": noKeys, "no function": {}} {
+		if _, _, err := s.AcceptStep(ctx, other, testFP, accepted(), bad); err == nil {
+			t.Errorf("%s: AcceptStep succeeded", name)
+		}
+	}
+	if n := c.Redis() - before; n != 0 {
+		t.Errorf("refused Steps made %d round trips", n)
 	}
 }

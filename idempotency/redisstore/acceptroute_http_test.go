@@ -32,9 +32,9 @@ func newAcceptRoute(s *Store) (*acceptRoute, error) {
 	if err != nil {
 		return nil, err
 	}
-	// The route's Write, loaded like the store's own scripts: its first call is one
-	// round trip (EVALSHA), not two (NOSCRIPT, EVAL).
-	if err := s.LoadScripts(context.Background(), queue.EnqueueLua); err != nil {
+	// The route's accept (with the queue's enqueue), loaded like the store's own scripts:
+	// its first call is one round trip (EVALSHA), not two (NOSCRIPT, EVAL).
+	if err := s.Preload(context.Background(), queue.StepFunctions()...); err != nil {
 		return nil, err
 	}
 	return &acceptRoute{

@@ -21,7 +21,7 @@ import (
 // acceptRoute is what the summaries route does on the single-round-trip path, as the
 // tests and the benchmark need it: authenticate, parse the key, check the content type,
 // read and strictly validate the body, re-encode it as the canonical form, derive the
-// job id from the scope (UUIDv5), and call AcceptWrite with the queue's enqueue.
+// job id from the scope (UUIDv5), and call AcceptStep with the queue's enqueue.
 type acceptRoute struct {
 	mw      *idempotency.Middleware
 	store   *Store
@@ -82,14 +82,12 @@ func (a *acceptRoute) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), a.timeout)
 	defer cancel()
 	// The queue's own enqueue (its entry format, its job index), composed into the accept.
-	keys := queue.Keys{Prefix: a.prefix, Queue: "summaries"}
-	args, err := queue.EnqueueArgs(queue.Message{JobID: jobID, Tenant: scope.Tenant, Payload: canonical})
+	step, err := queue.EnqueueStep(queue.Keys{Prefix: a.prefix, Queue: "summaries"},
+		queue.Message{JobID: jobID, Tenant: scope.Tenant, Payload: canonical})
 	if err != nil {
 		http.Error(w, `{"detail":"internal error"}`, http.StatusInternalServerError)
 		return
 	}
-	stored, replayed, err := a.store.AcceptWrite(ctx, scope, fp, resp, Write{
-		Lua: queue.EnqueueLua, Keys: keys.EnqueueKeys(jobID), Args: args,
-	})
+	stored, replayed, err := a.store.AcceptStep(ctx, scope, fp, resp, step)
 	a.mw.Respond(w, r, stored, replayed, err)
 }

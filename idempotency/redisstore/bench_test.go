@@ -179,13 +179,15 @@ func bareHandler(w http.ResponseWriter, r *http.Request) {
 func prototype(rdb redis.UniversalClient, prefix string) http.Handler {
 	stream := prefix + ":{summaries}:stream"
 	done, _ := encodeDone("x", &idempotency.Response{Status: 202, Body: []byte(`{"status":"queued"}`)})
+	// The accept composed with the queue's enqueue, as AcceptStep runs it for the route.
+	sc := acceptScript.With(queue.StepFunctions()[0])
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		fpSum := sha256.Sum256(body)
 		fp := hex.EncodeToString(fpSum[:])
 		keySum := sha256.Sum256([]byte(r.Header.Get("Idempotency-Key")))
 		id := hex.EncodeToString(keySum[:16])
-		err := acceptScript(queue.EnqueueLua).Run(r.Context(), rdb,
+		err := sc.Run(r.Context(), rdb,
 			[]string{prefix + ":{summaries}:idem:" + hex.EncodeToString(keySum[:]), stream, prefix + ":{summaries}:dead", prefix + ":{summaries}:job:" + id},
 			fp, done, 86400000, "acme",
 			"v", "1", "job_id", id, "tenant", "acme", "payload", body, "enqueued_at", "0", "traceparent", "").Err()

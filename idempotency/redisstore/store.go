@@ -1,24 +1,27 @@
-// Package redisstore is the Redis implementation of idempotency.Store, plus AcceptWrite
+// Package redisstore is the Redis implementation of idempotency.Store, plus AcceptStep
 // (and Accept): the single-round-trip path that checks a key, runs a write (typically
-// the enqueue of a job, Lua exported by the package that owns the written keys, such as
-// queue.EnqueueLua) and stores the response in one Lua script.
+// the enqueue of a job: a Step of the package that owns the written keys, such as
+// queue.EnqueueStep) and stores the response in one Lua script.
 //
 // Keys (every key starts with the configured prefix and a colon, and never contains the
 // client's key, only the SHA-256 of its scope):
 //
 //	<prefix>:idem:<sha256(scope)>          generic records (Config.HashTag empty)
 //	<prefix>:{<tag>}:idem:<sha256(scope)>  generic records with Config.HashTag, and the
-//	                                       records of AcceptWrite and Accept, <tag> being
+//	                                       records of AcceptStep and Accept, <tag> being
 //	                                       the hash tag of the keys they write
 //
-// Every script names all the keys it touches in KEYS and those keys share one hash slot,
-// so the store works on Redis Cluster (pass a *redis.ClusterClient). Redis 7.0 or later
-// is required (SET NX GET, script shebangs).
+// Its scripts are the .lua files in lua/ (complete.lua, release.lua, and accept.lua, a
+// template whose write the Step supplies), each with a header naming its KEYS, ARGV,
+// reply and invariant. Every script names all the keys it touches in KEYS and those keys
+// share one hash slot, so the store works on Redis Cluster (pass a *redis.ClusterClient).
+// Redis 7.0 or later is required (SET NX GET, script shebangs).
 package redisstore
 
 import (
 	"cmp"
 	"context"
+	"embed"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -29,6 +32,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/onceflow/onceflow/idempotency"
+	"github.com/onceflow/onceflow/internal/redisscript"
 )
 
 // Defaults of Config.
@@ -47,7 +51,7 @@ type Config struct {
 	// (<prefix>:{HashTag}:idem:<hash>): set it to the tag of a route's stream to make
 	// generic and Accept records of that route the same keys. Default: empty.
 	HashTag string
-	// ResultTTL is how long AcceptWrite and Accept keep a response. (Claim and Complete
+	// ResultTTL is how long AcceptStep and Accept keep a response. (Claim and Complete
 	// take their TTLs per call from the middleware.) Default: 24h.
 	ResultTTL time.Duration
 	// CleanupTimeout bounds the background release of a marker whose SET timed out (it
@@ -55,7 +59,7 @@ type Config struct {
 	CleanupTimeout time.Duration
 	// Logger receives cleanup failures. Default: slog.Default().
 	Logger *slog.Logger
-	// WaitReplicas, when above 0, makes AcceptWrite (and Accept) confirm that many
+	// WaitReplicas, when above 0, makes AcceptStep (and Accept) confirm that many
 	// replicas have its write before it answers: WAIT WaitReplicas WaitTimeout, sent in
 	// the same round trip as the script on the same connection to the key's primary.
 	// Redis replicates asynchronously; without it, a primary that answered and died
@@ -134,17 +138,18 @@ func (s *Store) key(tag string, scope idempotency.Scope) string {
 	return s.cfg.Prefix + ":{" + tag + "}:idem:" + scope.Hash()
 }
 
-// LoadScripts loads every script into Redis's script cache, so that the first call of
-// each costs one round trip (EVALSHA) rather than two (EVALSHA, NOSCRIPT, EVAL): the
-// store's own, Accept's, and AcceptWrite's for each Write Lua in writes. It is optional:
-// scripts load themselves on first use.
-func (s *Store) LoadScripts(ctx context.Context, writes ...string) error {
-	scripts := []*redis.Script{completeScript, releaseScript, acceptScript(enqueueLua)}
-	for _, lua := range writes {
-		scripts = append(scripts, acceptScript(lua))
+// Preload loads the store's scripts into Redis's script cache, so that the first call of
+// each costs one round trip (EVALSHA) rather than two (EVALSHA, NOSCRIPT, EVAL): its own,
+// Accept's, and AcceptStep's for each function in fns (the functions of the Steps the
+// caller will accept, such as queue.StepFunctions()). It is optional: scripts load
+// themselves on first use.
+func (s *Store) Preload(ctx context.Context, fns ...*Function) error {
+	scripts := []*redisscript.Script{completeScript, releaseScript, acceptScript.With(enqueueStreamFunc)}
+	for _, fn := range fns {
+		scripts = append(scripts, acceptScript.With(fn))
 	}
 	for _, sc := range scripts {
-		if err := sc.Load(ctx, s.rdb).Err(); err != nil {
+		if err := sc.Load(ctx, s.rdb); err != nil {
 			return fmt.Errorf("load idempotency scripts: %w", err)
 		}
 	}
@@ -211,45 +216,31 @@ func maybeApplied(err error) bool {
 func (s *Store) cleanup(ctx context.Context, key, marker string) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.CleanupTimeout)
 	defer cancel()
-	if err := releaseScript.Run(ctx, s.rdb, []string{key}, marker).Err(); err != nil {
+	if _, err := s.release(ctx, key, marker); err != nil {
 		s.log.WarnContext(ctx, "idempotency claim cleanup failed; the marker, if set, expires with the lock TTL", "error", err)
 	}
 }
 
-// completeScript replaces the caller's in-progress marker with the final record.
-//
-//	KEYS[1] the record key
-//	ARGV[1] the caller's in-progress marker (exact value)
-//	ARGV[2] the final record
-//	ARGV[3] the result TTL in milliseconds
-//	returns 1 when replaced, 0 when the key no longer holds the marker
-//
-// Invariant: only the request holding the marker writes a result, so a request that
-// overran its lock TTL cannot overwrite the result of a newer request that took the key
-// after the marker expired.
-var completeScript = redis.NewScript(`#!lua
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-  return 1
-end
-return 0
-`)
+//go:embed lua/*.lua
+var luaFiles embed.FS
 
-// releaseScript deletes the caller's in-progress marker.
-//
-//	KEYS[1] the record key
-//	ARGV[1] the caller's in-progress marker (exact value)
-//	returns 1 when deleted, 0 when the key no longer holds the marker
-//
-// Invariant: a request only ever deletes its own marker, never a newer request's marker
-// or a stored result.
-var releaseScript = redis.NewScript(`#!lua
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  return 1
-end
-return 0
-`)
+// scripts is the store's script set.
+var scripts = redisscript.NewSet(luaFiles)
+
+// completeScript replaces the caller's in-progress marker with the final record, only
+// while the key holds that marker (lua/complete.lua).
+var completeScript = scripts.MustScript("lua/complete.lua")
+
+// releaseScript deletes the caller's in-progress marker, only while the key holds it
+// (lua/release.lua).
+var releaseScript = scripts.MustScript("lua/release.lua")
+
+// release runs releaseScript: it deletes key if it holds marker, and reports whether it
+// did.
+func (s *Store) release(ctx context.Context, key, marker string) (bool, error) {
+	n, err := releaseScript.Run(ctx, s.rdb, []string{key}, marker).Int()
+	return n == 1, err
+}
 
 // Complete implements idempotency.Store: one round trip (EVALSHA of completeScript).
 func (s *Store) Complete(ctx context.Context, lock *idempotency.Lock, resp *idempotency.Response, resultTTL time.Duration) error {
@@ -273,12 +264,11 @@ func (s *Store) Complete(ctx context.Context, lock *idempotency.Lock, resp *idem
 
 // Release implements idempotency.Store: one round trip (EVALSHA of releaseScript).
 func (s *Store) Release(ctx context.Context, lock *idempotency.Lock) error {
-	ok, err := releaseScript.Run(ctx, s.rdb, []string{s.Key(lock.Scope)},
-		encodeMarker(lock.Fingerprint, lock.Token)).Int()
+	ok, err := s.release(ctx, s.Key(lock.Scope), encodeMarker(lock.Fingerprint, lock.Token))
 	if err != nil {
 		return fmt.Errorf("release idempotency key: %w", err)
 	}
-	if ok == 0 {
+	if !ok {
 		return idempotency.ErrLockLost
 	}
 	return nil

@@ -25,7 +25,7 @@ func newTestStore(t *testing.T, cfg Config) (*Store, *roundtrip.Counter) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.LoadScripts(context.Background()); err != nil {
+	if err := s.Preload(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	c.Reset()
