@@ -324,6 +324,25 @@ func (b *Breaker) Succeed(t Ticket) {
 	b.close()
 }
 
+// Release reports that the call of ticket t did not reach the dependency after all (its
+// answer was replayed from a record): it says nothing of the dependency, so nothing
+// changes but that, when t is the probe let through since the last trip, the probe is
+// due again at once, for the next call to make.
+func (b *Breaker) Release(t Ticket) {
+	if t == 0 || !b.open.Load() {
+		return
+	}
+	b.mu.Lock()
+	if !b.open.Load() || uint64(t) != b.probe {
+		b.mu.Unlock()
+		return
+	}
+	b.probe = 0
+	b.probeAt = b.cfg.Now()
+	b.notifyLocked()
+	b.mu.Unlock()
+}
+
 // SucceedStarted is Succeed for a call that started at started. While the breaker is
 // closed, its success ends the current run of failures only when it started after the
 // run's first failure: a long call begun before the dependency went down (a 5 s model
