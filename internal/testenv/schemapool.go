@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -82,6 +83,10 @@ type pool struct {
 }
 
 var pools sync.Map // database URL -> *pool
+
+// afterListing, when set (by this package's tests), runs after a claim listed the pool's
+// schemas and before it locks one.
+var afterListing func()
 
 // pooledSchema claims a migrated schema of the pool on base (the shared test
 // PostgreSQL), empty, for t: it returns the schema's name; the claim ends at t's
@@ -177,6 +182,9 @@ func (p *pool) claim(ctx context.Context, conn *pgx.Conn, base string) (string, 
 	if err != nil {
 		return "", fmt.Errorf("list pooled schemas: %w", err)
 	}
+	if afterListing != nil {
+		afterListing()
+	}
 	for _, ps := range list {
 		s := ps.Name
 		locked, err := tryLock(ctx, conn, s)
@@ -185,6 +193,18 @@ func (p *pool) claim(ctx context.Context, conn *pgx.Conn, base string) (string, 
 		}
 		if !locked {
 			continue
+		}
+		// The listing is no proof of what the last holder left: since then another test
+		// may have claimed the schema and been killed (not clean), or dropped it at its
+		// cleanup (its catalog changed). Read both again under the lock.
+		err = conn.QueryRow(ctx, `SELECT coalesce(obj_description(oid, 'pg_namespace') = $2, false)
+			FROM pg_namespace WHERE nspname = $1`, s, cleanMark).Scan(&ps.Clean)
+		if errors.Is(err, pgx.ErrNoRows) {
+			_ = unlock(ctx, conn, s)
+			continue
+		}
+		if err != nil {
+			return "", fmt.Errorf("claim schema %s: %w", s, err)
 		}
 		if _, err := conn.Exec(ctx, "COMMENT ON SCHEMA "+s+" IS NULL"); err != nil {
 			return "", fmt.Errorf("claim schema %s: %w", s, err)
