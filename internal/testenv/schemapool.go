@@ -31,13 +31,26 @@ import (
 const poolLockSpace = 0x0f10
 
 // fingerprintSQL digests the catalog of schema $1, with the schema's name taken out of
-// every definition so that two schemas migrated alike digest alike.
+// every definition so that two schemas migrated alike digest alike: its relations (kind,
+// persistence, options, privileges, row-level security) and their columns (type, not
+// null, default, identity, generation, storage), constraints, indexes, functions (with
+// their arguments and bodies), triggers (with whether they fire), policies, sequences'
+// parameters and types. A test that changed any of them leaves a schema whose
+// fingerprint differs, and it is dropped rather than handed back.
 const fingerprintSQL = `
 SELECT md5(coalesce(string_agg(x, E'\n' ORDER BY x), '')) FROM (
-  SELECT 'rel ' || c.relname || ' ' || c.relkind::text || ' ' || coalesce((
-    SELECT string_agg(a.attname || ' ' || format_type(a.atttypid, a.atttypmod) || ' ' || a.attnotnull, ', ' ORDER BY a.attnum)
-    FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped), '') AS x
+  SELECT 'rel ' || c.relname || ' ' || c.relkind::text || ' ' || c.relpersistence::text || ' ' ||
+    coalesce(c.reloptions::text, '') || ' ' || coalesce(c.relacl::text, '') || ' ' ||
+    c.relrowsecurity || c.relforcerowsecurity || ' ' || coalesce((
+    SELECT string_agg(a.attname || ' ' || format_type(a.atttypid, a.atttypmod) || ' ' || a.attnotnull || ' ' ||
+      a.attidentity::text || a.attgenerated::text || a.attstorage::text || ' ' ||
+      coalesce(replace(pg_get_expr(d.adbin, d.adrelid), $1 || '.', ''), ''), ', ' ORDER BY a.attnum)
+    FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+    WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped), '') AS x
   FROM pg_class c WHERE c.relnamespace = $1::regnamespace
+  UNION ALL
+  SELECT 'seq ' || c.relname || ' ' || s.seqstart || ' ' || s.seqincrement || ' ' || s.seqmin || ' ' || s.seqmax || ' ' || s.seqcycle
+  FROM pg_sequence s JOIN pg_class c ON c.oid = s.seqrelid WHERE c.relnamespace = $1::regnamespace
   UNION ALL
   SELECT 'con ' || conname || ' ' || replace(pg_get_constraintdef(oid), $1 || '.', '')
   FROM pg_constraint WHERE connamespace = $1::regnamespace
@@ -45,10 +58,18 @@ SELECT md5(coalesce(string_agg(x, E'\n' ORDER BY x), '')) FROM (
   SELECT 'idx ' || replace(pg_get_indexdef(i.indexrelid), $1 || '.', '')
   FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid WHERE c.relnamespace = $1::regnamespace
   UNION ALL
-  SELECT 'fn ' || proname FROM pg_proc WHERE pronamespace = $1::regnamespace
+  SELECT 'fn ' || proname || '(' || pg_get_function_identity_arguments(oid) || ') ' || md5(coalesce(prosrc, ''))
+  FROM pg_proc WHERE pronamespace = $1::regnamespace
   UNION ALL
-  SELECT 'trg ' || tgname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+  SELECT 'trg ' || replace(pg_get_triggerdef(t.oid), $1 || '.', '') || ' ' || t.tgenabled::text
+  FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
   WHERE c.relnamespace = $1::regnamespace AND NOT t.tgisinternal
+  UNION ALL
+  SELECT 'pol ' || c.relname || ' ' || p.polname
+  FROM pg_policy p JOIN pg_class c ON c.oid = p.polrelid WHERE c.relnamespace = $1::regnamespace
+  UNION ALL
+  SELECT 'typ ' || t.typname || ' ' || t.typtype::text
+  FROM pg_type t WHERE t.typnamespace = $1::regnamespace AND t.typrelid = 0 AND t.typelem = 0
 ) s`
 
 // emptySQL empties every table of the schema named by the setting onceflow.pool_schema

@@ -97,6 +97,35 @@ func TestPooledSchemaWithAChangedCatalogIsDropped(t *testing.T) {
 	}
 }
 
+// Changes to a pooled schema that add no table, column, constraint or index still change
+// what the next test would meet: each drops the schema at cleanup instead of handing it
+// back.
+func TestPooledSchemaWithAChangedDefinitionIsDropped(t *testing.T) {
+	for name, sql := range map[string]string{
+		"a column default":       `ALTER TABLE outbox ALTER COLUMN attempts SET DEFAULT 7`,
+		"a privilege":            `REVOKE INSERT ON outbox FROM CURRENT_USER`,
+		"an identity's start":    `ALTER TABLE outbox ALTER COLUMN id SET START WITH 1000`,
+		"a type":                 `CREATE TYPE mood AS ENUM ('ok')`,
+		"row-level security":     `ALTER TABLE summaries ENABLE ROW LEVEL SECURITY`,
+		"a function":             `CREATE FUNCTION pool_probe() RETURNS int LANGUAGE sql AS 'SELECT 1'`,
+		"a table made unlogged":  `ALTER TABLE outbox SET UNLOGGED`,
+		"a column's storage":     `ALTER TABLE outbox ALTER COLUMN topic SET STORAGE EXTERNAL`,
+		"a table's storage knob": `ALTER TABLE outbox SET (fillfactor = 50)`,
+	} {
+		var schema string
+		t.Run(name, func(t *testing.T) {
+			pool, dsn := Postgres(t)
+			schema = schemaOf(t, dsn)
+			if _, err := pool.Exec(context.Background(), sql); err != nil {
+				t.Fatal(err)
+			}
+		})
+		if schemaExists(t, schema) {
+			t.Errorf("schema %s went back to the pool after %s changed", schema, name)
+		}
+	}
+}
+
 func TestSchemasHeldAtOnceAreDistinct(t *testing.T) {
 	seen := map[string]bool{}
 	for range 4 {
