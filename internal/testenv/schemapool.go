@@ -17,12 +17,12 @@ import (
 // The schema pool: Postgres hands each test a schema that onceflow's migrations were
 // applied to once, instead of migrating a fresh one per test (River's riverdbtest does
 // the same). A pooled schema is named pool_<fingerprint>_<random>, where the fingerprint
-// digests the catalog the migrations leave (tables, columns, constraints, indexes), so a
-// changed migration gets schemas of its own. A test claims one with a session advisory
-// lock held on a connection of its own until its cleanup, which empties every table
-// (TRUNCATE ... RESTART IDENTITY, the version table excepted) and hands it back only if
-// its catalog still has the fingerprint: a test that created, dropped or altered a table
-// has its schema dropped instead. The lock dies with a killed test process, so a schema
+// digests the catalog the migrations leave (fingerprintSQL), so a changed migration gets
+// schemas of its own. A test claims one with a session advisory lock held on a
+// connection of its own until its cleanup, which empties every table (DELETE, the version
+// table excepted, and its sequences restarted) and hands it back only if its catalog
+// still has the fingerprint: a test that created, dropped or altered a table, a default,
+// a privilege, a type... has its schema dropped instead. The lock dies with a killed test process, so a schema
 // is never claimed twice and never lost; one whose process was killed before its cleanup
 // is emptied by the next test that claims it.
 
