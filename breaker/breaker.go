@@ -227,24 +227,34 @@ func (b *Breaker) trip(reason string, wait time.Duration, quiet bool, interval t
 // the failure that opened the breaker, and any failure while it is open, as the
 // dependency's unavailability (retry.Unavailable), not as the job's.
 func (b *Breaker) Failure(err error) (open bool) {
+	open, _ = b.FailureInRun(err)
+	return open
+}
+
+// FailureInRun is Failure that also reports whether a run of failures was under way
+// before err (Failing above 0), read under the same lock as err is counted: of
+// concurrent failures right after a success, exactly one starts the run (inRun false).
+// While the breaker is open, inRun is true.
+func (b *Breaker) FailureInRun(err error) (open, inRun bool) {
 	if b.open.Load() {
-		return true
+		return true, true
 	}
 	b.mu.Lock()
 	if b.open.Load() {
 		b.mu.Unlock()
-		return true
+		return true, true
 	}
 	n := b.failing.Add(1)
+	inRun = n > 1
 	if n == 1 {
 		b.runStart = b.cfg.Now()
 	}
 	if n < int64(b.cfg.Threshold) {
 		b.mu.Unlock()
-		return false
+		return false, inRun
 	}
 	b.trip(fmt.Sprintf("%d failures in a row, the last: %v", n, err), retry.Classify(err).RetryAfter, false, b.cfg.RunProbeInterval)
-	return true
+	return true, inRun
 }
 
 // Failing returns the length of the current run of failures: how many transient

@@ -525,3 +525,31 @@ func TestReleasedProbeIsDueAgain(t *testing.T) {
 		t.Fatal("the new probe's success did not close the breaker")
 	}
 }
+
+// FailureInRun says whether a run was under way before the failure it counts: of
+// concurrent failures after a success, exactly one starts the run.
+func TestFailureInRunStartsOneRun(t *testing.T) {
+	b, err := breaker.New(breaker.Config{Name: "llm", Threshold: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var starts atomic.Int64
+	var wg sync.WaitGroup
+	for range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, inRun := b.FailureInRun(errors.New("503")); !inRun {
+				starts.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if n := starts.Load(); n != 1 {
+		t.Fatalf("%d failures started the run, want 1", n)
+	}
+	b.Success()
+	if _, inRun := b.FailureInRun(errors.New("503")); inRun {
+		t.Fatal("the first failure after a success continued a run")
+	}
+}
