@@ -208,8 +208,8 @@ func (m *model) callError(step string, err error) error {
 	if !providerFailure(err) {
 		return modelError(step, err)
 	}
-	inRun := m.breaker.Failing() > 0
-	if m.breaker.Failure(err) {
+	open, inRun := m.breaker.FailureInRun(err)
+	if open {
 		if open := m.breaker.Err(); open != nil {
 			return retry.Unavailable(fmt.Errorf("onceflow: model step %q: %w (%w)", step, err, open))
 		}

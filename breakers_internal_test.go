@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -35,6 +37,40 @@ func TestProviderFailure(t *testing.T) {
 	} {
 		if got := providerFailure(tc.err); got != tc.want {
 			t.Errorf("%s: providerFailure(%v) = %v, want %v", tc.name, tc.err, got, tc.want)
+		}
+	}
+}
+
+// Of many jobs whose model calls fail at once right after a call that worked (a provider
+// that drops every connection together), exactly one spends a delivery: whether a run
+// of failures is under way is decided as each failure is counted, not read before.
+func TestConcurrentProviderFailuresSpendOneDelivery(t *testing.T) {
+	t.Parallel()
+	failure := &retry.ExhaustedError{Attempts: 2, Err: retry.NewStatusError(503, nil, time.Now())}
+	for range 2000 {
+		b, err := breaker.New(breaker.Config{Name: "llm", Threshold: 1000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := &model{breaker: b}
+		const jobs = 16
+		var spent atomic.Int64
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for range jobs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				if !retry.Outage(m.callError("summarise", failure)) {
+					spent.Add(1)
+				}
+			}()
+		}
+		close(start)
+		wg.Wait()
+		if n := spent.Load(); n != 1 {
+			t.Fatalf("%d of %d concurrent failures after a success spent a delivery, want 1", n, jobs)
 		}
 	}
 }

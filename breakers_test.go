@@ -223,15 +223,19 @@ type unavailableModel struct {
 	// poison, when set, makes the model answer 503 to every request whose body holds it
 	// (an input the provider fails on), whether or not it is down.
 	poison string
+	// downAfter, when set, takes the model down right after it answered a request
+	// whose body holds it (an outage that starts between two steps of a job).
+	downAfter string
 }
 
 func (m *unavailableModel) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	m.requests.Add(1)
-	poisoned := false
-	if m.poison != "" {
+	poisoned, last := false, false
+	if m.poison != "" || m.downAfter != "" {
 		body, _ := io.ReadAll(r.Body)
 		r.Body = io.NopCloser(bytes.NewReader(body))
-		poisoned = bytes.Contains(body, []byte(m.poison))
+		poisoned = m.poison != "" && bytes.Contains(body, []byte(m.poison))
+		last = m.downAfter != "" && bytes.Contains(body, []byte(m.downAfter))
 	}
 	if m.down.Load() || poisoned {
 		m.s503.Add(1)
@@ -241,6 +245,9 @@ func (m *unavailableModel) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	m.next.ServeHTTP(w, r)
+	if last {
+		m.down.Store(true)
+	}
 }
 
 // The model answers 503 to everything for a window, through the production OpenAI
@@ -428,6 +435,11 @@ func modelFailureEnv(t *testing.T, model *unavailableModel) (c *onceflow.Client,
 	t.Cleanup(func() { fs.Close(); srv.Close() })
 	ws := onceflow.NewWorkers()
 	onceflow.AddWorker(ws, onceflow.WorkFunc[outageArgs](func(ctx context.Context, j *onceflow.Job[outageArgs]) error {
+		if strings.HasPrefix(j.Args.Order, "two steps") { // an outline first, then the summary
+			if _, err := j.Complete(ctx, "outline", prompt("outline of order "+j.Args.Order)); err != nil {
+				return err
+			}
+		}
 		st, err := j.Complete(ctx, "summarise", prompt("order "+j.Args.Order))
 		if err != nil {
 			return err
@@ -486,6 +498,34 @@ func TestModelFailuresOfManyJobsSpendNoDelivery(t *testing.T) {
 	testenv.WaitFor(t, 30*time.Second, "every job after the outage", func() bool { return done(ids) == jobs })
 	if n := dead(); n != 0 {
 		t.Fatalf("%d jobs dead-lettered by an outage of the provider", n)
+	}
+}
+
+// A job whose first model step was answered just before the provider went down replays
+// that step from the ledger on every later delivery. A replay reaches no provider: it
+// neither ends the run of failing calls nor closes the breaker, so the job spends no
+// delivery on the outage however often it is delivered, and is done once the provider
+// is back.
+func TestModelOutageAfterARecordedStepSpendsNoDelivery(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	model := &unavailableModel{downAfter: "outline of order two steps"}
+	c, dead, done := modelFailureEnv(t, model)
+	res, err := c.Enqueue(ctx, outageArgs{Order: "two steps"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runClient(t, c)
+	// Each delivery replays the outline and fails the summary twice (two attempts): with
+	// MaxDeliveries 2, a second delivery that spent one would dead-letter the job.
+	testenv.WaitFor(t, 30*time.Second, "four deliveries meeting the outage", func() bool { return model.s503.Load() >= 4*2 || dead() > 0 })
+	if n := dead(); n != 0 {
+		t.Fatalf("the job was dead-lettered by an outage of the provider (%d failing requests)", model.s503.Load())
+	}
+	model.down.Store(false)
+	testenv.WaitFor(t, 30*time.Second, "the job after the outage", func() bool { return done([]string{res.JobID}) == 1 })
+	if n := dead(); n != 0 {
+		t.Fatalf("%d dead letters", n)
 	}
 }
 

@@ -227,24 +227,34 @@ func (b *Breaker) trip(reason string, wait time.Duration, quiet bool, interval t
 // the failure that opened the breaker, and any failure while it is open, as the
 // dependency's unavailability (retry.Unavailable), not as the job's.
 func (b *Breaker) Failure(err error) (open bool) {
+	open, _ = b.FailureInRun(err)
+	return open
+}
+
+// FailureInRun is Failure that also reports whether a run of failures was under way
+// before err (Failing above 0), read under the same lock as err is counted: of
+// concurrent failures right after a success, exactly one starts the run (inRun false).
+// While the breaker is open, inRun is true.
+func (b *Breaker) FailureInRun(err error) (open, inRun bool) {
 	if b.open.Load() {
-		return true
+		return true, true
 	}
 	b.mu.Lock()
 	if b.open.Load() {
 		b.mu.Unlock()
-		return true
+		return true, true
 	}
 	n := b.failing.Add(1)
+	inRun = n > 1
 	if n == 1 {
 		b.runStart = b.cfg.Now()
 	}
 	if n < int64(b.cfg.Threshold) {
 		b.mu.Unlock()
-		return false
+		return false, inRun
 	}
 	b.trip(fmt.Sprintf("%d failures in a row, the last: %v", n, err), retry.Classify(err).RetryAfter, false, b.cfg.RunProbeInterval)
-	return true
+	return true, inRun
 }
 
 // Failing returns the length of the current run of failures: how many transient
@@ -322,6 +332,25 @@ func (b *Breaker) Succeed(t Ticket) {
 		return
 	}
 	b.close()
+}
+
+// Release reports that the call of ticket t did not reach the dependency after all (its
+// answer was replayed from a record): it says nothing of the dependency, so nothing
+// changes but that, when t is the probe let through since the last trip, the probe is
+// due again at once, for the next call to make.
+func (b *Breaker) Release(t Ticket) {
+	if t == 0 || !b.open.Load() {
+		return
+	}
+	b.mu.Lock()
+	if !b.open.Load() || uint64(t) != b.probe {
+		b.mu.Unlock()
+		return
+	}
+	b.probe = 0
+	b.probeAt = b.cfg.Now()
+	b.notifyLocked()
+	b.mu.Unlock()
 }
 
 // SucceedStarted is Succeed for a call that started at started. While the breaker is

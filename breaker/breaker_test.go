@@ -489,3 +489,67 @@ func TestRunProbeInterval(t *testing.T) {
 		t.Fatalf("after a quota trip: %v, want the next probe in 1m", b.Err())
 	}
 }
+
+// A probe ticket handed back (its call's answer was replayed, the dependency never
+// reached) makes the probe due again at once, for the next call; the breaker stays open.
+// A ticket that is not the probe's changes nothing.
+func TestReleasedProbeIsDueAgain(t *testing.T) {
+	b, c := newBreaker(t, time.Minute, nil)
+	b.Trip(errors.New("quota"), 0)
+	c.Advance(time.Minute)
+	t1, err := b.Allow()
+	if err != nil || t1 == 0 {
+		t.Fatalf("probe: %v %v", t1, err)
+	}
+	if _, err := b.Allow(); err == nil {
+		t.Fatal("a second probe while the first is out")
+	}
+	b.Release(t1 + 1) // not the probe
+	if _, err := b.Allow(); err == nil {
+		t.Fatal("another ticket's release let a probe through")
+	}
+	b.Release(t1)
+	if b.Err() == nil {
+		t.Fatal("a released probe closed the breaker")
+	}
+	t2, err := b.Allow()
+	if err != nil || t2 == 0 {
+		t.Fatalf("the probe after a release: %v %v, want one at once", t2, err)
+	}
+	b.Succeed(t1)
+	if b.Err() == nil {
+		t.Fatal("the released ticket's success closed the breaker")
+	}
+	b.Succeed(t2)
+	if b.Err() != nil {
+		t.Fatal("the new probe's success did not close the breaker")
+	}
+}
+
+// FailureInRun says whether a run was under way before the failure it counts: of
+// concurrent failures after a success, exactly one starts the run.
+func TestFailureInRunStartsOneRun(t *testing.T) {
+	b, err := breaker.New(breaker.Config{Name: "llm", Threshold: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var starts atomic.Int64
+	var wg sync.WaitGroup
+	for range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, inRun := b.FailureInRun(errors.New("503")); !inRun {
+				starts.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if n := starts.Load(); n != 1 {
+		t.Fatalf("%d failures started the run, want 1", n)
+	}
+	b.Success()
+	if _, inRun := b.FailureInRun(errors.New("503")); inRun {
+		t.Fatal("the first failure after a success continued a run")
+	}
+}

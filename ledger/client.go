@@ -64,6 +64,7 @@ func (c *Client) Complete(ctx context.Context, req *llm.Request) (*llm.Response,
 		return nil, err
 	}
 	if rec != nil {
+		llm.MarkReplayed(ctx)
 		return rec.LLMResponse()
 	}
 	if err := ctx.Err(); err != nil { // nothing sent: a clear failure
@@ -134,6 +135,7 @@ func (c *Client) Stream(ctx context.Context, req *llm.Request) iter.Seq2[llm.Chu
 			return
 		}
 		if rec != nil {
+			llm.MarkReplayed(ctx)
 			replay(rec, yield)
 			return
 		}

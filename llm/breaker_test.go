@@ -50,6 +50,31 @@ func (s *scripted) Stream(context.Context, *llm.Request) iter.Seq2[llm.Chunk, er
 	}
 }
 
+// replayer is a layer below WithBreaker that, while replay is set, answers from a
+// record (MarkReplayed) instead of calling next.
+type replayer struct {
+	next   llm.Client
+	replay atomic.Bool
+}
+
+func (r *replayer) Complete(ctx context.Context, req *llm.Request) (*llm.Response, error) {
+	if r.replay.Load() {
+		llm.MarkReplayed(ctx)
+		return &llm.Response{Content: "recorded"}, nil
+	}
+	return r.next.Complete(ctx, req)
+}
+
+func (r *replayer) Stream(ctx context.Context, req *llm.Request) iter.Seq2[llm.Chunk, error] {
+	if r.replay.Load() {
+		return func(yield func(llm.Chunk, error) bool) {
+			llm.MarkReplayed(ctx)
+			yield(llm.Chunk{Done: true, Content: "recorded"}, nil)
+		}
+	}
+	return r.next.Stream(ctx, req)
+}
+
 func quotaError() error {
 	h := http.Header{}
 	return llm.NewAPIError("openai", http.StatusTooManyRequests, h,
@@ -59,6 +84,50 @@ func quotaError() error {
 // WithBreaker stops a model's calls while the provider's quota is out, and lets one probe find out when it is back.
 func TestWithBreaker(t *testing.T) {
 	t.Parallel()
+	// An answer a layer below replays from a record (MarkReplayed: the ledger) reaches no
+	// provider: it does not end a run of failures, and it does not close an open breaker
+	// when it took the probe's ticket, which goes back for the next call to probe.
+	t.Run("a replayed answer says nothing of the provider", func(t *testing.T) {
+		t.Parallel()
+		b, err := breaker.New(breaker.Config{Name: "llm", Threshold: 2, ProbeInterval: 50 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		model := &scripted{}
+		replaying := &replayer{next: model}
+		c := llm.WithBreaker(replaying, b)
+		ctx := context.Background()
+		b.Failure(errors.New("503"))
+		replaying.replay.Store(true)
+		if _, err := c.Complete(ctx, &llm.Request{}); err != nil {
+			t.Fatal(err)
+		}
+		for _, err := range c.Stream(ctx, &llm.Request{}) {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		if b.Failing() != 1 {
+			t.Fatalf("a replayed answer ended the run of failures (%d)", b.Failing())
+		}
+		if !b.Failure(errors.New("503")) {
+			t.Fatal("the second failure in a row did not open the breaker")
+		}
+		time.Sleep(60 * time.Millisecond) // the probe is due
+		if _, err := c.Complete(ctx, &llm.Request{}); err != nil {
+			t.Fatal(err)
+		}
+		if b.Err() == nil {
+			t.Fatal("a replayed answer that took the probe closed the breaker")
+		}
+		replaying.replay.Store(false)
+		if _, err := c.Complete(ctx, &llm.Request{}); err != nil {
+			t.Fatalf("the next call, which should be the probe: %v", err)
+		}
+		if b.Err() != nil {
+			t.Fatal("the probe that reached the provider did not close the breaker")
+		}
+	})
 	// A quota answer trips the breaker: the calls after it never reach the provider and fail
 	// with an unavailable error; a probe that succeeds closes it. Other errors do not trip.
 	t.Run("stops calls on quota", func(t *testing.T) {

@@ -7,7 +7,9 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path"
@@ -58,8 +60,8 @@ func Binary(t testing.TB) string {
 // an exclusive lock on a file beside it while it builds, and returns the binary's path.
 func buildShared(root, prefix, pkg, tags string) (string, error) {
 	sum := sha256.Sum256([]byte(root + "\x00" + pkg + "\x00" + tags))
-	dir := filepath.Join(os.TempDir(), prefix+hex.EncodeToString(sum[:8]))
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	dir, err := ownDir(filepath.Join(os.TempDir(), prefix+hex.EncodeToString(sum[:8])))
+	if err != nil {
 		return "", err
 	}
 	lock, err := os.OpenFile(filepath.Join(dir, "build.lock"), os.O_CREATE|os.O_RDWR, 0o600) // #nosec G304 -- a path of our own under the temporary directory
@@ -78,6 +80,31 @@ func buildShared(root, prefix, pkg, tags string) (string, error) {
 		return "", fmt.Errorf("go build -tags %s %s: %v\n%s", tags, pkg, err, b)
 	}
 	return out, nil
+}
+
+// ownDir returns dir, made (0700) when missing, once it is sure the folder is this
+// user's own: a real folder, not a symlink, owned by the effective user, that no one else
+// may write. Its name under the shared temporary directory is predictable, so another
+// local user could make it first and swap the binary between its build and its run: such
+// a folder is an error naming it, never used.
+func ownDir(dir string) (string, error) {
+	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+		return "", err
+	}
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return "", err
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	switch {
+	case !fi.IsDir() || fi.Mode()&fs.ModeSymlink != 0:
+		return "", fmt.Errorf("%s is not a folder of this user's own (a symlink or a file): remove it", dir)
+	case !ok || int(st.Uid) != os.Geteuid():
+		return "", fmt.Errorf("%s belongs to another user: remove it", dir)
+	case fi.Mode().Perm()&0o022 != 0:
+		return "", fmt.Errorf("%s may be written by other users (mode %v): remove it", dir, fi.Mode().Perm())
+	}
+	return dir, nil
 }
 
 // Process is a subprocess of a test, with its stderr (the JSON log) captured.

@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -16,12 +17,12 @@ import (
 // The schema pool: Postgres hands each test a schema that onceflow's migrations were
 // applied to once, instead of migrating a fresh one per test (River's riverdbtest does
 // the same). A pooled schema is named pool_<fingerprint>_<random>, where the fingerprint
-// digests the catalog the migrations leave (tables, columns, constraints, indexes), so a
-// changed migration gets schemas of its own. A test claims one with a session advisory
-// lock held on a connection of its own until its cleanup, which empties every table
-// (TRUNCATE ... RESTART IDENTITY, the version table excepted) and hands it back only if
-// its catalog still has the fingerprint: a test that created, dropped or altered a table
-// has its schema dropped instead. The lock dies with a killed test process, so a schema
+// digests the catalog the migrations leave (fingerprintSQL), so a changed migration gets
+// schemas of its own. A test claims one with a session advisory lock held on a
+// connection of its own until its cleanup, which empties every table (DELETE, the version
+// table excepted, and its sequences restarted) and hands it back only if its catalog
+// still has the fingerprint: a test that created, dropped or altered a table, a default,
+// a privilege, a type... has its schema dropped instead. The lock dies with a killed test process, so a schema
 // is never claimed twice and never lost; one whose process was killed before its cleanup
 // is emptied by the next test that claims it.
 
@@ -30,13 +31,26 @@ import (
 const poolLockSpace = 0x0f10
 
 // fingerprintSQL digests the catalog of schema $1, with the schema's name taken out of
-// every definition so that two schemas migrated alike digest alike.
+// every definition so that two schemas migrated alike digest alike: its relations (kind,
+// persistence, options, privileges, row-level security) and their columns (type, not
+// null, default, identity, generation, storage), constraints, indexes, functions (with
+// their arguments and bodies), triggers (with whether they fire), policies, sequences'
+// parameters and types. A test that changed any of them leaves a schema whose
+// fingerprint differs, and it is dropped rather than handed back.
 const fingerprintSQL = `
 SELECT md5(coalesce(string_agg(x, E'\n' ORDER BY x), '')) FROM (
-  SELECT 'rel ' || c.relname || ' ' || c.relkind::text || ' ' || coalesce((
-    SELECT string_agg(a.attname || ' ' || format_type(a.atttypid, a.atttypmod) || ' ' || a.attnotnull, ', ' ORDER BY a.attnum)
-    FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped), '') AS x
+  SELECT 'rel ' || c.relname || ' ' || c.relkind::text || ' ' || c.relpersistence::text || ' ' ||
+    coalesce(c.reloptions::text, '') || ' ' || coalesce(c.relacl::text, '') || ' ' ||
+    c.relrowsecurity || c.relforcerowsecurity || ' ' || coalesce((
+    SELECT string_agg(a.attname || ' ' || format_type(a.atttypid, a.atttypmod) || ' ' || a.attnotnull || ' ' ||
+      a.attidentity::text || a.attgenerated::text || a.attstorage::text || ' ' ||
+      coalesce(replace(pg_get_expr(d.adbin, d.adrelid), $1 || '.', ''), ''), ', ' ORDER BY a.attnum)
+    FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+    WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped), '') AS x
   FROM pg_class c WHERE c.relnamespace = $1::regnamespace
+  UNION ALL
+  SELECT 'seq ' || c.relname || ' ' || s.seqstart || ' ' || s.seqincrement || ' ' || s.seqmin || ' ' || s.seqmax || ' ' || s.seqcycle
+  FROM pg_sequence s JOIN pg_class c ON c.oid = s.seqrelid WHERE c.relnamespace = $1::regnamespace
   UNION ALL
   SELECT 'con ' || conname || ' ' || replace(pg_get_constraintdef(oid), $1 || '.', '')
   FROM pg_constraint WHERE connamespace = $1::regnamespace
@@ -44,10 +58,18 @@ SELECT md5(coalesce(string_agg(x, E'\n' ORDER BY x), '')) FROM (
   SELECT 'idx ' || replace(pg_get_indexdef(i.indexrelid), $1 || '.', '')
   FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid WHERE c.relnamespace = $1::regnamespace
   UNION ALL
-  SELECT 'fn ' || proname FROM pg_proc WHERE pronamespace = $1::regnamespace
+  SELECT 'fn ' || proname || '(' || pg_get_function_identity_arguments(oid) || ') ' || md5(coalesce(prosrc, ''))
+  FROM pg_proc WHERE pronamespace = $1::regnamespace
   UNION ALL
-  SELECT 'trg ' || tgname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+  SELECT 'trg ' || replace(pg_get_triggerdef(t.oid), $1 || '.', '') || ' ' || t.tgenabled::text
+  FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
   WHERE c.relnamespace = $1::regnamespace AND NOT t.tgisinternal
+  UNION ALL
+  SELECT 'pol ' || c.relname || ' ' || p.polname
+  FROM pg_policy p JOIN pg_class c ON c.oid = p.polrelid WHERE c.relnamespace = $1::regnamespace
+  UNION ALL
+  SELECT 'typ ' || t.typname || ' ' || t.typtype::text
+  FROM pg_type t WHERE t.typnamespace = $1::regnamespace AND t.typrelid = 0 AND t.typelem = 0
 ) s`
 
 // emptySQL empties every table of the schema named by the setting onceflow.pool_schema
@@ -82,6 +104,10 @@ type pool struct {
 }
 
 var pools sync.Map // database URL -> *pool
+
+// afterListing, when set (by this package's tests), runs after a claim listed the pool's
+// schemas and before it locks one.
+var afterListing func()
 
 // pooledSchema claims a migrated schema of the pool on base (the shared test
 // PostgreSQL), empty, for t: it returns the schema's name; the claim ends at t's
@@ -177,6 +203,9 @@ func (p *pool) claim(ctx context.Context, conn *pgx.Conn, base string) (string, 
 	if err != nil {
 		return "", fmt.Errorf("list pooled schemas: %w", err)
 	}
+	if afterListing != nil {
+		afterListing()
+	}
 	for _, ps := range list {
 		s := ps.Name
 		locked, err := tryLock(ctx, conn, s)
@@ -185,6 +214,18 @@ func (p *pool) claim(ctx context.Context, conn *pgx.Conn, base string) (string, 
 		}
 		if !locked {
 			continue
+		}
+		// The listing is no proof of what the last holder left: since then another test
+		// may have claimed the schema and been killed (not clean), or dropped it at its
+		// cleanup (its catalog changed). Read both again under the lock.
+		err = conn.QueryRow(ctx, `SELECT coalesce(obj_description(oid, 'pg_namespace') = $2, false)
+			FROM pg_namespace WHERE nspname = $1`, s, cleanMark).Scan(&ps.Clean)
+		if errors.Is(err, pgx.ErrNoRows) {
+			_ = unlock(ctx, conn, s)
+			continue
+		}
+		if err != nil {
+			return "", fmt.Errorf("claim schema %s: %w", s, err)
 		}
 		if _, err := conn.Exec(ctx, "COMMENT ON SCHEMA "+s+" IS NULL"); err != nil {
 			return "", fmt.Errorf("claim schema %s: %w", s, err)

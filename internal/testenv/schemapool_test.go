@@ -3,6 +3,7 @@ package testenv
 import (
 	"context"
 	"net/url"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -96,6 +97,35 @@ func TestPooledSchemaWithAChangedCatalogIsDropped(t *testing.T) {
 	}
 }
 
+// Changes to a pooled schema that add no table, column, constraint or index still change
+// what the next test would meet: each drops the schema at cleanup instead of handing it
+// back.
+func TestPooledSchemaWithAChangedDefinitionIsDropped(t *testing.T) {
+	for name, sql := range map[string]string{
+		"a column default":       `ALTER TABLE outbox ALTER COLUMN attempts SET DEFAULT 7`,
+		"a privilege":            `REVOKE INSERT ON outbox FROM CURRENT_USER`,
+		"an identity's start":    `ALTER TABLE outbox ALTER COLUMN id SET START WITH 1000`,
+		"a type":                 `CREATE TYPE mood AS ENUM ('ok')`,
+		"row-level security":     `ALTER TABLE summaries ENABLE ROW LEVEL SECURITY`,
+		"a function":             `CREATE FUNCTION pool_probe() RETURNS int LANGUAGE sql AS 'SELECT 1'`,
+		"a table made unlogged":  `ALTER TABLE outbox SET UNLOGGED`,
+		"a column's storage":     `ALTER TABLE outbox ALTER COLUMN topic SET STORAGE EXTERNAL`,
+		"a table's storage knob": `ALTER TABLE outbox SET (fillfactor = 50)`,
+	} {
+		var schema string
+		t.Run(name, func(t *testing.T) {
+			pool, dsn := Postgres(t)
+			schema = schemaOf(t, dsn)
+			if _, err := pool.Exec(context.Background(), sql); err != nil {
+				t.Fatal(err)
+			}
+		})
+		if schemaExists(t, schema) {
+			t.Errorf("schema %s went back to the pool after %s changed", schema, name)
+		}
+	}
+}
+
 func TestSchemasHeldAtOnceAreDistinct(t *testing.T) {
 	seen := map[string]bool{}
 	for range 4 {
@@ -105,5 +135,114 @@ func TestSchemasHeldAtOnceAreDistinct(t *testing.T) {
 			t.Fatalf("schema %s handed out twice while held", s)
 		}
 		seen[s] = true
+	}
+}
+
+// privatePool is a pool of the test's own on the shared test database (a prefix no other
+// test uses), with one migrated schema handed back clean, and that schema's name.
+func privatePool(t *testing.T) (*pool, string) {
+	t.Helper()
+	ctx := context.Background()
+	base := DatabaseURL(t)
+	p := &pool{prefix: "pooltest" + randomHex(4) + "_"}
+	t.Cleanup(func() {
+		c, err := pgx.Connect(ctx, base)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer c.Close(ctx)
+		rows, _ := c.Query(ctx, `SELECT nspname FROM pg_namespace WHERE nspname LIKE $1`, strings.ReplaceAll(p.prefix, "_", `\_`)+"%")
+		names, _ := pgx.CollectRows(rows, pgx.RowTo[string])
+		for _, n := range names {
+			_, _ = c.Exec(ctx, "DROP SCHEMA "+n+" CASCADE")
+		}
+	})
+	conn, err := pgx.Connect(ctx, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	s, err := p.claim(ctx, conn, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.QueryRow(ctx, fingerprintSQL, s).Scan(&p.fingerprint); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.release(ctx, conn, s); err != nil {
+		t.Fatal(err)
+	}
+	return p, s
+}
+
+// claimAfter claims a schema of p on a connection of its own, with between run after
+// the claim listed the pool's schemas and before it locks one.
+func claimAfter(t *testing.T, p *pool, between func()) (string, *pgx.Conn, error) {
+	t.Helper()
+	ctx := context.Background()
+	afterListing = between
+	defer func() { afterListing = nil }()
+	conn, err := pgx.Connect(ctx, DatabaseURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(ctx) })
+	s, err := p.claim(ctx, conn, DatabaseURL(t))
+	return s, conn, err
+}
+
+// A schema listed clean, then claimed by another test process that wrote rows and was
+// killed before its cleanup, is emptied by the claim that locks it next: the listing is
+// no proof of what the last holder left.
+func TestClaimEmptiesASchemaDirtiedAfterTheListing(t *testing.T) {
+	ctx := context.Background()
+	p, schema := privatePool(t)
+	s, conn, err := claimAfter(t, p, func() {
+		other, err := pgx.Connect(ctx, DatabaseURL(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer other.Close(ctx) // killed: the lock ends with its session
+		if ok, err := tryLock(ctx, other, schema); err != nil || !ok {
+			t.Fatalf("lock %s: %v %v", schema, ok, err)
+		}
+		if _, err := other.Exec(ctx, "COMMENT ON SCHEMA "+schema+" IS NULL; INSERT INTO "+schema+
+			".outbox (topic, dedupe_key, payload) VALUES ('t', 'left-behind', '{}')"); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rows int
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM "+s+".outbox").Scan(&rows); err != nil {
+		t.Fatal(err)
+	}
+	if rows != 0 {
+		t.Fatalf("claimed %s with %d rows of a killed test", s, rows)
+	}
+}
+
+// A schema listed, then dropped by its holder's cleanup (its catalog had changed) before
+// this claim locks it, is skipped: the claim takes or makes another.
+func TestClaimSkipsASchemaDroppedAfterTheListing(t *testing.T) {
+	ctx := context.Background()
+	p, schema := privatePool(t)
+	s, _, err := claimAfter(t, p, func() {
+		other, err := pgx.Connect(ctx, DatabaseURL(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer other.Close(ctx)
+		if _, err := other.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE"); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if err != nil {
+		t.Fatalf("claim after a listed schema was dropped: %v", err)
+	}
+	if s == schema || !strings.HasPrefix(s, p.prefix) {
+		t.Fatalf("claimed %s (the dropped one: %s)", s, schema)
 	}
 }

@@ -201,16 +201,18 @@ var initdbArgs = []string{"-U", "onceflow", "--auth=trust", "-E", "UTF8", "--loc
 // per machine, in the temporary directory under a name that digests the binary (path,
 // size, time), the user and the arguments, and renamed into place when complete, so
 // concurrent test processes share it and a killed one leaves no half-made template.
+//
+// The template's name is predictable, so another local user could make it first with a
+// configuration of their own (an archive_command, say) for the server to run: a template
+// that is not a real folder owned by the user PostgreSQL runs as, closed to everyone
+// else, is an error naming it.
 func initdbTemplate(initdb string, cred *syscall.Credential) (string, error) {
-	st, err := os.Stat(initdb)
+	dir, err := templatePath(initdb, cred)
 	if err != nil {
 		return "", err
 	}
-	h := sha256.New()
-	fmt.Fprintf(h, "%s %d %d %v %v", initdb, st.Size(), st.ModTime().UnixNano(), cred, initdbArgs)
-	dir := filepath.Join(os.TempDir(), "onceflow-initdb-"+hex.EncodeToString(h.Sum(nil))[:16])
 	if _, err := os.Stat(filepath.Join(dir, "PG_VERSION")); err == nil {
-		return dir, nil
+		return dir, ownTemplate(dir, cred)
 	}
 	tmp, err := os.MkdirTemp(os.TempDir(), "onceflow-initdb-new-")
 	if err != nil {
@@ -232,11 +234,42 @@ func initdbTemplate(initdb string, cred *syscall.Credential) (string, error) {
 	}
 	if err := os.Rename(made, dir); err != nil {
 		if _, serr := os.Stat(filepath.Join(dir, "PG_VERSION")); serr == nil {
-			return dir, nil // another process made it first
+			return dir, ownTemplate(dir, cred) // another process made it first
 		}
 		return "", fmt.Errorf("keep the initdb template: %w", err)
 	}
 	return dir, nil
+}
+
+// templatePath returns the name of the initdb template of initdb run as cred: under the
+// temporary directory, a digest of the binary (path, size, time), the user and
+// initdbArgs.
+func templatePath(initdb string, cred *syscall.Credential) (string, error) {
+	st, err := os.Stat(initdb)
+	if err != nil {
+		return "", err
+	}
+	h := sha256.New()
+	fmt.Fprintf(h, "%s %d %d %v %v", initdb, st.Size(), st.ModTime().UnixNano(), cred, initdbArgs)
+	return filepath.Join(os.TempDir(), "onceflow-initdb-"+hex.EncodeToString(h.Sum(nil))[:16]), nil
+}
+
+// ownTemplate returns nil when dir is a real folder (not a symlink) owned by the user
+// PostgreSQL runs as (cred's, else this process's), that no other user may enter.
+func ownTemplate(dir string, cred *syscall.Credential) error {
+	uid := os.Geteuid()
+	if cred != nil {
+		uid = int(cred.Uid)
+	}
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return err
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !fi.IsDir() || !ok || int(st.Uid) != uid || fi.Mode().Perm()&0o077 != 0 {
+		return fmt.Errorf("the initdb template %s is not a private folder of uid %d (mode %v): remove it", dir, uid, fi.Mode())
+	}
+	return nil
 }
 
 // LookPostgres finds a PostgreSQL binary: in /usr/lib/postgresql/*/bin (Debian's layout,
