@@ -12,7 +12,10 @@ import (
 	"github.com/onceflow/onceflow/internal/testenv"
 )
 
-// The short profiles run in `make test`; `make chaos` runs the long ones. Flags (after
+// The short profiles run in `make test-long`; `make chaos` runs the long ones. The outage
+// profile runs alone (it checks that the workers exit within their shutdown timeout and
+// that /readyz names each outage); the kill and cluster profiles, which check effect
+// counts only, run side by side after it. Flags (after
 // -args) or CHAOS_* variables set them: go test ./lab/chaos -run TestChaos -v -args
 // -duration 5m -seed 42; the outage profile's long lengths are CHAOS_OUTAGE_POSTGRES=2m
 // CHAOS_OUTAGE_MODEL=2m CHAOS_OUTAGE_REDIS=1m CHAOS_OUTAGE_GAP=20s.
@@ -44,6 +47,7 @@ func envUint(name string, def uint64) uint64 {
 // restarts PostgreSQL in immediate mode, and checks that every accepted job has exactly
 // one summary and exactly one email, and that only the poison inputs are dead-lettered.
 func TestChaos(t *testing.T) {
+	t.Parallel() // beside the cluster profile, after the outage profile (serial: its timings)
 	bin := testenv.Binary(t)
 	dir, err := os.MkdirTemp("", "onceflow-chaos-")
 	if err != nil {
@@ -132,6 +136,7 @@ func TestChaosClusterNoWait(t *testing.T) {
 }
 
 func testChaosCluster(t *testing.T, wait int) {
+	t.Parallel() // beside TestChaos; every profile has servers and processes of its own
 	bin := testenv.Binary(t)
 	dir, err := os.MkdirTemp("", "onceflow-chaos-cluster-")
 	if err != nil {
