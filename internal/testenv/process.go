@@ -14,7 +14,6 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -41,8 +40,7 @@ const TestTags = "onceflowtest"
 func Binary(t testing.TB) string {
 	t.Helper()
 	buildOnce.Do(func() {
-		_, file, _, _ := runtime.Caller(0)
-		root, err := filepath.Abs(filepath.Join(filepath.Dir(file), "..", ".."))
+		root, err := ModuleRoot()
 		if err != nil {
 			buildErr = err
 			return
@@ -252,4 +250,24 @@ func (l *lockedWriter) Write(b []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.w.Write(b)
+}
+
+// ModuleRoot returns the directory of the onceflow module the test builds against: the
+// checkout, for the root module's tests and the lab's (which replaces the module with
+// it). It asks the go command from the test's directory, so it holds under -trimpath,
+// where source file names are not the checkout's.
+func ModuleRoot() (string, error) {
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/onceflow/onceflow").Output()
+	if err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return "", fmt.Errorf("go list -m github.com/onceflow/onceflow: %w: %s", err, ee.Stderr)
+		}
+		return "", fmt.Errorf("go list -m github.com/onceflow/onceflow: %w", err)
+	}
+	root := strings.TrimSpace(string(out))
+	if root == "" {
+		return "", errors.New("go list -m github.com/onceflow/onceflow: no directory (is the module replaced by a checkout?)")
+	}
+	return root, nil
 }

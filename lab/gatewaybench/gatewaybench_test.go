@@ -5,7 +5,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -82,10 +81,9 @@ func TestGatewayBench(t *testing.T) {
 // build builds ./cmd/onceflow as released (no test tags) into dir.
 func build(t *testing.T, dir string) string {
 	t.Helper()
-	_, file, _, _ := runtime.Caller(0)
 	bin := filepath.Join(dir, "onceflow")
 	cmd := exec.Command("go", "build", "-o", bin, "./cmd/onceflow") // #nosec G204 -- a temporary path of our own
-	cmd.Dir = filepath.Join(filepath.Dir(file), "..", "..")
+	cmd.Dir = filepath.Join("..", "..")                             // the test runs in lab/gatewaybench
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build ./cmd/onceflow: %v\n%s", err, out)
 	}
@@ -95,10 +93,8 @@ func build(t *testing.T, dir string) string {
 // buildProxy builds the reference proxy (./lab/gatewaybench/bareproxy) into dir.
 func buildProxy(t *testing.T, dir string) string {
 	t.Helper()
-	_, file, _, _ := runtime.Caller(0)
 	bin := filepath.Join(dir, "bareproxy")
 	cmd := exec.Command("go", "build", "-o", bin, "./bareproxy") // #nosec G204 -- a temporary path of our own
-	cmd.Dir = filepath.Dir(file)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build ./lab/gatewaybench/bareproxy: %v\n%s", err, out)
 	}
