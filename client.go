@@ -45,6 +45,9 @@ type Client struct {
 	// background are the parts Run runs besides the queue workers (the outbox relay,
 	// the ledger's purge), added by the features NewClient sets up.
 	background []func(context.Context) error
+	// steps is the job_steps table of recorded steps (Do, Job.Tool); nil without
+	// Config.DB.
+	steps *stepStore
 	// model is the machinery of Job.Complete and Job.Stream (setupModel); nil without
 	// Config.Model.
 	model *model
@@ -127,7 +130,7 @@ func NewClient(cfg Config) (*Client, error) {
 	if cfg.AuditMaxAge < 0 {
 		return nil, fmt.Errorf("onceflow: Config.AuditMaxAge %v must not be negative", cfg.AuditMaxAge)
 	}
-	for _, setup := range []func() error{c.setupBreakers, c.setupModel, c.setupOutbox} {
+	for _, setup := range []func() error{c.setupBreakers, c.setupModel, c.setupOutbox, c.setupSteps} {
 		if err := setup(); err != nil {
 			return nil, err
 		}
@@ -240,6 +243,9 @@ func (c *Client) Run(ctx context.Context) error {
 		parts = append(parts, run)
 	}
 	parts = append(parts, c.watchers()...)
+	if c.steps != nil {
+		parts = append(parts, c.steps.run)
+	}
 	return runParts(ctx, append(parts, c.background...))
 }
 
@@ -475,6 +481,9 @@ func (c *Client) RunWorkers(ctx context.Context, queues ...string) error {
 		if c.model.limiter != nil {
 			parts = append(parts, c.model.limiter.Run)
 		}
+	}
+	if c.steps != nil {
+		parts = append(parts, c.steps.run)
 	}
 	return runParts(ctx, append(parts, c.watchers()...))
 }

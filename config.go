@@ -101,6 +101,10 @@ type Config struct {
 	// Ledger configures the llm_calls ledger (lease, retention); its Logger and
 	// Registerer default to the client's. Default: ledger's defaults.
 	Ledger ledger.Config
+	// StepRetention is how long a recorded step (Do, Job.Tool, Job.ToolAtMostOnce) is
+	// kept after it was recorded; it must cover every queue's retry horizon, as
+	// Ledger.Retention must. Default: DefaultStepRetention (24h).
+	StepRetention time.Duration
 	// Limits is the admission control of the model's calls (package limiter, see
 	// docs/limits.md): limits per model shared by every process (requests and tokens per
 	// minute, calls in flight: ONCEFLOW_LLM_RPM, _TPM, _CONCURRENCY, ONCEFLOW_LLM_LIMITS),

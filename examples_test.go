@@ -76,11 +76,19 @@ func TestEveryEntryPointHasAnExample(t *testing.T) {
 		"Commit.Emit":     "ExampleJob_Commit",
 		"Commit.Result":   "ExampleJob_Commit",
 		// Accessors shown in the examples of their neighbours.
-		"Inspector.DB":     "ExampleInspector_QueueKeys",
-		"Inspector.Redis":  "ExampleInspector_QueueKeys",
-		"Client.Inspector": "ExampleInspector_QueueKeys (every Inspector example starts with it)",
-		"Client.RunRelay":  "ExampleClient_RunWorkers",
-		"Job.Client":       "ExampleJob_Committed",
+		"Inspector.DB":       "ExampleInspector_QueueKeys",
+		"Inspector.Redis":    "ExampleInspector_QueueKeys",
+		"Client.Inspector":   "ExampleInspector_QueueKeys (every Inspector example starts with it)",
+		"Client.RunRelay":    "ExampleClient_RunWorkers",
+		"Job.Client":         "ExampleJob_Committed",
+		"Job.ToolCalls":      "ExampleJob_Tool",
+		"Turn":               "ExampleRunAgent (RunAgent builds each turn's messages with it; docs/workflows-agents.md)",
+		"MustTool":           "ExampleRunAgent",
+		"NewTool":            "ExampleRunAgent (MustTool calls it)",
+		"InDoubtError.Error": "ExampleInspector_ResolveInDoubt (the job's dead-letter reason)",
+		"InDoubtError.Is":    "ExampleInspector_ResolveInDoubt",
+		"Inspector.InDoubt":  "ExampleInspector_ResolveInDoubt",
+		"Job.ToolAtMostOnce": "ExampleInspector_ResolveInDoubt",
 	}
 	missing := doccheck.MissingExamples(t, ".", "github.com/onceflow/onceflow", covered)
 	if len(missing) > 0 {

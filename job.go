@@ -79,4 +79,5 @@ type runtime struct {
 	delivery  *queue.Job
 	deadline  retry.Deadline // the delivery's budget (Config.JobBudget), from its start
 	committed atomic.Bool    // a Commit of this delivery wrote the completion record
+	recorded  jobSteps       // the job's recorded steps, as this delivery knows them (Do, Tool)
 }

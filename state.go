@@ -29,6 +29,10 @@ const (
 	StatusDone Status = "done"
 	// StatusFailed: dead-lettered; Error says why.
 	StatusFailed Status = "failed"
+	// StatusInDoubt: dead-lettered because a tool call it runs at most once
+	// (Job.ToolAtMostOnce) was started and its outcome never recorded; InDoubt names the
+	// calls, and an operator resolves each (Inspector.ResolveInDoubt).
+	StatusInDoubt Status = "in_doubt"
 )
 
 // JobState is what JobState knows about a job.
@@ -53,10 +57,23 @@ type JobState struct {
 	// model's limiter put it off (a rate limit, its tenant's fair share or daily token
 	// budget); "" otherwise.
 	Waiting string `json:"waiting,omitempty"`
+	// InDoubt are the tool calls of a job in doubt (StatusInDoubt).
+	InDoubt []InDoubtCall `json:"in_doubt,omitempty"`
+}
+
+// InDoubtCall is a tool call whose outcome nobody recorded (Job.ToolAtMostOnce).
+type InDoubtCall struct {
+	// Tool and Arguments are the call's; Key is its key (ToolCall.Key).
+	Tool      string `json:"tool"`
+	Arguments string `json:"arguments"`
+	Key       string `json:"key"`
+	// StartedAt is when its intent was recorded.
+	StartedAt time.Time `json:"started_at"`
 }
 
 // JobState returns the state of job id for tenant: done (its completion record, read from
-// PostgreSQL), else failed, running, done without a Commit or queued (its job index and
+// PostgreSQL), else failed or in doubt (a failed job with tool calls in doubt, read from
+// PostgreSQL), running, done without a Commit or queued (its job index and
 // its stream entry, read from Redis, in each queue the client works, enqueued to or
 // routes to). An unknown id,
 // another tenant's job, or a job whose index expired after it finished gives
@@ -76,6 +93,9 @@ func (c *Client) JobState(ctx context.Context, tenant, id string) (*JobState, er
 	}
 	for _, name := range c.stateQueues() {
 		st, err := c.indexed(ctx, name, tenant, id)
+		if err == nil && st.Status == StatusFailed && c.steps != nil {
+			return c.inDoubt(ctx, st)
+		}
 		if err == nil || !errors.Is(err, ErrJobNotFound) {
 			return st, err
 		}

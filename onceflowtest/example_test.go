@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/onceflowtest"
 	"github.com/onceflow/onceflow/outbox"
 )
@@ -66,4 +67,25 @@ func (t *exampleT) cleanup() {
 	for i := len(t.cleanups) - 1; i >= 0; i-- {
 		t.cleanups[i]()
 	}
+}
+
+// A scripted model answers by the number of tool results in the conversation: a tool
+// call first, then text. With RandomIDs, every answer gets fresh tool-call ids, as
+// most providers give a repeated request.
+func ExampleScriptedModel() {
+	m := &onceflowtest.ScriptedModel{RandomIDs: true, Turns: []onceflowtest.Turn{
+		{ToolCalls: []llm.ToolCall{onceflowtest.Call("lookup_order", map[string]string{"order": "A-1"})}},
+		{Text: "Found it."},
+	}}
+	ask := []llm.Message{{Role: llm.RoleUser, Content: "Where is A-1?"}}
+	first, _ := m.Complete(context.Background(), &llm.Request{Messages: ask})
+	again, _ := m.Complete(context.Background(), &llm.Request{Messages: ask})
+	fmt.Println(first.ToolCalls[0].Name, first.ToolCalls[0].Arguments, first.ToolCalls[0].ID != again.ToolCalls[0].ID)
+	ask = append(ask, llm.Message{Role: llm.RoleAssistant, ToolCalls: first.ToolCalls},
+		llm.Message{Role: llm.RoleTool, ToolCallID: first.ToolCalls[0].ID, Content: `{"status":"shipped"}`})
+	final, _ := m.Complete(context.Background(), &llm.Request{Messages: ask})
+	fmt.Println(final.Content, len(m.Requests()))
+	// Output:
+	// lookup_order {"order":"A-1"} true
+	// Found it. 3
 }

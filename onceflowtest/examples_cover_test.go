@@ -25,6 +25,8 @@ func TestEveryEntryPointHasAnExample(t *testing.T) {
 		"Sink.Keys": "ExampleNewSink", "Sink.Deliveries": "ExampleNewSink",
 		"Sink.SetLatency": "examples/triage's TestRelayKilledBetweenSendAndMark", "Sink.FailNext": "docs/testing.md",
 		"Sink.RequireOncePerKey": "examples/triage's tests",
+		"Call":                   "ExampleScriptedModel", "ScriptedModel.Complete": "ExampleScriptedModel",
+		"ScriptedModel.Requests": "ExampleScriptedModel", "ScriptedModel.Stream": "the root package's agent tests (AgentConfig.Stream)",
 	}
 	missing := doccheck.MissingExamples(t, ".", "github.com/onceflow/onceflow/onceflowtest", covered)
 	if len(missing) > 0 {

@@ -26,6 +26,8 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
+	"strconv"
+	"strings"
 
 	"github.com/onceflow/onceflow/llm"
 )
@@ -127,4 +129,31 @@ func Compare(first, second []llm.ToolCall) Stability {
 		out = Stable
 	}
 	return out
+}
+
+// JobKey returns the content-addressed key of a tool call made by a job: from the
+// tenant and the job id, the tool name, the canonical JSON of the arguments (as ArgsKey)
+// and occurrence, which of the job's identical calls (same tool, same canonical
+// arguments) this is, counting from 0. It depends on nothing a provider or a history
+// can change: not the tool-call id, not the request, not the call's position in a
+// conversation. onceflow's Job.ToolCalls keys a job's calls with it.
+func JobKey(tenant, jobID string, call llm.ToolCall, occurrence int) string {
+	canon, err := CanonicalJSON([]byte(call.Arguments))
+	form := "json"
+	if err != nil {
+		canon, form = []byte(call.Arguments), "raw"
+	}
+	return derive("job", tenant, jobID, call.Name, form, string(canon), strconv.Itoa(occurrence))
+}
+
+// ContentKey identifies a call by its tool name and canonical arguments alone, for
+// counting identical calls (JobKey's occurrence).
+func ContentKey(call llm.ToolCall) string { return ArgsKey("", call) }
+
+// CallID returns the stable tool-call id of the call keyed key (JobKey): "call_" and 24
+// hex characters of the key, the id a canonical conversation gives the call in place of
+// the provider's, so that every delivery sends the same request.
+func CallID(key string) string {
+	h := strings.TrimPrefix(key, Prefix)
+	return "call_" + h[:min(24, len(h))]
 }
