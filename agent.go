@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/google/jsonschema-go/jsonschema"
 
@@ -27,8 +28,35 @@ type AgentTool struct {
 	// AtMostOnce runs the tool through Job.ToolAtMostOnce instead of Job.Tool: for a
 	// downstream that honours no idempotency key.
 	AtMostOnce bool
+	// ApprovalTimeout is how long a call that needs approval (NeedsApproval) waits for
+	// an operator's decision. Default: DefaultApprovalTimeout.
+	ApprovalTimeout time.Duration
+	// ApproveOnTimeout approves such a call when nobody decided in time. Default: false
+	// (rejected, and the model is told).
+	ApproveOnTimeout bool
 	// run runs one call with its raw arguments; a *badArgs error goes back to the model.
 	run func(ctx context.Context, key string, args json.RawMessage) (string, error)
+	// needsApproval says whether a call with these arguments needs an operator's
+	// approval before it runs (NeedsApproval); nil for none.
+	needsApproval func(args json.RawMessage) (bool, error)
+}
+
+// NeedsApproval returns t requiring an operator's approval before a call runs whose
+// arguments (decoded into A, the tool's arguments type) satisfy when: a refund above a
+// threshold, an email to an outside address. The job waits for the decision holding no
+// worker (Job.Approval); a rejected call is not run, and the model is told.
+func NeedsApproval[A any](t AgentTool, when func(args A) bool) AgentTool {
+	t.needsApproval = func(raw json.RawMessage) (bool, error) {
+		var args A
+		if len(raw) == 0 {
+			raw = json.RawMessage("{}")
+		}
+		if err := strictjson.Decode(raw, &args); err != nil {
+			return false, &badArgs{err}
+		}
+		return when(args), nil
+	}
+	return t
 }
 
 // badArgs is a call whose arguments do not decode: the model is told, as the tool's
@@ -169,7 +197,7 @@ func RunAgent[T JobArgs](ctx context.Context, job *Job[T], cfg AgentConfig) (*Ag
 		if turn == maxTurns {
 			break
 		}
-		results, err := runTools(ctx, job, tools, calls)
+		results, err := runTools(ctx, job, tools, calls, out.Messages)
 		if err != nil {
 			return nil, err
 		}
@@ -200,7 +228,7 @@ func agentTurn[T JobArgs](ctx context.Context, job *Job[T], step string, req *ll
 }
 
 // runTools runs one turn's calls in parallel and returns their results in order.
-func runTools[T JobArgs](ctx context.Context, job *Job[T], tools map[string]*AgentTool, calls []ToolCall) ([]string, error) {
+func runTools[T JobArgs](ctx context.Context, job *Job[T], tools map[string]*AgentTool, calls []ToolCall, messages []llm.Message) ([]string, error) {
 	results := make([]string, len(calls))
 	errs := make([]error, len(calls))
 	var wg sync.WaitGroup
@@ -211,6 +239,28 @@ func runTools[T JobArgs](ctx context.Context, job *Job[T], tools map[string]*Age
 			continue
 		}
 		wg.Go(func() {
+			if t.needsApproval != nil {
+				need, err := t.needsApproval(json.RawMessage(call.Arguments))
+				var bad *badArgs
+				if errors.As(err, &bad) {
+					results[i] = "error: the arguments do not decode: " + bad.Error()
+					return
+				}
+				if need {
+					d, err := job.Approval(ctx, call, ApprovalConfig{Timeout: t.ApprovalTimeout, ApproveOnTimeout: t.ApproveOnTimeout, Messages: messages})
+					if err != nil {
+						errs[i] = err
+						return
+					}
+					if !d.Approved {
+						results[i] = "rejected: the operator did not approve this call"
+						if d.Note != "" {
+							results[i] += ": " + d.Note
+						}
+						return
+					}
+				}
+			}
 			fn := func(ctx context.Context, key string) (string, error) {
 				return t.run(ctx, key, json.RawMessage(call.Arguments))
 			}
@@ -227,8 +277,27 @@ func runTools[T JobArgs](ctx context.Context, job *Job[T], tools map[string]*Age
 		})
 	}
 	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	// A call waiting for approval parks the job (the earliest deadline first) once the
+	// turn's other calls ran; any other failure wins over a wait.
+	var wait *retry.WaitError
+	var others []error
+	for _, err := range errs {
+		var w *retry.WaitError
+		switch {
+		case err == nil:
+		case errors.As(err, &w):
+			if wait == nil || w.Delay < wait.Delay {
+				wait = w
+			}
+		default:
+			others = append(others, err)
+		}
+	}
+	if err := errors.Join(others...); err != nil {
 		return nil, err
+	}
+	if wait != nil {
+		return nil, wait
 	}
 	return results, nil
 }

@@ -301,3 +301,47 @@ func TestNewToolGeneratesTheArgumentSchema(t *testing.T) {
 		t.Fatal("a tool whose arguments have no JSON Schema was accepted")
 	}
 }
+
+// With Stream, every turn is streamed and its chunks passed on; a redelivery replays the
+// recorded turns (each in one piece) and makes no model call.
+func TestAgentStreamsEachTurn(t *testing.T) {
+	t.Parallel()
+	agent, model := newOrderAgent(), refundScript(false)
+	var mu sync.Mutex
+	text := map[int]string{}
+	e := newStepEnv(t, model, func(ctx context.Context, j *onceflow.Job[orderArgs]) error {
+		res, err := onceflow.RunAgent(ctx, j, onceflow.AgentConfig{Request: agentRequest(j.Args.Order), Tools: agent.tools(), Stream: true,
+			OnChunk: func(turn int, ch llm.Chunk) {
+				mu.Lock()
+				text[j.Delivery*10+turn] += ch.Content
+				mu.Unlock()
+			}})
+		if err != nil {
+			return err
+		}
+		if res.Answer != "Your refund of 12.50 is on its way." {
+			return fmt.Errorf("answer %q", res.Answer)
+		}
+		if j.Delivery == 1 {
+			return errCrash
+		}
+		return nil
+	})
+	e.enqueue("A-1")
+	e.start()
+	runs := e.waitRuns(2)
+	if runs[1].err != nil {
+		t.Fatal(runs[1].err)
+	}
+	if n := len(model.Requests()); n != 3 {
+		t.Fatalf("the model was asked %d times, want 3", n)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if text[13] != "Your refund of 12.50 is on its way." || text[23] != text[13] {
+		t.Fatalf("streamed text of the last turn: first delivery %q, second %q", text[13], text[23])
+	}
+	if refunds, requests := agent.effects(); refunds != 1 || requests != 1 {
+		t.Fatalf("%d refunds from %d requests, want 1 from 1", refunds, requests)
+	}
+}

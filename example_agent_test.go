@@ -220,3 +220,104 @@ func ExampleInspector_ResolveInDoubt() {
 	// in_doubt send_email {"to":"ada@example.com"}
 	// done emails sent: 1
 }
+
+// A job waits for a signal without holding a worker: it parks in its queue's
+// scheduled set until Client.Signal wakes it, then runs again from the start, its
+// recorded steps replayed, and gets the payload.
+func ExampleWaitSignal() {
+	rdb, prefix, db, done := exampleStores("SELECT 1")
+	defer done()
+	var checks atomic.Int64
+	got := make(chan string, 1)
+	workers := onceflow.NewWorkers()
+	onceflow.AddWorker(workers, onceflow.WorkFunc[supportTicket](func(ctx context.Context, job *onceflow.Job[supportTicket]) error {
+		if _, err := onceflow.Do(ctx, job, "check", func(ctx context.Context) (int64, error) { return checks.Add(1), nil }); err != nil {
+			return err
+		}
+		payment, err := onceflow.WaitSignal(ctx, job, "payment", time.Hour)
+		if err != nil {
+			return err // while the signal has not come: the job parks, holding no worker
+		}
+		got <- string(payment)
+		return nil
+	}))
+	client, err := onceflow.NewClient(onceflow.Config{Redis: rdb, DB: db, Prefix: prefix, Workers: workers})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer runExample(client)()
+	res, err := client.Enqueue(context.Background(), supportTicket{Order: "A-1"}, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	st, _ := client.JobState(context.Background(), "", res.JobID)
+	for st == nil || st.Waiting == "" {
+		time.Sleep(20 * time.Millisecond)
+		st, _ = client.JobState(context.Background(), "", res.JobID)
+	}
+	fmt.Println(st.Status, st.Waiting)
+	if err := client.Signal(context.Background(), "", res.JobID, "payment", map[string]int{"cents": 1250}); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(<-got, "checks:", checks.Load())
+	// Output:
+	// queued signal payment
+	// {"cents":1250} checks: 1
+}
+
+// A refund above a threshold needs an operator's approval: the agent's job parks until
+// someone approves (Client.Approve, the operator UI's /ui/approvals), then the refund
+// runs once.
+func ExampleClient_Approve() {
+	rdb, prefix, db, done := exampleStores("SELECT 1")
+	defer done()
+	model := &onceflowtest.ScriptedModel{Turns: []onceflowtest.Turn{
+		{ToolCalls: []llm.ToolCall{onceflowtest.Call("issue_refund", orderRef{Order: "A-1"})}},
+		{Text: "Refunded."},
+	}}
+	var refunds atomic.Int64
+	refund := onceflow.NeedsApproval(
+		onceflow.MustTool("issue_refund", "Refund an order.", func(ctx context.Context, key string, args orderRef) (string, error) {
+			refunds.Add(1)
+			return `{"status":"succeeded"}`, nil
+		}),
+		func(args orderRef) bool { return true }, // every refund, here
+	)
+	answers := make(chan string, 1)
+	workers := onceflow.NewWorkers()
+	onceflow.AddWorker(workers, onceflow.WorkFunc[supportTicket](func(ctx context.Context, job *onceflow.Job[supportTicket]) error {
+		res, err := onceflow.RunAgent(ctx, job, onceflow.AgentConfig{
+			Request: &llm.Request{Messages: []llm.Message{{Role: llm.RoleUser, Content: "Refund order " + job.Args.Order}}},
+			Tools:   []onceflow.AgentTool{refund},
+		})
+		if err != nil {
+			return err // waiting for the decision: the job parks
+		}
+		answers <- res.Answer
+		return nil
+	}))
+	client, err := onceflow.NewClient(onceflow.Config{Redis: rdb, DB: db, Prefix: prefix, Workers: workers, Model: model})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer runExample(client)()
+	if _, err := client.Enqueue(context.Background(), supportTicket{Order: "A-1"}, nil); err != nil {
+		log.Fatal(err)
+	}
+	var pending []onceflow.Approval
+	for len(pending) == 0 {
+		time.Sleep(20 * time.Millisecond)
+		if pending, err = client.Inspector().Approvals(context.Background(), "", false, 10); err != nil {
+			log.Fatal(err)
+		}
+	}
+	a := pending[0]
+	fmt.Println("asked:", a.Tool, a.Arguments, "refunds:", refunds.Load())
+	if err := client.Approve(context.Background(), a.Tenant, a.JobID, a.Key, "ops@example.com", "checked"); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(<-answers, "refunds:", refunds.Load())
+	// Output:
+	// asked: issue_refund {"order":"A-1"} refunds: 0
+	// Refunded. refunds: 1
+}

@@ -41,6 +41,13 @@ type RouteConfig[T JobArgs] struct {
 	// field, a range). Its error is a 400 whose detail is the error's text; start it with
 	// the field's name ("notify: not an email address"). Default: none.
 	Validate func(args *T) error
+	// Args fills job arguments from the request once the body is decoded, before
+	// Validate: path values (r.PathValue("order") on a route mounted at
+	// "POST /v1/orders/{order}/refunds"), for instance. The body stays strict JSON; what
+	// Args sets is part of the job's arguments, so the key's fingerprint covers it
+	// beside the body (and the path is part of the key's scope). Its error is a 400
+	// whose detail is the error's text. Default: none (the body alone).
+	Args func(r *http.Request, args *T) error
 	// Queue is the queue the route's jobs go to, the same for every request, so that an
 	// Idempotency-Key names one job whatever the body (its record lives with the
 	// queue). Default: the kind's own (JobArgsWithOpts), else DefaultQueue. The tenant
@@ -75,7 +82,8 @@ type RouteConfig[T JobArgs] struct {
 //     the quoted form is the same key): missing or malformed, 400;
 //   - the body must be application/json (else 415), at most MaxBodyBytes (else 413),
 //     and decode strictly into T (case-sensitive names, no unknown or repeated fields:
-//     else 400 naming the field), then pass Validate (else 400);
+//     else 400 naming the field), take what RouteConfig.Args fills from the request
+//     (path values), then pass Validate (else 400);
 //   - a new key: the job is enqueued, its tenant recorded and the answer stored, in
 //     ONE Redis round trip (one script), and the answer is 202
 //     {"job_id": "<id>", "status": "queued"} with Location; the job id is JobID of the
@@ -156,6 +164,12 @@ func (rt *route[T]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err := strictjson.Decode(body, args); err != nil {
 		mw.Respond(w, r, nil, false, &idempotency.RequestError{Err: fieldError(err)})
 		return
+	}
+	if rt.cfg.Args != nil {
+		if err := rt.cfg.Args(r, args); err != nil {
+			mw.Respond(w, r, nil, false, &idempotency.RequestError{Err: err})
+			return
+		}
 	}
 	if rt.cfg.Validate != nil {
 		if err := rt.cfg.Validate(args); err != nil {

@@ -320,3 +320,60 @@ func TestRouteCutsOffASlowBody(t *testing.T) {
 		t.Fatalf("a normal request afterwards: %d %s", a.code, strings.TrimSpace(a.body))
 	}
 }
+
+type pathRefund struct {
+	Order  string `json:"order"`
+	Amount int    `json:"amount"`
+}
+
+func (pathRefund) Kind() string { return "test.refund-request" }
+
+// RouteConfig.Args fills job arguments from the request's path; the body stays strict
+// JSON, and the key's fingerprint covers what Args set: the same key on the same path
+// with the same body is replayed, another amount is 422.
+func TestRouteFillsArgumentsFromThePath(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.Redis(t)
+	c := newClient(t, rdb, prefix, nil, nil)
+	post, err := onceflow.Route(c, onceflow.RouteConfig[pathRefund]{
+		Tenant: func(*http.Request) (string, error) { return "acme", nil },
+		Args: func(r *http.Request, args *pathRefund) error {
+			order := r.PathValue("order")
+			if !strings.HasPrefix(order, "A-") {
+				return fmt.Errorf("order: %q is not an order id", order)
+			}
+			args.Order = order
+			return nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("POST /v1/orders/{order}/refunds", post)
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	const key = "refund-key-0000000000001"
+	if a := postJSON(t, srv.URL+"/v1/orders/A-17/refunds", "", key, "application/json", `{"amount":500}`); a.code != http.StatusAccepted {
+		t.Fatalf("POST: %d %s", a.code, a.body)
+	}
+	if a := postJSON(t, srv.URL+"/v1/orders/A-17/refunds", "", key, "application/json", `{ "amount": 500 }`); a.code != http.StatusAccepted || a.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("the same request again: %d %s, want the replayed 202", a.code, a.body)
+	}
+	if a := postJSON(t, srv.URL+"/v1/orders/A-17/refunds", "", key, "application/json", `{"amount":900}`); a.code != http.StatusUnprocessableEntity {
+		t.Fatalf("the same key with another amount: %d %s, want 422", a.code, a.body)
+	}
+	if a := postJSON(t, srv.URL+"/v1/orders/B-1/refunds", "", "refund-key-0000000000002", "application/json", `{"amount":1}`); a.code != http.StatusBadRequest || !strings.Contains(a.body, "not an order id") {
+		t.Fatalf("a path value Args refuses: %d %s, want 400 with its reason", a.code, a.body)
+	}
+	if a := postJSON(t, srv.URL+"/v1/orders/A-17/refunds", "", "refund-key-0000000000003", "application/json", `{"amount":1,"note":"x"}`); a.code != http.StatusBadRequest {
+		t.Fatalf("an unknown body field: %d %s, want 400", a.code, a.body)
+	}
+	msgs, err := rdb.XRange(context.Background(), c.Inspector().QueueKeys(onceflow.DefaultQueue).Stream(), "-", "+").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(msgs) != 1 || !strings.Contains(fmt.Sprint(msgs[0].Values), `{"order":"A-17","amount":500}`) {
+		t.Fatalf("enqueued %v, want one job whose arguments carry the path's order", msgs)
+	}
+}

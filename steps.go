@@ -229,7 +229,8 @@ func (rt *runtime) readStep(ctx context.Context, name string) (stepRecord, error
 // next turn will see.
 //
 //   - name identifies the step in the job: 1 to MaxStepNameLen printable ASCII
-//     characters, not starting with "tool:", the same on every delivery.
+//     characters, not starting with "tool:", "wait:", "signal:" or "approval:", the same
+//     on every delivery.
 //   - The result is encoded with encoding/json; every delivery, the first included, gets
 //     the value decoded from the record, so R must survive a round trip through JSON.
 //   - A failure of fn is returned as it is (classified by the Worker as any error) and
@@ -290,8 +291,10 @@ func checkStepName(name string) error {
 			return retry.Permanent(fmt.Errorf("onceflow: step name %q is not printable ASCII", clipText(name)))
 		}
 	}
-	if strings.HasPrefix(name, toolStepPrefix) {
-		return retry.Permanent(fmt.Errorf("onceflow: step name %q: the prefix %q is the tool calls'", clipText(name), toolStepPrefix))
+	for _, p := range []string{toolStepPrefix, waitPrefix, signalPrefix, approvalPrefix} {
+		if strings.HasPrefix(name, p) {
+			return retry.Permanent(fmt.Errorf("onceflow: step name %q: the prefix %q is onceflow's", clipText(name), p))
+		}
 	}
 	return nil
 }

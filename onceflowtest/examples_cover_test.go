@@ -27,6 +27,7 @@ func TestEveryEntryPointHasAnExample(t *testing.T) {
 		"Sink.RequireOncePerKey": "examples/triage's tests",
 		"Call":                   "ExampleScriptedModel", "ScriptedModel.Complete": "ExampleScriptedModel",
 		"ScriptedModel.Requests": "ExampleScriptedModel", "ScriptedModel.Stream": "the root package's agent tests (AgentConfig.Stream)",
+		"Sink.SetAnswer": "internal/webhooksink's TestSinkReplaysItsFirstAnswerPerKey; docs/testing.md",
 	}
 	missing := doccheck.MissingExamples(t, ".", "github.com/onceflow/onceflow/onceflowtest", covered)
 	if len(missing) > 0 {

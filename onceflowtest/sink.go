@@ -78,6 +78,13 @@ func (s *Sink) Deliveries() []Delivery {
 // kill it there. Zero answers at once again.
 func (s *Sink) SetLatency(d time.Duration) { s.s.SetLatency(d) }
 
+// SetAnswer makes the sink answer like an API that honours Idempotency-Key: the first
+// POST of each key is answered with the body answer returns (given the key and the
+// POST's body), and every later POST of that key with the same body again, marked
+// Idempotent-Replayed: true. Deliveries are recorded as before, so Count still sees the
+// duplicates the sink absorbed.
+func (s *Sink) SetAnswer(answer func(key string, body []byte) []byte) { s.s.SetAnswer(answer) }
+
 // FailNext answers the next n POSTs 503 without recording them.
 func (s *Sink) FailNext(n int) { s.s.FailNext(n) }
 

@@ -316,3 +316,26 @@ func ListScheduled(ctx context.Context, rdb redis.Cmdable, keys Keys, count int6
 	}
 	return out, nil
 }
+
+// wakeScript runs lua/wake.lua.
+var wakeScript = scripts.MustScript("lua/wake.lua")
+
+// Wake makes tenant's job jobID, waiting in the scheduled set for something that has
+// now happened (a signal, an approval), due at once; a job that is not waiting there
+// (it runs right now, or is queued) gets a wake mark in its index instead, which the
+// settlement that would put it in the set turns into "due now" (one script each, so a
+// wake is never lost in between). It reports whether the job was waiting. A job without
+// an index, or another tenant's, is ErrUnknownJob.
+func Wake(ctx context.Context, rdb redis.Scripter, keys Keys, tenant, jobID string) (bool, error) {
+	if !ValidJobID(jobID) {
+		return false, ErrUnknownJob
+	}
+	n, err := wakeScript.Run(ctx, rdb, []string{keys.Scheduled(), keys.Job(jobID)}, tenant).Int()
+	switch {
+	case err != nil:
+		return false, fmt.Errorf("wake job %s: %w", jobID, err)
+	case n == 0:
+		return false, ErrUnknownJob
+	}
+	return n == 1, nil
+}

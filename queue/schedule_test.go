@@ -552,3 +552,73 @@ func TestFarFutureRunAtDoesNotRunAtOnce(t *testing.T) {
 		t.Errorf("a job asked to run at %v is due at %v (score %v): the Unix millisecond time wrapped", at.UTC(), due.UTC(), score)
 	}
 }
+
+// A job this worker scheduled far ahead does not stop its mover from polling: a job
+// another process schedules sooner (EnqueueAt) runs at its time, within
+// ScheduleInterval.
+func TestMoverPollsWhileItsOwnJobsAreDueLater(t *testing.T) {
+	t.Parallel()
+	rdb, keys := setup(t)
+	ctx := context.Background()
+	var log runLog
+	start(t, WorkerConfig{Redis: rdb, Keys: keys, ScheduleInterval: 100 * time.Millisecond,
+		Handler: HandlerFunc(func(_ context.Context, j *Job) error {
+			if j.JobID == jobID(1) {
+				return &retry.WaitError{Delay: time.Hour, Reason: "a signal"}
+			}
+			log.add(j)
+			return nil
+		})})
+	enqueue(t, rdb, keys, message(1, nil))
+	testenv.WaitFor(t, 10*time.Second, "the first job to wait", func() bool {
+		ix, err := ReadJobIndex(ctx, rdb, keys, jobID(1))
+		return err == nil && ix.State == StateScheduled
+	})
+	if _, err := EnqueueAt(ctx, rdb, keys, message(2, nil), time.Now().Add(300*time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 5*time.Second, "the job scheduled sooner by another process to run", func() bool { a, _ := log.snapshot(); return len(a) == 1 })
+}
+
+// Wake makes a waiting job due now; a wake that comes while the job runs, before it
+// waits, makes its wait end at once; another tenant cannot wake the job.
+func TestWakeEndsAWaitAndIsNotLostWhileTheJobRuns(t *testing.T) {
+	t.Parallel()
+	rdb, keys := setup(t)
+	ctx := context.Background()
+	var log runLog
+	running := make(chan struct{}, 4)
+	proceed := make(chan struct{}, 4)
+	start(t, WorkerConfig{Redis: rdb, Keys: keys, ScheduleInterval: 100 * time.Millisecond,
+		Handler: HandlerFunc(func(_ context.Context, j *Job) error {
+			n := log.add(j)
+			if n == 2 { // the second run is woken before it waits
+				running <- struct{}{}
+				<-proceed
+			}
+			if n <= 2 {
+				return &retry.WaitError{Delay: time.Hour, Reason: "a signal"}
+			}
+			return nil
+		})})
+	enqueue(t, rdb, keys, message(3, nil))
+	testenv.WaitFor(t, 10*time.Second, "the job to wait", func() bool {
+		ix, err := ReadJobIndex(ctx, rdb, keys, jobID(3))
+		return err == nil && ix.State == StateScheduled
+	})
+	if _, err := Wake(ctx, rdb, keys, "globex", jobID(3)); !errors.Is(err, ErrUnknownJob) {
+		t.Fatalf("another tenant's wake: %v, want ErrUnknownJob", err)
+	}
+	if waiting, err := Wake(ctx, rdb, keys, "acme", jobID(3)); err != nil || !waiting {
+		t.Fatalf("Wake = %v, %v; want the waiting job woken", waiting, err)
+	}
+	<-running
+	if waiting, err := Wake(ctx, rdb, keys, "acme", jobID(3)); err != nil || waiting {
+		t.Fatalf("Wake of a running job = %v, %v; want a mark, not a wake", waiting, err)
+	}
+	proceed <- struct{}{}
+	testenv.WaitFor(t, 5*time.Second, "the third run, the wake mark having ended the second wait", func() bool { a, _ := log.snapshot(); return len(a) == 3 })
+	if ix, _ := ReadJobIndex(ctx, rdb, keys, jobID(3)); ix.State == StateScheduled {
+		t.Fatalf("index %+v: still waiting", ix)
+	}
+}

@@ -87,6 +87,8 @@ func TestScriptsRunWithTheKeysTheirHeadersName(t *testing.T) {
 	}
 	_, err = Replay(ctx, rdb, keys, dead[0])
 	must("Replay", err)
+	_, err = Wake(ctx, rdb, keys, msgs[0].Tenant, msgs[0].JobID) // wake.lua: the replayed job is queued, so it is marked
+	must("Wake", err)
 	must("Purge", Purge(ctx, rdb, keys, dead[1], time.Hour))
 	n, err := TrimDead(ctx, rdb, keys, time.Now().Add(time.Minute), time.Hour)
 	must("TrimDead", err)

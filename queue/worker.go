@@ -1132,21 +1132,29 @@ func (w *Worker) moveLoop(ctx context.Context) {
 	t := time.NewTimer(time.Duration(rand.Int64N(int64(w.cfg.ScheduleInterval))) + 1) // #nosec G404 -- spreads workers' polls, not a secret
 	defer t.Stop()
 	for {
+		woken := false
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		case <-w.wake:
 			t.Stop()
+			woken = true
 		}
 		wait := w.cfg.ScheduleInterval
 		if at := w.wakeAt.Load(); at != 0 {
-			if until := time.Until(time.Unix(0, at)); until > 0 {
-				wait = min(wait, until)
-				t.Reset(wait)
+			until := time.Until(time.Unix(0, at))
+			switch {
+			case until <= 0:
+				w.wakeAt.Store(0)
+			case woken:
+				// This worker scheduled a job due later: wait for it, at most
+				// ScheduleInterval. The timer's own expiry always polls, so a job that
+				// another process schedules, or makes due sooner, is moved within
+				// ScheduleInterval however late this worker's own are.
+				t.Reset(min(wait, until))
 				continue
 			}
-			w.wakeAt.Store(0)
 		}
 		mctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		moved, next, err := MoveDue(mctx, w.rdb, w.keys, moveBatch)

@@ -72,6 +72,21 @@ type Sink struct {
 	failed     int
 	missingKey int
 	failNext   int
+	// answer, when set, makes the first POST of each Idempotency-Key answer its body,
+	// and every later POST of the key replay that body (SetAnswer).
+	answer  func(key string, body []byte) []byte
+	answers map[string][]byte
+}
+
+// SetAnswer makes the sink answer like an API that honours Idempotency-Key: the first
+// POST of each key gets the body answer returns for it (the effect's result: a refund's
+// id), and every later POST of the same key gets that body again, with
+// Idempotent-Replayed: true. A POST without a key gets a fresh answer. nil restores the
+// plain {"status":"ok"}.
+func (s *Sink) SetAnswer(answer func(key string, body []byte) []byte) {
+	s.mu.Lock()
+	s.answer, s.answers = answer, map[string][]byte{}
+	s.mu.Unlock()
 }
 
 // New returns an empty Sink.
@@ -145,6 +160,18 @@ func (s *Sink) post(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	latency := s.opts.Latency
+	var reply []byte
+	replayed := false
+	if !fail && s.answer != nil {
+		if prev, ok := s.answers[key]; ok && key != "" {
+			reply, replayed = prev, true
+		} else {
+			reply = s.answer(key, body)
+			if key != "" {
+				s.answers[key] = reply
+			}
+		}
+	}
 	s.mu.Unlock()
 	if latency > 0 {
 		t := time.NewTimer(latency)
@@ -162,6 +189,13 @@ func (s *Sink) post(w http.ResponseWriter, r *http.Request) {
 		}
 		w.WriteHeader(s.opts.FailStatus)
 		_, _ = io.WriteString(w, `{"detail":"injected failure"}`)
+		return
+	}
+	if reply != nil {
+		if replayed {
+			w.Header().Set("Idempotent-Replayed", "true")
+		}
+		_, _ = w.Write(reply)
 		return
 	}
 	_, _ = io.WriteString(w, `{"status":"ok"}`)

@@ -2,8 +2,10 @@ package webhooksink
 
 import (
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -73,5 +75,45 @@ func TestLatencyAndFailRate(t *testing.T) {
 	}
 	if st := s.Stats(); st.Deliveries != 0 || st.Failed != 1 {
 		t.Fatalf("stats %+v", st)
+	}
+}
+
+// With an answer set, the sink answers like an API that honours Idempotency-Key: the
+// first answer of each key is replayed to its later POSTs, which are still recorded.
+func TestSinkReplaysItsFirstAnswerPerKey(t *testing.T) {
+	s := New(Options{})
+	srv := httptest.NewServer(s)
+	defer srv.Close()
+	n := 0
+	s.SetAnswer(func(key string, body []byte) []byte {
+		n++
+		return []byte(`{"refund":"re_` + strconv.Itoa(n) + `"}`)
+	})
+	read := func(key string) (string, string) {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader(`{"amount":5}`))
+		if key != "" {
+			req.Header.Set("Idempotency-Key", key)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return string(b), resp.Header.Get("Idempotent-Replayed")
+	}
+	for _, c := range []struct{ key, body, replayed string }{
+		{"k1", `{"refund":"re_1"}`, ""},
+		{"k1", `{"refund":"re_1"}`, "true"},
+		{"k2", `{"refund":"re_2"}`, ""},
+		{"", `{"refund":"re_3"}`, ""},
+		{"", `{"refund":"re_4"}`, ""},
+	} {
+		if body, replayed := read(c.key); body != c.body || replayed != c.replayed {
+			t.Fatalf("key %q: %s (replayed %q), want %s (replayed %q)", c.key, body, replayed, c.body, c.replayed)
+		}
+	}
+	if s.Count("k1") != 2 {
+		t.Fatalf("k1 recorded %d times, want 2: a replay is still a delivery", s.Count("k1"))
 	}
 }

@@ -16,8 +16,9 @@
 --   ARGV[6]  the failure's error for the index's last_error, "" for none
 --   ARGV[7]  job id
 --   ARGV[8]  explicit delay in milliseconds, or -1 to take it from ARGV[11:]
---   ARGV[9]  what the job waits for (a limiter's reason), kept in the index's "waiting"
---            field while it is scheduled; "" for none
+--   ARGV[9]  what the job waits for (a limiter's reason, a signal), kept in the index's
+--            "waiting" field while it is scheduled; "" for none. With a wake mark in the
+--            index (wake.lua), the job is due now instead, and the mark is cleared
 --   ARGV[10] the delivery's history event (historyRecord), appended to the index's
 --            history with "wait" (the delay, ms) when the settlement lands; "" for none
 --   ARGV[11] the delay in milliseconds after a first failure (the retry policy's
@@ -64,6 +65,12 @@ if delay < 0 then
   delay = tonumber(ARGV[i]) or 0
 end
 local current = redis.call('HGET', KEYS[4], 'entry') == ARGV[3]
+-- A wake (wake.lua) arrived while the job ran: what it waited for is there, so the job
+-- runs again now instead of after its wait.
+if current and ARGV[9] ~= '' and redis.call('HGET', KEYS[4], 'wake') then
+  delay = 0
+end
+if current then redis.call('HDEL', KEYS[4], 'wake') end
 local result
 if delay <= 0 then
   local id = redis.call('XADD', KEYS[1], '*', unpack(fields))

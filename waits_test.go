@@ -1,0 +1,277 @@
+package onceflow_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/llm"
+	"github.com/onceflow/onceflow/queue"
+	"github.com/onceflow/onceflow/retry"
+)
+
+// Waits against real Redis and PostgreSQL: a waiting job holds no worker and spends no
+// attempt, a signal wakes it, a timeout ends it, and an approval is asked once.
+
+// pendingRuns counts the job's entries pending in the stream (held by a worker).
+func (e *stepEnv) pending() int64 {
+	e.t.Helper()
+	p, err := e.rdb.XPending(context.Background(), e.client.Inspector().QueueKeys(onceflow.DefaultQueue).Stream(), queue.DefaultGroup).Result()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return p.Count
+}
+
+// A job waiting for a signal parks in the scheduled set (queued, waiting for the
+// signal, no worker holding it); Signal wakes it within the mover's interval, and the
+// job gets the payload, its earlier step not run again.
+func TestSignalWakesAWaitingJob(t *testing.T) {
+	t.Parallel()
+	var before atomic.Int64
+	got := make(chan string, 1)
+	e := newStepEnv(t, nil, func(ctx context.Context, j *onceflow.Job[orderArgs]) error {
+		if _, err := onceflow.Do(ctx, j, "before", func(ctx context.Context) (int64, error) { return before.Add(1), nil }); err != nil {
+			return err
+		}
+		payload, err := onceflow.WaitSignal(ctx, j, "paid", time.Hour)
+		if err != nil {
+			return err
+		}
+		got <- string(payload)
+		return nil
+	})
+	id := e.enqueue("A-1")
+	e.start()
+	var st *onceflow.JobState
+	testenv.WaitFor(t, 10*time.Second, "the job to wait", func() bool {
+		var err error
+		st, err = e.client.JobState(context.Background(), "", id)
+		return err == nil && st.Waiting != ""
+	})
+	if st.Status != onceflow.StatusQueued || st.Waiting != "signal paid" || time.Until(st.RunAt) < 50*time.Minute {
+		t.Fatalf("waiting job: %+v", st)
+	}
+	if n := e.pending(); n != 0 {
+		t.Fatalf("%d entries held by workers while the job waits, want 0", n)
+	}
+	if err := e.client.Signal(context.Background(), "other", id, "paid", map[string]int{"cents": 1}); !errors.Is(err, onceflow.ErrJobNotFound) {
+		t.Fatalf("another tenant's signal: %v, want ErrJobNotFound", err)
+	}
+	if err := e.client.Signal(context.Background(), "", id, "paid", map[string]int{"cents": 1250}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case p := <-got:
+		if p != `{"cents":1250}` {
+			t.Fatalf("payload %s", p)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the signal did not wake the job")
+	}
+	e.waitStatus(id, onceflow.StatusDone)
+	if n := before.Load(); n != 1 {
+		t.Fatalf("the step before the wait ran %d times, want 1", n)
+	}
+	for _, r := range e.runs.all() {
+		if r.delivery != 1 {
+			t.Fatalf("a run with delivery %d: waiting spent an attempt", r.delivery)
+		}
+	}
+	if err := e.client.Signal(context.Background(), "", id, "paid", 1); !errors.Is(err, onceflow.ErrAlreadySignalled) {
+		t.Fatalf("a second signal: %v, want ErrAlreadySignalled", err)
+	}
+}
+
+// A signal that arrives while the job runs, before it parks, is not lost: the job runs
+// again at once instead of sleeping until its timeout.
+func TestSignalBeforeTheJobParksIsNotLost(t *testing.T) {
+	t.Parallel()
+	entered := make(chan struct{})
+	proceed := make(chan struct{})
+	got := make(chan string, 1)
+	var first atomic.Bool
+	e := newStepEnv(t, nil, func(ctx context.Context, j *onceflow.Job[orderArgs]) error {
+		payload, err := onceflow.WaitSignal(ctx, j, "go", time.Hour)
+		if first.CompareAndSwap(false, true) {
+			close(entered)
+			<-proceed // the signal is sent now, between the look and the park
+		}
+		if err != nil {
+			return err
+		}
+		got <- string(payload)
+		return nil
+	})
+	id := e.enqueue("A-2")
+	e.start()
+	<-entered
+	if err := e.client.Signal(context.Background(), "", id, "go", "now"); err != nil {
+		t.Fatal(err)
+	}
+	close(proceed)
+	select {
+	case p := <-got:
+		if p != `"now"` {
+			t.Fatalf("payload %s", p)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the signal sent before the job parked was lost")
+	}
+}
+
+// A wait whose signal never comes ends with ErrWaitTimedOut, permanently; Sleep returns
+// once its time passed, without sleeping again on a redelivery.
+func TestWaitTimesOutAndSleepEnds(t *testing.T) {
+	t.Parallel()
+	errs := make(chan error, 1)
+	var slept atomic.Int64
+	e := newStepEnv(t, nil, func(ctx context.Context, j *onceflow.Job[orderArgs]) error {
+		if j.Args.Order == "sleep" {
+			if err := onceflow.Sleep(ctx, j, "nap", 300*time.Millisecond); err != nil {
+				return err
+			}
+			slept.Add(1)
+			return nil
+		}
+		_, err := onceflow.WaitSignal(ctx, j, "never", 300*time.Millisecond)
+		if !errors.Is(err, retry.ErrWaiting) {
+			errs <- err
+		}
+		return err
+	})
+	sleeper := e.enqueue("sleep")
+	waiter := e.enqueue("wait")
+	e.start()
+	err := <-errs
+	if !errors.Is(err, onceflow.ErrWaitTimedOut) || !onceflow.IsPermanent(err) {
+		t.Fatalf("wait: %v, want a permanent ErrWaitTimedOut", err)
+	}
+	e.waitStatus(waiter, onceflow.StatusFailed)
+	e.waitStatus(sleeper, onceflow.StatusDone)
+	if n := slept.Load(); n != 1 {
+		t.Fatalf("the job went on after its sleep %d times, want 1", n)
+	}
+}
+
+// A tool call that needs approval parks the job until an operator decides; the
+// approved call runs once, and a resumed run never asks twice. A rejected call does not
+// run, and the model is told.
+func TestApprovalParksTheJobAndRunsTheApprovedCallOnce(t *testing.T) {
+	t.Parallel()
+	for _, approve := range []bool{true, false} {
+		t.Run(map[bool]string{true: "approved", false: "rejected"}[approve], func(t *testing.T) {
+			t.Parallel()
+			agent := newOrderAgent()
+			tools := agent.tools()
+			tools[1] = onceflow.NeedsApproval(tools[1], func(a refundToolArgs) bool { return a.Amount > 1000 })
+			model := refundScript(true)
+			answers := make(chan []llm.Message, 1)
+			e := newStepEnv(t, model, func(ctx context.Context, j *onceflow.Job[orderArgs]) error {
+				res, err := onceflow.RunAgent(ctx, j, onceflow.AgentConfig{Request: agentRequest(j.Args.Order), Tools: tools})
+				if err != nil {
+					return err
+				}
+				answers <- res.Messages
+				return nil
+			})
+			id := e.enqueue("A-1")
+			e.start()
+			in := e.client.Inspector()
+			var pending []onceflow.Approval
+			testenv.WaitFor(t, 10*time.Second, "an approval to be asked", func() bool {
+				var err error
+				pending, err = in.Approvals(context.Background(), "", false, 10)
+				return err == nil && len(pending) == 1
+			})
+			a := pending[0]
+			if a.JobID != id || a.Tool != "issue_refund" || !strings.Contains(a.Arguments, "1250") || len(a.Messages) < 2 {
+				t.Fatalf("approval %+v", a)
+			}
+			if other, _ := in.Approvals(context.Background(), "other", false, 10); len(other) != 0 {
+				t.Fatalf("another tenant sees %d approvals", len(other))
+			}
+			if refunds, _ := agent.effects(); refunds != 0 {
+				t.Fatal("the refund ran before its approval")
+			}
+			testenv.WaitFor(t, 10*time.Second, "the job to wait in the scheduled set", func() bool {
+				st, err := e.client.JobState(context.Background(), "", id)
+				return err == nil && strings.HasPrefix(st.Waiting, "signal approval:")
+			})
+			if n := e.pending(); n != 0 {
+				t.Fatalf("%d entries held by workers while the approval waits, want 0", n)
+			}
+			if err := e.client.Approve(context.Background(), "other", id, a.Key, "mallory", ""); !errors.Is(err, onceflow.ErrNotWaiting) {
+				t.Fatalf("another tenant's approval: %v, want ErrNotWaiting", err)
+			}
+			decide := e.client.Reject
+			if approve {
+				decide = e.client.Approve
+			}
+			if err := decide(context.Background(), "", id, a.Key, "ops@example.com", "checked the order"); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.client.Approve(context.Background(), "", id, a.Key, "ops@example.com", ""); !errors.Is(err, onceflow.ErrNotWaiting) {
+				t.Fatalf("a second decision: %v, want ErrNotWaiting", err)
+			}
+			var msgs []llm.Message
+			select {
+			case msgs = <-answers:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the decision did not resume the job")
+			}
+			refunds, requests := agent.effects()
+			if approve && (refunds != 1 || requests != 1) || !approve && requests != 0 {
+				t.Fatalf("approved %v: %d refunds from %d requests", approve, refunds, requests)
+			}
+			last, _ := json.Marshal(msgs)
+			if !approve && !strings.Contains(string(last), "rejected: the operator did not approve this call: checked the order") {
+				t.Fatalf("the model was not told of the rejection: %s", last)
+			}
+			if n := agent.lookups.Load(); n != 1 {
+				t.Fatalf("lookup_order ran %d times across the wait, want 1", n)
+			}
+			if left, _ := in.Approvals(context.Background(), "", true, 10); len(left) != 0 {
+				t.Fatalf("%d approvals still pending after the decision", len(left))
+			}
+		})
+	}
+}
+
+// An approval nobody gives in time gets the timeout's outcome: rejected by default.
+func TestApprovalTimeoutRejects(t *testing.T) {
+	t.Parallel()
+	agent := newOrderAgent()
+	tools := agent.tools()
+	tools[1] = onceflow.NeedsApproval(tools[1], func(refundToolArgs) bool { return true })
+	tools[1].ApprovalTimeout = 300 * time.Millisecond
+	answers := make(chan string, 1)
+	e := newStepEnv(t, refundScript(false), func(ctx context.Context, j *onceflow.Job[orderArgs]) error {
+		res, err := onceflow.RunAgent(ctx, j, onceflow.AgentConfig{Request: agentRequest(j.Args.Order), Tools: tools})
+		if err != nil {
+			return err
+		}
+		b, _ := json.Marshal(res.Messages)
+		answers <- string(b)
+		return nil
+	})
+	e.enqueue("A-1")
+	e.start()
+	select {
+	case msgs := <-answers:
+		if !strings.Contains(msgs, "nobody decided in time") {
+			t.Fatalf("the model was not told of the timeout: %s", msgs)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("the approval's timeout did not end the wait")
+	}
+	if _, requests := agent.effects(); requests != 0 {
+		t.Fatalf("%d refunds after a timed-out approval, want 0", requests)
+	}
+}
