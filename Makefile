@@ -119,12 +119,14 @@ chaos-outage:
 	scripts/dev-services up
 	cd lab && $(CHAOS_ENV) $(GO) test -count=1 -run '^TestChaosOutage$$' -v -timeout 2h ./chaos
 
-## bench: onceflow's worker beside asynq and River (bench/ module), and the guarded POST
-## beside a bare handler; figures go to docs/BENCHMARKS.md
+## bench: onceflow's worker beside asynq and River (bench/ module), the guarded POST
+## beside a bare handler, and an agent job's recorded loop beside the same loop by hand;
+## figures go to docs/BENCHMARKS.md
 bench:
 	scripts/dev-services up
 	eval "$$(scripts/dev-services env)" && cd lab && $(GO) run ./bench $(BENCH_ARGS)
 	eval "$$(scripts/dev-services env)" && $(GO) test -run '^$$' -bench Idempotency -benchtime 1x ./idempotency/redisstore/
+	eval "$$(scripts/dev-services env)" && $(GO) test -run '^$$' -bench AgentLoop -benchtime 2000x .
 
 ## bench-limits: provider admission control (lab/limitbench): 4 workers against
 ## fake-llm --rpm 600 --tpm 200000 with admission configured, learnt and off (goodput, 429s),
