@@ -1,10 +1,14 @@
 package onceflow_test
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"log"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -320,4 +324,52 @@ func ExampleClient_Approve() {
 	// Output:
 	// asked: issue_refund {"order":"A-1"} refunds: 0
 	// Refunded. refunds: 1
+}
+
+// A job's progress and its answer's text, as Server-Sent Events: a client reads them
+// as they come, and one that reconnects with Last-Event-ID resumes where it was.
+func ExampleEventsHandler() {
+	rdb, prefix, db, done := exampleStores("SELECT 1")
+	defer done()
+	model := &onceflowtest.ScriptedModel{Turns: []onceflowtest.Turn{
+		{ToolCalls: []llm.ToolCall{onceflowtest.Call("lookup_order", orderRef{Order: "A-1"})}},
+		{Text: "Order A-1 shipped yesterday."},
+	}}
+	lookup := onceflow.MustTool("lookup_order", "Look an order up.", func(ctx context.Context, key string, args orderRef) (string, error) {
+		return `{"status":"shipped"}`, nil
+	})
+	workers := onceflow.NewWorkers()
+	onceflow.AddWorker(workers, onceflow.WorkFunc[supportTicket](func(ctx context.Context, job *onceflow.Job[supportTicket]) error {
+		_, err := onceflow.RunAgent(ctx, job, onceflow.AgentConfig{Stream: true, Tools: []onceflow.AgentTool{lookup},
+			Request: &llm.Request{Messages: []llm.Message{{Role: llm.RoleUser, Content: "Where is " + job.Args.Order + "?"}}}})
+		return err
+	}))
+	client, err := onceflow.NewClient(onceflow.Config{Redis: rdb, DB: db, Prefix: prefix, Workers: workers, Model: model})
+	if err != nil {
+		log.Fatal(err)
+	}
+	tenantOf := func(r *http.Request) (string, error) { return "", nil } // your API keys decide
+	mux := http.NewServeMux()
+	mux.Handle("GET /v1/jobs/{job_id}/events", onceflow.EventsHandler(client, tenantOf, onceflow.EventsConfig{}))
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	defer runExample(client)()
+	res, err := client.Enqueue(context.Background(), supportTicket{Order: "A-1"}, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	resp, err := http.Get(srv.URL + "/v1/jobs/" + res.JobID + "/events")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if event, ok := strings.CutPrefix(sc.Text(), "event: "); ok {
+			fmt.Print(event, " ")
+		}
+	}
+	fmt.Println()
+	// Output:
+	// tool text end
 }

@@ -40,6 +40,7 @@ func Workflow(h cli.Host) (onceflow.Workflow, error) {
 	}
 	h.RouteStatuses("POST /v1/summaries", postStatuses...)
 	h.RouteStatuses("GET /v1/summaries/{job_id}", getStatuses...)
+	h.RouteStatuses("GET /v1/summaries/{job_id}/events", eventsStatuses...)
 	cfg := h.Config
 	return summaries.Workflow(summaries.Options{
 		Tenant: h.Tenant, Unauthorized: h.Unauthorized, Sender: sender,
@@ -59,7 +60,8 @@ func Workflow(h cli.Host) (onceflow.Workflow, error) {
 var (
 	postStatuses = []int{http.StatusAccepted, http.StatusBadRequest, http.StatusUnauthorized, http.StatusRequestTimeout,
 		http.StatusRequestEntityTooLarge, http.StatusUnsupportedMediaType, http.StatusUnprocessableEntity, http.StatusServiceUnavailable}
-	getStatuses = []int{http.StatusOK, http.StatusUnauthorized, http.StatusNotFound, http.StatusServiceUnavailable}
+	getStatuses    = []int{http.StatusOK, http.StatusUnauthorized, http.StatusNotFound, http.StatusServiceUnavailable}
+	eventsStatuses = []int{http.StatusOK, http.StatusBadRequest, http.StatusUnauthorized, http.StatusNotFound, http.StatusServiceUnavailable}
 )
 
 // Workflows is the onceflow binary's cli.App.Workflows: the summaries workflow alone

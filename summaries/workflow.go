@@ -124,8 +124,9 @@ type Options struct {
 }
 
 // Workflow returns the summaries workflow for onceflow.Config.Workflows: the queue
-// QueueName, the worker of JobKind, the routes POST /v1/summaries and
-// GET /v1/summaries/{job_id} (Client.Mount), the sender of its emails (o.Sender), and
+// QueueName, the worker of JobKind, the routes POST /v1/summaries,
+// GET /v1/summaries/{job_id} and GET /v1/summaries/{job_id}/events (the summary's text
+// as it is generated, Server-Sent Events: onceflow.EventsHandler) (Client.Mount), the sender of its emails (o.Sender), and
 // its audit. Its table, summaries, is
 // created by onceflow's migrations. The Client needs Config.DB, and Config.Model unless
 // o.Unledgered is set.
@@ -154,6 +155,7 @@ func Workflow(o Options) onceflow.Workflow {
 			}
 			mux.Handle("POST /v1/summaries", post)
 			mux.Handle("GET /v1/summaries/{job_id}", get)
+			mux.Handle("GET /v1/summaries/{job_id}/events", onceflow.EventsHandler(c, o.Tenant, onceflow.EventsConfig{}))
 			return nil
 		},
 		Audit: func(ctx context.Context, c *onceflow.Client) (*onceflow.AuditReport, error) {
@@ -287,8 +289,9 @@ func (w *worker) process(ctx context.Context, job *onceflow.Job[Request]) (Outco
 	return OutcomeDone, nil
 }
 
-// summarise asks the model for the summary: through the ledger (Job.Complete, step
-// "summary"), or Options.Unledgered directly.
+// summarise asks the model for the summary: through the ledger, streamed (Job.Stream,
+// step "summary": its text is on the ledger's row as it arrives, for
+// GET /v1/summaries/{job_id}/events), or Options.Unledgered directly.
 func (w *worker) summarise(ctx context.Context, job *onceflow.Job[Request]) (string, error) {
 	req := &llm.Request{
 		Model:    w.o.Model,
@@ -296,9 +299,15 @@ func (w *worker) summarise(ctx context.Context, job *onceflow.Job[Request]) (str
 	}
 	var resp *llm.Response
 	if w.o.Unledgered == nil {
-		step, err := job.Complete(ctx, "summary", req)
-		if err != nil {
-			return "", err
+		stream := job.Stream(ctx, "summary", req)
+		for _, err := range stream.All() {
+			if err != nil {
+				return "", err
+			}
+		}
+		step := stream.Step()
+		if step == nil {
+			return "", fmt.Errorf("model: the stream ended without an answer")
 		}
 		resp = step.Response
 	} else {

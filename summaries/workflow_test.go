@@ -996,14 +996,20 @@ func h2Job(t *testing.T, jobID string) *queue.Job {
 // h2Policy is two attempts per delivery with short sleeps.
 var h2Policy = retry.Policy{MaxAttempts: 2, Base: 10 * time.Millisecond, Cap: 50 * time.Millisecond, MinAttempt: 100 * time.Millisecond}
 
+// The summary's model step is streamed: a reset before the answer's headers is retried
+// within the delivery (nothing was yielded), a reset mid-body ends the delivery (its
+// text was yielded, and passed on to the job's events), and the redelivery finishes.
 func TestHTTP2ResetLeavesTheJobForRedelivery(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
-		name  string
-		fault h2fault.Fault
+		name string
+		// faults are the first requests' faults; requests and ambiguous are the model's
+		// requests and the ledger's ambiguous attempts after the failed delivery.
+		faults              []h2fault.Fault
+		requests, ambiguous int
 	}{
-		{"RST_STREAM before headers", h2fault.ResetBeforeHeaders},
-		{"RST_STREAM mid-body", h2fault.ResetMidBody},
+		{"RST_STREAM before headers", []h2fault.Fault{h2fault.ResetBeforeHeaders, h2fault.ResetBeforeHeaders}, 2, 2},
+		{"RST_STREAM mid-body", []h2fault.Fault{h2fault.ResetMidBody}, 1, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -1013,7 +1019,7 @@ func TestHTTP2ResetLeavesTheJobForRedelivery(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(fs.Close)
-			srv := h2fault.Start(t, fs, tc.fault, tc.fault) // the first delivery's two attempts fail
+			srv := h2fault.Start(t, fs, tc.faults...)
 			model := openai.New(openai.Config{BaseURL: srv.URL + "/v1", APIKey: "sk-test", HTTPClient: srv.Client()})
 			l, err := ledger.New(pool, ledger.Config{Logger: testenv.Logger(t)})
 			if err != nil {
@@ -1026,15 +1032,15 @@ func TestHTTP2ResetLeavesTheJobForRedelivery(t *testing.T) {
 			if err == nil || errors.Is(err, retry.ErrPermanent) || !retry.Transient(err) {
 				t.Fatalf("Handle: %v, want a transient error that leaves the job pending (not retry.ErrPermanent)", err)
 			}
-			if srv.Requests() != 2 {
-				t.Fatalf("the model saw %d requests, want 2 (both attempts of the delivery)", srv.Requests())
+			if srv.Requests() != tc.requests {
+				t.Fatalf("the model saw %d requests, want %d", srv.Requests(), tc.requests)
 			}
 			if n := count(t, pool, `SELECT count(*) FROM summaries`); n != 0 {
 				t.Fatalf("%d summaries after a failed delivery", n)
 			}
-			// The resets came after the request arrived: both attempts are ambiguous.
-			if st := h2LedgerStats(t, pool); st.Ambiguous != 2 || st.InFlight != 1 || st.Failed != 0 {
-				t.Fatalf("ledger %+v, want one in-flight row with 2 ambiguous attempts", st)
+			// The resets came after the request arrived: every attempt is ambiguous.
+			if st := h2LedgerStats(t, pool); st.Ambiguous != int64(tc.ambiguous) || st.InFlight != 1 || st.Failed != 0 {
+				t.Fatalf("ledger %+v, want one in-flight row with %d ambiguous attempts", st, tc.ambiguous)
 			}
 
 			// The redelivery succeeds: one summary, one email intent, one more request.
@@ -1042,8 +1048,8 @@ func TestHTTP2ResetLeavesTheJobForRedelivery(t *testing.T) {
 			if o, err := h.Process(context.Background(), job); err != nil || o != summaries.OutcomeDone {
 				t.Fatalf("redelivery: %q, %v", o, err)
 			}
-			if srv.Requests() != 3 || count(t, pool, `SELECT count(*) FROM summaries`) != 1 || count(t, pool, `SELECT count(*) FROM outbox`) != 1 {
-				t.Fatalf("after the redelivery: %d requests, want 3, and one summary with one outbox row", srv.Requests())
+			if srv.Requests() != tc.requests+1 || count(t, pool, `SELECT count(*) FROM summaries`) != 1 || count(t, pool, `SELECT count(*) FROM outbox`) != 1 {
+				t.Fatalf("after the redelivery: %d requests, want %d, and one summary with one outbox row", srv.Requests(), tc.requests+1)
 			}
 		})
 	}
@@ -1683,5 +1689,60 @@ func TestV1MessagesInTheStreamAreStillProcessed(t *testing.T) {
 	}
 	if st.Pending != 0 || st.Dead != 0 {
 		t.Fatalf("queue after the run: %d pending, %d dead-lettered, want none", st.Pending, st.Dead)
+	}
+}
+
+// GET /v1/summaries/{job_id}/events streams the summary's text (the model step is
+// streamed through the ledger) and ends with the job's state; another tenant gets 404.
+func TestSummaryEventsStreamTheTextAndTheEnd(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.Redis(t)
+	keys := queue.Keys{Prefix: prefix, Queue: summaries.QueueName}
+	pool, _ := testenv.Postgres(t)
+	base := newAPIServer(t, rdb, prefix, pool).URL
+	const key = "summary-events-key-0001"
+	if r := post(t, base, request{apiKey: keyAcme, idemKey: key, ctype: "application/json", body: validBody("The quarter went well.")}); r.code != http.StatusAccepted {
+		t.Fatalf("POST: %d %s", r.code, r.body)
+	}
+	jobID := jobIDOf("acme", key)
+	events := func(apiKey string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, base+"/v1/summaries/"+jobID+"/events", nil)
+		req.Header.Set("Authorization", "Bearer "+apiKey)
+		r := do(t, req)
+		return r.code, r.body
+	}
+	if code, _ := events(keyGlobex); code != http.StatusNotFound {
+		t.Fatalf("another tenant's events: %d, want 404", code)
+	}
+	l, err := ledger.New(pool, ledger.Config{Logger: testenv.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newHandler(t, pool, fake.New(), handlerConfig{Provider: "openai", Ledger: l})
+	stop := startWorker(t, queue.WorkerConfig{Redis: rdb, Keys: keys, Handler: h, Concurrency: 1})
+	defer stop()
+	code, body := events(keyAcme)
+	if code != http.StatusOK {
+		t.Fatalf("events: %d %s", code, body)
+	}
+	var text strings.Builder
+	var last string
+	for _, line := range strings.Split(body, "\n") {
+		if data, ok := strings.CutPrefix(line, "data: "); ok {
+			var d struct {
+				Text   string `json:"text"`
+				Status string `json:"status"`
+			}
+			if err := json.Unmarshal([]byte(data), &d); err != nil {
+				t.Fatalf("data %s: %v", data, err)
+			}
+			text.WriteString(d.Text)
+			last = d.Status
+		}
+	}
+	r := get(t, base, keyAcme, jobID).json(t)
+	if text.String() == "" || text.String() != r["summary"] || last != "done" {
+		t.Fatalf("events' text %q (last status %q); GET says %v", text.String(), last, r)
 	}
 }
