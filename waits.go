@@ -1,6 +1,7 @@
 package onceflow
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/onceflow/onceflow/ledger"
 	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/queue"
 	"github.com/onceflow/onceflow/retry"
@@ -109,9 +111,14 @@ ON CONFLICT (tenant, job_id, name) DO NOTHING RETURNING true`,
 		out.timedOut = true
 		return out, nil
 	}
-	// The job's records must outlive the wait: a resumed job replays them.
-	if _, err := s.db.Exec(ctx, `UPDATE job_steps SET expires_at = greatest(expires_at, $3::timestamptz + $4::bigint * interval '1 microsecond')
-WHERE tenant = $1 AND job_id = $2`, rt.delivery.Tenant, rt.delivery.JobID, have.Deadline, s.retention.Microseconds()); err != nil {
+	// The job's records and its model turns' ledger rows must outlive the wait: a
+	// resumed job replays them. One round trip for both tables.
+	if _, err := s.db.Exec(ctx, `WITH steps AS (
+	UPDATE job_steps SET expires_at = greatest(expires_at, $3::timestamptz + $4::bigint * interval '1 microsecond')
+	WHERE tenant = $1 AND job_id = $2)
+UPDATE llm_calls SET expires_at = greatest(expires_at, $3::timestamptz + $5::bigint * interval '1 microsecond')
+WHERE split_part(work, '/', 2) = $2 AND tenant = $1`, rt.delivery.Tenant, rt.delivery.JobID, have.Deadline, s.retention.Microseconds(),
+		rt.client.ledgerRetention().Microseconds()); err != nil {
 		return out, PostgresError(fmt.Errorf("onceflow: wait %q: %w", clipText(name), err))
 	}
 	return out, &retry.WaitError{Delay: left, Reason: "signal " + name}
@@ -383,4 +390,9 @@ ORDER BY created_at, tenant, job_id, name LIMIT $4`, len(waitPrefix+approvalPref
 		return nil, fmt.Errorf("onceflow: list approvals: %w", err)
 	}
 	return out, nil
+}
+
+// ledgerRetention is how long the ledger keeps a model call (Config.Ledger.Retention).
+func (c *Client) ledgerRetention() time.Duration {
+	return cmp.Or(c.cfg.Ledger.Retention, ledger.DefaultRetention)
 }

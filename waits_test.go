@@ -207,6 +207,14 @@ func TestApprovalParksTheJobAndRunsTheApprovedCallOnce(t *testing.T) {
 			if n := e.pending(); n != 0 {
 				t.Fatalf("%d entries held by workers while the approval waits, want 0", n)
 			}
+			// The turns' ledger rows and the job's records outlive the wait (its deadline,
+			// 24h, plus their own retention, 24h).
+			var calls, records bool
+			if err := e.pool.QueryRow(context.Background(), `SELECT
+	(SELECT bool_and(expires_at > now() + interval '47 hours') FROM llm_calls WHERE split_part(work, '/', 2) = $1),
+	(SELECT bool_and(expires_at > now() + interval '47 hours') FROM job_steps WHERE job_id = $1)`, id).Scan(&calls, &records); err != nil || !calls || !records {
+				t.Fatalf("while waiting, ledger rows outlive the wait: %v, records: %v (%v)", calls, records, err)
+			}
 			if err := e.client.Approve(context.Background(), "other", id, a.Key, "mallory", ""); !errors.Is(err, onceflow.ErrNotWaiting) {
 				t.Fatalf("another tenant's approval: %v, want ErrNotWaiting", err)
 			}
