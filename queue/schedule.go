@@ -324,18 +324,29 @@ var wakeScript = scripts.MustScript("lua/wake.lua")
 // now happened (a signal, an approval), due at once; a job that is not waiting there
 // (it runs right now, or is queued) gets a wake mark in its index instead, which the
 // settlement that would put it in the set turns into "due now" (one script each, so a
-// wake is never lost in between). It reports whether the job was waiting. A job without
-// an index, or another tenant's, is ErrUnknownJob.
+// wake is never lost in between). A waiting job is then moved to the stream at once
+// (move.lua, a second round trip), so a worker blocked on the stream takes it within
+// milliseconds. It reports whether the job was waiting. A job without an index, or
+// another tenant's, is ErrUnknownJob.
 func Wake(ctx context.Context, rdb redis.Scripter, keys Keys, tenant, jobID string) (bool, error) {
 	if !ValidJobID(jobID) {
 		return false, ErrUnknownJob
 	}
-	n, err := wakeScript.Run(ctx, rdb, []string{keys.Scheduled(), keys.Job(jobID)}, tenant).Int()
-	switch {
-	case err != nil:
+	res, err := wakeScript.Run(ctx, rdb, []string{keys.Scheduled(), keys.Job(jobID)}, tenant).Result()
+	if err != nil {
 		return false, fmt.Errorf("wake job %s: %w", jobID, err)
-	case n == 0:
-		return false, ErrUnknownJob
 	}
-	return n == 1, nil
+	member, waiting := res.(string)
+	if !waiting {
+		if n, _ := res.(int64); n == 0 {
+			return false, ErrUnknownJob
+		}
+		return false, nil
+	}
+	// Due now: move it to the stream at once rather than at the next mover's poll (a
+	// mover that gets there first moves it instead: each member moves once).
+	if _, err := moveMembers(ctx, rdb, keys, []string{member}); err != nil {
+		return true, fmt.Errorf("wake job %s: it is due now, and the movers will take it: %w", jobID, err)
+	}
+	return true, nil
 }

@@ -7,8 +7,9 @@
 --   KEYS[2]  the job index
 --   ARGV[1]  the tenant that must own the job
 --
--- Returns 1 when the job was waiting and is due now, 2 when the mark was left, 0 when
--- the job has no index, or another tenant's.
+-- Returns the job's scheduled-set member when it was waiting and is due now (Wake then
+-- moves it with move.lua), 2 when the mark was left, 0 when the job has no index, or
+-- another tenant's.
 --
 -- Invariant: the job stays in exactly the one place it was (the scheduled set, the
 -- stream); only its due time or its index's mark changes.
@@ -21,7 +22,7 @@ if st[1] == 'scheduled' and st[2] and redis.call('ZSCORE', KEYS[1], st[2]) then
   redis.call('ZADD', KEYS[1], 'XX', now, st[2])
   redis.call('HSET', KEYS[2], 'run_at', now)
   redis.call('HDEL', KEYS[2], 'wake')
-  return 1
+  return st[2]
 end
 redis.call('HSET', KEYS[2], 'wake', '1')
 return 2
