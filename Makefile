@@ -120,13 +120,15 @@ chaos-outage:
 	cd lab && $(CHAOS_ENV) $(GO) test -count=1 -run '^TestChaosOutage$$' -v -timeout 2h ./chaos
 
 ## bench: onceflow's worker beside asynq and River (bench/ module), the guarded POST
-## beside a bare handler, and an agent job's recorded loop beside the same loop by hand;
+## beside a bare handler, an agent job's recorded loop beside the same loop by hand, and
+## 100,000 jobs parked on a signal (their Redis memory, the signal-to-run latency);
 ## figures go to docs/BENCHMARKS.md
 bench:
 	scripts/dev-services up
 	eval "$$(scripts/dev-services env)" && cd lab && $(GO) run ./bench $(BENCH_ARGS)
 	eval "$$(scripts/dev-services env)" && $(GO) test -run '^$$' -bench Idempotency -benchtime 1x ./idempotency/redisstore/
 	eval "$$(scripts/dev-services env)" && $(GO) test -run '^$$' -bench AgentLoop -benchtime 2000x .
+	eval "$$(scripts/dev-services env)" && $(GO) test -run '^$$' -bench ParkedJobs -benchtime 100000x -timeout 60m .
 
 ## bench-limits: provider admission control (lab/limitbench): 4 workers against
 ## fake-llm --rpm 600 --tpm 200000 with admission configured, learnt and off (goodput, 429s),

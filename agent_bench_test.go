@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -180,4 +181,87 @@ func benchAgentLoop(b *testing.B, recorded bool) {
 	b.ReportMetric(float64(statements)/n, "statements/job")
 	b.ReportMetric(float64(c2-commits-1)/n, "commits/job") // less pgCounters' own
 	b.ReportMetric(float64(f2-flushes)/n, "walflushes/job")
+}
+
+// BenchmarkParkedJobs parks b.N jobs on WaitSignal, reports the Redis memory they take
+// (used_memory's growth per job) and checks that no worker holds any of them, then
+// signals each and reports the time from the call of Client.Signal to the job running
+// again (p50, p99), with 16 signals in flight.
+func BenchmarkParkedJobs(b *testing.B) {
+	b.StopTimer()
+	rdb, prefix := testenv.Redis(b)
+	db, _ := testenv.Postgres(b)
+	ctx := context.Background()
+	var parked, resumed atomic.Int64
+	woken := make([]atomic.Int64, b.N) // the Unix ns each job ran again
+	ids := make([]string, b.N)
+	index := map[string]int{}
+	ws := onceflow.NewWorkers()
+	onceflow.AddWorker(ws, onceflow.WorkFunc[orderArgs](func(ctx context.Context, j *onceflow.Job[orderArgs]) error {
+		_, err := onceflow.WaitSignal(ctx, j, "go", time.Hour)
+		if err != nil {
+			parked.Add(1)
+			return err
+		}
+		woken[index[j.ID]].Store(time.Now().UnixNano())
+		resumed.Add(1)
+		return nil
+	}))
+	c, err := onceflow.NewClient(onceflow.Config{Redis: rdb, DB: db, Prefix: prefix, Workers: ws, Logger: slog.New(slog.DiscardHandler),
+		QueueDefaults: onceflow.QueueConfig{Concurrency: 32}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	memory := func() int64 {
+		info, err := rdb.InfoMap(ctx, "memory").Result()
+		if err != nil {
+			b.Fatal(err)
+		}
+		var n int64
+		fmt.Sscan(info["Memory"]["used_memory"], &n)
+		return n
+	}
+	before := memory()
+	for i := range b.N {
+		res, err := c.Enqueue(ctx, orderArgs{Order: fmt.Sprint(i)}, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		ids[i], index[res.JobID] = res.JobID, i
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	stopped := make(chan error, 1)
+	go func() { stopped <- c.Run(rctx) }()
+	defer func() { cancel(); <-stopped }()
+	testenv.WaitFor(b, 30*time.Minute, "every job to park", func() bool {
+		n, err := rdb.ZCard(ctx, c.Inspector().QueueKeys(onceflow.DefaultQueue).Scheduled()).Result()
+		return err == nil && n == int64(b.N)
+	})
+	p, err := rdb.XPending(ctx, c.Inspector().QueueKeys(onceflow.DefaultQueue).Stream(), "workers").Result()
+	if err == nil && p.Count != 0 {
+		b.Fatalf("%d entries held by workers while every job waits", p.Count)
+	}
+	b.ReportMetric(float64(memory()-before)/float64(b.N), "redis-bytes/parked-job")
+	sent := make([]int64, b.N)
+	b.StartTimer()
+	sem := make(chan struct{}, 16)
+	for i, id := range ids {
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem }()
+			sent[i] = time.Now().UnixNano()
+			if err := c.Signal(ctx, "", id, "go", nil); err != nil {
+				b.Error(err)
+			}
+		}()
+	}
+	testenv.WaitFor(b, 30*time.Minute, "every job to run again", func() bool { return resumed.Load() == int64(b.N) })
+	b.StopTimer()
+	lat := make([]time.Duration, b.N)
+	for i := range lat {
+		lat[i] = max(time.Duration(woken[i].Load()-sent[i]), 0)
+	}
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "signal-to-run-p50-ms")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "signal-to-run-p99-ms")
 }
