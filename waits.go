@@ -285,6 +285,11 @@ func (j *Job[T]) Approval(ctx context.Context, call ToolCall, cfg ApprovalConfig
 		if err != nil && !errors.Is(err, ErrAlreadySignalled) {
 			return nil, err
 		}
+		// No longer pending: off the operators' list.
+		if _, err := rt.client.steps.db.Exec(ctx, `UPDATE job_steps SET state = 'done' WHERE tenant = $1 AND job_id = $2 AND name = $3 AND state = 'waiting'`,
+			rt.delivery.Tenant, rt.delivery.JobID, waitPrefix+name); err != nil {
+			return nil, PostgresError(fmt.Errorf("onceflow: close the approval of tool %q: %w", call.Name, err))
+		}
 		r, err := rt.readStep(ctx, signalPrefix+name)
 		if err != nil {
 			return nil, err

@@ -282,4 +282,7 @@ func TestApprovalTimeoutRejects(t *testing.T) {
 	if _, requests := agent.effects(); requests != 0 {
 		t.Fatalf("%d refunds after a timed-out approval, want 0", requests)
 	}
+	if left, _ := e.client.Inspector().Approvals(context.Background(), "", true, 10); len(left) != 0 {
+		t.Fatalf("a timed-out approval is still listed as pending: %+v", left)
+	}
 }
