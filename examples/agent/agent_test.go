@@ -110,6 +110,30 @@ func (w *world) lastToolResult() string {
 	return ""
 }
 
+// toolCallIDs returns the id of the tool call that each second-turn request (one tool
+// result) carries in its history, in arrival order.
+func (w *world) toolCallIDs() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var ids []string
+	for _, msgs := range w.asked {
+		var results int
+		var id string
+		for _, m := range msgs {
+			if m.Role == llm.RoleTool {
+				results++
+			}
+			if len(m.ToolCalls) == 1 {
+				id = m.ToolCalls[0].ID
+			}
+		}
+		if results == 1 {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
 // options are the workflow's options on w.
 func (w *world) options(t *testing.T) Options {
 	return Options{Tenant: bearer("secret=acme"), Operator: bearer("admin=acme"), Logger: onceflowtest.Logger(t),
