@@ -27,7 +27,7 @@ TEST_TAGS := onceflowtest
 # only ones whose build the tag changes, so the only ones lint checks again with it.
 TAGGED_PKGS := $(shell git grep -l '^//go:build.*$(TEST_TAGS)' -- '*.go' | xargs -r -n1 dirname | sort -u | sed 's|^|./|')
 
-.PHONY: all build test test-long ui-screenshots demo lint fuzz bench bench-limits bench-gateway bench-ui chaos chaos-outage chaos-cluster services-up services-down clean example-minimal example-triage
+.PHONY: all build test test-long ui-screenshots demo lint fuzz bench bench-limits bench-gateway bench-ui chaos chaos-outage chaos-cluster services-up services-down clean example-minimal example-triage example-agent
 
 all: build
 
@@ -161,6 +161,11 @@ example-minimal:
 example-triage:
 	scripts/dev-services up
 	eval "$$(scripts/dev-services env)" && $(GO) test -race -count=1 ./examples/triage/
+
+## example-agent: the order-support agent's tests, crash tests included (examples/agent)
+example-agent:
+	scripts/dev-services up
+	eval "$$(scripts/dev-services env)" && $(GO) test -race -count=1 ./examples/agent/
 
 services-up:
 	scripts/dev-services up
