@@ -53,9 +53,10 @@ type JobState struct {
 	// RunAt is when a queued job waiting in the scheduled set runs: its next attempt
 	// after a failure, after a snooze or hand-back, or EnqueueOpts.RunAt.
 	RunAt time.Time `json:"run_at,omitzero"`
-	// Waiting says what a queued job waiting in the scheduled set waits for when the
+	// Waiting says what a queued job waiting in the scheduled set waits for: the
 	// model's limiter put it off (a rate limit, its tenant's fair share or daily token
-	// budget); "" otherwise.
+	// budget), or it waits for a signal ("signal <name>", WaitSignal) or an operator's
+	// decision ("signal approval:<key>", Job.Approval); "" otherwise.
 	Waiting string `json:"waiting,omitempty"`
 	// InDoubt are the tool calls of a job in doubt (StatusInDoubt).
 	InDoubt []InDoubtCall `json:"in_doubt,omitempty"`
