@@ -46,6 +46,9 @@ type AgentApp struct {
 	Client *onceflow.Client
 	Redis  *redis.Client
 	DB     *pgxpool.Pool
+	// Prefix and DatabaseURL are the client's Redis key prefix and the URL of its
+	// PostgreSQL schema, for a process (or command) of the same deployment.
+	Prefix, DatabaseURL string
 	// Order is the order the model asks about (its tool calls' arguments).
 	Order string
 
@@ -57,9 +60,8 @@ type AgentApp struct {
 func NewAgentApp(t testing.TB, order string) *AgentApp {
 	t.Helper()
 	a := &AgentApp{Order: order, refunds: map[string]int{}}
-	var prefix string
-	a.Redis, prefix = testenv.Redis(t)
-	a.DB, _ = testenv.Postgres(t)
+	a.Redis, a.Prefix = testenv.Redis(t)
+	a.DB, a.DatabaseURL = testenv.Postgres(t)
 	model := &onceflowtest.ScriptedModel{RandomIDs: true, Turns: []onceflowtest.Turn{
 		{ToolCalls: []llm.ToolCall{{Name: "lookup_order", Arguments: rawJSON(t, RefundArgs{Order: order})}}},
 		{ToolCalls: []llm.ToolCall{{Name: "issue_refund", Arguments: rawJSON(t, RefundArgs{Order: order, Cents: 1250})}}},
@@ -89,7 +91,7 @@ func NewAgentApp(t testing.TB, order string) *AgentApp {
 		_, err := onceflow.RunAgent(ctx, job, onceflow.AgentConfig{Request: req, Tools: tools})
 		return err
 	}))
-	c, err := onceflow.NewClient(onceflow.Config{Redis: a.Redis, DB: a.DB, Prefix: prefix, Workers: workers, Model: model, Logger: testenv.Logger(t),
+	c, err := onceflow.NewClient(onceflow.Config{Redis: a.Redis, DB: a.DB, Prefix: a.Prefix, Workers: workers, Model: model, Logger: testenv.Logger(t),
 		Queues: map[string]onceflow.QueueConfig{onceflow.DefaultQueue: {ClaimIdle: time.Second, RetryBase: 10 * time.Millisecond, RetryMax: 50 * time.Millisecond}}})
 	if err != nil {
 		t.Fatal(err)
