@@ -57,8 +57,8 @@ test-long:
 ui-screenshots:
 	scripts/dev-services up
 	scripts/install-chromium
-	eval "$$(scripts/dev-services env)" && ONCEFLOW_UI_SCREENSHOTS=$(CURDIR)/docs/ui ONCEFLOW_REQUIRE_BROWSER=1 \
-	  cd lab && $(GO) test -count=1 -run '^TestBrowser' ./browsertest/
+	eval "$$(scripts/dev-services env)" && cd lab && \
+	  ONCEFLOW_UI_SCREENSHOTS=$(CURDIR)/docs/ui ONCEFLOW_REQUIRE_BROWSER=1 $(GO) test -count=1 -run '^TestBrowser' ./browsertest/
 
 ## demo: the service end to end against real Redis and PostgreSQL (under a minute);
 ## CLUSTER=1 runs it on a local Redis Cluster of its own (3 primaries, 3 replicas, the

@@ -230,12 +230,18 @@ func usableTenant(tenant func(*http.Request) (string, error)) func(*http.Request
 // connection after the answer instead of waiting for it. A ResponseWriter without
 // deadlines (a test recorder) leaves the server's own deadlines alone in force.
 func (rt *route[T]) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
-	if rt.cfg.BodyReadTimeout <= 0 || r.Body == nil || r.Body == http.NoBody {
-		return idempotency.ReadBody(r, rt.cfg.MaxBodyBytes)
+	return readBodyWithin(w, r, rt.cfg.MaxBodyBytes, rt.cfg.BodyReadTimeout)
+}
+
+// readBodyWithin reads r's body, up to limit bytes, within timeout (no bound of its own
+// when timeout is negative): see route.readBody.
+func readBodyWithin(w http.ResponseWriter, r *http.Request, limit int64, timeout time.Duration) ([]byte, error) {
+	if timeout <= 0 || r.Body == nil || r.Body == http.NoBody {
+		return idempotency.ReadBody(r, limit)
 	}
 	rc := http.NewResponseController(w)
-	cut := time.AfterFunc(rt.cfg.BodyReadTimeout, func() { _ = rc.SetReadDeadline(time.Now()) })
-	body, err := idempotency.ReadBody(r, rt.cfg.MaxBodyBytes)
+	cut := time.AfterFunc(timeout, func() { _ = rc.SetReadDeadline(time.Now()) })
+	body, err := idempotency.ReadBody(r, limit)
 	if !cut.Stop() && err == nil {
 		_ = rc.SetReadDeadline(time.Time{}) // it fired just as the body came in
 	}

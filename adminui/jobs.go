@@ -45,6 +45,18 @@ type jobData struct {
 	Events              []event
 	Partial             []string // stores that did not answer
 	Acked               bool     // the latest entry was acknowledged (its run ended without a dead letter)
+	// InDoubt are the tool calls of a job in doubt, each resolved with the page's forms
+	// (POST Path); WaitingApproval says the job waits for a decision on a call.
+	InDoubt         []inDoubtRow
+	WaitingApproval bool
+	Path            string // the job page's path, which its forms post to
+	Done            string // what the last resolution did, in words
+}
+
+// inDoubtRow is a tool call in doubt, as the job page shows it.
+type inDoubtRow struct {
+	onceflow.InDoubtCall
+	Args string // the arguments, indented when they are JSON, clipped
 }
 
 // jobSearch serves GET /ui/jobs: a job by its id, by the dedupe key of one of its
@@ -201,6 +213,21 @@ func (u *UI) job(w http.ResponseWriter, r *http.Request, s *session) {
 			d.Kind = cmp.Or(d.Kind, dl.Message.Kind)
 		}
 	}
+	if d.Index != nil && d.Index.State == queue.StateFailed && d.Completion == nil && u.db != nil {
+		// A dead-lettered job may be in doubt: tool calls it ran at most once whose
+		// outcome nobody recorded.
+		switch st, err := u.client.JobState(ctx, d.Tenant, d.ID); {
+		case err == nil && st.Status == onceflow.StatusInDoubt:
+			d.Status = string(onceflow.StatusInDoubt)
+			for _, c := range st.InDoubt {
+				d.InDoubt = append(d.InDoubt, inDoubtRow{InDoubtCall: c, Args: showJSON(c.Arguments, maxShownArgs)})
+			}
+		case err != nil && !errors.Is(err, onceflow.ErrJobNotFound):
+			store("PostgreSQL", err)
+		}
+	}
+	d.WaitingApproval = d.Index != nil && d.Index.State == queue.StateScheduled && strings.HasPrefix(d.Index.Waiting, "signal approval:")
+	d.Path, d.Done = u.base+"jobs/"+url.PathEscape(d.ID), resolveDoneText(r)
 	d.Events = trail(&d, u.base)
 	status := http.StatusOK
 	if !d.Found && len(d.Partial) == 0 {

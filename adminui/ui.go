@@ -179,6 +179,9 @@ func (u *UI) routes() {
 	m.Handle("GET "+b+"calls", u.page(u.calls))
 	m.Handle("GET "+b+"jobs", u.page(u.jobSearch))
 	m.Handle("GET "+b+"jobs/{id}", u.page(u.job))
+	m.Handle("POST "+b+"jobs/{id}", u.action(u.jobAction))
+	m.Handle("GET "+b+"approvals", u.page(u.approvals))
+	m.Handle("POST "+b+"approvals", u.action(u.approvalAction))
 	m.Handle("POST "+b+"logout", u.action(u.logout))
 	u.mux = m
 }

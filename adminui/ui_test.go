@@ -67,6 +67,8 @@ func TestEveryPageEscapesStoredAndEchoedValues(t *testing.T) {
 		"/ui/jobs/" + url.PathEscape(xss), "/ui/jobs/" + url.PathEscape("javascript:alert(1)"),
 		"/ui/jobs?q=" + url.QueryEscape(xss), "/ui/jobs?key=k&path=" + url.QueryEscape(xss) + "&tenant=" + url.QueryEscape(xss),
 		"/ui/dead-letters?queue=" + url.QueryEscape(xss), "/ui/outbox?state=" + url.QueryEscape(xss), "/ui/calls?state=" + url.QueryEscape(xss),
+		"/ui/approvals", "/ui/approvals?tenant=" + url.QueryEscape(xss), "/ui/approvals?done=" + url.QueryEscape(xss),
+		"/ui/jobs/" + url.PathEscape(xss) + "?done=" + url.QueryEscape(xss),
 	}
 	seen := 0
 	for _, p := range pages {
@@ -140,7 +142,7 @@ func TestSecurityHeadersAndCookieFlags(t *testing.T) {
 			t.Errorf("%s: Cache-Control %q", what, h.Get("Cache-Control"))
 		}
 	}
-	for _, p := range []string{"/ui/login", "/ui/", "/ui/dead-letters", "/ui/outbox", "/ui/calls", "/ui/jobs", "/ui/jobs/x", "/ui/nope", "/ui/dead-letters?queue=nope"} {
+	for _, p := range []string{"/ui/login", "/ui/", "/ui/dead-letters", "/ui/outbox", "/ui/calls", "/ui/jobs", "/ui/jobs/x", "/ui/nope", "/ui/dead-letters?queue=nope", "/ui/approvals", "/ui/approvals?tenant=a/b"} {
 		resp, _ := adminuitest.Get(t, c, e.URL+p)
 		check(p, resp.Header, true)
 	}
@@ -247,7 +249,7 @@ func TestPagesDuringAStoreOutage(t *testing.T) {
 		lc := adminuitest.Browser(t)
 		_, form := adminuitest.Get(t, lc, e.URL+"/ui/login")
 		srv.Stop()
-		for _, p := range []string{"/ui/", "/ui/dead-letters", "/ui/outbox", "/ui/calls", "/ui/jobs/00000000-0000-4000-8000-000000000001", "/ui/login"} {
+		for _, p := range []string{"/ui/", "/ui/dead-letters", "/ui/outbox", "/ui/calls", "/ui/approvals", "/ui/jobs/00000000-0000-4000-8000-000000000001", "/ui/login"} {
 			t0 := time.Now()
 			code, h, _ := try(c, http.MethodGet, e.URL+p, nil)
 			if p == "/ui/login" {
@@ -296,7 +298,7 @@ func TestPagesDuringAStoreOutage(t *testing.T) {
 		c, token := signedIn(t, e)
 		c.Timeout = 4 * time.Second
 		pg.Stop()
-		for p, want := range map[string]int{"/ui/outbox": 503, "/ui/calls": 503, "/ui/": 200, "/ui/dead-letters": 200} {
+		for p, want := range map[string]int{"/ui/outbox": 503, "/ui/calls": 503, "/ui/approvals": 503, "/ui/": 200, "/ui/dead-letters": 200} {
 			if code, _, body := try(c, http.MethodGet, e.URL+p, nil); code != want {
 				t.Errorf("%s with PostgreSQL down: %d, want %d (%.100s)", p, code, want, body)
 			}
@@ -314,6 +316,10 @@ func TestPagesDuringAStoreOutage(t *testing.T) {
 			if code, _, _ := try(c, http.MethodPost, e.URL+"/ui/outbox", strings.NewReader(f.Encode())); code != http.StatusServiceUnavailable {
 				t.Errorf("outbox retry %v with PostgreSQL down: %d", f, code)
 			}
+		}
+		decision := url.Values{"csrf": {token}, "job": {"00000000-0000-4000-8000-000000000001"}, "key": {"tool-" + strings.Repeat("a", 64)}, "decision": {"approve"}}
+		if code, _, _ := try(c, http.MethodPost, e.URL+"/ui/approvals", strings.NewReader(decision.Encode())); code != http.StatusServiceUnavailable {
+			t.Errorf("an approval with PostgreSQL down: %d", code)
 		}
 		if !strings.Contains(buf.String(), "a store failed") {
 			t.Errorf("the cause was not logged")

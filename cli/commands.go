@@ -40,6 +40,8 @@ func commands() []command {
 		{"audit", "check the pipeline's invariants on live data and print counts (exit 4 on a violation)", runAudit},
 		{"relay", "run the outbox relay (run several: they never send the same row at once)", runRelay},
 		{"outbox", "list [--failed] [--json] | retry ID|--all: inspect outbox rows, reset exhausted ones", runOutbox},
+		{"approvals", "list [--tenant T|--all] [--json] | approve|reject JOB KEY [--note N]: tool calls waiting for an operator's decision", runApprovals},
+		{"indoubt", "list [--json] | resolve JOB KEY (--happened --result R | --not-happened): jobs whose tool call's outcome nobody knows", runInDoubt},
 		{"tenants", "set TENANT --tokens-per-day N | delete TENANT | list [--json]: tenants' daily model token budgets and use today", runTenants},
 		{"gateway", "an OpenAI-compatible proxy adding Idempotency-Key semantics to any upstream (ONCEFLOW_GATEWAY_ADDR)", runGateway},
 		{"probe", "does a provider honour Idempotency-Key? one key twice: honoured (0), ignored (3), inconclusive (1)", runProbe},

@@ -110,6 +110,15 @@ func Decode(data []byte, v any) error {
 	return nil
 }
 
+// Check reports whether data is exactly one JSON value of any type, read as strictly
+// as Decode reads one (valid UTF-8, no unpaired surrogates, no member name twice in an
+// object, nothing after the value), for a body kept as it is (a signal's payload): nil,
+// or the *Error Decode would give. It is safe for concurrent use.
+func Check(data []byte) error {
+	var v jsontext.Value
+	return Decode(data, &v)
+}
+
 // Encode marshals v with the same JSON semantics Decode reads (encoding/json/v2's), so
 // whatever Encode writes, Decode reads back into the same type: a type the two cannot
 // round-trip (a time.Duration without a format, a channel) fails here, not when the

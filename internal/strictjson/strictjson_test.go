@@ -104,6 +104,28 @@ func TestDecodeUnusableTarget(t *testing.T) {
 	}
 }
 
+// Check accepts one JSON value of any type and refuses, with Decode's kinds, what
+// Decode refuses of a document: duplicate names at any depth, unpaired surrogates,
+// invalid UTF-8, trailing data, an empty body.
+func TestCheckAnyValue(t *testing.T) {
+	t.Parallel()
+	for _, ok := range []string{`{"cents":1250}`, `[1,2]`, `"paid"`, `12345678901234567890`, `null`, ` true `, `{"a":{"b":[{"c":1}]}}`} {
+		if err := strictjson.Check([]byte(ok)); err != nil {
+			t.Errorf("Check(%s) = %v, want nil", ok, err)
+		}
+	}
+	for doc, kind := range map[string]strictjson.Kind{
+		``: strictjson.KindEmpty, `  `: strictjson.KindEmpty, `{"a":1,"a":2}`: strictjson.KindDuplicateField,
+		`{"x":{"a":1,"a":2}}`: strictjson.KindDuplicateField, `"\ud800"`: strictjson.KindSyntax, "\"\xff\"": strictjson.KindInvalidUTF8,
+		`{"a":1} x`: strictjson.KindTrailingData, `{"a":1}{}`: strictjson.KindTrailingData, `{"a":`: strictjson.KindTruncated, `{a:1}`: strictjson.KindSyntax,
+	} {
+		var se *strictjson.Error
+		if err := strictjson.Check([]byte(doc)); !errors.As(err, &se) || se.Kind != kind {
+			t.Errorf("Check(%q) = %v, want a %s error", doc, err, kind)
+		}
+	}
+}
+
 func FuzzDecode(f *testing.F) {
 	for _, s := range []string{`{"text":"a","count":1}`, `{"TEXT":"a"}`, `{"text":"a","text":"b"}`, `{"home":{"city":"x"}}`, `[]`, ``, `{"text":"a"} x`} {
 		f.Add([]byte(s))
