@@ -75,8 +75,8 @@ ORDER BY created_at, tenant, job_id, name`, max(limit, 1))
 // in doubt (StatusInDoubt), and, once no call of the job is left in doubt, puts the job
 // back on its queue from the dead-letter queue (the same job id) so it continues: from
 // the recorded result when the call happened, calling the tool again when it did not.
-// A key that is not in doubt gives ErrNotInDoubt; another tenant's job is
-// ErrJobNotFound. When the decision is recorded but the job has no dead letter to replay
+// A key that is not in doubt, or another tenant's job's, gives ErrNotInDoubt; an
+// invalid job id is ErrJobNotFound. When the decision is recorded but the job has no dead letter to replay
 // (it was purged, or replayed already), the error says so and the decision stands.
 func (in *Inspector) ResolveInDoubt(ctx context.Context, tenant, id, key string, r Resolution) error {
 	s := in.c.steps
