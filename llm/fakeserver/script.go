@@ -61,14 +61,10 @@ var ErrInvalidScript = errors.New("invalid script")
 // not a JSON object"). The arguments are returned compacted. It never panics and is
 // safe for concurrent use.
 func ParseScript(data []byte) ([]ScriptTurn, error) {
-	type fileCall struct {
-		Name      string          `json:"name"`
-		Arguments json.RawMessage `json:"arguments"`
-	}
 	type fileTurn struct {
 		// Pointers tell an absent member (or null) from an empty one.
-		ToolCalls *[]fileCall `json:"tool_calls"`
-		Text      *string     `json:"text"`
+		ToolCalls *[]ScriptCall `json:"tool_calls"`
+		Text      *string       `json:"text"`
 	}
 	var in []fileTurn
 	if err := strictjson.Decode(data, &in); err != nil {
@@ -90,9 +86,7 @@ func ParseScript(data []byte) ([]ScriptTurn, error) {
 		case len(*t.ToolCalls) == 0:
 			return nil, fmt.Errorf(`%w: turn %d: tool_calls is empty; a turn without calls is {"text": "..."}`, ErrInvalidScript, i)
 		}
-		for _, c := range *t.ToolCalls {
-			turns[i].ToolCalls = append(turns[i].ToolCalls, ScriptCall{Name: c.Name, Arguments: c.Arguments})
-		}
+		turns[i].ToolCalls = *t.ToolCalls
 		if err := checkTurn(i, turns[i]); err != nil {
 			return nil, err
 		}
