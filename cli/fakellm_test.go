@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -170,5 +172,105 @@ func TestFakeLLMCommandEnforcesRateLimits(t *testing.T) {
 	}
 	if st.RateLimited != 1 || st.ByStatus["429"] != 1 || st.ByStatus["200"] != 2 {
 		t.Fatalf("stats %+v", st)
+	}
+}
+
+// writeScript writes a --script file into the test's temporary directory.
+func writeScript(t *testing.T, content string) string {
+	t.Helper()
+	name := filepath.Join(t.TempDir(), "script.json")
+	if err := os.WriteFile(name, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return name
+}
+
+// --script answers each request with the turn its count of tool results selects, plain
+// and streamed, the last turn once the script runs out; --tool-call-ids stable repeats
+// the calls' ids for a repeated request, random makes new ones; the start line names
+// the file and its turns.
+func TestFakeLLMCommandAnswersFromScript(t *testing.T) {
+	t.Parallel()
+	script := writeScript(t, `[
+		{"tool_calls": [{"name": "lookup_order", "arguments": {"order_id": "A-17"}}, {"name": "issue_refund", "arguments": {"amount_cents": 1299}}]},
+		{"text": "one result in"},
+		{"text": "Refunded order A-17."}
+	]`)
+	for _, ids := range []string{fakeserver.ToolCallIDsStable, fakeserver.ToolCallIDsRandom} {
+		t.Run(ids, func(t *testing.T) {
+			t.Parallel()
+			p := testenv.Start(t, testenv.Binary(t), nil, "fake-llm", "--addr", "127.0.0.1:0", "--script", script, "--tool-call-ids", ids)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			line := p.WaitLog(ctx, "fake-llm listening")
+			if line["script"] != script || line["script_turns"] != 3.0 {
+				t.Fatalf("start line %v, want the script and its 3 turns", line)
+			}
+			c := openai.New(openai.Config{BaseURL: fmt.Sprint(line["base_url"]), APIKey: "k"})
+			req := &llm.Request{Messages: []llm.Message{{Role: llm.RoleUser, Content: "Order A-17 arrived broken."}},
+				Tools: []llm.Tool{{Name: "lookup_order"}, {Name: "issue_refund"}}}
+			var answers []*llm.Response
+			for _, stream := range []bool{false, true} {
+				var resp *llm.Response
+				var err error
+				if stream {
+					resp, err = llm.Collect(c.Stream(ctx, req))
+				} else {
+					resp, err = c.Complete(ctx, req)
+				}
+				if err != nil {
+					t.Fatalf("stream=%v: %v", stream, err)
+				}
+				got := resp.ToolCalls
+				if resp.FinishReason != llm.FinishToolCalls || len(got) != 2 || got[0].Name != "lookup_order" || got[0].Arguments != `{"order_id":"A-17"}` ||
+					got[1].Name != "issue_refund" || got[1].Arguments != `{"amount_cents":1299}` || got[0].ID == got[1].ID {
+					t.Fatalf("stream=%v: %+v, want the first turn's two calls", stream, resp)
+				}
+				answers = append(answers, resp)
+			}
+			if same := answers[0].ToolCalls[0].ID == answers[1].ToolCalls[0].ID; same != (ids == fakeserver.ToolCallIDsStable) {
+				t.Fatalf("ids %s then %s for the same request", answers[0].ToolCalls[0].ID, answers[1].ToolCalls[0].ID)
+			}
+
+			calls := answers[0].ToolCalls
+			req.Messages = append(req.Messages, llm.Message{Role: llm.RoleAssistant, ToolCalls: calls},
+				llm.Message{Role: llm.RoleTool, ToolCallID: calls[0].ID, Content: `{"status":"delivered"}`})
+			if resp, err := c.Complete(ctx, req); err != nil || resp.Content != "one result in" || resp.FinishReason != llm.FinishStop {
+				t.Fatalf("one tool result: %+v, %v", resp, err)
+			}
+			for range 2 { // two results, then three: the last turn
+				req.Messages = append(req.Messages, llm.Message{Role: llm.RoleTool, ToolCallID: calls[1].ID, Content: `{"refunded":true}`})
+				if resp, err := llm.Collect(c.Stream(ctx, req)); err != nil || resp.Content != "Refunded order A-17." || resp.FinishReason != llm.FinishStop {
+					t.Fatalf("%d tool results: %+v, %v", len(req.Messages)-2, resp, err)
+				}
+			}
+			if st, err := fakeserver.FetchStats(ctx, nil, fmt.Sprint(line["base_url"])); err != nil || st.Requests != 5 || st.ByStatus["200"] != 5 {
+				t.Fatalf("stats %+v, %v", st, err)
+			}
+		})
+	}
+}
+
+// A script that cannot be read or is invalid, or --script beside a tool flag, stops
+// the command with exit 2 and a line naming the problem: the file, the turn, the field.
+func TestFakeLLMCommandRejectsBadScripts(t *testing.T) {
+	t.Parallel()
+	good := writeScript(t, `[{"text": "hi"}]`)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--script", filepath.Join(t.TempDir(), "missing.json")}, "missing.json: no such file"},
+		{[]string{"--script", writeScript(t, `[{"text": "hi"}, {"tool_calls": [{"name": "a", "arguments": [1]}]}]`)}, "invalid script: turn 1: tool_calls[0].arguments: not a JSON object"},
+		{[]string{"--script", writeScript(t, `[{"text": "hi", "tool_calls": [{"name": "a"}]}]`)}, "invalid script: turn 0: has both tool_calls and text"},
+		{[]string{"--script", writeScript(t, `[{"text": "hi"}, {"tool_calls": [{"name": "a", "id": "x"}]}]`)}, "invalid script: turn 1: tool_calls[0].id: unknown field"},
+		{[]string{"--script", writeScript(t, `[]`)}, "invalid script: no turns"},
+		{[]string{"--script", good, "--tool", "lookup_order"}, "--script excludes --tool"},
+		{[]string{"--script", good, "--no-tool-calls"}, "--script excludes --tool"},
+	} {
+		p := testenv.Start(t, testenv.Binary(t), nil, append([]string{"fake-llm", "--addr", "127.0.0.1:0"}, c.args...)...)
+		if code := p.Wait(10 * time.Second); code != 2 || !strings.Contains(p.Stderr(), c.want) {
+			t.Errorf("%v: exit %d, want 2 with %q; stderr:\n%s", c.args, code, c.want, p.Stderr())
+		}
 	}
 }

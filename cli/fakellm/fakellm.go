@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"os"
 	"strings"
 	"time"
 
@@ -32,7 +33,7 @@ func Command() cli.Command {
 // run serves llm/fakeserver on --addr until SIGINT/SIGTERM, then releases hung and
 // dripping requests and shuts down.
 func run(ctx context.Context, e cli.Env, args []string) error {
-	fs := e.Flags("fake-llm", "--addr ADDR [fault flags]\n\n"+
+	fs := e.Flags("fake-llm", "--addr ADDR [--script FILE] [fault flags]\n\n"+
 		"At run time, POST /_fault with {\"fault\": KIND} answers every model request with fault KIND\n"+
 		"(an outage of the provider) until {\"fault\": \"\"}; GET /_fault reports it. KIND: "+forcibleFaults()+".",
 		config.GroupHTTP, config.GroupShutdown, config.GroupLogs)
@@ -54,6 +55,8 @@ func run(ctx context.Context, e cli.Env, args []string) error {
 	tool := fs.String("tool", "", "when a request declares tool NAME, answer with a call to it (default: the first tool)")
 	toolArgs := fs.String("tool-args", "", "the arguments of the --tool call, a JSON object (default: derived from the tool's schema)")
 	noTools := fs.Bool("no-tool-calls", false, "answer requests that declare tools in text, as when the model needs none")
+	scriptFile := fs.String("script", "", "answer every request from the turns in `FILE`, a JSON list of {\"tool_calls\": [{\"name\": ..., \"arguments\": {...}}]} or {\"text\": ...}:\n"+
+		"turn N answers a conversation holding N tool results, the last turn once they run out (excludes --tool, --tool-args, --no-tool-calls)")
 	rpm := fs.Int("rpm", 0, "requests per minute per model, enforced like OpenAI: 429 with Retry-After and x-ratelimit-* headers (0: no limit)")
 	tpm := fs.Int("tpm", 0, "tokens per minute per model: the prompt's estimate plus max_tokens on arrival, corrected by the usage (0: no limit)")
 	cfg, log, err := e.Load(fs, config.Register(fs), args)
@@ -61,6 +64,10 @@ func run(ctx context.Context, e cli.Env, args []string) error {
 		return err
 	}
 	chooser, err := toolChooser(*tool, *toolArgs, *noTools)
+	if err != nil {
+		return err
+	}
+	script, err := readScript(*scriptFile, *tool != "" || *toolArgs != "" || *noTools)
 	if err != nil {
 		return err
 	}
@@ -82,7 +89,7 @@ func run(ctx context.Context, e cli.Env, args []string) error {
 	}
 	srv, err := fakeserver.New(fakeserver.Config{
 		Latency: *latency, Fail429: *fail429, Fail503: *fail503, FailQuota: *failQuota, Hang: *hang, Drip: *drip, DropStream: *drop,
-		DripInterval: *dripInterval, RetryAfter: ra, MaxInputChars: *maxInput, HonourIdempotency: *honour, ToolCallIDs: *toolIDs, ToolChoice: chooser, Seed: *seed, Logger: log,
+		DripInterval: *dripInterval, RetryAfter: ra, MaxInputChars: *maxInput, HonourIdempotency: *honour, ToolCallIDs: *toolIDs, ToolChoice: chooser, Script: script, Seed: *seed, Logger: log,
 		Fault: fakeserver.FaultKind(*force), RPM: *rpm, TPM: *tpm,
 	})
 	if err != nil {
@@ -96,7 +103,7 @@ func run(ctx context.Context, e cli.Env, args []string) error {
 		log.InfoContext(ctx, "fake-llm listening", "addr", a.String(), "base_url", fmt.Sprintf("http://%s/v1", a),
 			"fail_429", *fail429, "retry_after_s", *retryAfter, "fail_503", *fail503, "fail_quota", *failQuota, "hang", *hang,
 			"drip", *drip, "drip_interval", dripInterval.String(), "drop_stream", *drop, "max_input_chars", *maxInput, "honour_idempotency", *honour, "tool_call_ids", *toolIDs,
-			"tool", *tool, "no_tool_calls", *noTools, "fault", *force, "rpm", *rpm, "tpm", *tpm)
+			"tool", *tool, "no_tool_calls", *noTools, "script", *scriptFile, "script_turns", len(script), "fault", *force, "rpm", *rpm, "tpm", *tpm)
 	}
 	if err := httpapi.Serve(ctx, *addr, srv, listen.ServeConfig(cfg, log, ready)); err != nil {
 		return fmt.Errorf("fake-llm: %w", err)
@@ -136,4 +143,25 @@ func toolChooser(tool, args string, none bool) (fakeserver.ToolChooser, error) {
 		raw = json.RawMessage(args)
 	}
 	return fakeserver.CallTool(tool, raw), nil
+}
+
+// readScript reads the --script file: nil without one. A file that cannot be read or
+// parsed, or --script beside a tool flag (the script decides every answer, so the flag
+// would do nothing), is a usage error naming the file, the turn and the field.
+func readScript(name string, toolFlags bool) ([]fakeserver.ScriptTurn, error) {
+	switch {
+	case name == "":
+		return nil, nil
+	case toolFlags:
+		return nil, cli.UsageErrorf("--script excludes --tool, --tool-args and --no-tool-calls: the script decides every answer")
+	}
+	data, err := os.ReadFile(name) // #nosec G304 -- the file the operator names with --script
+	if err != nil {
+		return nil, cli.UsageErrorf("--script: %v", err)
+	}
+	script, err := fakeserver.ParseScript(data)
+	if err != nil {
+		return nil, cli.UsageErrorf("--script %s: %v", name, err)
+	}
+	return script, nil
 }

@@ -103,6 +103,7 @@ func (d anthropicDialect) parse(body []byte) (*chatRequest, *apiError) {
 			case "tool_use":
 				msg.ToolCalls = append(msg.ToolCalls, llm.ToolCall{ID: b.ID, Name: b.Name, Arguments: string(b.Input)})
 			case "tool_result":
+				req.ToolResults++
 				result, _ := anText(b.Content)
 				text.WriteString(result)
 				msg.ToolCallID = b.ToolUseID
@@ -231,10 +232,11 @@ type anUsage struct {
 func (anthropicDialect) render(req *chatRequest, c completion) *recorded {
 	stop := "end_turn"
 	var content []map[string]any
-	if c.Tool != nil {
+	for _, t := range c.Tools {
 		stop = "tool_use"
-		content = []map[string]any{{"type": "tool_use", "id": c.Tool.ID, "name": c.Tool.Name, "input": json.RawMessage(c.Tool.Arguments)}}
-	} else {
+		content = append(content, map[string]any{"type": "tool_use", "id": t.ID, "name": t.Name, "input": json.RawMessage(t.Arguments)})
+	}
+	if len(c.Tools) == 0 {
 		content = []map[string]any{{"type": "text", "text": c.Content}}
 	}
 	h := http.Header{}
@@ -261,14 +263,16 @@ func (anthropicDialect) render(req *chatRequest, c completion) *recorded {
 	}
 	event("message_start", map[string]any{"type": "message_start",
 		"message": message{c.ID, "message", "assistant", c.Model, []map[string]any{}, nil, nil, anUsage{c.InTokens, 1}}})
-	if c.Tool != nil {
-		event("content_block_start", map[string]any{"type": "content_block_start", "index": 0,
-			"content_block": map[string]any{"type": "tool_use", "id": c.Tool.ID, "name": c.Tool.Name, "input": map[string]any{}}})
-		for _, piece := range splitRunes(c.Tool.Arguments, 12) {
-			event("content_block_delta", map[string]any{"type": "content_block_delta", "index": 0,
+	for j, t := range c.Tools {
+		event("content_block_start", map[string]any{"type": "content_block_start", "index": j,
+			"content_block": map[string]any{"type": "tool_use", "id": t.ID, "name": t.Name, "input": map[string]any{}}})
+		for _, piece := range splitRunes(t.Arguments, 12) {
+			event("content_block_delta", map[string]any{"type": "content_block_delta", "index": j,
 				"delta": map[string]any{"type": "input_json_delta", "partial_json": piece}})
 		}
-	} else {
+		event("content_block_stop", map[string]any{"type": "content_block_stop", "index": j})
+	}
+	if len(c.Tools) == 0 {
 		event("content_block_start", map[string]any{"type": "content_block_start", "index": 0,
 			"content_block": map[string]any{"type": "text", "text": ""}})
 		event("ping", map[string]any{"type": "ping"})
@@ -276,8 +280,8 @@ func (anthropicDialect) render(req *chatRequest, c completion) *recorded {
 			event("content_block_delta", map[string]any{"type": "content_block_delta", "index": 0,
 				"delta": map[string]any{"type": "text_delta", "text": piece}})
 		}
+		event("content_block_stop", map[string]any{"type": "content_block_stop", "index": 0})
 	}
-	event("content_block_stop", map[string]any{"type": "content_block_stop", "index": 0})
 	event("message_delta", map[string]any{"type": "message_delta",
 		"delta": map[string]any{"stop_reason": stop, "stop_sequence": nil}, "usage": map[string]int{"output_tokens": c.OutToken}})
 	event("message_stop", map[string]any{"type": "message_stop"})

@@ -3,6 +3,8 @@ package fakeserver
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -55,10 +57,16 @@ type chatRequest struct {
 	Tools        []llm.Tool
 	Stream       bool
 	IncludeUsage bool
-	// Choice is the request's tool_choice; Call the tool call the answer makes (nil:
-	// text), decided by pickTool.
+	// ToolResults counts the tool results of the conversation (OpenAI's tool messages,
+	// the Responses API's function_call_output items, Anthropic's tool_result
+	// blocks): the index of the script turn that answers it.
+	ToolResults int
+	// Choice is the request's tool_choice. Calls are the tool calls the answer makes,
+	// without ids (none: text), decided by pickTool or the script; Text, when set, is
+	// a scripted text answer (nil: the summary).
 	Choice toolChoice
-	Call   *llm.ToolCall
+	Calls  []llm.ToolCall
+	Text   *string
 	// Echo is what the dialect's answer repeats of its request (the Responses API
 	// echoes instructions, tools, tool_choice, ...); nil for the other dialects.
 	Echo any
@@ -90,7 +98,7 @@ func (r *chatRequest) declares(name string) *llm.Tool {
 	return nil
 }
 
-// pickTool decides the tool call of the answer to req (req.Call): none without tools
+// pickTool decides the tool call of the answer to req (req.Calls): none without tools
 // or with tool_choice none; else Config.ToolChoice's pick (the first tool without
 // one), overridden by a named or required tool_choice. Arguments a ToolChooser gives
 // that are not a JSON object are a 400 naming the tool.
@@ -120,7 +128,7 @@ func (s *Server) pickTool(req *chatRequest, d dialect) *apiError {
 		return nil
 	}
 	tool := req.declares(name)
-	call := &llm.ToolCall{Name: name, Arguments: fake.ToolArguments(tool.Parameters, fake.Prompt(req.Messages))}
+	call := llm.ToolCall{Name: name, Arguments: fake.ToolArguments(tool.Parameters, fake.Prompt(req.Messages))}
 	if len(args) > 0 {
 		var buf bytes.Buffer
 		if err := json.Compact(&buf, args); err != nil || buf.Len() == 0 || buf.Bytes()[0] != '{' {
@@ -129,7 +137,25 @@ func (s *Server) pickTool(req *chatRequest, d dialect) *apiError {
 		}
 		call.Arguments = buf.String()
 	}
-	req.Call = call
+	req.Calls = []llm.ToolCall{call}
+	return nil
+}
+
+// decide decides what the answer to req says: with a script, its turn for req, as
+// written (neither Config.ToolChoice nor the request's tools and tool_choice change
+// it); otherwise pickTool's call, or the summary.
+func (s *Server) decide(ctx context.Context, req *chatRequest, d dialect) *apiError {
+	if len(s.turns) == 0 {
+		return s.pickTool(req, d)
+	}
+	i := s.scriptTurn(req)
+	t := s.turns[i]
+	if len(t.calls) > 0 {
+		req.Calls = t.calls
+	} else {
+		req.Text = &t.text
+	}
+	s.log.DebugContext(ctx, "fake-llm scripted turn", "endpoint", d.endpoint(), "turn", i, "tool_results", req.ToolResults, "tool_calls", len(t.calls))
 	return nil
 }
 
@@ -152,7 +178,7 @@ type completion struct {
 	Created  int64
 	Model    string
 	Content  string
-	Tool     *llm.ToolCall
+	Tools    []llm.ToolCall
 	InTokens int
 	OutToken int
 }
@@ -300,7 +326,7 @@ func (s *Server) model(w http.ResponseWriter, r *http.Request, d dialect) {
 		d.writeError(w, d.errorOf(errContextLength, fmt.Sprintf("%d|%d", s.cfg.MaxInputChars, req.inputChars()), req))
 		return
 	}
-	if perr := s.pickTool(req, d); perr != nil {
+	if perr := s.decide(ctx, req, d); perr != nil {
 		adm.settle(0)
 		d.writeError(w, *perr)
 		return
@@ -364,39 +390,59 @@ func (s *Server) answer(ctx context.Context, req *chatRequest, d dialect, key st
 	return rec, false, true
 }
 
-// generate produces a fresh answer to req.
+// generate produces a fresh answer to req: its tool calls, each with an id
+// (Config.ToolCallIDs), its scripted text, or the summary of its prompt (with a
+// sample tag when its temperature is above 0).
 func (s *Server) generate(req *chatRequest, d dialect) completion {
-	prompt := fake.Prompt(req.Messages)
 	s.mu.Lock()
 	c := completion{ID: d.idPrefix() + s.randAlnum(24), Created: time.Now().Unix(), Model: req.Model}
-	var sample, toolID string
+	var sample string
 	if req.Temperature != nil && *req.Temperature > 0 {
-		sample = s.randAlnum(8)
+		sample = s.randAlnum(8) // a summary's sample tag, drawn for every such request
 	}
-	if req.Call != nil && s.cfg.ToolCallIDs == ToolCallIDsRandom {
-		toolID = d.toolIDPrefix() + s.randAlnum(24)
+	random := s.cfg.ToolCallIDs == ToolCallIDsRandom
+	for _, call := range req.Calls {
+		if random {
+			call.ID = d.toolIDPrefix() + s.randAlnum(24)
+		}
+		c.Tools = append(c.Tools, call)
 	}
 	s.mu.Unlock()
 
-	if req.Call != nil {
-		if toolID == "" { // stable: derived from the request
+	switch {
+	case len(c.Tools) > 0:
+		if !random { // stable: derived from the request and the call's place in the answer
 			h := fake.RequestHash(&llm.Request{Model: req.Model, Messages: req.Messages, Tools: req.Tools, Temperature: req.Temperature, MaxTokens: req.MaxTokens})
-			toolID = d.toolIDPrefix() + h[:24]
+			for j := range c.Tools {
+				c.Tools[j].ID = d.toolIDPrefix() + stableToolID(h, j)
+			}
 		}
-		c.Tool = &llm.ToolCall{ID: toolID, Name: req.Call.Name, Arguments: req.Call.Arguments}
-	} else {
-		c.Content = fake.Summary(prompt)
+	case req.Text != nil:
+		c.Content = *req.Text
+	default:
+		c.Content = fake.Summary(fake.Prompt(req.Messages))
 		if sample != "" {
 			c.Content += " [sample " + sample + "]"
 		}
 	}
 	c.InTokens = (req.inputChars() + 3) / 4
 	out := c.Content
-	if c.Tool != nil {
-		out = c.Tool.Name + c.Tool.Arguments
+	for _, t := range c.Tools {
+		out += t.Name + t.Arguments
 	}
 	c.OutToken = fake.EstimateTokens(out)
 	return c
+}
+
+// stableToolID is the id (without its prefix) of the j-th tool call of an answer to
+// the request of hash h (hex): the first 24 digits of h for the first call, of the
+// hash of h and j for a later one.
+func stableToolID(h string, j int) string {
+	if j > 0 {
+		sum := sha256.Sum256([]byte(h + "/" + strconv.Itoa(j)))
+		h = hex.EncodeToString(sum[:])
+	}
+	return h[:24]
 }
 
 // nextFault returns the forced fault, else takes the next scripted one, else draws one

@@ -103,6 +103,9 @@ func (d openaiDialect) parse(body []byte) (*chatRequest, *apiError) {
 		if !ok {
 			return nil, invalid(fmt.Sprintf("messages[%d].content", i), "Invalid type for 'messages[%d].content': expected a string or an array of content parts.", i)
 		}
+		if role == llm.RoleTool {
+			req.ToolResults++
+		}
 		msg := llm.Message{Role: role, Content: text, ToolCallID: m.ToolCallID}
 		for _, tc := range m.ToolCalls {
 			msg.ToolCalls = append(msg.ToolCalls, llm.ToolCall{ID: tc.ID, Name: tc.Function.Name, Arguments: tc.Function.Arguments})
@@ -315,7 +318,7 @@ type oaToolCall struct {
 
 func (openaiDialect) render(req *chatRequest, c completion) *recorded {
 	finish := llm.FinishStop
-	if c.Tool != nil {
+	if len(c.Tools) > 0 {
 		finish = llm.FinishToolCalls
 	}
 	usage := oaUsage{c.InTokens, c.OutToken, c.InTokens + c.OutToken}
@@ -337,9 +340,10 @@ func (openaiDialect) render(req *chatRequest, c completion) *recorded {
 			FinishReason string  `json:"finish_reason"`
 		}
 		msg := message{Role: "assistant", Annotations: []any{}}
-		if c.Tool != nil {
-			msg.ToolCalls = []oaToolCall{{ID: c.Tool.ID, Type: "function", Function: oaFunction{c.Tool.Name, c.Tool.Arguments}}}
-		} else {
+		for _, t := range c.Tools {
+			msg.ToolCalls = append(msg.ToolCalls, oaToolCall{ID: t.ID, Type: "function", Function: oaFunction{t.Name, t.Arguments}})
+		}
+		if len(c.Tools) == 0 {
 			msg.Content = &c.Content
 		}
 		body, _ := json.Marshal(struct {
@@ -385,13 +389,13 @@ func (openaiDialect) render(req *chatRequest, c completion) *recorded {
 	}
 	empty := ""
 	event([]choice{{Delta: delta{Role: "assistant", Content: &empty}}}, nil)
-	if c.Tool != nil {
-		zero := 0
-		event([]choice{{Delta: delta{ToolCalls: []oaToolCall{{Index: &zero, ID: c.Tool.ID, Type: "function", Function: oaFunction{Name: c.Tool.Name}}}}}}, nil)
-		for _, piece := range splitRunes(c.Tool.Arguments, 12) {
-			event([]choice{{Delta: delta{ToolCalls: []oaToolCall{{Index: &zero, Function: oaFunction{Arguments: piece}}}}}}, nil)
+	for j, t := range c.Tools {
+		event([]choice{{Delta: delta{ToolCalls: []oaToolCall{{Index: &j, ID: t.ID, Type: "function", Function: oaFunction{Name: t.Name}}}}}}, nil)
+		for _, piece := range splitRunes(t.Arguments, 12) {
+			event([]choice{{Delta: delta{ToolCalls: []oaToolCall{{Index: &j, Function: oaFunction{Arguments: piece}}}}}}, nil)
 		}
-	} else {
+	}
+	if len(c.Tools) == 0 {
 		for _, piece := range fake.SplitWords(c.Content) {
 			event([]choice{{Delta: delta{Content: &piece}}}, nil)
 		}

@@ -114,6 +114,11 @@ func (d responsesDialect) parse(body []byte) (*chatRequest, *apiError) {
 		return nil, perr
 	}
 	req.Messages = append(req.Messages, msgs...)
+	for _, m := range msgs {
+		if m.Role == llm.RoleTool { // a function_call_output item
+			req.ToolResults++
+		}
+	}
 
 	for i, raw := range in.Tools {
 		var t rsFunctionTool
@@ -394,21 +399,36 @@ func (d responsesDialect) render(req *chatRequest, c completion) *recorded {
 	}
 	suffix := strings.TrimPrefix(c.ID, d.idPrefix()) // item ids share the response's, as OpenAI's do
 	usage := &rsUsage{InputTokens: c.InTokens, OutputTokens: c.OutToken, TotalTokens: c.InTokens + c.OutToken}
-	var item, started any
-	var itemID string
-	if c.Tool != nil {
-		itemID = "fc_" + suffix
-		call := rsFunctionCall{ID: itemID, Type: "function_call", Status: "completed", Arguments: c.Tool.Arguments, CallID: c.Tool.ID, Name: c.Tool.Name}
-		item = call
-		call.Status, call.Arguments = "in_progress", ""
-		started = call
-	} else {
-		itemID = "msg_" + suffix
-		item = rsMessage{ID: itemID, Type: "message", Status: "completed", Role: "assistant",
-			Content: []rsOutputText{{Type: "output_text", Annotations: []any{}, Logprobs: []any{}, Text: c.Content}}}
-		started = rsMessage{ID: itemID, Type: "message", Status: "in_progress", Role: "assistant", Content: []rsOutputText{}}
+	// outputs are the answer's output items: a function_call item per tool call, or a
+	// message; started is each as output_item.added announces it.
+	type output struct {
+		id            string
+		item, started any
 	}
-	done := in.response(c, []any{item}, usage)
+	var outputs []output
+	for j, t := range c.Tools {
+		id := "fc_" + suffix
+		if j > 0 {
+			id += "_" + strconv.Itoa(j)
+		}
+		call := rsFunctionCall{ID: id, Type: "function_call", Status: "completed", Arguments: t.Arguments, CallID: t.ID, Name: t.Name}
+		o := output{id: id, item: call}
+		call.Status, call.Arguments = "in_progress", ""
+		o.started = call
+		outputs = append(outputs, o)
+	}
+	if len(c.Tools) == 0 {
+		id := "msg_" + suffix
+		outputs = []output{{id: id,
+			item: rsMessage{ID: id, Type: "message", Status: "completed", Role: "assistant",
+				Content: []rsOutputText{{Type: "output_text", Annotations: []any{}, Logprobs: []any{}, Text: c.Content}}},
+			started: rsMessage{ID: id, Type: "message", Status: "in_progress", Role: "assistant", Content: []rsOutputText{}}}}
+	}
+	items := make([]any, len(outputs))
+	for j, o := range outputs {
+		items[j] = o.item
+	}
+	done := in.response(c, items, usage)
 	h := http.Header{}
 	h.Set("Openai-Processing-Ms", "1")
 	h.Set("Openai-Version", "2020-10-01")
@@ -429,30 +449,33 @@ func (d responsesDialect) render(req *chatRequest, c completion) *recorded {
 		buf.WriteString("}\n\n")
 		seq++
 	}
-	at := func(contentIndex bool) []field {
-		fs := []field{{"item_id", itemID}, {"output_index", 0}}
-		if contentIndex {
-			fs = append(fs, field{"content_index", 0})
-		}
-		return fs
-	}
 	event("response.created", field{"response", in.response(c, nil, nil)})
 	event("response.in_progress", field{"response", in.response(c, nil, nil)})
-	event("response.output_item.added", field{"output_index", 0}, field{"item", started})
-	if c.Tool != nil {
-		for _, piece := range splitRunes(c.Tool.Arguments, 12) {
-			event("response.function_call_arguments.delta", append(at(false), field{"delta", piece})...)
+	for j, o := range outputs {
+		at := func(contentIndex bool) []field {
+			fs := []field{{"item_id", o.id}, {"output_index", j}}
+			if contentIndex {
+				fs = append(fs, field{"content_index", 0})
+			}
+			return fs
 		}
-		event("response.function_call_arguments.done", append(at(false), field{"arguments", c.Tool.Arguments})...)
-	} else {
-		event("response.content_part.added", append(at(true), field{"part", rsOutputText{Type: "output_text", Annotations: []any{}, Logprobs: []any{}}})...)
-		for _, piece := range fake.SplitWords(c.Content) {
-			event("response.output_text.delta", append(at(true), field{"delta", piece}, field{"logprobs", []any{}})...)
+		event("response.output_item.added", field{"output_index", j}, field{"item", o.started})
+		switch item := o.item.(type) {
+		case rsFunctionCall:
+			for _, piece := range splitRunes(item.Arguments, 12) {
+				event("response.function_call_arguments.delta", append(at(false), field{"delta", piece})...)
+			}
+			event("response.function_call_arguments.done", append(at(false), field{"arguments", item.Arguments})...)
+		case rsMessage:
+			event("response.content_part.added", append(at(true), field{"part", rsOutputText{Type: "output_text", Annotations: []any{}, Logprobs: []any{}}})...)
+			for _, piece := range fake.SplitWords(c.Content) {
+				event("response.output_text.delta", append(at(true), field{"delta", piece}, field{"logprobs", []any{}})...)
+			}
+			event("response.output_text.done", append(at(true), field{"text", c.Content}, field{"logprobs", []any{}})...)
+			event("response.content_part.done", append(at(true), field{"part", item.Content[0]})...)
 		}
-		event("response.output_text.done", append(at(true), field{"text", c.Content}, field{"logprobs", []any{}})...)
-		event("response.content_part.done", append(at(true), field{"part", item.(rsMessage).Content[0]})...)
+		event("response.output_item.done", field{"output_index", j}, field{"item", o.item})
 	}
-	event("response.output_item.done", field{"output_index", 0}, field{"item", item})
 	event("response.completed", field{"response", done})
 	h.Set("Content-Type", "text/event-stream; charset=utf-8")
 	h.Set("Cache-Control", "no-cache")

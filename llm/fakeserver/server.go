@@ -10,16 +10,23 @@
 // derived from the prompt and its first words), or, when the request carries tools, a
 // tool call: by default to the first tool with deterministic arguments, or to the tool
 // and with the arguments Config.ToolChoice picks (which may pick none, for a text
-// answer). The request's own tool_choice wins, as on the real providers: OpenAI's
-// "none", "auto", "required" and {"type":"function","function":{"name":...}} (on the
-// Responses API {"type":"function","name":...}, and a hosted tool's choice gets text),
-// Anthropic's {"type":"none"|"auto"|"any"|"tool","name":...}. The prompt is the last
-// user message, whichever the dialect (a Responses API input that is a string is one),
-// so the three endpoints give the same summary; the Responses API puts it in a message
-// item, and a tool call in a function_call item. A request with a temperature above 0
-// models sampling: its content also ends with a random sample tag. Ids are fresh for
-// every response unless HonourIdempotency replays the first response to a repeated
+// answer). Without a script, the request's own tool_choice wins, as on the real
+// providers: OpenAI's "none", "auto", "required" and
+// {"type":"function","function":{"name":...}} (on the Responses API
+// {"type":"function","name":...}, and a hosted tool's choice gets text), Anthropic's
+// {"type":"none"|"auto"|"any"|"tool","name":...}. The prompt is the last user message,
+// whichever the dialect (a Responses API input that is a string is one), so the three
+// endpoints give the same summary; the Responses API puts it in a message item, and a
+// tool call in a function_call item. A request with a temperature above 0 models
+// sampling: its summary also ends with a random sample tag. Ids are fresh for every
+// response unless HonourIdempotency replays the first response to a repeated
 // Idempotency-Key.
+//
+// Config.Script (`onceflow fake-llm --script FILE`, read with ParseScript) makes the
+// server a scripted model for agent loops instead: a request is answered with the turn
+// whose index is the number of tool results in its conversation (the last turn once
+// the script is exhausted), its tool calls or its text as written, whatever the
+// request's tools, tool_choice and temperature, and ahead of Config.ToolChoice.
 //
 // Faults, each a probability from 0 to 1 drawn per request in this order: Hang (never
 // answers until the client goes away), Fail429 (429 with Retry-After and a
@@ -113,9 +120,20 @@ type Config struct {
 	// ToolChooser; CallTool and NoToolCalls are the common ones). The request's own
 	// tool_choice wins over it: "none" gets text, a named tool gets a call to that
 	// tool, "required" (Anthropic's "any") gets a call even when ToolChoice picks none
-	// (to the first tool). Default: nil, a call to the first tool with deterministic
-	// arguments.
+	// (to the first tool). It is not called when Script is set. Default: nil, a call to
+	// the first tool with deterministic arguments.
 	ToolChoice ToolChooser
+	// Script, when not empty, answers every request to a model endpoint with turn i
+	// of the script, i being the number of tool results in the request's conversation
+	// (the last turn once the script is exhausted): `onceflow fake-llm --script FILE`,
+	// read with ParseScript. A turn is answered as written, on every wire format, plain
+	// or streamed: its tool calls (ids from ToolCallIDs, finish reason tool_calls,
+	// Anthropic's stop_reason tool_use) or its text (stop, end_turn). It takes
+	// precedence over ToolChoice, which is not called, and over the request's tools
+	// and tool_choice: a scripted call is sent whether or not the request declares
+	// its tool. Faults, latency, rate limits and replays apply as to any answer. (The
+	// Server's Script method, which queues faults, is unrelated.) Default: none.
+	Script []ScriptTurn
 	// Fault, when set, is forced on every request from the start (see Force).
 	// Default: FaultNone.
 	Fault FaultKind
@@ -155,7 +173,8 @@ func CallTool(name string, args json.RawMessage) ToolChooser {
 // request whose tool_choice requires a call still gets one.
 func NoToolCalls(*llm.Request) (string, json.RawMessage, bool) { return "", nil, false }
 
-// Validate reports the first invalid field.
+// Validate reports the first invalid field; an invalid Script matches
+// ErrInvalidScript.
 func (c Config) Validate() error {
 	for name, p := range map[string]float64{"fail-429": c.Fail429, "fail-503": c.Fail503, "fail-quota": c.FailQuota,
 		"hang": c.Hang, "drip": c.Drip, "drop-stream": c.DropStream} {
@@ -178,6 +197,9 @@ func (c Config) Validate() error {
 		return errors.New("drip interval must not be negative")
 	case c.ToolCallIDs != "" && c.ToolCallIDs != ToolCallIDsRandom && c.ToolCallIDs != ToolCallIDsStable:
 		return fmt.Errorf("tool-call-ids %q: want stable or random", c.ToolCallIDs)
+	}
+	if err := checkScript(c.Script); err != nil {
+		return err
 	}
 	return checkForcible(c.Fault)
 }
@@ -205,6 +227,8 @@ type Server struct {
 	quit context.CancelFunc
 	// limits are Config.RPM and Config.TPM; nil when neither is set.
 	limits *rateLimits
+	// turns are Config.Script, ready to answer; empty without a script.
+	turns []turn
 
 	mu     sync.Mutex
 	rng    *rand.Rand
@@ -256,6 +280,7 @@ func New(cfg Config) (*Server, error) {
 		stats:   newStats(),
 		forced:  cfg.Fault,
 		limits:  newRateLimits(cfg.RPM, cfg.TPM),
+		turns:   compileScript(cfg.Script),
 	}
 	if s.log == nil {
 		s.log = slog.Default()

@@ -95,6 +95,7 @@ func Run(t *testing.T, a Adapter) {
 		{"Stream returns the answer in chunks and sends the key", stream},
 		{"Raw is the server's bytes on a replay", rawReplay},
 		{"tool calls complete and stream, and the conversation goes on", toolCalls},
+		{"a scripted agent's calls and its text after the results", scripted},
 		{"bad requests are permanent before sending", badRequests},
 		{"an HTML error page is an APIError", htmlErrorPage},
 		{"the SDK's own retries are off", sdkRetriesOff},
@@ -299,6 +300,66 @@ func toolCalls(t *testing.T, a Adapter) {
 		llm.Message{Role: llm.RoleTool, ToolCallID: "other", Content: `{"ok":true}`})
 	if _, err := c.Complete(context.Background(), req); err != nil {
 		t.Fatalf("follow-up with tool results: %v", err)
+	}
+}
+
+// agentScript is fake-llm's script of an agent: two tool calls at once, then (the
+// conversation holding their two results, past the end of the script: its last turn)
+// the final text.
+const agentScript = `[
+  {"tool_calls": [
+    {"name": "lookup_order", "arguments": {"order_id": "A-17"}},
+    {"name": "issue_refund", "arguments": {"order_id": "A-17", "amount": 12.99}}
+  ]},
+  {"text": "Refunded order A-17: 12.99 EUR."}
+]`
+
+// The adapter reads a scripted model's answers (fake-llm --script), plain and
+// streamed: several tool calls in one answer, each with its id, name and arguments and
+// finish reason tool_calls, and, once the conversation carries the calls and their
+// results, the text with finish reason stop.
+func scripted(t *testing.T, a Adapter) {
+	script, err := fakeserver.ParseScript([]byte(agentScript))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _, c := server(t, a, fakeserver.Config{Script: script})
+	lookup := llm.Tool{Name: "lookup_order", Parameters: json.RawMessage(`{"type":"object","properties":{"order_id":{"type":"string"}}}`)}
+	want := []llm.ToolCall{{Name: "lookup_order", Arguments: `{"order_id":"A-17"}`}, {Name: "issue_refund", Arguments: `{"order_id":"A-17","amount":12.99}`}}
+	for _, stream := range []bool{false, true} {
+		req := summarise("")
+		req.Tools = []llm.Tool{lookup, refundTool}
+		call := completeCall(c, req)
+		if stream {
+			call = streamCall(c, req)
+		}
+		resp, err := call(context.Background())
+		if err != nil {
+			t.Fatalf("stream=%v: %v", stream, err)
+		}
+		if resp.FinishReason != llm.FinishToolCalls || len(resp.ToolCalls) != len(want) || resp.Content != "" {
+			t.Fatalf("stream=%v: %+v, want the script's %d calls", stream, resp, len(want))
+		}
+		for i, tc := range resp.ToolCalls {
+			sameArguments := tc.Arguments == want[i].Arguments || (!a.ToolArgumentsVerbatim && jsonEqual(tc.Arguments, want[i].Arguments))
+			if tc.Name != want[i].Name || !sameArguments || !strings.HasPrefix(tc.ID, a.ToolCallIDPrefix) || (i > 0 && tc.ID == resp.ToolCalls[0].ID) {
+				t.Fatalf("stream=%v: call %d is %+v, want %s(%s) with an id of its own", stream, i, tc, want[i].Name, want[i].Arguments)
+			}
+		}
+		req.Messages = append(req.Messages, llm.Message{Role: llm.RoleAssistant, ToolCalls: resp.ToolCalls})
+		for _, tc := range resp.ToolCalls {
+			req.Messages = append(req.Messages, llm.Message{Role: llm.RoleTool, ToolCallID: tc.ID, Content: `{"ok":true}`})
+		}
+		call = completeCall(c, req)
+		if stream {
+			call = streamCall(c, req)
+		}
+		if resp, err = call(context.Background()); err != nil {
+			t.Fatalf("stream=%v, with the results: %v", stream, err)
+		}
+		if resp.FinishReason != llm.FinishStop || len(resp.ToolCalls) != 0 || resp.Content != "Refunded order A-17: 12.99 EUR." {
+			t.Fatalf("stream=%v, with the results: %+v, want the scripted text", stream, resp)
+		}
 	}
 }
 
