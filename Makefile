@@ -20,6 +20,13 @@ TEST_TIMEOUT ?= 10m
 # subprocess or an outage's timer rather than use a core, so more than the 2 of a 2-core
 # machine's default keep it busy.
 TEST_PARALLEL ?= 8
+# Packages tested at once (go test -p): their tests mostly wait too, so more than the 2
+# cores' default.
+TEST_PACKAGES ?= 4
+# The test binaries' flags: -race, no cached results, the two kinds of parallelism, and
+# no DWARF (-ldflags=-w), which nothing in a test run reads and which is a good part of
+# linking each test binary.
+TEST_FLAGS = -race -count=1 -p $(TEST_PACKAGES) -parallel $(TEST_PARALLEL) -ldflags=-w -timeout $(TEST_TIMEOUT)
 # Build tag of the test aids compiled only into the binary the tests run
 # (internal/testenv.Binary): `onceflow work --test-handler`. `make build` leaves them out.
 TEST_TAGS := onceflowtest
@@ -39,7 +46,7 @@ build:
 ## the product's tests (the root module) with -race
 test:
 	scripts/dev-services up
-	eval "$$(scripts/dev-services env)" && $(GO) test -race -count=1 -parallel $(TEST_PARALLEL) -timeout $(TEST_TIMEOUT) ./...
+	eval "$$(scripts/dev-services env)" && $(GO) test $(TEST_FLAGS) ./...
 
 ## test-long: the long profiles: the queue's and the idempotency store's suites again on a
 ## local Redis Cluster they start (3 primaries on loopback; docs/operations.md, "Redis
@@ -49,8 +56,8 @@ test:
 test-long:
 	scripts/dev-services up
 	scripts/install-chromium || echo "chromium not installed: the browser tests will be skipped"
-	eval "$$(scripts/dev-services env)" && ONCEFLOW_TEST_REDIS_CLUSTER=local $(GO) test -count=1 -parallel $(TEST_PARALLEL) -timeout $(TEST_TIMEOUT) ./queue ./idempotency/redisstore
-	eval "$$(scripts/dev-services env)" && cd lab && $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+	eval "$$(scripts/dev-services env)" && ONCEFLOW_TEST_REDIS_CLUSTER=local $(GO) test -count=1 -parallel $(TEST_PARALLEL) -ldflags=-w -timeout $(TEST_TIMEOUT) ./queue ./idempotency/redisstore
+	eval "$$(scripts/dev-services env)" && cd lab && $(GO) test -race -count=1 -p $(TEST_PACKAGES) -ldflags=-w -timeout $(TEST_TIMEOUT) ./...
 
 ## ui-screenshots: the operator UI's browser tests, saving their screenshots (1280x800
 ## PNGs) in docs/ui/ for docs/ui.md

@@ -109,6 +109,10 @@ var pools sync.Map // database URL -> *pool
 // schemas and before it locks one.
 var afterListing func()
 
+// whileMigrating, when set (by this package's tests), runs after a new schema is created
+// and before it is migrated, with its name.
+var whileMigrating func(schema string)
+
 // pooledSchema claims a migrated schema of the pool on base (the shared test
 // PostgreSQL), empty, for t: it returns the schema's name; the claim ends at t's
 // cleanup, which empties the schema for the next test (or drops it, see above).
@@ -152,8 +156,17 @@ func (p *pool) init(ctx context.Context, base string) error {
 	}
 	defer conn.Close(ctx)
 	fresh := "poolnew_" + randomHex(6)
+	// Held while it is migrated, so that another process's init, which drops the
+	// half-migrated schemas killed processes left, passes it by.
+	if locked, err := tryLock(ctx, conn, fresh); err != nil || !locked {
+		return fmt.Errorf("lock the new schema %s: %v (held: %v)", fresh, err, !locked)
+	}
+	defer func() { _ = unlock(ctx, conn, fresh) }()
 	if _, err := conn.Exec(ctx, "CREATE SCHEMA "+fresh); err != nil {
 		return fmt.Errorf("create schema: %w", err)
+	}
+	if whileMigrating != nil {
+		whileMigrating(fresh)
 	}
 	if err := migrate(ctx, base, fresh); err != nil {
 		_, _ = conn.Exec(ctx, "DROP SCHEMA "+fresh+" CASCADE")
@@ -246,11 +259,16 @@ func (p *pool) claim(ctx context.Context, conn *pgx.Conn, base string) (string, 
 		_ = unlock(ctx, conn, s)
 	}
 	s := p.prefix + randomHex(6)
+	// Locked before it exists: a claim in another process that lists it while it is
+	// migrated must not take it for a schema a killed process left, and drop it.
+	if locked, err := tryLock(ctx, conn, s); err != nil || !locked {
+		return "", fmt.Errorf("lock the new schema %s: %v (held: %v)", s, err, !locked)
+	}
 	if _, err := conn.Exec(ctx, "CREATE SCHEMA "+s); err != nil {
 		return "", fmt.Errorf("create schema: %w", err)
 	}
-	if locked, err := tryLock(ctx, conn, s); err != nil || !locked {
-		return "", fmt.Errorf("lock the new schema %s: %v (held: %v)", s, err, !locked)
+	if whileMigrating != nil {
+		whileMigrating(s)
 	}
 	if err := migrate(ctx, base, s); err != nil {
 		_, _ = conn.Exec(ctx, "DROP SCHEMA "+s+" CASCADE")

@@ -246,3 +246,35 @@ func TestClaimSkipsASchemaDroppedAfterTheListing(t *testing.T) {
 		t.Fatalf("claimed %s (the dropped one: %s)", s, schema)
 	}
 }
+
+// A schema is locked from before it exists until it is migrated, by a claim that makes
+// a new one and by a process's first migration alike: another process's claim or start,
+// which drops the unlocked schemas a killed process left half migrated, passes it by.
+func TestASchemaBeingMigratedIsLocked(t *testing.T) {
+	ctx := context.Background()
+	base := DatabaseURL(t)
+	other, err := pgx.Connect(ctx, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close(ctx)
+	var seen []string
+	whileMigrating = func(schema string) {
+		seen = append(seen, schema)
+		if ok, err := tryLock(ctx, other, schema); err != nil || ok {
+			t.Errorf("schema %s being migrated could be locked by another session (%v): it is not held", schema, err)
+			if ok {
+				_ = unlock(ctx, other, schema)
+			}
+		}
+	}
+	defer func() { whileMigrating = nil }()
+	privatePool(t) // a claim that finds no schema makes one
+	p := &pool{}
+	if err := p.init(ctx, base); err != nil { // a process's first migration
+		t.Fatal(err)
+	}
+	if len(seen) != 2 {
+		t.Fatalf("%d schemas migrated, want 2", len(seen))
+	}
+}
