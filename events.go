@@ -15,7 +15,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/onceflow/onceflow/idempotency"
 	"github.com/onceflow/onceflow/llm"
 )
 
@@ -62,15 +61,8 @@ func EventsHandler(c *Client, tenant func(*http.Request) (string, error), cfg Ev
 	cfg.MaxDuration = cmp.Or(cfg.MaxDuration, DefaultEventsMaxDuration)
 	cfg.Heartbeat = cmp.Or(cfg.Heartbeat, DefaultEventsHeartbeat)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		t, err := tenant(r)
-		switch {
-		case errors.Is(err, idempotency.ErrUnauthenticated):
-			w.Header().Set("WWW-Authenticate", "Bearer")
-			writeDetail(w, http.StatusUnauthorized, "authentication required")
-			return
-		case err != nil:
-			c.log.ErrorContext(r.Context(), "onceflow: telling the request's tenant failed", "err", err, "path", r.URL.Path)
-			idempotency.WriteTenantLookupError(w, err, "1")
+		t, ok := requestTenant(c, tenant, w, r)
+		if !ok {
 			return
 		}
 		id := r.PathValue("job_id")

@@ -10,7 +10,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/onceflow/onceflow/idempotency"
 	"github.com/onceflow/onceflow/queue"
 )
 
@@ -273,15 +272,8 @@ const DefaultStateTimeout = 2 * time.Second
 func StateHandler(c *Client, tenant func(*http.Request) (string, error)) http.Handler {
 	tenant = usableTenant(tenant)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		t, err := tenant(r)
-		switch {
-		case errors.Is(err, idempotency.ErrUnauthenticated):
-			w.Header().Set("WWW-Authenticate", "Bearer")
-			writeDetail(w, http.StatusUnauthorized, "authentication required")
-			return
-		case err != nil:
-			c.log.ErrorContext(r.Context(), "onceflow: telling the request's tenant failed", "err", err, "path", r.URL.Path)
-			idempotency.WriteTenantLookupError(w, err, "1")
+		t, ok := requestTenant(c, tenant, w, r)
+		if !ok {
 			return
 		}
 		ctx, cancel := context.WithTimeout(r.Context(), DefaultStateTimeout)

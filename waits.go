@@ -346,11 +346,7 @@ func (c *Client) decide(ctx context.Context, tenant, id, key string, d Decision)
 	if err != nil {
 		return err
 	}
-	keys, err := c.locate(ctx, tenant, id)
-	if err != nil {
-		return nil // decided; a job with no index runs at its deadline, or never again
-	}
-	return c.wake(ctx, keys, tenant, id)
+	return c.wakeJob(ctx, tenant, id)
 }
 
 // Approval is a tool call waiting for an operator's decision (Inspector.Approvals).
