@@ -47,7 +47,14 @@ func NewRedisCluster(dir string, primaries, replicas int, appendfsync string, no
 			return nil, err
 		}
 		s.Name = "redis-node-" + strconv.Itoa(i)
+		// The bus port is a free one of its own: by default it is the port plus 10000,
+		// which may be taken, or past 65535 for a port from the upper ephemeral range.
+		bus, err := FreePort()
+		if err != nil {
+			return nil, err
+		}
 		s.Args = append(s.Args, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+			"--cluster-port", strconv.Itoa(bus),
 			"--cluster-node-timeout", strconv.FormatInt(nodeTimeout.Milliseconds(), 10),
 			// A replica of a primary that was down takes over even if it lagged: the
 			// loss window of asynchronous replication is what the tests measure.
