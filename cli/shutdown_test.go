@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -265,7 +266,9 @@ func TestSecondSignalExitsAtOnce(t *testing.T) {
 		pool, dsn := testenv.Postgres(t)
 		seedOutbox(t, pool, 2)
 		hang := make(chan struct{})
+		var posted atomic.Int32
 		hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			posted.Add(1)
 			select {
 			case <-hang:
 			case <-r.Context().Done():
@@ -274,6 +277,9 @@ func TestSecondSignalExitsAtOnce(t *testing.T) {
 		t.Cleanup(func() { close(hang); hook.Close() })
 		p := testenv.Start(t, bin, relayEnv(dsn, hook.URL, "ONCEFLOW_SHUTDOWN_TIMEOUT=60s"), "relay")
 		testenv.WaitFor(t, 20*time.Second, "the batch claimed", func() bool { return countOutbox(t, pool, "claimed_by IS NOT NULL") == 2 })
+		// A delivery in flight, for the drain to wait on: a claimed batch not yet posted
+		// would be let go at the first signal.
+		testenv.WaitFor(t, 20*time.Second, "a delivery in flight", func() bool { return posted.Load() > 0 })
 		second(t, p, syscall.SIGTERM)
 		if n := countOutbox(t, pool, "sent_at IS NULL"); n != 2 {
 			t.Errorf("%d rows unsent after a forced exit, want 2 (sent again after their lease)", n)
