@@ -3,6 +3,7 @@ package onceflowtest_test
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -88,4 +89,25 @@ func ExampleScriptedModel() {
 	// Output:
 	// lookup_order {"order":"A-1"} true
 	// Found it. 3
+}
+
+// A job whose first commit fails is delivered again: its recorded step (the refund)
+// is replayed, not run again, and its effect is committed once.
+func ExampleFailFirstCommit() {
+	t := newExampleT()
+	defer t.cleanup()
+
+	var refunds, attempts atomic.Int64
+	sink := onceflowtest.NewSink(t)
+	env := onceflowtest.New(t, onceflow.Config{Workers: refundWorkers(&refunds, &attempts), Queues: fastRetry,
+		Senders: map[string]outbox.Sender{"replies": sink.Sender(t, nil)}})
+	fault := onceflowtest.FailFirstCommit(t, env.DB, onceflow.JobID(onceflow.EnqueueScope("", "refund", "order-A-1")))
+	env.Start()
+
+	if _, err := env.Client.Enqueue(context.Background(), refundJob{Order: "A-1"}, &onceflow.EnqueueOpts{Key: "order-A-1"}); err != nil {
+		t.Fatal(err)
+	}
+	onceflowtest.WaitFor(t, 20*time.Second, "the reply", func() bool { return sink.Total() == 1 })
+	fmt.Println("commits tried:", fault.Commits(t), "refunds:", refunds.Load(), "replies:", env.OutboxRows("replies"))
+	// Output: commits tried: 2 refunds: 1 replies: 1
 }
