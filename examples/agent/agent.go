@@ -5,7 +5,6 @@ import (
 	"embed"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"net/mail"
 	"regexp"
@@ -54,7 +53,6 @@ type Options struct {
 	Mailer        outbox.Sender                       // receives "email.reply"
 	ApprovalAbove int                                 // a refund of more cents waits for an operator
 	Queue         onceflow.QueueConfig                // the agent queue's settings
-	Logger        *slog.Logger                        // nil: slog.Default()
 }
 
 //go:embed migrations/*.sql
@@ -83,7 +81,9 @@ func Workflow(o Options) onceflow.Workflow {
 			mux.Handle("POST /v1/orders/{order}/support", post)
 			mux.Handle("GET /v1/jobs/{job_id}", onceflow.StateHandler(c, o.Tenant))
 			mux.Handle("GET /v1/jobs/{job_id}/events", onceflow.EventsHandler(c, o.Tenant, onceflow.EventsConfig{}))
-			operatorRoutes(c, o.Operator, o.Logger, mux)
+			approvals := onceflow.ApprovalsHandler(c, o.Operator) // admin keys: list, approve, reject
+			mux.Handle("GET /v1/approvals", approvals)
+			mux.Handle("POST /v1/jobs/{job_id}/approvals/{key}/{decision}", approvals)
 			return nil
 		},
 	}

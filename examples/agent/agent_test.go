@@ -136,7 +136,7 @@ func (w *world) toolCallIDs() []string {
 
 // options are the workflow's options on w.
 func (w *world) options(t *testing.T) Options {
-	return Options{Tenant: bearer("secret=acme"), Operator: bearer("admin=acme"), Logger: onceflowtest.Logger(t),
+	return Options{Tenant: bearer("secret=acme"), Operator: bearer("admin=acme"),
 		Shop:   &Shop{HTTP: &http.Client{Timeout: 10 * time.Second}, OrdersURL: w.orders.URL, PaymentsURL: w.payments.URL},
 		Mailer: w.mail.Sender(t, webhook.PayloadOnly), ApprovalAbove: approvalAbove}
 }
@@ -340,7 +340,7 @@ func TestRefundUnderTheThresholdRunsOnce(t *testing.T) {
 // The routes refuse what they must, with nothing enqueued: no or an unknown key (401),
 // an admin key on the customers' route and a customer's key on the operators' (401), a
 // body that is not strict JSON or names the order (400), a bad order or email (400). A
-// decision nobody waits for is 409.
+// decision nobody waits for is 404.
 func TestRoutesRefuseWhatTheyMust(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t, fakeserver.Config{}, "A-17", 1299)
@@ -359,7 +359,8 @@ func TestRoutesRefuseWhatTheyMust(t *testing.T) {
 		{"no Idempotency-Key", http.MethodPost, support, "secret", "", supportBody, http.StatusBadRequest},
 		{"approvals, a customer's key", http.MethodGet, api + "/v1/approvals", "secret", "", "", http.StatusUnauthorized},
 		{"approve, a customer's key", http.MethodPost, api + "/v1/jobs/j1/approvals/tool-x/approve", "secret", "", "", http.StatusUnauthorized},
-		{"approve, nothing waits", http.MethodPost, api + "/v1/jobs/j1/approvals/tool-x/approve", "admin", "", "", http.StatusConflict},
+		{"approve, nothing waits", http.MethodPost, api + "/v1/jobs/j1/approvals/tool-x/approve", "admin", "", "", http.StatusNotFound},
+		{"neither approve nor reject", http.MethodPost, api + "/v1/jobs/j1/approvals/tool-x/maybe", "admin", "", "", http.StatusNotFound},
 		{"reject, a bad body", http.MethodPost, api + "/v1/jobs/j1/approvals/tool-x/reject", "admin", "", `{"why":"no"}`, http.StatusBadRequest},
 		{"state of no job", http.MethodGet, api + "/v1/jobs/j1", "secret", "", "", http.StatusNotFound},
 	} {

@@ -45,7 +45,8 @@ func main() {
 	}
 }
 
-// run serves the API and works the agent queue until ctx ends.
+// run serves the API and works the agent queue (AGENT_ROLE all), or does one of the
+// three (api, work, relay), until ctx ends.
 func run(ctx context.Context, log *slog.Logger, env func(string) string) error {
 	var (
 		durations = map[string]time.Duration{}
@@ -59,6 +60,10 @@ func run(ctx context.Context, log *slog.Logger, env func(string) string) error {
 			}
 			durations[name] = d
 		}
+	}
+	role := cmp.Or(env("AGENT_ROLE"), "all")
+	if role != "all" && role != "api" && role != "work" && role != "relay" {
+		return fmt.Errorf("invalid AGENT_ROLE=%q: want all, api, work or relay", role)
 	}
 	if v := env("REFUND_APPROVAL_ABOVE"); v != "" {
 		n, err := strconv.Atoi(v)
@@ -91,13 +96,21 @@ func run(ctx context.Context, log *slog.Logger, env func(string) string) error {
 		Relay:  outbox.Config{Lease: durations["ONCEFLOW_RELAY_LEASE"]},
 		Ledger: ledger.Config{Lease: durations["ONCEFLOW_LEDGER_LEASE"]},
 		Workflows: []onceflow.Workflow{Workflow(Options{Tenant: bearer(env("AGENT_API_KEYS")), Operator: bearer(env("AGENT_ADMIN_KEYS")),
-			Model: env("AGENT_MODEL"), Shop: shop, Mailer: mailer, ApprovalAbove: threshold, Logger: log,
+			Model: env("AGENT_MODEL"), Shop: shop, Mailer: mailer, ApprovalAbove: threshold,
 			Queue: onceflow.QueueConfig{ClaimIdle: durations["ONCEFLOW_CLAIM_IDLE"]}})}})
 	if err != nil {
 		return err
 	}
 	if _, err := migrations.Up(ctx, env("ONCEFLOW_DATABASE_URL"), log, client.Migrations()...); err != nil {
 		return err
+	}
+	switch role {
+	case "work":
+		log.Info("agent working", "approval_above", threshold)
+		return client.RunWorkers(ctx)
+	case "relay":
+		log.Info("agent relaying")
+		return client.RunRelay(ctx)
 	}
 	mux := http.NewServeMux()
 	if err := client.Mount(mux); err != nil {
@@ -108,7 +121,9 @@ func run(ctx context.Context, log *slog.Logger, env func(string) string) error {
 		return err
 	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second}
+	shutdown := make(chan struct{})
 	go func() {
+		defer close(shutdown)
 		<-ctx.Done()
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
@@ -119,7 +134,11 @@ func run(ctx context.Context, log *slog.Logger, env func(string) string) error {
 			log.Error("http server", "err", err)
 		}
 	}()
-	log.Info("agent listening", "addr", ln.Addr().String(), "approval_above", threshold)
+	log.Info("agent listening", "addr", ln.Addr().String(), "approval_above", threshold, "role", role)
+	if role == "api" {
+		<-shutdown // the requests in flight answered
+		return nil
+	}
 	return client.Run(ctx)
 }
 
