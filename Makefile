@@ -34,7 +34,7 @@ TEST_TAGS := onceflowtest
 # only ones whose build the tag changes, so the only ones lint checks again with it.
 TAGGED_PKGS := $(shell git grep -l '^//go:build.*$(TEST_TAGS)' -- '*.go' | xargs -r -n1 dirname | sort -u | sed 's|^|./|')
 
-.PHONY: all build test test-long ui-screenshots demo lint fuzz bench bench-limits bench-gateway bench-ui chaos chaos-outage chaos-cluster services-up services-down clean example-minimal example-triage example-agent
+.PHONY: all build test test-long ui-screenshots demo lint fuzz bench bench-limits bench-gateway bench-ui chaos chaos-outage chaos-cluster chaos-agent services-up services-down clean example-minimal example-triage example-agent
 
 all: build
 
@@ -104,23 +104,29 @@ fuzz:
 ## run), then the outage profile (CHAOS_OUTAGE_POSTGRES / _MODEL / _REDIS, default 2m, 2m,
 ## 1m, with CHAOS_OUTAGE_GAP, default 20s, of plain load around them), then the cluster
 ## profile (CHAOS_CLUSTER_DURATION, default 2m) with WAIT 1 and without WAIT (its loss
-## measured); chaos-outage runs only the outage profile, chaos-cluster the cluster ones
+## measured), and the agent profile (examples/agent's roles killed, CHAOS_AGENT_DURATION,
+## default 3m); chaos-outage, chaos-cluster and chaos-agent run one profile each
 CHAOS_DURATION ?= 5m
 CHAOS_OUTAGE_POSTGRES ?= 2m
 CHAOS_OUTAGE_MODEL ?= 2m
 CHAOS_OUTAGE_REDIS ?= 1m
 CHAOS_OUTAGE_GAP ?= 20s
 CHAOS_CLUSTER_DURATION ?= 2m
+CHAOS_AGENT_DURATION ?= 3m
 CHAOS_ENV = CHAOS_DURATION=$(CHAOS_DURATION) CHAOS_SEED=$(CHAOS_SEED) CHAOS_OUTAGE_POSTGRES=$(CHAOS_OUTAGE_POSTGRES) \
 	CHAOS_OUTAGE_MODEL=$(CHAOS_OUTAGE_MODEL) CHAOS_OUTAGE_REDIS=$(CHAOS_OUTAGE_REDIS) CHAOS_OUTAGE_GAP=$(CHAOS_OUTAGE_GAP) \
-	CHAOS_CLUSTER_DURATION=$(CHAOS_CLUSTER_DURATION) CHAOS_CLUSTER_NOWAIT=1
+	CHAOS_CLUSTER_DURATION=$(CHAOS_CLUSTER_DURATION) CHAOS_CLUSTER_NOWAIT=1 CHAOS_AGENT_DURATION=$(CHAOS_AGENT_DURATION)
 chaos:
 	scripts/dev-services up
-	cd lab && $(CHAOS_ENV) $(GO) test -count=1 -run '^(TestChaos|TestChaosOutage|TestChaosCluster|TestChaosClusterNoWait)$$' -v -timeout 2h ./chaos
+	cd lab && $(CHAOS_ENV) $(GO) test -count=1 -run '^(TestChaos|TestChaosOutage|TestChaosCluster|TestChaosClusterNoWait|TestChaosAgent)$$' -v -timeout 2h ./chaos
 
 chaos-cluster:
 	scripts/dev-services up
 	cd lab && $(CHAOS_ENV) $(GO) test -count=1 -run '^(TestChaosCluster|TestChaosClusterNoWait)$$' -v -timeout 2h ./chaos
+
+chaos-agent:
+	scripts/dev-services up
+	cd lab && $(CHAOS_ENV) $(GO) test -count=1 -run '^TestChaosAgent$$' -v -timeout 2h ./chaos
 
 chaos-outage:
 	scripts/dev-services up

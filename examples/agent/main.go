@@ -72,6 +72,14 @@ func run(ctx context.Context, log *slog.Logger, env func(string) string) error {
 		}
 		threshold = n
 	}
+	maxDeliveries := 0 // onceflow's default
+	if v := env("ONCEFLOW_MAX_DELIVERIES"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 {
+			return fmt.Errorf("invalid ONCEFLOW_MAX_DELIVERIES=%q: want a positive count", v)
+		}
+		maxDeliveries = n
+	}
 	for _, name := range []string{"ORDERS_URL", "PAYMENTS_URL"} {
 		if u, err := url.Parse(env(name)); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			return fmt.Errorf("invalid %s=%q: want an http or https URL", name, env(name))
@@ -97,7 +105,7 @@ func run(ctx context.Context, log *slog.Logger, env func(string) string) error {
 		Ledger: ledger.Config{Lease: durations["ONCEFLOW_LEDGER_LEASE"]},
 		Workflows: []onceflow.Workflow{Workflow(Options{Tenant: bearer(env("AGENT_API_KEYS")), Operator: bearer(env("AGENT_ADMIN_KEYS")),
 			Model: env("AGENT_MODEL"), Shop: shop, Mailer: mailer, ApprovalAbove: threshold,
-			Queue: onceflow.QueueConfig{ClaimIdle: durations["ONCEFLOW_CLAIM_IDLE"]}})}})
+			Queue: onceflow.QueueConfig{ClaimIdle: durations["ONCEFLOW_CLAIM_IDLE"], MaxDeliveries: maxDeliveries}})}})
 	if err != nil {
 		return err
 	}

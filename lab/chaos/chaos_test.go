@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/onceflowtest"
 )
 
 // The short profiles run in `make test-long`; `make chaos` runs the long ones. The outage
@@ -160,6 +161,47 @@ func testChaosCluster(t *testing.T, wait int) {
 	}
 	if !primary || !moved {
 		t.Errorf("the run lacks the primary's failover (%v) or the slot's move (%v): make the run longer", primary, moved)
+	}
+	if rep.Failed() {
+		t.Fatalf("invariants violated (seed %d; logs in %s):\n%s", rep.Seed, dir, rep)
+	}
+	_ = os.RemoveAll(dir)
+}
+
+// agentDuration is TestChaosAgent's load-and-faults phase (CHAOS_AGENT_DURATION).
+var agentDuration = flag.Duration("agent-duration", envDuration("CHAOS_AGENT_DURATION", 25*time.Second), "TestChaosAgent: load-and-faults phase")
+
+// TestChaosAgent runs examples/agent as its three roles (API, two workers, relay), each
+// killed with kill -9 at random, with a Redis kill, a PostgreSQL restart and a model
+// that gives every answer new tool-call ids: every refund is made once (none when the
+// operator rejected it), every approval decided once as the operator decided, every
+// reply emailed once, nothing dead-lettered.
+func TestChaosAgent(t *testing.T) {
+	t.Parallel() // beside TestChaos; every profile has servers and processes of its own
+	bin := onceflowtest.Build(t, "github.com/onceflow/onceflow/examples/agent")
+	dir, err := os.MkdirTemp("", "onceflow-chaos-agent-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil { // the postgres user must reach its data
+		t.Fatal(err)
+	}
+	rep, err := RunAgent(context.Background(), AgentConfig{Bin: bin, Dir: dir, Seed: *seed, Duration: *agentDuration, Log: testWriter{t}})
+	if err != nil {
+		t.Fatalf("agent chaos run could not complete: %v (logs in %s)", err, dir)
+	}
+	t.Log("\n" + rep.String())
+	if rep.Accepted < 30 || rep.Approved == 0 || rep.Rejected == 0 {
+		t.Errorf("%d requests accepted, %d approved, %d rejected: the run proves little", rep.Accepted, rep.Approved, rep.Rejected)
+	}
+	var redisKilled, pgRestarted, kills bool
+	for _, e := range rep.Events {
+		redisKilled = redisKilled || strings.Contains(e, "redis-server restarted")
+		pgRestarted = pgRestarted || strings.Contains(e, "postgres restarted")
+		kills = kills || strings.Contains(e, "kill -9 agent-")
+	}
+	if !redisKilled || !pgRestarted || !kills {
+		t.Errorf("the run lacks a fault: redis %v, postgres %v, roles %v", redisKilled, pgRestarted, kills)
 	}
 	if rep.Failed() {
 		t.Fatalf("invariants violated (seed %d; logs in %s):\n%s", rep.Seed, dir, rep)
