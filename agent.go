@@ -197,7 +197,10 @@ func RunAgent[T JobArgs](ctx context.Context, job *Job[T], cfg AgentConfig) (*Ag
 		if turn == maxTurns {
 			break
 		}
-		results, err := runTools(ctx, job, tools, calls, out.Messages)
+		// An operator deciding an approval reads the conversation up to the model's turn
+		// that asked for the calls.
+		asked := append(slices.Clone(out.Messages), Turn(step, calls, nil)[0])
+		results, err := runTools(ctx, job, tools, calls, asked)
 		if err != nil {
 			return nil, err
 		}

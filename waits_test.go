@@ -12,6 +12,7 @@ import (
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/llm"
+	"github.com/onceflow/onceflow/llm/toolkey"
 	"github.com/onceflow/onceflow/queue"
 	"github.com/onceflow/onceflow/retry"
 )
@@ -193,6 +194,11 @@ func TestApprovalParksTheJobAndRunsTheApprovedCallOnce(t *testing.T) {
 			a := pending[0]
 			if a.JobID != id || a.Tool != "issue_refund" || !strings.Contains(a.Arguments, "1250") || len(a.Messages) < 2 {
 				t.Fatalf("approval %+v", a)
+			}
+			// The conversation the operator reads ends with the model's turn that asked.
+			if last := a.Messages[len(a.Messages)-1]; last.Role != llm.RoleAssistant || len(last.ToolCalls) != 1 ||
+				last.ToolCalls[0].Name != "issue_refund" || last.ToolCalls[0].ID != toolkey.CallID(a.Key) {
+				t.Fatalf("the approval's conversation ends with %+v, want the assistant's call of issue_refund", last)
 			}
 			if other, _ := in.Approvals(context.Background(), "other", false, 10); len(other) != 0 {
 				t.Fatalf("another tenant sees %d approvals", len(other))
