@@ -5,7 +5,6 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -32,30 +31,14 @@ import (
 // of every role, a Redis kill and a PostgreSQL restart, and a model that gives every
 // answer new tool-call ids.
 type AgentConfig struct {
-	// Bin is the examples/agent binary. Required.
-	Bin string
-	// Dir holds the run's data and logs; it must be reachable by the postgres user when
-	// running as root (not a 0700 folder). Required.
-	Dir string
-	// Seed drives the requests, the operator's decisions and the fault schedule.
-	// Default: the current time.
-	Seed uint64
-	// Duration is the length of the load-and-faults phase. Default: 60s.
-	Duration time.Duration
-	// Clients is the number of concurrent customers. Default: 4.
-	Clients int
-	// Think is the mean pause of a customer between two requests. Default: 150ms.
-	Think time.Duration
+	// Config is the run's: Bin is the examples/agent binary; Clients are customers.
+	// Defaults as Config's but Duration 60s, Clients 4, Think 150ms and KillMax 2.5s;
+	// PoisonRate is not used.
+	Config
 	// ApprovalRate is the share of refunds above the approval threshold (the job waits
 	// for the operator); RejectRate the share of those the operator rejects. Defaults:
 	// 0.3 and 0.4.
 	ApprovalRate, RejectRate float64
-	// KillMin and KillMax bound the wait between two process kills. Default: 0.5s, 2.5s.
-	KillMin, KillMax time.Duration
-	// DrainTimeout bounds the wait for every job after the faults stop. Default: 2m.
-	DrainTimeout time.Duration
-	// Log receives progress and the event log. Default: io.Discard.
-	Log io.Writer
 }
 
 // approvalAbove is the run's REFUND_APPROVAL_ABOVE, in cents.
@@ -110,19 +93,7 @@ func (r *AgentReport) String() string {
 	fmt.Fprintf(&b, "  model requests %d (%.2f per job; %d calls taken over by a later attempt), order reads %d (%.2f per job)\n",
 		r.ModelRequests, perJob(r.ModelRequests), r.TakenOver, r.OrderReads, perJob(r.OrderReads))
 	fmt.Fprintf(&b, "  faults: %d events\n", len(r.Events))
-	if !r.Failed() {
-		b.WriteString("  invariants: all hold\n")
-	}
-	for _, v := range r.Violations {
-		fmt.Fprintf(&b, "  VIOLATION: %s\n", v)
-	}
-	if r.Failed() {
-		b.WriteString("event log:\n")
-		for _, e := range r.Events {
-			fmt.Fprintf(&b, "  %s\n", e)
-		}
-		fmt.Fprintf(&b, "replay with the same seed: make chaos-agent CHAOS_SEED=%d\n", r.Seed)
-	}
+	writeVerdict(&b, r.Violations, r.Events, fmt.Sprintf("make chaos-agent CHAOS_SEED=%d", r.Seed))
 	return b.String()
 }
 
@@ -199,21 +170,16 @@ type agentRun struct {
 // refunded order, none for a rejected one); every approval decided once, as the
 // operator decided (one decision record, every opposite decision refused).
 func RunAgent(ctx context.Context, cfg AgentConfig) (*AgentReport, error) {
-	if cfg.Bin == "" || cfg.Dir == "" {
-		return nil, errors.New("chaos: Bin and Dir are required")
-	}
-	cfg.Seed = cmp.Or(cfg.Seed, uint64(time.Now().UnixNano()%1e9))
 	cfg.Duration = cmp.Or(cfg.Duration, 60*time.Second)
 	cfg.Clients = cmp.Or(cfg.Clients, 4)
 	cfg.Think = cmp.Or(cfg.Think, 150*time.Millisecond)
+	cfg.KillMax = cmp.Or(cfg.KillMax, 2500*time.Millisecond)
+	var err error
+	if cfg.Config, err = cfg.Config.withDefaults(); err != nil {
+		return nil, err
+	}
 	cfg.ApprovalRate = cmp.Or(cfg.ApprovalRate, 0.3)
 	cfg.RejectRate = cmp.Or(cfg.RejectRate, 0.4)
-	cfg.KillMin = cmp.Or(cfg.KillMin, 500*time.Millisecond)
-	cfg.KillMax = cmp.Or(cfg.KillMax, 2500*time.Millisecond)
-	cfg.DrainTimeout = cmp.Or(cfg.DrainTimeout, 2*time.Minute)
-	if cfg.Log == nil {
-		cfg.Log = io.Discard
-	}
 	r := &agentRun{cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, 0xa6e)), start: time.Now(), // #nosec G404 -- a seeded, replayable schedule, not a secret
 		orders: map[string]*supportOrder{}, accepted: map[string]*supportOrder{}, decided: map[string]bool{},
 		operatorHTTP: &http.Client{Timeout: 5 * time.Second}, customerHTTP: &http.Client{Timeout: 5 * time.Second}}
@@ -595,46 +561,9 @@ func (r *agentRun) adminJSON(ctx context.Context, method, path string, v any) er
 // pause; Redis is killed once (at 35% of the run) and PostgreSQL restarted in immediate
 // mode once (at 65%).
 func (r *agentRun) faults(ctx context.Context) error {
-	redisAt := r.start.Add(r.cfg.Duration * 35 / 100)
-	pgAt := r.start.Add(r.cfg.Duration * 65 / 100)
-	for {
-		wait := r.cfg.KillMin + time.Duration(r.rng.Int64N(int64(r.cfg.KillMax-r.cfg.KillMin)+1))
-		pause := time.Duration(100+r.rng.IntN(600)) * time.Millisecond
-		target := r.roles[r.rng.IntN(len(r.roles))]
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(wait):
-		}
-		switch {
-		case !redisAt.IsZero() && time.Now().After(redisAt):
-			redisAt = time.Time{}
-			r.event("kill -9 redis-server (appendfsync always)")
-			r.redis.Kill()
-			time.Sleep(pause)
-			if err := r.redis.Up(); err != nil {
-				return fmt.Errorf("restart redis: %w", err)
-			}
-			r.event("redis-server restarted")
-		case !pgAt.IsZero() && time.Now().After(pgAt):
-			pgAt = time.Time{}
-			r.event("postgres immediate shutdown (SIGQUIT)")
-			r.pg.Crash()
-			time.Sleep(pause)
-			if err := r.pg.Up(); err != nil {
-				return fmt.Errorf("restart postgres: %w", err)
-			}
-			r.event("postgres restarted")
-		default:
-			r.event("kill -9 %s (pid %d)", target.Name, target.Pid())
-			target.Kill()
-			time.Sleep(pause)
-			if err := target.Start(); err != nil {
-				return err
-			}
-			r.event("%s restarted", target.Name)
-		}
-	}
+	return faultLoop(ctx, r.rng, r.cfg.KillMin, r.cfg.KillMax, r.roles, r.event,
+		&onceFault{at: r.start.Add(r.cfg.Duration * 35 / 100), do: func(pause time.Duration) error { return killRedis(r.event, r.redis, pause) }},
+		&onceFault{at: r.start.Add(r.cfg.Duration * 65 / 100), do: func(pause time.Duration) error { return crashPostgres(r.event, r.pg, pause) }})
 }
 
 // drainAndCheck waits until every accepted job has its email (the operator still

@@ -119,20 +119,62 @@ func (r *Report) String() string {
 	if r.Lost > 0 {
 		fmt.Fprintf(&b, "  accepted jobs lost (measured, not forbidden: no WAIT): %d\n", r.Lost)
 	}
-	if len(r.Violations) == 0 {
-		b.WriteString("  invariants: all hold\n")
-	}
-	for _, v := range r.Violations {
-		fmt.Fprintf(&b, "  VIOLATION: %s\n", v)
-	}
-	if r.Failed() {
-		b.WriteString("event log:\n")
-		for _, e := range r.Events {
-			fmt.Fprintf(&b, "  %s\n", e)
-		}
-		fmt.Fprintf(&b, "replay with the same seed: make chaos CHAOS_SEED=%d\n", r.Seed)
-	}
+	writeVerdict(&b, r.Violations, r.Events, fmt.Sprintf("make chaos CHAOS_SEED=%d", r.Seed))
 	return b.String()
+}
+
+// writeVerdict ends a report: "invariants: all hold", or each violation, the event log
+// and the command that replays the run.
+func writeVerdict(b *strings.Builder, violations, events []string, replay string) {
+	if len(violations) == 0 {
+		b.WriteString("  invariants: all hold\n")
+		return
+	}
+	for _, v := range violations {
+		fmt.Fprintf(b, "  VIOLATION: %s\n", v)
+	}
+	b.WriteString("event log:\n")
+	for _, e := range events {
+		fmt.Fprintf(b, "  %s\n", e)
+	}
+	fmt.Fprintf(b, "replay with the same seed: %s\n", replay)
+}
+
+// killRedis kills s with kill -9 and, after pause, starts it again, telling event.
+func killRedis(event func(string, ...any), s *cluster.Server, pause time.Duration) error {
+	event("kill -9 redis-server (appendfsync always)")
+	s.Kill()
+	time.Sleep(pause)
+	if err := s.Up(); err != nil {
+		return fmt.Errorf("restart redis: %w", err)
+	}
+	event("redis-server restarted")
+	return nil
+}
+
+// crashPostgres shuts s down in immediate mode (no checkpoint: WAL replay at the next
+// start) and, after pause, starts it again, telling event.
+func crashPostgres(event func(string, ...any), s *cluster.Server, pause time.Duration) error {
+	event("postgres immediate shutdown (SIGQUIT)")
+	s.Crash()
+	time.Sleep(pause)
+	if err := s.Up(); err != nil {
+		return fmt.Errorf("restart postgres: %w", err)
+	}
+	event("postgres restarted")
+	return nil
+}
+
+// killProc kills p with kill -9 and, after pause, starts it again, telling event.
+func killProc(event func(string, ...any), p *cluster.Proc, pause time.Duration) error {
+	event("kill -9 %s (pid %d)", p.Name, p.Pid())
+	p.Kill()
+	time.Sleep(pause)
+	if err := p.Start(); err != nil {
+		return err
+	}
+	event("%s restarted", p.Name)
+	return nil
 }
 
 const (
@@ -482,57 +524,53 @@ func (r *run) submit(ctx context.Context, hc *http.Client, key string, body []by
 // faults kills processes until ctx ends: every KillMin..KillMax one of the workers, the
 // relay or the API gets kill -9 and is restarted after a short pause; Redis is killed
 // and restarted once (at 40% of the run) and PostgreSQL restarted in immediate mode once
-// (at 70%).
+// (at 70%). On a cluster, a primary is killed instead of Redis, and a partition's slot
+// moved instead of the PostgreSQL restart.
 func (r *run) faults(ctx context.Context) error {
-	redisAt := r.start.Add(r.cfg.Duration * 4 / 10)
-	pgAt := r.start.Add(r.cfg.Duration * 7 / 10)
-	targets := r.all()
+	var redis, pg func(pause time.Duration) error
+	if r.rc != nil {
+		redis = func(pause time.Duration) error { return r.killPrimary(ctx, pause) }
+		pg = func(time.Duration) error { return r.moveSlot(ctx) }
+	} else {
+		redis = func(pause time.Duration) error { return killRedis(r.event, r.redis, pause) }
+		pg = func(pause time.Duration) error { return crashPostgres(r.event, r.pg, pause) }
+	}
+	return faultLoop(ctx, r.rng, r.cfg.KillMin, r.cfg.KillMax, r.all(), r.event,
+		&onceFault{at: r.start.Add(r.cfg.Duration * 4 / 10), do: redis},
+		&onceFault{at: r.start.Add(r.cfg.Duration * 7 / 10), do: pg})
+}
+
+// onceFault is a fault that faultLoop makes once, at the first turn after at.
+type onceFault struct {
+	at   time.Time
+	do   func(pause time.Duration) error
+	done bool
+}
+
+// faultLoop makes faults until ctx ends: every killMin..killMax (drawn from rng) the
+// first once fault whose time has come, else kill -9 of a random target, restarted
+// after a pause of 0.1 to 0.8 s.
+func faultLoop(ctx context.Context, rng *rand.Rand, killMin, killMax time.Duration, targets []*cluster.Proc,
+	event func(string, ...any), once ...*onceFault) error {
 	for {
-		wait := r.cfg.KillMin + time.Duration(r.rng.Int64N(int64(r.cfg.KillMax-r.cfg.KillMin)+1))
-		pause := time.Duration(100+r.rng.IntN(700)) * time.Millisecond
-		target := targets[r.rng.IntN(len(targets))]
+		wait := killMin + time.Duration(rng.Int64N(int64(killMax-killMin)+1))
+		pause := time.Duration(100+rng.IntN(700)) * time.Millisecond
+		target := targets[rng.IntN(len(targets))]
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-time.After(wait):
 		}
-		switch {
-		case r.rc != nil && !redisAt.IsZero() && time.Now().After(redisAt):
-			redisAt = time.Time{}
-			if err := r.killPrimary(ctx, pause); err != nil {
+		i := slices.IndexFunc(once, func(f *onceFault) bool { return !f.done && time.Now().After(f.at) })
+		if i >= 0 {
+			once[i].done = true
+			if err := once[i].do(pause); err != nil {
 				return err
 			}
-		case r.rc != nil && !pgAt.IsZero() && time.Now().After(pgAt):
-			pgAt = time.Time{}
-			if err := r.moveSlot(ctx); err != nil {
-				return err
-			}
-		case !redisAt.IsZero() && time.Now().After(redisAt):
-			redisAt = time.Time{}
-			r.event("kill -9 redis-server (appendfsync always)")
-			r.redis.Kill()
-			time.Sleep(pause)
-			if err := r.redis.Up(); err != nil {
-				return fmt.Errorf("restart redis: %w", err)
-			}
-			r.event("redis-server restarted")
-		case !pgAt.IsZero() && time.Now().After(pgAt):
-			pgAt = time.Time{}
-			r.event("postgres immediate shutdown (SIGQUIT)")
-			r.pg.Crash()
-			time.Sleep(pause)
-			if err := r.pg.Up(); err != nil {
-				return fmt.Errorf("restart postgres: %w", err)
-			}
-			r.event("postgres restarted")
-		default:
-			r.event("kill -9 %s (pid %d)", target.Name, target.Pid())
-			target.Kill()
-			time.Sleep(pause)
-			if err := target.Start(); err != nil {
-				return err
-			}
-			r.event("%s restarted", target.Name)
+			continue
+		}
+		if err := killProc(event, target, pause); err != nil {
+			return err
 		}
 	}
 }

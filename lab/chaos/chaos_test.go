@@ -186,7 +186,7 @@ func TestChaosAgent(t *testing.T) {
 	if err := os.Chmod(dir, 0o755); err != nil { // the postgres user must reach its data
 		t.Fatal(err)
 	}
-	rep, err := RunAgent(context.Background(), AgentConfig{Bin: bin, Dir: dir, Seed: *seed, Duration: *agentDuration, Log: testWriter{t}})
+	rep, err := RunAgent(context.Background(), AgentConfig{Config: Config{Bin: bin, Dir: dir, Seed: *seed, Duration: *agentDuration, Log: testWriter{t}}})
 	if err != nil {
 		t.Fatalf("agent chaos run could not complete: %v (logs in %s)", err, dir)
 	}
