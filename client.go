@@ -58,6 +58,8 @@ type Client struct {
 	router *outbox.Router
 	// relay is the outbox relay Run and RunRelay run; nil without Config.DB.
 	relay *outbox.Relay
+	// shadows are Config.Shadows by step; nil without any.
+	shadows *shadows
 
 	runMu   sync.Mutex
 	running bool
@@ -82,6 +84,11 @@ func NewClient(cfg Config) (*Client, error) {
 		cfg.TraceParent = func(context.Context) string { return "" }
 	}
 	explicit := len(cfg.Queues) > 0
+	var self *Client // for the shadow worker, set once built
+	shadows, err := setupShadows(&cfg, &self)
+	if err != nil {
+		return nil, err
+	}
 	if err := mergeWorkflows(&cfg); err != nil {
 		return nil, err
 	}
@@ -105,7 +112,8 @@ func NewClient(cfg Config) (*Client, error) {
 	for name, qc := range cfg.Queues {
 		cfg.Queues[name] = qc.withDefaults(cfg.QueueDefaults)
 	}
-	c := &Client{cfg: cfg, log: cfg.Logger, rdb: cfg.Redis, workers: cfg.Workers.snapshot(), queues: maps.Clone(cfg.Queues)}
+	c := &Client{cfg: cfg, log: cfg.Logger, rdb: cfg.Redis, workers: cfg.Workers.snapshot(), queues: maps.Clone(cfg.Queues), shadows: shadows}
+	self = c
 	store, err := redisstore.New(cfg.Redis, redisstore.Config{Prefix: cfg.Prefix, ResultTTL: cfg.ResultTTL, Logger: cfg.Logger,
 		WaitReplicas: cfg.WaitReplicas, WaitTimeout: cfg.WaitTimeout})
 	if err != nil {

@@ -101,6 +101,11 @@ type Config struct {
 	// Ledger configures the llm_calls ledger (lease, retention); its Logger and
 	// Registerer default to the client's. Default: ledger's defaults.
 	Ledger ledger.Config
+	// Shadows run candidates beside production model steps, a sampled share of their
+	// calls each, never causing an effect, and record the comparison in shadow_runs
+	// (see Shadow, docs/shadows.md; ONCEFLOW_SHADOW, ParseShadows). They need Model
+	// and DB. Default: none.
+	Shadows []Shadow
 	// StepRetention is how long a recorded step (Do, Job.Tool, Job.ToolAtMostOnce) is
 	// kept after it was recorded; it must cover every queue's retry horizon, as
 	// Ledger.Retention must. Default: DefaultStepRetention (24h).

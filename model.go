@@ -288,6 +288,7 @@ func (rt *runtime) stream(ctx context.Context, jobID, step string, req *llm.Requ
 	ctx = rt.limiterContext(ctx)
 	s.seq = func(yield func(llm.Chunk, error) bool) {
 		stopped := false
+		start := time.Now()
 		_, err := retry.Do(ctx, m.streamPolicy(), rt.deadline, func(ctx context.Context) (struct{}, error) {
 			yielded := false
 			var content strings.Builder
@@ -300,6 +301,7 @@ func (rt *runtime) stream(ctx context.Context, jobID, step string, req *llm.Requ
 					st := &Step{Name: step, Key: key, Response: resp}
 					if err = m.recordToolKeys(ctx, st); err == nil {
 						s.step = st
+						rt.shadow(ctx, jobID, step, out, st, time.Since(start))
 					}
 				}
 				if err != nil {
@@ -389,6 +391,7 @@ func (rt *runtime) complete(ctx context.Context, jobID, step string, req *llm.Re
 		return nil, err
 	}
 	ctx = rt.limiterContext(ctx)
+	start := time.Now()
 	s, err := retry.Do(ctx, m.policy, rt.deadline, func(ctx context.Context) (*Step, error) {
 		resp, err := m.client.Complete(ctx, out)
 		if err != nil {
@@ -401,6 +404,7 @@ func (rt *runtime) complete(ctx context.Context, jobID, step string, req *llm.Re
 		return nil, m.callError(step, err)
 	}
 	rt.client.postgresWorked() // the ledger wrote the call
+	rt.shadow(ctx, jobID, step, out, s, time.Since(start))
 	return s, nil
 }
 

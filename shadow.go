@@ -1,0 +1,340 @@
+package onceflow
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/onceflow/onceflow/limiter"
+	"github.com/onceflow/onceflow/llm"
+	"github.com/onceflow/onceflow/llm/toolkey"
+)
+
+// ShadowQueue is the queue shadow runs go through (Config.Shadows): off the production
+// jobs' path, worked by every process that works its queues (its settings are
+// Config.Queues[ShadowQueue]'s, when given).
+const ShadowQueue = "shadow"
+
+// ShadowKind is the kind of the jobs that run shadows.
+const ShadowKind = "onceflow.shadow"
+
+// Shadow runs a candidate beside a production model step: a sampled share of the
+// step's production calls is also made to the candidate (another model, or the same
+// with its request transformed: another prompt), and the two answers are compared and
+// recorded in the shadow_runs table. A shadow never causes an effect: it runs as a job
+// of its own on ShadowQueue after the production call answered, the candidate's tool
+// calls are compared, never run, and nothing of it reaches the production job (its
+// answer, its commit, its tools). See docs/shadows.md.
+type Shadow struct {
+	// Step is the production step's name as the job gives it to Job.Complete or
+	// Job.Stream (RunAgent's turns are "<AgentConfig.Name>.turn-<n>"). Required.
+	Step string
+	// Kind, when set, limits the shadow to the steps of jobs of that kind.
+	Kind string
+	// Model is the candidate's model: the production request's Model replaced. Empty
+	// keeps production's (with Transform, a prompt change on the same model).
+	Model string
+	// Name names the candidate in shadow_runs and reports (1 to 64 printable ASCII
+	// characters). Default: Model.
+	Name string
+	// Transform, when set, changes the candidate's request (a copy of production's,
+	// Model already replaced): another system prompt, other sampling settings.
+	Transform func(req *llm.Request)
+	// Rate is the share of the step's production calls shadowed, 0 to 1. Which calls is
+	// decided by a hash of the job, the step and the candidate, so every delivery of a
+	// job decides alike.
+	Rate float64
+	// Compare compares production's answer with the candidate's. Default: ExactMatch.
+	Compare func(production, candidate *llm.Response) Comparison
+}
+
+// name is the candidate's name: Name, else Model, else "transform".
+func (s Shadow) name() string { return cmp.Or(s.Name, s.Model, "transform") }
+
+// Comparison is how a candidate's answer compares with production's.
+type Comparison struct {
+	// Agree says whether the candidate's answer agrees with production's.
+	Agree bool `json:"agree"`
+	// Score grades the agreement from 0 to 1 (1 for agreement by a comparator that does
+	// not grade).
+	Score float64 `json:"score"`
+	// Detail says where they differ ("" when they agree), for the report.
+	Detail string `json:"detail,omitempty"`
+}
+
+// ExactMatch compares two answers exactly: the same text (leading and trailing space
+// aside) and the same tool calls (names and arguments, as JSON with sorted keys, in
+// order; the providers' call ids aside).
+func ExactMatch(production, candidate *llm.Response) Comparison {
+	if p, c := strings.TrimSpace(production.Content), strings.TrimSpace(candidate.Content); p != c {
+		return Comparison{Detail: "the text differs"}
+	}
+	if len(production.ToolCalls) != len(candidate.ToolCalls) {
+		return Comparison{Detail: fmt.Sprintf("%d tool calls, production %d", len(candidate.ToolCalls), len(production.ToolCalls))}
+	}
+	for i, p := range production.ToolCalls {
+		if toolkey.ContentKey(p) != toolkey.ContentKey(candidate.ToolCalls[i]) {
+			return Comparison{Detail: fmt.Sprintf("tool call %d differs: %s, production %s", i+1, candidate.ToolCalls[i].Name, p.Name)}
+		}
+	}
+	return Comparison{Agree: true, Score: 1}
+}
+
+// JSONFieldsMatch returns a comparator for structured answers: both texts are decoded
+// as JSON objects and the named top-level fields compared (as JSON values: 1 and 1.0
+// agree, key order does not matter). The score is the share of the fields that agree;
+// the answers agree when all do. A text that is not a JSON object agrees with nothing.
+func JSONFieldsMatch(fields ...string) func(production, candidate *llm.Response) Comparison {
+	return func(production, candidate *llm.Response) Comparison {
+		var p, c map[string]any
+		if err := json.Unmarshal([]byte(production.Content), &p); err != nil || p == nil {
+			return Comparison{Detail: "production's answer is not a JSON object"}
+		}
+		if err := json.Unmarshal([]byte(candidate.Content), &c); err != nil || c == nil {
+			return Comparison{Detail: "the candidate's answer is not a JSON object"}
+		}
+		var differ []string
+		for _, f := range fields {
+			pv, _ := json.Marshal(p[f])
+			cv, _ := json.Marshal(c[f])
+			if !bytes.Equal(pv, cv) {
+				differ = append(differ, f)
+			}
+		}
+		out := Comparison{Agree: len(differ) == 0, Score: 1}
+		if len(fields) > 0 {
+			out.Score = float64(len(fields)-len(differ)) / float64(len(fields))
+		}
+		if len(differ) > 0 {
+			out.Detail = "fields differ: " + strings.Join(differ, ", ")
+		}
+		return out
+	}
+}
+
+// ParseShadows reads ONCEFLOW_SHADOW: comma-separated STEP=MODEL@RATE (for example
+// "summary=gpt-4.1-nano@0.25"), RATE from 0 to 1. Each entry is a Shadow with Step,
+// Model and Rate; "" gives none.
+func ParseShadows(s string) ([]Shadow, error) {
+	var out []Shadow
+	for _, entry := range strings.Split(s, ",") {
+		entry = strings.TrimSpace(entry)
+		if entry == "" {
+			continue
+		}
+		step, rest, ok := strings.Cut(entry, "=")
+		model, rate, ok2 := strings.Cut(rest, "@")
+		if !ok || !ok2 {
+			return nil, fmt.Errorf("shadow %q: want STEP=MODEL@RATE", entry)
+		}
+		r, err := strconv.ParseFloat(strings.TrimSpace(rate), 64)
+		if err != nil {
+			return nil, fmt.Errorf("shadow %q: rate %q: want a number from 0 to 1", entry, rate)
+		}
+		sh := Shadow{Step: strings.TrimSpace(step), Model: strings.TrimSpace(model), Rate: r}
+		if err := sh.check(); err != nil {
+			return nil, err
+		}
+		out = append(out, sh)
+	}
+	return out, nil
+}
+
+// check validates a Shadow's fields.
+func (s Shadow) check() error {
+	switch {
+	case checkStepName(s.Step) != nil:
+		return fmt.Errorf("shadow of step %q: the step is not 1 to %d printable ASCII characters", clipText(s.Step), MaxStepNameLen)
+	case s.Model == "" && s.Transform == nil:
+		return fmt.Errorf("shadow of step %q: neither a Model nor a Transform: the candidate would be production", s.Step)
+	case math.IsNaN(s.Rate) || s.Rate < 0 || s.Rate > 1:
+		return fmt.Errorf("shadow of step %q: rate %v: want 0 to 1", s.Step, s.Rate)
+	case !printableName(s.name(), 64):
+		return fmt.Errorf("shadow of step %q: candidate name %q: want 1 to 64 printable ASCII characters", s.Step, clipText(s.name()))
+	case s.Kind != "" && s.Kind == ShadowKind:
+		return fmt.Errorf("shadow of step %q: shadows are not shadowed", s.Step)
+	}
+	return nil
+}
+
+// printableName reports whether s is 1 to n printable ASCII characters.
+func printableName(s string, n int) bool {
+	if len(s) == 0 || len(s) > n {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x20 || s[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
+// sampled reports whether the production call of job id's step is shadowed at rate:
+// a hash of the job, the step and the candidate, so every delivery decides alike.
+func sampled(id, step, candidate string, rate float64) bool {
+	if rate >= 1 {
+		return true
+	}
+	if rate <= 0 {
+		return false
+	}
+	h := sha256.Sum256([]byte(id + "\x00" + step + "\x00" + candidate))
+	return float64(binary.BigEndian.Uint64(h[:8])>>11)/float64(1<<53) < rate
+}
+
+// shadowArgs are a shadow job's arguments: the production call and its answer.
+type shadowArgs struct {
+	Tenant    string        `json:"tenant,omitempty"`
+	JobID     string        `json:"job_id"`
+	JobKind   string        `json:"kind"`
+	Step      string        `json:"step"`
+	Candidate string        `json:"candidate"`
+	Key       string        `json:"key"` // the production call's ledger key
+	Request   *llm.Request  `json:"request"`
+	Response  *llm.Response `json:"response"`
+	LatencyMS int64         `json:"latency_ms"` // the production call's, as its delivery measured it
+}
+
+func (shadowArgs) Kind() string               { return ShadowKind }
+func (shadowArgs) EnqueueOpts() EnqueueOpts { return EnqueueOpts{Queue: ShadowQueue} }
+
+// shadows is the Client's shadow runs, by step.
+type shadows struct {
+	byStep map[string][]Shadow
+}
+
+// setupShadows checks Config.Shadows and registers the shadow worker (a workflow of
+// onceflow's own: ShadowQueue, ShadowKind). cp is filled with the Client once built.
+func setupShadows(cfg *Config, cp **Client) (*shadows, error) {
+	if len(cfg.Shadows) == 0 {
+		return nil, nil
+	}
+	s := &shadows{byStep: map[string][]Shadow{}}
+	seen := map[string]bool{}
+	for _, sh := range cfg.Shadows {
+		if err := sh.check(); err != nil {
+			return nil, fmt.Errorf("onceflow: Config.Shadows: %w", err)
+		}
+		if seen[sh.Step+"\x00"+sh.name()] {
+			return nil, fmt.Errorf("onceflow: Config.Shadows: step %q has candidate %q twice", sh.Step, sh.name())
+		}
+		seen[sh.Step+"\x00"+sh.name()] = true
+		s.byStep[sh.Step] = append(s.byStep[sh.Step], sh)
+	}
+	if cfg.Model == nil {
+		return nil, errors.New("onceflow: Config.Shadows need Config.Model (the candidates are model calls)")
+	}
+	if cfg.DB == nil {
+		return nil, errors.New("onceflow: Config.Shadows need Config.DB (the shadow_runs table is in PostgreSQL)")
+	}
+	cfg.Workflows = append(slices.Clip(cfg.Workflows), Workflow{Name: "onceflow.shadow",
+		Workers: func(ws *Workers) error {
+			return AddWorkerSafely(ws, WorkFunc[shadowArgs](func(ctx context.Context, job *Job[shadowArgs]) error {
+				return (*cp).runShadow(ctx, job)
+			}))
+		}})
+	return s, nil
+}
+
+// shadow enqueues the shadow runs of a production call that answered: one job per
+// candidate whose sample takes it, keyed by the call and the candidate, so a
+// redelivered job that replays the call enqueues nothing new. A shadow that cannot be
+// enqueued is logged and dropped: production does not wait for it.
+func (rt *runtime) shadow(ctx context.Context, jobID, step string, req *llm.Request, s *Step, took time.Duration) {
+	c := rt.client
+	if c.shadows == nil || rt.delivery == nil || rt.delivery.Kind == ShadowKind {
+		return
+	}
+	for _, sh := range c.shadows.byStep[step] {
+		if sh.Kind != "" && sh.Kind != rt.delivery.Kind || !sampled(jobID, step, sh.name(), sh.Rate) {
+			continue
+		}
+		args := shadowArgs{Tenant: rt.delivery.Tenant, JobID: jobID, JobKind: rt.delivery.Kind, Step: step, Candidate: sh.name(),
+			Key: s.Key, Request: req, Response: s.Response, LatencyMS: took.Milliseconds()}
+		key := "shadow:" + sh.name() + ":" + s.Key
+		if _, err := c.Enqueue(context.WithoutCancel(ctx), args, &EnqueueOpts{Key: key}); err != nil {
+			c.log.WarnContext(ctx, "onceflow: shadow run not enqueued; production goes on without it",
+				"job_id", jobID, "step", step, "candidate", sh.name(), "err", err)
+		}
+	}
+}
+
+// shadowRunSQL records a shadow run once per production call and candidate.
+const shadowRunSQL = `INSERT INTO shadow_runs (tenant, job_id, kind, step, candidate, prod_key, prod_model, cand_model,
+    prod_answer, cand_answer, agree, score, detail, prod_latency_ms, cand_latency_ms,
+    prod_input_tokens, prod_output_tokens, cand_input_tokens, cand_output_tokens, prod_cost_usd, cand_cost_usd)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21)
+ON CONFLICT (prod_key, candidate) DO NOTHING`
+
+// runShadow is the shadow job: the candidate's call (a model step of the shadow job,
+// through the ledger: a crash after it replays the answer, it is not paid twice), the
+// comparison, and the record, committed with the job's completion.
+func (c *Client) runShadow(ctx context.Context, job *Job[shadowArgs]) error {
+	a := job.Args
+	var sh *Shadow
+	for i, s := range c.shadows.byStep[a.Step] {
+		if s.name() == a.Candidate {
+			sh = &c.shadows.byStep[a.Step][i]
+		}
+	}
+	if sh == nil || a.Request == nil || a.Response == nil {
+		c.log.InfoContext(ctx, "onceflow: shadow run of a candidate no longer configured; skipped", "step", a.Step, "candidate", a.Candidate)
+		return nil
+	}
+	req := *a.Request
+	req.Messages = slices.Clone(req.Messages)
+	req.Tools = slices.Clone(req.Tools)
+	if sh.Model != "" {
+		req.Model = sh.Model
+	}
+	if sh.Transform != nil {
+		sh.Transform(&req)
+	}
+	start := time.Now()
+	st, err := job.run.complete(limiter.WithTenant(ctx, shadowTenant), job.ID, "candidate", &req)
+	if err != nil {
+		return err
+	}
+	took := time.Since(start)
+	compare := sh.Compare
+	if compare == nil {
+		compare = ExactMatch
+	}
+	verdict := compare(a.Response, st.Response)
+	prodAnswer, _ := json.Marshal(a.Response)
+	candAnswer, _ := json.Marshal(st.Response)
+	pu, cu := a.Response.Usage, st.Response.Usage
+	return job.Commit(ctx, func(cm *Commit) error {
+		cm.Exec(shadowRunSQL, a.Tenant, a.JobID, a.JobKind, a.Step, a.Candidate, a.Key, cmp.Or(a.Response.Model, a.Request.Model),
+			cmp.Or(st.Response.Model, req.Model), prodAnswer, candAnswer, verdict.Agree, verdict.Score, verdict.Detail,
+			a.LatencyMS, took.Milliseconds(), pu.InputTokens, pu.OutputTokens, cu.InputTokens, cu.OutputTokens,
+			c.costUSD(cmp.Or(a.Request.Model, a.Response.Model), pu), c.costUSD(cmp.Or(req.Model, st.Response.Model), cu))
+		return nil
+	})
+}
+
+// shadowTenant is the tenant the limiter sees for shadow calls: a share and a budget
+// of their own, never a production tenant's.
+const shadowTenant = "onceflow.shadow"
+
+// costUSD prices usage of model by the limiter's price table (limiter.DefaultPrices
+// without a limiter); 0 for a model it does not know.
+func (c *Client) costUSD(model string, u llm.Usage) float64 {
+	if c.model != nil && c.model.limiter != nil {
+		usd, _ := c.model.limiter.CostUSD(model, int64(u.InputTokens), int64(u.OutputTokens))
+		return usd
+	}
+	p := limiter.DefaultPrices[model]
+	return (float64(u.InputTokens)*p.Input + float64(u.OutputTokens)*p.Output) / 1e6
+}
