@@ -206,7 +206,7 @@ type shadowArgs struct {
 	LatencyMS int64         `json:"latency_ms"` // the production call's, as its delivery measured it
 }
 
-func (shadowArgs) Kind() string               { return ShadowKind }
+func (shadowArgs) Kind() string             { return ShadowKind }
 func (shadowArgs) EnqueueOpts() EnqueueOpts { return EnqueueOpts{Queue: ShadowQueue} }
 
 // shadows is the Client's shadow runs, by step.
