@@ -434,3 +434,43 @@ func waitAllDone(t *testing.T, c *onceflow.Client, timeout time.Duration, tenant
 		return true
 	})
 }
+
+// newStepEnvOn is newStepEnv on a given Redis (a private one a test can stop).
+func newStepEnvOn(t *testing.T, rdb *redis.Client, model llm.Client, work func(ctx context.Context, j *onceflow.Job[orderArgs]) error) *stepEnv {
+	t.Helper()
+	pool, _ := testenv.Postgres(t)
+	prefix := testenv.Prefix(t)
+	e := &stepEnv{t: t, rdb: rdb, prefix: prefix, pool: pool, runs: &runLog{}}
+	ws := onceflow.NewWorkers()
+	onceflow.AddWorker(ws, onceflow.WorkFunc[orderArgs](func(ctx context.Context, j *onceflow.Job[orderArgs]) error {
+		err := work(ctx, j)
+		e.runs.add(run{delivery: j.Delivery, err: err, at: time.Now()})
+		return err
+	}))
+	cfg := onceflow.Config{Redis: rdb, DB: pool, Prefix: prefix, Workers: ws, Logger: testenv.Logger(t), Model: model, ModelRetry: fastRetry,
+		Queues: map[string]onceflow.QueueConfig{onceflow.DefaultQueue: {ClaimIdle: 300 * time.Millisecond, RetryBase: 5 * time.Millisecond, RetryMax: 20 * time.Millisecond}}}
+	var err error
+	if e.client, err = onceflow.NewClient(cfg); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// runTolerant runs c until the test ends, ignoring Run's error (a test stops Redis).
+func runTolerant(t *testing.T, c *onceflow.Client) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+}
+
+func privateRedisClient(t *testing.T) (*testenv.Server, *redis.Client) {
+	t.Helper()
+	srv := testenv.PrivateRedis(t)
+	rdb, err := onceflow.NewRedis(testenv.RedisURLOf(srv))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rdb.Close() })
+	return srv, rdb
+}

@@ -93,10 +93,16 @@ func EventsHandler(c *Client, tenant func(*http.Request) (string, error), cfg Ev
 		w.Header().Set("X-Accel-Buffering", "no")
 		w.WriteHeader(http.StatusOK)
 		rc := http.NewResponseController(w)
+		// A client that stops reading must not hold the handler past MaxDuration: writes
+		// fail once it is over (where the server supports write deadlines).
+		_ = rc.SetWriteDeadline(time.Now().Add(cfg.MaxDuration + eventsWriteGrace))
 		es := &eventStream{c: c, tenant: t, id: id, cur: cur, w: w, flush: rc.Flush}
 		es.run(r.Context(), st, cfg)
 	})
 }
+
+// eventsWriteGrace is how long past MaxDuration a stream's last write may take.
+const eventsWriteGrace = 5 * time.Second
 
 // eventCursor is where a client is in a job's events: the item of its last event, and
 // for a text item the attempt and how many bytes of its text it has.

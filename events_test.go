@@ -4,9 +4,13 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
+	"github.com/onceflow/onceflow/onceflowtest"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -183,5 +187,102 @@ VALUES ($1, $2, 'in_flight', 'h', 1, 'Hello wor', 1, now() + interval '1 hour')`
 	}
 	if code, _ := readEvents(t, url, "k", "bogus", nil); code != http.StatusBadRequest {
 		t.Fatalf("a Last-Event-ID this stream never sent: %d, want 400", code)
+	}
+}
+
+// A tool call's "tool" event must reach an SSE client even when the call finished after
+// another call of the same turn that started later (RunAgent runs a turn's calls in
+// parallel): one connection followed to the end gets every tool call of the job.
+func TestEventsStreamEveryToolCallOfAParallelTurn(t *testing.T) {
+	t.Parallel()
+	slowStarted := make(chan struct{})
+	sawFast := make(chan struct{})
+	var once atomic.Bool
+	slow := onceflow.MustTool("send_email", "Send an email.", func(ctx context.Context, key string, args lookupArgs) (string, error) {
+		close(slowStarted)
+		select {
+		case <-sawFast:
+		case <-time.After(10 * time.Second):
+		}
+		return "sent", nil
+	})
+	slow.AtMostOnce = true // an SMTP server honours no key: intent first
+	fast := onceflow.MustTool("lookup_order", "Look an order up.", func(ctx context.Context, key string, args lookupArgs) (string, error) {
+		<-slowStarted
+		return `{"order":"A-1"}`, nil
+	})
+	model := &onceflowtest.ScriptedModel{Turns: []onceflowtest.Turn{
+		{ToolCalls: []llm.ToolCall{onceflowtest.Call("send_email", lookupArgs{Order: "A-1"}), onceflowtest.Call("lookup_order", lookupArgs{Order: "A-1"})}},
+		{Text: "All done."},
+	}}
+	e := newStepEnv(t, model, func(ctx context.Context, j *onceflow.Job[orderArgs]) error {
+		_, err := onceflow.RunAgent(ctx, j, onceflow.AgentConfig{Request: agentRequest(j.Args.Order), Tools: []onceflow.AgentTool{slow, fast}})
+		return err
+	})
+	base := eventsServer(t, e)
+	id := e.enqueue("A-1")
+	e.start()
+	_, evs := readEvents(t, base+"/v1/jobs/"+id+"/events", "k", "", func(ev sseEvent) bool {
+		if ev.event == "tool" && strings.Contains(ev.data, "lookup_order") && once.CompareAndSwap(false, true) {
+			close(sawFast)
+		}
+		return false
+	})
+	var kinds []string
+	tools := 0
+	for _, ev := range evs {
+		kinds = append(kinds, ev.event)
+		if ev.event == "tool" {
+			tools++
+		}
+	}
+	if tools != 2 {
+		t.Fatalf("events %s: %d tool events, want 2 (send_email's result was never streamed)", strings.Join(kinds, ","), tools)
+	}
+}
+
+// An SSE client that connects and never reads must not hold the handler (its goroutine,
+// its buffers, its polling of PostgreSQL) past EventsConfig.MaxDuration: the stream is
+// bounded by MaxDuration, whatever the client does.
+func TestEventsStreamToAClientThatNeverReadsEndsByMaxDuration(t *testing.T) {
+	t.Parallel()
+	proceed := make(chan struct{})
+	e := newStepEnv(t, nil, func(ctx context.Context, j *onceflow.Job[orderArgs]) error {
+		select {
+		case <-proceed:
+		case <-ctx.Done():
+		}
+		return nil
+	})
+	id := e.enqueue("S-1")
+	e.start()
+	t.Cleanup(func() { close(proceed) })
+	// A streamed step in flight whose text so far is larger than the sockets' buffers.
+	big := strings.Repeat("x", 16<<20)
+	if _, err := e.pool.Exec(context.Background(), `INSERT INTO llm_calls (idem_key, work, state, request_hash, attempt, partial, partial_attempt, expires_at)
+VALUES ($1, $2, 'in_flight', 'h', 1, $3, 1, now() + interval '1 hour')`, "llm-"+strings.Repeat("b", 64), "reply/"+id, big); err != nil {
+		t.Fatal(err)
+	}
+	returned := make(chan struct{})
+	h := onceflow.EventsHandler(e.client, bearerTenants(map[string]string{"k": ""}), onceflow.EventsConfig{Poll: 20 * time.Millisecond, MaxDuration: time.Second, Heartbeat: 100 * time.Millisecond})
+	mux := http.NewServeMux()
+	mux.Handle("GET /v1/jobs/{job_id}/events", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer close(returned)
+		h.ServeHTTP(w, r)
+	}))
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.(*net.TCPConn).SetReadBuffer(4096)
+	t.Cleanup(func() { _ = conn.Close() })
+	fmt.Fprintf(conn, "GET /v1/jobs/%s/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\n\r\n", id)
+	// The client never reads.
+	select {
+	case <-returned:
+	case <-time.After(10 * time.Second):
+		t.Fatal("10 s after connecting, the handler of a 1 s MaxDuration stream is still blocked writing to a client that never reads")
 	}
 }

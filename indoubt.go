@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 
@@ -92,7 +93,7 @@ func (in *Inspector) ResolveInDoubt(ctx context.Context, tenant, id, key string,
 		var tag interface{ RowsAffected() int64 }
 		var err error
 		if r.Happened {
-			tag, err = tx.Exec(ctx, `UPDATE job_steps SET state = 'done', result = $4, expires_at = greatest(expires_at, now() + $5::bigint * interval '1 microsecond')
+			tag, err = tx.Exec(ctx, `UPDATE job_steps SET state = 'done', result = $4, expires_at = greatest(expires_at, now() + $5::bigint * interval '1 microsecond'), created_at = now()
 WHERE tenant = $1 AND job_id = $2 AND name = $3 AND state = 'intent'`, tenant, id, name, []byte(r.Result), s.retention.Microseconds())
 		} else {
 			tag, err = tx.Exec(ctx, `DELETE FROM job_steps WHERE tenant = $1 AND job_id = $2 AND name = $3 AND state = 'intent'`, tenant, id, name)
@@ -105,20 +106,58 @@ WHERE tenant = $1 AND job_id = $2 AND name = $3 AND state = 'intent'`, tenant, i
 		}
 		return tx.QueryRow(ctx, `SELECT count(*) FROM job_steps WHERE tenant = $1 AND job_id = $2 AND state = 'intent'`, tenant, id).Scan(&left)
 	})
-	if err != nil {
-		if errors.Is(err, ErrNotInDoubt) {
-			return fmt.Errorf("%w: job %s, key %s", ErrNotInDoubt, id, key)
+	if errors.Is(err, ErrNotInDoubt) {
+		// A retry of a resolution whose job could not be put back (Redis did not answer):
+		// the same decision is recorded, no call is left in doubt, and the dead letter is
+		// still there. Put the job back now.
+		// The dead letter must be the job's in doubt on this very call.
+		inDoubtOnKey := func(d *queue.DeadLetter) bool {
+			return strings.Contains(d.Reason, ErrInDoubt.Error()) && strings.Contains(d.Reason, "(key "+key+")")
 		}
+		if same, left, rerr := in.resolvedAs(ctx, tenant, id, name, r); rerr == nil && same && left == 0 {
+			if rerr := in.replayDead(ctx, tenant, id, inDoubtOnKey); rerr == nil {
+				return nil
+			} else if !errors.Is(rerr, ErrJobNotFound) {
+				return fmt.Errorf("onceflow: job %s: the decision is recorded; putting the job back failed, retry: %w", id, rerr)
+			}
+		}
+		return fmt.Errorf("%w: job %s, key %s", ErrNotInDoubt, id, key)
+	}
+	if err != nil {
 		return fmt.Errorf("onceflow: resolve job %s's call %s: %w", id, key, err)
 	}
 	if left > 0 {
 		return nil // the job waits for the operator's decision on its other calls
 	}
-	return in.replayDead(ctx, tenant, id)
+	if err := in.replayDead(ctx, tenant, id, nil); err != nil && !errors.Is(err, ErrJobNotFound) {
+		return fmt.Errorf("onceflow: job %s: the decision is recorded; putting the job back failed, retry the same decision: %w", id, err)
+	} else if err != nil {
+		return err
+	}
+	return nil
 }
 
-// replayDead puts tenant's job id back on its queue from its latest dead letter.
-func (in *Inspector) replayDead(ctx context.Context, tenant, id string) error {
+// resolvedAs reports whether the call name of tenant's job id is resolved as r says (a
+// result recorded equal to r.Result when it happened; no record when it did not), and
+// how many of the job's calls are still in doubt.
+func (in *Inspector) resolvedAs(ctx context.Context, tenant, id, name string, r Resolution) (same bool, left int, err error) {
+	var state *string
+	var result []byte
+	err = in.c.steps.db.QueryRow(ctx, `SELECT (SELECT state FROM job_steps WHERE tenant = $1 AND job_id = $2 AND name = $3),
+	(SELECT result FROM job_steps WHERE tenant = $1 AND job_id = $2 AND name = $3),
+	(SELECT count(*) FROM job_steps WHERE tenant = $1 AND job_id = $2 AND state = 'intent')`, tenant, id, name).Scan(&state, &result, &left)
+	if err != nil {
+		return false, 0, err
+	}
+	if r.Happened {
+		return state != nil && *state == "done" && string(result) == r.Result, left, nil
+	}
+	return state == nil, left, nil
+}
+
+// replayDead puts tenant's job id back on its queue from its latest dead letter, when
+// match (nil: any) accepts it.
+func (in *Inspector) replayDead(ctx context.Context, tenant, id string, match func(*queue.DeadLetter) bool) error {
 	c := in.c
 	for _, name := range c.stateQueues() {
 		n, err := c.knownPartitions(ctx, name)
@@ -137,7 +176,7 @@ func (in *Inspector) replayDead(ctx context.Context, tenant, id string) error {
 					latest = &found[i]
 				}
 			}
-			if latest == nil {
+			if latest == nil || match != nil && !match(latest) {
 				continue
 			}
 			if _, err := queue.Replay(ctx, c.rdb, keys.InPartition(p), latest.ID); err != nil {

@@ -1,6 +1,7 @@
 package onceflow
 
 import (
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -80,4 +81,9 @@ type runtime struct {
 	deadline  retry.Deadline // the delivery's budget (Config.JobBudget), from its start
 	committed atomic.Bool    // a Commit of this delivery wrote the completion record
 	recorded  jobSteps       // the job's recorded steps, as this delivery knows them (Do, Tool)
+	// writeMu serializes the delivery's writes of finished records (a step's result, a
+	// tool's, a wait), so that their created_at follows the order they became visible
+	// in: the order the job's events stream them in (EventsHandler), which a record
+	// committed late behind a later one would break.
+	writeMu sync.Mutex
 }

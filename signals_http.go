@@ -107,22 +107,12 @@ func SignalHandler(c *Client, tenant func(*http.Request) (string, error)) http.H
 		// client stays to read the answer.
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), DefaultRouteTimeout)
 		defer cancel()
-		err := c.Signal(ctx, t, id, name, json.RawMessage(payload))
-		replayed := false
-		if errors.Is(err, ErrAlreadySignalled) {
-			// The same signal again (a retry of a request whose answer was lost, or of
-			// one whose wake failed) is answered as the first was; another is a conflict.
-			var have []byte
-			if have, err = c.recorded(ctx, t, id, signalPrefix+name); err == nil {
-				if !bytes.Equal(have, payload) {
-					writeDetail(w, http.StatusConflict, fmt.Sprintf("the job already has the signal %q, with another payload: the first one stands", name))
-					return
-				}
-				replayed = true
-				err = c.wakeJob(ctx, t, id)
-			}
-		}
+		// The same signal again (a retry of a request whose answer was lost, or of one
+		// whose wake failed) is answered as the first was; another is a conflict.
+		replayed, err := c.signal(ctx, t, id, name, json.RawMessage(payload))
 		switch {
+		case errors.Is(err, ErrAlreadySignalled):
+			writeDetail(w, http.StatusConflict, fmt.Sprintf("the job already has the signal %q, with another payload: the first one stands", name))
 		case errors.Is(err, ErrJobNotFound):
 			writeDetail(w, http.StatusNotFound, "no such job")
 		case err != nil:
@@ -271,38 +261,21 @@ func decideApproval(c *Client, tenant string, w http.ResponseWriter, r *http.Req
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), DefaultRouteTimeout)
 	defer cancel()
-	decide := c.Reject
-	if approve {
-		decide = c.Approve
-	}
-	err := decide(ctx, tenant, id, key, in.By, in.Note)
-	replayed := false
-	if errors.Is(err, ErrNotWaiting) {
-		// Decided already: the same decision again is a retry, answered as the first
-		// was (and the job woken again, in case the first wake failed).
-		d, rerr := c.decision(ctx, tenant, id, key)
-		switch {
-		case errors.Is(rerr, ErrJobNotFound):
-			writeDetail(w, http.StatusNotFound, "no approval is pending for this call")
-			return
-		case rerr != nil:
-			err = rerr
-		case d.Approved != approve || d.TimedOut:
-			writeDetail(w, http.StatusConflict, "the call was decided already: "+decisionWords(d))
-			return
-		default:
-			replayed, err = true, c.wakeJob(ctx, tenant, id)
-		}
-	}
-	if err != nil {
+	// The same decision again is a retry, answered as the first was (and the job woken
+	// again, in case the first wake failed); the other one is a conflict.
+	d, replayed, err := c.decide(ctx, tenant, id, key, Decision{Approved: approve, By: in.By, Note: in.Note})
+	switch {
+	case errors.Is(err, ErrNotWaiting) && d != nil:
+		writeDetail(w, http.StatusConflict, "the call was decided already: "+decisionWords(d))
+		return
+	case errors.Is(err, ErrNotWaiting), errors.Is(err, ErrJobNotFound):
+		writeDetail(w, http.StatusNotFound, "no approval is pending for this call")
+		return
+	case err != nil:
 		c.log.WarnContext(r.Context(), "onceflow: decision failed", "err", err, "job_id", id)
 		w.Header().Set("Retry-After", "1")
 		writeDetail(w, http.StatusServiceUnavailable, "approvals unavailable; retry later (the same decision again is safe)")
 		return
-	}
-	d, rerr := c.decision(ctx, tenant, id, key)
-	if rerr != nil { // recorded; answer what was asked
-		d = &Decision{Approved: approve, By: in.By, Note: in.Note}
 	}
 	if replayed {
 		w.Header().Set(idempotency.HeaderReplayed, "true")
@@ -376,19 +349,6 @@ func (c *Client) recorded(ctx context.Context, tenant, id, name string) ([]byte,
 		return nil, PostgresError(fmt.Errorf("onceflow: read job %s's record: %w", id, err))
 	}
 	return rec, nil
-}
-
-// wakeJob makes tenant's job id due now, as a signal or a decision does; a job no queue
-// knows any more is left alone (it runs at its deadline, or never again).
-func (c *Client) wakeJob(ctx context.Context, tenant, id string) error {
-	keys, err := c.locate(ctx, tenant, id)
-	switch {
-	case errors.Is(err, ErrJobNotFound):
-		return nil
-	case err != nil:
-		return err
-	}
-	return c.wake(ctx, keys, tenant, id)
 }
 
 // requestTenant returns the tenant of r, or answers r (401, or the tenant function's

@@ -3,6 +3,7 @@ package onceflow_test
 import (
 	"context"
 	"encoding/json"
+	"github.com/onceflow/onceflow/onceflowtest"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -336,4 +337,28 @@ func TestSignalAndApprovalRoutesWhilePostgresIsDown(t *testing.T) {
 		code, _, _ := apiCall(t, "POST", signal, "acme-key", "application/json", `{"cents":1}`)
 		return code == http.StatusAccepted
 	})
+}
+
+// A signal's name is 1 to MaxStepNameLen printable ASCII characters (docs/api.md): a
+// longer one is a 400 that records nothing.
+func TestSignalRouteRefusesANameLongerThanMaxStepNameLen(t *testing.T) {
+	t.Parallel()
+	e := newStepEnv(t, nil, func(ctx context.Context, j *onceflow.Job[orderArgs]) error {
+		_, err := onceflow.WaitSignal(ctx, j, "payment", time.Hour)
+		return err
+	})
+	res, err := e.client.Enqueue(context.Background(), orderArgs{Order: "N-1"}, &onceflow.EnqueueOpts{Tenant: "acme"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := apiServer(t, e.client) + "/v1/jobs/" + res.JobID + "/signals/"
+	if code, _, out := apiCall(t, "POST", base+strings.Repeat("n", onceflow.MaxStepNameLen+1), "acme-key", "application/json", `{}`); code != http.StatusBadRequest {
+		t.Fatalf("a signal name of %d characters: %d %s, want 400", onceflow.MaxStepNameLen+1, code, out)
+	}
+	if code, _, out := apiCall(t, "POST", base+strings.Repeat("n", onceflow.MaxStepNameLen), "acme-key", "application/json", `{}`); code != http.StatusAccepted {
+		t.Fatalf("a signal name of %d characters: %d %s, want 202", onceflow.MaxStepNameLen, code, out)
+	}
+	if n := onceflowtest.Count(t, e.pool, `SELECT count(*) FROM job_steps WHERE name LIKE 'signal:%'`); n != 1 {
+		t.Fatalf("%d signals recorded, want the one with a name within the bound", n)
+	}
 }

@@ -56,7 +56,10 @@ type jobSteps struct {
 type stepStore struct {
 	db        *pgxpool.Pool
 	retention time.Duration
-	log       interface {
+	// intentRetention keeps an intent (Job.ToolAtMostOnce) as long as its job's dead
+	// letter, should the job go in doubt.
+	intentRetention time.Duration
+	log             interface {
 		WarnContext(ctx context.Context, msg string, args ...any)
 		InfoContext(ctx context.Context, msg string, args ...any)
 	}
@@ -80,7 +83,15 @@ func (c *Client) setupSteps() error {
 			return fmt.Errorf("onceflow: Config.StepRetention %v must cover queue %q's retry horizon, MaxDeliveries × (max(ClaimIdle, RetryMax) + JobBudget) = %v", retention, name, horizon)
 		}
 	}
-	c.steps = &stepStore{db: c.cfg.DB, retention: retention, log: c.log}
+	// An intent whose call never recorded its result leaves its job in doubt, dead-lettered
+	// until an operator resolves it: the intent is kept as long as a dead letter is, or a
+	// replay of the dead letter would find no intent and call again.
+	intents := retention
+	for _, qc := range c.queues {
+		intents = max(intents, cmp.Or(qc.DeadLetterRetention, queue.DefaultDeadLetterRetention))
+	}
+	intents = max(intents, cmp.Or(c.cfg.QueueDefaults.DeadLetterRetention, queue.DefaultDeadLetterRetention))
+	c.steps = &stepStore{db: c.cfg.DB, retention: retention, intentRetention: intents, log: c.log}
 	return nil
 }
 
@@ -172,10 +183,12 @@ RETURNING true`
 
 // fulfilIntentSQL records the result of a call whose intent this delivery recorded.
 // Asynchronous as recordDoneSQL: a lost result leaves the intent, and the job in doubt.
+// created_at becomes the time of the result, as a done record's is (the order of the
+// job's events).
 //
-//	$1 tenant, $2 job id, $3 name, $4 result
+//	$1 tenant, $2 job id, $3 name, $4 result, $5 retention in microseconds
 const fulfilIntentSQL = `
-UPDATE job_steps SET state = 'done', result = $4
+UPDATE job_steps SET state = 'done', result = $4, expires_at = now() + $5::bigint * interval '1 microsecond', created_at = now()
 FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
 WHERE tenant = $1 AND job_id = $2 AND name = $3 AND state = 'intent'`
 
@@ -189,7 +202,9 @@ const readStepSQL = `SELECT state, result FROM job_steps WHERE tenant = $1 AND j
 func (rt *runtime) record(ctx context.Context, js *jobSteps, name string, result []byte, tool, args string) ([]byte, error) {
 	s := rt.client.steps
 	var won bool
+	rt.writeMu.Lock()
 	err := s.db.QueryRow(ctx, recordDoneSQL, rt.delivery.Tenant, rt.delivery.JobID, name, result, tool, args, s.retention.Microseconds()).Scan(&won)
+	rt.writeMu.Unlock()
 	switch {
 	case err == nil:
 		js.remember(name, stepRecord{state: stepDone, result: result})
@@ -291,7 +306,7 @@ func checkStepName(name string) error {
 			return retry.Permanent(fmt.Errorf("onceflow: step name %q is not printable ASCII", clipText(name)))
 		}
 	}
-	for _, p := range []string{toolStepPrefix, waitPrefix, signalPrefix, approvalPrefix} {
+	for _, p := range []string{toolStepPrefix, waitPrefix, signalPrefix, approvalPrefix, sleepPrefix} {
 		if strings.HasPrefix(name, p) {
 			return retry.Permanent(fmt.Errorf("onceflow: step name %q: the prefix %q is onceflow's", clipText(name), p))
 		}

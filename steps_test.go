@@ -381,3 +381,44 @@ func onceflowtestModel(tool, args string) *onceflowtest.ScriptedModel {
 		{Text: "done"},
 	}}
 }
+
+// A job in doubt waits in the dead-letter queue for an operator, however long that
+// takes: its intent is kept as long as a dead letter is (the queue's
+// DeadLetterRetention, 30 days by default), not for the records' retention (24 h), or a
+// replay of the dead letter after the purge would find no intent and call the
+// at-most-once tool again.
+func TestAnInDoubtIntentIsKeptAsLongAsItsDeadLetter(t *testing.T) {
+	t.Parallel()
+	e := newStepEnv(t, onceflowtestModel("send_email", `{"to":"a@example.com"}`), func(ctx context.Context, j *onceflow.Job[orderArgs]) error {
+		st, err := j.Complete(ctx, "plan", prompt(j.Args.Order))
+		if err != nil {
+			return err
+		}
+		_, err = j.ToolAtMostOnce(ctx, j.ToolCalls(st)[0], func(ctx context.Context, key string) (string, error) {
+			return "", fmt.Errorf("SMTP: timeout after DATA: %w", onceflow.ErrInDoubt)
+		})
+		return err
+	})
+	id := e.enqueue("P-1")
+	e.start()
+	st := e.waitStatus(id, onceflow.StatusInDoubt)
+	var kept, records bool
+	if err := e.pool.QueryRow(context.Background(), `SELECT
+	(SELECT bool_and(expires_at > now() + interval '29 days') FROM job_steps WHERE job_id = $1 AND state = 'intent'),
+	(SELECT bool_and(expires_at < now() + interval '25 hours') FROM llm_calls WHERE split_part(work, '/', 2) = $1)`, id).Scan(&kept, &records); err != nil {
+		t.Fatal(err)
+	}
+	if !kept || !records {
+		t.Fatalf("intent kept for the dead letter's 30 days: %v (the model call's row for its own 24 h: %v)", kept, records)
+	}
+	if err := e.client.Inspector().ResolveInDoubt(context.Background(), "", id, st.InDoubt[0].Key, onceflow.Resolution{Happened: true, Result: "sent"}); err != nil {
+		t.Fatal(err)
+	}
+	// The resolved call's record is kept as long: should the job not be put back at
+	// once (Redis down), a later replay must still find the result.
+	var resolved bool
+	if err := e.pool.QueryRow(context.Background(), `SELECT bool_and(expires_at > now() + interval '29 days') FROM job_steps WHERE job_id = $1 AND state = 'done' AND name LIKE 'tool:%'`,
+		id).Scan(&resolved); err != nil || !resolved {
+		t.Fatalf("the resolved call's record is kept as long as the intent was: %v %v", resolved, err)
+	}
+}

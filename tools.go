@@ -152,7 +152,7 @@ func (j *Job[T]) ToolAtMostOnce(ctx context.Context, call ToolCall, fn ToolFunc)
 	rt := j.run
 	s := rt.client.steps
 	var won bool
-	err = s.db.QueryRow(ctx, recordIntentSQL, rt.delivery.Tenant, rt.delivery.JobID, name, call.Name, call.Arguments, s.retention.Microseconds()).Scan(&won)
+	err = s.db.QueryRow(ctx, recordIntentSQL, rt.delivery.Tenant, rt.delivery.JobID, name, call.Name, call.Arguments, s.intentRetention.Microseconds()).Scan(&won)
 	if err != nil {
 		if !isNoRows(err) {
 			return "", PostgresError(fmt.Errorf("onceflow: record the intent of tool %q: %w", call.Name, err))
@@ -182,7 +182,10 @@ func (j *Job[T]) ToolAtMostOnce(ctx context.Context, call ToolCall, fn ToolFunc)
 		js.forget(name)
 		return "", err
 	}
-	if _, err := s.db.Exec(ctx, fulfilIntentSQL, rt.delivery.Tenant, rt.delivery.JobID, name, []byte(out)); err != nil {
+	rt.writeMu.Lock()
+	_, err = s.db.Exec(ctx, fulfilIntentSQL, rt.delivery.Tenant, rt.delivery.JobID, name, []byte(out), s.retention.Microseconds())
+	rt.writeMu.Unlock()
+	if err != nil {
 		// fn ran; only its record failed. Retried, the delivery would find the
 		// intent: in doubt, which is the truth an operator can resolve.
 		return "", PostgresError(fmt.Errorf("onceflow: record the result of tool %q: %w", call.Name, err))

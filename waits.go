@@ -1,6 +1,7 @@
 package onceflow
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -22,6 +23,9 @@ const (
 	waitPrefix     = "wait:"
 	signalPrefix   = "signal:"
 	approvalPrefix = "approval:"
+	// sleepPrefix names a Sleep's wait: no signal can carry it (checkStepName refuses
+	// the prefix), so a sleep is ended by its time only.
+	sleepPrefix = "sleep:"
 )
 
 // MaxWaitTimeout bounds the timeout of a wait (WaitSignal, Sleep, an approval).
@@ -85,10 +89,12 @@ func (rt *runtime) wait(ctx context.Context, name string, timeout time.Duration,
 		if err != nil {
 			return out, retry.Permanent(fmt.Errorf("onceflow: wait %q: %w", clipText(name), err))
 		}
+		rt.writeMu.Lock()
 		err = s.db.QueryRow(ctx, `INSERT INTO job_steps (tenant, job_id, name, state, result, tool, arguments, expires_at)
 VALUES ($1, $2, $3, 'waiting', $4, $5, $6, $7::timestamptz + $8::bigint * interval '1 microsecond')
 ON CONFLICT (tenant, job_id, name) DO NOTHING RETURNING true`,
 			rt.delivery.Tenant, rt.delivery.JobID, waitPrefix+name, enc, rec.Tool, rec.Arguments, rec.Deadline, s.retention.Microseconds()).Scan(new(bool))
+		rt.writeMu.Unlock()
 		switch {
 		case err == nil:
 			w = stepRecord{state: "waiting", result: enc}
@@ -121,7 +127,17 @@ WHERE split_part(work, '/', 2) = $2 AND tenant = $1`, rt.delivery.Tenant, rt.del
 		rt.client.ledgerRetention().Microseconds()); err != nil {
 		return out, PostgresError(fmt.Errorf("onceflow: wait %q: %w", clipText(name), err))
 	}
-	return out, &retry.WaitError{Delay: left, Reason: "signal " + name}
+	return out, &retry.WaitError{Delay: left, Reason: waitingFor(name)}
+}
+
+// waitingFor is what the job's index says a job waiting on the wait name waits for (its
+// WaitError's Reason, JobState.Waiting): "sleep <name>" for a Sleep, else "signal <name>",
+// which only that signal (or decision) wakes.
+func waitingFor(name string) string {
+	if rest, ok := strings.CutPrefix(name, sleepPrefix); ok {
+		return "sleep " + rest
+	}
+	return "signal " + name
 }
 
 // WaitSignal waits for the signal name of job (Client.Signal) and returns its payload.
@@ -155,30 +171,60 @@ func Sleep[T JobArgs](ctx context.Context, job *Job[T], name string, d time.Dura
 	if err := checkStepName(name); err != nil {
 		return err
 	}
-	_, err := job.run.wait(ctx, name, d, waitRecord{})
+	_, err := job.run.wait(ctx, sleepPrefix+name, d, waitRecord{})
 	return err
 }
 
 // Signal sends the signal name, with payload (encoded with encoding/json), to tenant's
-// job id: it is recorded (the first signal of a name stands: another is
-// ErrAlreadySignalled), and a job waiting for it (WaitSignal) is made due at once. An
-// unknown id or another tenant's job is ErrJobNotFound. It needs Config.DB.
+// job id: it is recorded (the first signal of a name stands: another payload is
+// ErrAlreadySignalled; the same payload again, a retry, returns nil and wakes the job
+// again, in case a failed wake left it parked), and a job waiting for it (WaitSignal) is
+// made due at once; a job waiting for something else, or sleeping, is left alone and
+// finds the signal when it asks for it. An unknown id or another tenant's job is
+// ErrJobNotFound. It needs Config.DB.
 func (c *Client) Signal(ctx context.Context, tenant, id, name string, payload any) error {
+	_, err := c.signal(ctx, tenant, id, name, payload)
+	return err
+}
+
+// signal is Signal, reporting whether the signal was a retry of one recorded with the
+// same payload (answered as the first: the job is woken again, in case the first wake
+// failed).
+func (c *Client) signal(ctx context.Context, tenant, id, name string, payload any) (replayed bool, err error) {
 	if err := checkStepName(name); err != nil {
-		return err
+		return false, err
 	}
 	enc, err := json.Marshal(payload)
 	if err != nil {
-		return fmt.Errorf("onceflow: signal %q: encode the payload: %w", clipText(name), err)
+		return false, fmt.Errorf("onceflow: signal %q: encode the payload: %w", clipText(name), err)
 	}
 	keys, err := c.locate(ctx, tenant, id)
 	if err != nil {
-		return err
+		return false, err
 	}
-	if err := c.recordSignal(ctx, nil, tenant, id, name, enc); err != nil {
-		return err
+	err = c.recordSignal(ctx, nil, tenant, id, name, enc)
+	if errors.Is(err, ErrAlreadySignalled) {
+		have, rerr := c.recorded(ctx, tenant, id, signalPrefix+name)
+		if rerr != nil {
+			return false, rerr
+		}
+		if !jsonEqual(have, enc) {
+			return false, err
+		}
+		replayed = true
+	} else if err != nil {
+		return false, err
 	}
-	return c.wake(ctx, keys, tenant, id)
+	return replayed, c.wake(ctx, keys, tenant, id, waitingFor(name))
+}
+
+// jsonEqual reports whether a and b are the same JSON (compacted).
+func jsonEqual(a, b []byte) bool {
+	var ca, cb bytes.Buffer
+	if json.Compact(&ca, a) != nil || json.Compact(&cb, b) != nil {
+		return bytes.Equal(a, b)
+	}
+	return bytes.Equal(ca.Bytes(), cb.Bytes())
 }
 
 // locate returns the queue keys of tenant's job id, from its index.
@@ -225,9 +271,9 @@ ON CONFLICT (tenant, job_id, name) DO NOTHING RETURNING true`
 
 // wake makes the job due now (queue.Wake). The signal is recorded already: a job that
 // is not in the scheduled set finds it when it runs, or when it would wait.
-func (c *Client) wake(ctx context.Context, keys queue.Keys, tenant, id string) error {
-	if _, err := queue.Wake(ctx, c.rdb, keys, tenant, id); err != nil && !errors.Is(err, queue.ErrUnknownJob) {
-		return fmt.Errorf("onceflow: wake job %s (its signal is recorded: it runs at its deadline at the latest): %w", id, err)
+func (c *Client) wake(ctx context.Context, keys queue.Keys, tenant, id, waiting string) error {
+	if _, err := queue.WakeFor(ctx, c.rdb, keys, tenant, id, waiting); err != nil && !errors.Is(err, queue.ErrUnknownJob) {
+		return fmt.Errorf("onceflow: wake job %s (its signal is recorded: the same call again wakes it; else it runs at its deadline): %w", id, err)
 	}
 	return nil
 }
@@ -305,31 +351,50 @@ func (j *Job[T]) Approval(ctx context.Context, call ToolCall, cfg ApprovalConfig
 
 // Approve decides that tenant's job id may run its tool call key (ToolCall.Key), which
 // waits for approval (Job.Approval, AgentTool.Approval), and wakes the job. by and note
-// are recorded with it. A call nobody waits a decision on (another tenant's, decided
-// already, never asked) is ErrNotWaiting.
+// are recorded with it. The same decision again (a retry after a lost answer, or after
+// a wake that failed because Redis did not answer) returns nil and wakes the job again;
+// the other decision, a call decided by its timeout, one never asked or another tenant's
+// is ErrNotWaiting. The client must know the job's queue (it works it, or enqueued or
+// routes to it): a job on none of its queues is ErrNotWaiting and ErrJobNotFound, and
+// nothing is recorded.
 func (c *Client) Approve(ctx context.Context, tenant, id, key, by, note string) error {
-	return c.decide(ctx, tenant, id, key, Decision{Approved: true, By: by, Note: note})
+	_, _, err := c.decide(ctx, tenant, id, key, Decision{Approved: true, By: by, Note: note})
+	return err
 }
 
 // Reject decides that tenant's job id must not run its tool call key; the model is told
 // (with note). See Approve.
 func (c *Client) Reject(ctx context.Context, tenant, id, key, by, note string) error {
-	return c.decide(ctx, tenant, id, key, Decision{By: by, Note: note})
+	_, _, err := c.decide(ctx, tenant, id, key, Decision{By: by, Note: note})
+	return err
 }
 
 // decide records d on the pending approval of key, closing its wait, in one
-// transaction, and wakes the job.
-func (c *Client) decide(ctx context.Context, tenant, id, key string, d Decision) error {
+// transaction, and wakes the job. The job is found first: another tenant's job, or one
+// on none of the client's queues, records nothing (ErrNotWaiting, and ErrJobNotFound).
+// The same decision again (a retry after a lost answer or a failed wake) is answered as
+// the first: the job is woken again and it returns the recorded decision with replayed
+// set; the other decision, or one after the timeout decided, is ErrNotWaiting with the
+// recorded decision.
+func (c *Client) decide(ctx context.Context, tenant, id, key string, d Decision) (rec *Decision, replayed bool, err error) {
 	if c.steps == nil {
-		return errors.New("onceflow: approvals need Config.DB (the job_steps table is in PostgreSQL)")
+		return nil, false, errors.New("onceflow: approvals need Config.DB (the job_steps table is in PostgreSQL)")
 	}
 	if !queue.ValidJobID(id) || !strings.HasPrefix(key, "tool-") {
-		return fmt.Errorf("%w: job %s, call %s", ErrNotWaiting, id, clipText(key))
+		return nil, false, fmt.Errorf("%w: job %s, call %s", ErrNotWaiting, id, clipText(key))
+	}
+	keys, err := c.locate(ctx, tenant, id)
+	if err != nil {
+		if errors.Is(err, ErrJobNotFound) { // another tenant's, or on a queue this client does not know
+			return nil, false, fmt.Errorf("%w: job %s, call %s: the tenant has no such job on this client's queues (%s): %w",
+				ErrNotWaiting, id, clipText(key), strings.Join(c.stateQueues(), ", "), ErrJobNotFound)
+		}
+		return nil, false, err
 	}
 	d.At = time.Now().UTC()
 	enc, err := json.Marshal(d)
 	if err != nil {
-		return err
+		return nil, false, err
 	}
 	name := approvalPrefix + key
 	err = pgx.BeginFunc(ctx, c.steps.db, func(tx pgx.Tx) error {
@@ -343,10 +408,24 @@ func (c *Client) decide(ctx context.Context, tenant, id, key string, d Decision)
 		}
 		return c.recordSignal(ctx, tx, tenant, id, name, enc)
 	})
-	if err != nil {
-		return err
+	switch {
+	case errors.Is(err, ErrNotWaiting):
+		have, rerr := c.decision(ctx, tenant, id, key)
+		switch {
+		case errors.Is(rerr, ErrJobNotFound):
+			return nil, false, err // never asked, or another tenant's
+		case rerr != nil:
+			return nil, false, rerr
+		case have.Approved != d.Approved || have.TimedOut:
+			return have, false, err
+		}
+		rec, replayed = have, true
+	case err != nil:
+		return nil, false, err
+	default:
+		rec = &d
 	}
-	return c.wakeJob(ctx, tenant, id)
+	return rec, replayed, c.wake(ctx, keys, tenant, id, waitingFor(name))
 }
 
 // Approval is a tool call waiting for an operator's decision (Inspector.Approvals).

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"github.com/onceflow/onceflow/onceflowtest"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -231,8 +233,16 @@ func TestApprovalParksTheJobAndRunsTheApprovedCallOnce(t *testing.T) {
 			if err := decide(context.Background(), "", id, a.Key, "ops@example.com", "checked the order"); err != nil {
 				t.Fatal(err)
 			}
-			if err := e.client.Approve(context.Background(), "", id, a.Key, "ops@example.com", ""); !errors.Is(err, onceflow.ErrNotWaiting) {
-				t.Fatalf("a second decision: %v, want ErrNotWaiting", err)
+			// The same decision again is a retry (nil); the other one is refused.
+			other := e.client.Approve
+			if approve {
+				other = e.client.Reject
+			}
+			if err := decide(context.Background(), "", id, a.Key, "ops@example.com", "checked the order"); err != nil {
+				t.Fatalf("the same decision again: %v, want nil (a retry)", err)
+			}
+			if err := other(context.Background(), "", id, a.Key, "ops@example.com", ""); !errors.Is(err, onceflow.ErrNotWaiting) {
+				t.Fatalf("the other decision: %v, want ErrNotWaiting", err)
 			}
 			var msgs []llm.Message
 			select {
@@ -290,5 +300,222 @@ func TestApprovalTimeoutRejects(t *testing.T) {
 	}
 	if left, _ := e.client.Inspector().Approvals(context.Background(), "", true, 10); len(left) != 0 {
 		t.Fatalf("a timed-out approval is still listed as pending: %+v", left)
+	}
+}
+
+// An approval decided while Redis is down is recorded but its job is not woken. Once
+// Redis is back, the operator retries the decision (the error invites it); the job must
+// then run on promptly, not sit parked until the approval's deadline (24 h by default).
+func TestApproveRetriedAfterARedisOutageWakesTheJob(t *testing.T) {
+	t.Parallel()
+	srv, rdb := privateRedisClient(t)
+	agent := newOrderAgent()
+	tools := agent.tools()
+	tools[1] = onceflow.NeedsApproval(tools[1], func(refundToolArgs) bool { return true })
+	finished := make(chan struct{}, 1)
+	e := newStepEnvOn(t, rdb, refundScript(false), func(ctx context.Context, j *onceflow.Job[orderArgs]) error {
+		if _, err := onceflow.RunAgent(ctx, j, onceflow.AgentConfig{Request: agentRequest(j.Args.Order), Tools: tools}); err != nil {
+			return err
+		}
+		finished <- struct{}{}
+		return nil
+	})
+	id := e.enqueue("A-1")
+	runTolerant(t, e.client)
+	in := e.client.Inspector()
+	var pending []onceflow.Approval
+	testenv.WaitFor(t, 10*time.Second, "an approval to be asked", func() bool {
+		var err error
+		pending, err = in.Approvals(context.Background(), "", false, 10)
+		return err == nil && len(pending) == 1
+	})
+	testenv.WaitFor(t, 10*time.Second, "the job to park", func() bool {
+		st, err := e.client.JobState(context.Background(), "", id)
+		return err == nil && strings.HasPrefix(st.Waiting, "signal approval:")
+	})
+
+	srv.Stop()
+	err := e.client.Approve(context.Background(), "", id, pending[0].Key, "ops", "")
+	t.Logf("Approve during the outage: %v", err)
+	if err == nil {
+		t.Fatal("Approve during a Redis outage reported success")
+	}
+	srv.Start()
+	err = e.client.Approve(context.Background(), "", id, pending[0].Key, "ops", "")
+	t.Logf("the same Approve retried after the outage: %v (ErrNotWaiting: %v)", err, errors.Is(err, onceflow.ErrNotWaiting))
+	select {
+	case <-finished:
+	case <-time.After(10 * time.Second):
+		st, _ := e.client.JobState(context.Background(), "", id)
+		t.Fatalf("the approved job did not run on after Redis came back and the decision was retried: %+v", st)
+	}
+}
+
+// Sleep is "the same wait, ended by its time only" (docs/workflows-agents.md): a signal
+// that happens to carry the sleep's name (any user of SignalHandler can send one) must
+// not end it early.
+func TestSleepIsEndedByItsTimeOnly(t *testing.T) {
+	t.Parallel()
+	woke := make(chan struct{}, 1)
+	e := newStepEnv(t, nil, func(ctx context.Context, j *onceflow.Job[orderArgs]) error {
+		if err := onceflow.Sleep(ctx, j, "cool-off", time.Hour); err != nil {
+			return err
+		}
+		woke <- struct{}{}
+		return nil
+	})
+	id := e.enqueue("Z-1")
+	e.start()
+	testenv.WaitFor(t, 10*time.Second, "the job to sleep", func() bool {
+		st, err := e.client.JobState(context.Background(), "", id)
+		return err == nil && st.Waiting != ""
+	})
+	if err := e.client.Signal(context.Background(), "", id, "cool-off", "wake up"); err != nil {
+		t.Logf("Signal: %v", err)
+	}
+	select {
+	case <-woke:
+		t.Fatal("a one-hour Sleep ended at once, on a signal that carried its name")
+	case <-time.After(3 * time.Second):
+	}
+}
+
+// agentqArgs is a job on its own queue, "agentq".
+type agentqArgs struct {
+	Order string `json:"order"`
+}
+
+func (agentqArgs) Kind() string                      { return "test.agentq" }
+func (agentqArgs) EnqueueOpts() onceflow.EnqueueOpts { return onceflow.EnqueueOpts{Queue: "agentq"} }
+
+// Client.Approve decides and wakes the job. Called from a Client that does not host the
+// job's queue (an API or CLI process configured with other queues), it says it cannot
+// find the job (ErrJobNotFound) and records nothing, rather than recording a decision
+// and leaving the job parked until the approval's deadline.
+func TestApproveFromAClientWithoutTheJobsQueueFailsAndRecordsNothing(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.Redis(t)
+	pool, _ := testenv.Postgres(t)
+	agent := newOrderAgent()
+	tools := agent.tools()
+	tools[1] = onceflow.NeedsApproval(tools[1], func(refundToolArgs) bool { return true })
+	finished := make(chan struct{}, 1)
+	ws := onceflow.NewWorkers()
+	onceflow.AddWorker(ws, onceflow.WorkFunc[agentqArgs](func(ctx context.Context, j *onceflow.Job[agentqArgs]) error {
+		if _, err := onceflow.RunAgent(ctx, j, onceflow.AgentConfig{Request: agentRequest(j.Args.Order), Tools: tools}); err != nil {
+			return err
+		}
+		finished <- struct{}{}
+		return nil
+	}))
+	worker, err := onceflow.NewClient(onceflow.Config{Redis: rdb, DB: pool, Prefix: prefix, Workers: ws, Logger: testenv.Logger(t), Model: refundScript(false), ModelRetry: fastRetry,
+		Queues: map[string]onceflow.QueueConfig{"agentq": {ClaimIdle: 300 * time.Millisecond, RetryBase: 5 * time.Millisecond, RetryMax: 20 * time.Millisecond}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	api, err := onceflow.NewClient(onceflow.Config{Redis: rdb, DB: pool, Prefix: prefix, Logger: testenv.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := worker.Enqueue(context.Background(), agentqArgs{Order: "A-1"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runClient(t, worker)
+	var pending []onceflow.Approval
+	testenv.WaitFor(t, 10*time.Second, "an approval to be asked", func() bool {
+		pending, err = api.Inspector().Approvals(context.Background(), "", false, 10)
+		return err == nil && len(pending) == 1
+	})
+	testenv.WaitFor(t, 10*time.Second, "the job to park", func() bool {
+		st, err := worker.JobState(context.Background(), "", res.JobID)
+		return err == nil && strings.HasPrefix(st.Waiting, "signal approval:")
+	})
+	// The API client knows none of the job's queues: it says so and records nothing.
+	if err := api.Approve(context.Background(), "", res.JobID, pending[0].Key, "ops", ""); !errors.Is(err, onceflow.ErrJobNotFound) {
+		t.Fatalf("Approve from a client without the job's queue: %v, want ErrJobNotFound", err)
+	}
+	if still, err := api.Inspector().Approvals(context.Background(), "", false, 10); err != nil || len(still) != 1 {
+		t.Fatalf("after the refused Approve: %d approvals pending (%v), want the one still pending", len(still), err)
+	}
+	// The worker's client, which hosts the queue, decides and wakes the job.
+	if err := worker.Approve(context.Background(), "", res.JobID, pending[0].Key, "ops", ""); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-finished:
+	case <-time.After(10 * time.Second):
+		st, _ := worker.JobState(context.Background(), "", res.JobID)
+		t.Fatalf("the approved job did not run on: %+v", st)
+	}
+}
+
+// "A job waiting for the signal (WaitSignal) runs at once" (SignalHandler, Client.Signal):
+// a signal of another name, which the job does not wait for, must not run it again. (Any
+// user of the tenant's API key can send any number of names; each run replays the job's
+// whole history.)
+func TestASignalTheJobDoesNotWaitForDoesNotRunIt(t *testing.T) {
+	t.Parallel()
+	e := newStepEnv(t, nil, func(ctx context.Context, j *onceflow.Job[orderArgs]) error {
+		_, err := onceflow.WaitSignal(ctx, j, "payment", time.Hour)
+		return err
+	})
+	id := e.enqueue("W-1")
+	e.start()
+	testenv.WaitFor(t, 10*time.Second, "the job to park", func() bool {
+		st, err := e.client.JobState(context.Background(), "", id)
+		return err == nil && st.Waiting == "signal payment"
+	})
+	before := len(e.runs.all())
+	for i := range 20 {
+		if err := e.client.Signal(context.Background(), "", id, fmt.Sprintf("noise-%d", i), i); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(2 * time.Second)
+	if n := len(e.runs.all()) - before; n != 0 {
+		t.Fatalf("20 signals the job does not wait for ran it %d more times", n)
+	}
+}
+
+// Client.Signal whose wake failed (Redis took no writes for a moment) says the signal is
+// recorded. The caller retries once Redis is back; the job waiting for the signal must
+// then run, not stay parked until its WaitSignal timeout.
+func TestSignalRetriedAfterAFailedWakeRunsTheJob(t *testing.T) {
+	t.Parallel()
+	r := onceflowtest.PrivateRedis(t)
+	got := make(chan string, 1)
+	e := newStepEnvOn(t, r.Client, nil, func(ctx context.Context, j *onceflow.Job[orderArgs]) error {
+		p, err := onceflow.WaitSignal(ctx, j, "payment", time.Hour)
+		if err != nil {
+			return err
+		}
+		got <- string(p)
+		return nil
+	})
+	id := e.enqueue("G-1")
+	runTolerant(t, e.client)
+	testenv.WaitFor(t, 10*time.Second, "the job to park", func() bool {
+		st, err := e.client.JobState(context.Background(), "", id)
+		return err == nil && st.Waiting == "signal payment"
+	})
+	resume := r.PauseWrites(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	err := e.client.Signal(ctx, "", id, "payment", "paid")
+	cancel()
+	t.Logf("Signal while Redis takes no writes: %v", err)
+	resume()
+	if err == nil {
+		t.Skip("the wake went through; nothing to retry")
+	}
+	err = e.client.Signal(context.Background(), "", id, "payment", "paid")
+	t.Logf("the same Signal retried: %v", err)
+	select {
+	case p := <-got:
+		t.Logf("the job got %s", p)
+	case <-time.After(10 * time.Second):
+		st, _ := e.client.JobState(context.Background(), "", id)
+		t.Fatalf("the signalled job did not run after the retried Signal: %+v", st)
 	}
 }

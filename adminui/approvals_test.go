@@ -70,7 +70,7 @@ func TestApprovalsPageListsEveryTenantsCallsAndDecides(t *testing.T) {
 	}
 	for _, want := range []string{"Tool <code>issue_refund</code>", "&#34;order&#34;: &#34;A-1042&#34;", "&#34;cents&#34;: 1250",
 		"My parcel never came; please refund order A-1042.", "Refunds need an operator&#39;s approval.", "calls <code>lookup_order</code>", "lost in transit",
-		"The conversation so far (4 messages)", "Asked</dt>", "Deadline</dt>", `name="decision" value="approve"`, `name="decision" value="reject"`} {
+		"The conversation so far (5 messages)", "Asked</dt>", "Deadline</dt>", `name="decision" value="approve"`, `name="decision" value="reject"`} {
 		if !strings.Contains(page, want) {
 			t.Errorf("the approvals page lacks %q", want)
 		}

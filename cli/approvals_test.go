@@ -73,7 +73,7 @@ func TestApprovalsListApproveAndReject(t *testing.T) {
 		t.Fatalf("approvals list --json: exit %d, %q %s", code, out, errOut)
 	}
 	for _, a := range listed {
-		if a.Tool != "issue_refund" || !strings.Contains(a.Arguments, "A-1042") || len(a.Messages) != 4 || a.Deadline.IsZero() {
+		if a.Tool != "issue_refund" || !strings.Contains(a.Arguments, "A-1042") || len(a.Messages) != 5 || a.Deadline.IsZero() {
 			t.Errorf("listed %+v", a)
 		}
 	}

@@ -329,15 +329,23 @@ var wakeScript = scripts.MustScript("lua/wake.lua")
 // milliseconds. It reports whether the job was waiting. A job without an index, or
 // another tenant's, is ErrUnknownJob.
 func Wake(ctx context.Context, rdb redis.Scripter, keys Keys, tenant, jobID string) (bool, error) {
+	return WakeFor(ctx, rdb, keys, tenant, jobID, "")
+}
+
+// WakeFor is Wake for what the job may wait for: waiting is the wait's reason as the
+// job's index records it (retry.WaitError.Reason: "signal payment"). A job waiting in
+// the scheduled set for something else is left alone (WakeFor reports false); "" wakes
+// whatever it waits for, as Wake does.
+func WakeFor(ctx context.Context, rdb redis.Scripter, keys Keys, tenant, jobID, waiting string) (bool, error) {
 	if !ValidJobID(jobID) {
 		return false, ErrUnknownJob
 	}
-	res, err := wakeScript.Run(ctx, rdb, []string{keys.Scheduled(), keys.Job(jobID)}, tenant).Result()
+	res, err := wakeScript.Run(ctx, rdb, []string{keys.Scheduled(), keys.Job(jobID)}, tenant, waiting).Result()
 	if err != nil {
 		return false, fmt.Errorf("wake job %s: %w", jobID, err)
 	}
-	member, waiting := res.(string)
-	if !waiting {
+	member, due := res.(string)
+	if !due {
 		if n, _ := res.(int64); n == 0 {
 			return false, ErrUnknownJob
 		}
