@@ -113,7 +113,7 @@ func validate(s *SupportRequest) error {
 // redelivery replays them), then commits the reply row and the reply email at once.
 func (o Options) work(ctx context.Context, job *onceflow.Job[SupportRequest]) error {
 	a := job.Args
-	res, err := onceflow.RunAgent(ctx, job, onceflow.AgentConfig{Stream: true, Tools: o.tools(a.Order),
+	res, err := onceflow.RunAgent(ctx, job, onceflow.AgentConfig{Stream: true, Tools: o.tools(job.Tenant, a.Order),
 		Request: &llm.Request{Model: o.Model, MaxTokens: 600, Messages: []llm.Message{{Role: llm.RoleSystem, Content: prompt},
 			{Role: llm.RoleUser, Content: fmt.Sprintf("Order %s. %s", a.Order, a.Message)}}}})
 	if err != nil {
@@ -128,22 +128,22 @@ func (o Options) work(ctx context.Context, job *onceflow.Job[SupportRequest]) er
 	})
 }
 
-// tools are the agent's tools for one order: a call about another order is refused
-// (the model reads why), a refund above ApprovalAbove waits for an operator.
-func (o Options) tools(order string) []onceflow.AgentTool {
+// tools are the agent's tools for customer's (the tenant's) order: any other order is
+// refused (the model reads why); a refund above ApprovalAbove waits for an operator.
+func (o Options) tools(customer, order string) []onceflow.AgentTool {
 	lookup := onceflow.MustTool("lookup_order", "Look an order up: its items, amount paid and status.",
 		func(ctx context.Context, _ string, args LookupArgs) (string, error) {
 			if args.Order != order {
 				return "error: this conversation is about order " + order + " only", nil
 			}
-			return o.Shop.Order(ctx, order)
+			return o.Shop.Order(ctx, customer, order)
 		})
 	refund := onceflow.MustTool("issue_refund", "Refund an order, in cents.",
 		func(ctx context.Context, key string, args RefundArgs) (string, error) {
 			if args.Order != order || args.Amount <= 0 {
 				return "error: refunds are of order " + order + " only, by a positive amount", nil
 			}
-			return o.Shop.Refund(ctx, key, args) // key: the payments API's Idempotency-Key
+			return o.Shop.Refund(ctx, customer, key, args) // key: the payments API's Idempotency-Key
 		})
 	return []onceflow.AgentTool{lookup, onceflow.NeedsApproval(refund, func(a RefundArgs) bool { return a.Amount > o.ApprovalAbove })}
 }

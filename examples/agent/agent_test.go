@@ -63,9 +63,13 @@ func newWorld(t *testing.T, cfg fakeserver.Config, order string, amount int) *wo
 			http.Error(rw, `{"detail":"no such order"}`, http.StatusNotFound)
 			return
 		}
+		if r.URL.Query().Get("fields") == "customer" { // the refund's check of the order's customer
+			fmt.Fprintf(rw, `{"customer":"acme"}`)
+			return
+		}
 		n := w.reads.Add(1) // updated_at changes at every read, as an etag or a timestamp does
 		rw.Header().Set("Content-Type", "application/json")
-		fmt.Fprintf(rw, `{"order":%q,"status":"delivered","amount_paid":30000,"updated_at":%q,"read":%d}`,
+		fmt.Fprintf(rw, `{"order":%q,"customer":"acme","status":"delivered","amount_paid":30000,"updated_at":%q,"read":%d}`,
 			order, time.Now().UTC().Format(time.RFC3339Nano), n)
 	})
 	w.orders = httptest.NewServer(mux)
@@ -390,5 +394,52 @@ func TestBearer(t *testing.T) {
 		if got != want || (want == "") != errors.Is(err, idempotency.ErrUnauthenticated) {
 			t.Errorf("Authorization %q: %q, %v; want %q", header, got, err, want)
 		}
+	}
+}
+
+// One customer never sees or refunds another's order: a request about an order whose
+// customer is another tenant gets "no such order" from both tools (the model reads
+// nothing of the order), and no refund is made.
+func TestAnotherCustomersOrderIsNeitherShownNorRefunded(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, fakeserver.Config{}, "A-17", 1299) // A-17 is acme's
+	o := w.options(t)
+	o.Tenant = bearer("secret=acme,other=globex")
+	env := onceflowtest.New(t, onceflow.Config{Model: w.model.Client(), Provider: "openai", Workflows: []onceflow.Workflow{Workflow(o)}})
+	mux := http.NewServeMux()
+	if err := env.Client.Mount(mux); err != nil {
+		t.Fatal(err)
+	}
+	api := httptest.NewServer(mux)
+	t.Cleanup(api.Close)
+	env.Start()
+	var out struct {
+		JobID string `json:"job_id"`
+	}
+	if code := do(t, http.MethodPost, api.URL+"/v1/orders/A-17/support", "other", "support-0401-other", supportBody, &out); code != http.StatusAccepted {
+		t.Fatalf("POST support: %d", code)
+	}
+	onceflowtest.WaitFor(t, 20*time.Second, "the job done", func() bool {
+		var st jobState
+		return do(t, http.MethodGet, api.URL+"/v1/jobs/"+out.JobID, "other", "", "", &st) == http.StatusOK && st.Status == "done"
+	})
+	if n := w.payments.Total(); n != 0 {
+		t.Fatalf("%d refunds of another customer's order", n)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	results := 0
+	for _, msgs := range w.asked {
+		for _, m := range msgs {
+			if m.Role == llm.RoleTool {
+				results++
+				if m.Content != notFound {
+					t.Fatalf("the model read %q about another customer's order, want %q", m.Content, notFound)
+				}
+			}
+		}
+	}
+	if results == 0 {
+		t.Fatal("no tool result reached the model")
 	}
 }

@@ -8,11 +8,14 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strings"
 )
 
 // Shop is the shop's own APIs that the agent's tools call: the orders API
-// (GET {OrdersURL}/orders/{id}) and the payments API (POST {PaymentsURL} with an
-// Idempotency-Key, which it honours: a repeated key gets the first answer). Its methods
+// (GET {OrdersURL}/orders/{id}, whose answer names the order's "customer": the tenant
+// of the customer's API key) and the payments API (POST {PaymentsURL} with an
+// Idempotency-Key, which it honours: a repeated key gets the first answer). An order of
+// another customer is answered as no such order, and never refunded. Its methods
 // return the answer's body, the tool's result as the model reads it: a 4xx answer
 // too, so the model can say what went wrong; a failure to get an answer, a 408, 409,
 // 429 or 5xx is an error, which fails the job's delivery (retried). Safe for concurrent
@@ -22,13 +25,35 @@ type Shop struct {
 	OrdersURL, PaymentsURL string
 }
 
-// Order returns order id as the orders API answers it.
-func (s *Shop) Order(ctx context.Context, id string) (string, error) {
-	return s.do(ctx, http.MethodGet, s.OrdersURL+"/orders/"+url.PathEscape(id), "", nil)
+// notFound is the tools' answer about an order that is not the customer's.
+const notFound = "error: no such order"
+
+// Order returns order id as the orders API answers it, when it is customer's.
+func (s *Shop) Order(ctx context.Context, customer, id string) (string, error) {
+	return s.order(ctx, customer, id, "")
 }
 
-// Refund asks the payments API to refund r under the Idempotency-Key key.
-func (s *Shop) Refund(ctx context.Context, key string, r RefundArgs) (string, error) {
+// order GETs order id (with query, "" for none) and returns it when it is customer's.
+func (s *Shop) order(ctx context.Context, customer, id, query string) (string, error) {
+	body, err := s.do(ctx, http.MethodGet, s.OrdersURL+"/orders/"+url.PathEscape(id)+query, "", nil)
+	if err != nil || strings.HasPrefix(body, "error:") {
+		return body, err
+	}
+	var o struct {
+		Customer string `json:"customer"`
+	}
+	if json.Unmarshal([]byte(body), &o) != nil || o.Customer == "" || o.Customer != customer {
+		return notFound, nil
+	}
+	return body, nil
+}
+
+// Refund asks the payments API to refund r under the Idempotency-Key key, once the
+// orders API says the order is customer's (GET .../orders/{id}?fields=customer).
+func (s *Shop) Refund(ctx context.Context, customer, key string, r RefundArgs) (string, error) {
+	if ans, err := s.order(ctx, customer, r.Order, "?fields=customer"); err != nil || strings.HasPrefix(ans, "error:") {
+		return ans, err
+	}
 	b, err := json.Marshal(r)
 	if err != nil {
 		return "", err

@@ -299,9 +299,13 @@ func (r *agentRun) setup(ctx context.Context) error {
 	}
 	orders := http.NewServeMux()
 	orders.HandleFunc("GET /orders/{id}", func(w http.ResponseWriter, req *http.Request) {
+		if req.URL.Query().Get("fields") == "customer" { // the refund's check of the order's customer
+			fmt.Fprintf(w, `{"customer":"acme"}`)
+			return
+		}
 		n := r.reads.Add(1) // updated_at changes at every read
 		w.Header().Set("Content-Type", "application/json")
-		fmt.Fprintf(w, `{"order":%q,"status":"delivered","amount_paid":60000,"updated_at":%q,"read":%d}`,
+		fmt.Fprintf(w, `{"order":%q,"customer":"acme","status":"delivered","amount_paid":60000,"updated_at":%q,"read":%d}`,
 			req.PathValue("id"), time.Now().UTC().Format(time.RFC3339Nano), n)
 	})
 	ordersURL, err := r.serve(orders)
