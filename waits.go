@@ -397,6 +397,7 @@ func (c *Client) decide(ctx context.Context, tenant, id, key string, d Decision)
 		return nil, false, err
 	}
 	name := approvalPrefix + key
+	decided := false // the call had a decision, its wait left open (a crash after its timeout decided)
 	err = pgx.BeginFunc(ctx, c.steps.db, func(tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, `UPDATE job_steps SET state = 'done' WHERE tenant = $1 AND job_id = $2 AND name = $3 AND state = 'waiting'`,
 			tenant, id, waitPrefix+name)
@@ -406,8 +407,16 @@ func (c *Client) decide(ctx context.Context, tenant, id, key string, d Decision)
 		if tag.RowsAffected() == 0 {
 			return fmt.Errorf("%w: job %s, call %s", ErrNotWaiting, id, clipText(key))
 		}
-		return c.recordSignal(ctx, tx, tenant, id, name, enc)
+		err = c.recordSignal(ctx, tx, tenant, id, name, enc)
+		if errors.Is(err, ErrAlreadySignalled) {
+			decided = true
+			return nil // close the wait: the recorded decision stands
+		}
+		return err
 	})
+	if err == nil && decided {
+		err = fmt.Errorf("%w: job %s, call %s: decided already", ErrNotWaiting, id, clipText(key))
+	}
 	switch {
 	case errors.Is(err, ErrNotWaiting):
 		have, rerr := c.decision(ctx, tenant, id, key)

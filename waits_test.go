@@ -519,3 +519,39 @@ func TestSignalRetriedAfterAFailedWakeRunsTheJob(t *testing.T) {
 		t.Fatalf("the signalled job did not run after the retried Signal: %+v", st)
 	}
 }
+
+// A call whose timeout's outcome was recorded while its wait stayed open (the process
+// died between the two writes) is decided already: a decision on it is refused
+// (ErrNotWaiting), not failed for ever, and it closes the wait, so the call leaves the
+// operators' list.
+func TestDecidingACallItsTimeoutDecidedIsRefusedAndClosesItsWait(t *testing.T) {
+	t.Parallel()
+	agent := newOrderAgent()
+	tools := agent.tools()
+	tools[1] = onceflow.NeedsApproval(tools[1], func(refundToolArgs) bool { return true })
+	e := newStepEnv(t, refundScript(false), func(ctx context.Context, j *onceflow.Job[orderArgs]) error {
+		_, err := onceflow.RunAgent(ctx, j, onceflow.AgentConfig{Request: agentRequest(j.Args.Order), Tools: tools})
+		return err
+	})
+	id := e.enqueue("A-1")
+	e.start()
+	in := e.client.Inspector()
+	var pending []onceflow.Approval
+	testenv.WaitFor(t, 10*time.Second, "an approval to be asked", func() bool {
+		var err error
+		pending, err = in.Approvals(context.Background(), "", false, 10)
+		return err == nil && len(pending) == 1
+	})
+	// The timeout's outcome, recorded by a delivery that died before it closed the wait.
+	if _, err := e.pool.Exec(context.Background(), `INSERT INTO job_steps (tenant, job_id, name, state, result, expires_at)
+VALUES ('', $1, $2, 'done', '{"approved":false,"timed_out":true,"note":"nobody decided in time"}', now() + interval '1 day')`,
+		id, "signal:approval:"+pending[0].Key); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.client.Approve(context.Background(), "", id, pending[0].Key, "ops", ""); !errors.Is(err, onceflow.ErrNotWaiting) {
+		t.Fatalf("approving a call its timeout decided: %v, want ErrNotWaiting", err)
+	}
+	if left, err := in.Approvals(context.Background(), "", false, 10); err != nil || len(left) != 0 {
+		t.Fatalf("after the refused decision %d approvals are listed (%v), want none", len(left), err)
+	}
+}
