@@ -1,7 +1,11 @@
 package onceflow_test
 
 import (
+	"context"
 	"fmt"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"log"
+	"time"
 
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/llm"
@@ -46,4 +50,48 @@ func ExampleJSONFieldsMatch() {
 		&llm.Response{Content: `{"priority":2,"label":"feature","why":"asks for more"}`})
 	fmt.Println(c.Agree, c.Score, c.Detail)
 	// Output: false 0.5 fields differ: label
+}
+
+// Every call of the step "summary" is also made to a candidate model, whose answer is
+// compared with production's and recorded; the report sums them up.
+func ExampleInspector_ShadowReport() {
+	rdb, prefix, db, done := exampleStores("SELECT 1")
+	defer done()
+	model := &modelsByName{answers: map[string]string{"prod": "The parcel shipped.", "nano": "It shipped."}}
+	workers := onceflow.NewWorkers()
+	onceflow.AddWorker(workers, onceflow.WorkFunc[shadowedTicket](func(ctx context.Context, job *onceflow.Job[shadowedTicket]) error {
+		_, err := job.Complete(ctx, "summary", &llm.Request{Model: "prod", Messages: []llm.Message{{Role: llm.RoleUser, Content: job.Args.Text}}})
+		return err
+	}))
+	client, err := onceflow.NewClient(onceflow.Config{Redis: rdb, DB: db, Prefix: prefix, Workers: workers, Model: model, NoLimits: true,
+		Shadows: []onceflow.Shadow{{Step: "summary", Model: "nano", Rate: 1}}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer runExample(client)()
+	if _, err := client.Enqueue(context.Background(), shadowedTicket{Text: "Where is my parcel?"}, nil); err != nil {
+		log.Fatal(err)
+	}
+	for exampleCount(db, `SELECT count(*) FROM shadow_runs`) == 0 {
+		time.Sleep(10 * time.Millisecond)
+	}
+	rep, err := client.Inspector().ShadowReport(context.Background(), onceflow.ShadowQuery{Step: "summary"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	s, d := rep.Summaries[0], rep.Disagreements[0]
+	fmt.Println(s.Step, s.Candidate, s.Runs, s.Agreed)
+	fmt.Printf("%q vs %q: %s\n", d.Production.Content, d.Shadow.Content, d.Detail)
+	// Output:
+	// summary nano 1 0
+	// "The parcel shipped." vs "It shipped.": the text differs
+}
+
+// exampleCount runs a counting query for an example.
+func exampleCount(db *pgxpool.Pool, sql string) int {
+	var n int
+	if err := db.QueryRow(context.Background(), sql).Scan(&n); err != nil {
+		log.Fatal(err)
+	}
+	return n
 }

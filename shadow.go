@@ -338,3 +338,120 @@ func (c *Client) costUSD(model string, u llm.Usage) float64 {
 	p := limiter.DefaultPrices[model]
 	return (float64(u.InputTokens)*p.Input + float64(u.OutputTokens)*p.Output) / 1e6
 }
+
+// ShadowQuery selects the shadow runs a report covers (Inspector.ShadowReport).
+type ShadowQuery struct {
+	// Step, when set, limits the report to that step's shadows.
+	Step string
+	// Since, when set, limits it to the runs recorded since then.
+	Since time.Time
+	// Worst is how many of the worst disagreements to return (lowest score first).
+	// Default: 5; negative: none.
+	Worst int
+}
+
+// ShadowSummary is the agreement, cost and latency of one candidate on one step.
+type ShadowSummary struct {
+	Step      string `json:"step"`
+	Candidate string `json:"candidate"`
+	// Runs counts the shadow runs, Agreed those that agreed with production;
+	// Agreement is Agreed/Runs, Score the mean score.
+	Runs      int     `json:"runs"`
+	Agreed    int     `json:"agreed"`
+	Agreement float64 `json:"agreement"`
+	Score     float64 `json:"score"`
+	// ProdLatencyMS and CandLatencyMS are the mean latencies of the calls, in ms.
+	ProdLatencyMS float64 `json:"prod_latency_ms"`
+	CandLatencyMS float64 `json:"cand_latency_ms"`
+	// ProdCostUSD and CandCostUSD are the calls' total costs by the price table.
+	ProdCostUSD float64 `json:"prod_cost_usd"`
+	CandCostUSD float64 `json:"cand_cost_usd"`
+	// ProdTokens and CandTokens are the calls' total tokens, input and output.
+	ProdTokens int64 `json:"prod_tokens"`
+	CandTokens int64 `json:"cand_tokens"`
+}
+
+// ShadowDisagreement is one shadow run whose candidate disagreed, with both answers.
+type ShadowDisagreement struct {
+	Step       string        `json:"step"`
+	Candidate  string        `json:"candidate"`
+	Tenant     string        `json:"tenant"`
+	JobID      string        `json:"job_id"`
+	Score      float64       `json:"score"`
+	Detail     string        `json:"detail"`
+	Production *llm.Response `json:"production"`
+	Shadow     *llm.Response `json:"candidate_answer"`
+	At         time.Time     `json:"at"`
+}
+
+// ShadowReport is what the shadow runs say: a summary per step and candidate, and the
+// worst disagreements.
+type ShadowReport struct {
+	Summaries     []ShadowSummary      `json:"summaries"`
+	Disagreements []ShadowDisagreement `json:"disagreements"`
+}
+
+// ShadowReport reports the shadow runs q selects (onceflow shadow report, the operator
+// UI): per step and candidate, the agreement with production, the mean score, the mean
+// latencies and the total costs and tokens of both; and the worst disagreements, both
+// answers side by side. Every tenant's runs count. It needs Config.DB.
+func (in *Inspector) ShadowReport(ctx context.Context, q ShadowQuery) (*ShadowReport, error) {
+	db := in.c.cfg.DB
+	if db == nil {
+		return nil, errors.New("onceflow: ShadowReport: Config.DB is required (the shadow_runs table is in PostgreSQL)")
+	}
+	if q.Worst == 0 {
+		q.Worst = 5
+	}
+	since := q.Since
+	if since.IsZero() {
+		since = time.Unix(0, 0)
+	}
+	rows, err := db.Query(ctx, `SELECT step, candidate, count(*), count(*) FILTER (WHERE agree), avg(score),
+	avg(prod_latency_ms), avg(cand_latency_ms), sum(prod_cost_usd), sum(cand_cost_usd),
+	sum(prod_input_tokens + prod_output_tokens), sum(cand_input_tokens + cand_output_tokens)
+FROM shadow_runs WHERE ($1 = '' OR step = $1) AND created_at >= $2
+GROUP BY step, candidate ORDER BY step, candidate`, q.Step, since)
+	if err != nil {
+		return nil, fmt.Errorf("onceflow: shadow report: %w", err)
+	}
+	out := &ShadowReport{Summaries: []ShadowSummary{}, Disagreements: []ShadowDisagreement{}}
+	for rows.Next() {
+		var s ShadowSummary
+		if err := rows.Scan(&s.Step, &s.Candidate, &s.Runs, &s.Agreed, &s.Score, &s.ProdLatencyMS, &s.CandLatencyMS,
+			&s.ProdCostUSD, &s.CandCostUSD, &s.ProdTokens, &s.CandTokens); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("onceflow: shadow report: %w", err)
+		}
+		s.Agreement = float64(s.Agreed) / float64(max(s.Runs, 1))
+		out.Summaries = append(out.Summaries, s)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("onceflow: shadow report: %w", err)
+	}
+	if q.Worst < 0 {
+		return out, nil
+	}
+	rows, err = db.Query(ctx, `SELECT step, candidate, tenant, job_id, score, detail, prod_answer, cand_answer, created_at
+FROM shadow_runs WHERE NOT agree AND ($1 = '' OR step = $1) AND created_at >= $2
+ORDER BY score, created_at DESC LIMIT $3`, q.Step, since, q.Worst)
+	if err != nil {
+		return nil, fmt.Errorf("onceflow: shadow report: %w", err)
+	}
+	for rows.Next() {
+		var d ShadowDisagreement
+		var prod, cand []byte
+		if err := rows.Scan(&d.Step, &d.Candidate, &d.Tenant, &d.JobID, &d.Score, &d.Detail, &prod, &cand, &d.At); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("onceflow: shadow report: %w", err)
+		}
+		d.Production, d.Shadow = &llm.Response{}, &llm.Response{}
+		_ = json.Unmarshal(prod, d.Production)
+		_ = json.Unmarshal(cand, d.Shadow)
+		out.Disagreements = append(out.Disagreements, d)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("onceflow: shadow report: %w", err)
+	}
+	return out, nil
+}

@@ -153,6 +153,7 @@ func (d *deps) clientConfig(app App, withModel bool) (onceflow.Config, error) {
 		client = onceflowotel.LLMClient(d.tp, d.cfg.LLM, client)
 	}
 	cfg.Model, cfg.Provider, cfg.QuotaProbe = client, d.cfg.LLM, d.cfg.LLMQuotaProbe
+	cfg.Shadows = d.cfg.Shadows
 	cfg.NoLimits = !d.cfg.LLMAdmission
 	cfg.Limits = limitsConfig(d.cfg)
 	cfg.ModelRetry = retry.Policy{MaxAttempts: d.cfg.LLMMaxAttempts, PerCallTimeout: d.cfg.LLMTimeout}

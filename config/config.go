@@ -27,6 +27,7 @@ import (
 
 	"golang.org/x/net/http/httpguts"
 
+	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/limiter"
 	"github.com/onceflow/onceflow/queue"
 )
@@ -114,6 +115,10 @@ type Config struct {
 	// LLMPrices are per-model prices in US dollars per million tokens
 	// ("gpt-4.1-mini input=0.40 output=1.60"), over limiter.DefaultPrices. Default: none.
 	LLMPrices map[string]limiter.Price
+	// Shadows run candidate models beside production model steps, a sampled share of
+	// their calls each, never causing an effect (onceflow.ParseShadows:
+	// "STEP=MODEL@RATE,..."; docs/shadows.md). Default: none.
+	Shadows []onceflow.Shadow
 	// LLMAdmissionWait is how long a job waits in its worker for the limiter's capacity
 	// before it waits in its queue instead (holding no worker). Default: 2s.
 	LLMAdmissionWait time.Duration
@@ -379,6 +384,11 @@ var settings = []setting{
 		c.LLMLimits = m
 		return err
 	}},
+	{env: "ONCEFLOW_SHADOW", usage: "shadow runs: \"STEP=MODEL@RATE,...\" (a share of a step's model calls also made to MODEL, never causing an effect)", parse: func(c *Config, v string) error {
+		sh, err := onceflow.ParseShadows(v)
+		c.Shadows = sh
+		return err
+	}},
 	{env: "ONCEFLOW_LLM_PRICES", usage: "per-model prices, US dollars per million tokens: \"MODEL input=N output=N; ...\"", parse: func(c *Config, v string) error {
 		m, err := limiter.ParsePrices(v)
 		c.LLMPrices = m
@@ -600,7 +610,7 @@ var groups = []struct {
 	{GroupWorkers, []string{"ONCEFLOW_WORKER_CONCURRENCY", "ONCEFLOW_CLAIM_IDLE", "ONCEFLOW_MAX_DELIVERIES", "ONCEFLOW_RETRY_BASE",
 		"ONCEFLOW_RETRY_MAX", "ONCEFLOW_MAX_RUN_TIME", "ONCEFLOW_JOB_BUDGET", "ONCEFLOW_DLQ_RETENTION", "ONCEFLOW_RECORD_SUCCESSES",
 		"ONCEFLOW_BREAKER_THRESHOLD", "ONCEFLOW_HEALTH_INTERVAL", "ONCEFLOW_STATS_INTERVAL"}},
-	{GroupModel, []string{"ONCEFLOW_LLM", "ONCEFLOW_LLM_BASE_URL", "ONCEFLOW_LLM_MODEL"}},
+	{GroupModel, []string{"ONCEFLOW_LLM", "ONCEFLOW_LLM_BASE_URL", "ONCEFLOW_LLM_MODEL", "ONCEFLOW_SHADOW"}},
 	{GroupModelCalls, []string{"OPENAI_API_KEY", "ANTHROPIC_API_KEY", "ONCEFLOW_LLM_TIMEOUT", "ONCEFLOW_LLM_MAX_ATTEMPTS",
 		"ONCEFLOW_LLM_QUOTA_PROBE"}},
 	{GroupLimits, []string{"ONCEFLOW_LLM_ADMISSION", "ONCEFLOW_LLM_RPM", "ONCEFLOW_LLM_TPM", "ONCEFLOW_LLM_CONCURRENCY",

@@ -446,3 +446,20 @@ func TestEverySettingIsInOneGroup(t *testing.T) {
 		t.Error("IsFlag or Flags answers for what is not a setting or a group")
 	}
 }
+
+// ONCEFLOW_SHADOW gives the shadow runs; a bad entry names the variable and the entry.
+func TestShadowSetting(t *testing.T) {
+	t.Parallel()
+	c, err := load(t, map[string]string{"ONCEFLOW_SHADOW": "summary=gpt-4.1-nano@0.25"})
+	if err != nil || len(c.Shadows) != 1 || c.Shadows[0].Step != "summary" || c.Shadows[0].Model != "gpt-4.1-nano" || c.Shadows[0].Rate != 0.25 {
+		t.Fatalf("%+v %v", c.Shadows, err)
+	}
+	if c, err := load(t, nil); err != nil || c.Shadows != nil {
+		t.Fatalf("default: %+v %v", c.Shadows, err)
+	}
+	_, err = load(t, map[string]string{"ONCEFLOW_SHADOW": "summary=gpt-4.1-nano@3"})
+	var ce *Error
+	if !errors.As(err, &ce) || ce.Name != "ONCEFLOW_SHADOW" || !strings.Contains(err.Error(), "want 0 to 1") {
+		t.Fatalf("a rate of 3: %v", err)
+	}
+}

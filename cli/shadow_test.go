@@ -1,0 +1,72 @@
+package cli_test
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/cli"
+	"github.com/onceflow/onceflow/internal/testenv"
+)
+
+// shadow report summarises the shadow runs per step and candidate and shows the worst
+// disagreements, as text and as JSON; --step and --since select the runs.
+func TestShadowReportSummarisesAgreementCostAndLatency(t *testing.T) {
+	t.Parallel()
+	pool, dsn := testenv.Postgres(t)
+	_, prefix := testenv.Redis(t)
+	ctx := context.Background()
+	insert := `INSERT INTO shadow_runs (prod_key, candidate, tenant, job_id, step, prod_model, cand_model, prod_answer, cand_answer,
+	agree, score, detail, prod_latency_ms, cand_latency_ms, prod_cost_usd, cand_cost_usd, prod_input_tokens, cand_input_tokens, created_at)
+VALUES ($1, $2, 'acme', $3, $4, 'gpt-4.1', $2, $5, $6, $7, $8, $9, $10, $11, 0.01, 0.002, 100, 100, now() - $12::interval)`
+	for i, r := range []struct {
+		step, cand, prod, answer, detail, ago string
+		agree                                bool
+		score                                float64
+		prodMS, candMS                       int
+	}{
+		{"summary", "gpt-4.1-nano", "Shipped.", "Shipped.", "", "1 minute", true, 1, 800, 400},
+		{"summary", "gpt-4.1-nano", "Shipped.", "Lost.", "the text differs", "1 minute", false, 0, 900, 300},
+		{"summary", "gpt-4.1-nano", "Refunded.", "Refunded.", "", "3 days", true, 1, 700, 500},
+		{"classify", "terse", `{"label":"bug"}`, `{"label":"feature"}`, "fields differ: label", "1 minute", false, 0, 100, 50},
+	} {
+		prod, _ := json.Marshal(map[string]string{"content": r.prod})
+		cand, _ := json.Marshal(map[string]string{"content": r.answer})
+		if _, err := pool.Exec(ctx, insert, "llm-"+strings.Repeat("a", 60)+string(rune('a'+i)), r.cand, "job-"+string(rune('a'+i)), r.step,
+			prod, cand, r.agree, r.score, r.detail, r.prodMS, r.candMS, r.ago); err != nil {
+			t.Fatal(err)
+		}
+	}
+	getenv := func(k string) string {
+		return map[string]string{"ONCEFLOW_REDIS_URL": testenv.RedisURL(t), "ONCEFLOW_DATABASE_URL": dsn, "ONCEFLOW_PREFIX": prefix,
+			"ONCEFLOW_LOG_FORMAT": "text"}[k]
+	}
+	out, errOut, code := runCommand(t, cli.App{}, getenv, "shadow", "report", "--json", "--since", "24h")
+	var rep onceflow.ShadowReport
+	if code != 0 || json.Unmarshal([]byte(out), &rep) != nil {
+		t.Fatalf("shadow report --json: exit %d, %q %s", code, out, errOut)
+	}
+	if len(rep.Summaries) != 2 {
+		t.Fatalf("summaries %+v, want classify and summary", rep.Summaries)
+	}
+	s := rep.Summaries[1] // sorted by step: classify, summary
+	if s.Step != "summary" || s.Candidate != "gpt-4.1-nano" || s.Runs != 2 || s.Agreed != 1 || s.Agreement != 0.5 ||
+		s.ProdLatencyMS != 850 || s.CandLatencyMS != 350 || s.ProdTokens != 200 {
+		t.Fatalf("summary's shadows in the last 24h: %+v, want 2 runs (the one of 3 days ago left out), 1 agreed", s)
+	}
+	if len(rep.Disagreements) != 2 || rep.Disagreements[0].Shadow.Content == "" {
+		t.Fatalf("disagreements %+v", rep.Disagreements)
+	}
+	out, _, code = runCommand(t, cli.App{}, getenv, "shadow", "report", "--step", "summary")
+	if code != 0 || !strings.Contains(out, "gpt-4.1-nano") || !strings.Contains(out, "2 (66.7%)") || strings.Contains(out, "classify") ||
+		!strings.Contains(out, "production: Shipped.") || !strings.Contains(out, "candidate:  Lost.") {
+		t.Fatalf("shadow report --step summary: exit %d\n%s", code, out)
+	}
+	for _, args := range [][]string{{"shadow"}, {"shadow", "frob"}, {"shadow", "report", "--worst", "-1"}, {"shadow", "report", "x"}} {
+		if _, _, code := runCommand(t, cli.App{}, getenv, args...); code != 2 {
+			t.Errorf("%v: exit %d, want 2 (usage)", args, code)
+		}
+	}
+}
