@@ -302,7 +302,9 @@ func (c *Client) runShadow(ctx context.Context, job *Job[shadowArgs]) error {
 		sh.Transform(&req)
 	}
 	start := time.Now()
-	st, err := job.run.complete(limiter.WithTenant(ctx, shadowTenant), job.ID, "candidate", &req)
+	// A background call of a tenant of its own: only capacity production does not need,
+	// never a production tenant's share or budget.
+	st, err := job.run.complete(limiter.WithBackground(limiter.WithTenant(ctx, shadowTenant)), job.ID, "candidate", &req)
 	if err != nil {
 		return err
 	}

@@ -20,6 +20,21 @@ func WithTenant(ctx context.Context, tenant string) context.Context {
 // TenantFrom returns the tenant WithTenant put in ctx, "" for none.
 func TenantFrom(ctx context.Context) string { return llm.TenantFrom(ctx) }
 
+type backgroundKeyType struct{}
+
+// WithBackground returns ctx whose calls through a Wrap-ped client are background
+// calls (Call.Background): they take only capacity nobody else needs.
+func WithBackground(ctx context.Context) context.Context {
+	return context.WithValue(ctx, backgroundKeyType{}, true)
+}
+
+// callOf is the Call of req made with ctx: its tenant and class from ctx.
+func callOf(ctx context.Context, req *llm.Request) Call {
+	c := CallFor(TenantFrom(ctx), req)
+	c.Background, _ = ctx.Value(backgroundKeyType{}).(bool)
+	return c
+}
+
 // Wrap returns next behind the limiter: each call (Complete, Stream) is admitted with
 // Acquire before it is made (as CallFor's Call, for WithTenant's tenant) and settled
 // with Done when it is over. A call the limiter puts off fails at once with Acquire's
@@ -47,7 +62,7 @@ type client struct {
 }
 
 func (c *client) Complete(ctx context.Context, req *llm.Request) (*llm.Response, error) {
-	p, err := c.l.Acquire(ctx, CallFor(TenantFrom(ctx), req))
+	p, err := c.l.Acquire(ctx, callOf(ctx, req))
 	if err != nil {
 		return nil, err
 	}
@@ -68,7 +83,7 @@ func (c *client) Complete(ctx context.Context, req *llm.Request) (*llm.Response,
 
 func (c *client) Stream(ctx context.Context, req *llm.Request) iter.Seq2[llm.Chunk, error] {
 	return func(yield func(llm.Chunk, error) bool) {
-		p, err := c.l.Acquire(ctx, CallFor(TenantFrom(ctx), req))
+		p, err := c.l.Acquire(ctx, callOf(ctx, req))
 		if err != nil {
 			yield(llm.Chunk{}, err)
 			return

@@ -419,7 +419,16 @@ type Call struct {
 	// InputTokens is the prompt's estimate (llm.EstimateInputTokens); OutputTokens the
 	// output it may produce (Request.MaxTokens, or llm.DefaultOutputTokens).
 	InputTokens, OutputTokens int
+	// Background makes the call take only capacity nobody else needs (a shadow run):
+	// it waits while another tenant waits for capacity, and while it would leave less
+	// than BackgroundHeadroom of a shared limit (requests, tokens per minute, calls in
+	// flight) free. It takes no place in a line.
+	Background bool
 }
+
+// BackgroundHeadroom is the share of each shared limit a background call leaves free
+// (Call.Background).
+const BackgroundHeadroom = 0.25
 
 // CallFor returns the Call of req for tenant: its model, work key and token estimates.
 func CallFor(tenant string, req *llm.Request) Call {
@@ -502,7 +511,8 @@ func (l *Limiter) Acquire(ctx context.Context, c Call) (*Permit, error) {
 		day := now.UTC().Truncate(dayLen)
 		res, err := l.runAdmit(ctx, mk, day, admitArgs{permit: p.id, tenant: c.Tenant, work: work, lim: lim,
 			tenantConc: tenantCap(c.Tenant, l.cfg.TenantConcurrency), need: need, budget: budget, lease: l.cfg.Lease,
-			dayEnd: day.Add(dayLen), halfLife: l.cfg.HalfLife, firstCost: max(c.InputTokens, 1), probeFor: l.cfg.RateLimitPause})
+			dayEnd: day.Add(dayLen), halfLife: l.cfg.HalfLife, firstCost: max(c.InputTokens, 1), probeFor: l.cfg.RateLimitPause,
+			free: backgroundFree(c.Background)})
 		if err != nil {
 			if replyLost(err) {
 				// Redis may have run the admission and its reply is lost: Run ends the
@@ -664,6 +674,15 @@ func sleep(ctx context.Context, d time.Duration) error { return retry.SystemCloc
 // NoTenant stands for the calls of no tenant in the limiter's keys and cost view; no
 // tenant can be named so (tenants are A-Z a-z 0-9 . _ -).
 const NoTenant = "(none)"
+
+// backgroundFree is admitScript's ARGV[20] for a call: BackgroundHeadroom for a
+// background one, else 0.
+func backgroundFree(background bool) float64 {
+	if background {
+		return BackgroundHeadroom
+	}
+	return 0
+}
 
 // tenantKey is tenant's name in keys.
 func tenantKey(tenant string) string { return cmp.Or(tenant, NoTenant) }

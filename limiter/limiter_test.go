@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -679,5 +680,115 @@ func TestPausesAreBounded(t *testing.T) {
 	_, err = l.Acquire(context.Background(), call("x", "2", 1, 1))
 	if we := waitErr(t, err); we.Delay > 4*time.Second {
 		t.Fatalf("the next call waits %v, want at most the bounded pause", we.Delay)
+	}
+}
+
+// A background call (a shadow run) takes only capacity nobody else needs: it leaves
+// BackgroundHeadroom of each shared limit free, and waits while another tenant waits
+// for capacity; a call of its own class takes what is left.
+func TestBackgroundCallsLeaveHeadroomAndYield(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.Redis(t)
+	l := newLimiter(t, rdb, prefix, limiter.Config{Limits: limiter.Limits{Concurrency: 8}, MaxWait: time.Millisecond, Lease: time.Minute})
+	ctx := context.Background()
+	bg := func(work string) limiter.Call {
+		c := call("onceflow.shadow", work, 1, 1)
+		c.Background = true
+		return c
+	}
+	// With 8 calls in flight allowed, background calls stop at 6: a quarter stays free.
+	var held []*limiter.Permit
+	for i := range 6 {
+		p, err := l.Acquire(ctx, bg(fmt.Sprint("bg", i)))
+		if err != nil {
+			t.Fatalf("background call %d of the 6 that leave a quarter free: %v", i, err)
+		}
+		held = append(held, p)
+	}
+	_, err := l.Acquire(ctx, bg("bg6"))
+	if we := waitErr(t, err); !strings.HasSuffix(we.Reason, ": headroom") {
+		t.Fatalf("the 7th background call: %q, want headroom", we.Reason)
+	}
+	// Production takes the headroom.
+	for i := range 2 {
+		p, err := l.Acquire(ctx, call("acme", fmt.Sprint("prod", i), 1, 1))
+		if err != nil {
+			t.Fatalf("production call %d in the headroom: %v", i, err)
+		}
+		held = append(held, p)
+	}
+	// Full: a production call waits (and is marked waiting); once capacity frees, the
+	// background call still yields to it.
+	if _, err := l.Acquire(ctx, call("acme", "prod-waiting", 1, 1)); !strings.HasSuffix(waitErr(t, err).Reason, ": concurrency") {
+		t.Fatalf("production at the limit: %v, want a wait for concurrency", err)
+	}
+	for _, p := range held[:4] {
+		p.Done(limiter.Result{Sent: true})
+	}
+	if _, err := l.Acquire(ctx, bg("bg7")); !strings.HasSuffix(waitErr(t, err).Reason, ": others first") && !strings.HasSuffix(waitErr(t, err).Reason, ": fair share") {
+		t.Fatalf("a background call while production waits: %v, want it to yield", err)
+	}
+	if p, err := l.Acquire(ctx, call("acme", "prod-waiting", 1, 1)); err != nil {
+		t.Fatalf("the waiting production call: %v", err)
+	} else {
+		p.Done(limiter.Result{Sent: true})
+	}
+}
+
+// With a rate limit, a background call leaves a quarter of the minute's requests for
+// the calls of its own class.
+func TestBackgroundCallsLeaveAQuarterOfTheRequestsPerMinute(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.Redis(t)
+	l := newLimiter(t, rdb, prefix, limiter.Config{Limits: limiter.Limits{RPM: 8}, MaxWait: time.Millisecond})
+	ctx := context.Background()
+	admitted := 0
+	for i := range 8 {
+		c := call("onceflow.shadow", fmt.Sprint("bg", i), 1, 1)
+		c.Background = true
+		p, err := l.Acquire(ctx, c)
+		if err != nil {
+			if we := waitErr(t, err); !strings.HasSuffix(we.Reason, ": headroom") {
+				t.Fatalf("background call %d: %q, want headroom", i, we.Reason)
+			}
+			break
+		}
+		p.Done(limiter.Result{Sent: true})
+		admitted++
+	}
+	if admitted != 6 {
+		t.Fatalf("%d background calls of 8 requests a minute, want 6 (a quarter left)", admitted)
+	}
+	for i := range 2 {
+		p, err := l.Acquire(ctx, call("acme", fmt.Sprint("prod", i), 1, 1))
+		if err != nil {
+			t.Fatalf("production call %d in the quarter left: %v", i, err)
+		}
+		p.Done(limiter.Result{Sent: true})
+	}
+}
+
+// A background call of a tenant that has had nothing lately (no fair share holds it
+// back) still yields while another tenant waits for capacity.
+func TestBackgroundCallsYieldToAWaitingTenantWhateverTheirShare(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.Redis(t)
+	l := newLimiter(t, rdb, prefix, limiter.Config{Limits: limiter.Limits{Concurrency: 2}, MaxWait: time.Millisecond, Lease: time.Minute})
+	ctx := context.Background()
+	p1, err := l.Acquire(ctx, call("acme", "a1", 1, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Acquire(ctx, call("acme", "a2", 1, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Acquire(ctx, call("acme", "a3", 1, 1)); err == nil {
+		t.Fatal("a third call at a concurrency of 2 went")
+	}
+	p1.Done(limiter.Result{Sent: true})
+	c := call("shadow", "s1", 1, 1)
+	c.Background = true
+	if _, err := l.Acquire(ctx, c); !strings.HasSuffix(waitErr(t, err).Reason, ": others first") {
+		t.Fatalf("a background call while acme waits: %v, want others first", err)
 	}
 }

@@ -3,6 +3,7 @@ package limiter
 import (
 	"context"
 	"embed"
+	"strconv"
 	"time"
 
 	"github.com/onceflow/onceflow/internal/redisscript"
@@ -63,6 +64,7 @@ type admitArgs struct {
 	lease, halfLife, probeFor time.Duration
 	dayEnd                    time.Time
 	firstCost                 int
+	free                      float64 // a background call's share of each limit left free; 0 otherwise
 }
 
 // runAdmit runs admitScript for a permit of model mk for a.tenant on day.
@@ -73,7 +75,7 @@ func (l *Limiter) runAdmit(ctx context.Context, mk string, day time.Time, a admi
 	return admitScript.Run(ctx, l.rdb, keys, a.permit, a.tenant, a.work, a.lim.RPM, a.lim.TPM, a.lim.Concurrency, a.tenantConc,
 		a.need, a.budget, a.lease.Milliseconds(), a.dayEnd.UnixMilli(), int64(budgetTTL.Seconds()),
 		a.halfLife.Milliseconds(), waitingMark.Milliseconds(), placeGrace.Milliseconds(), firstCallDur.Milliseconds(),
-		a.firstCost, learnTTL.Milliseconds(), a.probeFor.Milliseconds()).Slice()
+		a.firstCost, learnTTL.Milliseconds(), a.probeFor.Milliseconds(), strconv.FormatFloat(a.free, 'f', -1, 64)).Slice()
 }
 
 // settleScript ends a permit: its concurrency back, its tokens corrected, the provider's

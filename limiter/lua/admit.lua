@@ -31,6 +31,9 @@
 --            settles; the output's whole reservation would leave capacity idle)
 --   ARGV[18] how long a learnt limit holds without the provider saying it again, ms
 --   ARGV[19] after a pause, how long a probe goes alone before another may go, ms
+--   ARGV[20] for a background call (a shadow: only capacity nobody else needs), the
+--            share of each shared limit it must leave free, 0 to 1; "0" for a call of
+--            its own class
 --
 -- Returns {1, tokens, probe} when admitted (the tokens it took from the token bucket;
 -- probe: the pause ("rec") this call probes, "" when none), else {0, wait ms, reason,
@@ -40,8 +43,9 @@
 -- reserved today), "budget reserved" (it would fit, but calls in flight hold the rest:
 -- a wait of about a call), "tenant concurrency", or, for the shared capacity, "requests
 -- per minute", "tokens per minute", "concurrency" or "fair share" (another waiting
--- tenant has had less lately), or "released" (the caller gave up on this admission).
--- A call denied shared capacity is given a place in its tenant's line: its wait ends
+-- tenant has had less lately), for a background call "others first" (another tenant
+-- waits for capacity) or "headroom" (it would leave less than its share of a limit
+-- free), or "released" (the caller gave up on this admission). A call denied shared capacity is given a place in its tenant's line: its wait ends
 -- at that place, so that a backlog of calls put off together comes back spread out
 -- rather than all at once, and when it comes back (with the same work key) a denial
 -- puts it back near the front (one spacing per waiting tenant ahead), not behind its
@@ -194,6 +198,22 @@ if shared then
         break
       end
     end
+  end
+  -- A background call takes only what nobody else needs: it yields to any other
+  -- tenant waiting for capacity, and leaves a share of each limit free for the calls
+  -- to come. It takes no place in a line (lines are for calls of their own class).
+  local free = tonumber(ARGV[20]) or 0
+  if free > 0 then
+    local bw, bwhy = 0, why
+    if not bwhy then
+      for who, til in pairs(mark) do
+        if who ~= tenant and til > now then bw, bwhy = dur, 'others first'; break end
+      end
+    end
+    if not bwhy and conc > 0 and redis.call('ZCARD', KEYS[2]) + 1 > conc * (1 - free) then bw, bwhy = dur / conc, 'headroom' end
+    if not bwhy and rpm > 0 and rt - 1 < rpm * free then bw, bwhy = (1 + rpm * free - rt) * 60000 / rpm, 'headroom' end
+    if not bwhy and tpm > 0 and tt - tneed < tpm * free then bw, bwhy = (tneed + tpm * free - tt) * 60000 / tpm, 'headroom' end
+    if bwhy then return {0, math.max(math.ceil(math.max(bw, wait)), 1), bwhy, ''} end
   end
   if why then
     local sp = 0
