@@ -295,6 +295,11 @@ func TestPagesDuringAStoreOutage(t *testing.T) {
 		}
 		e := serveLogged(t, cl, rdb, adminui.Config{}, &buf)
 		adminuitest.OutboxRows(t, pool, 3, 2)
+		// A job on the client's queue, for a decision that gets as far as PostgreSQL.
+		parked, err := cl.Enqueue(context.Background(), outageJob{}, &onceflow.EnqueueOpts{Queue: adminuitest.Queue})
+		if err != nil {
+			t.Fatal(err)
+		}
 		c, token := signedIn(t, e)
 		c.Timeout = 4 * time.Second
 		pg.Stop()
@@ -317,7 +322,7 @@ func TestPagesDuringAStoreOutage(t *testing.T) {
 				t.Errorf("outbox retry %v with PostgreSQL down: %d", f, code)
 			}
 		}
-		decision := url.Values{"csrf": {token}, "job": {"00000000-0000-4000-8000-000000000001"}, "key": {"tool-" + strings.Repeat("a", 64)}, "decision": {"approve"}}
+		decision := url.Values{"csrf": {token}, "job": {parked.JobID}, "key": {"tool-" + strings.Repeat("a", 64)}, "decision": {"approve"}}
 		if code, _, _ := try(c, http.MethodPost, e.URL+"/ui/approvals", strings.NewReader(decision.Encode())); code != http.StatusServiceUnavailable {
 			t.Errorf("an approval with PostgreSQL down: %d", code)
 		}
@@ -334,3 +339,8 @@ func TestPagesDuringAStoreOutage(t *testing.T) {
 		}
 	})
 }
+
+// outageJob is a job of no worker's, enqueued for a decision during an outage.
+type outageJob struct{}
+
+func (outageJob) Kind() string { return "ui.outage" }

@@ -227,7 +227,9 @@ func TestStreamClientGetsItsEndBeforeTheRecordCommits(t *testing.T) {
 
 // A long generation streams megabytes (an OpenAI chunk is about 200 bytes a token: 16k
 // output tokens are over 3 MiB). A 6 MiB stream that the upstream sends in milliseconds
-// passes through the gateway within 6 s more than directly (about 3 s under -race).
+// passes through the gateway within 20 s more than directly (about 3 s under -race on
+// a quiet machine; a loaded one, every test package at once, took 9 s; rewriting the
+// whole partial at each write takes minutes).
 func TestLargeStreamIsNotSlowedByItsPartials(t *testing.T) {
 	up := newBigStream(6 << 10)
 	close(up.release)
@@ -253,7 +255,7 @@ func TestLargeStreamIsNotSlowedByItsPartials(t *testing.T) {
 		t.Fatalf("through the gateway: %d bytes %v", len(body), err)
 	}
 	t.Logf("%d bytes: direct %v, through the gateway %v", len(body), directTook, took)
-	if took > directTook+6*time.Second {
+	if took > directTook+20*time.Second {
 		t.Fatalf("a %d-byte stream took %v through the gateway, %v directly: its partial writes rewrite the whole partial each time",
 			len(body), took.Round(time.Millisecond), directTook.Round(time.Millisecond))
 	}

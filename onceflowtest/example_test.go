@@ -111,3 +111,22 @@ func ExampleFailFirstCommit() {
 	fmt.Println("commits tried:", fault.Commits(t), "refunds:", refunds.Load(), "replies:", env.OutboxRows("replies"))
 	// Output: commits tried: 2 refunds: 1 replies: 1
 }
+
+// Commits counts the job's commits tried since FailFirstCommit: here two inserts of its
+// completion record, the first refused on purpose.
+func ExampleCommitFault_Commits() {
+	t := newExampleT()
+	defer t.cleanup()
+
+	db, _ := onceflowtest.Postgres(t)
+	fault := onceflowtest.FailFirstCommit(t, db, "job-1")
+	for range 2 {
+		_, err := db.Exec(context.Background(), `INSERT INTO job_completions (job_id, kind) VALUES ('job-1', 'k') ON CONFLICT DO NOTHING`)
+		fmt.Println(err != nil)
+	}
+	fmt.Println(fault.Commits(t))
+	// Output:
+	// true
+	// false
+	// 2
+}
