@@ -428,7 +428,9 @@ func TestLockLostCannotOverwrite(t *testing.T) {
 	started := make(chan struct{})
 	var hooked []idempotency.LockLost
 	var hookMu sync.Mutex
-	cfg := idempotency.Config{LockTTL: 100 * time.Millisecond, OnLockLost: func(_ context.Context, ev idempotency.LockLost) {
+	// Long enough that the newer request finishes within it on a loaded machine (only
+	// the first must overrun its lock), short enough to wait out.
+	cfg := idempotency.Config{LockTTL: time.Second, OnLockLost: func(_ context.Context, ev idempotency.LockLost) {
 		hookMu.Lock()
 		hooked = append(hooked, ev)
 		hookMu.Unlock()
