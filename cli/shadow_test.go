@@ -23,9 +23,9 @@ func TestShadowReportSummarisesAgreementCostAndLatency(t *testing.T) {
 VALUES ($1, $2, 'acme', $3, $4, 'gpt-4.1', $2, $5, $6, $7, $8, $9, $10, $11, 0.01, 0.002, 100, 100, now() - $12::interval)`
 	for i, r := range []struct {
 		step, cand, prod, answer, detail, ago string
-		agree                                bool
-		score                                float64
-		prodMS, candMS                       int
+		agree                                 bool
+		score                                 float64
+		prodMS, candMS                        int
 	}{
 		{"summary", "gpt-4.1-nano", "Shipped.", "Shipped.", "", "1 minute", true, 1, 800, 400},
 		{"summary", "gpt-4.1-nano", "Shipped.", "Lost.", "the text differs", "1 minute", false, 0, 900, 300},
