@@ -60,6 +60,8 @@ type Client struct {
 	relay *outbox.Relay
 	// shadows are Config.Shadows by step; nil without any.
 	shadows *shadows
+	// gates are Config.Gates by step; nil without any.
+	gates *gates
 
 	runMu   sync.Mutex
 	running bool
@@ -89,6 +91,10 @@ func NewClient(cfg Config) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
+	gates, err := setupGates(&cfg)
+	if err != nil {
+		return nil, err
+	}
 	if err := mergeWorkflows(&cfg); err != nil {
 		return nil, err
 	}
@@ -112,7 +118,7 @@ func NewClient(cfg Config) (*Client, error) {
 	for name, qc := range cfg.Queues {
 		cfg.Queues[name] = qc.withDefaults(cfg.QueueDefaults)
 	}
-	c := &Client{cfg: cfg, log: cfg.Logger, rdb: cfg.Redis, workers: cfg.Workers.snapshot(), queues: maps.Clone(cfg.Queues), shadows: shadows}
+	c := &Client{cfg: cfg, log: cfg.Logger, rdb: cfg.Redis, workers: cfg.Workers.snapshot(), queues: maps.Clone(cfg.Queues), shadows: shadows, gates: gates}
 	self = c
 	store, err := redisstore.New(cfg.Redis, redisstore.Config{Prefix: cfg.Prefix, ResultTTL: cfg.ResultTTL, Logger: cfg.Logger,
 		WaitReplicas: cfg.WaitReplicas, WaitTimeout: cfg.WaitTimeout})

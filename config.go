@@ -106,6 +106,10 @@ type Config struct {
 	// (see Shadow, docs/shadows.md; ONCEFLOW_SHADOW, ParseShadows). They need Model
 	// and DB. Default: none.
 	Shadows []Shadow
+	// Gates check model steps' answers before their jobs act on them: an answer that
+	// fails is asked again of a fallback model, or holds its job (StatusHeld) until an
+	// operator releases or rejects it (see Gate). They need DB. Default: none.
+	Gates []Gate
 	// StepRetention is how long a recorded step (Do, Job.Tool, Job.ToolAtMostOnce) is
 	// kept after it was recorded; it must cover every queue's retry horizon, as
 	// Ledger.Retention must. Default: DefaultStepRetention (24h).

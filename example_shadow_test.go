@@ -2,9 +2,11 @@ package onceflow_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"log"
+	"strings"
 	"time"
 
 	"github.com/onceflow/onceflow"
@@ -94,4 +96,48 @@ func exampleCount(db *pgxpool.Pool, sql string) int {
 		log.Fatal(err)
 	}
 	return n
+}
+
+// An answer that is not the JSON object its gate asks for holds the job before its
+// effects; an operator who checked it releases it, and the job goes on.
+func ExampleClient_Release() {
+	rdb, prefix, db, done := exampleStores("SELECT 1")
+	defer done()
+	model := &modelsByName{answers: map[string]string{"prod": "bug"}}
+	released := make(chan string, 1)
+	workers := onceflow.NewWorkers()
+	onceflow.AddWorker(workers, onceflow.WorkFunc[shadowedTicket](func(ctx context.Context, job *onceflow.Job[shadowedTicket]) error {
+		st, err := job.Complete(ctx, "classify", &llm.Request{Model: "prod", Messages: []llm.Message{{Role: llm.RoleUser, Content: job.Args.Text}}})
+		if err != nil {
+			return err // held: the job parks until an operator decides
+		}
+		released <- st.Response.Content
+		return nil
+	}))
+	client, err := onceflow.NewClient(onceflow.Config{Redis: rdb, DB: db, Prefix: prefix, Workers: workers, Model: model, NoLimits: true,
+		Gates: []onceflow.Gate{{Step: "classify", Name: "structured", Schema: json.RawMessage(`{"type":"object"}`)}}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer runExample(client)()
+	res, err := client.Enqueue(context.Background(), shadowedTicket{Text: "The app crashes."}, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	var held []onceflow.Held
+	for len(held) == 0 {
+		time.Sleep(10 * time.Millisecond)
+		if held, err = client.Inspector().Held(context.Background(), "", false, 10); err != nil {
+			log.Fatal(err)
+		}
+	}
+	st, _ := client.JobState(context.Background(), "", res.JobID)
+	fmt.Println(st.Status, held[0].Gate, strings.SplitN(held[0].Reason, ":", 2)[0])
+	if err := client.Release(context.Background(), "", res.JobID, held[0].Key, "ops@example.com", "a one-word label is fine"); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(<-released)
+	// Output:
+	// held structured the answer is not JSON
+	// bug
 }

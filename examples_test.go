@@ -95,6 +95,8 @@ func TestEveryEntryPointHasAnExample(t *testing.T) {
 		"Job.Approval":        "ExampleClient_Approve (RunAgent asks through it)",
 		"Inspector.Approvals": "ExampleClient_Approve",
 		"NeedsApproval":       "ExampleClient_Approve",
+		"Client.RejectHeld":   "ExampleClient_Release (the same decision, the other way)",
+		"Inspector.Held":      "ExampleClient_Release",
 	}
 	missing := doccheck.MissingExamples(t, ".", "github.com/onceflow/onceflow", covered)
 	if len(missing) > 0 {

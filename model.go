@@ -300,8 +300,15 @@ func (rt *runtime) stream(ctx context.Context, jobID, step string, req *llm.Requ
 				if err == nil && ch.Done {
 					st := &Step{Name: step, Key: key, Response: resp}
 					if err = m.recordToolKeys(ctx, st); err == nil {
-						s.step = st
 						rt.shadow(ctx, jobID, step, out, st, time.Since(start))
+						// A gate that holds the job ends the stream with its error, before
+						// the final chunk: the Worker returns it, and the job parks.
+						if st, err = rt.gate(ctx, jobID, step, out, st, true); err != nil {
+							yield(llm.Chunk{}, err)
+							stopped = true
+							return struct{}{}, nil
+						}
+						s.step = st
 					}
 				}
 				if err != nil {
@@ -405,7 +412,7 @@ func (rt *runtime) complete(ctx context.Context, jobID, step string, req *llm.Re
 	}
 	rt.client.postgresWorked() // the ledger wrote the call
 	rt.shadow(ctx, jobID, step, out, s, time.Since(start))
-	return s, nil
+	return rt.gate(ctx, jobID, step, out, s, false)
 }
 
 // limiterContext returns ctx carrying the job's tenant for the model's limiter (its

@@ -325,13 +325,19 @@ func validCallKey(key string) bool {
 // decision reads the decision recorded on the call key of tenant's job id;
 // ErrJobNotFound when there is none.
 func (c *Client) decision(ctx context.Context, tenant, id, key string) (*Decision, error) {
-	rec, err := c.recorded(ctx, tenant, id, signalPrefix+approvalPrefix+key)
+	return c.decisionOn(ctx, tenant, id, approvalPrefix+key)
+}
+
+// decisionOn reads the decision recorded on the wait name (approval:<key>,
+// gate:<key>) of tenant's job id; ErrJobNotFound when there is none.
+func (c *Client) decisionOn(ctx context.Context, tenant, id, name string) (*Decision, error) {
+	rec, err := c.recorded(ctx, tenant, id, signalPrefix+name)
 	if err != nil {
 		return nil, err
 	}
 	var d Decision
 	if err := json.Unmarshal(rec, &d); err != nil {
-		return nil, fmt.Errorf("onceflow: the decision on job %s's call %s does not decode: %w", id, clipText(key), err)
+		return nil, fmt.Errorf("onceflow: the decision %s of job %s does not decode: %w", clipText(name), id, err)
 	}
 	return &d, nil
 }

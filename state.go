@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -241,6 +242,9 @@ func (c *Client) fromIndex(ctx context.Context, keys queue.Keys, name, id string
 		return st, queue.EntryWaiting, nil
 	case queue.StateScheduled:
 		st.RunAt, st.Waiting = ix.RunAt, ix.Waiting
+		if strings.HasPrefix(ix.Waiting, "signal "+gatePrefix) {
+			st.Status = StatusHeld
+		}
 		return st, queue.EntryWaiting, nil
 	}
 	if ix.Entry == "" {

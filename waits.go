@@ -362,6 +362,11 @@ func (c *Client) Approve(ctx context.Context, tenant, id, key, by, note string) 
 	return err
 }
 
+// decide records d on the pending approval of key (decideOn).
+func (c *Client) decide(ctx context.Context, tenant, id, key string, d Decision) (*Decision, bool, error) {
+	return c.decideOn(ctx, tenant, id, approvalPrefix, key, d)
+}
+
 // Reject decides that tenant's job id must not run its tool call key; the model is told
 // (with note). See Approve.
 func (c *Client) Reject(ctx context.Context, tenant, id, key, by, note string) error {
@@ -369,18 +374,22 @@ func (c *Client) Reject(ctx context.Context, tenant, id, key, by, note string) e
 	return err
 }
 
-// decide records d on the pending approval of key, closing its wait, in one
-// transaction, and wakes the job. The job is found first: another tenant's job, or one
+// decideOn records d on the pending decision prefix+key (an approval of a tool call, a
+// gate's hold of an answer), closing its wait, in one transaction, and wakes the job. The job is found first: another tenant's job, or one
 // on none of the client's queues, records nothing (ErrNotWaiting, and ErrJobNotFound).
 // The same decision again (a retry after a lost answer or a failed wake) is answered as
 // the first: the job is woken again and it returns the recorded decision with replayed
 // set; the other decision, or one after the timeout decided, is ErrNotWaiting with the
 // recorded decision.
-func (c *Client) decide(ctx context.Context, tenant, id, key string, d Decision) (rec *Decision, replayed bool, err error) {
+func (c *Client) decideOn(ctx context.Context, tenant, id, prefix, key string, d Decision) (rec *Decision, replayed bool, err error) {
 	if c.steps == nil {
-		return nil, false, errors.New("onceflow: approvals need Config.DB (the job_steps table is in PostgreSQL)")
+		return nil, false, errors.New("onceflow: decisions need Config.DB (the job_steps table is in PostgreSQL)")
 	}
-	if !queue.ValidJobID(id) || !strings.HasPrefix(key, "tool-") {
+	validKey := strings.HasPrefix(key, "tool-")
+	if prefix == gatePrefix {
+		validKey = validGateKey(key)
+	}
+	if !queue.ValidJobID(id) || !validKey {
 		return nil, false, fmt.Errorf("%w: job %s, call %s", ErrNotWaiting, id, clipText(key))
 	}
 	keys, err := c.locate(ctx, tenant, id)
@@ -396,7 +405,7 @@ func (c *Client) decide(ctx context.Context, tenant, id, key string, d Decision)
 	if err != nil {
 		return nil, false, err
 	}
-	name := approvalPrefix + key
+	name := prefix + key
 	decided := false // the call had a decision, its wait left open (a crash after its timeout decided)
 	err = pgx.BeginFunc(ctx, c.steps.db, func(tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, `UPDATE job_steps SET state = 'done' WHERE tenant = $1 AND job_id = $2 AND name = $3 AND state = 'waiting'`,
@@ -419,7 +428,7 @@ func (c *Client) decide(ctx context.Context, tenant, id, key string, d Decision)
 	}
 	switch {
 	case errors.Is(err, ErrNotWaiting):
-		have, rerr := c.decision(ctx, tenant, id, key)
+		have, rerr := c.decisionOn(ctx, tenant, id, name)
 		switch {
 		case errors.Is(rerr, ErrJobNotFound):
 			return nil, false, err // never asked, or another tenant's

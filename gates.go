@@ -1,0 +1,300 @@
+package onceflow
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/google/jsonschema-go/jsonschema"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/onceflow/onceflow/internal/metrics"
+	"github.com/onceflow/onceflow/ledger"
+	"github.com/onceflow/onceflow/llm"
+	"github.com/onceflow/onceflow/retry"
+)
+
+// Gate checks a model step's answer before the job acts on it (Config.Gates). An answer
+// that fails the check is asked again of Fallback, when set; an answer that still fails
+// holds the job: it parks, holding no worker, before any of its effects (its Commit has
+// not run), JobState says StatusHeld, and an operator decides (Client.Release: the job
+// goes on with the held answer, and its effects happen once; Client.RejectHeld: the job
+// fails with the gate's reason, nothing sent). See docs/shadows.md#eval-gates.
+type Gate struct {
+	// Step is the step's name as the job gives it to Job.Complete or Job.Stream.
+	// Required.
+	Step string
+	// Kind, when set, limits the gate to the steps of jobs of that kind.
+	Kind string
+	// Name names the gate in metrics, in JobState.Waiting and to operators. Default:
+	// Step.
+	Name string
+	// Check returns nil for an answer that passes, else why it fails. Optional.
+	Check func(resp *llm.Response) error
+	// Schema, when set, is a JSON Schema (draft 2020-12 or 7) the answer's text must
+	// satisfy, as JSON: structured output.
+	Schema json.RawMessage
+	// Fallback, when set, is the model the same request is asked of when the answer
+	// fails, as the step "<Step>.fallback"; its answer is checked too. It applies to
+	// Job.Complete; a streamed step (Job.Stream), whose text the job has seen, is held.
+	Fallback string
+	// Timeout is how long a held job waits for an operator; then it is rejected.
+	// Default: DefaultApprovalTimeout.
+	Timeout time.Duration
+
+	schema *jsonschema.Resolved
+}
+
+// name is the gate's name: Name, else Step.
+func (g *Gate) name() string {
+	if g.Name != "" {
+		return g.Name
+	}
+	return g.Step
+}
+
+// StatusHeld: a job whose model answer failed an eval gate waits for an operator
+// (Client.Release, Client.RejectHeld) before its effects; Waiting says
+// "signal gate:<the held answer's key>".
+const StatusHeld Status = "held"
+
+// gatePrefix names a held answer's wait and decision: "gate:" and the answer's ledger key.
+const gatePrefix = "gate:"
+
+// ErrGateRejected matches the error of a job whose held answer an operator rejected (or
+// whose hold timed out): permanent, the job is dead-lettered with the gate's reason.
+var ErrGateRejected = errors.New("onceflow: the answer failed its eval gate and was rejected")
+
+// gates is the Client's eval gates by step, with their metrics.
+type gates struct {
+	byStep  map[string][]*Gate
+	outcome *prometheus.CounterVec
+}
+
+// setupGates checks Config.Gates.
+func setupGates(cfg *Config) (*gates, error) {
+	if len(cfg.Gates) == 0 {
+		return nil, nil
+	}
+	if cfg.DB == nil {
+		return nil, errors.New("onceflow: Config.Gates need Config.DB (a held job's decision is in PostgreSQL)")
+	}
+	g := &gates{byStep: map[string][]*Gate{}}
+	for i := range cfg.Gates {
+		gate := cfg.Gates[i] // a copy: the caller's Config is not changed
+		if err := checkStepName(gate.Step); err != nil {
+			return nil, fmt.Errorf("onceflow: Config.Gates: gate of step %q: %w", clipText(gate.Step), err)
+		}
+		if gate.Check == nil && len(gate.Schema) == 0 {
+			return nil, fmt.Errorf("onceflow: Config.Gates: gate of step %q checks nothing: give it a Check or a Schema", gate.Step)
+		}
+		if !printableName(gate.name(), 64) {
+			return nil, fmt.Errorf("onceflow: Config.Gates: gate name %q: want 1 to 64 printable ASCII characters", clipText(gate.name()))
+		}
+		if gate.Timeout < 0 || gate.Timeout > MaxWaitTimeout {
+			return nil, fmt.Errorf("onceflow: Config.Gates: gate %q: timeout %v is not between 0 and %v", gate.name(), gate.Timeout, MaxWaitTimeout)
+		}
+		if len(gate.Schema) > 0 {
+			var s jsonschema.Schema
+			if err := json.Unmarshal(gate.Schema, &s); err != nil {
+				return nil, fmt.Errorf("onceflow: Config.Gates: gate %q: schema: %w", gate.name(), err)
+			}
+			rs, err := s.Resolve(nil)
+			if err != nil {
+				return nil, fmt.Errorf("onceflow: Config.Gates: gate %q: schema: %w", gate.name(), err)
+			}
+			gate.schema = rs
+		}
+		g.byStep[gate.Step] = append(g.byStep[gate.Step], &gate)
+	}
+	g.outcome = metrics.Register(cfg.Registerer, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: metrics.Namespace, Subsystem: "gate", Name: "answers_total",
+		Help: "Model answers an eval gate checked, by gate, step and outcome: passed, failed, fallback_passed, held, released, rejected.",
+	}, []string{"gate", "step", "outcome"}))
+	return g, nil
+}
+
+// check returns why resp fails g, or nil.
+func (g *Gate) check(resp *llm.Response) error {
+	if g.schema != nil {
+		var v any
+		if err := json.Unmarshal([]byte(resp.Content), &v); err != nil {
+			return fmt.Errorf("the answer is not JSON: %w", err)
+		}
+		if err := g.schema.Validate(v); err != nil {
+			return fmt.Errorf("the answer does not match the schema: %w", err)
+		}
+	}
+	if g.Check != nil {
+		return g.Check(resp)
+	}
+	return nil
+}
+
+// gate runs the eval gates of step on s's answer: it returns the step to act on (s, or
+// the fallback's), or the error that holds the job (a *retry.WaitError while an
+// operator has not decided) or fails it (ErrGateRejected, permanent).
+func (rt *runtime) gate(ctx context.Context, jobID, step string, req *llm.Request, s *Step, streamed bool) (*Step, error) {
+	c := rt.client
+	if c.gates == nil || rt.delivery == nil {
+		return s, nil
+	}
+	for _, g := range c.gates.byStep[step] {
+		if g.Kind != "" && g.Kind != rt.delivery.Kind {
+			continue
+		}
+		why := g.check(s.Response)
+		if why == nil {
+			c.gates.outcome.WithLabelValues(g.name(), step, "passed").Inc()
+			continue
+		}
+		c.gates.outcome.WithLabelValues(g.name(), step, "failed").Inc()
+		if g.Fallback != "" && !streamed { // a stream's consumer has its text already
+			fr := *req
+			fr.Model = g.Fallback
+			fs, err := rt.complete(ctx, jobID, step+".fallback", &fr)
+			if err != nil {
+				return nil, err
+			}
+			if fwhy := g.check(fs.Response); fwhy == nil {
+				c.gates.outcome.WithLabelValues(g.name(), step, "fallback_passed").Inc()
+				s = fs
+				continue
+			} else {
+				why = fmt.Errorf("%w; the fallback %s's too: %w", why, g.Fallback, fwhy)
+			}
+		}
+		d, err := rt.hold(ctx, g, s.Key, why)
+		if err != nil {
+			var we *retry.WaitError
+			if errors.As(err, &we) {
+				c.gates.outcome.WithLabelValues(g.name(), step, "held").Inc()
+			}
+			return nil, err
+		}
+		if !d.Approved {
+			c.gates.outcome.WithLabelValues(g.name(), step, "rejected").Inc()
+			return nil, retry.Permanent(fmt.Errorf("%w: gate %s: %s (%s)", ErrGateRejected, g.name(), why, heldWords(d)))
+		}
+		c.gates.outcome.WithLabelValues(g.name(), step, "released").Inc()
+	}
+	return s, nil
+}
+
+// hold parks the job on the decision about the answer key that failed g (why), as an
+// approval does: the decision is recorded against the answer's ledger key, so a
+// resumed job never asks twice, and another answer (a new request) is a new decision.
+func (rt *runtime) hold(ctx context.Context, g *Gate, key string, why error) (*Decision, error) {
+	timeout := g.Timeout
+	if timeout == 0 {
+		timeout = DefaultApprovalTimeout
+	}
+	name := gatePrefix + key
+	out, err := rt.wait(ctx, name, timeout, waitRecord{Tool: g.name(), Arguments: clipText(why.Error())})
+	if err != nil {
+		return nil, err // a *retry.WaitError parks the job: JobState says held
+	}
+	if !out.came {
+		d := Decision{TimedOut: true, At: time.Now().UTC(), Note: "nobody decided in time"}
+		enc, _ := json.Marshal(d)
+		if err := rt.client.recordSignal(ctx, nil, rt.delivery.Tenant, rt.delivery.JobID, name, enc); err != nil && !errors.Is(err, ErrAlreadySignalled) {
+			return nil, err
+		}
+		if _, err := rt.client.steps.db.Exec(ctx, `UPDATE job_steps SET state = 'done' WHERE tenant = $1 AND job_id = $2 AND name = $3 AND state = 'waiting'`,
+			rt.delivery.Tenant, rt.delivery.JobID, waitPrefix+name); err != nil {
+			return nil, PostgresError(fmt.Errorf("onceflow: close the hold of gate %q: %w", g.name(), err))
+		}
+		r, err := rt.readStep(ctx, signalPrefix+name)
+		if err != nil {
+			return nil, err
+		}
+		out.signal = r.result
+	}
+	var d Decision
+	if err := json.Unmarshal(out.signal, &d); err != nil {
+		return nil, retry.Permanent(fmt.Errorf("onceflow: the decision on gate %q does not decode: %w", g.name(), err))
+	}
+	return &d, nil
+}
+
+// Held is a job an eval gate holds (Inspector.Held).
+type Held struct {
+	Tenant string `json:"tenant"`
+	JobID  string `json:"job_id"`
+	// Key is the held answer's ledger key, which Release and RejectHeld take.
+	Key string `json:"key"`
+	// Gate names the gate; Reason says why the answer failed it.
+	Gate     string    `json:"gate"`
+	Reason   string    `json:"reason"`
+	HeldAt   time.Time `json:"held_at"`
+	Deadline time.Time `json:"deadline"`
+}
+
+// Held lists up to limit jobs an eval gate holds, oldest first: of tenant, or of every
+// tenant when all is set (the operators' list).
+func (in *Inspector) Held(ctx context.Context, tenant string, all bool, limit int) ([]Held, error) {
+	s := in.c.steps
+	if s == nil {
+		return nil, errors.New("onceflow: Held: Config.DB is required (the job_steps table is in PostgreSQL)")
+	}
+	rows, err := s.db.Query(ctx, `SELECT tenant, job_id, substr(name, $1), tool, arguments, result, created_at FROM job_steps
+WHERE state = 'waiting' AND name LIKE 'wait:gate:%' AND ($2 OR tenant = $3)
+ORDER BY created_at, tenant, job_id, name LIMIT $4`, len(waitPrefix+gatePrefix)+1, all, tenant, max(limit, 1))
+	if err != nil {
+		return nil, fmt.Errorf("onceflow: list the held jobs: %w", err)
+	}
+	var out []Held
+	for rows.Next() {
+		var h Held
+		var rec []byte
+		if err := rows.Scan(&h.Tenant, &h.JobID, &h.Key, &h.Gate, &h.Reason, &rec, &h.HeldAt); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("onceflow: list the held jobs: %w", err)
+		}
+		var w waitRecord
+		_ = json.Unmarshal(rec, &w)
+		h.Deadline = w.Deadline
+		out = append(out, h)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("onceflow: list the held jobs: %w", err)
+	}
+	return out, nil
+}
+
+// Release decides that tenant's job id, held by an eval gate on its answer key
+// (Held.Key), goes on with that answer: the job is woken and its effects happen, once.
+// As with Approve, the same decision again is a retry (nil, the job woken again); the
+// other one, a hold its timeout decided, or none is ErrNotWaiting.
+func (c *Client) Release(ctx context.Context, tenant, id, key, by, note string) error {
+	_, _, err := c.decideOn(ctx, tenant, id, gatePrefix, key, Decision{Approved: true, By: by, Note: note})
+	return err
+}
+
+// RejectHeld decides that tenant's job id, held by an eval gate on its answer key, must
+// not go on: it fails with the gate's reason (dead-lettered, ErrGateRejected), and
+// nothing of it is sent. See Release.
+func (c *Client) RejectHeld(ctx context.Context, tenant, id, key, by, note string) error {
+	_, _, err := c.decideOn(ctx, tenant, id, gatePrefix, key, Decision{By: by, Note: note})
+	return err
+}
+
+// validGateKey reports whether key is a held answer's key: a ledger key.
+func validGateKey(key string) bool {
+	return strings.HasPrefix(key, ledger.KeyPrefix) && len(key) <= 200
+}
+
+// heldWords says how a hold was decided: by whom, with the note, or by its timeout.
+func heldWords(d *Decision) string {
+	w := decisionWords(d)
+	if d.By != "" {
+		w += " by " + d.By
+	}
+	if d.Note != "" {
+		w += ": " + d.Note
+	}
+	return w
+}

@@ -1,0 +1,215 @@
+package onceflow_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/llm"
+	"github.com/onceflow/onceflow/onceflowtest"
+	"github.com/onceflow/onceflow/outbox"
+)
+
+// gateEnv runs jobs whose worker asks step "summary" of model "prod" and commits its
+// answer as an email, behind gates.
+func gateEnv(t *testing.T, model llm.Client, gates []onceflow.Gate) (*onceflowtest.Env, *onceflowtest.Sink) {
+	t.Helper()
+	sink := onceflowtest.NewSink(t)
+	ws := onceflow.NewWorkers()
+	onceflow.AddWorker(ws, onceflow.WorkFunc[shadowedTicket](func(ctx context.Context, job *onceflow.Job[shadowedTicket]) error {
+		st, err := job.Complete(ctx, "summary", &llm.Request{Model: "prod", Messages: []llm.Message{{Role: llm.RoleUser, Content: job.Args.Text}}})
+		if err != nil {
+			return err
+		}
+		return job.Commit(ctx, func(c *onceflow.Commit) error {
+			c.Emit("email", "email:"+job.ID, map[string]string{"summary": st.Response.Content})
+			return nil
+		})
+	}))
+	fast := onceflow.QueueConfig{ClaimIdle: time.Second, RetryBase: 5 * time.Millisecond, RetryMax: 20 * time.Millisecond}
+	env := onceflowtest.New(t, onceflow.Config{Workers: ws, Model: model, Gates: gates, NoLimits: true,
+		Queues:  map[string]onceflow.QueueConfig{onceflow.DefaultQueue: fast},
+		Senders: map[string]outbox.Sender{"email": sink.Sender(t, nil)}})
+	return env, sink
+}
+
+var objectSchema = json.RawMessage(`{"type":"object","required":["label"],"properties":{"label":{"type":"string"}}}`)
+
+// waitHeld waits until job id is held and returns what Inspector.Held says of it.
+func waitHeld(t *testing.T, env *onceflowtest.Env, id string) onceflow.Held {
+	t.Helper()
+	var held []onceflow.Held
+	onceflowtest.WaitFor(t, 10*time.Second, "the job held", func() bool {
+		st, err := env.Client.JobState(context.Background(), "", id)
+		if err != nil || st.Status != onceflow.StatusHeld {
+			return false
+		}
+		held, err = env.Client.Inspector().Held(context.Background(), "", false, 10)
+		return err == nil && len(held) == 1
+	})
+	return held[0]
+}
+
+// An answer that fails its gate holds the job before any effect; released, the job
+// goes on with that answer and its email goes out once; the same release again is a
+// retry, a rejection after it is refused.
+func TestGateHoldsAFailingAnswerUntilReleasedAndItsEffectsHappenOnce(t *testing.T) {
+	t.Parallel()
+	model := &modelsByName{answers: map[string]string{"prod": "not JSON at all"}}
+	env, sink := gateEnv(t, model, []onceflow.Gate{{Step: "summary", Name: "structured", Schema: objectSchema}})
+	env.Start()
+	res, err := env.Client.Enqueue(context.Background(), shadowedTicket{Text: "classify me"}, &onceflow.EnqueueOpts{Key: "t-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := waitHeld(t, env, res.JobID)
+	if h.JobID != res.JobID || h.Gate != "structured" || !strings.Contains(h.Reason, "not JSON") || h.Deadline.IsZero() {
+		t.Fatalf("held %+v", h)
+	}
+	if n := env.OutboxRows(""); n != 0 {
+		t.Fatalf("%d effects of a held job, want none", n)
+	}
+	if n := onceflowtest.Pending(t, env.Redis, env.Prefix, onceflow.DefaultQueue); n != 0 {
+		t.Fatalf("%d entries held by workers while the job is held, want 0", n)
+	}
+	if err := env.Client.Release(context.Background(), "", res.JobID, h.Key, "ops", "looks fine"); err != nil {
+		t.Fatal(err)
+	}
+	onceflowtest.WaitFor(t, 10*time.Second, "the released job's email", func() bool { return sink.Total() == 1 })
+	if err := env.Client.Release(context.Background(), "", res.JobID, h.Key, "ops", "looks fine"); err != nil {
+		t.Fatalf("the same release again: %v, want nil (a retry)", err)
+	}
+	if err := env.Client.RejectHeld(context.Background(), "", res.JobID, h.Key, "ops", ""); !errors.Is(err, onceflow.ErrNotWaiting) {
+		t.Fatalf("rejecting a released job: %v, want ErrNotWaiting", err)
+	}
+	time.Sleep(200 * time.Millisecond) // room for a second email, were one sent
+	sink.RequireOncePerKey(t, 1)
+	if got := model.count("prod"); got != 1 {
+		t.Fatalf("the model was asked %d times, want 1 (the held answer replayed)", got)
+	}
+}
+
+// A rejected hold fails the job with the gate's reason: nothing is sent.
+func TestGateRejectedFailsTheJobAndSendsNothing(t *testing.T) {
+	t.Parallel()
+	model := &modelsByName{answers: map[string]string{"prod": `{"label":"refund everything"}`}}
+	env, sink := gateEnv(t, model, []onceflow.Gate{{Step: "summary", Check: func(r *llm.Response) error {
+		if strings.Contains(r.Content, "refund") {
+			return errors.New("it promises a refund")
+		}
+		return nil
+	}}})
+	env.Start()
+	res, err := env.Client.Enqueue(context.Background(), shadowedTicket{Text: "angry customer"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := waitHeld(t, env, res.JobID)
+	if h.Gate != "summary" || !strings.Contains(h.Reason, "promises a refund") {
+		t.Fatalf("held %+v", h)
+	}
+	if err := env.Client.RejectHeld(context.Background(), "", res.JobID, h.Key, "ops", "off-policy"); err != nil {
+		t.Fatal(err)
+	}
+	onceflowtest.WaitFor(t, 10*time.Second, "the rejected job failed", func() bool {
+		st, err := env.Client.JobState(context.Background(), "", res.JobID)
+		return err == nil && st.Status == onceflow.StatusFailed && strings.Contains(st.Error, "eval gate") && strings.Contains(st.Error, "off-policy")
+	})
+	if n := env.OutboxRows("") + sink.Total(); n != 0 {
+		t.Fatalf("%d effects of a rejected job, want none", n)
+	}
+}
+
+// An answer that fails is asked again of the fallback model; a fallback answer that
+// passes is the one the job acts on, and nothing is held.
+func TestGateFallbackAnswersInsteadOfHolding(t *testing.T) {
+	t.Parallel()
+	model := &modelsByName{answers: map[string]string{"prod": "bug", "bigger": `{"label":"bug"}`}}
+	env, sink := gateEnv(t, model, []onceflow.Gate{{Step: "summary", Schema: objectSchema, Fallback: "bigger"}})
+	env.Start()
+	if _, err := env.Client.Enqueue(context.Background(), shadowedTicket{Text: "classify me"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	onceflowtest.WaitFor(t, 10*time.Second, "the email", func() bool { return sink.Total() == 1 })
+	var email struct {
+		Payload map[string]string `json:"payload"`
+	}
+	if err := json.Unmarshal(sink.Deliveries()[0].Body, &email); err != nil || email.Payload["summary"] != `{"label":"bug"}` {
+		t.Fatalf("the email %s, want the fallback's answer", sink.Deliveries()[0].Body)
+	}
+	if held, _ := env.Client.Inspector().Held(context.Background(), "", true, 10); len(held) != 0 || model.count("bigger") != 1 {
+		t.Fatalf("%d held, fallback asked %d times; want none held and one fallback call", len(held), model.count("bigger"))
+	}
+}
+
+// A hold nobody decides in time is rejected.
+func TestGateHoldTimesOutRejected(t *testing.T) {
+	t.Parallel()
+	model := &modelsByName{answers: map[string]string{"prod": "nope"}}
+	env, sink := gateEnv(t, model, []onceflow.Gate{{Step: "summary", Schema: objectSchema, Timeout: 300 * time.Millisecond}})
+	env.Start()
+	res, err := env.Client.Enqueue(context.Background(), shadowedTicket{Text: "x"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	onceflowtest.WaitFor(t, 15*time.Second, "the hold's timeout", func() bool {
+		st, err := env.Client.JobState(context.Background(), "", res.JobID)
+		return err == nil && st.Status == onceflow.StatusFailed && strings.Contains(st.Error, "nobody decided in time")
+	})
+	if n := env.OutboxRows("") + sink.Total(); n != 0 {
+		t.Fatalf("%d effects after a hold timed out", n)
+	}
+}
+
+// A released job whose first commit fails is delivered again: the release stands (no
+// second hold), and its email goes out once.
+func TestGateReleasedJobCommitsOnceAcrossAFailedCommit(t *testing.T) {
+	t.Parallel()
+	model := &modelsByName{answers: map[string]string{"prod": "free text"}}
+	env, sink := gateEnv(t, model, []onceflow.Gate{{Step: "summary", Schema: objectSchema}})
+	const key = "t-fail"
+	id := onceflow.JobID(onceflow.EnqueueScope("", "test.shadowed", key))
+	fault := onceflowtest.FailFirstCommit(t, env.DB, id)
+	env.Start()
+	if _, err := env.Client.Enqueue(context.Background(), shadowedTicket{Text: "x"}, &onceflow.EnqueueOpts{Key: key}); err != nil {
+		t.Fatal(err)
+	}
+	h := waitHeld(t, env, id)
+	if err := env.Client.Release(context.Background(), "", id, h.Key, "ops", ""); err != nil {
+		t.Fatal(err)
+	}
+	onceflowtest.WaitFor(t, 10*time.Second, "the email", func() bool { return sink.Total() == 1 })
+	if n := fault.Commits(t); n != 2 {
+		t.Fatalf("%d commits tried, want 2 (the failed one and the next)", n)
+	}
+	if held, _ := env.Client.Inspector().Held(context.Background(), "", true, 10); len(held) != 0 {
+		t.Fatalf("held again after the release: %+v", held)
+	}
+	sink.RequireOncePerKey(t, 1)
+}
+
+// A Config whose gates cannot work is refused at NewClient.
+func TestGateConfigIsChecked(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := onceflowtest.Redis(t)
+	db, _ := onceflowtest.Postgres(t)
+	for _, tc := range []struct {
+		name string
+		cfg  onceflow.Config
+		want string
+	}{
+		{"no database", onceflow.Config{Gates: []onceflow.Gate{{Step: "s", Schema: objectSchema}}}, "Config.DB"},
+		{"no check", onceflow.Config{DB: db, Gates: []onceflow.Gate{{Step: "s"}}}, "checks nothing"},
+		{"a bad schema", onceflow.Config{DB: db, Gates: []onceflow.Gate{{Step: "s", Schema: json.RawMessage(`{"type":3}`)}}}, "schema"},
+		{"no step", onceflow.Config{DB: db, Gates: []onceflow.Gate{{Schema: objectSchema}}}, "gate of step"},
+	} {
+		tc.cfg.Redis, tc.cfg.Prefix = rdb, prefix
+		if _, err := onceflow.NewClient(tc.cfg); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want an error saying %q", tc.name, err, tc.want)
+		}
+	}
+}
