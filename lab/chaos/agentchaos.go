@@ -305,8 +305,8 @@ func (r *agentRun) setup(ctx context.Context) error {
 		}
 		n := r.reads.Add(1) // updated_at changes at every read
 		w.Header().Set("Content-Type", "application/json")
-		fmt.Fprintf(w, `{"order":%q,"customer":"acme","status":"delivered","amount_paid":60000,"updated_at":%q,"read":%d}`,
-			req.PathValue("id"), time.Now().UTC().Format(time.RFC3339Nano), n)
+		_ = json.NewEncoder(w).Encode(map[string]any{"order": req.PathValue("id"), "customer": "acme", "status": "delivered",
+			"amount_paid": 60000, "updated_at": time.Now().UTC().Format(time.RFC3339Nano), "read": n})
 	})
 	ordersURL, err := r.serve(orders)
 	if err != nil {
