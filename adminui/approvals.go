@@ -32,7 +32,8 @@ const (
 type approvalsData struct {
 	Tenant  string // the filter; "" for every tenant
 	Rows    []approvalRow
-	More    bool // more calls wait than the page lists
+	Held    []heldRow // jobs an eval gate holds (Inspector.Held)
+	More    bool      // more calls wait than the page lists
 	Done    string
 	NoDB    bool
 	MaxNote int
@@ -46,6 +47,14 @@ type approvalRow struct {
 	Waited   time.Duration
 	Left     time.Duration
 	Messages []messageView
+}
+
+// heldRow is one job an eval gate holds, as the page shows it.
+type heldRow struct {
+	onceflow.Held
+	JobPath string
+	Waited  time.Duration
+	Left    time.Duration
 }
 
 // messageView is one message of a conversation, clipped.
@@ -99,6 +108,14 @@ func (u *UI) approvals(w http.ResponseWriter, r *http.Request, s *session) {
 		}
 		d.Rows = append(d.Rows, row)
 	}
+	held, err := u.client.Inspector().Held(r.Context(), d.Tenant, d.Tenant == "", approvalsPageSize)
+	if err != nil {
+		u.unavailable(w, r, err)
+		return
+	}
+	for _, h := range held {
+		d.Held = append(d.Held, heldRow{Held: h, JobPath: u.base + "jobs/" + url.PathEscape(h.JobID), Waited: now.Sub(h.HeldAt), Left: h.Deadline.Sub(now)})
+	}
 	u.render(w, r, http.StatusOK, "approvals", page{Title: "Approvals", Nav: "approvals", CSRF: s.csrf, Data: d, Elapsed: time.Since(t0)})
 }
 
@@ -112,7 +129,12 @@ func (u *UI) approvalAction(w http.ResponseWriter, r *http.Request, s *session) 
 		return
 	}
 	job, key, tenant := r.PostFormValue("job"), r.PostFormValue("key"), r.PostFormValue("tenant")
-	if !queue.ValidJobID(job) || !validCallKey(key) || (tenant != "" && !queue.ValidTenant(tenant)) {
+	gate := r.PostFormValue("kind") == "gate" // a held answer, not a tool call
+	validKey := validCallKey(key)
+	if gate {
+		validKey = validAnswerKey(key)
+	}
+	if !queue.ValidJobID(job) || !validKey || (tenant != "" && !queue.ValidTenant(tenant)) {
 		u.render(w, r, http.StatusBadRequest, "message", page{Title: "Bad form", CSRF: s.csrf, Error: "The job, the call's key or the tenant is malformed."})
 		return
 	}
@@ -128,7 +150,12 @@ func (u *UI) approvalAction(w http.ResponseWriter, r *http.Request, s *session) 
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), actionTimeout)
 	defer cancel()
 	decide := u.client.Reject
-	if decision == "approve" {
+	switch {
+	case gate && decision == "approve":
+		decide = u.client.Release
+	case gate:
+		decide = u.client.RejectHeld
+	case decision == "approve":
 		decide = u.client.Approve
 	}
 	done := decision
@@ -139,18 +166,29 @@ func (u *UI) approvalAction(w http.ResponseWriter, r *http.Request, s *session) 
 		u.unavailable(w, r, err)
 		return
 	}
-	u.log.InfoContext(ctx, "adminui: approval decided", "decision", decision, "outcome", done, "job_id", job, "tenant", tenant, "key", key, "admin_key", s.key)
-	// #nosec G710 -- the target is the UI's own page: its base and one of the fixed words approve, reject or gone
+	if gate && done != "gone" {
+		done = map[string]string{"approve": "release", "reject": "reject-held"}[decision]
+	}
+	u.log.InfoContext(ctx, "adminui: approval decided", "decision", decision, "gate", gate, "outcome", done, "job_id", job, "tenant", tenant, "key", key, "admin_key", s.key)
+	// #nosec G710 -- the target is the UI's own page: its base and one of the fixed words approve, reject, release, reject-held or gone
 	http.Redirect(w, r, u.base+"approvals?done="+done, http.StatusSeeOther)
 }
 
 // approvalDoneText renders the outcome of a decision, from fixed words only.
 func approvalDoneText(r *http.Request) string {
 	return map[string]string{
-		"approve": "Approved: the job runs the call now.",
-		"reject":  "Rejected: the job goes on without the call, and the model is told (with your note).",
-		"gone":    "Nothing was done: no job waits for that decision any more (another operator decided it, its time ran out, or its job is gone).",
+		"approve":     "Approved: the job runs the call now.",
+		"reject":      "Rejected: the job goes on without the call, and the model is told (with your note).",
+		"gone":        "Nothing was done: no job waits for that decision any more (another operator decided it, its time ran out, or its job is gone).",
+		"release":     "Released: the job goes on with the held answer, and its effects happen once.",
+		"reject-held": "Rejected: the job fails with the gate's reason (and your note); nothing of it is sent.",
 	}[r.FormValue("done")]
+}
+
+// validAnswerKey reports whether key can be a held answer's key (a ledger key: "llm-"
+// and 64 hex digits).
+func validAnswerKey(key string) bool {
+	return strings.HasPrefix(key, "llm-") && len(key) <= 128 && !strings.ContainsFunc(key, func(r rune) bool { return r <= ' ' || r > '~' })
 }
 
 // validCallKey reports whether key can be a tool call's key ("tool-" and 64 hex digits).

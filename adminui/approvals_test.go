@@ -3,10 +3,14 @@ package adminui_test
 import (
 	"context"
 	"encoding/json"
+	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/llm"
+	"github.com/onceflow/onceflow/onceflowtest"
 	"net/http"
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/adminui"
@@ -229,4 +233,77 @@ func TestApprovalsPageEscapesArgumentsAndConversation(t *testing.T) {
 			t.Errorf("%s does not show the hostile arguments and messages, escaped: %.3000s", p, page)
 		}
 	}
+}
+
+// heldJob is a job whose model step an eval gate checks.
+type heldJob struct{}
+
+func (heldJob) Kind() string { return "ui.held" }
+
+// The approvals page lists the jobs an eval gate holds (the gate, why, the job) with
+// release and reject forms; released, the job goes on and commits once; a second
+// decision does nothing.
+func TestApprovalsPageReleasesAHeldJob(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.Redis(t)
+	db, _ := testenv.Postgres(t)
+	ws := onceflow.NewWorkers()
+	onceflow.AddWorker(ws, onceflow.WorkFunc[heldJob](func(ctx context.Context, job *onceflow.Job[heldJob]) error {
+		st, err := job.Complete(ctx, "classify", &llm.Request{Messages: []llm.Message{{Role: llm.RoleUser, Content: "The app crashes."}}})
+		if err != nil {
+			return err
+		}
+		return job.Commit(ctx, func(c *onceflow.Commit) error { c.Result(st.Response.Content); return nil })
+	}))
+	model := &onceflowtest.ScriptedModel{Turns: []onceflowtest.Turn{{Text: "bug"}}}
+	cl, err := onceflow.NewClient(onceflow.Config{Redis: rdb, DB: db, Prefix: prefix, Workers: ws, Model: model, NoLimits: true, Logger: testenv.Logger(t),
+		Gates: []onceflow.Gate{{Step: "classify", Name: "structured", Schema: json.RawMessage(`{"type":"object"}`)}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runClient(t, cl)
+	res, err := cl.Enqueue(context.Background(), heldJob{}, &onceflow.EnqueueOpts{Tenant: "acme"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held []onceflow.Held
+	testenv.WaitFor(t, 10*time.Second, "the job held", func() bool {
+		held, err = cl.Inspector().Held(context.Background(), "", true, 10)
+		return err == nil && len(held) == 1
+	})
+	e := adminuitest.Serve(t, cl, rdb, adminui.Config{})
+	c, token := signedIn(t, e)
+	_, page := adminuitest.Get(t, c, e.URL+"/ui/approvals")
+	for _, want := range []string{"Held by an eval gate <small>(1)</small>", "Gate <code>structured</code>, for tenant acme", "the answer is not JSON",
+		`<a href="/ui/jobs/` + res.JobID + `">`, `name="kind" value="gate"`, `value="` + held[0].Key + `"`, "Release</button>"} {
+		if !strings.Contains(page, want) {
+			t.Errorf("the approvals page lacks %q", want)
+		}
+	}
+	form := url.Values{"csrf": {token}, "kind": {"gate"}, "job": {res.JobID}, "key": {held[0].Key}, "tenant": {"acme"}, "decision": {"approve"}}
+	resp, _ := adminuitest.Post(t, c, e.URL+"/ui/approvals", form)
+	if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != "/ui/approvals?done=release" {
+		t.Fatalf("release: %d %s", resp.StatusCode, resp.Header.Get("Location"))
+	}
+	testenv.WaitFor(t, 10*time.Second, "the released job done", func() bool {
+		st, err := cl.JobState(context.Background(), "acme", res.JobID)
+		return err == nil && st.Status == onceflow.StatusDone && string(st.Result) == `"bug"`
+	})
+	form.Set("decision", "reject")
+	if resp, _ := adminuitest.Post(t, c, e.URL+"/ui/approvals", form); resp.Header.Get("Location") != "/ui/approvals?done=gone" {
+		t.Fatalf("rejecting a released job: %d %s", resp.StatusCode, resp.Header.Get("Location"))
+	}
+	form.Set("key", "tool-"+strings.Repeat("a", 64)) // a tool call's key is no answer's
+	if resp, _ := adminuitest.Post(t, c, e.URL+"/ui/approvals", form); resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("a gate decision on a tool call's key: %d, want 400", resp.StatusCode)
+	}
+}
+
+// runClient runs c until the test ends.
+func runClient(t *testing.T, c *onceflow.Client) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
 }
