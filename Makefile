@@ -105,7 +105,9 @@ fuzz:
 ## 1m, with CHAOS_OUTAGE_GAP, default 20s, of plain load around them), then the cluster
 ## profile (CHAOS_CLUSTER_DURATION, default 2m) with WAIT 1 and without WAIT (its loss
 ## measured), and the agent profile (examples/agent's roles killed, CHAOS_AGENT_DURATION,
-## default 3m); chaos-outage, chaos-cluster and chaos-agent run one profile each
+## default 3m); the kill -9 run shadows every summary's model call (CHAOS_SHADOW=1, its
+## shadows checked to cause no effect); chaos-outage, chaos-cluster and chaos-agent run
+## one profile each
 CHAOS_DURATION ?= 5m
 CHAOS_OUTAGE_POSTGRES ?= 2m
 CHAOS_OUTAGE_MODEL ?= 2m
@@ -113,9 +115,10 @@ CHAOS_OUTAGE_REDIS ?= 1m
 CHAOS_OUTAGE_GAP ?= 20s
 CHAOS_CLUSTER_DURATION ?= 2m
 CHAOS_AGENT_DURATION ?= 3m
+CHAOS_SHADOW ?= 1
 CHAOS_ENV = CHAOS_DURATION=$(CHAOS_DURATION) CHAOS_SEED=$(CHAOS_SEED) CHAOS_OUTAGE_POSTGRES=$(CHAOS_OUTAGE_POSTGRES) \
 	CHAOS_OUTAGE_MODEL=$(CHAOS_OUTAGE_MODEL) CHAOS_OUTAGE_REDIS=$(CHAOS_OUTAGE_REDIS) CHAOS_OUTAGE_GAP=$(CHAOS_OUTAGE_GAP) \
-	CHAOS_CLUSTER_DURATION=$(CHAOS_CLUSTER_DURATION) CHAOS_CLUSTER_NOWAIT=1 CHAOS_AGENT_DURATION=$(CHAOS_AGENT_DURATION)
+	CHAOS_CLUSTER_DURATION=$(CHAOS_CLUSTER_DURATION) CHAOS_CLUSTER_NOWAIT=1 CHAOS_AGENT_DURATION=$(CHAOS_AGENT_DURATION) CHAOS_SHADOW=$(CHAOS_SHADOW)
 chaos:
 	scripts/dev-services up
 	cd lab && $(CHAOS_ENV) $(GO) test -count=1 -run '^(TestChaos|TestChaosOutage|TestChaosCluster|TestChaosClusterNoWait|TestChaosAgent)$$' -v -timeout 2h ./chaos

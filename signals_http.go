@@ -322,12 +322,6 @@ func validCallKey(key string) bool {
 	return strings.HasPrefix(key, "tool-") && len(key) <= 128 && !strings.ContainsFunc(key, func(r rune) bool { return r <= ' ' || r > '~' })
 }
 
-// decision reads the decision recorded on the call key of tenant's job id;
-// ErrJobNotFound when there is none.
-func (c *Client) decision(ctx context.Context, tenant, id, key string) (*Decision, error) {
-	return c.decisionOn(ctx, tenant, id, approvalPrefix+key)
-}
-
 // decisionOn reads the decision recorded on the wait name (approval:<key>,
 // gate:<key>) of tenant's job id; ErrJobNotFound when there is none.
 func (c *Client) decisionOn(ctx context.Context, tenant, id, name string) (*Decision, error) {

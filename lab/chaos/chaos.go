@@ -70,6 +70,10 @@ type Config struct {
 	KillMin, KillMax time.Duration
 	// DrainTimeout bounds the wait for the backlog after the faults stop. Default: 2m.
 	DrainTimeout time.Duration
+	// Shadow runs every summary's model call also as a shadow, at rate 1
+	// (ONCEFLOW_SHADOW=summary=gpt-4.1@1): the run then checks that the shadows caused
+	// no effect (every invariant as without them) and were recorded once per summary.
+	Shadow bool
 	// Log receives progress and the event log. Default: io.Discard.
 	Log io.Writer
 }
@@ -95,9 +99,12 @@ type Report struct {
 	Redelivered int
 	// Lost counts accepted jobs with no summary when the profile measures the loss
 	// instead of forbidding it (RunCluster without WAIT: a failover's loss window).
-	Lost       int
-	Events     []string
-	Violations []string
+	Lost int
+	// ShadowRuns counts the shadow runs recorded (Config.Shadow); ShadowsDropped the
+	// shadows the workers could not enqueue (logged: Redis down at that moment).
+	ShadowRuns, ShadowsDropped int
+	Events                     []string
+	Violations                 []string
 }
 
 // Failed reports whether an invariant was violated.
@@ -118,6 +125,9 @@ func (r *Report) String() string {
 	fmt.Fprintf(&b, "  faults: %d events\n", len(r.Events))
 	if r.Lost > 0 {
 		fmt.Fprintf(&b, "  accepted jobs lost (measured, not forbidden: no WAIT): %d\n", r.Lost)
+	}
+	if r.ShadowRuns > 0 || r.ShadowsDropped > 0 {
+		fmt.Fprintf(&b, "  shadow runs %d (not enqueued, logged: %d)\n", r.ShadowRuns, r.ShadowsDropped)
 	}
 	writeVerdict(&b, r.Violations, r.Events, fmt.Sprintf("make chaos CHAOS_SEED=%d", r.Seed))
 	return b.String()
@@ -414,6 +424,9 @@ func (r *run) setup(ctx context.Context) error {
 		"ONCEFLOW_SENDER=webhook", "ONCEFLOW_WEBHOOK_URL=" + r.sinkURL + "/hook",
 	}
 	r.env = append(r.env, r.spec.settings...)
+	if r.cfg.Shadow {
+		r.env = append(r.env, "ONCEFLOW_SHADOW=summary=gpt-4.1@1")
+	}
 	if r.rc != nil {
 		r.env = append(r.env, "ONCEFLOW_REDIS_CLUSTER_ADDRS="+strings.Join(r.rc.Addrs(), ","),
 			fmt.Sprintf("ONCEFLOW_QUEUE_PARTITIONS=%d", clusterPartitions), fmt.Sprintf("ONCEFLOW_REDIS_WAIT_REPLICAS=%d", r.spec.waitReplicas))
@@ -665,7 +678,48 @@ func (r *run) drainAndCheck(ctx context.Context) (*Report, error) {
 	if err := getJSON(ctx, r.sinkURL+"/?deliveries=1", &sink); err != nil {
 		return nil, err
 	}
-	return r.check(ctx, a, sink)
+	rep, err := r.check(ctx, a, sink)
+	if err != nil || !r.cfg.Shadow {
+		return rep, err
+	}
+	return rep, r.checkShadows(ctx, rep)
+}
+
+// checkShadows waits for the shadow queue to drain and checks that every summary's
+// call has its shadow recorded once (but those the workers logged they could not
+// enqueue), and none of a job without a summary.
+func (r *run) checkShadows(ctx context.Context, rep *Report) error {
+	conn, err := pgx.Connect(ctx, r.dbURL)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	for _, w := range r.workers {
+		rep.ShadowsDropped += w.CountLog("onceflow: shadow run not enqueued; production goes on without it")
+	}
+	var runs, orphans, summarised int
+	deadline := time.Now().Add(r.cfg.DrainTimeout)
+	for {
+		if err := conn.QueryRow(ctx, `SELECT (SELECT count(*) FROM shadow_runs), (SELECT count(*) FROM summaries),
+	(SELECT count(*) FROM shadow_runs s WHERE NOT EXISTS (SELECT 1 FROM summaries m WHERE m.job_id::text = s.job_id))`).Scan(&runs, &summarised, &orphans); err != nil {
+			return err
+		}
+		if runs+rep.ShadowsDropped >= summarised || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	rep.ShadowRuns = runs
+	switch {
+	case runs > summarised:
+		rep.Violations = append(rep.Violations, fmt.Sprintf("%d shadow runs for %d summaries: a call shadowed twice", runs, summarised))
+	case runs+rep.ShadowsDropped < summarised:
+		rep.Violations = append(rep.Violations, fmt.Sprintf("%d shadow runs and %d dropped for %d summaries: shadows lost", runs, rep.ShadowsDropped, summarised))
+	}
+	if orphans > 0 {
+		rep.Violations = append(rep.Violations, fmt.Sprintf("%d shadow runs of jobs without a summary", orphans))
+	}
+	return nil
 }
 
 func (r *run) check(ctx context.Context, a *summaries.Report, sink sinkStats) (*Report, error) {

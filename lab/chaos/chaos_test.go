@@ -24,6 +24,8 @@ var (
 	duration = flag.Duration("duration", envDuration("CHAOS_DURATION", 75*time.Second), "load-and-faults phase")
 	seed     = flag.Uint64("seed", envUint("CHAOS_SEED", 0), "seed of the jobs and the fault schedule (0: from the clock)")
 
+	shadow = flag.Bool("shadow", os.Getenv("CHAOS_SHADOW") != "", "TestChaos: every summary's model call also shadowed (CHAOS_SHADOW=1)")
+
 	outagePostgres = flag.Duration("outage-postgres", envDuration("CHAOS_OUTAGE_POSTGRES", 20*time.Second), "TestChaosOutage: PostgreSQL outage")
 	outageModel    = flag.Duration("outage-model", envDuration("CHAOS_OUTAGE_MODEL", 20*time.Second), "TestChaosOutage: window of 503s from the model")
 	outageRedis    = flag.Duration("outage-redis", envDuration("CHAOS_OUTAGE_REDIS", 10*time.Second), "TestChaosOutage: Redis outage")
@@ -57,7 +59,7 @@ func TestChaos(t *testing.T) {
 	if err := os.Chmod(dir, 0o755); err != nil { // the postgres user must reach its data
 		t.Fatal(err)
 	}
-	rep, err := Run(context.Background(), Config{Bin: bin, Dir: dir, Seed: *seed, Duration: *duration, Log: testWriter{t}})
+	rep, err := Run(context.Background(), Config{Bin: bin, Dir: dir, Seed: *seed, Duration: *duration, Log: testWriter{t}, Shadow: *shadow})
 	if err != nil {
 		t.Fatalf("chaos run could not complete: %v (logs in %s)", err, dir)
 	}
