@@ -27,6 +27,11 @@ type RedisCluster struct {
 	// NodeTimeout is the cluster-node-timeout: how long a primary may be unreachable
 	// before its replica is promoted.
 	NodeTimeout time.Duration
+
+	// node prepares node i on port and bus port.
+	node func(i, port, bus int) (*Server, error)
+	// formed says the cluster was created: its nodes' addresses are in its config.
+	formed bool
 }
 
 // NewRedisCluster prepares (does not start) a cluster of primaries primaries with
@@ -41,24 +46,37 @@ func NewRedisCluster(dir string, primaries, replicas int, appendfsync string, no
 		nodeTimeout = 2 * time.Second
 	}
 	c := &RedisCluster{Primaries: primaries, NodeTimeout: nodeTimeout}
-	for i := range primaries * (1 + replicas) {
-		s, err := NewRedis(filepath.Join(dir, "node-"+strconv.Itoa(i)), appendfsync)
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		return nil, fmt.Errorf("redis-server not found: run scripts/dev-services up, which installs it")
+	}
+	nodes := primaries * (1 + replicas)
+	// Every node's port and bus port, all distinct. The bus port is a free one of its
+	// own: by default it is the port plus 10000, which may be taken, or past 65535 for a
+	// port from the upper ephemeral range.
+	ports, err := FreePorts(2 * nodes)
+	if err != nil {
+		return nil, err
+	}
+	c.node = func(i, port, bus int) (*Server, error) {
+		s, err := newRedisOn(bin, filepath.Join(dir, "node-"+strconv.Itoa(i)), appendfsync, port)
 		if err != nil {
 			return nil, err
 		}
 		s.Name = "redis-node-" + strconv.Itoa(i)
-		// The bus port is a free one of its own: by default it is the port plus 10000,
-		// which may be taken, or past 65535 for a port from the upper ephemeral range.
-		bus, err := FreePort()
-		if err != nil {
-			return nil, err
-		}
 		s.Args = append(s.Args, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
 			"--cluster-port", strconv.Itoa(bus),
 			"--cluster-node-timeout", strconv.FormatInt(nodeTimeout.Milliseconds(), 10),
 			// A replica of a primary that was down takes over even if it lagged: the
 			// loss window of asynchronous replication is what the tests measure.
 			"--cluster-replica-validity-factor", "0")
+		return s, nil
+	}
+	for i := range nodes {
+		s, err := c.node(i, ports[2*i], ports[2*i+1])
+		if err != nil {
+			return nil, err
+		}
 		c.Nodes = append(c.Nodes, s)
 	}
 	return c, nil
@@ -76,8 +94,22 @@ func (c *RedisCluster) Addrs() []string {
 // Up starts every node and, the first time, creates the cluster (redis-cli --cluster
 // create); then it waits until every node reports cluster_state:ok.
 func (c *RedisCluster) Up() error {
-	for _, s := range c.Nodes {
-		if err := s.Up(); err != nil {
+	for i, s := range c.Nodes {
+		err := s.Up()
+		// Before the cluster is formed, a node that could not start (its port taken by
+		// another process since it was chosen) gets new ports.
+		for try := 0; err != nil && !c.formed && c.node != nil && try < 3; try++ {
+			ports, perr := FreePorts(2)
+			if perr != nil {
+				return perr
+			}
+			if s, perr = c.node(i, ports[0], ports[1]); perr != nil {
+				return perr
+			}
+			c.Nodes[i] = s
+			err = s.Up()
+		}
+		if err != nil {
 			return err
 		}
 	}
@@ -95,6 +127,7 @@ func (c *RedisCluster) Up() error {
 			return fmt.Errorf("redis-cli --cluster create: %v: %s", err, out)
 		}
 	}
+	c.formed = true
 	return c.WaitOK(ctx)
 }
 

@@ -78,12 +78,27 @@ func (s *Server) Crash() {
 
 // FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
 func FreePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	ports, err := FreePorts(1)
 	if err != nil {
 		return 0, err
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return ports[0], nil
+}
+
+// FreePorts returns n distinct TCP ports on 127.0.0.1 that were free a moment ago: each
+// is held until all are found, so that two calls of FreePort in a row cannot return the
+// same port (the kernel may hand a port just closed out again).
+func FreePorts(n int) ([]int, error) {
+	var ports []int
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		defer l.Close()
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
 }
 
 // NewRedis prepares (does not start) a redis-server on a free port with its data in
@@ -100,6 +115,11 @@ func NewRedis(dir, appendfsync string) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	return newRedisOn(bin, dir, appendfsync, port)
+}
+
+// newRedisOn prepares a redis-server (bin) on port, as NewRedis does.
+func newRedisOn(bin, dir, appendfsync string, port int) (*Server, error) {
 	data := filepath.Join(dir, "redis")
 	if err := os.MkdirAll(data, 0o750); err != nil {
 		return nil, err
