@@ -137,7 +137,8 @@ chaos-outage:
 
 ## bench: onceflow's worker beside asynq and River (bench/ module), the guarded POST
 ## beside a bare handler, an agent job's recorded loop beside the same loop by hand, and
-## 100,000 jobs parked on a signal (their Redis memory, the signal-to-run latency);
+## 100,000 jobs parked on a signal (their Redis memory, the signal-to-run latency),
+## production's goodput with shadows at 0, 10 and 100 % and behind a passing gate;
 ## figures go to docs/BENCHMARKS.md
 bench:
 	scripts/dev-services up
@@ -145,6 +146,7 @@ bench:
 	eval "$$(scripts/dev-services env)" && $(GO) test -run '^$$' -bench Idempotency -benchtime 1x ./idempotency/redisstore/
 	eval "$$(scripts/dev-services env)" && $(GO) test -run '^$$' -bench AgentLoop -benchtime 2000x .
 	eval "$$(scripts/dev-services env)" && $(GO) test -run '^$$' -bench ParkedJobs -benchtime 100000x -timeout 60m .
+	eval "$$(scripts/dev-services env)" && $(GO) test -run '^$$' -bench 'Shadows|Gates' -benchtime 2000x -count 2 .
 
 ## bench-limits: provider admission control (lab/limitbench): 4 workers against
 ## fake-llm --rpm 600 --tpm 200000 with admission configured, learnt and off (goodput, 429s),
