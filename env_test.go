@@ -438,8 +438,13 @@ func waitAllDone(t *testing.T, c *onceflow.Client, timeout time.Duration, tenant
 // newStepEnvOn is newStepEnv on a given Redis (a private one a test can stop).
 func newStepEnvOn(t *testing.T, rdb *redis.Client, model llm.Client, work func(ctx context.Context, j *onceflow.Job[orderArgs]) error) *stepEnv {
 	t.Helper()
+	return newStepEnvWith(t, rdb, testenv.Prefix(t), model, work)
+}
+
+// newStepEnvWith is newStepEnv on rdb under prefix.
+func newStepEnvWith(t *testing.T, rdb *redis.Client, prefix string, model llm.Client, work func(ctx context.Context, j *onceflow.Job[orderArgs]) error) *stepEnv {
+	t.Helper()
 	pool, _ := testenv.Postgres(t)
-	prefix := testenv.Prefix(t)
 	e := &stepEnv{t: t, rdb: rdb, prefix: prefix, pool: pool, runs: &runLog{}}
 	ws := onceflow.NewWorkers()
 	onceflow.AddWorker(ws, onceflow.WorkFunc[orderArgs](func(ctx context.Context, j *onceflow.Job[orderArgs]) error {

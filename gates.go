@@ -236,33 +236,9 @@ type Held struct {
 // Held lists up to limit jobs an eval gate holds, oldest first: of tenant, or of every
 // tenant when all is set (the operators' list).
 func (in *Inspector) Held(ctx context.Context, tenant string, all bool, limit int) ([]Held, error) {
-	s := in.c.steps
-	if s == nil {
-		return nil, errors.New("onceflow: Held: Config.DB is required (the job_steps table is in PostgreSQL)")
-	}
-	rows, err := s.db.Query(ctx, `SELECT tenant, job_id, substr(name, $1), tool, arguments, result, created_at FROM job_steps
-WHERE state = 'waiting' AND name LIKE 'wait:gate:%' AND ($2 OR tenant = $3)
-ORDER BY created_at, tenant, job_id, name LIMIT $4`, len(waitPrefix+gatePrefix)+1, all, tenant, max(limit, 1))
-	if err != nil {
-		return nil, fmt.Errorf("onceflow: list the held jobs: %w", err)
-	}
-	var out []Held
-	for rows.Next() {
-		var h Held
-		var rec []byte
-		if err := rows.Scan(&h.Tenant, &h.JobID, &h.Key, &h.Gate, &h.Reason, &rec, &h.HeldAt); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("onceflow: list the held jobs: %w", err)
-		}
-		var w waitRecord
-		_ = json.Unmarshal(rec, &w)
-		h.Deadline = w.Deadline
-		out = append(out, h)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("onceflow: list the held jobs: %w", err)
-	}
-	return out, nil
+	return pendingWaits(ctx, in.c.steps, gatePrefix, tenant, all, limit, func(p pendingWait) Held {
+		return Held{Tenant: p.tenant, JobID: p.job, Key: p.key, Gate: p.tool, Reason: p.args, HeldAt: p.at, Deadline: p.rec.Deadline}
+	})
 }
 
 // Release decides that tenant's job id, held by an eval gate on its answer key

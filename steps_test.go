@@ -43,21 +43,7 @@ type stepEnv struct {
 func newStepEnv(t *testing.T, model llm.Client, work func(ctx context.Context, j *onceflow.Job[orderArgs]) error) *stepEnv {
 	t.Helper()
 	rdb, prefix := testenv.Redis(t)
-	pool, _ := testenv.Postgres(t)
-	e := &stepEnv{t: t, rdb: rdb, prefix: prefix, pool: pool, runs: &runLog{}}
-	ws := onceflow.NewWorkers()
-	onceflow.AddWorker(ws, onceflow.WorkFunc[orderArgs](func(ctx context.Context, j *onceflow.Job[orderArgs]) error {
-		err := work(ctx, j)
-		e.runs.add(run{delivery: j.Delivery, err: err, at: time.Now()})
-		return err
-	}))
-	cfg := onceflow.Config{Redis: rdb, DB: pool, Prefix: prefix, Workers: ws, Logger: testenv.Logger(t), Model: model, ModelRetry: fastRetry,
-		Queues: map[string]onceflow.QueueConfig{onceflow.DefaultQueue: {ClaimIdle: 300 * time.Millisecond, RetryBase: 5 * time.Millisecond, RetryMax: 20 * time.Millisecond}}}
-	var err error
-	if e.client, err = onceflow.NewClient(cfg); err != nil {
-		t.Fatal(err)
-	}
-	return e
+	return newStepEnvWith(t, rdb, prefix, model, work)
 }
 
 func (e *stepEnv) start() { e.t.Helper(); runClient(e.t, e.client) }

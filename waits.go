@@ -462,30 +462,45 @@ type Approval struct {
 // Approvals lists up to limit tool calls waiting for a decision, oldest first: of
 // tenant, or of every tenant when all is set (the operators' list).
 func (in *Inspector) Approvals(ctx context.Context, tenant string, all bool, limit int) ([]Approval, error) {
-	s := in.c.steps
+	return pendingWaits(ctx, in.c.steps, approvalPrefix, tenant, all, limit, func(p pendingWait) Approval {
+		return Approval{Tenant: p.tenant, JobID: p.job, Key: p.key, Tool: p.tool, Arguments: p.args, Messages: p.rec.Messages,
+			AskedAt: p.at, Deadline: p.rec.Deadline}
+	})
+}
+
+// pendingWait is a wait for a decision, as pendingWaits reads it.
+type pendingWait struct {
+	tenant, job, key, tool, args string
+	rec                          waitRecord
+	at                           time.Time
+}
+
+// pendingWaits lists up to limit waits for a decision named prefix (approvals, gates'
+// holds), oldest first, of tenant or of every tenant when all is set, each made into a T
+// by view.
+func pendingWaits[T any](ctx context.Context, s *stepStore, prefix, tenant string, all bool, limit int, view func(pendingWait) T) ([]T, error) {
+	what := strings.TrimSuffix(prefix, ":")
 	if s == nil {
-		return nil, errors.New("onceflow: Approvals: Config.DB is required (the job_steps table is in PostgreSQL)")
+		return nil, fmt.Errorf("onceflow: list %s waits: Config.DB is required (the job_steps table is in PostgreSQL)", what)
 	}
 	rows, err := s.db.Query(ctx, `SELECT tenant, job_id, substr(name, $1), tool, arguments, result, created_at FROM job_steps
-WHERE state = 'waiting' AND name LIKE 'wait:approval:%' AND ($2 OR tenant = $3)
-ORDER BY created_at, tenant, job_id, name LIMIT $4`, len(waitPrefix+approvalPrefix)+1, all, tenant, max(limit, 1))
+WHERE state = 'waiting' AND name LIKE $5 AND ($2 OR tenant = $3)
+ORDER BY created_at, tenant, job_id, name LIMIT $4`, len(waitPrefix+prefix)+1, all, tenant, max(limit, 1), waitPrefix+prefix+"%")
 	if err != nil {
-		return nil, fmt.Errorf("onceflow: list approvals: %w", err)
+		return nil, fmt.Errorf("onceflow: list %s waits: %w", what, err)
 	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Approval, error) {
-		var a Approval
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (T, error) {
+		var p pendingWait
 		var rec []byte
-		if err := r.Scan(&a.Tenant, &a.JobID, &a.Key, &a.Tool, &a.Arguments, &rec, &a.AskedAt); err != nil {
-			return a, err
+		if err := r.Scan(&p.tenant, &p.job, &p.key, &p.tool, &p.args, &rec, &p.at); err != nil {
+			var zero T
+			return zero, err
 		}
-		var w waitRecord
-		if json.Unmarshal(rec, &w) == nil {
-			a.Messages, a.Deadline = w.Messages, w.Deadline
-		}
-		return a, nil
+		_ = json.Unmarshal(rec, &p.rec)
+		return view(p), nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("onceflow: list approvals: %w", err)
+		return nil, fmt.Errorf("onceflow: list %s waits: %w", what, err)
 	}
 	return out, nil
 }
