@@ -27,6 +27,25 @@ func (c *countingTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx
 }
 func (c *countingTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
+// tracedPool returns a pool of 32 connections on a schema of the benchmark's own, its
+// URL, and the counter of the statements it sends.
+func tracedPool(b *testing.B) (*pgxpool.Pool, string, *countingTracer) {
+	b.Helper()
+	_, url := testenv.Postgres(b)
+	pcfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		b.Fatal(err)
+	}
+	tracer := &countingTracer{}
+	pcfg.ConnConfig.Tracer = tracer
+	pcfg.MaxConns = 32
+	db, err := pgxpool.NewWithConfig(context.Background(), pcfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return db, url, tracer
+}
+
 // pgCounters reads the database's committed transactions and the server's WAL flushes,
 // on a connection of its own. Backends publish their statistics at most once a second
 // while busy and when they exit: read them after closing the pool that did the work.
@@ -61,18 +80,7 @@ func BenchmarkAgentLoop(b *testing.B) {
 func benchAgentLoop(b *testing.B, recorded bool) {
 	b.StopTimer()
 	rdb, prefix := testenv.Redis(b)
-	_, url := testenv.Postgres(b)
-	pcfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		b.Fatal(err)
-	}
-	tracer := &countingTracer{}
-	pcfg.ConnConfig.Tracer = tracer
-	pcfg.MaxConns = 32
-	db, err := pgxpool.NewWithConfig(context.Background(), pcfg)
-	if err != nil {
-		b.Fatal(err)
-	}
+	db, url, tracer := tracedPool(b)
 	defer db.Close()
 	if _, err := db.Exec(context.Background(), `CREATE TABLE agent_replies (job_id text PRIMARY KEY, body text NOT NULL)`); err != nil {
 		b.Fatal(err)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -197,27 +198,7 @@ func (rt *runtime) hold(ctx context.Context, g *Gate, key string, why error) (*D
 	if err != nil {
 		return nil, err // a *retry.WaitError parks the job: JobState says held
 	}
-	if !out.came {
-		d := Decision{TimedOut: true, At: time.Now().UTC(), Note: "nobody decided in time"}
-		enc, _ := json.Marshal(d)
-		if err := rt.client.recordSignal(ctx, nil, rt.delivery.Tenant, rt.delivery.JobID, name, enc); err != nil && !errors.Is(err, ErrAlreadySignalled) {
-			return nil, err
-		}
-		if _, err := rt.client.steps.db.Exec(ctx, `UPDATE job_steps SET state = 'done' WHERE tenant = $1 AND job_id = $2 AND name = $3 AND state = 'waiting'`,
-			rt.delivery.Tenant, rt.delivery.JobID, waitPrefix+name); err != nil {
-			return nil, PostgresError(fmt.Errorf("onceflow: close the hold of gate %q: %w", g.name(), err))
-		}
-		r, err := rt.readStep(ctx, signalPrefix+name)
-		if err != nil {
-			return nil, err
-		}
-		out.signal = r.result
-	}
-	var d Decision
-	if err := json.Unmarshal(out.signal, &d); err != nil {
-		return nil, retry.Permanent(fmt.Errorf("onceflow: the decision on gate %q does not decode: %w", g.name(), err))
-	}
-	return &d, nil
+	return rt.decisionOf(ctx, name, out, false, "gate "+strconv.Quote(g.name()))
 }
 
 // Held is a job an eval gate holds (Inspector.Held).

@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/llm"
@@ -58,18 +56,7 @@ func (m *slowModel) Complete(ctx context.Context, req *llm.Request) (*llm.Respon
 func benchModelStep(b *testing.B, rate float64, gates []onceflow.Gate) {
 	b.StopTimer()
 	rdb, prefix := testenv.Redis(b)
-	_, url := testenv.Postgres(b)
-	pcfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		b.Fatal(err)
-	}
-	tracer := &countingTracer{}
-	pcfg.ConnConfig.Tracer = tracer
-	pcfg.MaxConns = 32
-	db, err := pgxpool.NewWithConfig(context.Background(), pcfg)
-	if err != nil {
-		b.Fatal(err)
-	}
+	db, _, tracer := tracedPool(b)
 	defer db.Close()
 	var (
 		done      atomic.Int64

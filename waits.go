@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -323,18 +324,24 @@ func (j *Job[T]) Approval(ctx context.Context, call ToolCall, cfg ApprovalConfig
 	if err != nil {
 		return nil, err
 	}
-	if !out.came { // timed out: the configured outcome, recorded unless a decision won
-		d := Decision{Approved: cfg.ApproveOnTimeout, TimedOut: true, At: time.Now().UTC(), Note: "nobody decided in time"}
+	return j.run.decisionOf(ctx, name, out, cfg.ApproveOnTimeout, "tool "+strconv.Quote(call.Name))
+}
+
+// decisionOf returns the decision a wait for one (name: an approval, a gate's hold)
+// found; past its deadline without one, the timeout's outcome (approved says which),
+// recorded unless a decision won, and the wait closed (off the operators' lists). what
+// names the call or the gate in errors.
+func (rt *runtime) decisionOf(ctx context.Context, name string, out waitOutcome, approved bool, what string) (*Decision, error) {
+	if !out.came {
+		d := Decision{Approved: approved, TimedOut: true, At: time.Now().UTC(), Note: "nobody decided in time"}
 		enc, _ := json.Marshal(d)
-		rt := j.run
 		err := rt.client.recordSignal(ctx, nil, rt.delivery.Tenant, rt.delivery.JobID, name, enc)
 		if err != nil && !errors.Is(err, ErrAlreadySignalled) {
 			return nil, err
 		}
-		// No longer pending: off the operators' list.
 		if _, err := rt.client.steps.db.Exec(ctx, `UPDATE job_steps SET state = 'done' WHERE tenant = $1 AND job_id = $2 AND name = $3 AND state = 'waiting'`,
 			rt.delivery.Tenant, rt.delivery.JobID, waitPrefix+name); err != nil {
-			return nil, PostgresError(fmt.Errorf("onceflow: close the approval of tool %q: %w", call.Name, err))
+			return nil, PostgresError(fmt.Errorf("onceflow: close the wait of %s: %w", what, err))
 		}
 		r, err := rt.readStep(ctx, signalPrefix+name)
 		if err != nil {
@@ -344,7 +351,7 @@ func (j *Job[T]) Approval(ctx context.Context, call ToolCall, cfg ApprovalConfig
 	}
 	var d Decision
 	if err := json.Unmarshal(out.signal, &d); err != nil {
-		return nil, retry.Permanent(fmt.Errorf("onceflow: the decision on tool %q does not decode: %w", call.Name, err))
+		return nil, retry.Permanent(fmt.Errorf("onceflow: the decision on %s does not decode: %w", what, err))
 	}
 	return &d, nil
 }
