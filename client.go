@@ -260,6 +260,9 @@ func (c *Client) Run(ctx context.Context) error {
 	if c.steps != nil {
 		parts = append(parts, c.steps.run)
 	}
+	if c.shadows != nil {
+		parts = append(parts, c.shadows.run)
+	}
 	return runParts(ctx, append(parts, c.background...))
 }
 
@@ -498,6 +501,9 @@ func (c *Client) RunWorkers(ctx context.Context, queues ...string) error {
 	}
 	if c.steps != nil {
 		parts = append(parts, c.steps.run)
+	}
+	if c.shadows != nil {
+		parts = append(parts, c.shadows.run)
 	}
 	return runParts(ctx, append(parts, c.watchers()...))
 }

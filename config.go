@@ -106,6 +106,9 @@ type Config struct {
 	// (see Shadow, docs/shadows.md; ONCEFLOW_SHADOW, ParseShadows). They need Model
 	// and DB. Default: none.
 	Shadows []Shadow
+	// ShadowRetention is how long a shadow run is kept in shadow_runs (purged every
+	// minute by Run and RunWorkers). Default: DefaultShadowRetention (30 days).
+	ShadowRetention time.Duration
 	// Gates check model steps' answers before their jobs act on them: an answer that
 	// fails is asked again of a fallback model, or holds its job (StatusHeld) until an
 	// operator releases or rejects it (see Gate). They need DB. Default: none.

@@ -9,6 +9,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"log/slog"
 	"math"
 	"slices"
 	"strconv"
@@ -209,9 +211,56 @@ type shadowArgs struct {
 func (shadowArgs) Kind() string             { return ShadowKind }
 func (shadowArgs) EnqueueOpts() EnqueueOpts { return EnqueueOpts{Queue: ShadowQueue} }
 
+// DefaultShadowRetention is how long a shadow run is kept (Config.ShadowRetention).
+const DefaultShadowRetention = 30 * 24 * time.Hour
+
 // shadows is the Client's shadow runs, by step.
 type shadows struct {
-	byStep map[string][]Shadow
+	byStep    map[string][]Shadow
+	db        *pgxpool.Pool
+	retention time.Duration
+	log       *slog.Logger
+}
+
+// shadowPurgeBatch is how many shadow runs one purge statement deletes.
+const shadowPurgeBatch = 1000
+
+// purge deletes the shadow runs older than the retention, a batch per statement, and
+// returns how many.
+func (s *shadows) purge(ctx context.Context) (int64, error) {
+	var total int64
+	for {
+		tag, err := s.db.Exec(ctx, `DELETE FROM shadow_runs WHERE ctid IN (
+	SELECT ctid FROM shadow_runs WHERE created_at < now() - $1::bigint * interval '1 microsecond' LIMIT $2)`,
+			s.retention.Microseconds(), shadowPurgeBatch)
+		if err != nil {
+			return total, fmt.Errorf("onceflow: purge old shadow runs: %w", err)
+		}
+		total += tag.RowsAffected()
+		if tag.RowsAffected() < shadowPurgeBatch {
+			return total, nil
+		}
+	}
+}
+
+// run purges old shadow runs every stepPurgeInterval until ctx ends.
+func (s *shadows) run(ctx context.Context) error {
+	t := time.NewTicker(stepPurgeInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		n, err := s.purge(ctx)
+		if err != nil && ctx.Err() == nil {
+			s.log.WarnContext(ctx, "onceflow: shadow runs purge failed; trying again later", "err", err)
+		}
+		if n > 0 {
+			s.log.InfoContext(ctx, "onceflow: purged old shadow runs", "rows", n)
+		}
+	}
 }
 
 // setupShadows checks Config.Shadows and registers the shadow worker (a workflow of
@@ -220,7 +269,10 @@ func setupShadows(cfg *Config, cp **Client) (*shadows, error) {
 	if len(cfg.Shadows) == 0 {
 		return nil, nil
 	}
-	s := &shadows{byStep: map[string][]Shadow{}}
+	if cfg.ShadowRetention < 0 {
+		return nil, fmt.Errorf("onceflow: Config.ShadowRetention %v must not be negative", cfg.ShadowRetention)
+	}
+	s := &shadows{byStep: map[string][]Shadow{}, db: cfg.DB, retention: cmp.Or(cfg.ShadowRetention, DefaultShadowRetention), log: cfg.Logger}
 	seen := map[string]bool{}
 	for _, sh := range cfg.Shadows {
 		if err := sh.check(); err != nil {
