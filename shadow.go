@@ -222,45 +222,16 @@ type shadows struct {
 	log       *slog.Logger
 }
 
-// shadowPurgeBatch is how many shadow runs one purge statement deletes.
-const shadowPurgeBatch = 1000
-
 // purge deletes the shadow runs older than the retention, a batch per statement, and
 // returns how many.
 func (s *shadows) purge(ctx context.Context) (int64, error) {
-	var total int64
-	for {
-		tag, err := s.db.Exec(ctx, `DELETE FROM shadow_runs WHERE ctid IN (
-	SELECT ctid FROM shadow_runs WHERE created_at < now() - $1::bigint * interval '1 microsecond' LIMIT $2)`,
-			s.retention.Microseconds(), shadowPurgeBatch)
-		if err != nil {
-			return total, fmt.Errorf("onceflow: purge old shadow runs: %w", err)
-		}
-		total += tag.RowsAffected()
-		if tag.RowsAffected() < shadowPurgeBatch {
-			return total, nil
-		}
-	}
+	return purgeInBatches(ctx, s.db, "old shadow runs", `DELETE FROM shadow_runs WHERE ctid IN (
+	SELECT ctid FROM shadow_runs WHERE created_at < now() - $2::bigint * interval '1 microsecond' LIMIT $1)`, s.retention.Microseconds())
 }
 
 // run purges old shadow runs every stepPurgeInterval until ctx ends.
 func (s *shadows) run(ctx context.Context) error {
-	t := time.NewTicker(stepPurgeInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-		n, err := s.purge(ctx)
-		if err != nil && ctx.Err() == nil {
-			s.log.WarnContext(ctx, "onceflow: shadow runs purge failed; trying again later", "err", err)
-		}
-		if n > 0 {
-			s.log.InfoContext(ctx, "onceflow: purged old shadow runs", "rows", n)
-		}
-	}
+	return purgeEvery(ctx, s.log, "old shadow runs", s.purge)
 }
 
 // setupShadows checks Config.Shadows and registers the shadow worker (a workflow of

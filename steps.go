@@ -336,11 +336,22 @@ const stepPurgeInterval = time.Minute
 
 // purge deletes every expired record, a batch per statement, and returns how many.
 func (s *stepStore) purge(ctx context.Context) (int64, error) {
+	return purgeInBatches(ctx, s.db, "expired job steps", purgeStepsSQL)
+}
+
+// run purges expired records every stepPurgeInterval until ctx is cancelled.
+func (s *stepStore) run(ctx context.Context) error {
+	return purgeEvery(ctx, s.log, "expired job steps", s.purge)
+}
+
+// purgeInBatches runs sql, a DELETE of at most $1 rows (then its own args), until a
+// statement deletes fewer than stepPurgeBatch rows, and returns how many it deleted.
+func purgeInBatches(ctx context.Context, db *pgxpool.Pool, what, sql string, args ...any) (int64, error) {
 	var total int64
 	for {
-		tag, err := s.db.Exec(ctx, purgeStepsSQL, stepPurgeBatch)
+		tag, err := db.Exec(ctx, sql, append([]any{stepPurgeBatch}, args...)...)
 		if err != nil {
-			return total, fmt.Errorf("onceflow: purge expired job steps: %w", err)
+			return total, fmt.Errorf("onceflow: purge %s: %w", what, err)
 		}
 		total += tag.RowsAffected()
 		if tag.RowsAffected() < stepPurgeBatch {
@@ -349,8 +360,12 @@ func (s *stepStore) purge(ctx context.Context) (int64, error) {
 	}
 }
 
-// run purges expired records every stepPurgeInterval until ctx is cancelled.
-func (s *stepStore) run(ctx context.Context) error {
+// purgeEvery runs purge every stepPurgeInterval until ctx is cancelled, logging what
+// it deleted and its failures (tried again at the next tick).
+func purgeEvery(ctx context.Context, log interface {
+	WarnContext(ctx context.Context, msg string, args ...any)
+	InfoContext(ctx context.Context, msg string, args ...any)
+}, what string, purge func(context.Context) (int64, error)) error {
 	t := time.NewTicker(stepPurgeInterval)
 	defer t.Stop()
 	for {
@@ -359,12 +374,12 @@ func (s *stepStore) run(ctx context.Context) error {
 			return nil
 		case <-t.C:
 		}
-		n, err := s.purge(ctx)
+		n, err := purge(ctx)
 		if err != nil && ctx.Err() == nil {
-			s.log.WarnContext(ctx, "onceflow: job steps purge failed; trying again later", "err", err)
+			log.WarnContext(ctx, "onceflow: "+what+" purge failed; trying again later", "err", err)
 		}
 		if n > 0 {
-			s.log.InfoContext(ctx, "onceflow: purged expired job steps", "rows", n)
+			log.InfoContext(ctx, "onceflow: purged "+what, "rows", n)
 		}
 	}
 }
