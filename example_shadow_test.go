@@ -141,3 +141,15 @@ func ExampleClient_Release() {
 	// held structured the answer is not JSON
 	// bug
 }
+
+// A judge's answer read as a verdict: fenced or not, a score from 0 to 1 and a reason;
+// anything else says what is wrong with it.
+func ExampleParseVerdict() {
+	v, err := onceflow.ParseVerdict("```json\n{\"score\": 0.8, \"reason\": \"the same facts, shorter\"}\n```")
+	fmt.Println(v.Score, v.Reason, err)
+	_, err = onceflow.ParseVerdict(`{"score": 8}`)
+	fmt.Println(err)
+	// Output:
+	// 0.8 the same facts, shorter <nil>
+	// the judge's score 8 is not a number from 0 to 1
+}

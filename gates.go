@@ -38,6 +38,11 @@ type Gate struct {
 	// Schema, when set, is a JSON Schema (draft 2020-12 or 7) the answer's text must
 	// satisfy, as JSON: structured output.
 	Schema json.RawMessage
+	// Judge, when set, has a model grade the answer by Judge.Criteria; the answer fails
+	// below Judge.Threshold. The judge's call is a model step of the job
+	// ("<Step>.judge", "<Step>.fallback.judge" for the fallback's answer), recorded in
+	// the ledger: a redelivery replays its verdict. It runs after Schema and Check pass.
+	Judge *Judge
 	// Fallback, when set, is the model the same request is asked of when the answer
 	// fails, as the step "<Step>.fallback"; its answer is checked too. It applies to
 	// Job.Complete; a streamed step (Job.Stream), whose text the job has seen, is held.
@@ -89,8 +94,15 @@ func setupGates(cfg *Config) (*gates, error) {
 		if err := checkStepName(gate.Step); err != nil {
 			return nil, fmt.Errorf("onceflow: Config.Gates: gate of step %q: %w", clipText(gate.Step), err)
 		}
-		if gate.Check == nil && len(gate.Schema) == 0 {
-			return nil, fmt.Errorf("onceflow: Config.Gates: gate of step %q checks nothing: give it a Check or a Schema", gate.Step)
+		if gate.Check == nil && len(gate.Schema) == 0 && gate.Judge == nil {
+			return nil, fmt.Errorf("onceflow: Config.Gates: gate of step %q checks nothing: give it a Check, a Schema or a Judge", gate.Step)
+		}
+		if gate.Judge != nil {
+			if err := gate.Judge.check(true); err != nil {
+				return nil, fmt.Errorf("onceflow: Config.Gates: gate of step %q: %w", gate.Step, err)
+			}
+			j := *gate.Judge // a copy too
+			gate.Judge = &j
 		}
 		if !printableName(gate.name(), 64) {
 			return nil, fmt.Errorf("onceflow: Config.Gates: gate name %q: want 1 to 64 printable ASCII characters", clipText(gate.name()))
@@ -135,19 +147,43 @@ func (g *Gate) check(resp *llm.Response) error {
 	return nil
 }
 
+// evaluate returns why step's answer s (to req) fails g, or nil: g's Schema and Check,
+// then its Judge, whose call is the job's model step "<step>.judge". err is the judge
+// call's error (the delivery fails as a model step's would).
+func (rt *runtime) evaluate(ctx context.Context, jobID, step string, g *Gate, req *llm.Request, s *Step) (why, err error) {
+	if why := g.check(s.Response); why != nil || g.Judge == nil {
+		return why, nil
+	}
+	js, err := rt.complete(ctx, jobID, step+".judge", g.Judge.gateRequest(req, s.Response))
+	if err != nil {
+		return nil, err
+	}
+	v, bad := ParseVerdict(js.Response.Content)
+	switch {
+	case bad != nil: // held for a person: an unjudged answer does not go through
+		return fmt.Errorf("the judge %s gave no verdict: %w", g.Judge.Model, bad), nil
+	case v.Score < g.Judge.threshold():
+		return fmt.Errorf("the judge %s scored it %.2f, below %.2f: %s", g.Judge.Model, v.Score, g.Judge.threshold(), v.Reason), nil
+	}
+	return nil, nil
+}
+
 // gate runs the eval gates of step on s's answer: it returns the step to act on (s, or
 // the fallback's), or the error that holds the job (a *retry.WaitError while an
 // operator has not decided) or fails it (ErrGateRejected, permanent).
 func (rt *runtime) gate(ctx context.Context, jobID, step string, req *llm.Request, s *Step, streamed bool) (*Step, error) {
 	c := rt.client
-	if c.gates == nil || rt.delivery == nil {
+	if c.gates == nil || rt.delivery == nil || rt.delivery.Kind == ShadowKind { // a shadow has no effects to hold
 		return s, nil
 	}
 	for _, g := range c.gates.byStep[step] {
 		if g.Kind != "" && g.Kind != rt.delivery.Kind {
 			continue
 		}
-		why := g.check(s.Response)
+		why, err := rt.evaluate(ctx, jobID, step, g, req, s)
+		if err != nil {
+			return nil, err
+		}
 		if why == nil {
 			c.gates.outcome.WithLabelValues(g.name(), step, "passed").Inc()
 			continue
@@ -160,7 +196,11 @@ func (rt *runtime) gate(ctx context.Context, jobID, step string, req *llm.Reques
 			if err != nil {
 				return nil, err
 			}
-			if fwhy := g.check(fs.Response); fwhy == nil {
+			fwhy, err := rt.evaluate(ctx, jobID, step+".fallback", g, &fr, fs)
+			if err != nil {
+				return nil, err
+			}
+			if fwhy == nil {
 				c.gates.outcome.WithLabelValues(g.name(), step, "fallback_passed").Inc()
 				s = fs
 				continue
@@ -194,12 +234,15 @@ func (rt *runtime) hold(ctx context.Context, g *Gate, key string, why error) (*D
 		timeout = DefaultApprovalTimeout
 	}
 	name := gatePrefix + key
-	out, err := rt.wait(ctx, name, timeout, waitRecord{Tool: g.name(), Arguments: clipText(why.Error())})
+	out, err := rt.wait(ctx, name, timeout, waitRecord{Tool: g.name(), Arguments: clipRunes(why.Error(), maxHeldReason)})
 	if err != nil {
 		return nil, err // a *retry.WaitError parks the job: JobState says held
 	}
 	return rt.decisionOf(ctx, name, out, false, "gate "+strconv.Quote(g.name()))
 }
+
+// maxHeldReason bounds the reason a hold records (Held.Reason), in bytes.
+const maxHeldReason = 1000
 
 // Held is a job an eval gate holds (Inspector.Held).
 type Held struct {

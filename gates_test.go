@@ -146,6 +146,58 @@ func TestGateFallbackAnswersInsteadOfHolding(t *testing.T) {
 	}
 }
 
+// A judge gate holds an answer the judge scores below its threshold, or whose verdict
+// it cannot read, and lets one through at or above it. The judge is asked once per
+// answer: the delivery that resumes after the release replays its verdict.
+func TestGateJudgeHoldsAnswersScoredBelowItsThreshold(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, verdict string
+		held          bool
+		reason        string
+	}{
+		{"passing", `{"score":0.9,"reason":"faithful"}`, false, ""},
+		{"at the threshold", `{"score":0.6,"reason":"barely"}`, false, ""},
+		{"failing", `{"score":0.2,"reason":"invents a refund"}`, true, "scored it 0.20, below 0.60: invents a refund"},
+		{"unreadable", `I think it is fine`, true, "not a JSON object"},
+		{"out of range", `{"score":7,"reason":"great"}`, true, "not a number from 0 to 1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			model := &modelsByName{answers: map[string]string{"prod": "We shipped it.", "judge": tc.verdict}}
+			env, sink := gateEnv(t, model, []onceflow.Gate{{Step: "summary", Name: "faithful",
+				Judge: &onceflow.Judge{Model: "judge", Criteria: "Invents nothing.", Threshold: 0.6}}})
+			env.Start()
+			res, err := env.Client.Enqueue(context.Background(), shadowedTicket{Text: "where is my order?"}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.held {
+				h := waitHeld(t, env, res.JobID)
+				if h.Gate != "faithful" || !strings.Contains(h.Reason, tc.reason[:min(len(tc.reason), 40)]) {
+					t.Fatalf("held %+v, want the reason %q", h, tc.reason)
+				}
+				if n := env.OutboxRows(""); n != 0 {
+					t.Fatalf("%d effects of a held job", n)
+				}
+				if err := env.Client.Release(context.Background(), "", res.JobID, h.Key, "ops", "checked by hand"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			onceflowtest.WaitFor(t, 10*time.Second, "the email", func() bool { return sink.Total() == 1 })
+			if n := model.count("judge"); n != 1 {
+				t.Fatalf("the judge was asked %d times, want once", n)
+			}
+			jr := model.lastRequest("judge")
+			if !strings.Contains(jr.Messages[0].Content, "Invents nothing.") || !strings.Contains(jr.Messages[1].Content, "where is my order?") ||
+				!strings.Contains(jr.Messages[1].Content, "We shipped it.") {
+				t.Fatalf("the judge was asked %+v; want the criteria, the request and the answer", jr.Messages)
+			}
+			sink.RequireOncePerKey(t, 1)
+		})
+	}
+}
+
 // A hold nobody decides in time is rejected.
 func TestGateHoldTimesOutRejected(t *testing.T) {
 	t.Parallel()
@@ -206,6 +258,8 @@ func TestGateConfigIsChecked(t *testing.T) {
 		{"no check", onceflow.Config{DB: db, Gates: []onceflow.Gate{{Step: "s"}}}, "checks nothing"},
 		{"a bad schema", onceflow.Config{DB: db, Gates: []onceflow.Gate{{Step: "s", Schema: json.RawMessage(`{"type":3}`)}}}, "schema"},
 		{"no step", onceflow.Config{DB: db, Gates: []onceflow.Gate{{Schema: objectSchema}}}, "gate of step"},
+		{"a judge without criteria", onceflow.Config{DB: db, Gates: []onceflow.Gate{{Step: "s", Judge: &onceflow.Judge{Model: "j"}}}}, "needs Criteria"},
+		{"a judge's negative threshold", onceflow.Config{DB: db, Gates: []onceflow.Gate{{Step: "s", Judge: &onceflow.Judge{Model: "j", Criteria: "c", Threshold: -1}}}}, "between 0 and 1"},
 	} {
 		tc.cfg.Redis, tc.cfg.Prefix = rdb, prefix
 		if _, err := onceflow.NewClient(tc.cfg); err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -58,6 +58,11 @@ type Shadow struct {
 	Rate float64
 	// Compare compares production's answer with the candidate's. Default: ExactMatch.
 	Compare func(production, candidate *llm.Response) Comparison
+	// Judge, when set instead of Compare, has a model grade the candidate's agreement
+	// with production: the judge's call is a background model step of the shadow job
+	// ("judge"), recorded in the ledger, and the shadow agrees when its score reaches
+	// Judge.Threshold.
+	Judge *Judge
 }
 
 // name is the candidate's name: Name, else Model, else "transform".
@@ -165,6 +170,14 @@ func (s Shadow) check() error {
 		return fmt.Errorf("shadow of step %q: candidate name %q: want 1 to 64 printable ASCII characters", s.Step, clipText(s.name()))
 	case s.Kind != "" && s.Kind == ShadowKind:
 		return fmt.Errorf("shadow of step %q: shadows are not shadowed", s.Step)
+	}
+	if s.Judge != nil {
+		if s.Compare != nil {
+			return fmt.Errorf("shadow %q of step %q: set Compare or Judge, not both", s.name(), s.Step)
+		}
+		if err := s.Judge.check(false); err != nil {
+			return fmt.Errorf("shadow %q of step %q: %w", s.name(), s.Step, err)
+		}
 	}
 	return nil
 }
@@ -332,11 +345,21 @@ func (c *Client) runShadow(ctx context.Context, job *Job[shadowArgs]) error {
 		return err
 	}
 	took := time.Since(start)
-	compare := sh.Compare
-	if compare == nil {
-		compare = ExactMatch
+	var verdict Comparison
+	switch {
+	case sh.Judge != nil:
+		js, err := job.run.complete(limiter.WithBackground(limiter.WithTenant(ctx, shadowTenant)), job.ID, "judge",
+			sh.Judge.shadowRequest(a.Request, a.Response, st.Response))
+		if err != nil {
+			return err
+		}
+		v := verdictOf(js.Response)
+		verdict = Comparison{Agree: v.Score >= sh.Judge.threshold(), Score: v.Score, Detail: v.Reason}
+	case sh.Compare != nil:
+		verdict = sh.Compare(a.Response, st.Response)
+	default:
+		verdict = ExactMatch(a.Response, st.Response)
 	}
-	verdict := compare(a.Response, st.Response)
 	prodAnswer, _ := json.Marshal(a.Response)
 	candAnswer, _ := json.Marshal(st.Response)
 	pu, cu := a.Response.Usage, st.Response.Usage
@@ -368,6 +391,9 @@ func (c *Client) costUSD(model string, u llm.Usage) float64 {
 type ShadowQuery struct {
 	// Step, when set, limits the report to that step's shadows.
 	Step string
+	// Candidate, when set, limits it to that candidate's runs (an evaluation's are
+	// "eval:<name>").
+	Candidate string
 	// Since, when set, limits it to the runs recorded since then.
 	Since time.Time
 	// Worst is how many of the worst disagreements to return (lowest score first).
@@ -435,8 +461,8 @@ func (in *Inspector) ShadowReport(ctx context.Context, q ShadowQuery) (*ShadowRe
 	rows, err := db.Query(ctx, `SELECT step, candidate, count(*), count(*) FILTER (WHERE agree), avg(score),
 	avg(prod_latency_ms), avg(cand_latency_ms), sum(prod_cost_usd), sum(cand_cost_usd),
 	sum(prod_input_tokens + prod_output_tokens), sum(cand_input_tokens + cand_output_tokens)
-FROM shadow_runs WHERE ($1 = '' OR step = $1) AND created_at >= $2
-GROUP BY step, candidate ORDER BY step, candidate`, q.Step, since)
+FROM shadow_runs WHERE ($1 = '' OR step = $1) AND created_at >= $2 AND ($3 = '' OR candidate = $3)
+GROUP BY step, candidate ORDER BY step, candidate`, q.Step, since, q.Candidate)
 	if err != nil {
 		return nil, fmt.Errorf("onceflow: shadow report: %w", err)
 	}
@@ -458,8 +484,8 @@ GROUP BY step, candidate ORDER BY step, candidate`, q.Step, since)
 		return out, nil
 	}
 	rows, err = db.Query(ctx, `SELECT step, candidate, tenant, job_id, score, detail, prod_answer, cand_answer, created_at
-FROM shadow_runs WHERE NOT agree AND ($1 = '' OR step = $1) AND created_at >= $2
-ORDER BY score, created_at DESC LIMIT $3`, q.Step, since, q.Worst)
+FROM shadow_runs WHERE NOT agree AND ($1 = '' OR step = $1) AND created_at >= $2 AND ($4 = '' OR candidate = $4)
+ORDER BY score, created_at DESC LIMIT $3`, q.Step, since, q.Worst, q.Candidate)
 	if err != nil {
 		return nil, fmt.Errorf("onceflow: shadow report: %w", err)
 	}

@@ -25,6 +25,7 @@ type modelsByName struct {
 	toolCalls map[string]bool
 	mu        sync.Mutex
 	calls     map[string]int
+	last      map[string]*llm.Request // the last request per model
 }
 
 func (m *modelsByName) Complete(_ context.Context, req *llm.Request) (*llm.Response, error) {
@@ -33,6 +34,10 @@ func (m *modelsByName) Complete(_ context.Context, req *llm.Request) (*llm.Respo
 		m.calls = map[string]int{}
 	}
 	m.calls[req.Model]++
+	if m.last == nil {
+		m.last = map[string]*llm.Request{}
+	}
+	m.last[req.Model] = req
 	m.mu.Unlock()
 	resp := &llm.Response{Model: req.Model, Content: m.answers[req.Model], FinishReason: llm.FinishStop,
 		Usage: llm.Usage{InputTokens: 100, OutputTokens: 20}}
@@ -55,6 +60,13 @@ func (m *modelsByName) Stream(ctx context.Context, req *llm.Request) iter.Seq2[l
 		}
 		yield(llm.Chunk{Done: true, FinishReason: resp.FinishReason, ToolCalls: resp.ToolCalls, Usage: &resp.Usage}, nil)
 	}
+}
+
+// lastRequest is the last request model was asked.
+func (m *modelsByName) lastRequest(model string) *llm.Request {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.last[model]
 }
 
 func (m *modelsByName) count(model string) int {
@@ -222,6 +234,59 @@ func TestShadowRunIsRecordedOnceAcrossAFailedCommit(t *testing.T) {
 	onceflowtest.WaitFor(t, 10*time.Second, "production's email", func() bool { return sink.Total() == 1 })
 }
 
+// A shadow graded by a judge records the judge's score and reason, agreeing when the
+// score reaches the threshold. The judge is asked once per shadow, with both answers
+// and the request, even when the shadow job's commit fails and it is delivered again
+// (its verdict is replayed from the ledger).
+func TestShadowJudgeGradesAgreementOnceAcrossAFailedCommit(t *testing.T) {
+	t.Parallel()
+	model := &modelsByName{answers: map[string]string{"prod": "The order shipped on Monday.", "cand": "It shipped Monday.",
+		"judge": "```json\n{\"score\": 0.8, \"reason\": \"the same date, shorter\"}\n```", "harsh": `{"score":0.8,"reason":"too short"}`}}
+	env, sink := shadowEnv(t, model, []onceflow.Shadow{
+		{Step: "summary", Model: "cand", Rate: 1, Judge: &onceflow.Judge{Model: "judge"}},
+		{Step: "summary", Model: "cand", Name: "cand-strict", Rate: 1, Judge: &onceflow.Judge{Model: "harsh", Threshold: 0.9, Criteria: "Exactly the same facts."}},
+	}, false, false)
+	const key = "judged"
+	jobID := onceflow.JobID(onceflow.EnqueueScope("", "test.shadowed", key))
+	req := llm.Request{Model: "prod", Messages: []llm.Message{{Role: llm.RoleUser, Content: "when did it ship?"}}}
+	req.IdempotencyKey = ledger.Work(jobID, "summary")
+	shadowJob := onceflow.JobID(onceflow.EnqueueScopeOn(onceflow.ShadowQueue, "", onceflow.ShadowKind, "shadow:cand:"+ledger.Key(req.IdempotencyKey, &req)))
+	fault := onceflowtest.FailFirstCommit(t, env.DB, shadowJob)
+	env.Start()
+	if _, err := env.Client.Enqueue(context.Background(), shadowedTicket{Text: "when did it ship?"}, &onceflow.EnqueueOpts{Key: key}); err != nil {
+		t.Fatal(err)
+	}
+	onceflowtest.WaitFor(t, 20*time.Second, "both shadows recorded", func() bool { return env.Count(`SELECT count(*) FROM shadow_runs`) == 2 })
+	if n := fault.Commits(t); n != 2 {
+		t.Fatalf("the judged shadow's commit was tried %d times, want 2", n)
+	}
+	if j, h := model.count("judge"), model.count("harsh"); j != 1 || h != 1 {
+		t.Fatalf("judges asked %d and %d times, want once each: a redelivery replays the verdict", j, h)
+	}
+	var score float64
+	var agree bool
+	var detail string
+	if err := env.DB.QueryRow(context.Background(), `SELECT score, agree, detail FROM shadow_runs WHERE candidate = 'cand'`).Scan(&score, &agree, &detail); err != nil {
+		t.Fatal(err)
+	}
+	if score != 0.8 || !agree || detail != "the same date, shorter" {
+		t.Fatalf("judged run: score %v agree %v detail %q; want 0.8, agreeing at the default threshold 0.7", score, agree, detail)
+	}
+	if err := env.DB.QueryRow(context.Background(), `SELECT score, agree FROM shadow_runs WHERE candidate = 'cand-strict'`).Scan(&score, &agree); err != nil {
+		t.Fatal(err)
+	}
+	if score != 0.8 || agree {
+		t.Fatalf("strictly judged run: score %v agree %v; want 0.8, disagreeing below 0.9", score, agree)
+	}
+	jr := model.lastRequest("harsh")
+	if len(jr.Messages) != 2 || !strings.Contains(jr.Messages[0].Content, "Exactly the same facts.") ||
+		!strings.Contains(jr.Messages[1].Content, "when did it ship?") || !strings.Contains(jr.Messages[1].Content, "The order shipped on Monday.") ||
+		!strings.Contains(jr.Messages[1].Content, "It shipped Monday.") {
+		t.Fatalf("the judge was asked %+v; want the criteria, the request and both answers", jr.Messages)
+	}
+	onceflowtest.WaitFor(t, 10*time.Second, "production's email", func() bool { return sink.Total() == 1 })
+}
+
 // A rate samples the production calls by a hash of the job: the same jobs every time,
 // in about the share asked.
 func TestShadowRateSamplesByJob(t *testing.T) {
@@ -281,6 +346,11 @@ func TestShadowConfigIsChecked(t *testing.T) {
 		{"no candidate", onceflow.Config{DB: db, Model: model, Shadows: []onceflow.Shadow{{Step: "s", Rate: 1}}}, "neither a Model nor a Transform"},
 		{"a candidate twice", onceflow.Config{DB: db, Model: model, Shadows: []onceflow.Shadow{{Step: "s", Model: "m", Rate: 1}, {Step: "s", Model: "m", Rate: 0.5}}}, "twice"},
 		{"a bad rate", onceflow.Config{DB: db, Model: model, Shadows: []onceflow.Shadow{{Step: "s", Model: "m", Rate: 2}}}, "want 0 to 1"},
+		{"a judge without a model", onceflow.Config{DB: db, Model: model, Shadows: []onceflow.Shadow{{Step: "s", Model: "m", Rate: 1, Judge: &onceflow.Judge{}}}}, "Model is required"},
+		{"a judge and a comparator", onceflow.Config{DB: db, Model: model, Shadows: []onceflow.Shadow{{Step: "s", Model: "m", Rate: 1,
+			Judge: &onceflow.Judge{Model: "j"}, Compare: onceflow.ExactMatch}}}, "not both"},
+		{"a judge's threshold over 1", onceflow.Config{DB: db, Model: model, Shadows: []onceflow.Shadow{{Step: "s", Model: "m", Rate: 1,
+			Judge: &onceflow.Judge{Model: "j", Threshold: 1.5}}}}, "between 0 and 1"},
 	} {
 		tc.cfg.Redis, tc.cfg.Prefix = rdb, prefix
 		if _, err := onceflow.NewClient(tc.cfg); err == nil || !strings.Contains(err.Error(), tc.want) {
