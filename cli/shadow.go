@@ -72,6 +72,11 @@ func runShadow(ctx context.Context, e *env, args []string) error {
 		enc.SetIndent("", "  ")
 		return enc.Encode(rep)
 	}
+	return printShadowReport(e, rep)
+}
+
+// printShadowReport prints rep as a table, then its worst disagreements.
+func printShadowReport(e *env, rep *onceflow.ShadowReport) error {
 	if len(rep.Summaries) == 0 {
 		fmt.Fprintln(e.stdout, "no shadow runs")
 		return nil

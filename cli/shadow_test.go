@@ -3,6 +3,12 @@ package cli_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"github.com/onceflow/onceflow/cli/openaiprovider"
+	"github.com/onceflow/onceflow/ledger"
+	"github.com/onceflow/onceflow/llm"
+	"github.com/onceflow/onceflow/llm/fakeserver"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -66,6 +72,61 @@ VALUES ($1, $2, 'acme', $3, $4, 'gpt-4.1', $2, $5, $6, $7, $8, $9, $10, $11, 0.0
 	}
 	for _, args := range [][]string{{"shadow"}, {"shadow", "frob"}, {"shadow", "report", "--worst", "-1"}, {"shadow", "report", "x"}} {
 		if _, _, code := runCommand(t, cli.App{}, getenv, args...); code != 2 {
+			t.Errorf("%v: exit %d, want 2 (usage)", args, code)
+		}
+	}
+}
+
+// eval asks a candidate, at the provider, each production call of the step the ledger
+// recorded with its request, records the runs as eval:MODEL and prints their report;
+// run again, it asks nothing; bad flags are usage errors.
+func TestEvalReplaysRecordedInputsAgainstACandidateOnce(t *testing.T) {
+	t.Parallel()
+	pool, dsn := testenv.Postgres(t)
+	_, prefix := testenv.Redis(t)
+	fs, err := fakeserver.New(fakeserver.Config{Logger: testenv.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(fs.Close)
+	model := httptest.NewServer(fs)
+	t.Cleanup(model.Close)
+	ctx := context.Background()
+	for i, step := range []string{"summary", "summary", "classify"} {
+		req := &llm.Request{Model: "gpt-4.1", Messages: []llm.Message{{Role: llm.RoleUser, Content: fmt.Sprint("ticket ", i)}}}
+		req.IdempotencyKey = ledger.Work(fmt.Sprint("job-", i), step)
+		body, _ := json.Marshal(req)
+		answer, _ := json.Marshal(llm.Response{Model: "gpt-4.1", Content: "production's answer"})
+		if _, err := pool.Exec(ctx, `INSERT INTO llm_calls (idem_key, work, state, request_hash, request, response, expires_at)
+VALUES ($1, $2, 'succeeded', $3, $4, $5, now() + interval '1 day')`, ledger.Key(req.IdempotencyKey, req), req.IdempotencyKey,
+			ledger.RequestHash(req), body, answer); err != nil {
+			t.Fatal(err)
+		}
+	}
+	getenv := func(k string) string {
+		return map[string]string{"ONCEFLOW_REDIS_URL": testenv.RedisURL(t), "ONCEFLOW_DATABASE_URL": dsn, "ONCEFLOW_PREFIX": prefix,
+			"ONCEFLOW_LOG_FORMAT": "text", "ONCEFLOW_LLM": "openai", "ONCEFLOW_LLM_BASE_URL": model.URL + "/v1", "OPENAI_API_KEY": "test"}[k]
+	}
+	app := cli.App{Providers: []cli.Provider{openaiprovider.Provider()}}
+	out, errOut, code := runCommand(t, app, getenv, "eval", "--step", "summary", "--candidate", "gpt-4.1-nano", "--json")
+	var res onceflow.EvalResult
+	if code != 0 || json.Unmarshal([]byte(out), &res) != nil {
+		t.Fatalf("eval --json: exit %d, %q %s", code, out, errOut)
+	}
+	if res.Candidate != "eval:gpt-4.1-nano" || res.Inputs != 2 || res.Recorded != 2 || len(res.Report.Summaries) != 1 || res.Report.Summaries[0].Runs != 2 {
+		t.Fatalf("eval: %+v, want the step's 2 inputs recorded and reported", res)
+	}
+	if st := fs.Stats(); st.Requests != 2 {
+		t.Fatalf("the provider got %d requests, want the 2 inputs'", st.Requests)
+	}
+	out, _, code = runCommand(t, app, getenv, "eval", "--step", "summary", "--candidate", "gpt-4.1-nano")
+	if code != 0 || !strings.Contains(out, "0 new inputs") || !strings.Contains(out, "eval:gpt-4.1-nano") || fs.Stats().Requests != 2 {
+		t.Fatalf("eval again: exit %d, %d requests at the provider\n%s", code, fs.Stats().Requests, out)
+	}
+	for _, args := range [][]string{{"eval"}, {"eval", "--step", "summary"}, {"eval", "--step", "s", "--candidate", "m", "--limit", "0"},
+		{"eval", "--step", "s", "--candidate", "m", "--fields", "a", "--judge", "j"}, {"eval", "--step", "s", "--candidate", "m", "--threshold", "0.5"},
+		{"eval", "--step", "s", "--candidate", "m", "extra"}} {
+		if _, _, code := runCommand(t, app, getenv, args...); code != 2 {
 			t.Errorf("%v: exit %d, want 2 (usage)", args, code)
 		}
 	}

@@ -130,13 +130,13 @@ func (a *Attempt) Lost() bool {
 //
 //	$1 idem_key, $2 work, $3 request_hash, $4 provider, $5 model, $6 response jsonb,
 //	$7 response_raw, $8 response_meta, $9 attempt, $10 now (NULL: now()), $11 retention µs,
-//	$12 tenant
+//	$12 tenant, $13 request (JSON, NULL for none)
 //
 // Returns the row's attempt and ambiguous counts when this call recorded the response;
 // no row when a response was already recorded (or the hash differs).
 const succeedSQL = `
-INSERT INTO llm_calls AS c (idem_key, work, state, request_hash, provider, model, response, response_raw, response_meta, attempt, expires_at, tenant)
-VALUES ($1, $2, 'succeeded', $3, $4, $5, $6, $7, $8, $9, coalesce($10::timestamptz, now()) + $11::bigint * interval '1 microsecond', $12)
+INSERT INTO llm_calls AS c (idem_key, work, state, request_hash, provider, model, response, response_raw, response_meta, attempt, expires_at, tenant, request)
+VALUES ($1, $2, 'succeeded', $3, $4, $5, $6, $7, $8, $9, coalesce($10::timestamptz, now()) + $11::bigint * interval '1 microsecond', $12, $13)
 ON CONFLICT (idem_key) DO UPDATE SET
 	state = 'succeeded', response = EXCLUDED.response, response_raw = EXCLUDED.response_raw,
 	response_meta = EXCLUDED.response_meta, owner = NULL, lease_until = NULL, partial = NULL,
@@ -182,7 +182,7 @@ func (a *Attempt) succeed(ctx context.Context, db DB, res Result) (*Record, bool
 	}
 	rec := &Record{Key: c.Key, Response: res.Response, Raw: res.Raw, Meta: res.Meta}
 	err := db.QueryRow(ctx, succeedSQL, c.Key, c.Work, c.RequestHash, c.Provider, c.Model, response, res.Raw, meta,
-		a.number, a.l.now(), micros(a.l.cfg.Retention), c.Tenant).Scan(&rec.Attempt, &rec.Ambiguous)
+		a.number, a.l.now(), micros(a.l.cfg.Retention), c.Tenant, c.Request).Scan(&rec.Attempt, &rec.Ambiguous)
 	if err == nil {
 		a.l.metrics.attempt(c, resultSucceeded)
 		return rec, true, nil

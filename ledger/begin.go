@@ -15,7 +15,8 @@ import (
 // same round trip reads the row that is there when the insert conflicts.
 //
 //	$1 idem_key, $2 work, $3 request_hash, $4 provider, $5 model, $6 owner,
-//	$7 now (NULL: PostgreSQL's now()), $8 lease µs, $9 retention µs, $10 tenant
+//	$7 now (NULL: PostgreSQL's now()), $8 lease µs, $9 retention µs, $10 tenant,
+//	$11 request (JSON, NULL for none)
 //
 // It returns one row: inserted true (the other columns NULL), or inserted false with the
 // existing row's state, request_hash, attempt, owner and lease_until. When a concurrent
@@ -25,9 +26,9 @@ import (
 const insertSQL = `
 WITH now AS (SELECT coalesce($7::timestamptz, now()) AS t%s),
 ins AS (
-	INSERT INTO llm_calls (idem_key, work, state, request_hash, provider, model, owner, lease_until, expires_at, tenant)
+	INSERT INTO llm_calls (idem_key, work, state, request_hash, provider, model, owner, lease_until, expires_at, tenant, request)
 	SELECT $1, $2, 'in_flight', $3, $4, $5, $6,
-		now.t + $8::bigint * interval '1 microsecond', now.t + $9::bigint * interval '1 microsecond', $10
+		now.t + $8::bigint * interval '1 microsecond', now.t + $9::bigint * interval '1 microsecond', $10, $11
 	FROM now
 	ON CONFLICT (idem_key) DO NOTHING
 	RETURNING 1
@@ -141,7 +142,7 @@ func (l *Ledger) Begin(ctx context.Context, c Call) (*Attempt, *Record, error) {
 	var p peeked
 	qctx, cancel := context.WithTimeout(ctx, l.cfg.WriteTimeout)
 	err := l.db.QueryRow(qctx, sql, c.Key, c.Work, c.RequestHash, c.Provider, c.Model, owner,
-		l.now(), micros(l.cfg.Lease), micros(l.cfg.Retention), c.Tenant).
+		l.now(), micros(l.cfg.Lease), micros(l.cfg.Retention), c.Tenant, c.Request).
 		Scan(&inserted, &state, &hash, &attempt, &p.owner, &p.leaseUntil)
 	cancel()
 	if err != nil {

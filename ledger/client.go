@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"iter"
@@ -44,8 +45,12 @@ func (c *Client) call(ctx context.Context, req *llm.Request) (Call, *llm.Request
 	key := Key(req.IdempotencyKey, req)
 	out := *req
 	out.IdempotencyKey = key
-	return Call{Key: key, Work: req.IdempotencyKey, RequestHash: RequestHash(req), Provider: c.provider, Model: req.Model,
-		Tenant: llm.TenantFrom(ctx)}, &out, nil
+	call := Call{Key: key, Work: req.IdempotencyKey, RequestHash: RequestHash(req), Provider: c.provider, Model: req.Model,
+		Tenant: llm.TenantFrom(ctx)}
+	if !c.l.cfg.OmitRequests {
+		call.Request, _ = json.Marshal(req) // nil when it does not encode (a tool's Parameters that are not JSON)
+	}
+	return call, &out, nil
 }
 
 // Complete implements llm.Client through the ledger. A replayed response carries the

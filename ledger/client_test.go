@@ -2,6 +2,7 @@ package ledger_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -432,4 +433,34 @@ func TestAmbiguousFailureAccounting(t *testing.T) {
 	}
 	t.Logf("%d jobs, %d requests: %d ambiguous attempts (%d hangs, %d drops) = %.1f%% of jobs billed an extra generation; %d clear 503s (not billed)",
 		jobs, requests, s.Ambiguous, faults["hang"], faults["drop_stream"], 100*float64(s.Ambiguous)/jobs, faults["fail_503"])
+}
+
+// Client stores each call's request on its row, as JSON without the idempotency key,
+// for offline evaluation; with Config.OmitRequests it stores none.
+func TestClientStoresTheRequestUnlessOmitted(t *testing.T) {
+	t.Parallel()
+	for _, omit := range []bool{false, true} {
+		_, adapter := fakeLLM(t, fakeserver.Config{})
+		l, db := newLedger(t, ledger.Config{OmitRequests: omit})
+		req := request("Summarise: the numbers")
+		req.IdempotencyKey = ledger.Work(fmt.Sprint("job-req-", omit), "summarise")
+		key := ledger.Key(req.IdempotencyKey, req)
+		if _, err := l.Wrap("openai", adapter).Complete(ctxT(t), req); err != nil {
+			t.Fatal(err)
+		}
+		var stored []byte
+		if err := db.QueryRow(ctxT(t), `SELECT request FROM llm_calls WHERE idem_key = $1`, key).Scan(&stored); err != nil {
+			t.Fatal(err)
+		}
+		if omit {
+			if stored != nil {
+				t.Fatalf("OmitRequests: the row holds a request %s", stored)
+			}
+			continue
+		}
+		var got llm.Request
+		if err := json.Unmarshal(stored, &got); err != nil || got.IdempotencyKey != "" || ledger.RequestHash(&got) != ledger.RequestHash(req) {
+			t.Fatalf("stored request %s (%v): want the request, whose hash is the row's", stored, err)
+		}
+	}
 }

@@ -114,6 +114,10 @@ type Config struct {
 	// PurgeInterval, PurgeBatch rows per statement. Defaults: 1m, 1000.
 	PurgeInterval time.Duration
 	PurgeBatch    int
+	// OmitRequests keeps Client from storing each call's request (Call.Request): rows
+	// are smaller, and offline evaluation (`onceflow eval`) finds no inputs. Default:
+	// false (requests are stored, for as long as the row: Retention).
+	OmitRequests bool
 	// Clock, when set, is the time source of leases, expiry and waits, for tests; the
 	// SQL then compares against its Now instead of PostgreSQL's now(). Default: nil
 	// (PostgreSQL's clock for rows, so processes with skewed clocks agree; the system
@@ -232,6 +236,10 @@ type Call struct {
 	// Tenant is whose call it is, stored on the row for operators (ListOptions.Tenant);
 	// "" for none. Client takes it from the context (llm.WithTenant).
 	Tenant string
+	// Request is the request as JSON (llm.Request), stored on the row for offline
+	// evaluation (Inputs); nil stores none. Client fills it unless
+	// Config.OmitRequests.
+	Request []byte
 }
 
 // Record is a succeeded call: what a repeat replays instead of calling again.
