@@ -8,7 +8,9 @@
 // (the overview); the dead letters, which it replays and purges one at a time or in
 // bulk, with the same operations as `onceflow dlq`; the outbox's unsent, failing and
 // exhausted effects, which it retries as `onceflow outbox retry` does; the model-call
-// ledger with its rate of ambiguous failures; and one job's whole trail (its enqueue,
+// ledger with its rate of ambiguous failures; the shadow report (how shadow candidates
+// agree with production, at what latency and cost, and their worst disagreements beside
+// production's answers); and one job's whole trail (its enqueue,
 // delivery, dead letters, model calls and tool-call keys, commit, effects and sends),
 // found by its id, an effect's dedupe key or the idempotency key it was created with.
 //

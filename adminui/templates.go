@@ -10,7 +10,7 @@ import (
 )
 
 // pages are the templates, each parsed with layout.html.
-var pages = []string{"login", "message", "overview", "dead-letters", "confirm", "outbox", "job", "search", "calls", "approvals"}
+var pages = []string{"login", "message", "overview", "dead-letters", "confirm", "outbox", "job", "search", "calls", "approvals", "shadows"}
 
 func parseTemplates(base string) (map[string]*template.Template, error) {
 	funcs := template.FuncMap{

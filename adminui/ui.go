@@ -177,6 +177,7 @@ func (u *UI) routes() {
 	m.Handle("GET "+b+"outbox", u.page(u.outboxPage))
 	m.Handle("POST "+b+"outbox", u.action(u.outboxAction))
 	m.Handle("GET "+b+"calls", u.page(u.calls))
+	m.Handle("GET "+b+"shadows", u.page(u.shadows))
 	m.Handle("GET "+b+"jobs", u.page(u.jobSearch))
 	m.Handle("GET "+b+"jobs/{id}", u.page(u.job))
 	m.Handle("POST "+b+"jobs/{id}", u.action(u.jobAction))

@@ -69,6 +69,7 @@ func TestEveryPageEscapesStoredAndEchoedValues(t *testing.T) {
 		"/ui/dead-letters?queue=" + url.QueryEscape(xss), "/ui/outbox?state=" + url.QueryEscape(xss), "/ui/calls?state=" + url.QueryEscape(xss),
 		"/ui/approvals", "/ui/approvals?tenant=" + url.QueryEscape(xss), "/ui/approvals?done=" + url.QueryEscape(xss),
 		"/ui/jobs/" + url.PathEscape(xss) + "?done=" + url.QueryEscape(xss),
+		"/ui/shadows?step=" + url.QueryEscape(xss), "/ui/shadows?since=" + url.QueryEscape(xss),
 	}
 	seen := 0
 	for _, p := range pages {
@@ -142,7 +143,7 @@ func TestSecurityHeadersAndCookieFlags(t *testing.T) {
 			t.Errorf("%s: Cache-Control %q", what, h.Get("Cache-Control"))
 		}
 	}
-	for _, p := range []string{"/ui/login", "/ui/", "/ui/dead-letters", "/ui/outbox", "/ui/calls", "/ui/jobs", "/ui/jobs/x", "/ui/nope", "/ui/dead-letters?queue=nope", "/ui/approvals", "/ui/approvals?tenant=a/b"} {
+	for _, p := range []string{"/ui/login", "/ui/", "/ui/dead-letters", "/ui/outbox", "/ui/calls", "/ui/jobs", "/ui/jobs/x", "/ui/nope", "/ui/dead-letters?queue=nope", "/ui/approvals", "/ui/approvals?tenant=a/b", "/ui/shadows", "/ui/shadows?since=x"} {
 		resp, _ := adminuitest.Get(t, c, e.URL+p)
 		check(p, resp.Header, true)
 	}
@@ -280,9 +281,9 @@ func TestPagesDuringAStoreOutage(t *testing.T) {
 			return code == http.StatusOK
 		})
 	})
-	// PostgreSQL down: the outbox and model-call pages and an outbox retry answer 503
-	// promptly, the job page says which store did not answer, the Redis pages still work,
-	// and no outbox row changed.
+	// PostgreSQL down: the outbox, model-call, approvals and shadows pages and an outbox
+	// retry answer 503 promptly, the job page says which store did not answer, the Redis
+	// pages still work, and no outbox row changed.
 	t.Run("PostgreSQL down", func(t *testing.T) {
 		t.Parallel()
 		var buf testenv.SyncBuffer
@@ -303,7 +304,7 @@ func TestPagesDuringAStoreOutage(t *testing.T) {
 		c, token := signedIn(t, e)
 		c.Timeout = 4 * time.Second
 		pg.Stop()
-		for p, want := range map[string]int{"/ui/outbox": 503, "/ui/calls": 503, "/ui/approvals": 503, "/ui/": 200, "/ui/dead-letters": 200} {
+		for p, want := range map[string]int{"/ui/outbox": 503, "/ui/calls": 503, "/ui/approvals": 503, "/ui/shadows": 503, "/ui/": 200, "/ui/dead-letters": 200} {
 			if code, _, body := try(c, http.MethodGet, e.URL+p, nil); code != want {
 				t.Errorf("%s with PostgreSQL down: %d, want %d (%.100s)", p, code, want, body)
 			}
