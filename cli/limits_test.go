@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -10,8 +11,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/ledger"
+	"github.com/onceflow/onceflow/limiter"
+	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/llm/fakeserver"
+	"github.com/onceflow/onceflow/llm/openai"
 	"github.com/onceflow/onceflow/queue"
 	"github.com/onceflow/onceflow/summaries"
 )
@@ -132,4 +139,159 @@ func pausedFleet(t *testing.T, admission string) int {
 	}
 	t.Logf("admission %s: %d requests in the pause %v; by process %v", admission, inPause, late, byKey)
 	return inPause
+}
+
+// Shadows take only the capacity production leaves of the provider's limit. `onceflow
+// run` shadows every summary (ONCEFLOW_SHADOW=summary=gpt-4.1-mini@1) on production's
+// own model, the case where the two share one limit: `onceflow fake-llm --rpm 120`
+// keeps one bucket of 120 requests a minute (refilling 2 a second) per model, and the
+// limiter is told the same (ONCEFLOW_LLM_RPM=120). (A candidate of another model has
+// buckets of its own, at the provider and in the limiter alike: it could not take
+// production's requests whatever the limiter did.) A bucket starts full, a minute of
+// the limit, which a test of seconds would never exhaust; so the fleet has used 75 of
+// the minute's requests (through the limiter, as another process would) when 42
+// summaries arrive at 6 a second. Production alone fits (42 requests in 7 s, against
+// the 45 left and 14 refilled); production and its shadows (84) do not. With the
+// limiter, a shadow runs only while a quarter of the limit stays free, then waits:
+// production meets no 429 at the provider (its calls told from the shadows' by their
+// Idempotency-Key, the ledger key) and completes, some shadows ran and others were put
+// off. The control, the same load with the limiter off, makes production meet the
+// limit: the first assertion is not vacuous.
+func TestShadowsLeaveProductionTheProvidersLimit(t *testing.T) {
+	t.Parallel()
+	testenv.Binary(t) // built before the clocks start
+	for _, admission := range []string{"on", "off"} {
+		t.Run("admission="+admission, func(t *testing.T) {
+			t.Parallel()
+			shadowedLoad(t, admission)
+		})
+	}
+}
+
+// shadowedLoad runs the scenario of TestShadowsLeaveProductionTheProvidersLimit with
+// the limiter on or off and checks its outcome.
+func shadowedLoad(t *testing.T, admission string) {
+	const (
+		model    = "gpt-4.1-mini"
+		rpm      = 120
+		used     = 75 // of the minute's requests, before production's load
+		jobs     = 42
+		interval = time.Second / 6
+	)
+	_, base := startFakeLLM(t, "--rpm", fmt.Sprint(rpm), "--latency", "100ms")
+	rdb, prefix := testenv.Redis(t)
+	pool, dsn := testenv.Postgres(t)
+	p := testenv.Start(t, testenv.Binary(t), []string{
+		"ONCEFLOW_REDIS_URL=" + testenv.RedisURL(t), "ONCEFLOW_DATABASE_URL=" + dsn, "ONCEFLOW_PREFIX=" + prefix,
+		"ONCEFLOW_API_KEYS=" + tenantAPIKeys, "ONCEFLOW_HTTP_ADDR=127.0.0.1:0",
+		"ONCEFLOW_LLM=openai", "ONCEFLOW_LLM_BASE_URL=" + base, "OPENAI_API_KEY=sk-test-shadows", "ONCEFLOW_LLM_MODEL=" + model,
+		"ONCEFLOW_LLM_ADMISSION=" + admission, fmt.Sprintf("ONCEFLOW_LLM_RPM=%d", rpm),
+		"ONCEFLOW_SHADOW=summary=" + model + "@1", "ONCEFLOW_SHUTDOWN_TIMEOUT=5s",
+	}, "run")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	api := fmt.Sprintf("http://%v", p.WaitLog(ctx, "http listening")["addr"])
+
+	// The minute's earlier calls, through a limiter on the same keys, so that it and
+	// the provider agree on what is left.
+	lim, err := limiter.New(rdb, limiter.Config{Prefix: prefix, Provider: "openai", Limits: limiter.Limits{RPM: rpm}, Logger: testenv.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	earlier := lim.Wrap(openai.New(openai.Config{BaseURL: base, APIKey: "sk-test-shadows"}))
+	var wg sync.WaitGroup
+	errs := make(chan error, used)
+	for i := range used {
+		wg.Go(func() {
+			_, err := earlier.Complete(limiter.WithTenant(ctx, "earlier"), &llm.Request{Model: model,
+				Messages: []llm.Message{{Role: llm.RoleUser, Content: fmt.Sprintf("Earlier call %d.", i)}}})
+			errs <- err
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatalf("an earlier call: %v", err)
+		}
+	}
+
+	// Production: 42 summaries at 6 a second.
+	var works []string
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for i := range jobs {
+		r, err := postSummary(ctx, http.DefaultClient, api, testKeyAcme, fmt.Sprintf("shadowed-load-key-%04d", i),
+			summaryBody(fmt.Sprintf("Ticket %d: the nightly export fails with a timeout.", i)))
+		var accepted struct {
+			JobID string `json:"job_id"`
+		}
+		if err != nil || r.code != http.StatusAccepted || json.Unmarshal(r.body, &accepted) != nil {
+			t.Fatalf("POST %d: %v %d %s", i, err, r.code, r.body)
+		}
+		works = append(works, ledger.Work(accepted.JobID, "summary"))
+		<-tick.C
+	}
+	// A call's Idempotency-Key is its ledger key; production's are those of the jobs'
+	// step "summary" (a shadow's step is "candidate", of a shadow job).
+	stats := func() (prod429, other429 int64, st fakeserver.Stats) {
+		st, err := fakeserver.FetchStats(ctx, nil, base)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rows, err := pool.Query(ctx, `SELECT idem_key FROM llm_calls WHERE work = ANY($1)`, works)
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		prodKeys := map[string]bool{}
+		for _, k := range keys {
+			prodKeys[k] = true
+		}
+		for k, n := range st.RateLimitedByIdempotencyKey {
+			if prodKeys[k] {
+				prod429 += n
+			} else {
+				other429 += n
+			}
+		}
+		return prod429, other429, st
+	}
+	count := func(table string) int {
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+table).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+
+	if admission == "off" {
+		// Shadows sent as soon as they come take the requests production needs.
+		testenv.WaitFor(t, 30*time.Second, "a production call refused by the provider", func() bool {
+			prod429, _, _ := stats()
+			return prod429 > 0
+		})
+		prod429, other429, st := stats()
+		t.Logf("limiter off: production met %d 429s, shadows %d; %d requests in all", prod429, other429, st.Requests)
+		return
+	}
+	testenv.WaitFor(t, 40*time.Second, "every production job summarised", func() bool { return count("summaries") == jobs })
+	shadows := count("shadow_runs")
+	prod429, other429, st := stats()
+	samples, _ := scrape(t, api+"/metrics")
+	putOff := samples[`onceflow_llm_admission_deferred_total{model="`+model+`",reason="headroom"}`] +
+		samples[`onceflow_llm_admission_deferred_total{model="`+model+`",reason="others first"}`]
+	t.Logf("limiter on: production met %d 429s, shadows %d; %d requests in all; %d shadow runs when production was done; shadows put off %v times",
+		prod429, other429, st.Requests, shadows, putOff)
+	switch {
+	case prod429 != 0:
+		t.Fatalf("production met %d 429s at the provider, want none", prod429)
+	case shadows == 0:
+		t.Fatal("no shadow ran: the test shows nothing of how shadows share the limit")
+	case putOff == 0 || shadows == jobs:
+		t.Fatalf("%d shadow runs, put off %v times: the shadows were never held back, so the load did not exceed the limit", shadows, putOff)
+	}
 }

@@ -281,6 +281,9 @@ func (s *Server) model(w http.ResponseWriter, r *http.Request, d dialect) {
 		if rej != nil {
 			s.mu.Lock()
 			s.stats.RateLimited++
+			if key != "" {
+				s.stats.RateLimitedByIdempotencyKey[key]++
+			}
 			s.mu.Unlock()
 			s.log.DebugContext(ctx, "fake-llm rate limited", "endpoint", d.endpoint(), "model", req.Model, "limit", rej.kind, "wait", rej.wait)
 			d.writeError(w, d.rateLimited(*rej, req))

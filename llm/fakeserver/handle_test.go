@@ -272,3 +272,44 @@ func TestToolChoiceRefusesArgumentsThatAreNotAnObject(t *testing.T) {
 		}
 	}
 }
+
+// A rate limit's 429s are counted per Idempotency-Key as well as in all, so that calls
+// of one model (production and a shadow of it) can be told apart; a request without a
+// key counts in RateLimited only, and an injected 429 in ByFault only.
+func TestRateLimitedCountedByIdempotencyKey(t *testing.T) {
+	t.Parallel()
+	s, url := start(t, fakeserver.Config{RPM: 2})
+	send := func(body, key string, want int) {
+		t.Helper()
+		var header []string
+		if key != "" {
+			header = []string{"Idempotency-Key", key}
+		}
+		if resp, b := post(t, url+"/v1/chat/completions", body, header...); resp.StatusCode != want {
+			t.Fatalf("key %q: %d %s, want %d", key, resp.StatusCode, b, want)
+		}
+	}
+	send(chatBody(""), "prod-1", 200)
+	send(chatBody(""), "shadow-1", 200) // the model's 2 requests of the minute
+	send(chatBody(""), "prod-2", 429)
+	send(chatBody(""), "prod-2", 429)
+	send(chatBody(""), "shadow-1", 429)
+	send(chatBody(""), "", 429)
+	s.Script(fakeserver.Fault{Kind: fakeserver.Fault429})
+	send(strings.Replace(chatBody(""), "gpt-4.1-mini", "gpt-4.1", 1), "prod-3", 429) // another model's bucket: the injected 429
+
+	st := s.Stats()
+	want := map[string]int64{"prod-2": 2, "shadow-1": 1}
+	if st.RateLimited != 4 || len(st.RateLimitedByIdempotencyKey) != len(want) || st.ByFault[string(fakeserver.Fault429)] != 1 {
+		t.Fatalf("rate_limited %d, by key %v, by fault %v; want 4, %v, 1 injected", st.RateLimited, st.RateLimitedByIdempotencyKey, st.ByFault, want)
+	}
+	for k, n := range want {
+		if st.RateLimitedByIdempotencyKey[k] != n {
+			t.Fatalf("rate_limited_by_idempotency_key %v, want %v", st.RateLimitedByIdempotencyKey, want)
+		}
+	}
+	fetched, err := fakeserver.FetchStats(context.Background(), nil, url)
+	if err != nil || fetched.RateLimitedByIdempotencyKey["prod-2"] != 2 {
+		t.Fatalf("GET /stats: %+v %v", fetched, err)
+	}
+}

@@ -410,10 +410,17 @@ type Stats struct {
 	// RateLimited counts the 429s of the rate limits (Config.RPM, Config.TPM); the
 	// injected ones count in ByFault.
 	RateLimited int64 `json:"rate_limited"`
+	// RateLimitedByIdempotencyKey counts those 429s per Idempotency-Key header value
+	// (requests without one count in RateLimited only): which calls met the limit,
+	// where the model does not tell (a shadow of production's own model). An
+	// onceflow model call sends its ledger key, whose llm_calls row names the job and
+	// step (its work column).
+	RateLimitedByIdempotencyKey map[string]int64 `json:"rate_limited_by_idempotency_key"`
 }
 
 func newStats() Stats {
-	return Stats{ByStatus: map[string]int64{}, ByIdempotencyKey: map[string]int64{}, ByFault: map[string]int64{}, ByEndpoint: map[string]int64{}}
+	return Stats{ByStatus: map[string]int64{}, ByIdempotencyKey: map[string]int64{}, ByFault: map[string]int64{}, ByEndpoint: map[string]int64{},
+		RateLimitedByIdempotencyKey: map[string]int64{}}
 }
 
 // Stats returns a copy of the counters.
@@ -422,6 +429,7 @@ func (s *Server) Stats() Stats {
 	defer s.mu.Unlock()
 	c := s.stats
 	c.ByStatus, c.ByIdempotencyKey, c.ByFault, c.ByEndpoint = clone(c.ByStatus), clone(c.ByIdempotencyKey), clone(c.ByFault), clone(c.ByEndpoint)
+	c.RateLimitedByIdempotencyKey = clone(c.RateLimitedByIdempotencyKey)
 	return c
 }
 
