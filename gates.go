@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/prometheus/client_golang/prometheus"
@@ -194,11 +195,28 @@ func (rt *runtime) hold(ctx context.Context, g *Gate, key string, why error) (*D
 		timeout = DefaultApprovalTimeout
 	}
 	name := gatePrefix + key
-	out, err := rt.wait(ctx, name, timeout, waitRecord{Tool: g.name(), Arguments: clipText(why.Error())})
+	out, err := rt.wait(ctx, name, timeout, waitRecord{Tool: g.name(), Arguments: gateReason(why)})
 	if err != nil {
 		return nil, err // a *retry.WaitError parks the job: JobState says held
 	}
 	return rt.decisionOf(ctx, name, out, false, "gate "+strconv.Quote(g.name()))
+}
+
+// maxGateReason bounds the reason a hold records (Held.Reason), in bytes, "..." aside.
+const maxGateReason = 64
+
+// gateReason is why's text as a hold records it, in a text column that refuses
+// invalid UTF-8: valid UTF-8, clipped to maxGateReason bytes at a character's boundary.
+func gateReason(why error) string {
+	s := strings.ToValidUTF8(why.Error(), "\uFFFD")
+	if len(s) <= maxGateReason {
+		return s
+	}
+	cut := maxGateReason
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "..."
 }
 
 // Held is a job an eval gate holds (Inspector.Held).
