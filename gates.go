@@ -234,15 +234,21 @@ func (rt *runtime) hold(ctx context.Context, g *Gate, key string, why error) (*D
 		timeout = DefaultApprovalTimeout
 	}
 	name := gatePrefix + key
-	out, err := rt.wait(ctx, name, timeout, waitRecord{Tool: g.name(), Arguments: clipRunes(why.Error(), maxHeldReason)})
+	out, err := rt.wait(ctx, name, timeout, waitRecord{Tool: g.name(), Arguments: gateReason(why)})
 	if err != nil {
 		return nil, err // a *retry.WaitError parks the job: JobState says held
 	}
 	return rt.decisionOf(ctx, name, out, false, "gate "+strconv.Quote(g.name()))
 }
 
-// maxHeldReason bounds the reason a hold records (Held.Reason), in bytes.
+// maxHeldReason bounds the reason a hold records (Held.Reason), in bytes, "..." aside.
 const maxHeldReason = 1000
+
+// gateReason is why's text as a hold records it, in a text column that refuses invalid
+// UTF-8: valid UTF-8, clipped to maxHeldReason bytes at a character's boundary.
+func gateReason(why error) string {
+	return clipRunes(strings.ToValidUTF8(why.Error(), "\uFFFD"), maxHeldReason)
+}
 
 // Held is a job an eval gate holds (Inspector.Held).
 type Held struct {

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/llm"
@@ -265,5 +266,26 @@ func TestGateConfigIsChecked(t *testing.T) {
 		if _, err := onceflow.NewClient(tc.cfg); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want an error saying %q", tc.name, err, tc.want)
 		}
+	}
+}
+
+// A gate's reason with invalid UTF-8, or a character of several bytes where the record
+// clips it, holds the job as any other, and Inspector.Held reports it as valid UTF-8.
+func TestGateReasonWithAWideCharacterAtTheClipHoldsTheJob(t *testing.T) {
+	t.Parallel()
+	model := &modelsByName{answers: map[string]string{"prod": "anything"}}
+	reason := "\xff" + strings.Repeat("a", 996) + "é is refused" // invalid UTF-8 first (3 bytes once replaced), then a 2-byte character across the clip
+	env, sink := gateEnv(t, model, []onceflow.Gate{{Step: "summary", Check: func(*llm.Response) error { return errors.New(reason) }}})
+	env.Start()
+	res, err := env.Client.Enqueue(context.Background(), shadowedTicket{Text: "x"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := waitHeld(t, env, res.JobID)
+	if !utf8.ValidString(h.Reason) || !strings.Contains(h.Reason, strings.Repeat("a", 996)) || len(h.Reason) > 1003 {
+		t.Fatalf("held with reason %q, want valid UTF-8 beginning with the gate's reason", h.Reason)
+	}
+	if n := env.OutboxRows("") + sink.Total(); n != 0 {
+		t.Fatalf("%d effects of a held job", n)
 	}
 }

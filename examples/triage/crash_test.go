@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -180,6 +181,170 @@ func TestRetriedModelRequestKeepsTheToolKey(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A refund over the limit holds its ticket; the program is killed (kill -9) while the
+// ticket is held and started again: the ticket is still held, nothing written or sent.
+// Released on the new process, it goes on with the held answer: one model call (the
+// ledger replays it), one row of each, one refund key, one email. A second release is a
+// retry (200) and a rejection after it 409: no second effect.
+func TestHeldTicketKilledWhileHeldThenReleasedSendsOnce(t *testing.T) {
+	t.Parallel()
+	s := newStores(t)
+	s.holdOver = 1000
+	_, prefix := onceflowtest.Redis(t)
+	db, dsn := onceflowtest.Postgres(t, *Workflow(Options{}).Migrations)
+	env := s.processEnv(onceflowtest.RedisURL(t), prefix, dsn)
+
+	a, api := startProcess(t, env)
+	code, id := post(t, api, "ticket-crash-held", refundTicket)
+	if code != http.StatusAccepted {
+		t.Fatalf("POST: %d", code)
+	}
+	waitHeld(t, api, id)
+	a.Kill()
+	if got, calls := rows(t, db), s.model.Requests(); got != [4]int{} || calls != 1 || s.payments.Total()+s.mail.Total() != 0 {
+		t.Fatalf("held, killed: rows %v, %d model calls, %d deliveries; want none, 1, 0", got, calls, s.payments.Total()+s.mail.Total())
+	}
+
+	b, api := startProcess(t, env)
+	if code, st := ticketState(t, api, id); code != http.StatusOK || st.Status != onceflow.StatusHeld {
+		t.Fatalf("GET after the restart: %d %q, want held", code, st.Status)
+	}
+	h := waitHeld(t, api, id)
+	if code, got := decide(t, api, id, "release", h.Key, "checked with the customer"); code != http.StatusOK || got != "released" {
+		t.Fatalf("release: %d %q", code, got)
+	}
+	onceflowtest.WaitFor(t, 30*time.Second, "the ticket done, its refund and reply sent", func() bool {
+		_, st := ticketState(t, api, id)
+		return st.Status == onceflow.StatusDone && s.payments.Total() == 1 && s.mail.Total() == 1
+	})
+	if code, got := decide(t, api, id, "release", h.Key, "checked with the customer"); code != http.StatusOK || got != "released" {
+		t.Fatalf("the same release again: %d %q, want 200 (a retry)", code, got)
+	}
+	if code, _ := decide(t, api, id, "reject", h.Key, ""); code != http.StatusConflict {
+		t.Fatalf("reject after the release: %d, want 409", code)
+	}
+	stop(t, b)
+	if got, calls := rows(t, db), s.model.Requests(); got != [4]int{1, 1, 1, 2} || calls != 1 {
+		t.Fatalf("rows (tickets, refunds, replies, outbox) %v, %d model calls; want [1 1 1 2] and 1 (the ledger replayed the answer)", got, calls)
+	}
+	s.payments.RequireOncePerKey(t, 1)
+	s.mail.RequireOncePerKey(t, 1)
+	if k := s.payments.Keys()[0]; onceflowtest.Count(t, db, `SELECT count(*) FROM refunds WHERE refund_key = $1`, k) != 1 {
+		t.Fatalf("the payments key %s is not the refund row's tool-call key", k)
+	}
+}
+
+// A held ticket an operator rejects is dead-lettered with the gate's reason and the
+// operator's note: nothing written or sent. The program is then killed (kill -9) and
+// started again: still failed, and nothing of it is sent, while a question posted after
+// the restart gets its reply (the new process works and relays).
+func TestRejectedTicketSendsNothingAcrossAKill(t *testing.T) {
+	t.Parallel()
+	s := newStores(t)
+	s.holdOver = 1000
+	_, prefix := onceflowtest.Redis(t)
+	db, dsn := onceflowtest.Postgres(t, *Workflow(Options{}).Migrations)
+	env := s.processEnv(onceflowtest.RedisURL(t), prefix, dsn)
+
+	a, api := startProcess(t, env)
+	_, id := post(t, api, "ticket-crash-rejected", refundTicket)
+	h := waitHeld(t, api, id)
+	if code, got := decide(t, api, id, "reject", h.Key, "refund policy: replacement only"); code != http.StatusOK || got != "rejected" {
+		t.Fatalf("reject: %d %q", code, got)
+	}
+	failed := func(api string) bool {
+		_, st := ticketState(t, api, id)
+		return st.Status == onceflow.StatusFailed && strings.Contains(st.Error, "eval gate") &&
+			strings.Contains(st.Error, "over the limit of 1000") && strings.Contains(st.Error, "replacement only")
+	}
+	onceflowtest.WaitFor(t, 20*time.Second, "the ticket dead-lettered with the gate's reason", func() bool { return failed(api) })
+	a.Kill()
+	if got := rows(t, db); got != [4]int{} || s.payments.Total()+s.mail.Total() != 0 {
+		t.Fatalf("rejected: rows %v, %d deliveries; want none", got, s.payments.Total()+s.mail.Total())
+	}
+
+	b, api := startProcess(t, env)
+	if !failed(api) {
+		t.Fatal("after the restart the rejected ticket is no longer failed with its reason")
+	}
+	if code, _ := decide(t, api, id, "release", h.Key, ""); code != http.StatusConflict {
+		t.Fatalf("release after the rejection: %d, want 409", code)
+	}
+	question := Ticket{Customer: "bob@example.com", OrderID: "B-2", Message: "When does my parcel arrive?"}
+	_, qid := post(t, api, "ticket-crash-after-reject", question)
+	onceflowtest.WaitFor(t, 30*time.Second, "the question's reply", func() bool { return s.mail.Total() == 1 })
+	stop(t, b)
+	if got, calls := rows(t, db), s.model.Requests(); got != [4]int{1, 0, 1, 1} || calls != 2 || s.payments.Total() != 0 {
+		t.Fatalf("rows (tickets, refunds, replies, outbox) %v, %d model calls, %d refunds sent; want [1 0 1 1] (the question's), 2, 0",
+			got, calls, s.payments.Total())
+	}
+	if keys := s.mail.Keys(); len(keys) != 1 || keys[0] != "reply:"+qid {
+		t.Fatalf("emails keyed %v, want the question's reply only", keys)
+	}
+}
+
+// An operator releases a held ticket; the woken job replays the answer, passes the
+// gate with the release and is killed (kill -9) inside its commit, before it
+// committed: nothing written or sent. The next process reclaims the job and commits it
+// once with the recorded release: one model call, one row of each, one refund, one
+// email.
+//
+// To put the kill inside the commit without racing, the test holds an exclusive lock
+// on the refunds table, which the commit reads first, and kills the process once its
+// commit waits for the lock.
+func TestReleasedTicketKilledInItsCommitSendsOnce(t *testing.T) {
+	t.Parallel()
+	s := newStores(t)
+	s.holdOver = 1000
+	r, prefix := onceflowtest.Redis(t)
+	db, dsn := onceflowtest.Postgres(t, *Workflow(Options{}).Migrations)
+	env := s.processEnv(onceflowtest.RedisURL(t), prefix, dsn)
+
+	a, api := startProcess(t, env)
+	_, id := post(t, api, "ticket-crash-released", refundTicket)
+	h := waitHeld(t, api, id)
+	ctx := context.Background()
+	lock, err := db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = lock.Rollback(ctx) }() // for a failure before the rollback below
+	if _, err := lock.Exec(ctx, `LOCK TABLE refunds IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	if code, got := decide(t, api, id, "release", h.Key, ""); code != http.StatusOK || got != "released" {
+		t.Fatalf("release: %d %q", code, got)
+	}
+	onceflowtest.WaitFor(t, 20*time.Second, "the released job's commit waiting for the lock", func() bool {
+		return onceflowtest.Count(t, db, `SELECT count(*) FROM pg_locks WHERE relation = 'refunds'::regclass AND NOT granted`) == 1
+	})
+	a.Kill()
+	if err := lock.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := rows(t, db); got != [4]int{} || s.payments.Total()+s.mail.Total() != 0 {
+		t.Fatalf("killed in the commit: rows %v, %d deliveries; want none", got, s.payments.Total()+s.mail.Total())
+	}
+	if n := onceflowtest.Pending(t, r, prefix, "triage"); n != 1 {
+		t.Fatalf("%d pending after the kill, want the released job unacknowledged", n)
+	}
+
+	b, api := startProcess(t, env)
+	onceflowtest.WaitFor(t, 30*time.Second, "the reclaim and the effects", func() bool {
+		_, st := ticketState(t, api, id)
+		return st.Status == onceflow.StatusDone && s.payments.Total() == 1 && s.mail.Total() == 1
+	})
+	if held := heldTickets(t, api); len(held) != 0 {
+		t.Fatalf("held again after the release: %+v", held)
+	}
+	stop(t, b)
+	if got, calls := rows(t, db), s.model.Requests(); got != [4]int{1, 1, 1, 2} || calls != 1 {
+		t.Fatalf("rows (tickets, refunds, replies, outbox) %v, %d model calls; want [1 1 1 2] and 1", got, calls)
+	}
+	s.payments.RequireOncePerKey(t, 1)
+	s.mail.RequireOncePerKey(t, 1)
 }
 
 // counter returns the value of the counter name whose label has value (0 when absent).

@@ -1,18 +1,22 @@
 // Command triage is a support-ticket triage agent built on onceflow's public API: POST
 // /v1/tickets (with an Idempotency-Key) enqueues a ticket; the worker asks the model,
 // which may call issue_refund(order_id, amount_cents); the refund goes to a payments
-// webhook and a reply email to a mailer webhook, each exactly once. See README.md.
+// webhook and a reply email to a mailer webhook, each exactly once. A refund over
+// TRIAGE_HOLD_REFUNDS_OVER_CENTS is held for an operator (TRIAGE_ADMIN_KEYS) first.
+// See README.md.
 package main
 
 import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -55,11 +59,15 @@ func run(ctx context.Context, log *slog.Logger, env func(string) string) error {
 	}
 	claimIdle, _ := time.ParseDuration(env("ONCEFLOW_CLAIM_IDLE")) // "" or invalid: the default
 	lease, _ := time.ParseDuration(env("ONCEFLOW_RELAY_LEASE"))    // likewise
+	holdOver, err := cents(env("TRIAGE_HOLD_REFUNDS_OVER_CENTS"))
+	if err != nil {
+		return err
+	}
+	opts := Options{Tenant: bearer(env("TRIAGE_API_KEYS")), Operator: bearer(env("TRIAGE_ADMIN_KEYS")), Model: env("TRIAGE_MODEL"),
+		Payments: payments, Mailer: mailer, Queue: onceflow.QueueConfig{ClaimIdle: claimIdle}, HoldRefundsOverCents: holdOver}
 	client, err := onceflow.NewClient(onceflow.Config{Redis: rdb, DB: db, Prefix: env("ONCEFLOW_PREFIX"), Logger: log,
 		Model: openai.New(openai.Config{BaseURL: env("OPENAI_BASE_URL"), APIKey: env("OPENAI_API_KEY")}), Provider: "openai",
-		Relay: outbox.Config{Lease: lease},
-		Workflows: []onceflow.Workflow{Workflow(Options{Tenant: bearer(env("TRIAGE_API_KEYS")), Model: env("TRIAGE_MODEL"),
-			Payments: payments, Mailer: mailer, Queue: onceflow.QueueConfig{ClaimIdle: claimIdle}})}})
+		Relay: outbox.Config{Lease: lease}, Workflows: []onceflow.Workflow{Workflow(opts)}, Gates: opts.Gates()})
 	if err != nil {
 		return err
 	}
@@ -88,6 +96,21 @@ func run(ctx context.Context, log *slog.Logger, env func(string) string) error {
 	}()
 	log.Info("triage listening", "addr", ln.Addr().String())
 	return client.Run(ctx)
+}
+
+// cents parses TRIAGE_HOLD_REFUNDS_OVER_CENTS: "" is 0 (no refund held).
+func cents(v string) (int, error) {
+	if v == "" {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		return 0, fmt.Errorf("TRIAGE_HOLD_REFUNDS_OVER_CENTS=%q: want a whole number of cents: %w", v, err)
+	}
+	if n < 0 {
+		return 0, fmt.Errorf("TRIAGE_HOLD_REFUNDS_OVER_CENTS=%d: want 0 (hold none) or more", n)
+	}
+	return n, nil
 }
 
 // bearer returns the tenant func of TRIAGE_API_KEYS ("key1=tenant1,key2=tenant2"):

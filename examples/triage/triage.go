@@ -48,6 +48,14 @@ type Options struct {
 	Payments outbox.Sender                       // receives "payments.refund", keyed by the tool-call key
 	Mailer   outbox.Sender                       // receives "email.reply"
 	Queue    onceflow.QueueConfig                // the triage queue's settings
+	// HoldRefundsOverCents, when above 0, holds a ticket whose refund is over it for an
+	// operator before anything is written or sent (an eval gate: put Gates() in
+	// Config.Gates); 0: no ticket is held. See hold.go.
+	HoldRefundsOverCents int
+	// Operator is the authentication of operators' admin keys (the tenant whose held
+	// tickets they list and decide); required with HoldRefundsOverCents; without it the
+	// operators' routes are not mounted.
+	Operator func(*http.Request) (string, error)
 }
 
 //go:embed migrations/*.sql
@@ -55,6 +63,9 @@ var sqlFiles embed.FS
 
 var refundTool = llm.Tool{Name: "issue_refund", Description: "Refund an order, in cents.",
 	Parameters: json.RawMessage(`{"type":"object","properties":{"order_id":{"type":"string"},"amount_cents":{"type":"integer","minimum":1}},"required":["order_id","amount_cents"]}`)}
+
+// triageStep is the model step's name, which the refund limit's gate checks.
+const triageStep = "triage"
 
 const prompt = "You triage support tickets. Call issue_refund only when the customer asks for their money back for the order named; otherwise answer the question."
 
@@ -75,6 +86,12 @@ func Workflow(o Options) onceflow.Workflow {
 			}
 			mux.Handle("POST /v1/tickets", post)
 			mux.Handle("GET /v1/tickets/{job_id}", onceflow.StateHandler(c, o.Tenant))
+			switch {
+			case o.Operator != nil:
+				o.holdRoutes(c, mux)
+			case o.HoldRefundsOverCents > 0:
+				return errors.New("triage: Options.Operator is required with HoldRefundsOverCents: operators decide the held tickets")
+			}
 			return nil
 		},
 	}
@@ -95,10 +112,11 @@ func validate(t *Ticket) error {
 
 // work asks the model (once per ticket, through the ledger), then commits the triage,
 // the refund (unless the order was refunded already) and the reply with their effects
-// in one transaction.
+// in one transaction. A refund over the limit holds the job in Job.Complete (its error,
+// returned as it is, parks the job) until an operator decides.
 func (o Options) work(ctx context.Context, job *onceflow.Job[Ticket]) error {
 	t := job.Args
-	step, err := job.Complete(ctx, "triage", &llm.Request{Model: o.Model, MaxTokens: 400, Tools: []llm.Tool{refundTool},
+	step, err := job.Complete(ctx, triageStep, &llm.Request{Model: o.Model, MaxTokens: 400, Tools: []llm.Tool{refundTool},
 		Messages: []llm.Message{{Role: llm.RoleSystem, Content: prompt},
 			{Role: llm.RoleUser, Content: fmt.Sprintf("Order %s. %s", t.OrderID, t.Message)}}})
 	if err != nil {
