@@ -1,10 +1,12 @@
 package onceflow
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -170,75 +172,122 @@ func (rt *runtime) evaluate(ctx context.Context, jobID, step string, g *Gate, re
 
 // gate runs the eval gates of step on s's answer: it returns the step to act on (s, or
 // the fallback's), or the error that holds the job (a *retry.WaitError while an
-// operator has not decided) or fails it (ErrGateRejected, permanent).
+// operator has not decided) or fails it (ErrGateRejected, permanent). Every gate of the
+// step checks the answer; those that fail hold it together, under one decision, so an
+// operator sees every reason and one release or rejection settles them all.
 func (rt *runtime) gate(ctx context.Context, jobID, step string, req *llm.Request, s *Step, streamed bool) (*Step, error) {
 	c := rt.client
 	if c.gates == nil || rt.delivery == nil || rt.delivery.Kind == ShadowKind { // a shadow has no effects to hold
 		return s, nil
 	}
+	var gs []*Gate
 	for _, g := range c.gates.byStep[step] {
-		if g.Kind != "" && g.Kind != rt.delivery.Kind {
-			continue
+		if g.Kind == "" || g.Kind == rt.delivery.Kind {
+			gs = append(gs, g)
 		}
-		why, err := rt.evaluate(ctx, jobID, step, g, req, s)
-		if err != nil {
-			return nil, err
-		}
-		if why == nil {
-			c.gates.outcome.WithLabelValues(g.name(), step, "passed").Inc()
-			continue
-		}
-		c.gates.outcome.WithLabelValues(g.name(), step, "failed").Inc()
-		if g.Fallback != "" && !streamed { // a stream's consumer has its text already
-			fr := *req
-			fr.Model = g.Fallback
-			fs, err := rt.complete(ctx, jobID, step+".fallback", &fr)
-			if err != nil {
-				return nil, err
-			}
-			fwhy, err := rt.evaluate(ctx, jobID, step+".fallback", g, &fr, fs)
-			if err != nil {
-				return nil, err
-			}
-			if fwhy == nil {
-				c.gates.outcome.WithLabelValues(g.name(), step, "fallback_passed").Inc()
-				s = fs
-				continue
-			} else {
-				why = fmt.Errorf("%w; the fallback %s's too: %w", why, g.Fallback, fwhy)
-			}
-		}
-		d, err := rt.hold(ctx, g, s.Key, why)
-		if err != nil {
-			var we *retry.WaitError
-			if errors.As(err, &we) {
-				c.gates.outcome.WithLabelValues(g.name(), step, "held").Inc()
-			}
-			return nil, err
-		}
-		if !d.Approved {
-			c.gates.outcome.WithLabelValues(g.name(), step, "rejected").Inc()
-			return nil, retry.Permanent(fmt.Errorf("%w: gate %s: %s (%s)", ErrGateRejected, g.name(), why, heldWords(d)))
-		}
-		c.gates.outcome.WithLabelValues(g.name(), step, "released").Inc()
 	}
+	failed, whys, err := rt.evaluateAll(ctx, jobID, step, gs, req, s, true)
+	if err != nil || len(failed) == 0 {
+		return s, err
+	}
+	if i := slices.IndexFunc(failed, func(g *Gate) bool { return g.Fallback != "" }); i >= 0 && !streamed { // a stream's consumer has its text already
+		fr := *req
+		fr.Model = failed[i].Fallback
+		fs, err := rt.complete(ctx, jobID, step+".fallback", &fr)
+		if err != nil {
+			return nil, err
+		}
+		ffailed, fwhys, err := rt.evaluateAll(ctx, jobID, step+".fallback", gs, &fr, fs, false)
+		if err != nil {
+			return nil, err
+		}
+		if len(ffailed) == 0 {
+			c.gates.count(failed, step, "fallback_passed")
+			return fs, nil
+		}
+		whys = append(whys, fmt.Errorf("the fallback %s's answer too: %w", fr.Model, joinWhys(fwhys)))
+	}
+	why := joinWhys(whys)
+	d, err := rt.hold(ctx, failed, s.Key, why)
+	if err != nil {
+		var we *retry.WaitError
+		if errors.As(err, &we) {
+			c.gates.count(failed, step, "held")
+		}
+		return nil, err
+	}
+	if !d.Approved {
+		c.gates.count(failed, step, "rejected")
+		return nil, retry.Permanent(fmt.Errorf("%w: gate %s: %s (%s)", ErrGateRejected, gateNames(failed), why, heldWords(d)))
+	}
+	c.gates.count(failed, step, "released")
 	return s, nil
 }
 
-// hold parks the job on the decision about the answer key that failed g (why), as an
-// approval does: the decision is recorded against the answer's ledger key, so a
-// resumed job never asks twice, and another answer (a new request) is a new decision.
-func (rt *runtime) hold(ctx context.Context, g *Gate, key string, why error) (*Decision, error) {
-	timeout := g.Timeout
-	if timeout == 0 {
-		timeout = DefaultApprovalTimeout
+// evaluateAll checks s's answer against every gate in gs and returns those it fails
+// with why ("gate <name>: <why>"), counting passed and failed when count is set; err is
+// a judge call's.
+func (rt *runtime) evaluateAll(ctx context.Context, jobID, step string, gs []*Gate, req *llm.Request, s *Step, count bool) (failed []*Gate, whys []error, err error) {
+	for _, g := range gs {
+		why, err := rt.evaluate(ctx, jobID, step, g, req, s)
+		if err != nil {
+			return nil, nil, err
+		}
+		outcome := "passed"
+		if why != nil {
+			outcome = "failed"
+			failed, whys = append(failed, g), append(whys, fmt.Errorf("gate %s: %w", g.name(), why))
+		}
+		if count {
+			rt.client.gates.count([]*Gate{g}, step, outcome)
+		}
+	}
+	return failed, whys, nil
+}
+
+// joinWhys joins reasons on one line, "; " between them.
+func joinWhys(whys []error) error {
+	msgs := make([]string, len(whys))
+	for i, w := range whys {
+		msgs[i] = w.Error()
+	}
+	return errors.New(strings.Join(msgs, "; "))
+}
+
+// count adds one to outcome's count of each gate in gs on step.
+func (g *gates) count(gs []*Gate, step, outcome string) {
+	for _, gate := range gs {
+		g.outcome.WithLabelValues(gate.name(), step, outcome).Inc()
+	}
+}
+
+// gateNames names the gates gs, comma-separated.
+func gateNames(gs []*Gate) string {
+	names := make([]string, len(gs))
+	for i, g := range gs {
+		names[i] = g.name()
+	}
+	return strings.Join(names, ", ")
+}
+
+// hold parks the job on the decision about the answer key that failed the gates gs
+// (why), as an approval does: the decision is recorded against the answer's ledger key,
+// so a resumed job never asks twice, and another answer (a new request) is a new
+// decision. It waits the shortest of the gates' timeouts.
+func (rt *runtime) hold(ctx context.Context, gs []*Gate, key string, why error) (*Decision, error) {
+	timeout := time.Duration(0)
+	for _, g := range gs {
+		t := cmp.Or(g.Timeout, DefaultApprovalTimeout)
+		if timeout == 0 || t < timeout {
+			timeout = t
+		}
 	}
 	name := gatePrefix + key
-	out, err := rt.wait(ctx, name, timeout, waitRecord{Tool: g.name(), Arguments: gateReason(why)})
+	out, err := rt.wait(ctx, name, timeout, waitRecord{Tool: gateNames(gs), Arguments: gateReason(why)})
 	if err != nil {
 		return nil, err // a *retry.WaitError parks the job: JobState says held
 	}
-	return rt.decisionOf(ctx, name, out, false, "gate "+strconv.Quote(g.name()))
+	return rt.decisionOf(ctx, name, out, false, "gate "+strconv.Quote(gateNames(gs)))
 }
 
 // maxHeldReason bounds the reason a hold records (Held.Reason), in bytes, "..." aside.
@@ -256,7 +305,8 @@ type Held struct {
 	JobID  string `json:"job_id"`
 	// Key is the held answer's ledger key, which Release and RejectHeld take.
 	Key string `json:"key"`
-	// Gate names the gate; Reason says why the answer failed it.
+	// Gate names the gates the answer failed, comma-separated; Reason says why, gate by
+	// gate.
 	Gate     string    `json:"gate"`
 	Reason   string    `json:"reason"`
 	HeldAt   time.Time `json:"held_at"`

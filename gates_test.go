@@ -274,7 +274,7 @@ func TestGateConfigIsChecked(t *testing.T) {
 func TestGateReasonWithAWideCharacterAtTheClipHoldsTheJob(t *testing.T) {
 	t.Parallel()
 	model := &modelsByName{answers: map[string]string{"prod": "anything"}}
-	reason := "\xff" + strings.Repeat("a", 996) + "é is refused" // invalid UTF-8 first (3 bytes once replaced), then a 2-byte character across the clip
+	reason := "\xff" + strings.Repeat("€", 400) // invalid UTF-8, then 1,200 bytes of 3-byte characters: the clip at 1,000 falls inside one
 	env, sink := gateEnv(t, model, []onceflow.Gate{{Step: "summary", Check: func(*llm.Response) error { return errors.New(reason) }}})
 	env.Start()
 	res, err := env.Client.Enqueue(context.Background(), shadowedTicket{Text: "x"}, nil)
@@ -282,10 +282,43 @@ func TestGateReasonWithAWideCharacterAtTheClipHoldsTheJob(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := waitHeld(t, env, res.JobID)
-	if !utf8.ValidString(h.Reason) || !strings.Contains(h.Reason, strings.Repeat("a", 996)) || len(h.Reason) > 1003 {
+	if !utf8.ValidString(h.Reason) || !strings.Contains(h.Reason, "\uFFFD"+strings.Repeat("€", 300)) || len(h.Reason) > 1003 {
 		t.Fatalf("held with reason %q, want valid UTF-8 beginning with the gate's reason", h.Reason)
 	}
 	if n := env.OutboxRows("") + sink.Total(); n != 0 {
 		t.Fatalf("%d effects of a held job", n)
 	}
+}
+
+// Two gates of one step that both fail hold the answer once, with both reasons; one
+// release lets the job go on, and its email goes out once.
+func TestGatesOfOneStepHoldTogetherUnderOneDecision(t *testing.T) {
+	t.Parallel()
+	model := &modelsByName{answers: map[string]string{"prod": "plain text, too long"}}
+	short := func(r *llm.Response) error {
+		if len(r.Content) > 10 {
+			return errors.New("over 10 bytes")
+		}
+		return nil
+	}
+	env, sink := gateEnv(t, model, []onceflow.Gate{{Step: "summary", Name: "structured", Schema: objectSchema},
+		{Step: "summary", Name: "short", Check: short}, {Step: "summary", Name: "passes", Check: func(*llm.Response) error { return nil }}})
+	env.Start()
+	res, err := env.Client.Enqueue(context.Background(), shadowedTicket{Text: "x"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := waitHeld(t, env, res.JobID)
+	if h.Gate != "structured, short" || !strings.Contains(h.Reason, "gate structured: the answer is not JSON") ||
+		!strings.Contains(h.Reason, "gate short: over 10 bytes") || strings.Contains(h.Reason, "passes") {
+		t.Fatalf("held %+v; want both failing gates and their reasons", h)
+	}
+	if err := env.Client.Release(context.Background(), "", res.JobID, h.Key, "ops", ""); err != nil {
+		t.Fatal(err)
+	}
+	onceflowtest.WaitFor(t, 10*time.Second, "the email", func() bool { return sink.Total() == 1 })
+	if held, _ := env.Client.Inspector().Held(context.Background(), "", true, 10); len(held) != 0 {
+		t.Fatalf("held again after the release: %+v", held)
+	}
+	sink.RequireOncePerKey(t, 1)
 }
