@@ -190,6 +190,7 @@ func (rt *runtime) gate(ctx context.Context, jobID, step string, req *llm.Reques
 	if err != nil || len(failed) == 0 {
 		return s, err
 	}
+	why := joinWhys(failed, whys)
 	if i := slices.IndexFunc(failed, func(g *Gate) bool { return g.Fallback != "" }); i >= 0 && !streamed { // a stream's consumer has its text already
 		fr := *req
 		fr.Model = failed[i].Fallback
@@ -205,9 +206,8 @@ func (rt *runtime) gate(ctx context.Context, jobID, step string, req *llm.Reques
 			c.gates.count(failed, step, "fallback_passed")
 			return fs, nil
 		}
-		whys = append(whys, fmt.Errorf("the fallback %s's answer too: %w", fr.Model, joinWhys(fwhys)))
+		why = fmt.Errorf("%w; the fallback %s's answer too: %w", why, fr.Model, joinWhys(ffailed, fwhys))
 	}
-	why := joinWhys(whys)
 	d, err := rt.hold(ctx, failed, s.Key, why)
 	if err != nil {
 		var we *retry.WaitError
@@ -225,7 +225,7 @@ func (rt *runtime) gate(ctx context.Context, jobID, step string, req *llm.Reques
 }
 
 // evaluateAll checks s's answer against every gate in gs and returns those it fails
-// with why ("gate <name>: <why>"), counting passed and failed when count is set; err is
+// with why, counting passed and failed when count is set; err is
 // a judge call's.
 func (rt *runtime) evaluateAll(ctx context.Context, jobID, step string, gs []*Gate, req *llm.Request, s *Step, count bool) (failed []*Gate, whys []error, err error) {
 	for _, g := range gs {
@@ -236,7 +236,7 @@ func (rt *runtime) evaluateAll(ctx context.Context, jobID, step string, gs []*Ga
 		outcome := "passed"
 		if why != nil {
 			outcome = "failed"
-			failed, whys = append(failed, g), append(whys, fmt.Errorf("gate %s: %w", g.name(), why))
+			failed, whys = append(failed, g), append(whys, why)
 		}
 		if count {
 			rt.client.gates.count([]*Gate{g}, step, outcome)
@@ -245,11 +245,15 @@ func (rt *runtime) evaluateAll(ctx context.Context, jobID, step string, gs []*Ga
 	return failed, whys, nil
 }
 
-// joinWhys joins reasons on one line, "; " between them.
-func joinWhys(whys []error) error {
+// joinWhys is why the gates gs failed (whys, one per gate) on one line: the one reason,
+// or each gate's named, "; " between them.
+func joinWhys(gs []*Gate, whys []error) error {
+	if len(whys) == 1 {
+		return whys[0]
+	}
 	msgs := make([]string, len(whys))
 	for i, w := range whys {
-		msgs[i] = w.Error()
+		msgs[i] = "gate " + gs[i].name() + ": " + w.Error()
 	}
 	return errors.New(strings.Join(msgs, "; "))
 }
