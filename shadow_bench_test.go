@@ -1,6 +1,8 @@
 package onceflow_test
 
 import (
+	"github.com/onceflow/onceflow/ledger"
+	"strings"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -25,16 +27,32 @@ import (
 // docs/BENCHMARKS.md has the figures.
 func BenchmarkShadows(b *testing.B) {
 	for _, rate := range []float64{0, 0.1, 1} {
-		b.Run(fmt.Sprintf("rate=%v", rate), func(b *testing.B) { benchModelStep(b, rate, nil) })
+		b.Run(fmt.Sprintf("rate=%v", rate), func(b *testing.B) { benchModelStep(b, rate, nil, benchStep{}) })
 	}
+}
+
+// BenchmarkLedgerRequests runs the jobs of BenchmarkShadows (no shadow) with a request of
+// about 2 KB, as a document to summarise is, with the ledger storing each request (for
+// onceflow eval, the default) and omitting it (ledger.Config.OmitRequests).
+func BenchmarkLedgerRequests(b *testing.B) {
+	for _, omit := range []bool{true, false} {
+		b.Run(fmt.Sprintf("omit=%v", omit), func(b *testing.B) { benchModelStep(b, 0, nil, benchStep{text: 2048, omitRequests: omit}) })
+	}
+}
+
+// benchStep varies benchModelStep's jobs: the size of the request's text (0: a few
+// bytes) and whether the ledger stores requests.
+type benchStep struct {
+	text         int
+	omitRequests bool
 }
 
 // BenchmarkGates runs the jobs of BenchmarkShadows (no shadow) without a gate and
 // behind a gate their answers pass (a JSON Schema): the gate's cost per job.
 func BenchmarkGates(b *testing.B) {
-	b.Run("gate=none", func(b *testing.B) { benchModelStep(b, 0, nil) })
+	b.Run("gate=none", func(b *testing.B) { benchModelStep(b, 0, nil, benchStep{}) })
 	b.Run("gate=schema", func(b *testing.B) {
-		benchModelStep(b, 0, []onceflow.Gate{{Step: "summary", Schema: json.RawMessage(`{"type":"object","required":["summary"]}`)}})
+		benchModelStep(b, 0, []onceflow.Gate{{Step: "summary", Schema: json.RawMessage(`{"type":"object","required":["summary"]}`)}}, benchStep{})
 	})
 }
 
@@ -53,7 +71,7 @@ func (m *slowModel) Complete(ctx context.Context, req *llm.Request) (*llm.Respon
 	return &llm.Response{Model: req.Model, Content: `{"summary":"shipped"}`, FinishReason: llm.FinishStop, Usage: llm.Usage{InputTokens: 50, OutputTokens: 10}}, nil
 }
 
-func benchModelStep(b *testing.B, rate float64, gates []onceflow.Gate) {
+func benchModelStep(b *testing.B, rate float64, gates []onceflow.Gate, opt benchStep) {
 	b.StopTimer()
 	rdb, prefix := testenv.Redis(b)
 	db, _, tracer := tracedPool(b)
@@ -86,7 +104,7 @@ func benchModelStep(b *testing.B, rate float64, gates []onceflow.Gate) {
 		shadows = []onceflow.Shadow{{Step: "summary", Model: "candidate", Rate: rate}}
 	}
 	c, err := onceflow.NewClient(onceflow.Config{Redis: rdb, DB: db, Prefix: prefix, Workers: ws, Model: &slowModel{latency: 20 * time.Millisecond},
-		NoLimits: true, Shadows: shadows, Gates: gates, Logger: slog.New(slog.DiscardHandler), QueueDefaults: onceflow.QueueConfig{Concurrency: 16}})
+		NoLimits: true, Shadows: shadows, Gates: gates, Ledger: ledger.Config{OmitRequests: opt.omitRequests}, Logger: slog.New(slog.DiscardHandler), QueueDefaults: onceflow.QueueConfig{Concurrency: 16}})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -97,7 +115,11 @@ func benchModelStep(b *testing.B, rate float64, gates []onceflow.Gate) {
 	b.StartTimer()
 	start := time.Now()
 	for i := range b.N {
-		if _, err := c.Enqueue(context.Background(), shadowedTicket{Text: fmt.Sprint("ticket ", i)}, nil); err != nil {
+		text := fmt.Sprint("ticket ", i)
+		if opt.text > len(text) {
+			text += strings.Repeat(" lorem ipsum", (opt.text-len(text))/12)
+		}
+		if _, err := c.Enqueue(context.Background(), shadowedTicket{Text: text}, nil); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -23,7 +23,7 @@ const evalUsage = "--step S --candidate MODEL [--name N] [--since D] [--tenant T
 
 // runEval evaluates a candidate model on a step's recorded production inputs.
 func runEval(ctx context.Context, e *env, args []string) error {
-	fs := flags(e, "eval", strings.SplitN(evalUsage, "\n\n", 2)[0], config.GroupRedis, config.GroupPostgres,
+	fs := flags(e, "eval", evalUsage, config.GroupRedis, config.GroupPostgres,
 		config.GroupModel, config.GroupModelCalls, config.GroupLimits, config.GroupLedger, config.GroupLogs)
 	loader := config.Register(fs)
 	step := fs.String("step", "", "the production step whose recorded calls are replayed (required)")

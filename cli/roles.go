@@ -159,7 +159,8 @@ func (d *deps) clientConfig(app App, withModel bool) (onceflow.Config, error) {
 	cfg.ModelRetry = retry.Policy{MaxAttempts: d.cfg.LLMMaxAttempts, PerCallTimeout: d.cfg.LLMTimeout}
 	cfg.Ledger = ledger.Config{
 		Lease: d.cfg.LedgerLease, Retention: d.cfg.LedgerRetention, RelaxedInsert: d.cfg.LedgerRelaxedInsert,
-		Models: []string{d.cfg.LLMModel},
+		OmitRequests: d.cfg.LedgerOmitRequests,
+		Models:       []string{d.cfg.LLMModel},
 	}
 	return cfg, nil
 }
