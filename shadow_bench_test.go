@@ -1,13 +1,13 @@
 package onceflow_test
 
 import (
-	"github.com/onceflow/onceflow/ledger"
-	"strings"
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/onceflow/onceflow/ledger"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
