@@ -4,17 +4,17 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/onceflow/onceflow/cli/openaiprovider"
-	"github.com/onceflow/onceflow/ledger"
-	"github.com/onceflow/onceflow/llm"
-	"github.com/onceflow/onceflow/llm/fakeserver"
 	"net/http/httptest"
 	"strings"
 	"testing"
 
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/cli"
+	"github.com/onceflow/onceflow/cli/openaiprovider"
 	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/ledger"
+	"github.com/onceflow/onceflow/llm"
+	"github.com/onceflow/onceflow/llm/fakeserver"
 )
 
 // shadow report summarises the shadow runs per step and candidate and shows the worst
