@@ -48,11 +48,15 @@ type benchStep struct {
 }
 
 // BenchmarkGates runs the jobs of BenchmarkShadows (no shadow) without a gate and
-// behind a gate their answers pass (a JSON Schema): the gate's cost per job.
+// behind a gate their answers pass (a JSON Schema; a judge, a model call of its own):
+// the gate's cost per job.
 func BenchmarkGates(b *testing.B) {
 	b.Run("gate=none", func(b *testing.B) { benchModelStep(b, 0, nil, benchStep{}) })
 	b.Run("gate=schema", func(b *testing.B) {
 		benchModelStep(b, 0, []onceflow.Gate{{Step: "summary", Schema: json.RawMessage(`{"type":"object","required":["summary"]}`)}}, benchStep{})
+	})
+	b.Run("gate=judge", func(b *testing.B) {
+		benchModelStep(b, 0, []onceflow.Gate{{Step: "summary", Judge: &onceflow.Judge{Model: "judge", Criteria: "Faithful."}}}, benchStep{})
 	})
 }
 
@@ -68,7 +72,11 @@ func (m *slowModel) Complete(ctx context.Context, req *llm.Request) (*llm.Respon
 		return nil, ctx.Err()
 	case <-time.After(m.latency):
 	}
-	return &llm.Response{Model: req.Model, Content: `{"summary":"shipped"}`, FinishReason: llm.FinishStop, Usage: llm.Usage{InputTokens: 50, OutputTokens: 10}}, nil
+	content := `{"summary":"shipped"}`
+	if req.Model == "judge" {
+		content = `{"score":1,"reason":"faithful"}`
+	}
+	return &llm.Response{Model: req.Model, Content: content, FinishReason: llm.FinishStop, Usage: llm.Usage{InputTokens: 50, OutputTokens: 10}}, nil
 }
 
 func benchModelStep(b *testing.B, rate float64, gates []onceflow.Gate, opt benchStep) {
