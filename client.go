@@ -62,6 +62,8 @@ type Client struct {
 	shadows *shadows
 	// gates are Config.Gates by step; nil without any.
 	gates *gates
+	// batch is the batch lane (Config.Batch); nil without it.
+	batch *batchLane
 
 	runMu   sync.Mutex
 	running bool
@@ -95,6 +97,10 @@ func NewClient(cfg Config) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
+	batch, err := setupBatch(&cfg)
+	if err != nil {
+		return nil, err
+	}
 	if err := mergeWorkflows(&cfg); err != nil {
 		return nil, err
 	}
@@ -118,8 +124,11 @@ func NewClient(cfg Config) (*Client, error) {
 	for name, qc := range cfg.Queues {
 		cfg.Queues[name] = qc.withDefaults(cfg.QueueDefaults)
 	}
-	c := &Client{cfg: cfg, log: cfg.Logger, rdb: cfg.Redis, workers: cfg.Workers.snapshot(), queues: maps.Clone(cfg.Queues), shadows: shadows, gates: gates}
+	c := &Client{cfg: cfg, log: cfg.Logger, rdb: cfg.Redis, workers: cfg.Workers.snapshot(), queues: maps.Clone(cfg.Queues), shadows: shadows, gates: gates, batch: batch}
 	self = c
+	if batch != nil {
+		batch.c = c
+	}
 	store, err := redisstore.New(cfg.Redis, redisstore.Config{Prefix: cfg.Prefix, ResultTTL: cfg.ResultTTL, Logger: cfg.Logger,
 		WaitReplicas: cfg.WaitReplicas, WaitTimeout: cfg.WaitTimeout})
 	if err != nil {
@@ -262,6 +271,9 @@ func (c *Client) Run(ctx context.Context) error {
 	}
 	if c.shadows != nil {
 		parts = append(parts, c.shadows.run)
+	}
+	if c.batch != nil {
+		parts = append(parts, c.batch.run)
 	}
 	return runParts(ctx, append(parts, c.background...))
 }
@@ -504,6 +516,9 @@ func (c *Client) RunWorkers(ctx context.Context, queues ...string) error {
 	}
 	if c.shadows != nil {
 		parts = append(parts, c.shadows.run)
+	}
+	if c.batch != nil {
+		parts = append(parts, c.batch.run)
 	}
 	return runParts(ctx, append(parts, c.watchers()...))
 }

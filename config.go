@@ -113,6 +113,10 @@ type Config struct {
 	// fails is asked again of a fallback model, or holds its job (StatusHeld) until an
 	// operator releases or rejects it (see Gate). They need DB. Default: none.
 	Gates []Gate
+	// Batch is the batch lane: model steps given InBatch are sent through the provider's
+	// batch API, at its batch price, exactly once (see BatchConfig). It needs DB and
+	// Model. Default: none (such steps take the synchronous lane).
+	Batch BatchConfig
 	// StepRetention is how long a recorded step (Do, Job.Tool, Job.ToolAtMostOnce) is
 	// kept after it was recorded; it must cover every queue's retry horizon, as
 	// Ledger.Retention must. Default: DefaultStepRetention (24h).

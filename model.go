@@ -220,7 +220,16 @@ func (s *Step) ToolKeys() []ledger.ToolKey { return append([]ledger.ToolKey(nil)
 // dead-lettered; anything else (attempts exhausted, the delivery deadline, a failing
 // ledger statement, shutdown) is plain and the job is delivered again. ctx is the Work
 // call's.
-func (j *Job[T]) Complete(ctx context.Context, step string, req *llm.Request) (*Step, error) {
+//
+// Options change how the call is made: InBatch sends it through the batch lane.
+func (j *Job[T]) Complete(ctx context.Context, step string, req *llm.Request, opts ...StepOption) (*Step, error) {
+	var o stepOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.batch {
+		return j.run.completeInBatch(ctx, j.ID, step, req, o.within)
+	}
 	return j.run.complete(ctx, j.ID, step, req)
 }
 

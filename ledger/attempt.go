@@ -432,3 +432,17 @@ func truncate(s string, n int) string {
 	}
 	return s[:n]
 }
+
+// Record records res as call c's response without an attempt of this process: an answer
+// that came another way, as a batch's result (onceflow's batch lane). As with Succeed,
+// the first response recorded wins (recorded is false when one was already there), and
+// a key recorded for another request is ErrKeyReused (permanent). It runs in a commit of
+// its own on db (the Ledger's connection when nil).
+func (l *Ledger) Record(ctx context.Context, db DB, c Call, res Result) (recorded bool, err error) {
+	if db == nil {
+		db = l.db
+	}
+	a := &Attempt{l: l, call: c, number: 1}
+	_, ours, err := a.succeed(ctx, db, res)
+	return ours, err
+}

@@ -1,0 +1,511 @@
+package onceflow
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"iter"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/onceflow/onceflow/ledger"
+	"github.com/onceflow/onceflow/llm"
+)
+
+// BatchAPI is a provider's batch endpoint as the batch lane uses it (openai.Batches,
+// anthropic.Batches).
+type BatchAPI interface {
+	// Submit creates a batch of s's items (all of s.Model), naming it s.ID in its
+	// metadata where the provider keeps metadata.
+	Submit(ctx context.Context, s llm.BatchSubmission) (llm.BatchInfo, error)
+	// List returns the batches created since then, as far as the provider lists them.
+	List(ctx context.Context, since time.Time) ([]llm.BatchInfo, error)
+	// Get says how a batch stands.
+	Get(ctx context.Context, id string) (llm.BatchInfo, error)
+	// Results yields the outcome of each item of an ended batch, in any order.
+	Results(ctx context.Context, id string) iter.Seq2[llm.BatchResult, error]
+}
+
+// BatchConfig configures the batch lane (Config.Batch): the model steps that take it
+// (InBatch) are collected and sent through the provider's batch API, at its batch price,
+// exactly once. See docs/batch.md.
+type BatchConfig struct {
+	// API is the provider's batch endpoint. Without it, steps that ask for the batch lane
+	// take the synchronous one.
+	API BatchAPI
+	// MaxItems is the most requests per batch. Default: 1000; at most 50,000 (OpenAI's
+	// limit; Anthropic's is 100,000).
+	MaxItems int
+	// MaxAge sends a model's waiting requests as a batch once the oldest has waited this
+	// long, however few. Default: 1m.
+	MaxAge time.Duration
+	// PollInterval is how often the submitter looks for requests to send and for ended
+	// batches. Default: 5s.
+	PollInterval time.Duration
+}
+
+// Batch lane defaults (BatchConfig).
+const (
+	DefaultBatchMaxItems     = 1000
+	DefaultBatchMaxAge       = time.Minute
+	DefaultBatchPollInterval = 5 * time.Second
+	maxBatchItems            = 50000
+)
+
+// batchPrefix names a step's wait for its batch answer: "batch:" and the ledger key.
+const batchPrefix = "batch:"
+
+// batchLockID is the advisory lock that makes one process at a time submit and poll.
+const batchLockID = 0x6f6e6365626174 // "oncebat"
+
+// StepOption changes how Job.Complete makes a model step.
+type StepOption func(*stepOptions)
+
+type stepOptions struct {
+	batch  bool
+	within time.Duration
+}
+
+// InBatch sends the step through the batch lane (Config.Batch): the request waits, with
+// others, to be sent in a batch at the provider's batch price, and the job parks,
+// holding no worker, until its answer is recorded in the ledger; Complete then returns
+// it as any recorded answer. within bounds the wait from the step's first delivery: a
+// request whose batch has not answered by then, or whose batch item failed or expired,
+// is made in the synchronous lane instead (so give it the step's deadline less the
+// time a call takes). Without Config.Batch.API the step takes the synchronous lane.
+func InBatch(within time.Duration) StepOption {
+	return func(o *stepOptions) { o.batch, o.within = true, within }
+}
+
+// batchLane is the Client's batch lane.
+type batchLane struct {
+	c   *Client
+	cfg BatchConfig
+	db  *pgxpool.Pool
+	log *slog.Logger
+}
+
+// setupBatch checks Config.Batch.
+func setupBatch(cfg *Config) (*batchLane, error) {
+	b := cfg.Batch
+	if b.API == nil {
+		return nil, nil
+	}
+	switch {
+	case cfg.DB == nil || cfg.Model == nil:
+		return nil, errors.New("onceflow: Config.Batch needs Config.DB and Config.Model (its answers are recorded in the ledger)")
+	case b.MaxItems < 0 || b.MaxItems > maxBatchItems:
+		return nil, fmt.Errorf("onceflow: Config.Batch.MaxItems %d is not between 0 and %d", b.MaxItems, maxBatchItems)
+	case b.MaxAge < 0 || b.PollInterval < 0:
+		return nil, errors.New("onceflow: Config.Batch: MaxAge and PollInterval must not be negative")
+	}
+	b.MaxItems = cmp.Or(b.MaxItems, DefaultBatchMaxItems)
+	b.MaxAge = cmp.Or(b.MaxAge, DefaultBatchMaxAge)
+	b.PollInterval = cmp.Or(b.PollInterval, DefaultBatchPollInterval)
+	return &batchLane{cfg: b, db: cfg.DB, log: cfg.Logger}, nil
+}
+
+// completeInBatch is Complete in the batch lane: the answer recorded (or the batch's
+// failure signalled, or the wait timed out) goes on as Complete does, from the ledger
+// or in the synchronous lane; otherwise the request is put in the lane, once, and the
+// job parks.
+func (rt *runtime) completeInBatch(ctx context.Context, jobID, step string, req *llm.Request, within time.Duration) (*Step, error) {
+	c := rt.client
+	if c.batch == nil || rt.delivery == nil {
+		return rt.complete(ctx, jobID, step, req)
+	}
+	_, out, key, err := rt.prepare(jobID, step, req)
+	if err != nil {
+		return nil, err
+	}
+	name := batchPrefix + key
+	js, err := rt.steps(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if _, waiting := js.lookup(waitPrefix + name); !waiting {
+		body, err := json.Marshal(out)
+		if err != nil {
+			return nil, Permanent(fmt.Errorf("onceflow: batch step %q: encode the request: %w", step, err))
+		}
+		if _, err := c.batch.db.Exec(ctx, `INSERT INTO batch_items (key, custom_id, work, request_hash, model, request, tenant, job_id, state)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'pending') ON CONFLICT (key) DO NOTHING`,
+			key, customID(key), out.IdempotencyKey, ledger.RequestHash(out), out.Model, body, rt.delivery.Tenant, jobID); err != nil {
+			return nil, fmt.Errorf("onceflow: batch step %q: %w", step, PostgresError(err))
+		}
+	}
+	w, err := rt.wait(ctx, name, within, waitRecord{Tool: "batch", Arguments: out.Model})
+	if err != nil {
+		return nil, err // parked until the poller records the answer and wakes the job
+	}
+	if w.timedOut { // not sent yet: never send it now; sent: its answer, if it comes, loses to ours
+		if _, err := c.batch.db.Exec(ctx, `UPDATE batch_items SET state = 'failed', error = 'the step''s wait timed out', updated_at = now()
+WHERE key = $1 AND state = 'pending'`, key); err != nil {
+			return nil, fmt.Errorf("onceflow: batch step %q: %w", step, PostgresError(err))
+		}
+	}
+	return rt.complete(ctx, jobID, step, req) // the recorded answer, or a synchronous call
+}
+
+// customID is the provider's custom_id of the call with ledger key key: its hex digits
+// (64 characters, Anthropic's limit).
+func customID(key string) string { return strings.TrimPrefix(key, ledger.KeyPrefix) }
+
+// run submits and polls every PollInterval until ctx ends; one process at a time does
+// (a PostgreSQL advisory lock), the others stand by.
+func (b *batchLane) run(ctx context.Context) error {
+	t := time.NewTicker(b.cfg.PollInterval)
+	defer t.Stop()
+	for {
+		if err := b.cycle(ctx); err != nil && ctx.Err() == nil {
+			b.log.WarnContext(ctx, "onceflow: batch lane", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// cycle is one round of the lane under its lock: settle submissions a crash left
+// unrecorded, send what is due, and record the results of ended batches.
+func (b *batchLane) cycle(ctx context.Context) error {
+	conn, err := b.db.Acquire(ctx)
+	if err != nil {
+		return PostgresError(err)
+	}
+	defer conn.Release()
+	var got bool
+	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, int64(batchLockID)).Scan(&got); err != nil || !got {
+		return PostgresError(err)
+	}
+	defer func() {
+		if _, err := conn.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1)`, int64(batchLockID)); err != nil {
+			conn.Conn().Close(context.WithoutCancel(ctx)) // the session's end releases the lock
+		}
+	}()
+	if err := b.recover(ctx); err != nil {
+		return err
+	}
+	if err := b.submitDue(ctx); err != nil {
+		return err
+	}
+	return b.poll(ctx)
+}
+
+// recover settles each submission left "submitting" (its record committed, its batch id
+// not): the batch is looked for at the provider, by the submission id in its metadata,
+// else (a provider without metadata) as the one batch no submission knows created since,
+// of as many items; found, its id is recorded; not found, it is submitted again. One
+// process submits at a time (the lock), so no other submission can be in flight.
+func (b *batchLane) recover(ctx context.Context) error {
+	rows, err := b.db.Query(ctx, `SELECT id::text, model, items, created_at FROM batch_submissions WHERE state = 'submitting' ORDER BY created_at`)
+	if err != nil {
+		return PostgresError(err)
+	}
+	type open struct {
+		id, model string
+		items     int
+		at        time.Time
+	}
+	var subs []open
+	for rows.Next() {
+		var s open
+		if err := rows.Scan(&s.id, &s.model, &s.items, &s.at); err != nil {
+			rows.Close()
+			return PostgresError(err)
+		}
+		subs = append(subs, s)
+	}
+	if err := rows.Err(); err != nil {
+		return PostgresError(err)
+	}
+	for _, s := range subs {
+		found, err := b.find(ctx, s.id, s.items, s.at)
+		if err != nil {
+			return err
+		}
+		if found != "" {
+			b.log.InfoContext(ctx, "onceflow: batch found at the provider after a crash; recorded", "submission", s.id, "batch", found)
+			if err := b.submitted(ctx, s.id, found); err != nil {
+				return err
+			}
+			continue
+		}
+		items, err := b.itemsOf(ctx, s.id)
+		if err != nil {
+			return err
+		}
+		if err := b.send(ctx, llm.BatchSubmission{ID: s.id, Model: s.model, Items: items}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// find looks for submission id's batch at the provider: "" when it is not there.
+func (b *batchLane) find(ctx context.Context, id string, items int, at time.Time) (string, error) {
+	infos, err := b.cfg.API.List(ctx, at.Add(-time.Minute))
+	if err != nil {
+		return "", fmt.Errorf("onceflow: batch lane: list the provider's batches: %w", err)
+	}
+	var unknown []llm.BatchInfo
+	for _, in := range infos {
+		if in.Submission == id {
+			return in.ID, nil
+		}
+		if in.Submission == "" && in.Items == items && !in.CreatedAt.Before(at.Add(-time.Minute)) {
+			var known bool
+			if err := b.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM batch_submissions WHERE batch_id = $1)`, in.ID).Scan(&known); err != nil {
+				return "", PostgresError(err)
+			}
+			if !known {
+				unknown = append(unknown, in)
+			}
+		}
+	}
+	switch len(unknown) {
+	case 0:
+		return "", nil
+	case 1:
+		return unknown[0].ID, nil
+	}
+	return "", fmt.Errorf("onceflow: batch lane: submission %s: %d batches at the provider could be it; resolve by hand (docs/batch.md)", id, len(unknown))
+}
+
+// itemsOf returns submission id's items.
+func (b *batchLane) itemsOf(ctx context.Context, id string) ([]llm.BatchItem, error) {
+	rows, err := b.db.Query(ctx, `SELECT custom_id, request FROM batch_items WHERE submission = $1 ORDER BY created_at`, id)
+	if err != nil {
+		return nil, PostgresError(err)
+	}
+	defer rows.Close()
+	var out []llm.BatchItem
+	for rows.Next() {
+		var it llm.BatchItem
+		var body []byte
+		if err := rows.Scan(&it.CustomID, &body); err != nil {
+			return nil, PostgresError(err)
+		}
+		if err := json.Unmarshal(body, &it.Request); err != nil {
+			return nil, fmt.Errorf("onceflow: batch lane: item %s: %w", it.CustomID, err)
+		}
+		out = append(out, it)
+	}
+	return out, PostgresError(rows.Err())
+}
+
+// submitDue sends, for each model, its pending requests as batches of MaxItems while
+// a batch is full or the oldest has waited MaxAge.
+func (b *batchLane) submitDue(ctx context.Context) error {
+	rows, err := b.db.Query(ctx, `SELECT model, count(*), now() - min(created_at) >= $1::bigint * interval '1 microsecond'
+FROM batch_items WHERE state = 'pending' GROUP BY model`, b.cfg.MaxAge.Microseconds())
+	if err != nil {
+		return PostgresError(err)
+	}
+	type due struct {
+		model string
+		n     int
+		old   bool
+	}
+	var dues []due
+	for rows.Next() {
+		var d due
+		if err := rows.Scan(&d.model, &d.n, &d.old); err != nil {
+			rows.Close()
+			return PostgresError(err)
+		}
+		dues = append(dues, d)
+	}
+	if err := rows.Err(); err != nil {
+		return PostgresError(err)
+	}
+	for _, d := range dues {
+		for n := d.n; n >= b.cfg.MaxItems || (d.old && n > 0); n -= b.cfg.MaxItems {
+			sent, err := b.take(ctx, d.model)
+			if err != nil || sent == 0 {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// take moves up to MaxItems pending requests of model into a new submission, committed
+// before anything is uploaded, then sends it; it returns how many it took.
+func (b *batchLane) take(ctx context.Context, model string) (int, error) {
+	id := uuid.NewString()
+	rows, err := b.db.Query(ctx, `WITH picked AS (
+	SELECT key FROM batch_items WHERE state = 'pending' AND model = $1 ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED),
+upd AS (UPDATE batch_items i SET state = 'submitted', submission = $3, updated_at = now() FROM picked WHERE i.key = picked.key
+	RETURNING i.custom_id, i.request),
+sub AS (INSERT INTO batch_submissions (id, model, state, items) SELECT $3, $1, 'submitting', count(*) FROM upd HAVING count(*) > 0)
+SELECT custom_id, request FROM upd`, model, b.cfg.MaxItems, id)
+	if err != nil {
+		return 0, PostgresError(err)
+	}
+	var items []llm.BatchItem
+	for rows.Next() {
+		var it llm.BatchItem
+		var body []byte
+		if err := rows.Scan(&it.CustomID, &body); err != nil {
+			rows.Close()
+			return 0, PostgresError(err)
+		}
+		if err := json.Unmarshal(body, &it.Request); err != nil {
+			rows.Close()
+			return 0, fmt.Errorf("onceflow: batch lane: item %s: %w", it.CustomID, err)
+		}
+		items = append(items, it)
+	}
+	if err := rows.Err(); err != nil {
+		return 0, PostgresError(err)
+	}
+	if len(items) == 0 {
+		return 0, nil
+	}
+	return len(items), b.send(ctx, llm.BatchSubmission{ID: id, Model: model, Items: items})
+}
+
+// send creates submission s's batch at the provider and records its id. A failure
+// leaves the submission "submitting", for recover to settle.
+func (b *batchLane) send(ctx context.Context, s llm.BatchSubmission) error {
+	info, err := b.cfg.API.Submit(ctx, s)
+	if err != nil {
+		return fmt.Errorf("onceflow: batch lane: submit %d requests of %s (submission %s): %w", len(s.Items), s.Model, s.ID, err)
+	}
+	b.log.InfoContext(ctx, "onceflow: batch submitted", "submission", s.ID, "batch", info.ID, "model", s.Model, "items", len(s.Items))
+	return b.submitted(ctx, s.ID, info.ID)
+}
+
+// submitted records submission id's batch id.
+func (b *batchLane) submitted(ctx context.Context, id, batchID string) error {
+	_, err := b.db.Exec(ctx, `UPDATE batch_submissions SET state = 'submitted', batch_id = $2, submitted_at = now() WHERE id = $1 AND state = 'submitting'`, id, batchID)
+	return PostgresError(err)
+}
+
+// batchSignal is the payload of the signal that wakes a job whose batch item ended.
+type batchSignal struct {
+	OK    bool   `json:"ok"`
+	Error string `json:"error,omitempty"`
+}
+
+// poll records the results of every submitted batch that ended: each answer in the
+// ledger, each item done or failed, and its job woken. It runs again over a batch whose
+// recording a crash interrupted: the ledger keeps the first answer, and a signal again
+// is a retry.
+func (b *batchLane) poll(ctx context.Context) error {
+	rows, err := b.db.Query(ctx, `SELECT id::text, batch_id FROM batch_submissions WHERE state = 'submitted' ORDER BY submitted_at`)
+	if err != nil {
+		return PostgresError(err)
+	}
+	var subs [][2]string
+	for rows.Next() {
+		var s [2]string
+		if err := rows.Scan(&s[0], &s[1]); err != nil {
+			rows.Close()
+			return PostgresError(err)
+		}
+		subs = append(subs, s)
+	}
+	if err := rows.Err(); err != nil {
+		return PostgresError(err)
+	}
+	for _, s := range subs {
+		info, err := b.cfg.API.Get(ctx, s[1])
+		if err != nil {
+			return fmt.Errorf("onceflow: batch lane: batch %s: %w", s[1], err)
+		}
+		if !info.Ended {
+			continue
+		}
+		if err := b.record(ctx, s[0], s[1]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// batchItem is a submitted item as the poller records it.
+type batchItem struct {
+	key, work, hash, model, tenant, jobID string
+	request                               []byte
+}
+
+// record records ended batch batchID of submission id.
+func (b *batchLane) record(ctx context.Context, id, batchID string) error {
+	rows, err := b.db.Query(ctx, `SELECT custom_id, key, work, request_hash, model, tenant, job_id, request FROM batch_items
+WHERE submission = $1 AND state = 'submitted'`, id)
+	if err != nil {
+		return PostgresError(err)
+	}
+	items := map[string]batchItem{}
+	for rows.Next() {
+		var cid string
+		var it batchItem
+		if err := rows.Scan(&cid, &it.key, &it.work, &it.hash, &it.model, &it.tenant, &it.jobID, &it.request); err != nil {
+			rows.Close()
+			return PostgresError(err)
+		}
+		items[cid] = it
+	}
+	if err := rows.Err(); err != nil {
+		return PostgresError(err)
+	}
+	c := b.c
+	for r, err := range b.cfg.API.Results(ctx, batchID) {
+		if err != nil {
+			return fmt.Errorf("onceflow: batch lane: results of batch %s: %w", batchID, err)
+		}
+		it, ok := items[r.CustomID]
+		if !ok {
+			continue // recorded by an earlier pass, or not ours
+		}
+		delete(items, r.CustomID)
+		if r.Outcome == llm.BatchSucceeded && r.Response != nil {
+			call := ledger.Call{Key: it.key, Work: it.work, RequestHash: it.hash, Provider: c.model.provider + "-batch", Model: it.model,
+				Tenant: it.tenant, Request: it.request}
+			if _, err := c.model.ledger.Record(ctx, nil, call, ledger.ResultOf(r.Response)); err != nil && !errors.Is(err, ledger.ErrKeyReused) {
+				return fmt.Errorf("onceflow: batch lane: record %s: %w", it.key, err)
+			}
+			if err := b.settle(ctx, it, "done", "", batchSignal{OK: true}); err != nil {
+				return err
+			}
+			continue
+		}
+		why := cmp.Or(r.Error, r.Outcome)
+		if err := b.settle(ctx, it, "failed", why, batchSignal{Error: why}); err != nil {
+			return err
+		}
+	}
+	for _, it := range items { // no result: the provider dropped it
+		if err := b.settle(ctx, it, "failed", "no result in its batch", batchSignal{Error: "no result in its batch"}); err != nil {
+			return err
+		}
+	}
+	_, err = b.db.Exec(ctx, `UPDATE batch_submissions SET state = 'ended', ended_at = now() WHERE id = $1`, id)
+	return PostgresError(err)
+}
+
+// settle marks item it done or failed and wakes its job with sig.
+func (b *batchLane) settle(ctx context.Context, it batchItem, state, why string, sig batchSignal) error {
+	if _, err := b.db.Exec(ctx, `UPDATE batch_items SET state = $2, error = nullif($3, ''), updated_at = now() WHERE key = $1`, it.key, state, why); err != nil {
+		return PostgresError(err)
+	}
+	err := b.c.Signal(ctx, it.tenant, it.jobID, batchPrefix+it.key, sig)
+	switch {
+	case err == nil, errors.Is(err, ErrAlreadySignalled):
+		return nil
+	case errors.Is(err, ErrJobNotFound):
+		b.log.WarnContext(ctx, "onceflow: batch answer of a job that is gone", "job_id", it.jobID, "key", it.key)
+		return nil
+	}
+	return fmt.Errorf("onceflow: batch lane: wake job %s: %w", it.jobID, err)
+}

@@ -1,0 +1,276 @@
+package onceflow_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"iter"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/llm"
+	"github.com/onceflow/onceflow/onceflowtest"
+	"github.com/onceflow/onceflow/outbox"
+)
+
+// batchAPI is a provider's batch endpoint in memory: batches end when told (or at
+// once), answer each item as the model "batch-answer", and count every submission of
+// each custom_id. failCreate makes the next Submit fail before (false) or after (true)
+// creating its batch, as a crash there would.
+type batchAPI struct {
+	mu         sync.Mutex
+	batches    []*memBatch
+	submitted  map[string]int
+	hold       bool            // batches do not end while set
+	errored    map[string]bool // custom_ids answered with an error
+	failCreate *bool
+}
+
+type memBatch struct {
+	info  llm.BatchInfo
+	items []llm.BatchItem
+}
+
+func (a *batchAPI) Submit(_ context.Context, s llm.BatchSubmission) (llm.BatchInfo, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.failCreate != nil && !*a.failCreate {
+		a.failCreate = nil
+		return llm.BatchInfo{}, errors.New("connection reset before the batch was created")
+	}
+	if a.submitted == nil {
+		a.submitted = map[string]int{}
+	}
+	for _, it := range s.Items {
+		a.submitted[it.CustomID]++
+	}
+	b := &memBatch{info: llm.BatchInfo{ID: fmt.Sprint("batch_", len(a.batches)+1), Submission: s.ID, Status: "in_progress",
+		Items: len(s.Items), CreatedAt: time.Now()}, items: s.Items}
+	a.batches = append(a.batches, b)
+	if a.failCreate != nil {
+		a.failCreate = nil
+		return llm.BatchInfo{}, errors.New("connection reset after the batch was created")
+	}
+	return b.info, nil
+}
+
+func (a *batchAPI) List(_ context.Context, since time.Time) ([]llm.BatchInfo, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var out []llm.BatchInfo
+	for _, b := range a.batches {
+		if !b.info.CreatedAt.Before(since) {
+			out = append(out, b.info)
+		}
+	}
+	return out, nil
+}
+
+func (a *batchAPI) Get(_ context.Context, id string) (llm.BatchInfo, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, b := range a.batches {
+		if b.info.ID == id {
+			info := b.info
+			info.Ended = !a.hold
+			return info, nil
+		}
+	}
+	return llm.BatchInfo{}, errors.New("no such batch")
+}
+
+func (a *batchAPI) Results(_ context.Context, id string) iter.Seq2[llm.BatchResult, error] {
+	return func(yield func(llm.BatchResult, error) bool) {
+		a.mu.Lock()
+		var items []llm.BatchItem
+		for _, b := range a.batches {
+			if b.info.ID == id {
+				items = b.items
+			}
+		}
+		errored := a.errored
+		a.mu.Unlock()
+		for i := len(items) - 1; i >= 0; i-- { // out of order, as providers answer
+			it := items[i]
+			r := llm.BatchResult{CustomID: it.CustomID, Outcome: llm.BatchSucceeded,
+				Response: &llm.Response{Model: it.Request.Model, Content: "batched: " + it.Request.Messages[0].Content, FinishReason: llm.FinishStop}}
+			if errored[it.CustomID] {
+				r = llm.BatchResult{CustomID: it.CustomID, Outcome: llm.BatchErrored, Error: "server_error"}
+			}
+			if !yield(r, nil) {
+				return
+			}
+		}
+	}
+}
+
+func (a *batchAPI) counts() (batches int, submitted map[string]int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := map[string]int{}
+	for k, v := range a.submitted {
+		out[k] = v
+	}
+	return len(a.batches), out
+}
+
+// batchEnv runs ticket jobs whose step "summary" takes the batch lane (within) and
+// whose answer is emailed.
+func batchEnv(t *testing.T, api *batchAPI, model llm.Client, within time.Duration, cfg onceflow.BatchConfig) (*onceflowtest.Env, *onceflowtest.Sink) {
+	t.Helper()
+	sink := onceflowtest.NewSink(t)
+	ws := onceflow.NewWorkers()
+	onceflow.AddWorker(ws, onceflow.WorkFunc[shadowedTicket](func(ctx context.Context, job *onceflow.Job[shadowedTicket]) error {
+		st, err := job.Complete(ctx, "summary", &llm.Request{Model: "prod", Messages: []llm.Message{{Role: llm.RoleUser, Content: job.Args.Text}}},
+			onceflow.InBatch(within))
+		if err != nil {
+			return err
+		}
+		return job.Commit(ctx, func(c *onceflow.Commit) error {
+			c.Emit("email", "email:"+job.ID, map[string]string{"summary": st.Response.Content})
+			return nil
+		})
+	}))
+	cfg.API = api
+	fast := onceflow.QueueConfig{ClaimIdle: time.Second, RetryBase: 5 * time.Millisecond, RetryMax: 20 * time.Millisecond}
+	env := onceflowtest.New(t, onceflow.Config{Workers: ws, Model: model, NoLimits: true, Batch: cfg,
+		Queues:  map[string]onceflow.QueueConfig{onceflow.DefaultQueue: fast},
+		Senders: map[string]outbox.Sender{"email": sink.Sender(t, nil)}})
+	return env, sink
+}
+
+// Every step of 25 jobs goes through a batch once (batches of at most 10), its job
+// parked on the scheduler while it waits, holding no worker; the answers come from the
+// batches, the synchronous model is never called, and each email goes out once.
+func TestBatchLaneAnswersEachStepOnceWithoutHoldingAWorker(t *testing.T) {
+	t.Parallel()
+	api := &batchAPI{hold: true}
+	model := &modelsByName{answers: map[string]string{"prod": "synchronous"}}
+	env, sink := batchEnv(t, api, model, time.Hour, onceflow.BatchConfig{MaxItems: 10, MaxAge: 100 * time.Millisecond, PollInterval: 50 * time.Millisecond})
+	env.Start()
+	const jobs = 25
+	for i := range jobs {
+		if _, err := env.Client.Enqueue(context.Background(), shadowedTicket{Text: fmt.Sprint("ticket ", i)}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	onceflowtest.WaitFor(t, 20*time.Second, "every request in a batch", func() bool {
+		_, sub := api.counts()
+		return len(sub) == jobs
+	})
+	if n := onceflowtest.Pending(t, env.Redis, env.Prefix, onceflow.DefaultQueue); n != 0 {
+		t.Fatalf("%d entries held by workers while their batches run, want 0", n)
+	}
+	api.mu.Lock()
+	api.hold = false
+	api.mu.Unlock()
+	onceflowtest.WaitFor(t, 20*time.Second, "every email", func() bool { return sink.Total() == jobs })
+	batches, sub := api.counts()
+	for id, n := range sub {
+		if n != 1 {
+			t.Errorf("custom_id %s submitted %d times, want once", id, n)
+		}
+	}
+	if batches < 3 || model.count("prod") != 0 {
+		t.Fatalf("%d batches (want at least 3 of at most 10), %d synchronous calls (want 0)", batches, model.count("prod"))
+	}
+	sink.RequireOncePerKey(t, jobs)
+	if n := env.Count(`SELECT count(*) FROM llm_calls WHERE provider LIKE '%-batch' AND state = 'succeeded'`); n != jobs {
+		t.Fatalf("%d batch answers in the ledger, want %d", n, jobs)
+	}
+}
+
+// A submitter that stops after its submission record, before or after the provider
+// created the batch (a crash there), leaves the submission to the next round: a batch
+// the provider created is found by its submission id and not sent again; one it did
+// not create is sent once.
+func TestBatchSubmissionCutShortIsSentOnce(t *testing.T) {
+	t.Parallel()
+	for _, created := range []bool{false, true} {
+		t.Run(fmt.Sprint("created=", created), func(t *testing.T) {
+			t.Parallel()
+			api := &batchAPI{failCreate: &created}
+			model := &modelsByName{answers: map[string]string{"prod": "synchronous"}}
+			env, sink := batchEnv(t, api, model, time.Hour, onceflow.BatchConfig{MaxItems: 100, MaxAge: 100 * time.Millisecond, PollInterval: 50 * time.Millisecond})
+			env.Start()
+			const jobs = 5
+			for i := range jobs {
+				if _, err := env.Client.Enqueue(context.Background(), shadowedTicket{Text: fmt.Sprint("ticket ", i)}, nil); err != nil {
+					t.Fatal(err)
+				}
+			}
+			onceflowtest.WaitFor(t, 20*time.Second, "every email", func() bool { return sink.Total() == jobs })
+			batches, sub := api.counts()
+			if batches != 1 || len(sub) != jobs { // created: found again, not sent again; not created: sent once
+				t.Fatalf("%d batches with %d custom_ids, want 1 with %d", batches, len(sub), jobs)
+			}
+			for id, n := range sub {
+				if n != 1 {
+					t.Errorf("custom_id %s submitted %d times, want once", id, n)
+				}
+			}
+			if model.count("prod") != 0 {
+				t.Fatalf("%d synchronous calls, want 0", model.count("prod"))
+			}
+		})
+	}
+}
+
+// Items a batch answers with an error are made in the synchronous lane, once; the
+// others are not; and a step whose batch does not answer within its bound falls back
+// too, and its request, not yet sent, is never sent.
+func TestBatchFailuresAndTimeoutsFallBackToTheSynchronousLane(t *testing.T) {
+	t.Parallel()
+	t.Run("errored items", func(t *testing.T) {
+		t.Parallel()
+		api := &batchAPI{hold: true}
+		model := &modelsByName{answers: map[string]string{"prod": "synchronous"}}
+		env, sink := batchEnv(t, api, model, time.Hour, onceflow.BatchConfig{MaxItems: 100, MaxAge: 100 * time.Millisecond, PollInterval: 50 * time.Millisecond})
+		env.Start()
+		for i := range 4 {
+			if _, err := env.Client.Enqueue(context.Background(), shadowedTicket{Text: fmt.Sprint("ticket ", i)}, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+		onceflowtest.WaitFor(t, 20*time.Second, "the batch", func() bool { _, sub := api.counts(); return len(sub) == 4 })
+		_, sub := api.counts()
+		ids := make([]string, 0, len(sub))
+		for id := range sub {
+			ids = append(ids, id)
+		}
+		sort.Strings(ids)
+		api.mu.Lock()
+		api.errored = map[string]bool{ids[0]: true}
+		api.hold = false
+		api.mu.Unlock()
+		onceflowtest.WaitFor(t, 20*time.Second, "every email", func() bool { return sink.Total() == 4 })
+		if n := model.count("prod"); n != 1 {
+			t.Fatalf("%d synchronous calls, want 1: the errored item's", n)
+		}
+		sink.RequireOncePerKey(t, 4)
+	})
+	t.Run("timeout", func(t *testing.T) {
+		t.Parallel()
+		api := &batchAPI{}
+		model := &modelsByName{answers: map[string]string{"prod": "synchronous"}}
+		env, sink := batchEnv(t, api, model, 300*time.Millisecond, onceflow.BatchConfig{MaxItems: 100, MaxAge: time.Hour, PollInterval: 50 * time.Millisecond})
+		env.Start()
+		if _, err := env.Client.Enqueue(context.Background(), shadowedTicket{Text: "late"}, nil); err != nil {
+			t.Fatal(err)
+		}
+		onceflowtest.WaitFor(t, 20*time.Second, "the email", func() bool { return sink.Total() == 1 })
+		if n := model.count("prod"); n != 1 {
+			t.Fatalf("%d synchronous calls, want 1", n)
+		}
+		if n := env.Count(`SELECT count(*) FROM batch_items WHERE state = 'failed'`); n != 1 {
+			t.Fatalf("%d failed batch items, want the timed-out one", n)
+		}
+		time.Sleep(200 * time.Millisecond) // rounds of the submitter: the failed item must stay unsent
+		if batches, _ := api.counts(); batches != 0 {
+			t.Fatalf("%d batches after the step fell back, want none", batches)
+		}
+	})
+}
