@@ -105,7 +105,7 @@ func batchInfo(bt *oai.Batch) llm.BatchInfo {
 	st := bt.Status
 	return llm.BatchInfo{ID: bt.ID, Submission: bt.Metadata[SubmissionKey], Status: string(st), Items: int(bt.RequestCounts.Total),
 		CreatedAt: time.Unix(bt.CreatedAt, 0),
-		Ended: st == oai.BatchStatusCompleted || st == oai.BatchStatusFailed || st == oai.BatchStatusExpired || st == oai.BatchStatusCancelled}
+		Ended:     st == oai.BatchStatusCompleted || st == oai.BatchStatusFailed || st == oai.BatchStatusExpired || st == oai.BatchStatusCancelled}
 }
 
 // resultLine is one line of a batch's output or error file.
