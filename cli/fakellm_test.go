@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -93,11 +94,59 @@ func TestFakeLLMCommandRejectsBadFlags(t *testing.T) {
 	t.Parallel()
 	for _, args := range [][]string{{"--hang", "2"}, {"--tool-call-ids", "sometimes"}, {"--retry-after", "-1"}, {"--fail-429", "x"},
 		{"--tool-args", `{"a":1}`}, {"--tool", "x", "--tool-args", "[1]"}, {"--tool", "x", "--no-tool-calls"},
-		{"--rpm", "-1"}, {"--tpm", "-5"}, {"--rpm", "x"}, {"--drip-interval", "0"}} {
+		{"--rpm", "-1"}, {"--tpm", "-5"}, {"--rpm", "x"}, {"--drip-interval", "0"}, {"--batch-delay", "0"}, {"--batch-window", "-1s"},
+		{"--batch-fail-every", "-1"}, {"--batch-expire-every", "-2"}, {"--batch-retention", "0"}, {"--batch-max-bytes", "0"}} {
 		p := testenv.Start(t, testenv.Binary(t), nil, append([]string{"fake-llm", "--addr", "127.0.0.1:0"}, args...)...)
 		if code := p.Wait(10 * time.Second); code != 2 {
 			t.Errorf("%v: exit %d, want 2; stderr:\n%s", args, code, p.Stderr())
 		}
+	}
+}
+
+// --batch-delay ends a message batch that long after its creation; with
+// --batch-fail-every 1 every request errors, and /stats counts the submissions.
+func TestFakeLLMCommandServesBatches(t *testing.T) {
+	t.Parallel()
+	_, base := startFakeLLM(t, "--batch-delay", "300ms", "--batch-fail-every", "1")
+	body := `{"requests":[{"custom_id":"job-1","params":{"model":"claude-haiku-4-5","max_tokens":64,"messages":[{"role":"user","content":"hello"}]}}]}`
+	resp, err := http.Post(base+"/messages/batches", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b struct {
+		ID               string `json:"id"`
+		ProcessingStatus string `json:"processing_status"`
+	}
+	err = json.NewDecoder(resp.Body).Decode(&b)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != 200 || b.ProcessingStatus != "in_progress" {
+		t.Fatalf("create: %d %+v %v", resp.StatusCode, b, err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for b.ProcessingStatus != "ended" {
+		if time.Now().After(deadline) {
+			t.Fatalf("batch never ended: %+v", b)
+		}
+		time.Sleep(50 * time.Millisecond)
+		resp, err := http.Get(base + "/messages/batches/" + b.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = json.NewDecoder(resp.Body).Decode(&b)
+		resp.Body.Close()
+	}
+	resp, err = http.Get(base + "/messages/batches/" + b.ID + "/results")
+	if err != nil {
+		t.Fatal(err)
+	}
+	results, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(results), `"custom_id":"job-1","result":{"type":"errored"`) {
+		t.Errorf("results: %s", results)
+	}
+	st, err := fakeserver.FetchStats(context.Background(), nil, base)
+	if err != nil || st.BatchByCustomID["job-1"] != 1 || st.BatchItems["errored"] != 1 || len(st.BatchBilledByCustomID) != 0 {
+		t.Errorf("stats %+v %v", st, err)
 	}
 }
 

@@ -1,6 +1,6 @@
 // Package fakellm is the `fake-llm` command of the onceflow binary: llm/fakeserver, an
-// OpenAI-compatible (and Anthropic Messages) model server with injectable faults, for
-// demos and tests (docs/retries.md, "onceflow fake-llm"). A program of one's own built
+// OpenAI-compatible (and Anthropic Messages) model server with injectable faults and
+// both providers' batch APIs, for demos and tests (docs/retries.md, "onceflow fake-llm"). A program of one's own built
 // on package cli has it only when it lists Command in cli.App.Commands, so that its
 // production binary does not carry a fake model server.
 package fakellm
@@ -59,6 +59,12 @@ func run(ctx context.Context, e cli.Env, args []string) error {
 		"turn N answers a conversation holding N tool results, the last turn once they run out (excludes --tool, --tool-args, --no-tool-calls)")
 	rpm := fs.Int("rpm", 0, "requests per minute per model, enforced like OpenAI: 429 with Retry-After and x-ratelimit-* headers (0: no limit)")
 	tpm := fs.Int("tpm", 0, "tokens per minute per model: the prompt's estimate plus max_tokens on arrival, corrected by the usage (0: no limit)")
+	batchDelay := fs.Duration("batch-delay", fakeserver.DefaultBatchDelay, "time from a batch's creation to its end (OpenAI Batch API, Anthropic Message Batches)")
+	batchWindow := fs.Duration("batch-window", fakeserver.DefaultBatchWindow, "a batch's completion window (expires_at): one not ended by then expires (shorter than --batch-delay to test expiry)")
+	batchFail := fs.Int("batch-fail-every", 0, "about one batch request in N errors with a 500, picked by a hash of its custom_id (0: none)")
+	batchExpire := fs.Int("batch-expire-every", 0, "about one batch request in N expires, picked by a hash of its custom_id (0: none)")
+	batchRetention := fs.Duration("batch-retention", fakeserver.DefaultBatchRetention, "how long ended batches, their results and their files are kept")
+	batchMaxBytes := fs.Int64("batch-max-bytes", fakeserver.DefaultBatchMaxBytes, "largest batch input file or message batch body, in bytes (413 beyond)")
 	cfg, log, err := e.Load(fs, config.Register(fs), args)
 	if err != nil {
 		return err
@@ -83,6 +89,17 @@ func run(ctx context.Context, e cli.Env, args []string) error {
 	if *tpm < 0 {
 		return cli.UsageErrorf("--tpm %d: must not be negative", *tpm)
 	}
+	for name, d := range map[string]time.Duration{"batch-delay": *batchDelay, "batch-window": *batchWindow, "batch-retention": *batchRetention} {
+		if d <= 0 {
+			return cli.UsageErrorf("--%s %v: must be positive", name, d)
+		}
+	}
+	if *batchFail < 0 || *batchExpire < 0 {
+		return cli.UsageErrorf("--batch-fail-every and --batch-expire-every must not be negative")
+	}
+	if *batchMaxBytes <= 0 {
+		return cli.UsageErrorf("--batch-max-bytes %d: must be positive", *batchMaxBytes)
+	}
 	ra := time.Duration(*retryAfter) * time.Second
 	if ra == 0 {
 		ra = time.Nanosecond // Config's zero means its 1s default; the flag's 0 means "Retry-After: 0"
@@ -91,6 +108,8 @@ func run(ctx context.Context, e cli.Env, args []string) error {
 		Latency: *latency, Fail429: *fail429, Fail503: *fail503, FailQuota: *failQuota, Hang: *hang, Drip: *drip, DropStream: *drop,
 		DripInterval: *dripInterval, RetryAfter: ra, MaxInputChars: *maxInput, HonourIdempotency: *honour, ToolCallIDs: *toolIDs, ToolChoice: chooser, Script: script, Seed: *seed, Logger: log,
 		Fault: fakeserver.FaultKind(*force), RPM: *rpm, TPM: *tpm,
+		BatchDelay: *batchDelay, BatchWindow: *batchWindow, BatchFailEvery: *batchFail, BatchExpireEvery: *batchExpire,
+		BatchRetention: *batchRetention, BatchMaxBytes: *batchMaxBytes,
 	})
 	if err != nil {
 		return cli.UsageErrorf("fake-llm: %v", err)
@@ -103,7 +122,8 @@ func run(ctx context.Context, e cli.Env, args []string) error {
 		log.InfoContext(ctx, "fake-llm listening", "addr", a.String(), "base_url", fmt.Sprintf("http://%s/v1", a),
 			"fail_429", *fail429, "retry_after_s", *retryAfter, "fail_503", *fail503, "fail_quota", *failQuota, "hang", *hang,
 			"drip", *drip, "drip_interval", dripInterval.String(), "drop_stream", *drop, "max_input_chars", *maxInput, "honour_idempotency", *honour, "tool_call_ids", *toolIDs,
-			"tool", *tool, "no_tool_calls", *noTools, "script", *scriptFile, "script_turns", len(script), "fault", *force, "rpm", *rpm, "tpm", *tpm)
+			"tool", *tool, "no_tool_calls", *noTools, "script", *scriptFile, "script_turns", len(script), "fault", *force, "rpm", *rpm, "tpm", *tpm,
+			"batch_delay", batchDelay.String(), "batch_window", batchWindow.String(), "batch_fail_every", *batchFail, "batch_expire_every", *batchExpire)
 	}
 	if err := httpapi.Serve(ctx, *addr, srv, listen.ServeConfig(cfg, log, ready)); err != nil {
 		return fmt.Errorf("fake-llm: %w", err)

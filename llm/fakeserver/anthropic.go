@@ -209,14 +209,21 @@ func (anthropicDialect) rateHeaders(h http.Header, st rateState) {
 }
 
 func (anthropicDialect) writeError(w http.ResponseWriter, e apiError) {
+	for k, vs := range e.header {
+		w.Header()[k] = vs
+	}
+	writeJSON(w, e.status, map[string]any{"type": "error", "error": anErrorObject(e)})
+}
+
+// anErrorObject is the inner object of Anthropic's error body of e, {"type",
+// "message"} (and "details" for a code): what an error answer sends under "error",
+// and what an errored batch result holds.
+func anErrorObject(e apiError) map[string]any {
 	inner := map[string]any{"type": e.typ, "message": e.message}
 	if e.code != "" {
 		inner["details"] = map[string]string{"error_code": e.code}
 	}
-	for k, vs := range e.header {
-		w.Header()[k] = vs
-	}
-	writeJSON(w, e.status, map[string]any{"type": "error", "error": inner})
+	return inner
 }
 
 // errorEvent is the event Anthropic sends when a stream fails mid-generation.

@@ -274,23 +274,32 @@ func (openaiDialect) rateHeaders(h http.Header, st rateState) {
 }
 
 func (openaiDialect) writeError(w http.ResponseWriter, e apiError) {
-	type body struct {
-		Message string  `json:"message"`
-		Type    string  `json:"type"`
-		Param   *string `json:"param"`
-		Code    *string `json:"code"`
+	for k, vs := range e.header {
+		w.Header()[k] = vs
 	}
-	b := body{Message: e.message, Type: e.typ}
+	writeJSON(w, e.status, oaErrorBody(e))
+}
+
+// oaError is the inner object of OpenAI's error body.
+type oaError struct {
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Param   *string `json:"param"`
+	Code    *string `json:"code"`
+}
+
+// oaErrorBody is OpenAI's error body of e, {"error": {"message", "type", "param",
+// "code"}}: what an error answer sends, and what a batch's error file holds as the
+// body of a failed request.
+func oaErrorBody(e apiError) map[string]oaError {
+	b := oaError{Message: e.message, Type: e.typ}
 	if e.param != "" {
 		b.Param = &e.param
 	}
 	if e.code != "" {
 		b.Code = &e.code
 	}
-	for k, vs := range e.header {
-		w.Header()[k] = vs
-	}
-	writeJSON(w, e.status, map[string]body{"error": b})
+	return map[string]oaError{"error": b}
 }
 
 // errorEvent is the event OpenAI sends when a stream fails mid-generation.

@@ -56,6 +56,22 @@
 // {requests,tokens} (on both OpenAI endpoints), Anthropic's anthropic-ratelimit-
 // {requests,tokens}-{limit,remaining,reset}, those of the configured limits only;
 // llm.ParseRateLimit reads them.
+//
+// Batches: the server also serves OpenAI's Batch API (POST /v1/files with
+// purpose=batch, POST and GET /v1/batches, GET /v1/batches/{id}, POST
+// /v1/batches/{id}/cancel, GET /v1/files/{id} and /v1/files/{id}/content) for the
+// Chat Completions and Responses endpoints, and Anthropic's Message Batches (POST and
+// GET /v1/messages/batches, GET and DELETE /v1/messages/batches/{id}, POST
+// /v1/messages/batches/{id}/cancel, GET /v1/messages/batches/{id}/results), in their
+// wire formats. A batch ends Config.BatchDelay after its creation on Config.Clock;
+// each of its requests is answered as its synchronous endpoint answers the same body
+// (faults, latency and rate limits apply to the synchronous endpoints only), except
+// those Config.BatchFailEvery and Config.BatchExpireEvery pick by custom_id
+// (Config.BatchOutcome). A batch expires when Config.BatchWindow ends first, and a
+// cancel cuts the requests not yet done. Results are unordered, as the providers
+// warn. Batches and files are visible to the credential (x-api-key or
+// Authorization) that created them only. Stats counts the requests submitted per
+// custom_id (BatchByCustomID) and those billed (BatchBilledByCustomID).
 package fakeserver
 
 import (
@@ -147,6 +163,34 @@ type Config struct {
 	// tokens (prompt and output) per minute (see the package documentation).
 	// Default: 0, no limit.
 	RPM, TPM int
+	// BatchDelay is the time a batch of the batch endpoints takes, from its creation
+	// to its end, on Clock: its requests are answered over the first four fifths of
+	// it (see the package documentation). Default: 1s.
+	BatchDelay time.Duration
+	// BatchWindow is a batch's completion window, its expires_at: a batch not ended
+	// that long after its creation expires then (make it shorter than BatchDelay to
+	// test expiry). Default: 24h, the providers'.
+	BatchWindow time.Duration
+	// BatchFailEvery and BatchExpireEvery, when positive, make about one batch
+	// request in N errored (a 500: OpenAI's server_error in the error file,
+	// Anthropic's api_error) or expired (OpenAI's batch_expired in the error file,
+	// Anthropic's expired), picked by a hash of its custom_id: Config.BatchOutcome
+	// says which. Default: 0, none.
+	BatchFailEvery, BatchExpireEvery int
+	// BatchRetention is how long an ended batch, its results and its files are
+	// kept, and an uploaded file no kept batch reads. Default: 1h.
+	BatchRetention time.Duration
+	// BatchMaxBytes bounds an uploaded batch input file (413 beyond) and the body of
+	// a message batch. Default: DefaultBatchMaxBytes (32 MiB).
+	BatchMaxBytes int64
+	// BatchMaxStoredBytes bounds the bytes of files, requests and results the batch
+	// endpoints keep; an upload or a batch beyond it gets a 429 until retention
+	// frees some. Default: DefaultBatchMaxStoredBytes (512 MiB).
+	BatchMaxStoredBytes int64
+	// Clock is the batch endpoints' clock (creation, progress, expiry, retention);
+	// tests move it to finish a batch without waiting. It must be safe for
+	// concurrent use. Default: time.Now.
+	Clock func() time.Time
 	// Logger receives one debug line per request; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -198,6 +242,9 @@ func (c Config) Validate() error {
 	case c.ToolCallIDs != "" && c.ToolCallIDs != ToolCallIDsRandom && c.ToolCallIDs != ToolCallIDsStable:
 		return fmt.Errorf("tool-call-ids %q: want stable or random", c.ToolCallIDs)
 	}
+	if err := c.validateBatch(); err != nil {
+		return err
+	}
 	if err := checkScript(c.Script); err != nil {
 		return err
 	}
@@ -238,6 +285,10 @@ type Server struct {
 	// replays holds, per endpoint, stream mode and Idempotency-Key, the first answer
 	// (nil while it is being produced).
 	replays map[string]*recorded
+
+	// batchStore holds the batch endpoints' batches and files; its own mutex is
+	// taken before mu.
+	batchStore batchStore
 }
 
 // recorded is an answer kept for replay.
@@ -267,20 +318,22 @@ func New(cfg Config) (*Server, error) {
 	if len(cfg.Models) == 0 {
 		cfg.Models = DefaultModels
 	}
+	cfg = cfg.withBatchDefaults()
 	seed := cfg.Seed
 	if seed == 0 {
 		seed = rand.Uint64() | 1 // #nosec G404 -- fault injection and fake ids, not secrets
 	}
 	s := &Server{
-		cfg:     cfg,
-		log:     cfg.Logger,
-		mux:     http.NewServeMux(),
-		rng:     rand.New(rand.NewPCG(seed, seed^0x5851f42d4c957f2d)), // #nosec G404 -- seeded faults, replayable
-		replays: map[string]*recorded{},
-		stats:   newStats(),
-		forced:  cfg.Fault,
-		limits:  newRateLimits(cfg.RPM, cfg.TPM),
-		turns:   compileScript(cfg.Script),
+		cfg:        cfg,
+		log:        cfg.Logger,
+		mux:        http.NewServeMux(),
+		rng:        rand.New(rand.NewPCG(seed, seed^0x5851f42d4c957f2d)), // #nosec G404 -- seeded faults, replayable
+		replays:    map[string]*recorded{},
+		stats:      newStats(),
+		forced:     cfg.Fault,
+		limits:     newRateLimits(cfg.RPM, cfg.TPM),
+		turns:      compileScript(cfg.Script),
+		batchStore: batchStore{batches: map[string]*batchRecord{}, files: map[string]*batchFile{}},
 	}
 	if s.log == nil {
 		s.log = slog.Default()
@@ -290,6 +343,19 @@ func New(cfg Config) (*Server, error) {
 	s.mux.HandleFunc("POST /v1/responses", func(w http.ResponseWriter, r *http.Request) { s.model(w, r, responsesDialect{}) })
 	s.mux.HandleFunc("POST /v1/messages", func(w http.ResponseWriter, r *http.Request) { s.model(w, r, anthropicDialect{}) })
 	s.mux.HandleFunc("GET /v1/models", s.models)
+	s.mux.HandleFunc("POST /v1/files", s.uploadFile)
+	s.mux.HandleFunc("GET /v1/files/{id}", s.getFile)
+	s.mux.HandleFunc("GET /v1/files/{id}/content", s.fileContent)
+	s.mux.HandleFunc("POST /v1/batches", s.createBatch)
+	s.mux.HandleFunc("GET /v1/batches", s.listBatches)
+	s.mux.HandleFunc("GET /v1/batches/{id}", s.getBatch)
+	s.mux.HandleFunc("POST /v1/batches/{id}/cancel", s.cancelOABatch)
+	s.mux.HandleFunc("POST /v1/messages/batches", s.createMessageBatch)
+	s.mux.HandleFunc("GET /v1/messages/batches", s.listMessageBatches)
+	s.mux.HandleFunc("GET /v1/messages/batches/{id}", s.getMessageBatch)
+	s.mux.HandleFunc("DELETE /v1/messages/batches/{id}", s.deleteMessageBatch)
+	s.mux.HandleFunc("POST /v1/messages/batches/{id}/cancel", s.cancelMessageBatch)
+	s.mux.HandleFunc("GET /v1/messages/batches/{id}/results", s.messageBatchResults)
 	s.mux.HandleFunc("GET /stats", s.statsHandler)
 	s.mux.HandleFunc("GET /_fault", s.faultHandler)
 	s.mux.HandleFunc("POST /_fault", s.faultHandler)
@@ -416,20 +482,42 @@ type Stats struct {
 	// onceflow model call sends its ledger key, whose llm_calls row names the job and
 	// step (its work column).
 	RateLimitedByIdempotencyKey map[string]int64 `json:"rate_limited_by_idempotency_key"`
+	// BatchByCustomID counts, per custom_id, the requests submitted in any batch of
+	// either provider, on creation (OpenAI: the lines of the input file whose
+	// custom_id could be read, even in a file that fails validation). A custom_id
+	// submitted twice counts 2, whether or not its first batch ran.
+	BatchByCustomID map[string]int64 `json:"batch_by_custom_id"`
+	// BatchBilledByCustomID counts, per custom_id, the batch requests that
+	// succeeded: those a provider bills. An errored, expired or cancelled request
+	// is not billed.
+	BatchBilledByCustomID map[string]int64 `json:"batch_billed_by_custom_id"`
+	// BatchesCreated counts the batches created per provider ("openai",
+	// "anthropic").
+	BatchesCreated map[string]int64 `json:"batches_created"`
+	// BatchItems counts the requests of ended batches by outcome ("succeeded",
+	// "errored", "expired", "canceled"), once each, when their batch ends.
+	BatchItems map[string]int64 `json:"batch_items"`
+	// BatchesCancelled counts the cancels accepted, of either provider.
+	BatchesCancelled int64 `json:"batches_cancelled"`
 }
 
 func newStats() Stats {
 	return Stats{ByStatus: map[string]int64{}, ByIdempotencyKey: map[string]int64{}, ByFault: map[string]int64{}, ByEndpoint: map[string]int64{},
-		RateLimitedByIdempotencyKey: map[string]int64{}}
+		RateLimitedByIdempotencyKey: map[string]int64{}, BatchByCustomID: map[string]int64{}, BatchBilledByCustomID: map[string]int64{},
+		BatchesCreated: map[string]int64{}, BatchItems: map[string]int64{}}
 }
 
-// Stats returns a copy of the counters.
+// Stats returns a copy of the counters, after producing the results of the batches
+// that have ended (so that their requests count without a client polling).
 func (s *Server) Stats() Stats {
+	s.settleBatches()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	c := s.stats
 	c.ByStatus, c.ByIdempotencyKey, c.ByFault, c.ByEndpoint = clone(c.ByStatus), clone(c.ByIdempotencyKey), clone(c.ByFault), clone(c.ByEndpoint)
 	c.RateLimitedByIdempotencyKey = clone(c.RateLimitedByIdempotencyKey)
+	c.BatchByCustomID, c.BatchBilledByCustomID = clone(c.BatchByCustomID), clone(c.BatchBilledByCustomID)
+	c.BatchesCreated, c.BatchItems = clone(c.BatchesCreated), clone(c.BatchItems)
 	return c
 }
 
