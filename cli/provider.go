@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/config"
 	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/llm/fake"
@@ -24,6 +25,10 @@ type Provider struct {
 	// ONCEFLOW_LLM_MODEL, the provider's credentials). Return a *config.Error for a
 	// setting it cannot use (exit 2).
 	New func(cfg *config.Config) (llm.Client, error)
+	// NewBatch, when set, returns the provider's batch API for cfg: the batch lane's
+	// (ONCEFLOW_SUMMARIES_LANE=batch, onceflow.Config.Batch). Default: none; the lane
+	// then refuses to start.
+	NewBatch func(cfg *config.Config) (onceflow.BatchAPI, error)
 }
 
 // fakeProvider is the built-in provider: llm/fake, in-process and deterministic.
@@ -97,6 +102,23 @@ func (app App) checkProvider(cfg *config.Config) error {
 }
 
 // newLLMClient returns the model client of the provider ONCEFLOW_LLM selects.
+// newBatchAPI returns the batch API of the provider ONCEFLOW_LLM names.
+func (app App) newBatchAPI(cfg *config.Config) (onceflow.BatchAPI, error) {
+	p, ok := app.provider(cfg.LLM)
+	if !ok {
+		return nil, app.checkProvider(cfg)
+	}
+	if p.NewBatch == nil {
+		return nil, &config.Error{Name: "ONCEFLOW_SUMMARIES_LANE", Value: cfg.SummariesLane,
+			Err: fmt.Errorf("the model provider %s has no batch API (openai has)", p.Name)}
+	}
+	b, err := p.NewBatch(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("model provider %s: batch API: %w", p.Name, err)
+	}
+	return b, nil
+}
+
 func (app App) newLLMClient(cfg *config.Config) (llm.Client, error) {
 	p, ok := app.provider(cfg.LLM)
 	if !ok {

@@ -154,6 +154,13 @@ func (d *deps) clientConfig(app App, withModel bool) (onceflow.Config, error) {
 	}
 	cfg.Model, cfg.Provider, cfg.QuotaProbe = client, d.cfg.LLM, d.cfg.LLMQuotaProbe
 	cfg.Shadows = d.cfg.Shadows
+	if d.cfg.SummariesLane == "batch" {
+		api, err := app.newBatchAPI(d.cfg)
+		if err != nil {
+			return cfg, err
+		}
+		cfg.Batch = onceflow.BatchConfig{API: api, MaxItems: d.cfg.BatchMaxItems, MaxAge: d.cfg.BatchMaxAge, PollInterval: d.cfg.BatchPollInterval}
+	}
 	cfg.NoLimits = !d.cfg.LLMAdmission
 	cfg.Limits = limitsConfig(d.cfg)
 	cfg.ModelRetry = retry.Policy{MaxAttempts: d.cfg.LLMMaxAttempts, PerCallTimeout: d.cfg.LLMTimeout}

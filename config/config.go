@@ -119,6 +119,15 @@ type Config struct {
 	// their calls each, never causing an effect (onceflow.ParseShadows:
 	// "STEP=MODEL@RATE,..."; docs/shadows.md). Default: none.
 	Shadows []onceflow.Shadow
+	// SummariesLane is the lane of the summaries workflow's model calls: "sync" (each
+	// call made at once) or "batch" (through the provider's batch API at its batch price,
+	// exactly once; docs/batch.md). Default: sync.
+	SummariesLane string
+	// BatchMaxItems, BatchMaxAge and BatchPollInterval configure the batch lane
+	// (onceflow.BatchConfig). Defaults: 1000, 1m, 5s.
+	BatchMaxItems     int
+	BatchMaxAge       time.Duration
+	BatchPollInterval time.Duration
 	// LLMAdmissionWait is how long a job waits in its worker for the limiter's capacity
 	// before it waits in its queue instead (holding no worker). Default: 2s.
 	LLMAdmissionWait time.Duration
@@ -387,6 +396,22 @@ var settings = []setting{
 		c.LLMLimits = m
 		return err
 	}},
+	{env: "ONCEFLOW_SUMMARIES_LANE", def: "sync", usage: "the summaries' model calls: sync, or batch (the provider's batch API at its batch price)", parse: func(c *Config, v string) error {
+		if v != "sync" && v != "batch" {
+			return errors.New("want sync or batch")
+		}
+		c.SummariesLane = v
+		return nil
+	}},
+	{env: "ONCEFLOW_BATCH_MAX_ITEMS", def: "1000", usage: "the most requests per batch of the batch lane (1 to 50000)", parse: func(c *Config, v string) error {
+		return parseInt(&c.BatchMaxItems, v, 1, 50000)
+	}},
+	{env: "ONCEFLOW_BATCH_MAX_AGE", def: "1m", usage: "send a batch once its oldest request has waited this long", parse: func(c *Config, v string) error {
+		return parseDuration(&c.BatchMaxAge, v)
+	}},
+	{env: "ONCEFLOW_BATCH_POLL_INTERVAL", def: "5s", usage: "how often the batch lane sends due batches and looks for ended ones", parse: func(c *Config, v string) error {
+		return parseDuration(&c.BatchPollInterval, v)
+	}},
 	{env: "ONCEFLOW_SHADOW", usage: "shadow runs: \"STEP=MODEL@RATE,...\" (a share of a step's model calls also made to MODEL, never causing an effect)", parse: func(c *Config, v string) error {
 		sh, err := onceflow.ParseShadows(v)
 		c.Shadows = sh
@@ -616,7 +641,7 @@ var groups = []struct {
 	{GroupWorkers, []string{"ONCEFLOW_WORKER_CONCURRENCY", "ONCEFLOW_CLAIM_IDLE", "ONCEFLOW_MAX_DELIVERIES", "ONCEFLOW_RETRY_BASE",
 		"ONCEFLOW_RETRY_MAX", "ONCEFLOW_MAX_RUN_TIME", "ONCEFLOW_JOB_BUDGET", "ONCEFLOW_DLQ_RETENTION", "ONCEFLOW_RECORD_SUCCESSES",
 		"ONCEFLOW_BREAKER_THRESHOLD", "ONCEFLOW_HEALTH_INTERVAL", "ONCEFLOW_STATS_INTERVAL"}},
-	{GroupModel, []string{"ONCEFLOW_LLM", "ONCEFLOW_LLM_BASE_URL", "ONCEFLOW_LLM_MODEL", "ONCEFLOW_SHADOW"}},
+	{GroupModel, []string{"ONCEFLOW_LLM", "ONCEFLOW_LLM_BASE_URL", "ONCEFLOW_LLM_MODEL", "ONCEFLOW_SHADOW", "ONCEFLOW_SUMMARIES_LANE", "ONCEFLOW_BATCH_MAX_ITEMS", "ONCEFLOW_BATCH_MAX_AGE", "ONCEFLOW_BATCH_POLL_INTERVAL"}},
 	{GroupModelCalls, []string{"OPENAI_API_KEY", "ANTHROPIC_API_KEY", "ONCEFLOW_LLM_TIMEOUT", "ONCEFLOW_LLM_MAX_ATTEMPTS",
 		"ONCEFLOW_LLM_QUOTA_PROBE"}},
 	{GroupLimits, []string{"ONCEFLOW_LLM_ADMISSION", "ONCEFLOW_LLM_RPM", "ONCEFLOW_LLM_TPM", "ONCEFLOW_LLM_CONCURRENCY",

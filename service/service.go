@@ -19,6 +19,7 @@ import (
 	"io"
 	"net/http"
 	"text/tabwriter"
+	"time"
 
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/cli"
@@ -42,9 +43,13 @@ func Workflow(h cli.Host) (onceflow.Workflow, error) {
 	h.RouteStatuses("GET /v1/summaries/{job_id}", getStatuses...)
 	h.RouteStatuses("GET /v1/summaries/{job_id}/events", eventsStatuses...)
 	cfg := h.Config
+	var batch time.Duration
+	if cfg.SummariesLane == "batch" {
+		batch = BatchWait
+	}
 	return summaries.Workflow(summaries.Options{
 		Tenant: h.Tenant, Unauthorized: h.Unauthorized, Sender: sender,
-		Model: cfg.LLMModel,
+		Model: cfg.LLMModel, Batch: batch,
 		Queue: onceflow.QueueConfig{
 			Concurrency: cfg.WorkerConcurrency, ClaimIdle: cfg.ClaimIdle, MaxDeliveries: cfg.MaxDeliveries,
 			ShutdownTimeout: cfg.ShutdownTimeout, StatsInterval: cfg.StatsInterval, RecordSuccesses: cfg.RecordSuccesses,
@@ -54,6 +59,12 @@ func Workflow(h cli.Host) (onceflow.Workflow, error) {
 		Logger: h.Logger, Registerer: h.Registerer,
 	}), nil
 }
+
+// BatchWait is how long a summary waits for its batch with ONCEFLOW_SUMMARIES_LANE=batch
+// before it is asked in the synchronous lane: longer than the provider's 24-hour
+// completion window, so that a batch that expires is answered by the poller first (its
+// items then take the synchronous lane) and no request is paid for in both lanes.
+const BatchWait = 25 * time.Hour
 
 // The statuses each summaries route answers (docs/api.md), whose series /metrics shows at
 // zero from the start.

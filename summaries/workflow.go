@@ -102,6 +102,11 @@ type Options struct {
 	// workflow's audit (ONCEFLOW_AUDIT_MAX_AGE, ONCEFLOW_OUTBOX_RETENTION). Default:
 	// 10m and 7 days.
 	AuditMaxAge, AuditRetention time.Duration
+	// Batch, when set, sends each summary's model call through the batch lane
+	// (onceflow.InBatch, Config.Batch; ONCEFLOW_SUMMARIES_LANE=batch) and bounds its wait:
+	// a summary whose batch has not answered by then is asked in the synchronous lane.
+	// Default: 0, the synchronous lane (streamed).
+	Batch time.Duration
 	// Unledgered, when set, is called directly for the summary, without the llm_calls
 	// ledger (the reference handler of docs/architecture.md: every delivery that passes
 	// the pre-check calls the model), under Retry and Budget. Default: nil: the model is
@@ -298,7 +303,14 @@ func (w *worker) summarise(ctx context.Context, job *onceflow.Job[Request]) (str
 		Messages: []llm.Message{{Role: llm.RoleUser, Content: Prompt(job.Args.Text)}},
 	}
 	var resp *llm.Response
-	if w.o.Unledgered == nil {
+	switch {
+	case w.o.Unledgered == nil && w.o.Batch > 0:
+		step, err := job.Complete(ctx, "summary", req, onceflow.InBatch(w.o.Batch))
+		if err != nil {
+			return "", err
+		}
+		resp = step.Response
+	case w.o.Unledgered == nil:
 		stream := job.Stream(ctx, "summary", req)
 		for _, err := range stream.All() {
 			if err != nil {
@@ -310,7 +322,7 @@ func (w *worker) summarise(ctx context.Context, job *onceflow.Job[Request]) (str
 			return "", fmt.Errorf("model: the stream ended without an answer")
 		}
 		resp = step.Response
-	} else {
+	default:
 		// The Idempotency-Key derives from the job, so a provider (or onceflow gateway)
 		// that honours keys replays rather than re-bills a redelivered job's call.
 		req.IdempotencyKey = "summary:" + job.ID

@@ -7,6 +7,7 @@
 package openaiprovider
 
 import (
+	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/cli"
 	"github.com/onceflow/onceflow/config"
 	"github.com/onceflow/onceflow/llm"
@@ -17,5 +18,7 @@ import (
 func Provider() cli.Provider {
 	return cli.Provider{Name: openai.Provider, New: func(cfg *config.Config) (llm.Client, error) {
 		return openai.New(openai.Config{BaseURL: cfg.LLMBaseURL, APIKey: cfg.OpenAIAPIKey, Model: cfg.LLMModel}), nil
+	}, NewBatch: func(cfg *config.Config) (onceflow.BatchAPI, error) {
+		return openai.New(openai.Config{BaseURL: cfg.LLMBaseURL, APIKey: cfg.OpenAIAPIKey, Model: cfg.LLMModel}).Batches(), nil
 	}}
 }
