@@ -1,0 +1,106 @@
+package onceflow_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http/httptest"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/llm"
+	"github.com/onceflow/onceflow/llm/fakeserver"
+	"github.com/onceflow/onceflow/llm/openai"
+	"github.com/onceflow/onceflow/onceflowtest"
+)
+
+// BenchmarkBatchLane runs b.N jobs whose one model step takes the batch lane, through
+// fake-llm's OpenAI Batch API over HTTP (batches of at most 1000, a batch delay of 2s),
+// and reports the batches, the requests submitted more than once (0), the time from the
+// first enqueue to the last job done against the fake's delay, the worker slots held
+// while the batches ran (0), and the cost against the synchronous lane's.
+func BenchmarkBatchLane(b *testing.B) {
+	b.StopTimer()
+	const delay = 2 * time.Second
+	fake, err := fakeserver.New(fakeserver.Config{BatchDelay: delay, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer fake.Close()
+	srv := httptest.NewServer(fake)
+	defer srv.Close()
+	model := openai.New(openai.Config{BaseURL: srv.URL + "/v1", APIKey: "bench"})
+	rdb, prefix := testenv.Redis(b)
+	db, _, _ := tracedPool(b)
+	defer db.Close()
+	var done atomic.Int64
+	all := make(chan struct{})
+	ws := onceflow.NewWorkers()
+	onceflow.AddWorker(ws, onceflow.WorkFunc[shadowedTicket](func(ctx context.Context, j *onceflow.Job[shadowedTicket]) error {
+		st, err := j.Complete(ctx, "summary", &llm.Request{Model: "gpt-4.1-mini", Messages: []llm.Message{{Role: llm.RoleUser, Content: j.Args.Text}}},
+			onceflow.InBatch(time.Hour))
+		if err != nil {
+			return err
+		}
+		err = j.Commit(ctx, func(c *onceflow.Commit) error { c.Result(st.Response.Content); return nil })
+		if err == nil && done.Add(1) == int64(b.N) {
+			close(all)
+		}
+		return err
+	}))
+	c, err := onceflow.NewClient(onceflow.Config{Redis: rdb, DB: db, Prefix: prefix, Workers: ws, Model: model, Provider: "openai", NoLimits: true,
+		Batch:  onceflow.BatchConfig{API: model.Batches(), MaxItems: 1000, MaxAge: 500 * time.Millisecond, PollInterval: 200 * time.Millisecond},
+		Logger: slog.New(slog.DiscardHandler), QueueDefaults: onceflow.QueueConfig{Concurrency: 64}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan error, 1)
+	go func() { stopped <- c.Run(ctx) }()
+	b.StartTimer()
+	start := time.Now()
+	for i := range b.N {
+		if _, err := c.Enqueue(context.Background(), shadowedTicket{Text: fmt.Sprint("ticket ", i)}, nil); err != nil {
+			b.Fatal(err)
+		}
+	}
+	// Once every job's request waits in the lane and no job is done, the entries workers
+	// hold (read, not acknowledged): the slots the wait takes.
+	held := -1
+	for held < 0 && done.Load() == 0 {
+		var waiting int
+		if err := db.QueryRow(context.Background(), `SELECT count(*) FROM batch_items`).Scan(&waiting); err != nil {
+			b.Fatal(err)
+		}
+		if waiting == b.N && done.Load() == 0 {
+			held = onceflowtest.Pending(b, rdb, prefix, onceflow.DefaultQueue)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	select {
+	case <-all:
+	case <-time.After(10 * time.Minute):
+		b.Fatalf("%d of %d jobs done in 10 minutes", done.Load(), b.N)
+	}
+	elapsed := time.Since(start)
+	b.StopTimer()
+	cancel()
+	<-stopped
+	st := fake.Stats()
+	dups := 0
+	for _, n := range st.BatchByCustomID {
+		if n > 1 {
+			dups++
+		}
+	}
+	n := float64(b.N)
+	b.ReportMetric(n/elapsed.Seconds(), "jobs/s")
+	b.ReportMetric(elapsed.Seconds()/delay.Seconds(), "elapsed/delay")
+	b.ReportMetric(float64(st.BatchesCreated["openai"]), "batches")
+	b.ReportMetric(float64(dups), "duplicates")
+	b.ReportMetric(float64(st.ByEndpoint["chat_completions"]), "sync-calls")
+	b.ReportMetric(float64(held), "slots-held-waiting") // -1: not sampled (a batch answered before all were sent)
+}
