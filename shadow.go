@@ -360,16 +360,28 @@ func (c *Client) runShadow(ctx context.Context, job *Job[shadowArgs]) error {
 	default:
 		verdict = ExactMatch(a.Response, st.Response)
 	}
-	prodAnswer, _ := json.Marshal(a.Response)
-	candAnswer, _ := json.Marshal(st.Response)
+	prodAnswer, _ := json.Marshal(recordedAnswer(a.Response))
+	candAnswer, _ := json.Marshal(recordedAnswer(st.Response))
 	pu, cu := a.Response.Usage, st.Response.Usage
 	return job.Commit(ctx, func(cm *Commit) error {
-		cm.Exec(shadowRunSQL, a.Tenant, a.JobID, a.JobKind, a.Step, a.Candidate, a.Key, cmp.Or(a.Response.Model, a.Request.Model),
-			cmp.Or(st.Response.Model, req.Model), prodAnswer, candAnswer, verdict.Agree, verdict.Score, verdict.Detail,
+		cm.Exec(shadowRunSQL, a.Tenant, a.JobID, a.JobKind, a.Step, a.Candidate, a.Key, pgText(cmp.Or(a.Response.Model, a.Request.Model)),
+			pgText(cmp.Or(st.Response.Model, req.Model)), prodAnswer, candAnswer, verdict.Agree, verdict.Score, pgText(verdict.Detail),
 			a.LatencyMS, took.Milliseconds(), pu.InputTokens, pu.OutputTokens, cu.InputTokens, cu.OutputTokens,
 			c.costUSD(cmp.Or(a.Request.Model, a.Response.Model), pu), c.costUSD(cmp.Or(req.Model, st.Response.Model), cu))
 		return nil
 	})
+}
+
+// recordedAnswer is a copy of r whose texts shadow_runs' jsonb accepts (pgText): a
+// model's answer may hold U+0000, which jsonb refuses.
+func recordedAnswer(r *llm.Response) *llm.Response {
+	out := *r
+	out.ID, out.Model, out.Content, out.FinishReason, out.RequestID = pgText(r.ID), pgText(r.Model), pgText(r.Content), pgText(r.FinishReason), pgText(r.RequestID)
+	out.ToolCalls = make([]llm.ToolCall, len(r.ToolCalls))
+	for i, c := range r.ToolCalls {
+		out.ToolCalls[i] = llm.ToolCall{ID: pgText(c.ID), Name: pgText(c.Name), Arguments: pgText(c.Arguments)}
+	}
+	return &out
 }
 
 // shadowTenant is the tenant the limiter sees for shadow calls: a share and a budget

@@ -406,3 +406,26 @@ func FuzzParseShadows(f *testing.F) {
 		}
 	})
 }
+
+// Answers holding U+0000, which PostgreSQL's jsonb and text refuse (production's, the
+// candidate's and the judge's reason alike), are recorded with U+FFFD in its place: the
+// shadow run is recorded.
+func TestShadowRunOfAnswersHoldingNULIsRecorded(t *testing.T) {
+	t.Parallel()
+	model := &modelsByName{answers: map[string]string{"prod": "ship\x00ped", "cand": "not\x00yet",
+		"judge": `{"score":0.1,"reason":"B says\u0000the opposite"}`}}
+	env, sink := shadowEnv(t, model, []onceflow.Shadow{
+		{Step: "summary", Model: "cand", Rate: 1},
+		{Step: "summary", Model: "cand", Name: "judged", Rate: 1, Judge: &onceflow.Judge{Model: "judge"}},
+	}, false, false)
+	env.Start()
+	if _, err := env.Client.Enqueue(context.Background(), shadowedTicket{Text: "shipped?"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	onceflowtest.WaitFor(t, 10*time.Second, "both shadows recorded", func() bool { return env.Count(`SELECT count(*) FROM shadow_runs`) == 2 })
+	if n := env.Count(`SELECT count(*) FROM shadow_runs WHERE detail = 'B says` + "\uFFFD" + `the opposite'
+	AND prod_answer->>'content' = 'ship` + "\uFFFD" + `ped' AND cand_answer->>'content' = 'not` + "\uFFFD" + `yet'`); n != 1 {
+		t.Fatalf("%d judged runs with U+FFFD for U+0000 in both answers and the reason, want 1", n)
+	}
+	onceflowtest.WaitFor(t, 10*time.Second, "production's email", func() bool { return sink.Total() == 1 })
+}
