@@ -17,6 +17,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/onceflow/onceflow/idempotency"
 	"github.com/onceflow/onceflow/limiter"
 	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/llm/toolkey"
@@ -299,7 +300,11 @@ func (rt *runtime) shadow(ctx context.Context, jobID, step string, req *llm.Requ
 		args := shadowArgs{Tenant: rt.delivery.Tenant, JobID: jobID, JobKind: rt.delivery.Kind, Step: step, Candidate: sh.name(),
 			Key: s.Key, Request: req, Response: s.Response, LatencyMS: took.Milliseconds()}
 		key := "shadow:" + sh.name() + ":" + s.Key
-		if _, err := c.Enqueue(context.WithoutCancel(ctx), args, &EnqueueOpts{Key: key}); err != nil {
+		_, err := c.Enqueue(context.WithoutCancel(ctx), args, &EnqueueOpts{Key: key})
+		if errors.Is(err, idempotency.ErrKeyReused) {
+			continue // an earlier delivery made the call and enqueued its shadow (its latency differed)
+		}
+		if err != nil {
 			c.log.WarnContext(ctx, "onceflow: shadow run not enqueued; production goes on without it",
 				"job_id", jobID, "step", step, "candidate", sh.name(), "err", err)
 		}

@@ -6,12 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"iter"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/ledger"
 	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/onceflowtest"
@@ -112,6 +114,12 @@ FROM shadow_runs ORDER BY candidate, job_id`)
 // fails its first delivery after the step when failFirst, and commits one email.
 func shadowEnv(t *testing.T, model llm.Client, shadows []onceflow.Shadow, stream, failFirst bool) (*onceflowtest.Env, *onceflowtest.Sink) {
 	t.Helper()
+	return shadowEnvLogged(t, model, shadows, stream, failFirst, nil)
+}
+
+// shadowEnvLogged is shadowEnv logging to log (nil: the test's log).
+func shadowEnvLogged(t *testing.T, model llm.Client, shadows []onceflow.Shadow, stream, failFirst bool, log *slog.Logger) (*onceflowtest.Env, *onceflowtest.Sink) {
+	t.Helper()
 	sink := onceflowtest.NewSink(t)
 	ws := onceflow.NewWorkers()
 	onceflow.AddWorker(ws, onceflow.WorkFunc[shadowedTicket](func(ctx context.Context, job *onceflow.Job[shadowedTicket]) error {
@@ -141,7 +149,7 @@ func shadowEnv(t *testing.T, model llm.Client, shadows []onceflow.Shadow, stream
 		})
 	}))
 	fast := onceflow.QueueConfig{ClaimIdle: time.Second, RetryBase: 5 * time.Millisecond, RetryMax: 20 * time.Millisecond}
-	env := onceflowtest.New(t, onceflow.Config{Workers: ws, Model: model, Shadows: shadows, NoLimits: true,
+	env := onceflowtest.New(t, onceflow.Config{Workers: ws, Model: model, Shadows: shadows, NoLimits: true, Logger: log,
 		Queues:  map[string]onceflow.QueueConfig{onceflow.DefaultQueue: fast, onceflow.ShadowQueue: fast},
 		Senders: map[string]outbox.Sender{"email": sink.Sender(t, nil)}})
 	return env, sink
@@ -428,4 +436,25 @@ func TestShadowRunOfAnswersHoldingNULIsRecorded(t *testing.T) {
 		t.Fatalf("%d judged runs with U+FFFD for U+0000 in both answers and the reason, want 1", n)
 	}
 	onceflowtest.WaitFor(t, 10*time.Second, "production's email", func() bool { return sink.Total() == 1 })
+}
+
+// A redelivered job replays its step and finds its shadows enqueued by the delivery
+// that made the call (the replay measures another latency): that is no failure, and
+// nothing is logged as one.
+func TestShadowOfAReplayedStepIsNotReportedAsDropped(t *testing.T) {
+	t.Parallel()
+	var logs testenv.SyncBuffer
+	model := &modelsByName{answers: map[string]string{"prod": "yes", "cand": "no"}}
+	env, sink := shadowEnvLogged(t, model, []onceflow.Shadow{{Step: "summary", Model: "cand", Rate: 1}}, false, true,
+		slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	env.Start()
+	if _, err := env.Client.Enqueue(context.Background(), shadowedTicket{Text: "the ticket"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	onceflowtest.WaitFor(t, 10*time.Second, "production's email and the shadow run", func() bool {
+		return sink.Total() == 1 && env.Count(`SELECT count(*) FROM shadow_runs`) == 1
+	})
+	if strings.Contains(logs.String(), "not enqueued") {
+		t.Fatalf("the redelivery reported its shadow dropped:\n%s", logs.String())
+	}
 }
