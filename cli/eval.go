@@ -88,6 +88,14 @@ func runEval(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return &config.Error{Name: "eval", Err: err}
 	}
+	// Eval's report holds the default few disagreements: report again with --worst's.
+	q := onceflow.ShadowQuery{Step: *step, Candidate: res.Candidate, Worst: *worst}
+	if *worst == 0 {
+		q.Worst = -1 // none (0 is the report's default)
+	}
+	if res.Report, err = c.Inspector().ShadowReport(ctx, q); err != nil {
+		return err
+	}
 	if *asJSON {
 		enc := json.NewEncoder(e.stdout)
 		enc.SetIndent("", "  ")
@@ -100,9 +108,6 @@ func runEval(ctx context.Context, e *env, args []string) error {
 	}
 	for _, msg := range res.Errors {
 		fmt.Fprintf(e.stdout, "failed: %s\n", msg)
-	}
-	if *worst < len(res.Report.Disagreements) {
-		res.Report.Disagreements = res.Report.Disagreements[:*worst]
 	}
 	fmt.Fprintln(e.stdout)
 	return printShadowReport(e, res.Report)
