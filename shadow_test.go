@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/onceflowtest"
 	"github.com/onceflow/onceflow/outbox"
+	"github.com/onceflow/onceflow/retry"
 )
 
 // modelsByName answers by the request's model: answers[model], or a tool call of
@@ -114,11 +116,11 @@ FROM shadow_runs ORDER BY candidate, job_id`)
 // fails its first delivery after the step when failFirst, and commits one email.
 func shadowEnv(t *testing.T, model llm.Client, shadows []onceflow.Shadow, stream, failFirst bool) (*onceflowtest.Env, *onceflowtest.Sink) {
 	t.Helper()
-	return shadowEnvLogged(t, model, shadows, stream, failFirst, nil)
+	return shadowEnvWith(t, model, shadows, stream, failFirst, nil)
 }
 
-// shadowEnvLogged is shadowEnv logging to log (nil: the test's log).
-func shadowEnvLogged(t *testing.T, model llm.Client, shadows []onceflow.Shadow, stream, failFirst bool, log *slog.Logger) (*onceflowtest.Env, *onceflowtest.Sink) {
+// shadowEnvWith is shadowEnv with its Config changed by tweak (when not nil).
+func shadowEnvWith(t *testing.T, model llm.Client, shadows []onceflow.Shadow, stream, failFirst bool, tweak func(*onceflow.Config)) (*onceflowtest.Env, *onceflowtest.Sink) {
 	t.Helper()
 	sink := onceflowtest.NewSink(t)
 	ws := onceflow.NewWorkers()
@@ -149,9 +151,13 @@ func shadowEnvLogged(t *testing.T, model llm.Client, shadows []onceflow.Shadow, 
 		})
 	}))
 	fast := onceflow.QueueConfig{ClaimIdle: time.Second, RetryBase: 5 * time.Millisecond, RetryMax: 20 * time.Millisecond}
-	env := onceflowtest.New(t, onceflow.Config{Workers: ws, Model: model, Shadows: shadows, NoLimits: true, Logger: log,
+	cfg := onceflow.Config{Workers: ws, Model: model, Shadows: shadows, NoLimits: true,
 		Queues:  map[string]onceflow.QueueConfig{onceflow.DefaultQueue: fast, onceflow.ShadowQueue: fast},
-		Senders: map[string]outbox.Sender{"email": sink.Sender(t, nil)}})
+		Senders: map[string]outbox.Sender{"email": sink.Sender(t, nil)}}
+	if tweak != nil {
+		tweak(&cfg)
+	}
+	env := onceflowtest.New(t, cfg)
 	return env, sink
 }
 
@@ -445,8 +451,9 @@ func TestShadowOfAReplayedStepIsNotReportedAsDropped(t *testing.T) {
 	t.Parallel()
 	var logs testenv.SyncBuffer
 	model := &modelsByName{answers: map[string]string{"prod": "yes", "cand": "no"}}
-	env, sink := shadowEnvLogged(t, model, []onceflow.Shadow{{Step: "summary", Model: "cand", Rate: 1}}, false, true,
-		slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	env, sink := shadowEnvWith(t, model, []onceflow.Shadow{{Step: "summary", Model: "cand", Rate: 1}}, false, true, func(cfg *onceflow.Config) {
+		cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	})
 	env.Start()
 	if _, err := env.Client.Enqueue(context.Background(), shadowedTicket{Text: "the ticket"}, nil); err != nil {
 		t.Fatal(err)
@@ -457,4 +464,55 @@ func TestShadowOfAReplayedStepIsNotReportedAsDropped(t *testing.T) {
 	if strings.Contains(logs.String(), "not enqueued") {
 		t.Fatalf("the redelivery reported its shadow dropped:\n%s", logs.String())
 	}
+}
+
+// failingModel answers 503 to every request for model down, and passes the others on.
+type failingModel struct {
+	*modelsByName
+	down     string
+	failures atomic.Int64
+}
+
+func (m *failingModel) Complete(ctx context.Context, req *llm.Request) (*llm.Response, error) {
+	if req.Model == m.down {
+		m.failures.Add(1)
+		return nil, &llm.APIError{Provider: "test", StatusCode: 503, Type: "server_error", Message: "the model is overloaded"}
+	}
+	return m.modelsByName.Complete(ctx, req)
+}
+
+// A candidate whose calls fail says nothing of production's model: its failures open
+// no breaker (production goes on taking jobs), and its shadow job spends its deliveries
+// and is dead-lettered.
+func TestShadowOfAFailingCandidateLeavesProductionsBreakerClosed(t *testing.T) {
+	t.Parallel()
+	model := &failingModel{modelsByName: &modelsByName{answers: map[string]string{"prod": "yes"}}, down: "cand"}
+	env, sink := shadowEnvWith(t, model, []onceflow.Shadow{{Step: "summary", Model: "cand", Rate: 1}}, false, false, func(cfg *onceflow.Config) {
+		cfg.BreakerThreshold = 2
+		cfg.ModelRetry = retry.Policy{MaxAttempts: 1}
+		q := cfg.Queues[onceflow.ShadowQueue]
+		q.MaxDeliveries = 3
+		cfg.Queues[onceflow.ShadowQueue] = q
+	})
+	const key = "ticket-1"
+	jobID := onceflow.JobID(onceflow.EnqueueScope("", "test.shadowed", key))
+	req := llm.Request{Model: "prod", Messages: []llm.Message{{Role: llm.RoleUser, Content: "the ticket"}}}
+	req.IdempotencyKey = ledger.Work(jobID, "summary")
+	shadowJob := onceflow.JobID(onceflow.EnqueueScopeOn(onceflow.ShadowQueue, "", onceflow.ShadowKind, "shadow:cand:"+ledger.Key(req.IdempotencyKey, &req)))
+	env.Start()
+	if _, err := env.Client.Enqueue(context.Background(), shadowedTicket{Text: "the ticket"}, &onceflow.EnqueueOpts{Key: key}); err != nil {
+		t.Fatal(err)
+	}
+	llmb := breakerOf(t, env.Client, "llm")
+	onceflowtest.WaitFor(t, 10*time.Second, "the shadow dead-lettered", func() bool {
+		if err := llmb.Err(); err != nil {
+			t.Fatalf("the candidate's failures opened production's breaker: %v", err)
+		}
+		st, err := env.Client.JobState(context.Background(), "", shadowJob)
+		return err == nil && st.Status == onceflow.StatusFailed
+	})
+	if n := model.failures.Load(); n != 3 {
+		t.Fatalf("the candidate was asked %d times, want 3 (one per delivery)", n)
+	}
+	onceflowtest.WaitFor(t, 10*time.Second, "production's email", func() bool { return sink.Total() == 1 })
 }
