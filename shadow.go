@@ -131,7 +131,7 @@ func JSONFieldsMatch(fields ...string) func(production, candidate *llm.Response)
 }
 
 // ParseShadows reads ONCEFLOW_SHADOW: comma-separated STEP=MODEL@RATE (for example
-// "summary=gpt-4.1-nano@0.25"), RATE from 0 to 1. Each entry is a Shadow with Step,
+// "summary=gpt-4.1-nano@0.25"), RATE from 0 to 1 after the last "@". Each entry is a Shadow with Step,
 // Model and Rate; "" gives none.
 func ParseShadows(s string) ([]Shadow, error) {
 	var out []Shadow
@@ -141,10 +141,11 @@ func ParseShadows(s string) ([]Shadow, error) {
 			continue
 		}
 		step, rest, ok := strings.Cut(entry, "=")
-		model, rate, ok2 := strings.Cut(rest, "@")
-		if !ok || !ok2 {
+		at := strings.LastIndexByte(rest, '@') // a model's name may hold "@" (Vertex AI's do)
+		if !ok || at < 0 {
 			return nil, fmt.Errorf("shadow %q: want STEP=MODEL@RATE", entry)
 		}
+		model, rate := rest[:at], rest[at+1:]
 		r, err := strconv.ParseFloat(strings.TrimSpace(rate), 64)
 		if err != nil {
 			return nil, fmt.Errorf("shadow %q: rate %q: want a number from 0 to 1", entry, rate)

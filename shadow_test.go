@@ -344,6 +344,15 @@ func TestParseShadows(t *testing.T) {
 	}
 }
 
+// A model whose name holds "@" (Vertex AI's "claude-sonnet-4@20250514") is read whole:
+// the rate is what follows the last "@".
+func TestParseShadowsReadsAModelNamedWithAnAt(t *testing.T) {
+	got, err := onceflow.ParseShadows("summary=claude-sonnet-4@20250514@0.5")
+	if err != nil || len(got) != 1 || got[0].Model != "claude-sonnet-4@20250514" || got[0].Rate != 0.5 {
+		t.Fatalf("parsed %+v, %v; want the model claude-sonnet-4@20250514 at 0.5", got, err)
+	}
+}
+
 // A Config whose shadows cannot run is refused at NewClient, naming the shadow.
 func TestShadowConfigIsChecked(t *testing.T) {
 	t.Parallel()
