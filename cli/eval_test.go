@@ -64,3 +64,22 @@ VALUES ($1, $2, 'succeeded', $3, $4, $5, now() + interval '1 day')`, ledger.Key(
 		t.Fatalf("eval --worst 0: exit %d, want no disagreements\n%s", code, out)
 	}
 }
+
+// eval while PostgreSQL does not answer fails with status 1 and says why; it is no
+// usage error (status 2, "invalid").
+func TestEvalWithPostgresDownExitsOne(t *testing.T) {
+	t.Parallel()
+	_, prefix := testenv.Redis(t)
+	getenv := func(k string) string {
+		return map[string]string{"ONCEFLOW_REDIS_URL": testenv.RedisURL(t), "ONCEFLOW_DATABASE_URL": "postgres://onceflow@127.0.0.1:1/onceflow?sslmode=disable&connect_timeout=2",
+			"ONCEFLOW_PREFIX": prefix, "ONCEFLOW_LOG_FORMAT": "text", "ONCEFLOW_LLM": "openai", "ONCEFLOW_LLM_BASE_URL": "http://127.0.0.1:1/v1", "OPENAI_API_KEY": "test"}[k]
+	}
+	app := cli.App{Providers: []cli.Provider{openaiprovider.Provider()}}
+	_, errOut, code := runCommand(t, app, getenv, "eval", "--step", "summary", "--candidate", "gpt-4.1-nano")
+	if code != 1 || strings.Contains(errOut, "invalid") || !strings.Contains(errOut, "recorded calls") {
+		t.Fatalf("eval with PostgreSQL down: exit %d, want 1 saying the recorded calls could not be read\n%s", code, errOut)
+	}
+	if _, errOut, code := runCommand(t, app, getenv, "eval", "--step", "summary", "--candidate", "gpt-4.1-nano", "--name", "ünicode"); code != 2 || !strings.Contains(errOut, "candidate name") {
+		t.Fatalf("eval of a bad candidate name: exit %d, want 2 (usage)\n%s", code, errOut)
+	}
+}
