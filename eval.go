@@ -239,13 +239,13 @@ func (c *Client) evalOne(ctx context.Context, sh *Shadow, name string, in evalIn
 	default:
 		verdict = ExactMatch(in.response, resp)
 	}
-	prodAnswer, _ := json.Marshal(in.response)
-	candAnswer, _ := json.Marshal(resp)
+	prodAnswer, _ := json.Marshal(recordedAnswer(in.response))
+	candAnswer, _ := json.Marshal(recordedAnswer(resp))
 	pu, cu := in.response.Usage, resp.Usage
 	jobID := in.work[strings.IndexByte(in.work, '/')+1:]
 	_, err = c.cfg.DB.Exec(ctx, shadowRunSQL, in.tenant, jobID, "", sh.Step, name, in.key,
-		cmp.Or(in.response.Model, in.model), cmp.Or(resp.Model, req.Model), prodAnswer, candAnswer, verdict.Agree, verdict.Score,
-		verdict.Detail, 0, took.Milliseconds(), pu.InputTokens, pu.OutputTokens, cu.InputTokens, cu.OutputTokens,
+		pgText(cmp.Or(in.response.Model, in.model)), pgText(cmp.Or(resp.Model, req.Model)), prodAnswer, candAnswer, verdict.Agree, verdict.Score,
+		pgText(verdict.Detail), 0, took.Milliseconds(), pu.InputTokens, pu.OutputTokens, cu.InputTokens, cu.OutputTokens,
 		c.costUSD(cmp.Or(in.model, in.response.Model), pu), c.costUSD(cmp.Or(req.Model, resp.Model), cu))
 	if err != nil {
 		return cost, fmt.Errorf("recording the run: %w", PostgresError(err))

@@ -1,6 +1,7 @@
 package onceflow_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"strings"
@@ -135,5 +136,23 @@ func TestEvalConfigIsChecked(t *testing.T) {
 	}
 	if n := model.count("m"); n != 0 {
 		t.Fatalf("a refused eval asked the model %d times", n)
+	}
+}
+
+// A candidate's answer or a judge's reason holding U+0000, which PostgreSQL's jsonb and
+// text refuse, is recorded with U+FFFD in its place, on the first evaluation.
+func TestEvalRecordsAnswersHoldingNUL(t *testing.T) {
+	t.Parallel()
+	model := &modelsByName{answers: map[string]string{"prod": "Shipped.", "cand": "Ship\x00ped.", "judge": `{"score":0.2,"reason":"a\u0000b"}`}}
+	env := evalEnv(t, model, 2)
+	for _, c := range []onceflow.Shadow{{Model: "cand"}, {Model: "cand", Name: "judged", Judge: &onceflow.Judge{Model: "judge"}}} {
+		res, err := env.Client.Eval(context.Background(), onceflow.Eval{Step: "summary", Candidate: c})
+		if err != nil || res.Recorded != 2 || res.Failed != 0 {
+			t.Fatalf("eval of %s: %+v %v; want both inputs recorded", cmp.Or(c.Name, c.Model), res, err)
+		}
+	}
+	if n := env.Count(`SELECT count(*) FROM shadow_runs WHERE cand_answer->>'content' = 'Ship` + "\uFFFD" + `ped.'
+	AND (candidate = 'eval:cand' OR detail = 'a` + "\uFFFD" + `b')`); n != 4 {
+		t.Fatalf("%d runs with U+FFFD for U+0000, want 4", n)
 	}
 }

@@ -298,9 +298,16 @@ func (rt *runtime) hold(ctx context.Context, gs []*Gate, key string, why error) 
 const maxHeldReason = 1000
 
 // gateReason is why's text as a hold records it, in a text column that refuses invalid
-// UTF-8: valid UTF-8, clipped to maxHeldReason bytes at a character's boundary.
+// UTF-8 and U+0000: PostgreSQL text (pgText), clipped to maxHeldReason bytes at a
+// character's boundary.
 func gateReason(why error) string {
-	return clipRunes(strings.ToValidUTF8(why.Error(), "\uFFFD"), maxHeldReason)
+	return clipRunes(pgText(why.Error()), maxHeldReason)
+}
+
+// pgText is s as PostgreSQL's text and jsonb accept it: invalid UTF-8 and U+0000 (which
+// a model's answer, or an error quoting it, may hold) become U+FFFD.
+func pgText(s string) string {
+	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
 }
 
 // Held is a job an eval gate holds (Inspector.Held).

@@ -290,6 +290,25 @@ func TestGateReasonWithAWideCharacterAtTheClipHoldsTheJob(t *testing.T) {
 	}
 }
 
+// A gate's reason holding U+0000 (a schema's error quotes the answer, which a model may
+// fill with it), which PostgreSQL's text refuses, holds the job with U+FFFD in its place.
+func TestGateReasonHoldingNULHoldsTheJob(t *testing.T) {
+	t.Parallel()
+	model := &modelsByName{answers: map[string]string{"prod": "anything"}}
+	env, sink := gateEnv(t, model, []onceflow.Gate{{Step: "summary", Check: func(*llm.Response) error { return errors.New("label a\x00b is unknown") }}})
+	env.Start()
+	res, err := env.Client.Enqueue(context.Background(), shadowedTicket{Text: "x"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := waitHeld(t, env, res.JobID); h.Reason != "label a\uFFFDb is unknown" {
+		t.Fatalf("held with reason %q, want U+FFFD for U+0000", h.Reason)
+	}
+	if n := env.OutboxRows("") + sink.Total(); n != 0 {
+		t.Fatalf("%d effects of a held job", n)
+	}
+}
+
 // Two gates of one step that both fail hold the answer once, with both reasons; one
 // release lets the job go on, and its email goes out once.
 func TestGatesOfOneStepHoldTogetherUnderOneDecision(t *testing.T) {

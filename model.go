@@ -417,6 +417,11 @@ func (rt *runtime) complete(ctx context.Context, jobID, step string, req *llm.Re
 		return s, m.recordToolKeys(ctx, s)
 	})
 	if err != nil {
+		if rt.delivery != nil && rt.delivery.Kind == ShadowKind && providerFailure(err) {
+			// A candidate's (or its judge's) failure says nothing of production's model:
+			// no breaker counts it, and the shadow job spends a delivery on it.
+			return nil, modelError(step, err)
+		}
 		return nil, m.callError(step, err)
 	}
 	rt.client.postgresWorked() // the ledger wrote the call

@@ -18,6 +18,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/onceflow/onceflow/idempotency"
 	"github.com/onceflow/onceflow/limiter"
 	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/llm/toolkey"
@@ -131,7 +132,7 @@ func JSONFieldsMatch(fields ...string) func(production, candidate *llm.Response)
 }
 
 // ParseShadows reads ONCEFLOW_SHADOW: comma-separated STEP=MODEL@RATE (for example
-// "summary=gpt-4.1-nano@0.25"), RATE from 0 to 1. Each entry is a Shadow with Step,
+// "summary=gpt-4.1-nano@0.25"), RATE from 0 to 1 after the last "@". Each entry is a Shadow with Step,
 // Model and Rate; "" gives none.
 func ParseShadows(s string) ([]Shadow, error) {
 	var out []Shadow
@@ -141,10 +142,11 @@ func ParseShadows(s string) ([]Shadow, error) {
 			continue
 		}
 		step, rest, ok := strings.Cut(entry, "=")
-		model, rate, ok2 := strings.Cut(rest, "@")
-		if !ok || !ok2 {
+		at := strings.LastIndexByte(rest, '@') // a model's name may hold "@" (Vertex AI's do)
+		if !ok || at < 0 {
 			return nil, fmt.Errorf("shadow %q: want STEP=MODEL@RATE", entry)
 		}
+		model, rate := rest[:at], rest[at+1:]
 		r, err := strconv.ParseFloat(strings.TrimSpace(rate), 64)
 		if err != nil {
 			return nil, fmt.Errorf("shadow %q: rate %q: want a number from 0 to 1", entry, rate)
@@ -300,7 +302,11 @@ func (rt *runtime) shadow(ctx context.Context, jobID, step string, req *llm.Requ
 		args := shadowArgs{Tenant: rt.delivery.Tenant, JobID: jobID, JobKind: rt.delivery.Kind, Step: step, Candidate: sh.name(),
 			Key: s.Key, Request: req, Response: s.Response, LatencyMS: took.Milliseconds()}
 		key := "shadow:" + sh.name() + ":" + s.Key
-		if _, err := c.Enqueue(context.WithoutCancel(ctx), args, &EnqueueOpts{Key: key}); err != nil {
+		_, err := c.Enqueue(context.WithoutCancel(ctx), args, &EnqueueOpts{Key: key})
+		if errors.Is(err, idempotency.ErrKeyReused) {
+			continue // an earlier delivery made the call and enqueued its shadow (its latency differed)
+		}
+		if err != nil {
 			c.log.WarnContext(ctx, "onceflow: shadow run not enqueued; production goes on without it",
 				"job_id", jobID, "step", step, "candidate", sh.name(), "err", err)
 		}
@@ -361,16 +367,28 @@ func (c *Client) runShadow(ctx context.Context, job *Job[shadowArgs]) error {
 	default:
 		verdict = ExactMatch(a.Response, st.Response)
 	}
-	prodAnswer, _ := json.Marshal(a.Response)
-	candAnswer, _ := json.Marshal(st.Response)
+	prodAnswer, _ := json.Marshal(recordedAnswer(a.Response))
+	candAnswer, _ := json.Marshal(recordedAnswer(st.Response))
 	pu, cu := a.Response.Usage, st.Response.Usage
 	return job.Commit(ctx, func(cm *Commit) error {
-		cm.Exec(shadowRunSQL, a.Tenant, a.JobID, a.JobKind, a.Step, a.Candidate, a.Key, cmp.Or(a.Response.Model, a.Request.Model),
-			cmp.Or(st.Response.Model, req.Model), prodAnswer, candAnswer, verdict.Agree, verdict.Score, verdict.Detail,
+		cm.Exec(shadowRunSQL, a.Tenant, a.JobID, a.JobKind, a.Step, a.Candidate, a.Key, pgText(cmp.Or(a.Response.Model, a.Request.Model)),
+			pgText(cmp.Or(st.Response.Model, req.Model)), prodAnswer, candAnswer, verdict.Agree, verdict.Score, pgText(verdict.Detail),
 			a.LatencyMS, took.Milliseconds(), pu.InputTokens, pu.OutputTokens, cu.InputTokens, cu.OutputTokens,
 			c.costUSD(cmp.Or(a.Request.Model, a.Response.Model), pu), c.costUSD(cmp.Or(req.Model, st.Response.Model), cu))
 		return nil
 	})
+}
+
+// recordedAnswer is a copy of r whose texts shadow_runs' jsonb accepts (pgText): a
+// model's answer may hold U+0000, which jsonb refuses.
+func recordedAnswer(r *llm.Response) *llm.Response {
+	out := *r
+	out.ID, out.Model, out.Content, out.FinishReason, out.RequestID = pgText(r.ID), pgText(r.Model), pgText(r.Content), pgText(r.FinishReason), pgText(r.RequestID)
+	out.ToolCalls = make([]llm.ToolCall, len(r.ToolCalls))
+	for i, c := range r.ToolCalls {
+		out.ToolCalls[i] = llm.ToolCall{ID: pgText(c.ID), Name: pgText(c.Name), Arguments: pgText(c.Arguments)}
+	}
+	return &out
 }
 
 // shadowTenant is the tenant the limiter sees for shadow calls: a share and a budget

@@ -6,16 +6,20 @@ import (
 	"errors"
 	"fmt"
 	"iter"
+	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/ledger"
 	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/onceflowtest"
 	"github.com/onceflow/onceflow/outbox"
+	"github.com/onceflow/onceflow/retry"
 )
 
 // modelsByName answers by the request's model: answers[model], or a tool call of
@@ -112,6 +116,12 @@ FROM shadow_runs ORDER BY candidate, job_id`)
 // fails its first delivery after the step when failFirst, and commits one email.
 func shadowEnv(t *testing.T, model llm.Client, shadows []onceflow.Shadow, stream, failFirst bool) (*onceflowtest.Env, *onceflowtest.Sink) {
 	t.Helper()
+	return shadowEnvWith(t, model, shadows, stream, failFirst, nil)
+}
+
+// shadowEnvWith is shadowEnv with its Config changed by tweak (when not nil).
+func shadowEnvWith(t *testing.T, model llm.Client, shadows []onceflow.Shadow, stream, failFirst bool, tweak func(*onceflow.Config)) (*onceflowtest.Env, *onceflowtest.Sink) {
+	t.Helper()
 	sink := onceflowtest.NewSink(t)
 	ws := onceflow.NewWorkers()
 	onceflow.AddWorker(ws, onceflow.WorkFunc[shadowedTicket](func(ctx context.Context, job *onceflow.Job[shadowedTicket]) error {
@@ -141,9 +151,13 @@ func shadowEnv(t *testing.T, model llm.Client, shadows []onceflow.Shadow, stream
 		})
 	}))
 	fast := onceflow.QueueConfig{ClaimIdle: time.Second, RetryBase: 5 * time.Millisecond, RetryMax: 20 * time.Millisecond}
-	env := onceflowtest.New(t, onceflow.Config{Workers: ws, Model: model, Shadows: shadows, NoLimits: true,
+	cfg := onceflow.Config{Workers: ws, Model: model, Shadows: shadows, NoLimits: true,
 		Queues:  map[string]onceflow.QueueConfig{onceflow.DefaultQueue: fast, onceflow.ShadowQueue: fast},
-		Senders: map[string]outbox.Sender{"email": sink.Sender(t, nil)}})
+		Senders: map[string]outbox.Sender{"email": sink.Sender(t, nil)}}
+	if tweak != nil {
+		tweak(&cfg)
+	}
+	env := onceflowtest.New(t, cfg)
 	return env, sink
 }
 
@@ -330,6 +344,15 @@ func TestParseShadows(t *testing.T) {
 	}
 }
 
+// A model whose name holds "@" (Vertex AI's "claude-sonnet-4@20250514") is read whole:
+// the rate is what follows the last "@".
+func TestParseShadowsReadsAModelNamedWithAnAt(t *testing.T) {
+	got, err := onceflow.ParseShadows("summary=claude-sonnet-4@20250514@0.5")
+	if err != nil || len(got) != 1 || got[0].Model != "claude-sonnet-4@20250514" || got[0].Rate != 0.5 {
+		t.Fatalf("parsed %+v, %v; want the model claude-sonnet-4@20250514 at 0.5", got, err)
+	}
+}
+
 // A Config whose shadows cannot run is refused at NewClient, naming the shadow.
 func TestShadowConfigIsChecked(t *testing.T) {
 	t.Parallel()
@@ -405,4 +428,100 @@ func FuzzParseShadows(f *testing.F) {
 			}
 		}
 	})
+}
+
+// Answers holding U+0000, which PostgreSQL's jsonb and text refuse (production's, the
+// candidate's and the judge's reason alike), are recorded with U+FFFD in its place: the
+// shadow run is recorded.
+func TestShadowRunOfAnswersHoldingNULIsRecorded(t *testing.T) {
+	t.Parallel()
+	model := &modelsByName{answers: map[string]string{"prod": "ship\x00ped", "cand": "not\x00yet",
+		"judge": `{"score":0.1,"reason":"B says\u0000the opposite"}`}}
+	env, sink := shadowEnv(t, model, []onceflow.Shadow{
+		{Step: "summary", Model: "cand", Rate: 1},
+		{Step: "summary", Model: "cand", Name: "judged", Rate: 1, Judge: &onceflow.Judge{Model: "judge"}},
+	}, false, false)
+	env.Start()
+	if _, err := env.Client.Enqueue(context.Background(), shadowedTicket{Text: "shipped?"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	onceflowtest.WaitFor(t, 10*time.Second, "both shadows recorded", func() bool { return env.Count(`SELECT count(*) FROM shadow_runs`) == 2 })
+	if n := env.Count(`SELECT count(*) FROM shadow_runs WHERE detail = 'B says` + "\uFFFD" + `the opposite'
+	AND prod_answer->>'content' = 'ship` + "\uFFFD" + `ped' AND cand_answer->>'content' = 'not` + "\uFFFD" + `yet'`); n != 1 {
+		t.Fatalf("%d judged runs with U+FFFD for U+0000 in both answers and the reason, want 1", n)
+	}
+	onceflowtest.WaitFor(t, 10*time.Second, "production's email", func() bool { return sink.Total() == 1 })
+}
+
+// A redelivered job replays its step and finds its shadows enqueued by the delivery
+// that made the call (the replay measures another latency): that is no failure, and
+// nothing is logged as one.
+func TestShadowOfAReplayedStepIsNotReportedAsDropped(t *testing.T) {
+	t.Parallel()
+	var logs testenv.SyncBuffer
+	model := &modelsByName{answers: map[string]string{"prod": "yes", "cand": "no"}}
+	env, sink := shadowEnvWith(t, model, []onceflow.Shadow{{Step: "summary", Model: "cand", Rate: 1}}, false, true, func(cfg *onceflow.Config) {
+		cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	})
+	env.Start()
+	if _, err := env.Client.Enqueue(context.Background(), shadowedTicket{Text: "the ticket"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	onceflowtest.WaitFor(t, 10*time.Second, "production's email and the shadow run", func() bool {
+		return sink.Total() == 1 && env.Count(`SELECT count(*) FROM shadow_runs`) == 1
+	})
+	if strings.Contains(logs.String(), "not enqueued") {
+		t.Fatalf("the redelivery reported its shadow dropped:\n%s", logs.String())
+	}
+}
+
+// failingModel answers 503 to every request for model down, and passes the others on.
+type failingModel struct {
+	*modelsByName
+	down     string
+	failures atomic.Int64
+}
+
+func (m *failingModel) Complete(ctx context.Context, req *llm.Request) (*llm.Response, error) {
+	if req.Model == m.down {
+		m.failures.Add(1)
+		return nil, &llm.APIError{Provider: "test", StatusCode: 503, Type: "server_error", Message: "the model is overloaded"}
+	}
+	return m.modelsByName.Complete(ctx, req)
+}
+
+// A candidate whose calls fail says nothing of production's model: its failures open
+// no breaker (production goes on taking jobs), and its shadow job spends its deliveries
+// and is dead-lettered.
+func TestShadowOfAFailingCandidateLeavesProductionsBreakerClosed(t *testing.T) {
+	t.Parallel()
+	model := &failingModel{modelsByName: &modelsByName{answers: map[string]string{"prod": "yes"}}, down: "cand"}
+	env, sink := shadowEnvWith(t, model, []onceflow.Shadow{{Step: "summary", Model: "cand", Rate: 1}}, false, false, func(cfg *onceflow.Config) {
+		cfg.BreakerThreshold = 2
+		cfg.ModelRetry = retry.Policy{MaxAttempts: 1}
+		q := cfg.Queues[onceflow.ShadowQueue]
+		q.MaxDeliveries = 3
+		cfg.Queues[onceflow.ShadowQueue] = q
+	})
+	const key = "ticket-1"
+	jobID := onceflow.JobID(onceflow.EnqueueScope("", "test.shadowed", key))
+	req := llm.Request{Model: "prod", Messages: []llm.Message{{Role: llm.RoleUser, Content: "the ticket"}}}
+	req.IdempotencyKey = ledger.Work(jobID, "summary")
+	shadowJob := onceflow.JobID(onceflow.EnqueueScopeOn(onceflow.ShadowQueue, "", onceflow.ShadowKind, "shadow:cand:"+ledger.Key(req.IdempotencyKey, &req)))
+	env.Start()
+	if _, err := env.Client.Enqueue(context.Background(), shadowedTicket{Text: "the ticket"}, &onceflow.EnqueueOpts{Key: key}); err != nil {
+		t.Fatal(err)
+	}
+	llmb := breakerOf(t, env.Client, "llm")
+	onceflowtest.WaitFor(t, 10*time.Second, "the shadow dead-lettered", func() bool {
+		if err := llmb.Err(); err != nil {
+			t.Fatalf("the candidate's failures opened production's breaker: %v", err)
+		}
+		st, err := env.Client.JobState(context.Background(), "", shadowJob)
+		return err == nil && st.Status == onceflow.StatusFailed
+	})
+	if n := model.failures.Load(); n != 3 {
+		t.Fatalf("the candidate was asked %d times, want 3 (one per delivery)", n)
+	}
+	onceflowtest.WaitFor(t, 10*time.Second, "production's email", func() bool { return sink.Total() == 1 })
 }

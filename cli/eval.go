@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -85,8 +86,21 @@ func runEval(ctx context.Context, e *env, args []string) error {
 	}
 	defer done()
 	res, err := c.Eval(ctx, ev)
-	if err != nil {
-		return &config.Error{Name: "eval", Err: err}
+	switch {
+	case err != nil && res == nil && ctx.Err() == nil && !errors.Is(err, onceflow.ErrUnavailable):
+		return &config.Error{Name: "eval", Err: err} // its settings: nothing was asked
+	case err != nil && res != nil:
+		return fmt.Errorf("%w (%d inputs recorded before it stopped; eval again goes on from there)", err, res.Recorded)
+	case err != nil:
+		return err
+	}
+	// Eval's report holds the default few disagreements: report again with --worst's.
+	q := onceflow.ShadowQuery{Step: *step, Candidate: res.Candidate, Worst: *worst}
+	if *worst == 0 {
+		q.Worst = -1 // none (0 is the report's default)
+	}
+	if res.Report, err = c.Inspector().ShadowReport(ctx, q); err != nil {
+		return err
 	}
 	if *asJSON {
 		enc := json.NewEncoder(e.stdout)
@@ -100,9 +114,6 @@ func runEval(ctx context.Context, e *env, args []string) error {
 	}
 	for _, msg := range res.Errors {
 		fmt.Fprintf(e.stdout, "failed: %s\n", msg)
-	}
-	if *worst < len(res.Report.Disagreements) {
-		res.Report.Disagreements = res.Report.Disagreements[:*worst]
 	}
 	fmt.Fprintln(e.stdout)
 	return printShadowReport(e, res.Report)

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/config"
@@ -121,10 +123,21 @@ func outboxRetry(ctx context.Context, e *env, args []string) error {
 	return errors.Join(failed...)
 }
 
-// outboxCell shortens s to one line of at most n characters for a table cell.
+// outboxCell shortens s to one line of at most n bytes (a character cut whole) for a
+// table cell, its control characters replaced with U+FFFD.
 func outboxCell(s string, n int) string {
 	s = strings.Join(strings.Fields(s), " ")
+	// What a model or a payload wrote must not drive the terminal (escape sequences).
+	s = strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return '\uFFFD'
+		}
+		return r
+	}, s)
 	if len(s) > n {
+		for n > 0 && !utf8.RuneStart(s[n]) {
+			n--
+		}
 		return s[:n] + "…"
 	}
 	return s

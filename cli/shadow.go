@@ -95,7 +95,7 @@ func printShadowReport(e *env, rep *onceflow.ShadowReport) error {
 			fmt.Fprintln(e.stdout, "\nworst disagreements:")
 		}
 		fmt.Fprintf(e.stdout, "\n%s / %s, job %s (tenant %s), score %.2f: %s\n  production: %s\n  candidate:  %s\n", d.Step, d.Candidate,
-			d.JobID, dash(d.Tenant), d.Score, d.Detail, answerCell(d.Production), answerCell(d.Shadow))
+			d.JobID, dash(d.Tenant), d.Score, outboxCell(d.Detail, 500), answerCell(d.Production), answerCell(d.Shadow))
 	}
 	return nil
 }

@@ -131,3 +131,27 @@ VALUES ($1, $2, 'succeeded', $3, $4, $5, now() + interval '1 day')`, ledger.Key(
 		}
 	}
 }
+
+// shadow report prints the models' answers and the judge's reason with their control
+// characters (a terminal's escape sequences) replaced: what a model wrote cannot drive
+// the operator's terminal.
+func TestShadowReportPrintsNoControlCharactersOfTheAnswers(t *testing.T) {
+	t.Parallel()
+	pool, dsn := testenv.Postgres(t)
+	_, prefix := testenv.Redis(t)
+	prod, _ := json.Marshal(map[string]string{"content": "Shipped.\x1b]0;pwned\x07"})
+	cand, _ := json.Marshal(map[string]string{"content": "\x1b[2J\x1b[1;1HAll good, nothing to see.\u009b31m"})
+	if _, err := pool.Exec(context.Background(), `INSERT INTO shadow_runs (prod_key, candidate, tenant, job_id, step, prod_answer, cand_answer,
+	agree, score, detail) VALUES ('llm-1', 'cand', 'acme', 'job-1', 'summary', $1, $2, false, 0, $3)`, prod, cand, "B differs\x1b[8m hidden"); err != nil {
+		t.Fatal(err)
+	}
+	getenv := func(k string) string {
+		return map[string]string{"ONCEFLOW_REDIS_URL": testenv.RedisURL(t), "ONCEFLOW_DATABASE_URL": dsn, "ONCEFLOW_PREFIX": prefix,
+			"ONCEFLOW_LOG_FORMAT": "text"}[k]
+	}
+	out, _, code := runCommand(t, cli.App{}, getenv, "shadow", "report")
+	if code != 0 || !strings.Contains(out, "All good, nothing to see.") || !strings.Contains(out, "B differs") ||
+		strings.ContainsAny(out, "\x1b\x07\u009b") {
+		t.Fatalf("shadow report: exit %d, want the answers without control characters\n%q", code, out)
+	}
+}
