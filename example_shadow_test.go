@@ -154,3 +154,37 @@ func ExampleParseVerdict() {
 	// 0.8 the same facts, shorter <nil>
 	// the judge's score 8 is not a number from 0 to 1
 }
+
+// The step's recorded production calls, asked again of a candidate: each input once,
+// compared with production's answer and recorded as an "eval:" shadow run.
+func ExampleClient_Eval() {
+	rdb, prefix, db, done := exampleStores("SELECT 1")
+	defer done()
+	model := &modelsByName{answers: map[string]string{"prod": "Shipped.", "nano": "Shipped."}}
+	workers := onceflow.NewWorkers()
+	onceflow.AddWorker(workers, onceflow.WorkFunc[shadowedTicket](func(ctx context.Context, job *onceflow.Job[shadowedTicket]) error {
+		_, err := job.Complete(ctx, "summary", &llm.Request{Model: "prod", Messages: []llm.Message{{Role: llm.RoleUser, Content: job.Args.Text}}})
+		return err
+	}))
+	client, err := onceflow.NewClient(onceflow.Config{Redis: rdb, DB: db, Prefix: prefix, Workers: workers, Model: model, NoLimits: true})
+	if err != nil {
+		log.Fatal(err)
+	}
+	stop := runExample(client)
+	for _, text := range []string{"Where is my parcel?", "Is it shipped?"} {
+		if _, err := client.Enqueue(context.Background(), shadowedTicket{Text: text}, nil); err != nil {
+			log.Fatal(err)
+		}
+	}
+	for exampleCount(db, `SELECT count(*) FROM llm_calls WHERE state = 'succeeded'`) < 2 {
+		time.Sleep(10 * time.Millisecond)
+	}
+	stop()
+	res, err := client.Eval(context.Background(), onceflow.Eval{Step: "summary", Candidate: onceflow.Shadow{Model: "nano"}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	s := res.Report.Summaries[0]
+	fmt.Println(res.Candidate, res.Inputs, res.Recorded, s.Agreed)
+	// Output: eval:nano 2 2 2
+}
