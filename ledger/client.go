@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -91,13 +92,18 @@ func (c *Client) fail(ctx context.Context, att *Attempt, cause error, ambiguous 
 }
 
 func (c *Client) succeed(ctx context.Context, att *Attempt, resp *llm.Response) (*llm.Response, error) {
-	rec, ours, err := att.Succeed(ctx, ResultOf(resp))
+	res := ResultOf(resp)
+	rec, ours, err := att.Succeed(ctx, res)
 	switch {
 	case errors.Is(err, ErrKeyReused):
 		return nil, err
 	case err != nil:
 		c.l.log.WarnContext(ctx, "ledger: could not record a model response; returning it unrecorded", "key", att.Key(), "err", err)
 		return resp, nil
+	case ours && bytes.Contains(res.Response, []byte(`\u0000`)):
+		// Recorded with U+FFFD for each U+0000 (jsonb holds none): return what a replay
+		// will, so that every delivery acts on the same answer.
+		return (&Record{Key: att.Key(), Response: jsonbSafe(res.Response), Raw: res.Raw}).LLMResponse()
 	case ours:
 		return resp, nil
 	}

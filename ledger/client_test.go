@@ -464,3 +464,32 @@ func TestClientStoresTheRequestUnlessOmitted(t *testing.T) {
 		}
 	}
 }
+
+// nulModel answers every request with a text holding U+0000.
+type nulModel struct{ llm.Client }
+
+func (nulModel) Complete(context.Context, *llm.Request) (*llm.Response, error) {
+	return &llm.Response{Model: "gpt-4.1-mini", Content: "a\x00b", FinishReason: llm.FinishStop}, nil
+}
+
+// An answer holding U+0000 is recorded with U+FFFD in its place (jsonb holds none), and
+// the call that made it returns what a replay returns: every delivery acts on the same
+// answer.
+func TestClientReturnsTheAnswerAsRecordedWhenItHoldsNUL(t *testing.T) {
+	t.Parallel()
+	l, _ := newLedger(t, ledger.Config{})
+	client := l.Wrap("openai", nulModel{})
+	req := request("anything")
+	req.IdempotencyKey = ledger.Work("job-nul", "summarise")
+	first, err := client.Complete(ctxT(t), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	replay, err := client.Complete(ctxT(t), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.Content != "a\uFFFDb" || replay.Content != first.Content {
+		t.Fatalf("first %q, replay %q; want both %q", first.Content, replay.Content, "a\uFFFDb")
+	}
+}
