@@ -146,7 +146,8 @@ bench:
 	eval "$$(scripts/dev-services env)" && $(GO) test -run '^$$' -bench Idempotency -benchtime 1x ./idempotency/redisstore/
 	eval "$$(scripts/dev-services env)" && $(GO) test -run '^$$' -bench AgentLoop -benchtime 2000x .
 	eval "$$(scripts/dev-services env)" && $(GO) test -run '^$$' -bench ParkedJobs -benchtime 100000x -timeout 60m .
-	eval "$$(scripts/dev-services env)" && $(GO) test -run '^$$' -bench 'Shadows|Gates|LedgerRequests' -benchtime 2000x -count 2 .
+	eval "$$(scripts/dev-services env)" && $(GO) test -run '^$$' -bench 'Shadows|Gates|LedgerRequests' -benchtime 2000x -count 2 . && \
+	  $(GO) test -run '^$$' -bench 'BatchLane' -benchtime 10000x -count 1 .
 
 ## bench-limits: provider admission control (lab/limitbench): 4 workers against
 ## fake-llm --rpm 600 --tpm 200000 with admission configured, learnt and off (goodput, 429s),
