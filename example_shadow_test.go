@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/ledger"
 	"github.com/onceflow/onceflow/llm"
 )
 
@@ -166,7 +167,8 @@ func ExampleClient_Eval() {
 		_, err := job.Complete(ctx, "summary", &llm.Request{Model: "prod", Messages: []llm.Message{{Role: llm.RoleUser, Content: job.Args.Text}}})
 		return err
 	}))
-	client, err := onceflow.NewClient(onceflow.Config{Redis: rdb, DB: db, Prefix: prefix, Workers: workers, Model: model, NoLimits: true})
+	client, err := onceflow.NewClient(onceflow.Config{Redis: rdb, DB: db, Prefix: prefix, Workers: workers, Model: model, NoLimits: true,
+		Ledger: ledger.Config{KeepRequests: true}}) // the inputs Eval replays
 	if err != nil {
 		log.Fatal(err)
 	}

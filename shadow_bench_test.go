@@ -33,10 +33,10 @@ func BenchmarkShadows(b *testing.B) {
 
 // BenchmarkLedgerRequests runs the jobs of BenchmarkShadows (no shadow) with a request of
 // about 2 KB, as a document to summarise is, with the ledger storing each request (for
-// onceflow eval, the default) and omitting it (ledger.Config.OmitRequests).
+// onceflow eval: ledger.Config.KeepRequests) and not (the default).
 func BenchmarkLedgerRequests(b *testing.B) {
-	for _, omit := range []bool{true, false} {
-		b.Run(fmt.Sprintf("omit=%v", omit), func(b *testing.B) { benchModelStep(b, 0, nil, benchStep{text: 2048, omitRequests: omit}) })
+	for _, keep := range []bool{false, true} {
+		b.Run(fmt.Sprintf("keep=%v", keep), func(b *testing.B) { benchModelStep(b, 0, nil, benchStep{text: 2048, keepRequests: keep}) })
 	}
 }
 
@@ -44,7 +44,7 @@ func BenchmarkLedgerRequests(b *testing.B) {
 // bytes) and whether the ledger stores requests.
 type benchStep struct {
 	text         int
-	omitRequests bool
+	keepRequests bool
 }
 
 // BenchmarkGates runs the jobs of BenchmarkShadows (no shadow) without a gate and
@@ -112,7 +112,7 @@ func benchModelStep(b *testing.B, rate float64, gates []onceflow.Gate, opt bench
 		shadows = []onceflow.Shadow{{Step: "summary", Model: "candidate", Rate: rate}}
 	}
 	c, err := onceflow.NewClient(onceflow.Config{Redis: rdb, DB: db, Prefix: prefix, Workers: ws, Model: &slowModel{latency: 20 * time.Millisecond},
-		NoLimits: true, Shadows: shadows, Gates: gates, Ledger: ledger.Config{OmitRequests: opt.omitRequests}, Logger: slog.New(slog.DiscardHandler), QueueDefaults: onceflow.QueueConfig{Concurrency: 16}})
+		NoLimits: true, Shadows: shadows, Gates: gates, Ledger: ledger.Config{KeepRequests: opt.keepRequests}, Logger: slog.New(slog.DiscardHandler), QueueDefaults: onceflow.QueueConfig{Concurrency: 16}})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -152,6 +152,7 @@ func shadowEnvWith(t *testing.T, model llm.Client, shadows []onceflow.Shadow, st
 	}))
 	fast := onceflow.QueueConfig{ClaimIdle: time.Second, RetryBase: 5 * time.Millisecond, RetryMax: 20 * time.Millisecond}
 	cfg := onceflow.Config{Workers: ws, Model: model, Shadows: shadows, NoLimits: true,
+		Ledger:  ledger.Config{KeepRequests: true}, // the inputs of Eval's tests
 		Queues:  map[string]onceflow.QueueConfig{onceflow.DefaultQueue: fast, onceflow.ShadowQueue: fast},
 		Senders: map[string]outbox.Sender{"email": sink.Sender(t, nil)}}
 	if tweak != nil {

@@ -14,7 +14,8 @@ import (
 const evalUsage = "--step S --candidate MODEL [--name N] [--since D] [--tenant T] [--limit N] [--max-cost USD]\n" +
 	"    [--concurrency N] [--fields F,F | --judge MODEL [--criteria TEXT] [--threshold X]] [--json]\n\n" +
 	"eval replays the step's recorded production calls (their requests, kept in the ledger for\n" +
-	"ONCEFLOW_LEDGER_RETENTION) against the candidate model, once per input, compares each answer\n" +
+	"ONCEFLOW_LEDGER_RETENTION when ONCEFLOW_LEDGER_KEEP_REQUESTS=true) against the candidate model,\n" +
+	"once per input, compares each answer\n" +
 	"with production's and records it as a shadow run named eval:NAME (NAME defaults to MODEL), then\n" +
 	"prints the candidate's report, as `shadow report` does. The calls go through the ledger (an\n" +
 	"eval run again asks only what is new) and the limiter, as background calls of the tenant\n" +
@@ -109,6 +110,9 @@ func runEval(ctx context.Context, e *env, args []string) error {
 	}
 	fmt.Fprintf(e.stdout, "%s: %d new inputs of step %s, %d recorded, %d failed, %.4f USD\n", res.Candidate, res.Inputs, *step,
 		res.Recorded, res.Failed, res.CostUSD)
+	if res.Inputs == 0 {
+		fmt.Fprintln(e.stdout, "(the inputs are the step's calls recorded with their requests: ONCEFLOW_LEDGER_KEEP_REQUESTS=true)")
+	}
 	if res.Stopped != "" {
 		fmt.Fprintf(e.stdout, "stopped: %s\n", res.Stopped)
 	}

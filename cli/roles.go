@@ -166,7 +166,7 @@ func (d *deps) clientConfig(app App, withModel bool) (onceflow.Config, error) {
 	cfg.ModelRetry = retry.Policy{MaxAttempts: d.cfg.LLMMaxAttempts, PerCallTimeout: d.cfg.LLMTimeout}
 	cfg.Ledger = ledger.Config{
 		Lease: d.cfg.LedgerLease, Retention: d.cfg.LedgerRetention, RelaxedInsert: d.cfg.LedgerRelaxedInsert,
-		OmitRequests: d.cfg.LedgerOmitRequests,
+		KeepRequests: d.cfg.LedgerKeepRequests,
 		Models:       []string{d.cfg.LLMModel},
 	}
 	return cfg, nil

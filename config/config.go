@@ -197,9 +197,9 @@ type Config struct {
 	// off: a PostgreSQL crash can then lose that accounting record, never an effect.
 	// Default: false.
 	LedgerRelaxedInsert bool
-	// LedgerOmitRequests keeps the ledger from storing each model call's request: smaller
-	// rows, and `onceflow eval` finds no inputs. Default: false.
-	LedgerOmitRequests bool
+	// LedgerKeepRequests has the ledger store each model call's request, the inputs
+	// `onceflow eval` replays. Default: false.
+	LedgerKeepRequests bool
 	// RelayInterval is the relay's poll interval when idle. Default: 250ms.
 	RelayInterval time.Duration
 	// RelayLease is how long a claimed outbox batch stays claimed. Default: 30s.
@@ -512,8 +512,8 @@ var settings = []setting{
 	{env: "ONCEFLOW_LEDGER_RELAXED_INSERT", def: "false", usage: "commit the ledger's in-flight insert with synchronous_commit off", parse: func(c *Config, v string) error {
 		return parseBool(&c.LedgerRelaxedInsert, v)
 	}},
-	{env: "ONCEFLOW_LEDGER_OMIT_REQUESTS", def: "false", usage: "do not store model calls' requests in the ledger (onceflow eval then has no inputs)", parse: func(c *Config, v string) error {
-		return parseBool(&c.LedgerOmitRequests, v)
+	{env: "ONCEFLOW_LEDGER_KEEP_REQUESTS", def: "false", usage: "store each model call's request in the ledger: the inputs onceflow eval replays", parse: func(c *Config, v string) error {
+		return parseBool(&c.LedgerKeepRequests, v)
 	}},
 	{env: "ONCEFLOW_RELAY_INTERVAL", def: "250ms", usage: "relay poll interval when idle", parse: func(c *Config, v string) error {
 		return parseDuration(&c.RelayInterval, v)
@@ -647,7 +647,7 @@ var groups = []struct {
 	{GroupLimits, []string{"ONCEFLOW_LLM_ADMISSION", "ONCEFLOW_LLM_RPM", "ONCEFLOW_LLM_TPM", "ONCEFLOW_LLM_CONCURRENCY",
 		"ONCEFLOW_LLM_LIMITS", "ONCEFLOW_LLM_PRICES", "ONCEFLOW_LLM_ADMISSION_WAIT", "ONCEFLOW_TENANT_CONCURRENCY",
 		"ONCEFLOW_TENANT_TOKEN_BUDGET"}},
-	{GroupLedger, []string{"ONCEFLOW_LEDGER_LEASE", "ONCEFLOW_LEDGER_RETENTION", "ONCEFLOW_LEDGER_RELAXED_INSERT", "ONCEFLOW_LEDGER_OMIT_REQUESTS"}},
+	{GroupLedger, []string{"ONCEFLOW_LEDGER_LEASE", "ONCEFLOW_LEDGER_RETENTION", "ONCEFLOW_LEDGER_RELAXED_INSERT", "ONCEFLOW_LEDGER_KEEP_REQUESTS"}},
 	{GroupSender, []string{"ONCEFLOW_SENDER", "ONCEFLOW_WEBHOOK_URL", "ONCEFLOW_SMTP_URL", "ONCEFLOW_SMTP_FROM"}},
 	{GroupRelay, []string{"ONCEFLOW_RELAY_INTERVAL", "ONCEFLOW_RELAY_LEASE", "ONCEFLOW_RELAY_MAX_ATTEMPTS", "ONCEFLOW_RELAY_BATCH_SIZE",
 		"ONCEFLOW_RELAY_CONCURRENCY", "ONCEFLOW_OUTBOX_RETENTION"}},

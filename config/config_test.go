@@ -399,8 +399,8 @@ func TestLedgerAndGatewaySettings(t *testing.T) {
 	if c.LedgerRetention != 24*time.Hour || c.LedgerRelaxedInsert || c.GatewayTimeout != 5*time.Minute || c.GatewayMaxBody != 8<<20 {
 		t.Fatalf("defaults: retention %v relaxed %v gateway timeout %v max body %d", c.LedgerRetention, c.LedgerRelaxedInsert, c.GatewayTimeout, c.GatewayMaxBody)
 	}
-	c, err = load(t, map[string]string{"ONCEFLOW_LEDGER_RELAXED_INSERT": "true", "ONCEFLOW_LEDGER_RETENTION": "72h", "ONCEFLOW_LEDGER_OMIT_REQUESTS": "true"})
-	if err != nil || !c.LedgerRelaxedInsert || c.LedgerRetention != 72*time.Hour || !c.LedgerOmitRequests {
+	c, err = load(t, map[string]string{"ONCEFLOW_LEDGER_RELAXED_INSERT": "true", "ONCEFLOW_LEDGER_RETENTION": "72h", "ONCEFLOW_LEDGER_KEEP_REQUESTS": "true"})
+	if err != nil || !c.LedgerRelaxedInsert || c.LedgerRetention != 72*time.Hour || !c.LedgerKeepRequests {
 		t.Fatalf("%+v %v", c, err)
 	}
 	if _, err := load(t, map[string]string{"ONCEFLOW_LEDGER_RELAXED_INSERT": "maybe"}); err == nil {

@@ -48,7 +48,7 @@ func (c *Client) call(ctx context.Context, req *llm.Request) (Call, *llm.Request
 	out.IdempotencyKey = key
 	call := Call{Key: key, Work: req.IdempotencyKey, RequestHash: RequestHash(req), Provider: c.provider, Model: req.Model,
 		Tenant: llm.TenantFrom(ctx)}
-	if !c.l.cfg.OmitRequests {
+	if c.l.cfg.KeepRequests {
 		call.Request, _ = json.Marshal(req) // nil when it does not encode (a tool's Parameters that are not JSON)
 	}
 	return call, &out, nil

@@ -436,12 +436,12 @@ func TestAmbiguousFailureAccounting(t *testing.T) {
 }
 
 // Client stores each call's request on its row, as JSON without the idempotency key,
-// for offline evaluation; with Config.OmitRequests it stores none.
-func TestClientStoresTheRequestUnlessOmitted(t *testing.T) {
+// for offline evaluation, with Config.KeepRequests; without, it stores none.
+func TestClientStoresTheRequestWhenKept(t *testing.T) {
 	t.Parallel()
 	for _, omit := range []bool{false, true} {
 		_, adapter := fakeLLM(t, fakeserver.Config{})
-		l, db := newLedger(t, ledger.Config{OmitRequests: omit})
+		l, db := newLedger(t, ledger.Config{KeepRequests: !omit})
 		req := request("Summarise: the numbers")
 		req.IdempotencyKey = ledger.Work(fmt.Sprint("job-req-", omit), "summarise")
 		key := ledger.Key(req.IdempotencyKey, req)
@@ -454,7 +454,7 @@ func TestClientStoresTheRequestUnlessOmitted(t *testing.T) {
 		}
 		if omit {
 			if stored != nil {
-				t.Fatalf("OmitRequests: the row holds a request %s", stored)
+				t.Fatalf("without KeepRequests the row holds a request %s", stored)
 			}
 			continue
 		}

@@ -114,10 +114,11 @@ type Config struct {
 	// PurgeInterval, PurgeBatch rows per statement. Defaults: 1m, 1000.
 	PurgeInterval time.Duration
 	PurgeBatch    int
-	// OmitRequests keeps Client from storing each call's request (Call.Request): rows
-	// are smaller, and offline evaluation (`onceflow eval`) finds no inputs. Default:
-	// false (requests are stored, for as long as the row: Retention).
-	OmitRequests bool
+	// KeepRequests has Client store each call's request on its row (Call.Request), for
+	// as long as the row (Retention): the inputs offline evaluation (`onceflow eval`)
+	// replays. It costs the request's bytes on every in-flight insert (about 7 % of the
+	// goodput of 20 ms calls with 2 KB requests; docs/BENCHMARKS.md). Default: false.
+	KeepRequests bool
 	// Clock, when set, is the time source of leases, expiry and waits, for tests; the
 	// SQL then compares against its Now instead of PostgreSQL's now(). Default: nil
 	// (PostgreSQL's clock for rows, so processes with skewed clocks agree; the system
@@ -237,8 +238,8 @@ type Call struct {
 	// "" for none. Client takes it from the context (llm.WithTenant).
 	Tenant string
 	// Request is the request as JSON (llm.Request), stored on the row for offline
-	// evaluation (Inputs); nil stores none. Client fills it unless
-	// Config.OmitRequests.
+	// evaluation (onceflow eval); nil stores none. Client fills it with
+	// Config.KeepRequests.
 	Request []byte
 }
 

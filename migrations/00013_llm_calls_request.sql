@@ -1,7 +1,7 @@
 -- onceflow schema, version 13: the request of each model call, as JSON (llm.Request,
 -- without its idempotency key), for offline evaluation (`onceflow eval`, Client.Eval):
 -- recorded production inputs replayed against a candidate. NULL for a call recorded
--- before this version, through onceflow gateway, or with ledger.Config.OmitRequests.
+-- before this version, through onceflow gateway, or without ledger.Config.KeepRequests.
 -- Adding a nullable column without a default rewrites nothing.
 
 -- +goose Up
