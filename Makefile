@@ -27,6 +27,8 @@ TEST_PACKAGES ?= 4
 # no DWARF (-ldflags=-w), which nothing in a test run reads and which is a good part of
 # linking each test binary.
 TEST_FLAGS = -race -count=1 -p $(TEST_PACKAGES) -parallel $(TEST_PARALLEL) -ldflags=-w -timeout $(TEST_TIMEOUT)
+# The root module's long tests (testenv.Long): make test skips them, make test-long runs them.
+LONG_TESTS = TestRunOnARedisClusterFromANodeWithoutTheQueue|TestBatchLaneKilledAtEachPointAnswersEverySummaryOnce|TestShadowsLeaveProductionTheProvidersLimit
 # Build tag of the test aids compiled only into the binary the tests run
 # (internal/testenv.Binary): `onceflow work --test-handler`. `make build` leaves them out.
 TEST_TAGS := onceflowtest
@@ -50,13 +52,14 @@ test:
 
 ## test-long: the long profiles: the queue's and the idempotency store's suites again on a
 ## local Redis Cluster they start (3 primaries on loopback; docs/operations.md, "Redis
-## Cluster"), then the lab's tests (lab/: the short chaos profiles, the operator UI in a
+## Cluster"), the root module's long tests (LONG_TESTS: processes by the dozen), then the lab's tests (lab/: the short chaos profiles, the operator UI in a
 ## real Chromium, which scripts/install-chromium installs when root, the gateway under
 ## the official SDKs, the benchmarks' own tests)
 test-long:
 	scripts/dev-services up
 	scripts/install-chromium || echo "chromium not installed: the browser tests will be skipped"
 	eval "$$(scripts/dev-services env)" && ONCEFLOW_TEST_REDIS_CLUSTER=local $(GO) test -count=1 -parallel $(TEST_PARALLEL) -ldflags=-w -timeout $(TEST_TIMEOUT) ./queue ./idempotency/redisstore
+	eval "$$(scripts/dev-services env)" && ONCEFLOW_TEST_LONG=1 $(GO) test $(TEST_FLAGS) -run '$(LONG_TESTS)' ./cli
 	eval "$$(scripts/dev-services env)" && cd lab && $(GO) test -race -count=1 -p $(TEST_PACKAGES) -ldflags=-w -timeout $(TEST_TIMEOUT) ./...
 
 ## ui-screenshots: the operator UI's browser tests, saving their screenshots (1280x800

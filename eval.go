@@ -20,10 +20,9 @@ import (
 
 // Eval is an offline evaluation (Client.Eval): the production calls of a step that the
 // ledger recorded with their requests (ledger.Config.KeepRequests) are asked again of a
-// candidate, and each answer
-// is compared with production's and recorded in shadow_runs as a shadow's is, under the
-// candidate name "eval:<name>", so `onceflow shadow report` and the UI report it beside
-// the live shadows.
+// candidate, and each answer is compared with production's and recorded in shadow_runs
+// as a shadow's is, under the candidate name "eval:<name>", so `onceflow shadow report`
+// and the UI report it beside the live shadows.
 type Eval struct {
 	// Step is the production step whose recorded calls are replayed. Required.
 	Step string

@@ -101,6 +101,7 @@ func batchRun(t *testing.T, dsn, prefix, base string) (*testenv.Process, string)
 // was submitted in one batch only and billed once, and no model call was made outside
 // a batch.
 func TestBatchLaneKilledAtEachPointAnswersEverySummaryOnce(t *testing.T) {
+	testenv.Long(t) // ten processes
 	t.Parallel()
 	testenv.Binary(t)
 	for _, at := range []string{"before-upload", "before-create", "after-create", "download", "half-results"} {

@@ -22,6 +22,7 @@ import (
 // not hold the summaries queue's slot (ONCEFLOW_REDIS_CLUSTER_ADDRS naming that node
 // alone) accepts a POST, runs the job and sends its email; /readyz is ready.
 func TestRunOnARedisClusterFromANodeWithoutTheQueue(t *testing.T) {
+	testenv.Long(t) // six Redis processes
 	t.Parallel()
 	c := testenv.PrivateRedisCluster(t, 3, 1)
 	prefix := testenv.Prefix(t)

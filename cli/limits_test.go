@@ -158,6 +158,7 @@ func pausedFleet(t *testing.T, admission string) int {
 // off. The control, the same load with the limiter off, makes production meet the
 // limit: the first assertion is not vacuous.
 func TestShadowsLeaveProductionTheProvidersLimit(t *testing.T) {
+	testenv.Long(t) // fake-llm and onceflow run as processes, 7 s of paced load each
 	t.Parallel()
 	testenv.Binary(t) // built before the clocks start
 	for _, admission := range []string{"on", "off"} {

@@ -216,3 +216,13 @@ func randomHex(n int) string {
 	_, _ = rand.Read(b)
 	return strings.ToLower(hex.EncodeToString(b))
 }
+
+// Long skips t unless ONCEFLOW_TEST_LONG is set: a test of the long profile, which
+// `make test-long` runs (Makefile: LONG_TESTS) and `make test` leaves out, to keep within
+// its budget (docs/development.md).
+func Long(t testing.TB) {
+	t.Helper()
+	if os.Getenv("ONCEFLOW_TEST_LONG") == "" {
+		t.Skip("a long test: make test-long runs it (ONCEFLOW_TEST_LONG=1)")
+	}
+}
