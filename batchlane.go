@@ -188,7 +188,11 @@ func (b *batchLane) cycle(ctx context.Context) error {
 	}
 	defer func() {
 		if _, err := conn.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1)`, int64(batchLockID)); err != nil {
-			conn.Conn().Close(context.WithoutCancel(ctx)) // the session's end releases the lock
+			// The session's end releases the lock: close the connection (a closed one is
+			// dropped from the pool).
+			if cerr := conn.Conn().Close(context.WithoutCancel(ctx)); cerr != nil {
+				b.log.WarnContext(ctx, "onceflow: batch lane: could not release its lock; its connection is dropped", "err", err)
+			}
 		}
 	}()
 	if err := b.recover(ctx); err != nil {
