@@ -75,6 +75,7 @@ func TestServeKilledMidBurst(t *testing.T) {
 	type answer struct {
 		jobID    string
 		replayed bool
+		via      *testenv.Process // the serve process that answered
 	}
 	answers := make([][]answer, maxJobs)
 	var mu sync.Mutex
@@ -87,6 +88,7 @@ func TestServeKilledMidBurst(t *testing.T) {
 	attempt := func(i, srv int) bool {
 		inflight[i][srv].Add(1)
 		defer inflight[i][srv].Add(-1)
+		via := servers[srv].Load()
 		base := fmt.Sprintf("http://127.0.0.1:%d", ports[srv])
 		r, err := postSummary(ctx, client, base, jobs[i].apiKey, jobs[i].key, jobs[i].body)
 		switch {
@@ -109,7 +111,7 @@ func TestServeKilledMidBurst(t *testing.T) {
 			return true
 		}
 		mu.Lock()
-		answers[i] = append(answers[i], answer{a.JobID, r.header.Get(idempotency.HeaderReplayed) == "true"})
+		answers[i] = append(answers[i], answer{a.JobID, r.header.Get(idempotency.HeaderReplayed) == "true", via})
 		mu.Unlock()
 		return true
 	}
@@ -152,6 +154,7 @@ func TestServeKilledMidBurst(t *testing.T) {
 	// the same job.
 	var killedAt []int64
 	lostAnswers := map[int]bool{} // jobs accepted by the frozen server before it could answer
+	var frozen *testenv.Process
 	var killer sync.WaitGroup
 	var killed atomic.Bool
 	killer.Add(1)
@@ -169,6 +172,7 @@ func TestServeKilledMidBurst(t *testing.T) {
 			time.Sleep(5 * time.Millisecond)
 		}
 		p := servers[1].Load()
+		frozen = p
 		acceptedNow := func() map[string]bool {
 			accepted := map[string]bool{}
 			for _, m := range streamMessages(t, rdb, keys) {
@@ -222,6 +226,15 @@ func TestServeKilledMidBurst(t *testing.T) {
 	}
 	t.Logf("kills after %v jobs; %d connection errors and %d 5xx retried; %d jobs accepted by the frozen server without an answer",
 		killedAt, connErrors.Load(), serverErrors.Load(), len(lostAnswers))
+	// A job counted lost whose answer the frozen server had sent before it stopped (the
+	// client had not recorded it yet) was not lost: its answer came.
+	for i := range lostAnswers {
+		for _, a := range answers[i] {
+			if a.via == frozen {
+				delete(lostAnswers, i)
+			}
+		}
+	}
 	if len(lostAnswers) == 0 {
 		t.Fatal("never caught the frozen server between accepting a job and answering: the worst case was not tested")
 	}
