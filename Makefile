@@ -60,7 +60,8 @@ test-long:
 	scripts/install-chromium || echo "chromium not installed: the browser tests will be skipped"
 	eval "$$(scripts/dev-services env)" && ONCEFLOW_TEST_REDIS_CLUSTER=local $(GO) test -count=1 -parallel $(TEST_PARALLEL) -ldflags=-w -timeout $(TEST_TIMEOUT) ./queue ./idempotency/redisstore
 	eval "$$(scripts/dev-services env)" && ONCEFLOW_TEST_LONG=1 $(GO) test $(TEST_FLAGS) -run '$(LONG_TESTS)' ./cli
-	eval "$$(scripts/dev-services env)" && cd lab && $(GO) test -race -count=1 -p $(TEST_PACKAGES) -ldflags=-w -timeout $(TEST_TIMEOUT) ./...
+	eval "$$(scripts/dev-services env)" && cd lab && CHAOS_DURATION=$${CHAOS_DURATION:-45s} CHAOS_OUTAGE_GAP=$${CHAOS_OUTAGE_GAP:-5s} \
+	  $(GO) test -race -count=1 -p $(TEST_PACKAGES) -ldflags=-w -timeout $(TEST_TIMEOUT) ./...
 
 ## ui-screenshots: the operator UI's browser tests, saving their screenshots (1280x800
 ## PNGs) in docs/ui/ for docs/ui.md

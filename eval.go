@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -204,15 +203,7 @@ func (c *Client) evalInputs(ctx context.Context, e Eval, candidate string) ([]ev
 // evalOne asks in of the candidate sh (and its judge), records the run under name, and
 // returns what the calls cost.
 func (c *Client) evalOne(ctx context.Context, sh *Shadow, name string, in evalInput) (float64, error) {
-	req := *in.request
-	req.Messages = slices.Clone(req.Messages)
-	req.Tools = slices.Clone(req.Tools)
-	if sh.Model != "" {
-		req.Model = sh.Model
-	}
-	if sh.Transform != nil {
-		sh.Transform(&req)
-	}
+	req := sh.candidateRequest(in.request)
 	req.IdempotencyKey = ledger.Work(in.key, name)
 	ctx = limiter.WithBackground(limiter.WithTenant(ctx, evalTenant))
 	start := time.Now()

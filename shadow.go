@@ -67,6 +67,21 @@ type Shadow struct {
 	Judge *Judge
 }
 
+// candidateRequest is the candidate's request: a copy of production's req with s's
+// Model and Transform applied (req itself is not changed).
+func (s *Shadow) candidateRequest(req *llm.Request) llm.Request {
+	out := *req
+	out.Messages = slices.Clone(out.Messages)
+	out.Tools = slices.Clone(out.Tools)
+	if s.Model != "" {
+		out.Model = s.Model
+	}
+	if s.Transform != nil {
+		s.Transform(&out)
+	}
+	return out
+}
+
 // name is the candidate's name: Name, else Model, else "transform".
 func (s Shadow) name() string { return cmp.Or(s.Name, s.Model, "transform") }
 
@@ -335,15 +350,7 @@ func (c *Client) runShadow(ctx context.Context, job *Job[shadowArgs]) error {
 		c.log.InfoContext(ctx, "onceflow: shadow run of a candidate no longer configured; skipped", "step", a.Step, "candidate", a.Candidate)
 		return nil
 	}
-	req := *a.Request
-	req.Messages = slices.Clone(req.Messages)
-	req.Tools = slices.Clone(req.Tools)
-	if sh.Model != "" {
-		req.Model = sh.Model
-	}
-	if sh.Transform != nil {
-		sh.Transform(&req)
-	}
+	req := sh.candidateRequest(a.Request)
 	start := time.Now()
 	// A background call of a tenant of its own: only capacity production does not need,
 	// never a production tenant's share or budget.
