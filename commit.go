@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -127,11 +128,17 @@ func encodeJSON(v any) ([]byte, error) {
 }
 
 // clipText shortens text quoted in an error.
-func clipText(s string) string {
-	if len(s) <= 64 {
+func clipText(s string) string { return clipRunes(s, 64) }
+
+// clipRunes cuts s to at most n bytes on a rune boundary, marking a cut with "...".
+func clipRunes(s string, n int) string {
+	if len(s) <= n {
 		return s
 	}
-	return s[:64] + "..."
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "..."
 }
 
 // completeSQL inserts the job's completion record: the FIRST statement of Job.Commit's

@@ -230,8 +230,7 @@ func (c *Client) evalOne(ctx context.Context, sh *Shadow, name string, in evalIn
 	default:
 		verdict = ExactMatch(in.response, resp)
 	}
-	prodAnswer, _ := json.Marshal(recordedAnswer(in.response))
-	candAnswer, _ := json.Marshal(recordedAnswer(resp))
+	prodAnswer, candAnswer := answerJSON(in.response), answerJSON(resp)
 	pu, cu := in.response.Usage, resp.Usage
 	jobID := in.work[strings.IndexByte(in.work, '/')+1:]
 	_, err = c.cfg.DB.Exec(ctx, shadowRunSQL, in.tenant, jobID, "", sh.Step, name, in.key,

@@ -213,17 +213,6 @@ func ParseVerdict(answer string) (Verdict, error) {
 // maxVerdictReason bounds a verdict's reason, in bytes.
 const maxVerdictReason = 500
 
-// clipRunes cuts s to at most n bytes on a rune boundary, marking a cut with "...".
-func clipRunes(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n] + "..."
-}
-
 // verdictOf is the verdict in a judge's answer; an unreadable answer is score 0 with the
 // reason why (a verdict, not an error: the ledger replays the same answer forever).
 func verdictOf(resp *llm.Response) Verdict {

@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onceflow/onceflow/idempotency"
+	"github.com/onceflow/onceflow/ledger"
 	"github.com/onceflow/onceflow/limiter"
 	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/llm/toolkey"
@@ -374,8 +375,7 @@ func (c *Client) runShadow(ctx context.Context, job *Job[shadowArgs]) error {
 	default:
 		verdict = ExactMatch(a.Response, st.Response)
 	}
-	prodAnswer, _ := json.Marshal(recordedAnswer(a.Response))
-	candAnswer, _ := json.Marshal(recordedAnswer(st.Response))
+	prodAnswer, candAnswer := answerJSON(a.Response), answerJSON(st.Response)
 	pu, cu := a.Response.Usage, st.Response.Usage
 	return job.Commit(ctx, func(cm *Commit) error {
 		cm.Exec(shadowRunSQL, a.Tenant, a.JobID, a.JobKind, a.Step, a.Candidate, a.Key, pgText(cmp.Or(a.Response.Model, a.Request.Model)),
@@ -386,16 +386,11 @@ func (c *Client) runShadow(ctx context.Context, job *Job[shadowArgs]) error {
 	})
 }
 
-// recordedAnswer is a copy of r whose texts shadow_runs' jsonb accepts (pgText): a
-// model's answer may hold U+0000, which jsonb refuses.
-func recordedAnswer(r *llm.Response) *llm.Response {
-	out := *r
-	out.ID, out.Model, out.Content, out.FinishReason, out.RequestID = pgText(r.ID), pgText(r.Model), pgText(r.Content), pgText(r.FinishReason), pgText(r.RequestID)
-	out.ToolCalls = make([]llm.ToolCall, len(r.ToolCalls))
-	for i, c := range r.ToolCalls {
-		out.ToolCalls[i] = llm.ToolCall{ID: pgText(c.ID), Name: pgText(c.Name), Arguments: pgText(c.Arguments)}
-	}
-	return &out
+// answerJSON is r as shadow_runs' jsonb columns take it: U+0000, which jsonb refuses,
+// replaced as the ledger replaces it (ledger.JSONBSafe).
+func answerJSON(r *llm.Response) []byte {
+	b, _ := json.Marshal(r) // plain data: it always encodes
+	return ledger.JSONBSafe(b)
 }
 
 // shadowTenant is the tenant the limiter sees for shadow calls: a share and a budget

@@ -174,7 +174,7 @@ func (a *Attempt) succeed(ctx context.Context, db DB, res Result) (*Record, bool
 	c := a.call
 	var response any // nil Response: SQL NULL, not the JSON text "null"
 	if len(res.Response) > 0 {
-		response = string(jsonbSafe(res.Response))
+		response = string(JSONBSafe(res.Response))
 	}
 	var meta any
 	if len(res.Meta) > 0 {
@@ -202,12 +202,12 @@ func (a *Attempt) succeed(ctx context.Context, db DB, res Result) (*Record, bool
 	return other, false, nil
 }
 
-// jsonbSafe returns b, a JSON document, in a form PostgreSQL's jsonb accepts: jsonb has
+// JSONBSafe returns b, a JSON document, in a form PostgreSQL's jsonb accepts: jsonb has
 // no room for U+0000 (a "\u0000" escape is refused, SQLSTATE 22P05), which a model's
 // answer may hold, so every U+0000 inside a string becomes U+FFFD. The raw bytes
 // (Result.Raw, bytea) keep the answer as it was, and replays that need it byte for byte
 // (the gateway's) use them. A document without the escape is returned as it is.
-func jsonbSafe(b []byte) []byte {
+func JSONBSafe(b []byte) []byte {
 	if !bytes.Contains(b, []byte(`\u0000`)) {
 		return b
 	}

@@ -103,7 +103,7 @@ func (c *Client) succeed(ctx context.Context, att *Attempt, resp *llm.Response) 
 	case ours && bytes.Contains(res.Response, []byte(`\u0000`)):
 		// Recorded with U+FFFD for each U+0000 (jsonb holds none): return what a replay
 		// will, so that every delivery acts on the same answer.
-		return (&Record{Key: att.Key(), Response: jsonbSafe(res.Response), Raw: res.Raw}).LLMResponse()
+		return (&Record{Key: att.Key(), Response: JSONBSafe(res.Response), Raw: res.Raw}).LLMResponse()
 	case ours:
 		return resp, nil
 	}

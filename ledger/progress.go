@@ -42,7 +42,7 @@ const followerWrite = `FROM (SELECT set_config('synchronous_commit', 'off', true
 func (a *Attempt) Announce(ctx context.Context, meta json.RawMessage) (bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, a.l.cfg.WriteTimeout)
 	defer cancel()
-	tag, err := a.l.db.Exec(ctx, a.l.sql.announce, a.call.Key, a.owner, a.number, jsonbSafe(meta), a.l.now(), micros(a.l.cfg.Lease))
+	tag, err := a.l.db.Exec(ctx, a.l.sql.announce, a.call.Key, a.owner, a.number, JSONBSafe(meta), a.l.now(), micros(a.l.cfg.Lease))
 	if err != nil {
 		return false, dbError("announce the stream of "+a.call.Key, err)
 	}
