@@ -8,10 +8,12 @@ import (
 	"fmt"
 	"iter"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onceflow/onceflow/ledger"
@@ -210,26 +212,15 @@ func (b *batchLane) cycle(ctx context.Context) error {
 // of as many items; found, its id is recorded; not found, it is submitted again. One
 // process submits at a time (the lock), so no other submission can be in flight.
 func (b *batchLane) recover(ctx context.Context) error {
-	rows, err := b.db.Query(ctx, `SELECT id::text, model, items, created_at FROM batch_submissions WHERE state = 'submitting' ORDER BY created_at`)
-	if err != nil {
-		return PostgresError(err)
-	}
 	type open struct {
 		id, model string
 		items     int
 		at        time.Time
 	}
-	var subs []open
-	for rows.Next() {
-		var s open
-		if err := rows.Scan(&s.id, &s.model, &s.items, &s.at); err != nil {
-			rows.Close()
-			return PostgresError(err)
-		}
-		subs = append(subs, s)
-	}
-	if err := rows.Err(); err != nil {
-		return PostgresError(err)
+	subs, err := queryRows(ctx, b.db, `SELECT id::text, model, items, created_at FROM batch_submissions WHERE state = 'submitting' ORDER BY created_at`,
+		nil, func(row pgx.CollectableRow) (s open, err error) { return s, row.Scan(&s.id, &s.model, &s.items, &s.at) })
+	if err != nil {
+		return err
 	}
 	for _, s := range subs {
 		found, err := b.find(ctx, s.id, s.items, s.at)
@@ -260,76 +251,78 @@ func (b *batchLane) find(ctx context.Context, id string, items int, at time.Time
 	if err != nil {
 		return "", fmt.Errorf("onceflow: batch lane: list the provider's batches: %w", err)
 	}
-	var unknown []llm.BatchInfo
+	var candidates []string
 	for _, in := range infos {
 		if in.Submission == id {
 			return in.ID, nil
 		}
 		if in.Submission == "" && in.Items == items && !in.CreatedAt.Before(at.Add(-time.Minute)) {
-			var known bool
-			if err := b.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM batch_submissions WHERE batch_id = $1)`, in.ID).Scan(&known); err != nil {
-				return "", PostgresError(err)
-			}
-			if !known {
-				unknown = append(unknown, in)
-			}
+			candidates = append(candidates, in.ID)
+		}
+	}
+	if len(candidates) == 0 {
+		return "", nil
+	}
+	known, err := queryRows(ctx, b.db, `SELECT batch_id FROM batch_submissions WHERE batch_id = ANY($1)`, []any{candidates}, pgx.RowTo[string])
+	if err != nil {
+		return "", err
+	}
+	var unknown []string
+	for _, c := range candidates {
+		if !slices.Contains(known, c) {
+			unknown = append(unknown, c)
 		}
 	}
 	switch len(unknown) {
 	case 0:
 		return "", nil
 	case 1:
-		return unknown[0].ID, nil
+		return unknown[0], nil
 	}
 	return "", fmt.Errorf("onceflow: batch lane: submission %s: %d batches at the provider could be it; resolve by hand (docs/batch.md)", id, len(unknown))
 }
 
 // itemsOf returns submission id's items.
 func (b *batchLane) itemsOf(ctx context.Context, id string) ([]llm.BatchItem, error) {
-	rows, err := b.db.Query(ctx, `SELECT custom_id, request FROM batch_items WHERE submission = $1 ORDER BY created_at`, id)
+	return queryRows(ctx, b.db, `SELECT custom_id, request FROM batch_items WHERE submission = $1 ORDER BY created_at`, []any{id}, scanBatchItem)
+}
+
+// scanBatchItem reads a row of custom_id and request as the item a batch sends.
+func scanBatchItem(row pgx.CollectableRow) (llm.BatchItem, error) {
+	var it llm.BatchItem
+	var body []byte
+	if err := row.Scan(&it.CustomID, &body); err != nil {
+		return it, err
+	}
+	if err := json.Unmarshal(body, &it.Request); err != nil {
+		return it, fmt.Errorf("onceflow: batch lane: item %s: %w", it.CustomID, err)
+	}
+	return it, nil
+}
+
+// queryRows runs query with args and returns its rows as scan reads them.
+func queryRows[T any](ctx context.Context, db *pgxpool.Pool, query string, args []any, scan pgx.RowToFunc[T]) ([]T, error) {
+	rows, err := db.Query(ctx, query, args...)
 	if err != nil {
 		return nil, PostgresError(err)
 	}
-	defer rows.Close()
-	var out []llm.BatchItem
-	for rows.Next() {
-		var it llm.BatchItem
-		var body []byte
-		if err := rows.Scan(&it.CustomID, &body); err != nil {
-			return nil, PostgresError(err)
-		}
-		if err := json.Unmarshal(body, &it.Request); err != nil {
-			return nil, fmt.Errorf("onceflow: batch lane: item %s: %w", it.CustomID, err)
-		}
-		out = append(out, it)
-	}
-	return out, PostgresError(rows.Err())
+	out, err := pgx.CollectRows(rows, scan)
+	return out, PostgresError(err)
 }
 
 // submitDue sends, for each model, its pending requests as batches of MaxItems while
 // a batch is full or the oldest has waited MaxAge.
 func (b *batchLane) submitDue(ctx context.Context) error {
-	rows, err := b.db.Query(ctx, `SELECT model, count(*), now() - min(created_at) >= $1::bigint * interval '1 microsecond'
-FROM batch_items WHERE state = 'pending' GROUP BY model`, b.cfg.MaxAge.Microseconds())
-	if err != nil {
-		return PostgresError(err)
-	}
 	type due struct {
 		model string
 		n     int
 		old   bool
 	}
-	var dues []due
-	for rows.Next() {
-		var d due
-		if err := rows.Scan(&d.model, &d.n, &d.old); err != nil {
-			rows.Close()
-			return PostgresError(err)
-		}
-		dues = append(dues, d)
-	}
-	if err := rows.Err(); err != nil {
-		return PostgresError(err)
+	dues, err := queryRows(ctx, b.db, `SELECT model, count(*), now() - min(created_at) >= $1::bigint * interval '1 microsecond'
+FROM batch_items WHERE state = 'pending' GROUP BY model`, []any{b.cfg.MaxAge.Microseconds()},
+		func(row pgx.CollectableRow) (d due, err error) { return d, row.Scan(&d.model, &d.n, &d.old) })
+	if err != nil {
+		return err
 	}
 	for _, d := range dues {
 		for n := d.n; n >= b.cfg.MaxItems || (d.old && n > 0); n -= b.cfg.MaxItems {
@@ -346,34 +339,14 @@ FROM batch_items WHERE state = 'pending' GROUP BY model`, b.cfg.MaxAge.Microseco
 // before anything is uploaded, then sends it; it returns how many it took.
 func (b *batchLane) take(ctx context.Context, model string) (int, error) {
 	id := uuid.NewString()
-	rows, err := b.db.Query(ctx, `WITH picked AS (
+	items, err := queryRows(ctx, b.db, `WITH picked AS (
 	SELECT key FROM batch_items WHERE state = 'pending' AND model = $1 ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED),
 upd AS (UPDATE batch_items i SET state = 'submitted', submission = $3, updated_at = now() FROM picked WHERE i.key = picked.key
 	RETURNING i.custom_id, i.request),
 sub AS (INSERT INTO batch_submissions (id, model, state, items) SELECT $3, $1, 'submitting', count(*) FROM upd HAVING count(*) > 0)
-SELECT custom_id, request FROM upd`, model, b.cfg.MaxItems, id)
-	if err != nil {
-		return 0, PostgresError(err)
-	}
-	var items []llm.BatchItem
-	for rows.Next() {
-		var it llm.BatchItem
-		var body []byte
-		if err := rows.Scan(&it.CustomID, &body); err != nil {
-			rows.Close()
-			return 0, PostgresError(err)
-		}
-		if err := json.Unmarshal(body, &it.Request); err != nil {
-			rows.Close()
-			return 0, fmt.Errorf("onceflow: batch lane: item %s: %w", it.CustomID, err)
-		}
-		items = append(items, it)
-	}
-	if err := rows.Err(); err != nil {
-		return 0, PostgresError(err)
-	}
-	if len(items) == 0 {
-		return 0, nil
+SELECT custom_id, request FROM upd`, []any{model, b.cfg.MaxItems, id}, scanBatchItem)
+	if err != nil || len(items) == 0 {
+		return 0, err
 	}
 	return len(items), b.send(ctx, llm.BatchSubmission{ID: id, Model: model, Items: items})
 }
@@ -406,21 +379,10 @@ type batchSignal struct {
 // recording a crash interrupted: the ledger keeps the first answer, and a signal again
 // is a retry.
 func (b *batchLane) poll(ctx context.Context) error {
-	rows, err := b.db.Query(ctx, `SELECT id::text, batch_id FROM batch_submissions WHERE state = 'submitted' ORDER BY submitted_at`)
+	subs, err := queryRows(ctx, b.db, `SELECT id::text, batch_id FROM batch_submissions WHERE state = 'submitted' ORDER BY submitted_at`, nil,
+		func(row pgx.CollectableRow) (s [2]string, err error) { return s, row.Scan(&s[0], &s[1]) })
 	if err != nil {
-		return PostgresError(err)
-	}
-	var subs [][2]string
-	for rows.Next() {
-		var s [2]string
-		if err := rows.Scan(&s[0], &s[1]); err != nil {
-			rows.Close()
-			return PostgresError(err)
-		}
-		subs = append(subs, s)
-	}
-	if err := rows.Err(); err != nil {
-		return PostgresError(err)
+		return err
 	}
 	for _, s := range subs {
 		info, err := b.cfg.API.Get(ctx, s[1])
@@ -439,29 +401,43 @@ func (b *batchLane) poll(ctx context.Context) error {
 
 // batchItem is a submitted item as the poller records it.
 type batchItem struct {
-	key, work, hash, model, tenant, jobID string
-	request                               []byte
+	customID, key, work, hash, model, tenant, jobID string
+	request                                         []byte
 }
 
-// record records ended batch batchID of submission id.
+// endSQL marks a submission's items done or failed (with their errors) and the
+// submission ended, in one statement.
+//
+//	$1 submission id, $2 keys, $3 their states, $4 their errors ("" for none)
+const endSQL = `WITH items AS (
+	UPDATE batch_items i SET state = u.state, error = nullif(u.error, ''), updated_at = now()
+	FROM unnest($2::text[], $3::text[], $4::text[]) AS u(key, state, error) WHERE i.key = u.key)
+UPDATE batch_submissions SET state = 'ended', ended_at = now() WHERE id = $1`
+
+// record records ended batch batchID of submission id: each answer in the ledger, each
+// job woken, then every item's state and the submission's end in one statement. A crash
+// before that statement leaves the items submitted: the next round records them again
+// (the ledger keeps the first answer, a signal again is a retry).
 func (b *batchLane) record(ctx context.Context, id, batchID string) error {
-	rows, err := b.db.Query(ctx, `SELECT custom_id, key, work, request_hash, model, tenant, job_id, request FROM batch_items
-WHERE submission = $1 AND state = 'submitted'`, id)
+	list, err := queryRows(ctx, b.db, `SELECT custom_id, key, work, request_hash, model, tenant, job_id, request FROM batch_items
+WHERE submission = $1 AND state = 'submitted'`, []any{id}, func(row pgx.CollectableRow) (it batchItem, err error) {
+		return it, row.Scan(&it.customID, &it.key, &it.work, &it.hash, &it.model, &it.tenant, &it.jobID, &it.request)
+	})
 	if err != nil {
-		return PostgresError(err)
+		return err
 	}
-	items := map[string]batchItem{}
-	for rows.Next() {
-		var cid string
-		var it batchItem
-		if err := rows.Scan(&cid, &it.key, &it.work, &it.hash, &it.model, &it.tenant, &it.jobID, &it.request); err != nil {
-			rows.Close()
-			return PostgresError(err)
+	items := make(map[string]batchItem, len(list))
+	for _, it := range list {
+		items[it.customID] = it
+	}
+	var keys, states, whys []string
+	settle := func(it batchItem, why string) error {
+		state := "done"
+		if why != "" {
+			state = "failed"
 		}
-		items[cid] = it
-	}
-	if err := rows.Err(); err != nil {
-		return PostgresError(err)
+		keys, states, whys = append(keys, it.key), append(states, state), append(whys, why)
+		return b.wake(ctx, it, batchSignal{OK: why == "", Error: why})
 	}
 	c := b.c
 	for r, err := range b.cfg.API.Results(ctx, batchID) {
@@ -473,36 +449,31 @@ WHERE submission = $1 AND state = 'submitted'`, id)
 			continue // recorded by an earlier pass, or not ours
 		}
 		delete(items, r.CustomID)
+		why := ""
 		if r.Outcome == llm.BatchSucceeded && r.Response != nil {
 			call := ledger.Call{Key: it.key, Work: it.work, RequestHash: it.hash, Provider: c.model.provider + "-batch", Model: it.model,
 				Tenant: it.tenant, Request: it.request}
 			if _, err := c.model.ledger.Record(ctx, nil, call, ledger.ResultOf(r.Response)); err != nil && !errors.Is(err, ledger.ErrKeyReused) {
 				return fmt.Errorf("onceflow: batch lane: record %s: %w", it.key, err)
 			}
-			if err := b.settle(ctx, it, "done", "", batchSignal{OK: true}); err != nil {
-				return err
-			}
-			continue
+		} else {
+			why = cmp.Or(r.Error, r.Outcome)
 		}
-		why := cmp.Or(r.Error, r.Outcome)
-		if err := b.settle(ctx, it, "failed", why, batchSignal{Error: why}); err != nil {
+		if err := settle(it, why); err != nil {
 			return err
 		}
 	}
 	for _, it := range items { // no result: the provider dropped it
-		if err := b.settle(ctx, it, "failed", "no result in its batch", batchSignal{Error: "no result in its batch"}); err != nil {
+		if err := settle(it, "no result in its batch"); err != nil {
 			return err
 		}
 	}
-	_, err = b.db.Exec(ctx, `UPDATE batch_submissions SET state = 'ended', ended_at = now() WHERE id = $1`, id)
+	_, err = b.db.Exec(ctx, endSQL, id, keys, states, whys)
 	return PostgresError(err)
 }
 
-// settle marks item it done or failed and wakes its job with sig.
-func (b *batchLane) settle(ctx context.Context, it batchItem, state, why string, sig batchSignal) error {
-	if _, err := b.db.Exec(ctx, `UPDATE batch_items SET state = $2, error = nullif($3, ''), updated_at = now() WHERE key = $1`, it.key, state, why); err != nil {
-		return PostgresError(err)
-	}
+// wake wakes item it's job with sig.
+func (b *batchLane) wake(ctx context.Context, it batchItem, sig batchSignal) error {
 	err := b.c.Signal(ctx, it.tenant, it.jobID, batchPrefix+it.key, sig)
 	switch {
 	case err == nil, errors.Is(err, ErrAlreadySignalled):
