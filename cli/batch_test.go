@@ -134,6 +134,14 @@ func TestBatchLaneKilledAtEachPointAnswersEverySummaryOnce(t *testing.T) {
 			case <-ctx.Done():
 				t.Fatalf("the lane never reached %s", at)
 			}
+			if at == "half-results" { // the kill comes with some answers recorded, not all
+				testenv.WaitFor(t, 20*time.Second, "the first half of the answers recorded", func() bool {
+					return onceflowtest.Count(t, pool, `SELECT count(*) FROM llm_calls WHERE provider = 'openai-batch'`) > 0
+				})
+				if n := onceflowtest.Count(t, pool, `SELECT count(*) FROM llm_calls WHERE provider = 'openai-batch'`); n >= jobs {
+					t.Fatalf("%d answers recorded before the kill, want fewer than %d", n, jobs)
+				}
+			}
 			a.Kill()
 			h.release()
 			b, _ := batchRun(t, dsn, prefix, srv.URL+"/v1")
