@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/llm/toolkey"
@@ -183,6 +184,38 @@ func TestRetriedModelRequestKeepsTheToolKey(t *testing.T) {
 	}
 }
 
+// heldRun is a triage process holding refunds over 10.00, with a refund ticket it
+// holds.
+type heldRun struct {
+	s      *stores
+	rdb    *redis.Client
+	prefix string
+	db     *pgxpool.Pool
+	env    []string
+	p      *onceflowtest.Process
+	api    string
+	id     string
+}
+
+// startHeld starts a triage process on stores of the test's own, posts a refund ticket
+// under idempotency key key and waits until the gate holds it.
+func startHeld(t *testing.T, key string) (*heldRun, onceflow.Held) {
+	t.Helper()
+	r := &heldRun{s: newStores(t)}
+	r.s.holdOver = 1000
+	r.rdb, r.prefix = onceflowtest.Redis(t)
+	var dsn string
+	r.db, dsn = onceflowtest.Postgres(t, *Workflow(Options{}).Migrations)
+	r.env = r.s.processEnv(onceflowtest.RedisURL(t), r.prefix, dsn)
+	r.p, r.api = startProcess(t, r.env)
+	code, id := post(t, r.api, key, refundTicket)
+	if code != http.StatusAccepted {
+		t.Fatalf("POST: %d", code)
+	}
+	r.id = id
+	return r, waitHeld(t, r.api, id)
+}
+
 // A refund over the limit holds its ticket; the program is killed (kill -9) while the
 // ticket is held and started again: the ticket is still held, nothing written or sent.
 // Released on the new process, it goes on with the held answer: one model call (the
@@ -190,19 +223,9 @@ func TestRetriedModelRequestKeepsTheToolKey(t *testing.T) {
 // retry (200) and a rejection after it 409: no second effect.
 func TestHeldTicketKilledWhileHeldThenReleasedSendsOnce(t *testing.T) {
 	t.Parallel()
-	s := newStores(t)
-	s.holdOver = 1000
-	_, prefix := onceflowtest.Redis(t)
-	db, dsn := onceflowtest.Postgres(t, *Workflow(Options{}).Migrations)
-	env := s.processEnv(onceflowtest.RedisURL(t), prefix, dsn)
-
-	a, api := startProcess(t, env)
-	code, id := post(t, api, "ticket-crash-held", refundTicket)
-	if code != http.StatusAccepted {
-		t.Fatalf("POST: %d", code)
-	}
-	waitHeld(t, api, id)
-	a.Kill()
+	run, _ := startHeld(t, "ticket-crash-held")
+	s, db, env, id := run.s, run.db, run.env, run.id
+	run.p.Kill()
 	if got, calls := rows(t, db), s.model.Requests(); got != [4]int{} || calls != 1 || s.payments.Total()+s.mail.Total() != 0 {
 		t.Fatalf("held, killed: rows %v, %d model calls, %d deliveries; want none, 1, 0", got, calls, s.payments.Total()+s.mail.Total())
 	}
@@ -242,15 +265,8 @@ func TestHeldTicketKilledWhileHeldThenReleasedSendsOnce(t *testing.T) {
 // the restart gets its reply (the new process works and relays).
 func TestRejectedTicketSendsNothingAcrossAKill(t *testing.T) {
 	t.Parallel()
-	s := newStores(t)
-	s.holdOver = 1000
-	_, prefix := onceflowtest.Redis(t)
-	db, dsn := onceflowtest.Postgres(t, *Workflow(Options{}).Migrations)
-	env := s.processEnv(onceflowtest.RedisURL(t), prefix, dsn)
-
-	a, api := startProcess(t, env)
-	_, id := post(t, api, "ticket-crash-rejected", refundTicket)
-	h := waitHeld(t, api, id)
+	run, h := startHeld(t, "ticket-crash-rejected")
+	s, db, env, a, api, id := run.s, run.db, run.env, run.p, run.api, run.id
 	if code, got := decide(t, api, id, "reject", h.Key, "refund policy: replacement only"); code != http.StatusOK || got != "rejected" {
 		t.Fatalf("reject: %d %q", code, got)
 	}
@@ -296,15 +312,8 @@ func TestRejectedTicketSendsNothingAcrossAKill(t *testing.T) {
 // commit waits for the lock.
 func TestReleasedTicketKilledInItsCommitSendsOnce(t *testing.T) {
 	t.Parallel()
-	s := newStores(t)
-	s.holdOver = 1000
-	r, prefix := onceflowtest.Redis(t)
-	db, dsn := onceflowtest.Postgres(t, *Workflow(Options{}).Migrations)
-	env := s.processEnv(onceflowtest.RedisURL(t), prefix, dsn)
-
-	a, api := startProcess(t, env)
-	_, id := post(t, api, "ticket-crash-released", refundTicket)
-	h := waitHeld(t, api, id)
+	run, h := startHeld(t, "ticket-crash-released")
+	s, r, prefix, db, env, a, api, id := run.s, run.rdb, run.prefix, run.db, run.env, run.p, run.api, run.id
 	ctx := context.Background()
 	lock, err := db.Begin(ctx)
 	if err != nil {
