@@ -132,10 +132,6 @@ type AgentConfig struct {
 	OnChunk func(turn int, ch llm.Chunk)
 }
 
-// ErrAgentTurnLimit matches the error of an agent whose model still called tools at
-// its last turn (AgentConfig.MaxTurns).
-var ErrAgentTurnLimit = errors.New("onceflow: the agent reached its turn limit")
-
 // AgentResult is what RunAgent returns.
 type AgentResult struct {
 	// Answer is the final turn's text.

@@ -32,6 +32,9 @@ type BatchAPI interface {
 	Get(ctx context.Context, id string) (llm.BatchInfo, error)
 	// Results yields the outcome of each item of an ended batch, in any order.
 	Results(ctx context.Context, id string) iter.Seq2[llm.BatchResult, error]
+	// Cancel asks the provider to end a batch early: its items not answered by then
+	// end cancelled.
+	Cancel(ctx context.Context, id string) error
 }
 
 // BatchConfig configures the batch lane (Config.Batch): the model steps that take it
@@ -50,6 +53,22 @@ type BatchConfig struct {
 	// PollInterval is how often the submitter looks for requests to send and for ended
 	// batches. Default: 5s.
 	PollInterval time.Duration
+	// MaxBytes bounds one batch's requests, as the JSON the lane stores them in (about
+	// the size of the provider's input file). Default: 100 MB (OpenAI takes files of
+	// 200 MB, Anthropic batches of 256 MB).
+	MaxBytes int64
+	// EnqueuedTokens bounds, per model, the input tokens (estimated as the limiter
+	// does, llm.EstimateInputTokens) of the batches sent and not yet ended: the
+	// provider's queue limit (OpenAI's enqueued tokens per model). A model's requests
+	// wait while a batch of them would pass it; a request larger than the limit alone is
+	// sent in a batch of its own once the model has nothing else in the queue. The key
+	// "*" applies to models not listed. Default: none. Batch traffic never counts
+	// against the synchronous lane's limits (the limiter's RPM and TPM).
+	EnqueuedTokens map[string]int64
+	// Kinds sends every Complete of the jobs of these kinds (a workflow's steps)
+	// through the lane, as InBatch with the given bound does for one call; an InBatch
+	// on the call overrides it. Stream never takes the lane.
+	Kinds map[string]time.Duration
 }
 
 // Batch lane defaults (BatchConfig).
@@ -57,6 +76,7 @@ const (
 	DefaultBatchMaxItems     = 1000
 	DefaultBatchMaxAge       = time.Minute
 	DefaultBatchPollInterval = 5 * time.Second
+	DefaultBatchMaxBytes     = 100 << 20
 	maxBatchItems            = 50000
 )
 
@@ -104,12 +124,23 @@ func setupBatch(cfg *Config) (*batchLane, error) {
 		return nil, errors.New("onceflow: Config.Batch needs Config.DB and Config.Model (its answers are recorded in the ledger)")
 	case b.MaxItems < 0 || b.MaxItems > maxBatchItems:
 		return nil, fmt.Errorf("onceflow: Config.Batch.MaxItems %d is not between 0 and %d", b.MaxItems, maxBatchItems)
-	case b.MaxAge < 0 || b.PollInterval < 0:
-		return nil, errors.New("onceflow: Config.Batch: MaxAge and PollInterval must not be negative")
+	case b.MaxAge < 0 || b.PollInterval < 0 || b.MaxBytes < 0:
+		return nil, errors.New("onceflow: Config.Batch: MaxAge, PollInterval and MaxBytes must not be negative")
+	}
+	for model, n := range b.EnqueuedTokens {
+		if n <= 0 {
+			return nil, fmt.Errorf("onceflow: Config.Batch.EnqueuedTokens[%q] is %d; a limit is a positive number of tokens", model, n)
+		}
+	}
+	for kind, within := range b.Kinds {
+		if within <= 0 {
+			return nil, fmt.Errorf("onceflow: Config.Batch.Kinds[%q] is %s; the lane needs a positive bound on the wait", kind, within)
+		}
 	}
 	b.MaxItems = cmp.Or(b.MaxItems, DefaultBatchMaxItems)
 	b.MaxAge = cmp.Or(b.MaxAge, DefaultBatchMaxAge)
 	b.PollInterval = cmp.Or(b.PollInterval, DefaultBatchPollInterval)
+	b.MaxBytes = cmp.Or(b.MaxBytes, DefaultBatchMaxBytes)
 	return &batchLane{cfg: b, db: cfg.DB, log: cfg.Logger}, nil
 }
 
@@ -136,9 +167,10 @@ func (rt *runtime) completeInBatch(ctx context.Context, jobID, step string, req 
 		if err != nil {
 			return nil, Permanent(fmt.Errorf("onceflow: batch step %q: encode the request: %w", step, err))
 		}
-		if _, err := c.batch.db.Exec(ctx, `INSERT INTO batch_items (key, custom_id, work, request_hash, model, request, tenant, job_id, state)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'pending') ON CONFLICT (key) DO NOTHING`,
-			key, customID(key), out.IdempotencyKey, ledger.RequestHash(out), out.Model, body, rt.delivery.Tenant, jobID); err != nil {
+		if _, err := c.batch.db.Exec(ctx, `INSERT INTO batch_items (key, custom_id, work, request_hash, model, request, tenant, job_id, state, tokens)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'pending', $9) ON CONFLICT (key) DO NOTHING`,
+			key, customID(key), out.IdempotencyKey, ledger.RequestHash(out), out.Model, body, rt.delivery.Tenant, jobID,
+			int64(llm.EstimateInputTokens(out))); err != nil {
 			return nil, fmt.Errorf("onceflow: batch step %q: %w", step, PostgresError(err))
 		}
 	}
@@ -294,10 +326,15 @@ func scanBatchItem(row pgx.CollectableRow) (llm.BatchItem, error) {
 	if err := row.Scan(&it.CustomID, &body); err != nil {
 		return it, err
 	}
+	return it, decodeBatchRequest(&it, body)
+}
+
+// decodeBatchRequest decodes a stored request into it.
+func decodeBatchRequest(it *llm.BatchItem, body []byte) error {
 	if err := json.Unmarshal(body, &it.Request); err != nil {
-		return it, fmt.Errorf("onceflow: batch lane: item %s: %w", it.CustomID, err)
+		return fmt.Errorf("onceflow: batch lane: item %s: %w", it.CustomID, err)
 	}
-	return it, nil
+	return nil
 }
 
 // queryRows runs query with args and returns its rows as scan reads them.
@@ -310,45 +347,99 @@ func queryRows[T any](ctx context.Context, db *pgxpool.Pool, query string, args 
 	return out, PostgresError(err)
 }
 
-// submitDue sends, for each model, its pending requests as batches of MaxItems while
-// a batch is full or the oldest has waited MaxAge.
+// submitDue sends, for each model, its pending requests as batches of MaxItems (and
+// MaxBytes) while a batch is full or the oldest has waited MaxAge, as far as the
+// model's EnqueuedTokens allow.
 func (b *batchLane) submitDue(ctx context.Context) error {
 	type due struct {
-		model string
-		n     int
-		old   bool
+		model    string
+		n        int
+		bytes    int64
+		old      bool
+		inFlight int64
 	}
-	dues, err := queryRows(ctx, b.db, `SELECT model, count(*), now() - min(created_at) >= $1::bigint * interval '1 microsecond'
-FROM batch_items WHERE state = 'pending' GROUP BY model`, []any{b.cfg.MaxAge.Microseconds()},
-		func(row pgx.CollectableRow) (d due, err error) { return d, row.Scan(&d.model, &d.n, &d.old) })
+	dues, err := queryRows(ctx, b.db, `SELECT p.model, p.n, p.bytes, p.old, coalesce(f.tokens, 0) FROM (
+	SELECT model, count(*) AS n, sum(octet_length(request))::bigint AS bytes,
+		now() - min(created_at) >= $1::bigint * interval '1 microsecond' AS old
+	FROM batch_items WHERE state = 'pending' GROUP BY model) p
+LEFT JOIN (SELECT model, sum(tokens)::bigint AS tokens FROM batch_submissions WHERE state <> 'ended' GROUP BY model) f USING (model)`,
+		[]any{b.cfg.MaxAge.Microseconds()},
+		func(row pgx.CollectableRow) (d due, err error) {
+			return d, row.Scan(&d.model, &d.n, &d.bytes, &d.old, &d.inFlight)
+		})
 	if err != nil {
 		return err
 	}
 	for _, d := range dues {
-		for n := d.n; n >= b.cfg.MaxItems || (d.old && n > 0); n -= b.cfg.MaxItems {
-			sent, err := b.take(ctx, d.model)
-			if err != nil || sent == 0 {
+		var room *int64 // tokens the model may still enqueue; nil: no limit
+		if limit, ok := b.enqueuedLimit(d.model); ok {
+			r := max(limit-d.inFlight, 0)
+			room = &r
+		}
+		full := d.n >= b.cfg.MaxItems || d.bytes >= b.cfg.MaxBytes
+		for n := d.n; n > 0 && (full || d.old); {
+			taken, tokens, err := b.take(ctx, d.model, room, d.inFlight == 0)
+			if err != nil || taken == 0 {
 				return err
 			}
+			n -= taken
+			d.inFlight += tokens
+			if room != nil {
+				*room = max(*room-tokens, 0)
+			}
+			full = n >= b.cfg.MaxItems // bytes: the next take sees what is left
 		}
 	}
 	return nil
 }
 
-// take moves up to MaxItems pending requests of model into a new submission, committed
-// before anything is uploaded, then sends it; it returns how many it took.
-func (b *batchLane) take(ctx context.Context, model string) (int, error) {
-	id := uuid.NewString()
-	items, err := queryRows(ctx, b.db, `WITH picked AS (
-	SELECT key FROM batch_items WHERE state = 'pending' AND model = $1 ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED),
-upd AS (UPDATE batch_items i SET state = 'submitted', submission = $3, updated_at = now() FROM picked WHERE i.key = picked.key
-	RETURNING i.custom_id, i.request),
-sub AS (INSERT INTO batch_submissions (id, model, state, items) SELECT $3, $1, 'submitting', count(*) FROM upd HAVING count(*) > 0)
-SELECT custom_id, request FROM upd`, []any{model, b.cfg.MaxItems, id}, scanBatchItem)
-	if err != nil || len(items) == 0 {
-		return 0, err
+// enqueuedLimit is model's EnqueuedTokens ("*" for the models not listed).
+func (b *batchLane) enqueuedLimit(model string) (int64, bool) {
+	if n, ok := b.cfg.EnqueuedTokens[model]; ok {
+		return n, true
 	}
-	return len(items), b.send(ctx, llm.BatchSubmission{ID: id, Model: model, Items: items})
+	n, ok := b.cfg.EnqueuedTokens["*"]
+	return n, ok
+}
+
+// takeSQL moves a model's oldest pending requests, as many as fit in a batch (count,
+// bytes) and in the model's room for enqueued tokens, into a new submission, committed
+// before anything is uploaded; it returns them. The first request is taken whatever its
+// size when alone is true (nothing of the model in flight), so that one larger than a
+// limit is still sent, alone.
+//
+//	$1 model, $2 MaxItems, $3 submission id, $4 MaxBytes, $5 token room (NULL: no limit), $6 alone
+const takeSQL = `WITH ordered AS (
+	SELECT key, sum(octet_length(request)) OVER w AS bytes, sum(tokens) OVER w AS tokens, row_number() OVER w AS n
+	FROM batch_items WHERE state = 'pending' AND model = $1
+	WINDOW w AS (ORDER BY created_at, key) ORDER BY created_at, key LIMIT $2),
+picked AS (SELECT key FROM ordered WHERE (bytes <= $4 AND ($5::bigint IS NULL OR tokens <= $5)) OR (n = 1 AND ($6 OR $5::bigint IS NULL))),
+upd AS (UPDATE batch_items i SET state = 'submitted', submission = $3, updated_at = now() FROM picked
+	WHERE i.key = picked.key AND i.state = 'pending'
+	RETURNING i.custom_id, i.request, i.tokens),
+sub AS (INSERT INTO batch_submissions (id, model, state, items, tokens) SELECT $3, $1, 'submitting', count(*), sum(tokens) FROM upd HAVING count(*) > 0)
+SELECT custom_id, request, tokens FROM upd`
+
+// take moves up to a batch of model's pending requests into a new submission (takeSQL)
+// and sends it; it returns how many requests it took and their tokens.
+func (b *batchLane) take(ctx context.Context, model string, room *int64, alone bool) (int, int64, error) {
+	id := uuid.NewString()
+	var tokens int64
+	items, err := queryRows(ctx, b.db, takeSQL, []any{model, b.cfg.MaxItems, id, b.cfg.MaxBytes, room, alone},
+		func(row pgx.CollectableRow) (llm.BatchItem, error) {
+			var it llm.BatchItem
+			var body []byte
+			var n int64
+			if err := row.Scan(&it.CustomID, &body, &n); err != nil {
+				return it, err
+			}
+			tokens += n
+			return it, decodeBatchRequest(&it, body)
+		})
+	if err != nil || len(items) == 0 {
+		return 0, 0, err
+	}
+	return len(items), tokens, b.send(ctx, llm.BatchSubmission{ID: id, Model: model, Items: items})
 }
 
 // send creates submission s's batch at the provider and records its id. A failure
@@ -451,10 +542,14 @@ WHERE submission = $1 AND state = 'submitted'`, []any{id}, func(row pgx.Collecta
 		delete(items, r.CustomID)
 		why := ""
 		if r.Outcome == llm.BatchSucceeded && r.Response != nil {
-			call := ledger.Call{Key: it.key, Work: it.work, RequestHash: it.hash, Provider: c.model.provider + "-batch", Model: it.model,
+			call := ledger.Call{Key: it.key, Work: it.work, RequestHash: it.hash, Provider: c.model.provider + ledger.BatchSuffix, Model: it.model,
 				Tenant: it.tenant, Request: it.request}
-			if _, err := c.model.ledger.Record(ctx, nil, call, ledger.ResultOf(r.Response)); err != nil && !errors.Is(err, ledger.ErrKeyReused) {
+			recorded, err := c.model.ledger.Record(ctx, nil, call, ledger.ResultOf(r.Response))
+			if err != nil && !errors.Is(err, ledger.ErrKeyReused) {
 				return fmt.Errorf("onceflow: batch lane: record %s: %w", it.key, err)
+			}
+			if recorded { // at the batch price, in the cost view; once: a second pass records nothing
+				c.model.limiter.AccountBatch(it.tenant, it.model, r.Response.Usage)
 			}
 		} else {
 			why = cmp.Or(r.Error, r.Outcome)
@@ -483,4 +578,104 @@ func (b *batchLane) wake(ctx context.Context, it batchItem, sig batchSignal) err
 		return nil
 	}
 	return fmt.Errorf("onceflow: batch lane: wake job %s: %w", it.jobID, err)
+}
+
+// BatchRecord is a batch of the lane, as Inspector.Batches lists it.
+type BatchRecord struct {
+	// Submission is the lane's id of the batch, committed before it was uploaded.
+	Submission string `json:"submission"`
+	// BatchID is the provider's id ("" while it is being submitted).
+	BatchID string `json:"batch_id,omitempty"`
+	Model   string `json:"model"`
+	// State is "submitting" (recorded, the provider's id not yet), "submitted"
+	// (at the provider) or "ended" (its results recorded).
+	State string `json:"state"`
+	// Items counts its requests, Tokens their estimated input tokens; Done and Failed
+	// count the requests answered and those that fell back to the synchronous lane
+	// (errored, expired, cancelled) once the batch ended.
+	Items  int   `json:"items"`
+	Tokens int64 `json:"tokens"`
+	Done   int   `json:"done"`
+	Failed int   `json:"failed"`
+	// CreatedAt is when the submission was recorded; SubmittedAt when the provider's id
+	// was, EndedAt when its results were (nil until then).
+	CreatedAt   time.Time  `json:"created_at"`
+	SubmittedAt *time.Time `json:"submitted_at,omitempty"`
+	EndedAt     *time.Time `json:"ended_at,omitempty"`
+}
+
+// BatchLane is the batch lane's state (Inspector.Batches): the requests waiting for a
+// batch, by model, and the batches, newest first.
+type BatchLane struct {
+	Pending map[string]int `json:"pending"`
+	Batches []BatchRecord  `json:"batches"`
+}
+
+// batchRecordSQL reads batch_submissions rows as BatchRecords, with their items' counts.
+const batchRecordSQL = `SELECT s.id::text, coalesce(s.batch_id, ''), s.model, s.state, s.items, s.tokens,
+	(SELECT count(*) FILTER (WHERE i.state = 'done') FROM batch_items i WHERE i.submission = s.id),
+	(SELECT count(*) FILTER (WHERE i.state = 'failed') FROM batch_items i WHERE i.submission = s.id),
+	s.created_at, s.submitted_at, s.ended_at
+FROM batch_submissions s `
+
+func scanBatchRecord(row pgx.CollectableRow) (r BatchRecord, err error) {
+	return r, row.Scan(&r.Submission, &r.BatchID, &r.Model, &r.State, &r.Items, &r.Tokens, &r.Done, &r.Failed,
+		&r.CreatedAt, &r.SubmittedAt, &r.EndedAt)
+}
+
+// Batches returns the batch lane's state: the requests waiting for a batch, by model,
+// and the newest limit batches (1 to 1000; 0 is 100). Without Config.DB it returns an
+// empty lane.
+func (in *Inspector) Batches(ctx context.Context, limit int) (*BatchLane, error) {
+	out := &BatchLane{Pending: map[string]int{}, Batches: []BatchRecord{}}
+	db := in.c.cfg.DB
+	if db == nil {
+		return out, nil
+	}
+	if limit < 0 || limit > 1000 {
+		return nil, fmt.Errorf("onceflow: Batches: limit %d is not 0 to 1000", limit)
+	}
+	pending, err := queryRows(ctx, db, `SELECT model, count(*) FROM batch_items WHERE state = 'pending' GROUP BY model`, nil,
+		func(row pgx.CollectableRow) (p struct {
+			model string
+			n     int
+		}, err error) {
+			return p, row.Scan(&p.model, &p.n)
+		})
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range pending {
+		out.Pending[p.model] = p.n
+	}
+	out.Batches, err = queryRows(ctx, db, batchRecordSQL+`ORDER BY s.created_at DESC LIMIT $1`, []any{cmp.Or(limit, 100)}, scanBatchRecord)
+	return out, err
+}
+
+// CancelBatch asks the provider to cancel a batch of the lane, named by its submission
+// id or the provider's batch id. The batch ends early at the provider; the lane then
+// records its results as for any ended batch: the requests answered before the cancel
+// are recorded, the others are made in the synchronous lane, once. It returns the batch
+// as it stood; a batch that ended, or whose submission is not recorded yet, is
+// ErrBatchNotCancellable, an unknown id ErrBatchNotFound. It needs Config.Batch.API.
+func (c *Client) CancelBatch(ctx context.Context, id string) (BatchRecord, error) {
+	if c.batch == nil {
+		return BatchRecord{}, errors.New("onceflow: CancelBatch: the client has no batch lane (Config.Batch.API)")
+	}
+	recs, err := queryRows(ctx, c.batch.db, batchRecordSQL+`WHERE s.id::text = $1 OR s.batch_id = $1`, []any{id}, scanBatchRecord)
+	switch {
+	case err != nil:
+		return BatchRecord{}, err
+	case len(recs) == 0:
+		return BatchRecord{}, fmt.Errorf("%w: %q", ErrBatchNotFound, id)
+	}
+	r := recs[0]
+	if r.State != "submitted" {
+		return r, fmt.Errorf("%w: batch %s is %s", ErrBatchNotCancellable, r.Submission, r.State)
+	}
+	if err := c.batch.cfg.API.Cancel(ctx, r.BatchID); err != nil {
+		return r, fmt.Errorf("onceflow: cancel batch %s: %w", r.BatchID, err)
+	}
+	c.log.InfoContext(ctx, "onceflow: batch cancelled at the provider", "submission", r.Submission, "batch", r.BatchID, "items", r.Items)
+	return r, nil
 }

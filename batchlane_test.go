@@ -2,11 +2,14 @@ package onceflow_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/onceflow/onceflow/limiter"
 	"iter"
 	"net/http/httptest"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -33,8 +36,9 @@ type batchAPI struct {
 }
 
 type memBatch struct {
-	info  llm.BatchInfo
-	items []llm.BatchItem
+	info      llm.BatchInfo
+	items     []llm.BatchItem
+	cancelled bool
 }
 
 func (a *batchAPI) Submit(_ context.Context, s llm.BatchSubmission) (llm.BatchInfo, error) {
@@ -78,7 +82,7 @@ func (a *batchAPI) Get(_ context.Context, id string) (llm.BatchInfo, error) {
 	for _, b := range a.batches {
 		if b.info.ID == id {
 			info := b.info
-			info.Ended = !a.hold
+			info.Ended = !a.hold || b.cancelled
 			return info, nil
 		}
 	}
@@ -89,9 +93,10 @@ func (a *batchAPI) Results(_ context.Context, id string) iter.Seq2[llm.BatchResu
 	return func(yield func(llm.BatchResult, error) bool) {
 		a.mu.Lock()
 		var items []llm.BatchItem
+		cancelled := false
 		for _, b := range a.batches {
 			if b.info.ID == id {
-				items = b.items
+				items, cancelled = b.items, b.cancelled
 			}
 		}
 		errored := a.errored
@@ -99,8 +104,12 @@ func (a *batchAPI) Results(_ context.Context, id string) iter.Seq2[llm.BatchResu
 		for i := len(items) - 1; i >= 0; i-- { // out of order, as providers answer
 			it := items[i]
 			r := llm.BatchResult{CustomID: it.CustomID, Outcome: llm.BatchSucceeded,
-				Response: &llm.Response{Model: it.Request.Model, Content: "batched: " + it.Request.Messages[0].Content, FinishReason: llm.FinishStop}}
-			if errored[it.CustomID] {
+				Response: &llm.Response{Model: it.Request.Model, Content: "batched: " + it.Request.Messages[0].Content, FinishReason: llm.FinishStop,
+					Usage: llm.Usage{InputTokens: 1000, OutputTokens: 500}}}
+			switch {
+			case cancelled:
+				r = llm.BatchResult{CustomID: it.CustomID, Outcome: llm.BatchCanceled, Error: "batch cancelled"}
+			case errored[it.CustomID]:
 				r = llm.BatchResult{CustomID: it.CustomID, Outcome: llm.BatchErrored, Error: "server_error"}
 			}
 			if !yield(r, nil) {
@@ -108,6 +117,19 @@ func (a *batchAPI) Results(_ context.Context, id string) iter.Seq2[llm.BatchResu
 			}
 		}
 	}
+}
+
+// Cancel ends batch id: its items answer "canceled", and it ends at once.
+func (a *batchAPI) Cancel(_ context.Context, id string) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, b := range a.batches {
+		if b.info.ID == id {
+			b.cancelled = true
+			return nil
+		}
+	}
+	return errors.New("no such batch")
 }
 
 func (a *batchAPI) counts() (batches int, submitted map[string]int) {
@@ -124,11 +146,17 @@ func (a *batchAPI) counts() (batches int, submitted map[string]int) {
 // whose answer is emailed.
 func batchEnv(t *testing.T, api *batchAPI, model llm.Client, within time.Duration, cfg onceflow.BatchConfig) (*onceflowtest.Env, *onceflowtest.Sink) {
 	t.Helper()
+	return batchEnvWith(t, api, model, onceflow.Config{NoLimits: true, Batch: cfg}, onceflow.InBatch(within))
+}
+
+// batchEnvWith is batchEnv with a Config of one's own (its Batch.API set to api) and
+// the step's options.
+func batchEnvWith(t *testing.T, api *batchAPI, model llm.Client, cfg onceflow.Config, opts ...onceflow.StepOption) (*onceflowtest.Env, *onceflowtest.Sink) {
+	t.Helper()
 	sink := onceflowtest.NewSink(t)
 	ws := onceflow.NewWorkers()
 	onceflow.AddWorker(ws, onceflow.WorkFunc[shadowedTicket](func(ctx context.Context, job *onceflow.Job[shadowedTicket]) error {
-		st, err := job.Complete(ctx, "summary", &llm.Request{Model: "prod", Messages: []llm.Message{{Role: llm.RoleUser, Content: job.Args.Text}}},
-			onceflow.InBatch(within))
+		st, err := job.Complete(ctx, "summary", ticketRequest(job.Args.Text), opts...)
 		if err != nil {
 			return err
 		}
@@ -137,12 +165,48 @@ func batchEnv(t *testing.T, api *batchAPI, model llm.Client, within time.Duratio
 			return nil
 		})
 	}))
-	cfg.API = api
-	fast := onceflow.QueueConfig{ClaimIdle: time.Second, RetryBase: 5 * time.Millisecond, RetryMax: 20 * time.Millisecond}
-	env := onceflowtest.New(t, onceflow.Config{Workers: ws, Model: model, NoLimits: true, Batch: cfg,
-		Queues:  map[string]onceflow.QueueConfig{onceflow.DefaultQueue: fast},
-		Senders: map[string]outbox.Sender{"email": sink.Sender(t, nil)}})
-	return env, sink
+	cfg.Batch.API = api
+	cfg.Workers, cfg.Model = ws, model
+	cfg.Queues = map[string]onceflow.QueueConfig{onceflow.DefaultQueue: {ClaimIdle: time.Second, RetryBase: 5 * time.Millisecond, RetryMax: 20 * time.Millisecond}}
+	cfg.Senders = map[string]outbox.Sender{"email": sink.Sender(t, nil)}
+	return onceflowtest.New(t, cfg), sink
+}
+
+// ticketRequest is the request of a ticket's step "summary".
+func ticketRequest(text string) *llm.Request {
+	return &llm.Request{Model: "prod", Messages: []llm.Message{{Role: llm.RoleUser, Content: text}}}
+}
+
+// enqueueTickets enqueues a ticket job for each text.
+func enqueueTickets(t *testing.T, env *onceflowtest.Env, texts ...string) {
+	t.Helper()
+	for _, text := range texts {
+		if _, err := env.Client.Enqueue(context.Background(), shadowedTicket{Text: text}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// numbered returns n texts "prefix 0", "prefix 1", ...
+func numbered(prefix string, n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprint(prefix, " ", i)
+	}
+	return out
+}
+
+// requireOnceEach fails unless every custom_id was submitted exactly once.
+func requireOnceEach(t *testing.T, submitted map[string]int, want int) {
+	t.Helper()
+	if len(submitted) != want {
+		t.Fatalf("%d custom_ids submitted, want %d", len(submitted), want)
+	}
+	for id, n := range submitted {
+		if n != 1 {
+			t.Errorf("custom_id %s submitted %d times, want once", id, n)
+		}
+	}
 }
 
 // Every step of 25 jobs goes through a batch once (batches of at most 10), its job
@@ -341,5 +405,174 @@ func TestBatchLaneThroughTheOpenAIBatchAPI(t *testing.T) {
 	}
 	if sync := st.ByEndpoint["chat_completions"]; sync != int64(failed) {
 		t.Fatalf("%d synchronous chat completions, want %d: one per failed or expired item (stats %+v)", sync, failed, st.ByEndpoint)
+	}
+}
+
+// A model's batches in flight stay under its enqueued-token limit: while they run, the
+// requests that would pass it wait in the lane, and go in later batches once the
+// earlier ones end; no request is sent twice or made synchronously.
+func TestBatchLaneKeepsAModelsEnqueuedTokensUnderItsLimit(t *testing.T) {
+	t.Parallel()
+	texts := numbered("ticket of the same length", 8)
+	per := int64(llm.EstimateInputTokens(ticketRequest(texts[0])))
+	limit := 3*per + per/2 // three requests fit, not four
+	api := &batchAPI{hold: true}
+	model := &modelsByName{answers: map[string]string{"prod": "synchronous"}}
+	env, sink := batchEnv(t, api, model, time.Hour, onceflow.BatchConfig{MaxItems: 100, MaxAge: 50 * time.Millisecond,
+		PollInterval: 50 * time.Millisecond, EnqueuedTokens: map[string]int64{"prod": limit}})
+	env.Start()
+	enqueueTickets(t, env, texts...)
+	onceflowtest.WaitFor(t, 20*time.Second, "the first batch", func() bool { _, sub := api.counts(); return len(sub) > 0 })
+	onceflowtest.WaitFor(t, 20*time.Second, "the others waiting in the lane", func() bool {
+		return env.Count(`SELECT count(*) FROM batch_items WHERE state = 'pending'`) == len(texts)-3
+	})
+	time.Sleep(300 * time.Millisecond) // six rounds of the submitter, none of which may send more
+	if batches, sub := api.counts(); batches != 1 || len(sub) != 3 {
+		t.Fatalf("%d batches with %d requests in flight, want 1 with 3 (%d tokens each, limit %d)", batches, len(sub), per, limit)
+	}
+	api.mu.Lock()
+	api.hold = false
+	api.mu.Unlock()
+	onceflowtest.WaitFor(t, 20*time.Second, "every email", func() bool { return sink.Total() == len(texts) })
+	sink.RequireOncePerKey(t, len(texts))
+	batches, sub := api.counts()
+	requireOnceEach(t, sub, len(texts))
+	if batches < 3 || model.count("prod") != 0 {
+		t.Fatalf("%d batches (want at least 3), %d synchronous calls (want 0)", batches, model.count("prod"))
+	}
+	if n := env.Count(`SELECT count(*) FROM batch_submissions WHERE tokens > $1 OR tokens <= 0`, limit); n != 0 {
+		t.Fatalf("%d batches over the limit of %d tokens (or without tokens)", n, limit)
+	}
+}
+
+// A batch holds no more than MaxBytes of requests: the lane splits them into batches
+// under it, and a request larger than MaxBytes alone is sent in a batch of its own.
+func TestBatchLaneSplitsBatchesAtMaxBytes(t *testing.T) {
+	t.Parallel()
+	api := &batchAPI{}
+	model := &modelsByName{answers: map[string]string{"prod": "synchronous"}}
+	env, sink := batchEnv(t, api, model, time.Hour, onceflow.BatchConfig{MaxItems: 100, MaxAge: 200 * time.Millisecond,
+		PollInterval: 50 * time.Millisecond, MaxBytes: 2500})
+	env.Start()
+	texts := numbered(strings.Repeat("a long ticket ", 70), 6) // about 1,000 bytes each as JSON with its fields
+	texts = append(texts, strings.Repeat("the longest ticket ", 300))
+	enqueueTickets(t, env, texts...)
+	onceflowtest.WaitFor(t, 20*time.Second, "every email", func() bool { return sink.Total() == len(texts) })
+	batches, sub := api.counts()
+	requireOnceEach(t, sub, len(texts))
+	if batches < 4 {
+		t.Fatalf("%d batches, want at least 4: three of two 1 KB requests under 2,500 bytes, and the 6 KB one alone", batches)
+	}
+	api.mu.Lock()
+	defer api.mu.Unlock()
+	for _, b := range api.batches {
+		size := 0
+		for _, it := range b.items {
+			body, _ := json.Marshal(it.Request)
+			size += len(body)
+		}
+		if size > 2500 && len(b.items) > 1 {
+			t.Errorf("batch %s holds %d requests of %d bytes, over MaxBytes", b.info.ID, len(b.items), size)
+		}
+	}
+}
+
+// Config.Batch.Kinds sends every model step of a kind's jobs through the lane, with no
+// option on the call.
+func TestBatchKindsSendEveryStepOfTheKindThroughTheLane(t *testing.T) {
+	t.Parallel()
+	api := &batchAPI{}
+	model := &modelsByName{answers: map[string]string{"prod": "synchronous"}}
+	env, sink := batchEnvWith(t, api, model, onceflow.Config{NoLimits: true, Batch: onceflow.BatchConfig{MaxAge: 100 * time.Millisecond,
+		PollInterval: 50 * time.Millisecond, Kinds: map[string]time.Duration{shadowedTicket{}.Kind(): time.Hour}}})
+	env.Start()
+	enqueueTickets(t, env, numbered("ticket", 5)...)
+	onceflowtest.WaitFor(t, 20*time.Second, "every email", func() bool { return sink.Total() == 5 })
+	_, sub := api.counts()
+	requireOnceEach(t, sub, 5)
+	if n := model.count("prod"); n != 0 {
+		t.Fatalf("%d synchronous calls, want 0", n)
+	}
+	for _, bad := range []map[string]time.Duration{{"ticket": 0}, {"ticket": -time.Second}} {
+		_, err := onceflow.NewClient(onceflow.Config{Redis: env.Redis, DB: env.DB, Model: model, Batch: onceflow.BatchConfig{API: api, Kinds: bad}})
+		if err == nil {
+			t.Errorf("Kinds %v accepted", bad)
+		}
+	}
+}
+
+// Cancelling a batch in flight ends it at the provider: its requests are made in the
+// synchronous lane, once each, and their emails go out once; the lane lists it ended
+// with its requests failed over; an ended batch, or an unknown id, cannot be cancelled.
+func TestCancelledBatchIsAnsweredInTheSynchronousLaneOnce(t *testing.T) {
+	t.Parallel()
+	api := &batchAPI{hold: true}
+	model := &modelsByName{answers: map[string]string{"prod": "synchronous"}}
+	env, sink := batchEnv(t, api, model, time.Hour, onceflow.BatchConfig{MaxAge: 50 * time.Millisecond, PollInterval: 50 * time.Millisecond})
+	env.Start()
+	ctx := context.Background()
+	enqueueTickets(t, env, numbered("ticket", 4)...)
+	var lane *onceflow.BatchLane
+	onceflowtest.WaitFor(t, 20*time.Second, "the batch at the provider", func() bool {
+		var err error
+		if lane, err = env.Client.Inspector().Batches(ctx, 0); err != nil {
+			t.Fatal(err)
+		}
+		return len(lane.Batches) == 1 && lane.Batches[0].State == "submitted"
+	})
+	b := lane.Batches[0]
+	if b.Items != 4 || b.Tokens <= 0 || b.BatchID == "" {
+		t.Fatalf("the batch listed as %+v", b)
+	}
+	if _, err := env.Client.CancelBatch(ctx, b.BatchID); err != nil {
+		t.Fatal(err)
+	}
+	onceflowtest.WaitFor(t, 20*time.Second, "every email", func() bool { return sink.Total() == 4 })
+	sink.RequireOncePerKey(t, 4)
+	if n := model.count("prod"); n != 4 {
+		t.Fatalf("%d synchronous calls, want 4: one per cancelled request", n)
+	}
+	onceflowtest.WaitFor(t, 10*time.Second, "the batch ended", func() bool {
+		lane, _ = env.Client.Inspector().Batches(ctx, 0)
+		return lane != nil && len(lane.Batches) == 1 && lane.Batches[0].State == "ended"
+	})
+	if b := lane.Batches[0]; b.Failed != 4 || b.Done != 0 || b.EndedAt == nil {
+		t.Fatalf("the ended batch listed as %+v", b)
+	}
+	if _, err := env.Client.CancelBatch(ctx, b.Submission); !errors.Is(err, onceflow.ErrBatchNotCancellable) {
+		t.Fatalf("cancelling an ended batch: %v, want ErrBatchNotCancellable", err)
+	}
+	if _, err := env.Client.CancelBatch(ctx, "batch_unknown"); !errors.Is(err, onceflow.ErrBatchNotFound) {
+		t.Fatalf("cancelling an unknown batch: %v, want ErrBatchNotFound", err)
+	}
+}
+
+// A batch's answers are in the limiter's cost view under the model's batch name, at
+// the batch price, once each.
+func TestBatchAnswersAreInTheCostViewAtTheBatchPrice(t *testing.T) {
+	t.Parallel()
+	api := &batchAPI{}
+	model := &modelsByName{answers: map[string]string{"prod": "synchronous"}}
+	env, sink := batchEnvWith(t, api, model, onceflow.Config{Batch: onceflow.BatchConfig{MaxAge: 50 * time.Millisecond, PollInterval: 50 * time.Millisecond},
+		Limits: limiter.Config{Prices: map[string]limiter.Price{"prod": {Input: 2, Output: 10}}}}, onceflow.InBatch(time.Hour))
+	env.Start()
+	enqueueTickets(t, env, numbered("ticket", 3)...)
+	onceflowtest.WaitFor(t, 20*time.Second, "every email", func() bool { return sink.Total() == 3 })
+	var got limiter.ModelUsage
+	onceflowtest.WaitFor(t, 10*time.Second, "the cost view", func() bool {
+		us, err := env.Client.Inspector().Limiter().Usage(context.Background(), time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = limiter.ModelUsage{}
+		for _, u := range us {
+			m := u.ByModel[limiter.BatchModel("prod")]
+			got.Calls += m.Calls
+			got.CostUSD += m.CostUSD
+		}
+		return got.Calls >= 3
+	})
+	if want := 3 * (1000*1.0 + 500*5.0) / 1e6; got.Calls != 3 || got.CostUSD < want-1e-9 || got.CostUSD > want+1e-9 {
+		t.Fatalf("the cost view: %+v, want 3 calls costing %.4f USD (1,000 input and 500 output tokens each at half of 2 and 10)", got, want)
 	}
 }

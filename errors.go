@@ -74,6 +74,45 @@ var (
 	// ErrNoModel is matched by the permanent error of Job.Complete and Job.Stream on a
 	// Client without Config.Model (or on a Job that no Client delivered).
 	ErrNoModel = errors.New("onceflow: no model (Config.Model is not set)")
+
+	// ErrAgentTurnLimit matches the error of an agent whose model still called tools at
+	// its last turn (AgentConfig.MaxTurns).
+	ErrAgentTurnLimit = errors.New("onceflow: the agent reached its turn limit")
+
+	// ErrGateRejected matches the error of a job whose held answer an operator rejected (or
+	// whose hold timed out): permanent, the job is dead-lettered with the gate's reason.
+	ErrGateRejected = errors.New("onceflow: the answer failed its eval gate and was rejected")
+
+	// ErrNotInDoubt matches the error of ResolveInDoubt for a call that is not in doubt (no
+	// intent without a result under that key: resolved already, or never started).
+	ErrNotInDoubt = errors.New("onceflow: the tool call is not in doubt")
+
+	// ErrInDoubt matches the error of a job whose tool call, run at most once
+	// (Job.ToolAtMostOnce), was started by an earlier delivery that never recorded how it
+	// ended: onceflow cannot tell whether the effect happened, so it does not call again.
+	// The job is dead-lettered in doubt (JobState says StatusInDoubt) until an operator
+	// resolves the call (Inspector.ResolveInDoubt).
+	ErrInDoubt = errors.New("onceflow: in doubt")
+
+	// ErrWaitTimedOut matches the error of WaitSignal when the signal did not come within its
+	// timeout.
+	ErrWaitTimedOut = errors.New("onceflow: the wait timed out")
+
+	// ErrAlreadySignalled matches the error of Client.Signal for a signal the job already
+	// has (and of Approve and Reject for a call already decided): the first one stands.
+	ErrAlreadySignalled = errors.New("onceflow: the job already has this signal")
+
+	// ErrNotWaiting matches the error of Client.Approve and Client.Reject for a tool call
+	// that no job waits for a decision on (another tenant's, resolved, or never asked).
+	ErrNotWaiting = errors.New("onceflow: no job waits for this decision")
+
+	// ErrBatchNotFound is Client.CancelBatch's error for an id that names no batch of
+	// the lane (neither a submission id nor a provider's batch id).
+	ErrBatchNotFound = errors.New("onceflow: no such batch")
+
+	// ErrBatchNotCancellable is Client.CancelBatch's error for a batch that has ended,
+	// or whose submission to the provider is not recorded yet (try again in a moment).
+	ErrBatchNotCancellable = errors.New("onceflow: the batch cannot be cancelled")
 )
 
 // Permanent marks err as a failure no retry can fix: a Worker that returns it has its job

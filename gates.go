@@ -72,10 +72,6 @@ const StatusHeld Status = "held"
 // gatePrefix names a held answer's wait and decision: "gate:" and the answer's ledger key.
 const gatePrefix = "gate:"
 
-// ErrGateRejected matches the error of a job whose held answer an operator rejected (or
-// whose hold timed out): permanent, the job is dead-lettered with the gate's reason.
-var ErrGateRejected = errors.New("onceflow: the answer failed its eval gate and was rejected")
-
 // gates is the Client's eval gates by step, with their metrics.
 type gates struct {
 	byStep  map[string][]*Gate

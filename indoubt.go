@@ -22,10 +22,6 @@ type Resolution struct {
 	Result string
 }
 
-// ErrNotInDoubt matches the error of ResolveInDoubt for a call that is not in doubt (no
-// intent without a result under that key: resolved already, or never started).
-var ErrNotInDoubt = errors.New("onceflow: the tool call is not in doubt")
-
 // InDoubtJob is a job in doubt, with its calls (Inspector.InDoubt).
 type InDoubtJob struct {
 	Tenant string        `json:"tenant"`

@@ -221,9 +221,15 @@ func (s *Step) ToolKeys() []ledger.ToolKey { return append([]ledger.ToolKey(nil)
 // ledger statement, shutdown) is plain and the job is delivered again. ctx is the Work
 // call's.
 //
-// Options change how the call is made: InBatch sends it through the batch lane.
+// Options change how the call is made: InBatch sends it through the batch lane (so does
+// Config.Batch.Kinds for every call of a job of a listed kind).
 func (j *Job[T]) Complete(ctx context.Context, step string, req *llm.Request, opts ...StepOption) (*Step, error) {
 	var o stepOptions
+	if j.run != nil && j.run.client.batch != nil {
+		if within, ok := j.run.client.batch.cfg.Kinds[j.Kind]; ok {
+			o.batch, o.within = true, within
+		}
+	}
 	for _, opt := range opts {
 		opt(&o)
 	}

@@ -28,13 +28,6 @@ type ToolCall struct {
 	ProviderID string
 }
 
-// ErrInDoubt matches the error of a job whose tool call, run at most once
-// (Job.ToolAtMostOnce), was started by an earlier delivery that never recorded how it
-// ended: onceflow cannot tell whether the effect happened, so it does not call again.
-// The job is dead-lettered in doubt (JobState says StatusInDoubt) until an operator
-// resolves the call (Inspector.ResolveInDoubt).
-var ErrInDoubt = errors.New("onceflow: in doubt")
-
 // InDoubtError is the error of a job in doubt: the tool call nobody knows the outcome
 // of. It matches ErrInDoubt.
 type InDoubtError struct {

@@ -36,18 +36,6 @@ const MaxWaitTimeout = 366 * 24 * time.Hour
 // (AgentTool.ApprovalTimeout, ApprovalConfig.Timeout) before its timeout's outcome.
 const DefaultApprovalTimeout = 24 * time.Hour
 
-// ErrWaitTimedOut matches the error of WaitSignal when the signal did not come within its
-// timeout.
-var ErrWaitTimedOut = errors.New("onceflow: the wait timed out")
-
-// ErrAlreadySignalled matches the error of Client.Signal for a signal the job already
-// has (and of Approve and Reject for a call already decided): the first one stands.
-var ErrAlreadySignalled = errors.New("onceflow: the job already has this signal")
-
-// ErrNotWaiting matches the error of Client.Approve and Client.Reject for a tool call
-// that no job waits for a decision on (another tenant's, resolved, or never asked).
-var ErrNotWaiting = errors.New("onceflow: no job waits for this decision")
-
 // waitRecord is what a wait's row holds: its deadline and, for an approval, what the
 // operator decides on.
 type waitRecord struct {

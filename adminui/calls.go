@@ -1,6 +1,7 @@
 package adminui
 
 import (
+	"github.com/onceflow/onceflow/limiter"
 	"net/http"
 	"slices"
 	"strings"
@@ -34,6 +35,7 @@ type callRow struct {
 	ledger.Summary
 	CostUSD float64
 	Priced  bool
+	Batch   bool // answered through the provider's batch API, priced at its batch price
 }
 
 // calls serves GET /ui/calls: the model-call ledger (llm_calls), newest first, by
@@ -72,9 +74,13 @@ func (u *UI) calls(w http.ResponseWriter, r *http.Request, s *session) {
 	lim := u.client.Inspector().Limiter() // its price table; without one, limiter.DefaultPrices
 	d.HasLimiter = lim != nil
 	for _, row := range rows {
-		cr := callRow{Summary: row}
+		cr := callRow{Summary: row, Batch: strings.HasSuffix(row.Provider, ledger.BatchSuffix)}
 		if row.InputTokens+row.OutputTokens > 0 {
-			cr.CostUSD, cr.Priced = lim.CostUSD(row.Model, row.InputTokens, row.OutputTokens)
+			model := row.Model
+			if cr.Batch {
+				model = limiter.BatchModel(model) // at the batch price
+			}
+			cr.CostUSD, cr.Priced = lim.CostUSD(model, row.InputTokens, row.OutputTokens)
 			if !cr.Priced {
 				d.Unpriced++
 			}

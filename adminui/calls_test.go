@@ -65,3 +65,31 @@ func TestModelCalls(t *testing.T) {
 		t.Fatalf("unknown state: %d", resp.StatusCode)
 	}
 }
+
+// A call answered through the provider's batch API is marked so on the model-calls page
+// and priced at the batch price: half the synchronous one.
+func TestModelCallsPriceBatchAnswersAtTheBatchPrice(t *testing.T) {
+	t.Parallel()
+	e := adminuitest.New(t, adminui.Config{})
+	ctx := context.Background()
+	l, err := ledger.New(e.Client.Inspector().DB(), ledger.Config{Wait: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	call := ledger.Call{Key: "k-batch", Work: ledger.Work("job-batch-0001", "summarise"), RequestHash: "h", Provider: "openai" + ledger.BatchSuffix,
+		Model: "gpt-4.1-mini", Tenant: "acme"}
+	if _, err := l.Record(ctx, nil, call, ledger.Result{Response: []byte(`{"usage":{"input_tokens":120,"output_tokens":34}}`), Raw: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	c := adminuitest.Browser(t)
+	if code := adminuitest.SignIn(t, e, c, adminuitest.AdminKey); code != http.StatusSeeOther {
+		t.Fatal(code)
+	}
+	_, page := adminuitest.Get(t, c, e.URL+"/ui/calls")
+	// Half of 0.0001024 USD (120 and 34 tokens at 0.40 and 1.60 USD per million).
+	for _, want := range []string{"<td>gpt-4.1-mini (batch)</td>", `<td class="num">0.000051</td>`} {
+		if !strings.Contains(page, want) {
+			t.Fatalf("calls page lacks %q: %.4000s", want, page)
+		}
+	}
+}

@@ -223,6 +223,10 @@ func (l *Ledger) clock() retry.Clock {
 // micros renders a duration as the bigint microseconds the SQL adds to a timestamp.
 func micros(d time.Duration) int64 { return d.Microseconds() }
 
+// BatchSuffix ends the provider name of a call answered through the provider's batch
+// API (onceflow's batch lane): "openai-batch", priced at the batch price.
+const BatchSuffix = "-batch"
+
 // Call identifies one model call to Begin.
 type Call struct {
 	// Key is the row's key: Key(work, req) for model calls. Required.
@@ -232,7 +236,9 @@ type Call struct {
 	// RequestHash is RequestHash(req) (or the gateway's hash of the HTTP request): a
 	// key recorded with another hash is ErrKeyReused. Required.
 	RequestHash string
-	// Provider and Model label the row and the metrics ("openai", "gpt-4.1-mini").
+	// Provider and Model label the row and the metrics ("openai", "gpt-4.1-mini"); a
+	// provider ending in BatchSuffix ("openai-batch") marks an answer that came through
+	// the provider's batch API.
 	Provider, Model string
 	// Tenant is whose call it is, stored on the row for operators (ListOptions.Tenant);
 	// "" for none. Client takes it from the context (llm.WithTenant).

@@ -75,7 +75,23 @@ func (l Limits) IsZero() bool { return l == Limits{} }
 // Price is what a model costs, in US dollars per million tokens.
 type Price struct {
 	Input, Output float64
+	// BatchInput and BatchOutput are its prices through the provider's batch API (the
+	// batch lane); zero is half of Input and Output, both providers' batch discount.
+	BatchInput, BatchOutput float64
 }
+
+// Batch returns p's batch prices as a Price of their own.
+func (p Price) Batch() Price {
+	return Price{Input: cmp.Or(p.BatchInput, p.Input/2), Output: cmp.Or(p.BatchOutput, p.Output/2)}
+}
+
+// BatchSuffix marks a model's calls made through the provider's batch API in the cost
+// view and the metrics: "gpt-4.1-mini (batch)" is gpt-4.1-mini at its batch price
+// (BatchModel).
+const BatchSuffix = " (batch)"
+
+// BatchModel is model's name for its batch calls: model and BatchSuffix.
+func BatchModel(model string) string { return model + BatchSuffix }
 
 // BudgetSource gives the tenants' own token budgets (per UTC day), overriding
 // Config.TenantTokenBudget: a tenant that it lists with 0 has no budget. The
@@ -1045,12 +1061,29 @@ func (l *Limiter) account(p *Permit, r Result, cost int64) {
 	l.umu.Unlock()
 }
 
-// priceOf returns model name's price: Config.Prices, then DefaultPrices, else zero.
+// priceOf returns model name's price: Config.Prices, then DefaultPrices, else zero;
+// a BatchModel name's is its model's batch price.
 func (l *Limiter) priceOf(name string) Price {
+	if base, ok := strings.CutSuffix(name, BatchSuffix); ok {
+		return l.priceOf(base).Batch()
+	}
 	if p, ok := l.cfg.Prices[name]; ok {
 		return p
 	}
 	return DefaultPrices[name]
+}
+
+// AccountBatch adds a call of model made through the provider's batch API, which used
+// u, to the cost view and the metrics of tenant, as model's BatchModel at its batch
+// price. Batch calls take no permit: they are not counted against the requests and
+// tokens per minute, the concurrency or the tenant's budget. Run writes the cost view.
+func (l *Limiter) AccountBatch(tenant, model string, u llm.Usage) {
+	if l == nil {
+		return
+	}
+	name := BatchModel(model)
+	p := &Permit{l: l, model: name, name: name, tenant: tenant}
+	l.account(p, Result{Sent: true, Usage: &u}, int64(u.InputTokens)+int64(u.OutputTokens))
 }
 
 func tenantLabel(tenant string) string { return cmp.Or(tenant, "none") }

@@ -792,3 +792,51 @@ func TestBackgroundCallsYieldToAWaitingTenantWhateverTheirShare(t *testing.T) {
 		t.Fatalf("a background call while acme waits: %v, want others first", err)
 	}
 }
+
+// A call made through the provider's batch API is in the cost view under its model's
+// batch name, at the batch price (half, or the table's batch prices), and takes nothing
+// from the synchronous limits: a model whose RPM is spent still admits after it.
+func TestBatchCallsAreInTheCostViewAtTheBatchPrice(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.Redis(t)
+	l := newLimiter(t, rdb, prefix, limiter.Config{SyncInterval: 50 * time.Millisecond,
+		Models: map[string]limiter.Limits{"gpt-4.1-mini": {RPM: 1}},
+		Prices: map[string]limiter.Price{"mine": {Input: 2, Output: 10, BatchOutput: 1}}})
+	run(t, l)
+	for range 3 {
+		l.AccountBatch("acme", "gpt-4.1-mini", llm.Usage{InputTokens: 1_000_000, OutputTokens: 1_000_000})
+	}
+	l.AccountBatch("acme", "mine", llm.Usage{InputTokens: 1_000_000, OutputTokens: 1_000_000})
+	var got limiter.TenantUsage
+	testenv.WaitFor(t, 5*time.Second, "the batch calls in the cost view", func() bool {
+		us, err := l.Usage(context.Background(), time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, u := range us {
+			if u.Tenant == "acme" && u.Calls == 4 {
+				got = u
+				return true
+			}
+		}
+		return false
+	})
+	mini := got.ByModel[limiter.BatchModel("gpt-4.1-mini")]
+	sync := limiter.DefaultPrices["gpt-4.1-mini"]
+	if want := 3 * (sync.Input + sync.Output) / 2; mini.Calls != 3 || !near(mini.CostUSD, want) {
+		t.Errorf("gpt-4.1-mini in batches: %+v, want 3 calls costing %.4f (half the synchronous price)", mini, want)
+	}
+	if mine := got.ByModel[limiter.BatchModel("mine")]; !near(mine.CostUSD, 1+1) { // input: half of 2; output: the table's 1
+		t.Errorf("mine in a batch: %+v, want 2.00 USD", mine)
+	}
+	if _, ok := got.ByModel["gpt-4.1-mini"]; ok {
+		t.Errorf("batch calls counted as synchronous calls: %+v", got.ByModel)
+	}
+	p, err := l.Acquire(context.Background(), limiter.Call{Model: "gpt-4.1-mini", Tenant: "acme", InputTokens: 10, OutputTokens: 10})
+	if err != nil {
+		t.Fatalf("the model's one request per minute after three batch calls: %v", err)
+	}
+	p.Done(limiter.Result{})
+}
+
+func near(a, b float64) bool { return a-b < 1e-9 && b-a < 1e-9 }

@@ -58,9 +58,10 @@ func ParseModelLimits(s string) (map[string]Limits, error) {
 }
 
 // ParsePrices reads a price table (ONCEFLOW_LLM_PRICES) in the format of
-// ParseModelLimits, keys input and output in US dollars per million tokens:
+// ParseModelLimits, keys input and output in US dollars per million tokens, and
+// batch_input and batch_output for the batch API's prices (default: half of each):
 //
-//	gpt-4.1-mini input=0.40 output=1.60; my-finetune input=3 output=12
+//	gpt-4.1-mini input=0.40 output=1.60; my-finetune input=3 output=12 batch_input=2
 //
 // A price an entry does not name is 0. Errors name the entry.
 func ParsePrices(s string) (map[string]Price, error) {
@@ -77,8 +78,12 @@ func ParsePrices(s string) (map[string]Price, error) {
 				p.Input = f
 			case "output":
 				p.Output = f
+			case "batch_input":
+				p.BatchInput = f
+			case "batch_output":
+				p.BatchOutput = f
 			default:
-				return fmt.Errorf("unknown price %q (input, output)", k)
+				return fmt.Errorf("unknown price %q (input, output, batch_input, batch_output)", k)
 			}
 		}
 		out[model] = p

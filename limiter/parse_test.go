@@ -27,7 +27,11 @@ func TestParsePrices(t *testing.T) {
 	if err != nil || m["gpt-4.1-mini"] != (Price{Input: 0.40, Output: 1.60}) || m["mine"] != (Price{Output: 12}) {
 		t.Fatalf("got %+v %v", m, err)
 	}
-	for _, bad := range []string{"m input=-1", "m input=NaN", "m input=Inf", "m cost=1"} {
+	m, err = ParsePrices("mine input=2 output=10 batch_output=4")
+	if err != nil || m["mine"] != (Price{Input: 2, Output: 10, BatchOutput: 4}) || m["mine"].Batch() != (Price{Input: 1, Output: 4}) {
+		t.Fatalf("batch prices: got %+v %v", m, err)
+	}
+	for _, bad := range []string{"m input=-1", "m input=NaN", "m input=Inf", "m cost=1", "m batch_input=-1"} {
 		if _, err := ParsePrices(bad); err == nil {
 			t.Errorf("ParsePrices(%q) accepted", bad)
 		}
@@ -98,5 +102,10 @@ func TestCostUSD(t *testing.T) {
 	}
 	if usd, ok := l.CostUSD("unknown-model", 10, 10); ok || usd != 0 {
 		t.Errorf("unknown model: %v %v", usd, ok)
+	}
+	for _, lim := range []*Limiter{l, nil} { // a batch call: half the price
+		if usd, ok := lim.CostUSD(BatchModel(def), 1000, 2000); !ok || usd != want/2 {
+			t.Errorf("%s with limiter %v: %v %v, want %v", BatchModel(def), lim != nil, usd, ok, want/2)
+		}
 	}
 }

@@ -13,13 +13,14 @@ import (
 
 // CostUSD prices a call of model that used in input and out output tokens, in US
 // dollars, by the limiter's price table (Config.Prices, then DefaultPrices); a nil
-// Limiter prices by DefaultPrices. A model without a price costs 0 and ok is false.
+// Limiter prices by DefaultPrices. A BatchModel name is priced at its model's batch
+// price. A model without a price costs 0 and ok is false.
 func (l *Limiter) CostUSD(model string, in, out int64) (usd float64, ok bool) {
 	var p Price
 	if l != nil {
 		p = l.priceOf(model)
 	} else {
-		p = DefaultPrices[model]
+		p = (&Limiter{}).priceOf(model) // DefaultPrices
 	}
 	if p == (Price{}) {
 		return 0, false
