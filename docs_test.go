@@ -41,6 +41,37 @@ func TestFirstWorkflowDocMirrorsTheExample(t *testing.T) {
 	}
 }
 
+// The shell commands of docs/first-workflow.md work in a new module as written: the
+// module is tidied (its go.sum gets the imports' modules) before its first `go run .`,
+// and the onceflow command is never run from inside the user's module (`go run
+// github.com/onceflow/onceflow/cmd/onceflow` there needs the command's own dependencies
+// in the user's go.mod).
+func TestFirstWorkflowShellStepsWorkInANewModule(t *testing.T) {
+	t.Parallel()
+	page, err := os.ReadFile("docs/first-workflow.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cmds []string
+	for _, m := range regexp.MustCompile("(?s)```sh\n(.*?)\n```").FindAllStringSubmatch(string(page), -1) {
+		for _, line := range strings.Split(m[1], "\n") {
+			line, _, _ = strings.Cut(line, "#")
+			if line = strings.TrimSpace(line); line != "" {
+				cmds = append(cmds, line)
+			}
+		}
+	}
+	tidy, run := slices.Index(cmds, "go mod tidy"), slices.Index(cmds, "go run .")
+	if run < 0 || tidy < 0 || tidy > run {
+		t.Errorf("the page runs its program (at command %d) without tidying its module first (at %d): %q", run, tidy, cmds)
+	}
+	for _, c := range cmds {
+		if strings.HasPrefix(c, "go run github.com/onceflow/onceflow/cmd/") {
+			t.Errorf("the page runs the onceflow command from inside the user's module: %q", c)
+		}
+	}
+}
+
 // The README's example is code of example_firstworkflow_test.go: each ```go block of
 // README.md, split at lines reading "// ...", is made of runs of the example's lines
 // (compared without indentation, blank lines ignored), in the example's order. So the

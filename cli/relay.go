@@ -35,6 +35,7 @@ func runRelay(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	log.InfoContext(ctx, "starting relay", "config", cfg)
+	warnTrialSettings(ctx, log, cfg, false, true)
 	if err := runAll(ctx, d, d.httpServer(nil), cfg.MetricsAddr, c.RunRelay); err != nil {
 		return fmt.Errorf("relay: %w", err)
 	}

@@ -243,3 +243,17 @@ func newRedis(cfg *config.Config) (redis.UniversalClient, error) {
 	}
 	return rdb, nil
 }
+
+// warnTrialSettings warns, as a role starts, of the defaults meant for a trial that a
+// production start may have left: the built-in fake model (for a role that calls the
+// model) and the log sender (for a role that delivers effects).
+func warnTrialSettings(ctx context.Context, log *slog.Logger, cfg *config.Config, model, sender bool) {
+	if model && cfg.LLM == fakeProvider.Name {
+		log.WarnContext(ctx, "ONCEFLOW_LLM is fake: the model's answers are made up by the built-in fake model, a setting for trials; "+
+			"set ONCEFLOW_LLM to a provider (openai, anthropic) for real answers")
+	}
+	if sender && cfg.Sender == "log" {
+		log.WarnContext(ctx, "ONCEFLOW_SENDER is log: effects sent with it are written to the log and marked sent, never delivered, "+
+			"a setting for trials; set ONCEFLOW_SENDER to webhook or smtp to deliver them")
+	}
+}

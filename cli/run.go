@@ -40,6 +40,7 @@ func runRun(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	log.InfoContext(ctx, "starting run: serve, work and relay", "config", cfg, "queues", selected)
+	warnTrialSettings(ctx, log, cfg, true, true)
 	err = runAll(ctx, d, s, cfg.HTTPAddr, func(ctx context.Context) error { return c.RunWorkers(ctx, selected...) }, c.RunRelay)
 	if err != nil {
 		return fmt.Errorf("run: %w", err)

@@ -45,6 +45,7 @@ func runWork(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	log.InfoContext(ctx, "starting work", "config", cfg, "queues", selected)
+	warnTrialSettings(ctx, log, cfg, true, false)
 	return runAll(ctx, d, d.httpServer(nil), cfg.MetricsAddr, func(ctx context.Context) error { return c.RunWorkers(ctx, selected...) })
 }
 

@@ -163,8 +163,14 @@ type Config struct {
 
 // DefaultCredentialHeaders are the request headers that always scope keys, canonical:
 // Authorization (OpenAI and most others), x-api-key (Anthropic) and api-key (Azure
-// OpenAI). Config.CredentialHeaders adds to them.
-var DefaultCredentialHeaders = []string{"Authorization", "X-Api-Key", "Api-Key"}
+// OpenAI). Config.CredentialHeaders adds to them. The variable is a copy for reading:
+// the gateway scopes keys by a list of its own, which changing it does not change (so
+// no code in the process can make two callers' credentials share keys).
+var DefaultCredentialHeaders = slices.Clone(builtinCredentialHeaders)
+
+// builtinCredentialHeaders are the headers that always scope keys
+// (DefaultCredentialHeaders is a copy).
+var builtinCredentialHeaders = []string{"Authorization", "X-Api-Key", "Api-Key"}
 
 // Gateway is the proxy, an http.Handler for the /v1/ paths. It is safe for concurrent
 // use.
@@ -413,7 +419,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // credentialHeaders returns DefaultCredentialHeaders and extra, canonical, sorted and
 // without duplicates, or an error naming an invalid header name.
 func credentialHeaders(extra []string) ([]string, error) {
-	names := slices.Clone(DefaultCredentialHeaders)
+	names := slices.Clone(builtinCredentialHeaders)
 	for _, n := range extra {
 		if !httpguts.ValidHeaderFieldName(n) {
 			return nil, fmt.Errorf("gateway: CredentialHeaders: %q is not a valid header name", n)
@@ -438,7 +444,7 @@ type Scope struct {
 // never share a Scope; the order of the values of one header is kept. It returns the
 // zero Scope when h carries none of the headers.
 func CredentialScope(h http.Header, extra ...string) Scope {
-	names := slices.Clone(DefaultCredentialHeaders)
+	names := slices.Clone(builtinCredentialHeaders)
 	for _, n := range extra {
 		names = append(names, http.CanonicalHeaderKey(n))
 	}

@@ -1115,6 +1115,22 @@ func TestRequestWithoutCredentialsGetsNoCredentialedReplay(t *testing.T) {
 	}
 }
 
+// Changing DefaultCredentialHeaders cannot make two callers' credentials share keys:
+// the gateway scopes by a list of its own. (Not parallel: it changes the variable
+// while no parallel test runs.)
+func TestDefaultCredentialHeadersCannotUnscopeKeys(t *testing.T) {
+	saved := gateway.DefaultCredentialHeaders
+	t.Cleanup(func() { gateway.DefaultCredentialHeaders = saved })
+	gateway.DefaultCredentialHeaders = nil
+	for _, name := range []string{"Authorization", "X-Api-Key", "Api-Key"} {
+		a := gateway.CredentialScope(http.Header{name: {"sk-tenant-a"}})
+		b := gateway.CredentialScope(http.Header{name: {"sk-tenant-b"}})
+		if a == b || a == (gateway.Scope{}) {
+			t.Errorf("with DefaultCredentialHeaders emptied, two %s values share a scope (or have none)", name)
+		}
+	}
+}
+
 // The scope is unambiguous: names are canonical, values are kept in order and never
 // run into each other or into another header's, other headers do not count, and a
 // request without any credential header has the zero Scope, which no credential header

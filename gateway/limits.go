@@ -64,7 +64,7 @@ func (g *Gateway) tenantOf(r *http.Request) string {
 	if len(v) == 0 {
 		// Without it, the first credential header it carries names the caller, so
 		// that sending the credential in another header does not escape the caps.
-		for _, n := range append(slices.Clone(DefaultCredentialHeaders), g.cfg.CredentialHeaders...) {
+		for _, n := range append(slices.Clone(builtinCredentialHeaders), g.cfg.CredentialHeaders...) {
 			if v = r.Header.Values(n); len(v) > 0 {
 				name = http.CanonicalHeaderKey(n)
 				break
