@@ -256,6 +256,10 @@ func (b *batchLane) recover(ctx context.Context) error {
 	}
 	for _, s := range subs {
 		found, err := b.find(ctx, s.id, s.items, s.at)
+		if errors.Is(err, errAmbiguousBatch) { // the others, and the rest of the round, go on
+			b.log.ErrorContext(ctx, "onceflow: batch lane: a submission's batch cannot be told apart at the provider; its requests fall back to the synchronous lane when their steps' waits end", "err", err)
+			continue
+		}
 		if err != nil {
 			return err
 		}
@@ -311,8 +315,12 @@ func (b *batchLane) find(ctx context.Context, id string, items int, at time.Time
 	case 1:
 		return unknown[0], nil
 	}
-	return "", fmt.Errorf("onceflow: batch lane: submission %s: %d batches at the provider could be it; resolve by hand (docs/batch.md)", id, len(unknown))
+	return "", fmt.Errorf("%w: submission %s: %d batches at the provider could be it; resolve by hand (docs/batch.md)", errAmbiguousBatch, id, len(unknown))
 }
+
+// errAmbiguousBatch is find's error when more than one unknown batch at the provider
+// could be a submission's.
+var errAmbiguousBatch = errors.New("onceflow: batch lane: ambiguous batch")
 
 // itemsOf returns submission id's items.
 func (b *batchLane) itemsOf(ctx context.Context, id string) ([]llm.BatchItem, error) {

@@ -43,6 +43,7 @@ func commands() []command {
 		{"approvals", "list [--tenant T|--all] [--json] | approve|reject JOB KEY [--note N]: tool calls waiting for an operator's decision", runApprovals},
 		{"indoubt", "list [--json] | resolve JOB KEY (--happened --result R | --not-happened): jobs whose tool call's outcome nobody knows", runInDoubt},
 		{"shadow", "report [--step S] [--since D] [--json]: how shadow candidates' answers compare with production's", runShadow},
+		{"batches", "list [--json] | cancel ID: the batch lane's waiting requests and batches; cancel a batch at the provider", runBatches},
 		{"eval", "--step S --candidate MODEL [--since D] [--json]: ask a candidate the step's recorded production inputs, and report", runEval},
 		{"tenants", "set TENANT --tokens-per-day N | delete TENANT | list [--json]: tenants' daily model token budgets and use today", runTenants},
 		{"gateway", "an OpenAI-compatible proxy adding Idempotency-Key semantics to any upstream (ONCEFLOW_GATEWAY_ADDR)", runGateway},

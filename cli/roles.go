@@ -159,7 +159,7 @@ func (d *deps) clientConfig(app App, withModel bool) (onceflow.Config, error) {
 		if err != nil {
 			return cfg, err
 		}
-		cfg.Batch = onceflow.BatchConfig{API: api, MaxItems: d.cfg.BatchMaxItems, MaxAge: d.cfg.BatchMaxAge, PollInterval: d.cfg.BatchPollInterval}
+		cfg.Batch = batchConfig(d.cfg, api)
 	}
 	cfg.NoLimits = !d.cfg.LLMAdmission
 	cfg.Limits = limitsConfig(d.cfg)
@@ -256,4 +256,13 @@ func warnTrialSettings(ctx context.Context, log *slog.Logger, cfg *config.Config
 		log.WarnContext(ctx, "ONCEFLOW_SENDER is log: effects sent with it are written to the log and marked sent, never delivered, "+
 			"a setting for trials; set ONCEFLOW_SENDER to webhook or smtp to deliver them")
 	}
+}
+
+// batchConfig is the batch lane's configuration from the ONCEFLOW_BATCH_* settings.
+func batchConfig(c *config.Config, api onceflow.BatchAPI) onceflow.BatchConfig {
+	b := onceflow.BatchConfig{API: api, MaxItems: c.BatchMaxItems, MaxAge: c.BatchMaxAge, PollInterval: c.BatchPollInterval, MaxBytes: c.BatchMaxBytes}
+	if c.BatchEnqueuedTokens > 0 {
+		b.EnqueuedTokens = map[string]int64{"*": c.BatchEnqueuedTokens}
+	}
+	return b
 }

@@ -123,11 +123,15 @@ type Config struct {
 	// call made at once) or "batch" (through the provider's batch API at its batch price,
 	// exactly once; docs/batch.md). Default: sync.
 	SummariesLane string
-	// BatchMaxItems, BatchMaxAge and BatchPollInterval configure the batch lane
-	// (onceflow.BatchConfig). Defaults: 1000, 1m, 5s.
+	// BatchMaxItems, BatchMaxAge, BatchPollInterval and BatchMaxBytes configure the
+	// batch lane (onceflow.BatchConfig). Defaults: 1000, 1m, 5s, 100 MB.
 	BatchMaxItems     int
 	BatchMaxAge       time.Duration
 	BatchPollInterval time.Duration
+	BatchMaxBytes     int64
+	// BatchEnqueuedTokens bounds the estimated input tokens of the batch lane's batches
+	// in flight, per model (BatchConfig.EnqueuedTokens["*"]). Default: 0, none.
+	BatchEnqueuedTokens int64
 	// LLMAdmissionWait is how long a job waits in its worker for the limiter's capacity
 	// before it waits in its queue instead (holding no worker). Default: 2s.
 	LLMAdmissionWait time.Duration
@@ -412,6 +416,12 @@ var settings = []setting{
 	{env: "ONCEFLOW_BATCH_POLL_INTERVAL", def: "5s", usage: "how often the batch lane sends due batches and looks for ended ones", parse: func(c *Config, v string) error {
 		return parseDuration(&c.BatchPollInterval, v)
 	}},
+	{env: "ONCEFLOW_BATCH_MAX_SIZE", def: "104857600", usage: "the most bytes of requests per batch of the batch lane (1024 to 209715200)", parse: func(c *Config, v string) error {
+		return parseInt64(&c.BatchMaxBytes, v, 1024, 200<<20)
+	}},
+	{env: "ONCEFLOW_BATCH_ENQUEUED_TOKENS", def: "0", usage: "the most input tokens (estimated) of a model's batches in flight (0: no limit; the provider's batch queue limit)", parse: func(c *Config, v string) error {
+		return parseInt64(&c.BatchEnqueuedTokens, v, 0, 1e15)
+	}},
 	{env: "ONCEFLOW_SHADOW", usage: "shadow runs: \"STEP=MODEL@RATE,...\" (a share of a step's model calls also made to MODEL, never causing an effect)", parse: func(c *Config, v string) error {
 		sh, err := onceflow.ParseShadows(v)
 		c.Shadows = sh
@@ -641,7 +651,7 @@ var groups = []struct {
 	{GroupWorkers, []string{"ONCEFLOW_WORKER_CONCURRENCY", "ONCEFLOW_CLAIM_IDLE", "ONCEFLOW_MAX_DELIVERIES", "ONCEFLOW_RETRY_BASE",
 		"ONCEFLOW_RETRY_MAX", "ONCEFLOW_MAX_RUN_TIME", "ONCEFLOW_JOB_BUDGET", "ONCEFLOW_DLQ_RETENTION", "ONCEFLOW_RECORD_SUCCESSES",
 		"ONCEFLOW_BREAKER_THRESHOLD", "ONCEFLOW_HEALTH_INTERVAL", "ONCEFLOW_STATS_INTERVAL"}},
-	{GroupModel, []string{"ONCEFLOW_LLM", "ONCEFLOW_LLM_BASE_URL", "ONCEFLOW_LLM_MODEL", "ONCEFLOW_SHADOW", "ONCEFLOW_SUMMARIES_LANE", "ONCEFLOW_BATCH_MAX_ITEMS", "ONCEFLOW_BATCH_MAX_AGE", "ONCEFLOW_BATCH_POLL_INTERVAL"}},
+	{GroupModel, []string{"ONCEFLOW_LLM", "ONCEFLOW_LLM_BASE_URL", "ONCEFLOW_LLM_MODEL", "ONCEFLOW_SHADOW", "ONCEFLOW_SUMMARIES_LANE", "ONCEFLOW_BATCH_MAX_ITEMS", "ONCEFLOW_BATCH_MAX_AGE", "ONCEFLOW_BATCH_POLL_INTERVAL", "ONCEFLOW_BATCH_MAX_SIZE", "ONCEFLOW_BATCH_ENQUEUED_TOKENS"}},
 	{GroupModelCalls, []string{"OPENAI_API_KEY", "ANTHROPIC_API_KEY", "ONCEFLOW_LLM_TIMEOUT", "ONCEFLOW_LLM_MAX_ATTEMPTS",
 		"ONCEFLOW_LLM_QUOTA_PROBE"}},
 	{GroupLimits, []string{"ONCEFLOW_LLM_ADMISSION", "ONCEFLOW_LLM_RPM", "ONCEFLOW_LLM_TPM", "ONCEFLOW_LLM_CONCURRENCY",
@@ -956,6 +966,16 @@ func parseBool(dst *bool, v string) error {
 		return errors.New("want true or false")
 	}
 	*dst = b
+	return nil
+}
+
+// parseInt64 is parseInt for an int64.
+func parseInt64(dst *int64, v string, lo, hi int64) error {
+	n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+	if err != nil || n < lo || n > hi {
+		return fmt.Errorf("must be an integer between %d and %d", lo, hi)
+	}
+	*dst = n
 	return nil
 }
 

@@ -463,3 +463,23 @@ func TestShadowSetting(t *testing.T) {
 		t.Fatalf("a rate of 3: %v", err)
 	}
 }
+
+// The batch lane's settings: the summaries' lane, the size of a batch and its model's
+// enqueued tokens, each checked against its bounds.
+func TestBatchLaneSettings(t *testing.T) {
+	t.Parallel()
+	c, err := load(t, map[string]string{"ONCEFLOW_SUMMARIES_LANE": "batch", "ONCEFLOW_BATCH_MAX_SIZE": "1048576", "ONCEFLOW_BATCH_ENQUEUED_TOKENS": "2000000"})
+	if err != nil || c.SummariesLane != "batch" || c.BatchMaxBytes != 1<<20 || c.BatchEnqueuedTokens != 2_000_000 {
+		t.Fatalf("%q %d %d %v", c.SummariesLane, c.BatchMaxBytes, c.BatchEnqueuedTokens, err)
+	}
+	if c, err := load(t, nil); err != nil || c.SummariesLane != "sync" || c.BatchMaxBytes != 100<<20 || c.BatchEnqueuedTokens != 0 {
+		t.Fatalf("defaults: %q %d %d %v", c.SummariesLane, c.BatchMaxBytes, c.BatchEnqueuedTokens, err)
+	}
+	for name, v := range map[string]string{"ONCEFLOW_SUMMARIES_LANE": "later", "ONCEFLOW_BATCH_MAX_SIZE": "10", "ONCEFLOW_BATCH_ENQUEUED_TOKENS": "-1"} {
+		_, err := load(t, map[string]string{name: v})
+		var ce *Error
+		if !errors.As(err, &ce) || ce.Name != name {
+			t.Errorf("%s=%s: %v, want an error naming the setting", name, v, err)
+		}
+	}
+}
