@@ -14,6 +14,9 @@
 // reported in OpenAI's vocabulary (end_turn is llm.FinishStop, tool_use
 // llm.FinishToolCalls, max_tokens llm.FinishLength). Request.Temperature is not sent:
 // the v2 SDK no longer has the parameter.
+//
+// Client.Batches is the Message Batches API for onceflow's batch lane
+// (onceflow.BatchAPI): the same requests as Complete sends, answered at the batch price.
 package anthropic
 
 import (
