@@ -10,6 +10,7 @@ import (
 	"iter"
 	"net/http"
 	"net/url"
+	"strings"
 	"time"
 
 	asdk "github.com/anthropics/anthropic-sdk-go/v2"
@@ -108,20 +109,34 @@ func batchInfo(bt *asdk.MessageBatch) llm.BatchInfo {
 		Items: int(rc.Processing + rc.Succeeded + rc.Errored + rc.Canceled + rc.Expired)}
 }
 
-// Results yields the outcome of each request of ended message batch id, from GET
-// /v1/messages/batches/{id}/results (the path of its results_url), read line by line
-// (at most 16 MiB a line) and parsed by ParseBatchResult; the first line that does not
-// parse ends it with an error.
+// Results yields the outcome of each request of ended message batch id, read from its
+// results_url (the API documents that URL, not its path, as the place of the results)
+// line by line, at most 16 MiB a line, and parsed by ParseBatchResult; the first line
+// that does not parse ends it with an error. The API key is sent only to the origin of
+// Config.BaseURL: a results_url elsewhere is read at its path under Config.BaseURL.
 func (b *Batches) Results(ctx context.Context, id string) iter.Seq2[llm.BatchResult, error] {
 	return func(yield func(llm.BatchResult, error) bool) {
-		// The SDK's ResultsStreaming decodes each line into its own types, with a line
-		// limit of its own, before the caller sees it: the body is read here instead,
-		// through the same client (base URL, key, error type).
-		var resp *http.Response
-		err := b.c.sdk.Get(ctx, "v1/messages/batches/"+url.PathEscape(id)+"/results", nil, &resp,
-			option.WithHeader("Accept", "application/x-jsonl"))
+		fail := func(err error) { yield(llm.BatchResult{}, fmt.Errorf("%s batch %s: results: %w", Provider, id, err)) }
+		bt, err := b.c.sdk.Messages.Batches.Get(ctx, id, asdk.MessageBatchGetParams{})
 		if err != nil {
-			yield(llm.BatchResult{}, fmt.Errorf("%s batch %s: results: %w", Provider, id, mapError(err, resp)))
+			fail(mapError(err, nil))
+			return
+		}
+		if bt.ResultsURL == "" {
+			fail(fmt.Errorf("none yet: the batch is %s", bt.ProcessingStatus))
+			return
+		}
+		target, err := b.c.resultsTarget(bt.ResultsURL)
+		if err != nil {
+			fail(err)
+			return
+		}
+		// The SDK's ResultsStreaming assumes the path, and decodes each line into its
+		// own types, within a line limit of its own, before the caller sees it: the body
+		// is read here instead, through the same client (key, headers, error type).
+		var resp *http.Response
+		if err := b.c.sdk.Get(ctx, target, nil, &resp, option.WithHeader("Accept", "application/x-jsonl")); err != nil {
+			fail(mapError(err, nil))
 			return
 		}
 		defer resp.Body.Close()
@@ -140,9 +155,27 @@ func (b *Batches) Results(ctx context.Context, id string) iter.Seq2[llm.BatchRes
 			}
 		}
 		if err := sc.Err(); err != nil {
-			yield(llm.BatchResult{}, fmt.Errorf("%s batch %s: results: %w", Provider, id, err))
+			fail(err)
 		}
 	}
+}
+
+// resultsTarget is where the client reads a batch's results_url: the URL itself when
+// it is on the origin (scheme and host) of the client's base URL, else its path and
+// query, resolved under the base URL.
+func (c *Client) resultsTarget(resultsURL string) (string, error) {
+	u, err := url.Parse(resultsURL)
+	if err != nil {
+		return "", fmt.Errorf("results_url %.200q: %w", resultsURL, err)
+	}
+	if base, err := url.Parse(c.baseURL); err == nil && u.Scheme == base.Scheme && u.Host == base.Host {
+		return u.String(), nil
+	}
+	ref := strings.TrimLeft(u.EscapedPath(), "/")
+	if u.RawQuery != "" {
+		ref += "?" + u.RawQuery
+	}
+	return ref, nil
 }
 
 // resultLine is one line of a message batch's results.

@@ -277,6 +277,50 @@ func TestBatchCancelCancelsTheRequestsNotDone(t *testing.T) {
 	}
 }
 
+// endedBatch is GET /v1/messages/batches/msgbatch_1 of an ended batch whose
+// results_url is resultsURL ("" for one still in progress).
+func endedBatch(resultsURL string) string {
+	status, results := "ended", "null"
+	if resultsURL != "" {
+		results = fmt.Sprintf("%q", resultsURL)
+	} else {
+		status = "in_progress"
+	}
+	return fmt.Sprintf(`{"id":"msgbatch_1","type":"message_batch","processing_status":%q,"request_counts":{"processing":0,"succeeded":0,"errored":0,"canceled":0,"expired":1},`+
+		`"created_at":"2026-03-02T09:00:00Z","expires_at":"2026-03-03T09:00:00Z","ended_at":null,"archived_at":null,"cancel_initiated_at":null,"results_url":%s}`, status, results)
+}
+
+// resultsServer serves batch msgbatch_1, its results_url resultsURL (with %s for the
+// server's own URL), and body at GET resultsPath to the key "k" (the SDK sends it as
+// a bearer token); it counts the reads of the results.
+func resultsServer(t *testing.T, resultsURL, resultsPath, body string) (*anthropic.Batches, *int) {
+	t.Helper()
+	var mu sync.Mutex
+	reads := 0
+	var srv *httptest.Server
+	srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.URL.Path == "/v1/messages/batches/msgbatch_1":
+			w.Header().Set("Content-Type", "application/json")
+			u := resultsURL
+			if strings.Contains(u, "%s") {
+				u = fmt.Sprintf(u, srv.URL)
+			}
+			_, _ = io.WriteString(w, endedBatch(u))
+		case r.URL.RequestURI() == resultsPath && (r.Header.Get("X-Api-Key") == "k" || r.Header.Get("Authorization") == "Bearer k"):
+			mu.Lock()
+			reads++
+			mu.Unlock()
+			w.Header().Set("Content-Type", "application/x-jsonl")
+			_, _ = io.WriteString(w, body)
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	return anthropic.New(anthropic.Config{BaseURL: srv.URL, APIKey: "k"}).Batches(), &reads
+}
+
 // A results line that is not a result, or one beyond 16 MiB, ends Results with an
 // error after the good lines before it; blank lines are skipped.
 func TestBatchResultsRefuseAMalformedLine(t *testing.T) {
@@ -289,16 +333,7 @@ func TestBatchResultsRefuseAMalformedLine(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				if r.URL.Path != "/v1/messages/batches/msgbatch_1/results" {
-					http.NotFound(w, r)
-					return
-				}
-				w.Header().Set("Content-Type", "application/x-jsonl")
-				_, _ = io.WriteString(w, body)
-			}))
-			t.Cleanup(srv.Close)
-			b := anthropic.New(anthropic.Config{BaseURL: srv.URL, APIKey: "k"}).Batches()
+			b, _ := resultsServer(t, "%s/v1/messages/batches/msgbatch_1/results", "/v1/messages/batches/msgbatch_1/results", body)
 			var ids []string
 			var errs []error
 			for r, err := range b.Results(t.Context(), "msgbatch_1") {
@@ -312,6 +347,37 @@ func TestBatchResultsRefuseAMalformedLine(t *testing.T) {
 				t.Fatalf("yielded %v and errors %v, want a then one error", ids, errs)
 			}
 		})
+	}
+}
+
+// Results reads the batch's results_url, wherever on the API's origin it points; a
+// results_url on another origin is read at its path and query on the configured one
+// (the key goes nowhere else); a batch still in progress has no results to read.
+func TestBatchResultsAreReadFromTheResultsURL(t *testing.T) {
+	t.Parallel()
+	line := `{"custom_id":"a","result":{"type":"expired"}}` + "\n"
+	for _, tc := range []struct{ resultsURL, path string }{
+		{"%s/v1/messages/batches/msgbatch_1/results", "/v1/messages/batches/msgbatch_1/results"},
+		{"%s/v2/results/msgbatch_1.jsonl?part=all", "/v2/results/msgbatch_1.jsonl?part=all"},
+		{"https://results.example.invalid/v2/results/msgbatch_1.jsonl?part=all", "/v2/results/msgbatch_1.jsonl?part=all"},
+	} {
+		b, reads := resultsServer(t, tc.resultsURL, tc.path, line)
+		var got []string
+		for r, err := range b.Results(t.Context(), "msgbatch_1") {
+			if err != nil {
+				t.Fatalf("results_url %s: %v", tc.resultsURL, err)
+			}
+			got = append(got, r.CustomID+" "+r.Outcome)
+		}
+		if !slices.Equal(got, []string{"a expired"}) || *reads != 1 {
+			t.Errorf("results_url %s: %v after %d reads of %s, want a expired from one", tc.resultsURL, got, *reads, tc.path)
+		}
+	}
+	b, reads := resultsServer(t, "", "/v1/messages/batches/msgbatch_1/results", line)
+	for _, err := range b.Results(t.Context(), "msgbatch_1") {
+		if err == nil || !strings.Contains(err.Error(), "in_progress") || *reads != 0 {
+			t.Errorf("a batch in progress: %v after %d reads, want an error and none", err, *reads)
+		}
 	}
 }
 
