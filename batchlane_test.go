@@ -286,67 +286,6 @@ func TestBatchFailuresAndTimeoutsFallBackToTheSynchronousLane(t *testing.T) {
 	})
 }
 
-// Through the OpenAI Batch API of fake-llm, over HTTP: every step of 30 jobs is
-// submitted in a batch once and billed once, no chat completion is asked synchronously,
-// and the items the fake errors or expires are asked synchronously once each.
-func TestBatchLaneThroughTheOpenAIBatchAPI(t *testing.T) {
-	t.Parallel()
-	fcfg := fakeserver.Config{BatchDelay: 300 * time.Millisecond, BatchFailEvery: 7, BatchExpireEvery: 11, Seed: 1}
-	fs, err := fakeserver.New(fcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(fs.Close)
-	srv := httptest.NewServer(fs)
-	t.Cleanup(srv.Close)
-	model := openai.New(openai.Config{BaseURL: srv.URL + "/v1", APIKey: "test"})
-	sink := onceflowtest.NewSink(t)
-	ws := onceflow.NewWorkers()
-	onceflow.AddWorker(ws, onceflow.WorkFunc[shadowedTicket](func(ctx context.Context, job *onceflow.Job[shadowedTicket]) error {
-		st, err := job.Complete(ctx, "summary", &llm.Request{Model: "gpt-4.1-mini", Messages: []llm.Message{{Role: llm.RoleUser, Content: job.Args.Text}}},
-			onceflow.InBatch(time.Hour))
-		if err != nil {
-			return err
-		}
-		return job.Commit(ctx, func(c *onceflow.Commit) error {
-			c.Emit("email", "email:"+job.ID, map[string]string{"summary": st.Response.Content})
-			return nil
-		})
-	}))
-	fast := onceflow.QueueConfig{ClaimIdle: time.Second, RetryBase: 5 * time.Millisecond, RetryMax: 20 * time.Millisecond}
-	env := onceflowtest.New(t, onceflow.Config{Workers: ws, Model: model, Provider: "openai", NoLimits: true,
-		Batch:   onceflow.BatchConfig{API: model.Batches(), MaxItems: 12, MaxAge: 200 * time.Millisecond, PollInterval: 100 * time.Millisecond},
-		Queues:  map[string]onceflow.QueueConfig{onceflow.DefaultQueue: fast},
-		Senders: map[string]outbox.Sender{"email": sink.Sender(t, nil)}})
-	env.Start()
-	const jobs = 30
-	for i := range jobs {
-		if _, err := env.Client.Enqueue(context.Background(), shadowedTicket{Text: fmt.Sprint("ticket ", i)}, nil); err != nil {
-			t.Fatal(err)
-		}
-	}
-	onceflowtest.WaitFor(t, 30*time.Second, "every email", func() bool { return sink.Total() == jobs })
-	sink.RequireOncePerKey(t, jobs)
-	st := fs.Stats()
-	failed := 0
-	for id, n := range st.BatchByCustomID {
-		if n != 1 {
-			t.Errorf("custom_id %s submitted %d times, want once", id, n)
-		}
-		if fcfg.BatchOutcome(id) != fakeserver.BatchSucceeded {
-			failed++
-		} else if st.BatchBilledByCustomID[id] != 1 {
-			t.Errorf("custom_id %s billed %d times in batches, want once", id, st.BatchBilledByCustomID[id])
-		}
-	}
-	if len(st.BatchByCustomID) != jobs || failed == 0 {
-		t.Fatalf("%d custom_ids in batches (want %d), %d of them failing (want some)", len(st.BatchByCustomID), jobs, failed)
-	}
-	if sync := st.ByEndpoint["chat_completions"]; sync != int64(failed) {
-		t.Fatalf("%d synchronous chat completions, want %d: one per failed or expired item (stats %+v)", sync, failed, st.ByEndpoint)
-	}
-}
-
 // anthropicLaneEnv runs ticket jobs whose step "summary" takes the batch lane of the
 // Anthropic adapter on fake-llm's Message Batches, served by h (fake-llm, or fake-llm
 // behind a test's handler).
@@ -465,5 +404,66 @@ func TestBatchLaneFindsAMessageBatchWhoseCreationAnswerWasLost(t *testing.T) {
 	// Each batch created, the lost one too, is a submission's: none was created twice.
 	if n, subs := fs.Stats().BatchesCreated["anthropic"], env.Count(`SELECT count(*) FROM batch_submissions WHERE state = 'ended' AND batch_id IS NOT NULL`); !lostOne.Load() || n != int64(subs) {
 		t.Fatalf("%d message batches for %d ended submissions (answer lost: %t), want one each", n, subs, lostOne.Load())
+	}
+}
+
+// Through the OpenAI Batch API of fake-llm, over HTTP: every step of 30 jobs is
+// submitted in a batch once and billed once, no chat completion is asked synchronously,
+// and the items the fake errors or expires are asked synchronously once each.
+func TestBatchLaneThroughTheOpenAIBatchAPI(t *testing.T) {
+	t.Parallel()
+	fcfg := fakeserver.Config{BatchDelay: 300 * time.Millisecond, BatchFailEvery: 7, BatchExpireEvery: 11, Seed: 1}
+	fs, err := fakeserver.New(fcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(fs.Close)
+	srv := httptest.NewServer(fs)
+	t.Cleanup(srv.Close)
+	model := openai.New(openai.Config{BaseURL: srv.URL + "/v1", APIKey: "test"})
+	sink := onceflowtest.NewSink(t)
+	ws := onceflow.NewWorkers()
+	onceflow.AddWorker(ws, onceflow.WorkFunc[shadowedTicket](func(ctx context.Context, job *onceflow.Job[shadowedTicket]) error {
+		st, err := job.Complete(ctx, "summary", &llm.Request{Model: "gpt-4.1-mini", Messages: []llm.Message{{Role: llm.RoleUser, Content: job.Args.Text}}},
+			onceflow.InBatch(time.Hour))
+		if err != nil {
+			return err
+		}
+		return job.Commit(ctx, func(c *onceflow.Commit) error {
+			c.Emit("email", "email:"+job.ID, map[string]string{"summary": st.Response.Content})
+			return nil
+		})
+	}))
+	fast := onceflow.QueueConfig{ClaimIdle: time.Second, RetryBase: 5 * time.Millisecond, RetryMax: 20 * time.Millisecond}
+	env := onceflowtest.New(t, onceflow.Config{Workers: ws, Model: model, Provider: "openai", NoLimits: true,
+		Batch:   onceflow.BatchConfig{API: model.Batches(), MaxItems: 12, MaxAge: 200 * time.Millisecond, PollInterval: 100 * time.Millisecond},
+		Queues:  map[string]onceflow.QueueConfig{onceflow.DefaultQueue: fast},
+		Senders: map[string]outbox.Sender{"email": sink.Sender(t, nil)}})
+	env.Start()
+	const jobs = 30
+	for i := range jobs {
+		if _, err := env.Client.Enqueue(context.Background(), shadowedTicket{Text: fmt.Sprint("ticket ", i)}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	onceflowtest.WaitFor(t, 30*time.Second, "every email", func() bool { return sink.Total() == jobs })
+	sink.RequireOncePerKey(t, jobs)
+	st := fs.Stats()
+	failed := 0
+	for id, n := range st.BatchByCustomID {
+		if n != 1 {
+			t.Errorf("custom_id %s submitted %d times, want once", id, n)
+		}
+		if fcfg.BatchOutcome(id) != fakeserver.BatchSucceeded {
+			failed++
+		} else if st.BatchBilledByCustomID[id] != 1 {
+			t.Errorf("custom_id %s billed %d times in batches, want once", id, st.BatchBilledByCustomID[id])
+		}
+	}
+	if len(st.BatchByCustomID) != jobs || failed == 0 {
+		t.Fatalf("%d custom_ids in batches (want %d), %d of them failing (want some)", len(st.BatchByCustomID), jobs, failed)
+	}
+	if sync := st.ByEndpoint["chat_completions"]; sync != int64(failed) {
+		t.Fatalf("%d synchronous chat completions, want %d: one per failed or expired item (stats %+v)", sync, failed, st.ByEndpoint)
 	}
 }
