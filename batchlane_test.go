@@ -7,15 +7,18 @@ import (
 	"fmt"
 	"github.com/onceflow/onceflow/limiter"
 	"iter"
+	"net/http"
 	"net/http/httptest"
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/llm"
+	"github.com/onceflow/onceflow/llm/anthropic"
 	"github.com/onceflow/onceflow/llm/fakeserver"
 	"github.com/onceflow/onceflow/llm/openai"
 	"github.com/onceflow/onceflow/onceflowtest"
@@ -33,6 +36,7 @@ type batchAPI struct {
 	hold       bool            // batches do not end while set
 	errored    map[string]bool // custom_ids answered with an error
 	failCreate *bool
+	noMetadata bool // List and Get say no submission, as Anthropic's API
 }
 
 type memBatch struct {
@@ -70,7 +74,11 @@ func (a *batchAPI) List(_ context.Context, since time.Time) ([]llm.BatchInfo, er
 	var out []llm.BatchInfo
 	for _, b := range a.batches {
 		if !b.info.CreatedAt.Before(since) {
-			out = append(out, b.info)
+			info := b.info
+			if a.noMetadata {
+				info.Submission = ""
+			}
+			out = append(out, info)
 		}
 	}
 	return out, nil
@@ -347,6 +355,127 @@ func TestBatchFailuresAndTimeoutsFallBackToTheSynchronousLane(t *testing.T) {
 	})
 }
 
+// anthropicLaneEnv runs ticket jobs whose step "summary" takes the batch lane of the
+// Anthropic adapter on fake-llm's Message Batches, served by h (fake-llm, or fake-llm
+// behind a test's handler).
+func anthropicLaneEnv(t *testing.T, h http.Handler) (*onceflowtest.Env, *onceflowtest.Sink) {
+	t.Helper()
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	model := anthropic.New(anthropic.Config{BaseURL: srv.URL, APIKey: "sk-ant-test"})
+	sink := onceflowtest.NewSink(t)
+	ws := onceflow.NewWorkers()
+	onceflow.AddWorker(ws, onceflow.WorkFunc[shadowedTicket](func(ctx context.Context, job *onceflow.Job[shadowedTicket]) error {
+		st, err := job.Complete(ctx, "summary", &llm.Request{Model: "claude-haiku-4-5", MaxTokens: 200,
+			Messages: []llm.Message{{Role: llm.RoleUser, Content: job.Args.Text}}}, onceflow.InBatch(time.Hour))
+		if err != nil {
+			return err
+		}
+		return job.Commit(ctx, func(c *onceflow.Commit) error {
+			c.Emit("email", "email:"+job.ID, map[string]string{"summary": st.Response.Content})
+			return nil
+		})
+	}))
+	fast := onceflow.QueueConfig{ClaimIdle: time.Second, RetryBase: 5 * time.Millisecond, RetryMax: 20 * time.Millisecond}
+	env := onceflowtest.New(t, onceflow.Config{Workers: ws, Model: model, Provider: "anthropic", NoLimits: true,
+		Batch:   onceflow.BatchConfig{API: model.Batches(), MaxItems: 12, MaxAge: 200 * time.Millisecond, PollInterval: 100 * time.Millisecond},
+		Queues:  map[string]onceflow.QueueConfig{onceflow.DefaultQueue: fast},
+		Senders: map[string]outbox.Sender{"email": sink.Sender(t, nil)}})
+	return env, sink
+}
+
+// requireBatchedOnce checks fake-llm's counts after jobs summaries: each request was
+// submitted in one message batch and billed once, none was asked synchronously, and
+// each answer is in the ledger as an anthropic-batch call.
+func requireBatchedOnce(t *testing.T, env *onceflowtest.Env, fs *fakeserver.Server, jobs int) {
+	t.Helper()
+	st := fs.Stats()
+	for id, n := range st.BatchByCustomID {
+		if n != 1 || st.BatchBilledByCustomID[id] != 1 {
+			t.Errorf("custom_id %s submitted %d times and billed %d times, want once each", id, n, st.BatchBilledByCustomID[id])
+		}
+	}
+	if len(st.BatchByCustomID) != jobs || st.ByEndpoint["messages"] != 0 {
+		t.Fatalf("%d custom_ids in batches (want %d), %d synchronous messages (want 0)", len(st.BatchByCustomID), jobs, st.ByEndpoint["messages"])
+	}
+	if n := env.Count(`SELECT count(*) FROM llm_calls WHERE provider = 'anthropic-batch' AND state = 'succeeded'`); n != jobs {
+		t.Fatalf("%d batch answers in the ledger, want %d", n, jobs)
+	}
+}
+
+// Through Anthropic's Message Batches on fake-llm, over HTTP: every step of 30 jobs is
+// submitted in a batch once (batches of at most 12) and billed once, each email goes
+// out once, and no message is asked synchronously.
+func TestBatchLaneThroughAnthropicMessageBatches(t *testing.T) {
+	t.Parallel()
+	fs, err := fakeserver.New(fakeserver.Config{BatchDelay: 300 * time.Millisecond, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(fs.Close)
+	env, sink := anthropicLaneEnv(t, fs)
+	env.Start()
+	const jobs = 30
+	for i := range jobs {
+		if _, err := env.Client.Enqueue(context.Background(), shadowedTicket{Text: fmt.Sprint("ticket ", i)}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	onceflowtest.WaitFor(t, 30*time.Second, "every email", func() bool { return sink.Total() == jobs })
+	sink.RequireOncePerKey(t, jobs)
+	requireBatchedOnce(t, env, fs, jobs)
+	if n := fs.Stats().BatchesCreated["anthropic"]; n < 3 {
+		t.Fatalf("%d message batches, want at least 3 of at most 12", n)
+	}
+}
+
+// A message batch keeps no metadata: when the answer to its creation is lost (the API
+// created it, the lane heard a 502), the lane's next round finds it as the one batch
+// created since that no submission knows, of as many requests, records it, and sends
+// nothing again.
+func TestBatchLaneFindsAMessageBatchWhoseCreationAnswerWasLost(t *testing.T) {
+	t.Parallel()
+	fs, err := fakeserver.New(fakeserver.Config{BatchDelay: 300 * time.Millisecond, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(fs.Close)
+	var lost sync.Once
+	var lostOne atomic.Bool
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		created := false
+		if r.Method == http.MethodPost && r.URL.Path == "/v1/messages/batches" {
+			lost.Do(func() {
+				fs.ServeHTTP(httptest.NewRecorder(), r) // created; its answer dropped
+				created = true
+				lostOne.Store(true)
+			})
+		}
+		if created {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusBadGateway)
+			_, _ = w.Write([]byte(`{"type":"error","error":{"type":"api_error","message":"upstream connect error"}}`))
+			return
+		}
+		fs.ServeHTTP(w, r)
+	})
+	env, sink := anthropicLaneEnv(t, h)
+	env.Start()
+	const jobs = 5
+	for i := range jobs {
+		if _, err := env.Client.Enqueue(context.Background(), shadowedTicket{Text: fmt.Sprint("ticket ", i)}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	onceflowtest.WaitFor(t, 30*time.Second, "every email", func() bool { return sink.Total() == jobs })
+	sink.RequireOncePerKey(t, jobs)
+	requireBatchedOnce(t, env, fs, jobs)
+	// Each batch created, the lost one too, is a submission's: none was created twice.
+	if n, subs := fs.Stats().BatchesCreated["anthropic"], env.Count(`SELECT count(*) FROM batch_submissions WHERE state = 'ended' AND batch_id IS NOT NULL`); !lostOne.Load() || n != int64(subs) {
+		t.Fatalf("%d message batches for %d ended submissions (answer lost: %t), want one each", n, subs, lostOne.Load())
+	}
+}
+
 // Through the OpenAI Batch API of fake-llm, over HTTP: every step of 30 jobs is
 // submitted in a batch once and billed once, no chat completion is asked synchronously,
 // and the items the fake errors or expires are asked synchronously once each.
@@ -574,5 +703,35 @@ func TestBatchAnswersAreInTheCostViewAtTheBatchPrice(t *testing.T) {
 	})
 	if want := 3 * (1000*1.0 + 500*5.0) / 1e6; got.Calls != 3 || got.CostUSD < want-1e-9 || got.CostUSD > want+1e-9 {
 		t.Fatalf("the cost view: %+v, want 3 calls costing %.4f USD (1,000 input and 500 output tokens each at half of 2 and 10)", got, want)
+	}
+}
+
+// A submission whose batch cannot be told apart at a provider without metadata (its
+// creation's answer lost, and another batch of as many requests created meanwhile)
+// is left for an operator without stopping the lane: later requests are still sent
+// and answered in batches, and the left submission's steps fall back to the
+// synchronous lane when their waits end.
+func TestBatchLaneGoesOnPastAnAmbiguousSubmission(t *testing.T) {
+	t.Parallel()
+	created := true
+	api := &batchAPI{failCreate: &created, noMetadata: true, hold: true}
+	api.batches = append(api.batches, &memBatch{info: llm.BatchInfo{ID: "batch_foreign", Status: "in_progress", Items: 2, CreatedAt: time.Now()},
+		items: []llm.BatchItem{{CustomID: "f1", Request: ticketRequest("x")}, {CustomID: "f2", Request: ticketRequest("y")}}})
+	model := &modelsByName{answers: map[string]string{"prod": "synchronous"}}
+	env, sink := batchEnv(t, api, model, 4*time.Second, onceflow.BatchConfig{MaxAge: 100 * time.Millisecond, PollInterval: 50 * time.Millisecond})
+	env.Start()
+	enqueueTickets(t, env, "first 1", "first 2")
+	onceflowtest.WaitFor(t, 20*time.Second, "the first batch created, its answer lost", func() bool { b, _ := api.counts(); return b == 2 })
+	api.mu.Lock()
+	api.hold = false
+	api.mu.Unlock()
+	enqueueTickets(t, env, "later 1", "later 2", "later 3")
+	onceflowtest.WaitFor(t, 30*time.Second, "every email", func() bool { return sink.Total() == 5 })
+	sink.RequireOncePerKey(t, 5)
+	if n := model.count("prod"); n != 2 {
+		t.Fatalf("%d synchronous calls, want 2: the ambiguous submission's", n)
+	}
+	if n := env.Count(`SELECT count(*) FROM batch_items WHERE state = 'done'`); n != 3 {
+		t.Fatalf("%d requests answered by batches, want the 3 later ones", n)
 	}
 }

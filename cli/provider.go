@@ -110,7 +110,7 @@ func (app App) newBatchAPI(cfg *config.Config) (onceflow.BatchAPI, error) {
 	}
 	if p.NewBatch == nil {
 		return nil, &config.Error{Name: "ONCEFLOW_SUMMARIES_LANE", Value: cfg.SummariesLane,
-			Err: fmt.Errorf("the model provider %s has no batch API (openai has)", p.Name)}
+			Err: fmt.Errorf("the model provider %s has no batch API (openai and anthropic have)", p.Name)}
 	}
 	b, err := p.NewBatch(cfg)
 	if err != nil {

@@ -14,6 +14,9 @@
 // reported in OpenAI's vocabulary (end_turn is llm.FinishStop, tool_use
 // llm.FinishToolCalls, max_tokens llm.FinishLength). Request.Temperature is not sent:
 // the v2 SDK no longer has the parameter.
+//
+// Client.Batches is the Message Batches API for onceflow's batch lane
+// (onceflow.BatchAPI): the same requests as Complete sends, answered at the batch price.
 package anthropic
 
 import (
@@ -69,6 +72,7 @@ type Config struct {
 // Client is the Anthropic adapter. It is safe for concurrent use.
 type Client struct {
 	sdk       asdk.Client
+	baseURL   string // Config.BaseURL or its default: where a batch's results are read
 	model     string
 	maxTokens int
 }
@@ -81,9 +85,10 @@ func New(cfg Config) *Client {
 	if hc == nil {
 		hc = llm.NewHTTPClient()
 	}
+	baseURL := cmp.Or(cfg.BaseURL, DefaultBaseURL)
 	opts := []option.RequestOption{
 		option.WithoutEnvironmentDefaults(),
-		option.WithBaseURL(cmp.Or(cfg.BaseURL, DefaultBaseURL)),
+		option.WithBaseURL(baseURL),
 		option.WithHTTPClient(hc),
 		option.WithMaxRetries(0), // one layer owns retries: package retry
 	}
@@ -95,7 +100,7 @@ func New(cfg Config) *Client {
 	if maxTokens <= 0 {
 		maxTokens = DefaultMaxTokens
 	}
-	return &Client{sdk: asdk.NewClient(opts...), model: cmp.Or(cfg.Model, DefaultModel), maxTokens: maxTokens}
+	return &Client{sdk: asdk.NewClient(opts...), baseURL: baseURL, model: cmp.Or(cfg.Model, DefaultModel), maxTokens: maxTokens}
 }
 
 // Complete implements llm.Client. Response.Raw holds the body exactly as received.
