@@ -75,7 +75,7 @@ ui-screenshots:
 ## CLUSTER=1 runs it on a local Redis Cluster of its own (3 primaries, 3 replicas, the
 ## queue in 3 partitions, WAIT 1 on every accept)
 demo:
-	scripts/demo $(if $(filter 1 yes true,$(CLUSTER)),--cluster)
+	scripts/demo $(if $(filter 1 yes true,$(CLUSTER)),--cluster) $(if $(LANE),--lane $(LANE))
 
 ## lint: the repository check (no file over 1 MiB, no executable binary tracked), gofmt,
 ## go vet and staticcheck (pinned) on both modules, and gosec (pinned) on the root module,

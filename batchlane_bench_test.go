@@ -3,8 +3,11 @@ package onceflow_test
 import (
 	"context"
 	"fmt"
+	"github.com/onceflow/onceflow/ledger"
+	"github.com/onceflow/onceflow/limiter"
 	"log/slog"
 	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -20,7 +23,8 @@ import (
 // fake-llm's OpenAI Batch API over HTTP (batches of at most 1000, a batch delay of 2s),
 // and reports the batches, the requests submitted more than once (0), the time from the
 // first enqueue to the last job done against the fake's delay, and the synchronous
-// calls (0). (That a waiting job holds no worker slot is a test's:
+// calls (0), and what the answers cost against the same answers in the synchronous lane
+// (the price tables' batch discount, as the ledger's rows record it). (That a waiting job holds no worker slot is a test's:
 // TestBatchLaneAnswersEachStepOnceWithoutHoldingAWorker.)
 func BenchmarkBatchLane(b *testing.B) {
 	b.StopTimer()
@@ -89,4 +93,25 @@ func BenchmarkBatchLane(b *testing.B) {
 	b.ReportMetric(float64(st.BatchesCreated["openai"]), "batches")
 	b.ReportMetric(float64(dups), "duplicates")
 	b.ReportMetric(float64(st.ByEndpoint["chat_completions"]), "sync-calls")
+	// The cost: the ledger's answers priced as the cost views price them (batch rows at
+	// the batch price), against the same tokens at the synchronous price.
+	var paid, syncPrice float64
+	rows, err := c.Inspector().Ledger().List(context.Background(), ledger.ListOptions{State: ledger.StateSucceeded, Limit: b.N + 1000})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, r := range rows {
+		name := r.Model
+		if strings.HasSuffix(r.Provider, ledger.BatchSuffix) {
+			name = limiter.BatchModel(r.Model)
+		}
+		usd, _ := (*limiter.Limiter)(nil).CostUSD(name, r.InputTokens, r.OutputTokens)
+		full, _ := (*limiter.Limiter)(nil).CostUSD(r.Model, r.InputTokens, r.OutputTokens)
+		paid, syncPrice = paid+usd, syncPrice+full
+	}
+	if len(rows) != b.N || syncPrice == 0 {
+		b.Fatalf("%d answers in the ledger for %d jobs, priced %v synchronously", len(rows), b.N, syncPrice)
+	}
+	b.ReportMetric(paid/n*1e6, "µUSD/job")
+	b.ReportMetric(paid/syncPrice, "cost/sync-lane")
 }

@@ -43,6 +43,8 @@ const (
 	apiKey    = "demo-key-0123456789abcdef"
 	maxInput  = 4000 // fake-llm answers 400 context_length_exceeded above this
 	drainWait = 45 * time.Second
+	// batchDelay is how long fake-llm takes to end a batch (--lane batch).
+	batchDelay = 2 * time.Second
 )
 
 func main() {
@@ -51,10 +53,15 @@ func main() {
 	bin := flag.String("bin", "bin/onceflow", "the onceflow binary")
 	keep := flag.Bool("keep", false, "keep the demo's Redis keys and PostgreSQL schema")
 	onCluster := flag.Bool("cluster", false, "run on a local Redis Cluster of its own (3 primaries, 3 replicas; the queue in 3 partitions, WAIT 1 on every accept)")
+	lane := flag.String("lane", "sync", "the summaries' lane: sync, or batch (every model call through fake-llm's OpenAI Batch API, exactly once)")
 	flag.Parse()
+	if *lane != "sync" && *lane != "batch" {
+		fmt.Fprintf(os.Stderr, "demo: --lane %q: want sync or batch\n", *lane)
+		os.Exit(2)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, *bin, *jobs, *poison, *keep, *onCluster); err != nil {
+	if err := run(ctx, *bin, *jobs, *poison, *keep, *onCluster, *lane == "batch"); err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
 	}
@@ -68,6 +75,8 @@ type demo struct {
 	api, llmURL, sinkURL                 string
 	// clusterAddrs are the nodes of the demo's own Redis Cluster (--cluster), else nil.
 	clusterAddrs []string
+	// batch sends the summaries' model calls through the batch lane (--lane batch).
+	batch bool
 }
 
 // demoPartitions is the summaries queue's partitions on the demo's cluster.
@@ -85,9 +94,9 @@ func (d *demo) redis() (redis.UniversalClient, error) {
 	return redis.NewClient(opt), nil
 }
 
-func run(ctx context.Context, bin string, jobs, poison int, keep, onCluster bool) error {
+func run(ctx context.Context, bin string, jobs, poison int, keep, onCluster, batch bool) error {
 	start := time.Now()
-	d := &demo{redisURL: os.Getenv("ONCEFLOW_REDIS_URL"), dbURL: os.Getenv("ONCEFLOW_DATABASE_URL")}
+	d := &demo{redisURL: os.Getenv("ONCEFLOW_REDIS_URL"), dbURL: os.Getenv("ONCEFLOW_DATABASE_URL"), batch: batch}
 	if d.redisURL == "" || d.dbURL == "" {
 		return fmt.Errorf("ONCEFLOW_REDIS_URL and ONCEFLOW_DATABASE_URL must be set: run `make demo`")
 	}
@@ -121,6 +130,9 @@ func run(ctx context.Context, bin string, jobs, poison int, keep, onCluster bool
 	}
 	fmt.Printf("onceflow run on %s, fake-llm (10%% 429 with Retry-After 1s, 5%% 503) on %s, webhook sink on %s\n",
 		d.api, d.llmURL, d.sinkURL)
+	if batch {
+		fmt.Printf("the batch lane: every summary's model call goes in a batch of fake-llm's OpenAI Batch API (ended after %s), sent once a second\n", batchDelay)
+	}
 	fmt.Printf("logs: %s\n\n", d.logDir)
 
 	fmt.Printf("submitting %d jobs (%d oversized) with retries of the same keys ...\n", jobs, poison)
@@ -169,7 +181,7 @@ func (d *demo) startProcs(ctx context.Context, bin string) error {
 	defer cancel()
 	llm := d.proc("fake-llm", bin, nil, "fake-llm", "--addr", "127.0.0.1:0",
 		"--fail-429", "0.10", "--retry-after", "1", "--fail-503", "0.05",
-		"--max-input-chars", fmt.Sprint(maxInput), "--seed", "7")
+		"--max-input-chars", fmt.Sprint(maxInput), "--seed", "7", "--batch-delay", batchDelay.String())
 	sink := d.proc("webhook-sink", bin, nil, "webhook-sink", "--addr", "127.0.0.1:0")
 	for _, p := range []*cluster.Proc{llm, sink} {
 		if err := p.Start(); err != nil {
@@ -193,6 +205,10 @@ func (d *demo) startProcs(ctx context.Context, bin string) error {
 		"ONCEFLOW_WORKER_CONCURRENCY=128", "ONCEFLOW_CLAIM_IDLE=20s", "ONCEFLOW_JOB_BUDGET=15s",
 		"ONCEFLOW_LLM_TIMEOUT=5s", "ONCEFLOW_RELAY_INTERVAL=100ms", "ONCEFLOW_SHUTDOWN_TIMEOUT=10s",
 	}, "run")
+	if d.batch {
+		run.Env = append(run.Env, "ONCEFLOW_SUMMARIES_LANE=batch", "ONCEFLOW_BATCH_MAX_ITEMS=100", "ONCEFLOW_BATCH_MAX_AGE=1s",
+			"ONCEFLOW_BATCH_POLL_INTERVAL=250ms")
+	}
 	if d.clusterAddrs != nil {
 		run.Env = append(run.Env, "ONCEFLOW_REDIS_CLUSTER_ADDRS="+strings.Join(d.clusterAddrs, ","),
 			fmt.Sprintf("ONCEFLOW_QUEUE_PARTITIONS=%d", demoPartitions), "ONCEFLOW_REDIS_WAIT_REPLICAS=1")
@@ -304,6 +320,11 @@ type counts struct {
 	duplicatedKeys              int
 	modelRequests, faults       int64
 	badRequests                 int64
+	// The batch lane's: batches created, requests submitted in them, custom_ids
+	// submitted more than once, and chat completions asked synchronously.
+	batches, batchRequests int64
+	batchDuplicates        int
+	syncCompletions        int64
 }
 
 func (d *demo) read(ctx context.Context) (counts, error) {
@@ -338,14 +359,24 @@ func (d *demo) read(ctx context.Context) (counts, error) {
 	}
 	c.deliveries, c.distinctKeys, c.duplicatedKeys = sink.Deliveries, sink.DistinctKeys, len(sink.Duplicates)
 	var llm struct {
-		Requests int64            `json:"requests"`
-		ByStatus map[string]int64 `json:"by_status"`
-		ByFault  map[string]int64 `json:"by_fault"`
+		Requests        int64            `json:"requests"`
+		ByStatus        map[string]int64 `json:"by_status"`
+		ByFault         map[string]int64 `json:"by_fault"`
+		ByEndpoint      map[string]int64 `json:"by_endpoint"`
+		BatchByCustomID map[string]int64 `json:"batch_by_custom_id"`
+		BatchesCreated  map[string]int64 `json:"batches_created"`
 	}
 	if err := getJSON(ctx, d.llmURL+"/stats", &llm); err != nil {
 		return c, err
 	}
 	c.modelRequests, c.badRequests = llm.Requests, llm.ByStatus["400"]
+	c.batches, c.syncCompletions = llm.BatchesCreated["openai"], llm.ByEndpoint["chat_completions"]
+	for _, n := range llm.BatchByCustomID {
+		c.batchRequests += n
+		if n > 1 {
+			c.batchDuplicates++
+		}
+	}
 	for _, n := range llm.ByFault {
 		c.faults += n
 	}
@@ -384,6 +415,10 @@ func (d *demo) report(res *burstResult, c counts, want, poison int, took time.Du
 	row("emails: distinct dedupe keys", c.distinctKeys, "")
 	row("emails: deliveries", c.deliveries, fmt.Sprintf("%d keys delivered more than once (same key: deduped by the provider)", c.duplicatedKeys))
 	row("dead-lettered", c.dead, "the oversized texts, after one model call each")
+	if d.batch {
+		row("batches created", c.batches, fmt.Sprintf("%d requests in them; %d submitted twice", c.batchRequests, c.batchDuplicates))
+		row("synchronous chat completions", c.syncCompletions, "the oversized texts' fallback after their batch items failed")
+	}
 	_ = tw.Flush()
 	fmt.Println()
 	var broke []string
@@ -398,6 +433,10 @@ func (d *demo) report(res *burstResult, c counts, want, poison int, took time.Du
 	}
 	if int(c.dead) != poison || int(c.badRequests) != poison {
 		broke = append(broke, fmt.Sprintf("%d dead-lettered and %d model 400s for %d oversized texts", c.dead, c.badRequests, poison))
+	}
+	if d.batch && (c.batchDuplicates > 0 || c.batchRequests != int64(want+poison) || c.syncCompletions != int64(poison)) {
+		broke = append(broke, fmt.Sprintf("the batch lane: %d requests in batches for %d jobs, %d submitted twice, %d synchronous calls for %d oversized texts",
+			c.batchRequests, want+poison, c.batchDuplicates, c.syncCompletions, poison))
 	}
 	if len(broke) > 0 {
 		fmt.Printf("verdict: BROKEN: %s (logs in %s)\n", strings.Join(broke, "; "), d.logDir)
