@@ -65,6 +65,13 @@ type BatchConfig struct {
 	// "*" applies to models not listed. Default: none. Batch traffic never counts
 	// against the synchronous lane's limits (the limiter's RPM and TPM).
 	EnqueuedTokens map[string]int64
+	// SubmitTimeout bounds one submission's upload and creation at the provider. A
+	// submission whose batch id is not recorded (its process died, or the provider
+	// failed it) is settled, found at the provider or sent again, only once twice this
+	// has passed since it was recorded, so that no process sends it while another may
+	// still be doing so (one that lost the lane's lock with its PostgreSQL session).
+	// Default: 2m.
+	SubmitTimeout time.Duration
 	// Kinds sends every Complete of the jobs of these kinds (a workflow's steps)
 	// through the lane, as InBatch with the given bound does for one call; an InBatch
 	// on the call overrides it. Stream never takes the lane.
@@ -73,11 +80,12 @@ type BatchConfig struct {
 
 // Batch lane defaults (BatchConfig).
 const (
-	DefaultBatchMaxItems     = 1000
-	DefaultBatchMaxAge       = time.Minute
-	DefaultBatchPollInterval = 5 * time.Second
-	DefaultBatchMaxBytes     = 100 << 20
-	maxBatchItems            = 50000
+	DefaultBatchMaxItems      = 1000
+	DefaultBatchMaxAge        = time.Minute
+	DefaultBatchPollInterval  = 5 * time.Second
+	DefaultBatchMaxBytes      = 100 << 20
+	DefaultBatchSubmitTimeout = 2 * time.Minute
+	maxBatchItems             = 50000
 )
 
 // batchPrefix names a step's wait for its batch answer: "batch:" and the ledger key.
@@ -111,6 +119,11 @@ type batchLane struct {
 	cfg BatchConfig
 	db  *pgxpool.Pool
 	log *slog.Logger
+	// retention is how long ended requests are kept (the ledger's), keepRequests
+	// whether their bodies go to the ledger's rows (ledger.Config.KeepRequests).
+	retention    time.Duration
+	keepRequests bool
+	purged       time.Time // the last purge of ended rows
 }
 
 // setupBatch checks Config.Batch.
@@ -124,8 +137,8 @@ func setupBatch(cfg *Config) (*batchLane, error) {
 		return nil, errors.New("onceflow: Config.Batch needs Config.DB and Config.Model (its answers are recorded in the ledger)")
 	case b.MaxItems < 0 || b.MaxItems > maxBatchItems:
 		return nil, fmt.Errorf("onceflow: Config.Batch.MaxItems %d is not between 0 and %d", b.MaxItems, maxBatchItems)
-	case b.MaxAge < 0 || b.PollInterval < 0 || b.MaxBytes < 0:
-		return nil, errors.New("onceflow: Config.Batch: MaxAge, PollInterval and MaxBytes must not be negative")
+	case b.MaxAge < 0 || b.PollInterval < 0 || b.MaxBytes < 0 || b.SubmitTimeout < 0:
+		return nil, errors.New("onceflow: Config.Batch: MaxAge, PollInterval, MaxBytes and SubmitTimeout must not be negative")
 	}
 	for model, n := range b.EnqueuedTokens {
 		if n <= 0 {
@@ -141,7 +154,9 @@ func setupBatch(cfg *Config) (*batchLane, error) {
 	b.MaxAge = cmp.Or(b.MaxAge, DefaultBatchMaxAge)
 	b.PollInterval = cmp.Or(b.PollInterval, DefaultBatchPollInterval)
 	b.MaxBytes = cmp.Or(b.MaxBytes, DefaultBatchMaxBytes)
-	return &batchLane{cfg: b, db: cfg.DB, log: cfg.Logger}, nil
+	b.SubmitTimeout = cmp.Or(b.SubmitTimeout, DefaultBatchSubmitTimeout)
+	return &batchLane{cfg: b, db: cfg.DB, log: cfg.Logger, retention: cmp.Or(cfg.Ledger.Retention, ledger.DefaultRetention),
+		keepRequests: cfg.Ledger.KeepRequests}, nil
 }
 
 // completeInBatch is Complete in the batch lane: the answer recorded (or the batch's
@@ -167,11 +182,24 @@ func (rt *runtime) completeInBatch(ctx context.Context, jobID, step string, req 
 		if err != nil {
 			return nil, Permanent(fmt.Errorf("onceflow: batch step %q: encode the request: %w", step, err))
 		}
-		if _, err := c.batch.db.Exec(ctx, `INSERT INTO batch_items (key, custom_id, work, request_hash, model, request, tenant, job_id, state, tokens)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'pending', $9) ON CONFLICT (key) DO NOTHING`,
+		tag, err := c.batch.db.Exec(ctx, `INSERT INTO batch_items (key, custom_id, work, request_hash, model, request, tenant, job_id, state, tokens, queue)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'pending', $9, $10) ON CONFLICT (key) DO NOTHING`,
 			key, customID(key), out.IdempotencyKey, ledger.RequestHash(out), out.Model, body, rt.delivery.Tenant, jobID,
-			int64(llm.EstimateInputTokens(out))); err != nil {
+			int64(llm.EstimateInputTokens(out)), rt.queue)
+		if err != nil {
 			return nil, fmt.Errorf("onceflow: batch step %q: %w", step, PostgresError(err))
+		}
+		if tag.RowsAffected() == 0 { // in the lane already: this job's (a redelivery), or another's
+			var state, tenant, job, q string
+			if err := c.batch.db.QueryRow(ctx, `SELECT state, tenant, job_id, queue FROM batch_items WHERE key = $1`, key).Scan(&state, &tenant, &job, &q); err != nil &&
+				!errors.Is(err, pgx.ErrNoRows) {
+				return nil, fmt.Errorf("onceflow: batch step %q: %w", step, PostgresError(err))
+			}
+			if state == "done" || state == "failed" || tenant != rt.delivery.Tenant || job != jobID || q != rt.queue {
+				// Answered or failed already (a job run again), or another job's request
+				// (no signal of it would wake this one): the ledger's answer, or a call.
+				return rt.complete(ctx, jobID, step, req)
+			}
 		}
 	}
 	w, err := rt.wait(ctx, name, within, waitRecord{Tool: "batch", Arguments: out.Model})
@@ -179,7 +207,7 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'pending', $9) ON CONFLICT (key) DO NOTH
 		return nil, err // parked until the poller records the answer and wakes the job
 	}
 	if w.timedOut { // not sent yet: never send it now; sent: its answer, if it comes, loses to ours
-		if _, err := c.batch.db.Exec(ctx, `UPDATE batch_items SET state = 'failed', error = 'the step''s wait timed out', updated_at = now()
+		if _, err := c.batch.db.Exec(ctx, `UPDATE batch_items SET state = 'failed', error = 'the step''s wait timed out', request = ''::bytea, updated_at = now()
 WHERE key = $1 AND state = 'pending'`, key); err != nil {
 			return nil, fmt.Errorf("onceflow: batch step %q: %w", step, PostgresError(err))
 		}
@@ -229,13 +257,37 @@ func (b *batchLane) cycle(ctx context.Context) error {
 			}
 		}
 	}()
+	// Each part goes on past the failures of one submission or batch (logged), so
+	// that one the provider refuses, or whose results cannot be read, holds up no
+	// other; they return only what stops them all (PostgreSQL down).
 	if err := b.recover(ctx); err != nil {
 		return err
 	}
 	if err := b.submitDue(ctx); err != nil {
 		return err
 	}
-	return b.poll(ctx)
+	if err := b.poll(ctx); err != nil {
+		return err
+	}
+	return b.purge(ctx)
+}
+
+// purge deletes, at most once a minute, the requests that ended longer than the
+// ledger's retention ago, and the ended batches left without requests.
+func (b *batchLane) purge(ctx context.Context) error {
+	if time.Since(b.purged) < time.Minute {
+		return nil
+	}
+	age := b.retention.Microseconds()
+	if _, err := b.db.Exec(ctx, `DELETE FROM batch_items WHERE state IN ('done', 'failed') AND updated_at < now() - $1::bigint * interval '1 microsecond'`, age); err != nil {
+		return PostgresError(err)
+	}
+	if _, err := b.db.Exec(ctx, `DELETE FROM batch_submissions s WHERE state = 'ended' AND ended_at < now() - $1::bigint * interval '1 microsecond'
+	AND NOT EXISTS (SELECT 1 FROM batch_items i WHERE i.submission = s.id)`, age); err != nil {
+		return PostgresError(err)
+	}
+	b.purged = time.Now()
+	return nil
 }
 
 // recover settles each submission left "submitting" (its record committed, its batch id
@@ -249,8 +301,12 @@ func (b *batchLane) recover(ctx context.Context) error {
 		items     int
 		at        time.Time
 	}
-	subs, err := queryRows(ctx, b.db, `SELECT id::text, model, items, created_at FROM batch_submissions WHERE state = 'submitting' ORDER BY created_at`,
-		nil, func(row pgx.CollectableRow) (s open, err error) { return s, row.Scan(&s.id, &s.model, &s.items, &s.at) })
+	// Only those last sent longer ago than two submissions can take (SubmitTimeout): no
+	// process can still be uploading or creating them (PostgreSQL's clock on both ends).
+	subs, err := queryRows(ctx, b.db, `SELECT id::text, model, items, created_at FROM batch_submissions
+WHERE state = 'submitting' AND attempted_at < now() - $1::bigint * interval '1 microsecond' ORDER BY created_at`,
+		[]any{(2 * b.cfg.SubmitTimeout).Microseconds()},
+		func(row pgx.CollectableRow) (s open, err error) { return s, row.Scan(&s.id, &s.model, &s.items, &s.at) })
 	if err != nil {
 		return err
 	}
@@ -261,7 +317,8 @@ func (b *batchLane) recover(ctx context.Context) error {
 			continue
 		}
 		if err != nil {
-			return err
+			b.log.WarnContext(ctx, "onceflow: batch lane: settle a submission", "submission", s.id, "err", err)
+			continue
 		}
 		if found != "" {
 			b.log.InfoContext(ctx, "onceflow: batch found at the provider after a crash; recorded", "submission", s.id, "batch", found)
@@ -274,16 +331,24 @@ func (b *batchLane) recover(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+		if _, err := b.db.Exec(ctx, `UPDATE batch_submissions SET attempted_at = now() WHERE id = $1`, s.id); err != nil {
+			return PostgresError(err)
+		}
 		if err := b.send(ctx, llm.BatchSubmission{ID: s.id, Model: s.model, Items: items}); err != nil {
-			return err
+			b.log.WarnContext(ctx, "onceflow: batch lane: send a submission again", "submission", s.id, "err", err)
 		}
 	}
 	return nil
 }
 
+// findMargin is how long before a submission's record find lists the provider's
+// batches from: the provider's clock may be behind PostgreSQL's.
+const findMargin = 15 * time.Minute
+
 // find looks for submission id's batch at the provider: "" when it is not there.
 func (b *batchLane) find(ctx context.Context, id string, items int, at time.Time) (string, error) {
-	infos, err := b.cfg.API.List(ctx, at.Add(-time.Minute))
+	since := at.Add(-findMargin)
+	infos, err := b.cfg.API.List(ctx, since)
 	if err != nil {
 		return "", fmt.Errorf("onceflow: batch lane: list the provider's batches: %w", err)
 	}
@@ -292,7 +357,7 @@ func (b *batchLane) find(ctx context.Context, id string, items int, at time.Time
 		if in.Submission == id {
 			return in.ID, nil
 		}
-		if in.Submission == "" && in.Items == items && !in.CreatedAt.Before(at.Add(-time.Minute)) {
+		if in.Submission == "" && in.Items == items && !in.CreatedAt.Before(since) {
 			candidates = append(candidates, in.ID)
 		}
 	}
@@ -387,8 +452,11 @@ LEFT JOIN (SELECT model, sum(tokens)::bigint AS tokens FROM batch_submissions WH
 		full := d.n >= b.cfg.MaxItems || d.bytes >= b.cfg.MaxBytes
 		for n := d.n; n > 0 && (full || d.old); {
 			taken, tokens, err := b.take(ctx, d.model, room, d.inFlight == 0)
-			if err != nil || taken == 0 {
-				return err
+			if err != nil {
+				b.log.WarnContext(ctx, "onceflow: batch lane: send a batch", "model", d.model, "err", err)
+			}
+			if err != nil || taken == 0 { // the next model's turn
+				break
 			}
 			n -= taken
 			d.inFlight += tokens
@@ -450,15 +518,58 @@ func (b *batchLane) take(ctx context.Context, model string, room *int64, alone b
 	return len(items), tokens, b.send(ctx, llm.BatchSubmission{ID: id, Model: model, Items: items})
 }
 
-// send creates submission s's batch at the provider and records its id. A failure
-// leaves the submission "submitting", for recover to settle.
+// send creates submission s's batch at the provider, within SubmitTimeout, and records
+// its id. An item the adapter cannot send (llm.BatchItemError, before anything reached
+// the provider) fails alone, its job woken to make its call in the synchronous lane,
+// and the others are sent. Another failure leaves the submission "submitting", for
+// recover to settle.
 func (b *batchLane) send(ctx context.Context, s llm.BatchSubmission) error {
-	info, err := b.cfg.API.Submit(ctx, s)
-	if err != nil {
-		return fmt.Errorf("onceflow: batch lane: submit %d requests of %s (submission %s): %w", len(s.Items), s.Model, s.ID, err)
+	for len(s.Items) > 0 {
+		sctx, cancel := context.WithTimeout(ctx, b.cfg.SubmitTimeout)
+		info, err := b.cfg.API.Submit(sctx, s)
+		cancel()
+		var ie *llm.BatchItemError
+		if errors.As(err, &ie) {
+			i := slices.IndexFunc(s.Items, func(it llm.BatchItem) bool { return it.CustomID == ie.CustomID })
+			if i < 0 {
+				return fmt.Errorf("onceflow: batch lane: submission %s: the provider's adapter refused item %s, which it does not hold: %w", s.ID, ie.CustomID, err)
+			}
+			if err := b.dropItem(ctx, s.ID, ie.CustomID, err.Error()); err != nil {
+				return err
+			}
+			s.Items = slices.Delete(s.Items, i, i+1)
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("onceflow: batch lane: submit %d requests of %s (submission %s): %w", len(s.Items), s.Model, s.ID, err)
+		}
+		b.log.InfoContext(ctx, "onceflow: batch submitted", "submission", s.ID, "batch", info.ID, "model", s.Model, "items", len(s.Items))
+		return b.submitted(ctx, s.ID, info.ID)
 	}
-	b.log.InfoContext(ctx, "onceflow: batch submitted", "submission", s.ID, "batch", info.ID, "model", s.Model, "items", len(s.Items))
-	return b.submitted(ctx, s.ID, info.ID)
+	_, err := b.db.Exec(ctx, `UPDATE batch_submissions SET state = 'ended', ended_at = now(), error = 'every request refused by the adapter' WHERE id = $1`, s.ID)
+	return PostgresError(err)
+}
+
+// dropItem fails the item custom_id of submission id before it was sent (why), takes
+// it out of the submission and wakes its job.
+func (b *batchLane) dropItem(ctx context.Context, id, custom, why string) error {
+	why = clipRunes(why, 500)
+	its, err := queryRows(ctx, b.db, `WITH it AS (UPDATE batch_items SET state = 'failed', error = $3, request = ''::bytea, updated_at = now()
+	WHERE submission = $1 AND custom_id = $2 AND state = 'submitted' RETURNING key, tenant, job_id, queue, tokens),
+sub AS (UPDATE batch_submissions s SET items = s.items - 1, tokens = s.tokens - it.tokens FROM it WHERE s.id = $1)
+SELECT key, tenant, job_id, queue FROM it`, []any{id, custom, why}, func(row pgx.CollectableRow) (it batchItem, err error) {
+		return it, row.Scan(&it.key, &it.tenant, &it.jobID, &it.queue)
+	})
+	if err != nil {
+		return err
+	}
+	for _, it := range its {
+		b.log.WarnContext(ctx, "onceflow: batch lane: a request the provider's adapter cannot send; its job makes it in the synchronous lane", "job_id", it.jobID, "err", why)
+		if err := b.wake(ctx, it, batchSignal{Error: why}); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // submitted records submission id's batch id.
@@ -485,14 +596,25 @@ func (b *batchLane) poll(ctx context.Context) error {
 	}
 	for _, s := range subs {
 		info, err := b.cfg.API.Get(ctx, s[1])
+		if IsPermanent(err) { // gone at the provider (a 404 past its retention): nothing more will come
+			b.log.ErrorContext(ctx, "onceflow: batch lane: a batch the provider no longer answers for; its requests are made in the synchronous lane", "batch", s[1], "err", err)
+			if err := b.end(ctx, s[0], "the provider no longer answers for its batch: "+err.Error()); err != nil {
+				return err
+			}
+			continue
+		}
 		if err != nil {
-			return fmt.Errorf("onceflow: batch lane: batch %s: %w", s[1], err)
+			b.log.WarnContext(ctx, "onceflow: batch lane: look at a batch", "batch", s[1], "err", err)
+			continue
 		}
 		if !info.Ended {
 			continue
 		}
 		if err := b.record(ctx, s[0], s[1]); err != nil {
-			return err
+			if errors.Is(err, ErrUnavailable) {
+				return err
+			}
+			b.log.WarnContext(ctx, "onceflow: batch lane: record a batch's results", "batch", s[1], "err", err)
 		}
 	}
 	return nil
@@ -500,16 +622,16 @@ func (b *batchLane) poll(ctx context.Context) error {
 
 // batchItem is a submitted item as the poller records it.
 type batchItem struct {
-	customID, key, work, hash, model, tenant, jobID string
-	request                                         []byte
+	customID, key, work, hash, model, tenant, jobID, queue string
+	request                                                []byte
 }
 
-// endSQL marks a submission's items done or failed (with their errors) and the
-// submission ended, in one statement.
+// endSQL marks a submission's items done or failed (with their errors; their request
+// bodies, needed no more, dropped) and the submission ended, in one statement.
 //
 //	$1 submission id, $2 keys, $3 their states, $4 their errors ("" for none)
 const endSQL = `WITH items AS (
-	UPDATE batch_items i SET state = u.state, error = nullif(u.error, ''), updated_at = now()
+	UPDATE batch_items i SET state = u.state, error = nullif(u.error, ''), request = ''::bytea, updated_at = now()
 	FROM unnest($2::text[], $3::text[], $4::text[]) AS u(key, state, error) WHERE i.key = u.key)
 UPDATE batch_submissions SET state = 'ended', ended_at = now() WHERE id = $1`
 
@@ -518,16 +640,9 @@ UPDATE batch_submissions SET state = 'ended', ended_at = now() WHERE id = $1`
 // before that statement leaves the items submitted: the next round records them again
 // (the ledger keeps the first answer, a signal again is a retry).
 func (b *batchLane) record(ctx context.Context, id, batchID string) error {
-	list, err := queryRows(ctx, b.db, `SELECT custom_id, key, work, request_hash, model, tenant, job_id, request FROM batch_items
-WHERE submission = $1 AND state = 'submitted'`, []any{id}, func(row pgx.CollectableRow) (it batchItem, err error) {
-		return it, row.Scan(&it.customID, &it.key, &it.work, &it.hash, &it.model, &it.tenant, &it.jobID, &it.request)
-	})
+	items, err := b.submittedItems(ctx, id)
 	if err != nil {
 		return err
-	}
-	items := make(map[string]batchItem, len(list))
-	for _, it := range list {
-		items[it.customID] = it
 	}
 	var keys, states, whys []string
 	settle := func(it batchItem, why string) error {
@@ -540,6 +655,10 @@ WHERE submission = $1 AND state = 'submitted'`, []any{id}, func(row pgx.Collecta
 	}
 	c := b.c
 	for r, err := range b.cfg.API.Results(ctx, batchID) {
+		if errors.Is(err, llm.ErrBatchResult) { // its item, if ours, ends "no result" below
+			b.log.WarnContext(ctx, "onceflow: batch lane: a result of the batch cannot be read", "batch", batchID, "err", err)
+			continue
+		}
 		if err != nil {
 			return fmt.Errorf("onceflow: batch lane: results of batch %s: %w", batchID, err)
 		}
@@ -551,7 +670,10 @@ WHERE submission = $1 AND state = 'submitted'`, []any{id}, func(row pgx.Collecta
 		why := ""
 		if r.Outcome == llm.BatchSucceeded && r.Response != nil {
 			call := ledger.Call{Key: it.key, Work: it.work, RequestHash: it.hash, Provider: c.model.provider + ledger.BatchSuffix, Model: it.model,
-				Tenant: it.tenant, Request: it.request}
+				Tenant: it.tenant}
+			if b.keepRequests {
+				call.Request = it.request
+			}
 			recorded, err := c.model.ledger.Record(ctx, nil, call, ledger.ResultOf(r.Response))
 			if err != nil && !errors.Is(err, ledger.ErrKeyReused) {
 				return fmt.Errorf("onceflow: batch lane: record %s: %w", it.key, err)
@@ -575,8 +697,46 @@ WHERE submission = $1 AND state = 'submitted'`, []any{id}, func(row pgx.Collecta
 	return PostgresError(err)
 }
 
-// wake wakes item it's job with sig.
+// submittedItems returns submission id's items still submitted, by custom_id.
+func (b *batchLane) submittedItems(ctx context.Context, id string) (map[string]batchItem, error) {
+	list, err := queryRows(ctx, b.db, `SELECT custom_id, key, work, request_hash, model, tenant, job_id, queue, request FROM batch_items
+WHERE submission = $1 AND state = 'submitted'`, []any{id}, func(row pgx.CollectableRow) (it batchItem, err error) {
+		return it, row.Scan(&it.customID, &it.key, &it.work, &it.hash, &it.model, &it.tenant, &it.jobID, &it.queue, &it.request)
+	})
+	if err != nil {
+		return nil, err
+	}
+	items := make(map[string]batchItem, len(list))
+	for _, it := range list {
+		items[it.customID] = it
+	}
+	return items, nil
+}
+
+// end ends submission id without its results (its batch is gone at the provider):
+// each of its items still submitted fails with why, and its job is woken.
+func (b *batchLane) end(ctx context.Context, id, why string) error {
+	items, err := b.submittedItems(ctx, id)
+	if err != nil {
+		return err
+	}
+	why = clipRunes(why, 500)
+	var keys, states, whys []string
+	for _, it := range items {
+		keys, states, whys = append(keys, it.key), append(states, "failed"), append(whys, why)
+		if err := b.wake(ctx, it, batchSignal{Error: why}); err != nil {
+			return err
+		}
+	}
+	_, err = b.db.Exec(ctx, endSQL, id, keys, states, whys)
+	return PostgresError(err)
+}
+
+// wake wakes item it's job with sig, on its queue whether or not this process works it.
 func (b *batchLane) wake(ctx context.Context, it batchItem, sig batchSignal) error {
+	if it.queue != "" {
+		b.c.noteQueue(it.queue)
+	}
 	err := b.c.Signal(ctx, it.tenant, it.jobID, batchPrefix+it.key, sig)
 	switch {
 	case err == nil, errors.Is(err, ErrAlreadySignalled):

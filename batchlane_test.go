@@ -1,10 +1,12 @@
 package onceflow_test
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/limiter"
 	"iter"
 	"net/http"
@@ -174,6 +176,7 @@ func batchEnvWith(t *testing.T, api *batchAPI, model llm.Client, cfg onceflow.Co
 		})
 	}))
 	cfg.Batch.API = api
+	cfg.Batch.SubmitTimeout = cmp.Or(cfg.Batch.SubmitTimeout, 300*time.Millisecond) // a cut-short submission is settled 600 ms on
 	cfg.Workers, cfg.Model = ws, model
 	cfg.Queues = map[string]onceflow.QueueConfig{onceflow.DefaultQueue: {ClaimIdle: time.Second, RetryBase: 5 * time.Millisecond, RetryMax: 20 * time.Millisecond}}
 	cfg.Senders = map[string]outbox.Sender{"email": sink.Sender(t, nil)}
@@ -378,7 +381,7 @@ func anthropicLaneEnv(t *testing.T, h http.Handler) (*onceflowtest.Env, *onceflo
 	}))
 	fast := onceflow.QueueConfig{ClaimIdle: time.Second, RetryBase: 5 * time.Millisecond, RetryMax: 20 * time.Millisecond}
 	env := onceflowtest.New(t, onceflow.Config{Workers: ws, Model: model, Provider: "anthropic", NoLimits: true,
-		Batch:   onceflow.BatchConfig{API: model.Batches(), MaxItems: 12, MaxAge: 200 * time.Millisecond, PollInterval: 100 * time.Millisecond},
+		Batch:   onceflow.BatchConfig{API: model.Batches(), MaxItems: 12, MaxAge: 200 * time.Millisecond, PollInterval: 100 * time.Millisecond, SubmitTimeout: 300 * time.Millisecond},
 		Queues:  map[string]onceflow.QueueConfig{onceflow.DefaultQueue: fast},
 		Senders: map[string]outbox.Sender{"email": sink.Sender(t, nil)}})
 	return env, sink
@@ -505,7 +508,7 @@ func TestBatchLaneThroughTheOpenAIBatchAPI(t *testing.T) {
 	}))
 	fast := onceflow.QueueConfig{ClaimIdle: time.Second, RetryBase: 5 * time.Millisecond, RetryMax: 20 * time.Millisecond}
 	env := onceflowtest.New(t, onceflow.Config{Workers: ws, Model: model, Provider: "openai", NoLimits: true,
-		Batch:   onceflow.BatchConfig{API: model.Batches(), MaxItems: 12, MaxAge: 200 * time.Millisecond, PollInterval: 100 * time.Millisecond},
+		Batch:   onceflow.BatchConfig{API: model.Batches(), MaxItems: 12, MaxAge: 200 * time.Millisecond, PollInterval: 100 * time.Millisecond, SubmitTimeout: 300 * time.Millisecond},
 		Queues:  map[string]onceflow.QueueConfig{onceflow.DefaultQueue: fast},
 		Senders: map[string]outbox.Sender{"email": sink.Sender(t, nil)}})
 	env.Start()
@@ -733,5 +736,472 @@ func TestBatchLaneGoesOnPastAnAmbiguousSubmission(t *testing.T) {
 	}
 	if n := env.Count(`SELECT count(*) FROM batch_items WHERE state = 'done'`); n != 3 {
 		t.Fatalf("%d requests answered by batches, want the 3 later ones", n)
+	}
+}
+
+// faultyBatchAPI is batchAPI with faults: a batch whose Results or Get fail, the
+// provider's clock off PostgreSQL's (skew), and a first Submit held until released.
+type faultyBatchAPI struct {
+	*batchAPI
+	poisonResults string        // batch id whose Results fail
+	poisonGet     string        // batch id whose Get fails
+	skew          time.Duration // added to each batch's CreatedAt (the provider's clock)
+	block         chan struct{} // first Submit waits on it
+	blocked       chan struct{}
+	once          sync.Once
+}
+
+func (a *faultyBatchAPI) Submit(ctx context.Context, s llm.BatchSubmission) (llm.BatchInfo, error) {
+	first := false
+	a.once.Do(func() { first = true })
+	if first && a.block != nil { // as an HTTP client would, it gives up when ctx ends
+		close(a.blocked)
+		select {
+		case <-a.block:
+		case <-ctx.Done():
+			return llm.BatchInfo{}, ctx.Err()
+		}
+	}
+	info, err := a.batchAPI.Submit(ctx, s)
+	a.mu.Lock()
+	if n := len(a.batches); n > 0 {
+		a.batches[n-1].info.CreatedAt = a.batches[n-1].info.CreatedAt.Add(a.skew)
+	}
+	a.mu.Unlock()
+	info.CreatedAt = info.CreatedAt.Add(a.skew)
+	return info, err
+}
+
+func (a *faultyBatchAPI) Get(ctx context.Context, id string) (llm.BatchInfo, error) {
+	if id == a.poisonGet {
+		return llm.BatchInfo{}, errors.New("404: no such batch (deleted at the provider)")
+	}
+	return a.batchAPI.Get(ctx, id)
+}
+
+func (a *faultyBatchAPI) Results(ctx context.Context, id string) iter.Seq2[llm.BatchResult, error] {
+	if id == a.poisonResults {
+		return func(yield func(llm.BatchResult, error) bool) {
+			yield(llm.BatchResult{}, errors.New("a result line is not JSON"))
+		}
+	}
+	return a.batchAPI.Results(ctx, id)
+}
+
+// faultyLaneConfig is the Config of ticket jobs whose step takes api's lane.
+func faultyLaneConfig(t *testing.T, api onceflow.BatchAPI, model llm.Client, within time.Duration, bc onceflow.BatchConfig) (onceflow.Config, *onceflowtest.Sink) {
+	sink := onceflowtest.NewSink(t)
+	ws := onceflow.NewWorkers()
+	onceflow.AddWorker(ws, onceflow.WorkFunc[shadowedTicket](func(ctx context.Context, job *onceflow.Job[shadowedTicket]) error {
+		st, err := job.Complete(ctx, "summary", ticketRequest(job.Args.Text), onceflow.InBatch(within))
+		if err != nil {
+			return err
+		}
+		return job.Commit(ctx, func(c *onceflow.Commit) error {
+			c.Emit("email", "email:"+job.ID, map[string]string{"summary": st.Response.Content})
+			return nil
+		})
+	}))
+	bc.API = api
+	bc.SubmitTimeout = cmp.Or(bc.SubmitTimeout, 300*time.Millisecond)
+	cfg := onceflow.Config{NoLimits: true, Batch: bc, Workers: ws, Model: model,
+		Queues:  map[string]onceflow.QueueConfig{onceflow.DefaultQueue: {ClaimIdle: time.Second, RetryBase: 5 * time.Millisecond, RetryMax: 20 * time.Millisecond}},
+		Senders: map[string]outbox.Sender{"email": sink.Sender(t, nil)}}
+	return cfg, sink
+}
+
+// One batch whose results cannot be read (a malformed line, a line over 16 MiB, an
+// unknown Anthropic result type) or whose Get fails must not keep every later batch
+// from being recorded.
+func TestBatchLaneRecordsLaterBatchesPastOneWhoseResultsFail(t *testing.T) {
+	t.Parallel()
+	for _, what := range []string{"results", "get"} {
+		t.Run(what, func(t *testing.T) {
+			t.Parallel()
+			api := &faultyBatchAPI{batchAPI: &batchAPI{hold: true}}
+			if what == "results" {
+				api.poisonResults = "batch_1"
+			} else {
+				api.poisonGet = "batch_1"
+			}
+			model := &modelsByName{answers: map[string]string{"prod": "synchronous"}}
+			cfg, sink := faultyLaneConfig(t, api, model, time.Hour, onceflow.BatchConfig{MaxItems: 1, MaxAge: 50 * time.Millisecond, PollInterval: 50 * time.Millisecond})
+			env := onceflowtest.New(t, cfg)
+			env.Start()
+			enqueueTickets(t, env, "a", "b", "c")
+			onceflowtest.WaitFor(t, 20*time.Second, "three batches", func() bool { b, _ := api.counts(); return b == 3 })
+			api.mu.Lock()
+			api.hold = false
+			api.mu.Unlock()
+			deadline := time.Now().Add(15 * time.Second)
+			for time.Now().Before(deadline) && sink.Total() < 2 {
+				time.Sleep(100 * time.Millisecond)
+			}
+			t.Logf("emails %d; submissions: %d ended, %d submitted", sink.Total(),
+				env.Count(`SELECT count(*) FROM batch_submissions WHERE state='ended'`), env.Count(`SELECT count(*) FROM batch_submissions WHERE state='submitted'`))
+			if sink.Total() < 2 {
+				t.Fatalf("%d emails after 15s, want the 2 of the healthy batches", sink.Total())
+			}
+		})
+	}
+}
+
+// The provider's clock (batch created_at) behind PostgreSQL's now() by 2 minutes: a
+// batch created but whose answer was lost must still be found, not created again.
+func TestBatchSubmissionIsFoundAgainWithTheProvidersClockBehind(t *testing.T) {
+	t.Parallel()
+	created := true
+	api := &faultyBatchAPI{batchAPI: &batchAPI{failCreate: &created}, skew: -2 * time.Minute}
+	model := &modelsByName{answers: map[string]string{"prod": "synchronous"}}
+	cfg, sink := faultyLaneConfig(t, api, model, time.Hour, onceflow.BatchConfig{MaxItems: 100, MaxAge: 100 * time.Millisecond, PollInterval: 50 * time.Millisecond})
+	env := onceflowtest.New(t, cfg)
+	env.Start()
+	enqueueTickets(t, env, numbered("t", 5)...)
+	onceflowtest.WaitFor(t, 20*time.Second, "every email", func() bool { return sink.Total() == 5 })
+	batches, sub := api.counts()
+	t.Logf("%d batches", batches)
+	requireOnceEach(t, sub, 5)
+}
+
+// Two processes: the one holding the lane's lock loses its PostgreSQL session (a
+// restart, a failover) while it uploads; the other takes the lock and must not send
+// the same submission a second time.
+func TestBatchSubmissionIsNotSentTwiceWhenTheLockHolderLosesItsSession(t *testing.T) {
+	t.Parallel()
+	api := &faultyBatchAPI{batchAPI: &batchAPI{}, block: make(chan struct{}), blocked: make(chan struct{})}
+	model := &modelsByName{answers: map[string]string{"prod": "synchronous"}}
+	cfg, sink := faultyLaneConfig(t, api, model, time.Hour, onceflow.BatchConfig{MaxItems: 100, MaxAge: 100 * time.Millisecond, PollInterval: 50 * time.Millisecond})
+	env := onceflowtest.New(t, cfg)
+	env.Start()
+	enqueueTickets(t, env, numbered("t", 5)...)
+	<-api.blocked // process A is uploading, holding the lock
+	// process B, same stores
+	cfg2 := cfg
+	cfg2.Redis, cfg2.Prefix, cfg2.DB = env.Redis, env.Prefix, env.DB
+	cfg2.Logger = onceflowtest.Logger(t)
+	c2, err := onceflow.NewClient(cfg2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = c2.Run(ctx) }()
+	time.Sleep(300 * time.Millisecond)
+	// A's session ends (PostgreSQL restarted under it)
+	var n int
+	if err := env.DB.QueryRow(context.Background(), `SELECT count(pg_terminate_backend(pid)) FROM pg_locks WHERE locktype = 'advisory' AND objid = $1`, int64(0x6f6e6365626174)&0xffffffff).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("terminated %d lock-holding sessions", n)
+	onceflowtest.WaitFor(t, 20*time.Second, "every email", func() bool { return sink.Total() == 5 })
+	close(api.block) // A's upload completes
+	time.Sleep(time.Second)
+	batches, sub := api.counts()
+	t.Logf("%d batches", batches)
+	requireOnceEach(t, sub, 5)
+}
+
+// The process that holds the lane's lock does not work the job's queue (a fleet split
+// by queue, every process configured with the lane): the job must still be woken when
+// its answer is recorded, not left parked until its wait ends.
+func TestBatchAnswerWakesAJobOfAQueueTheLaneHolderDoesNotWork(t *testing.T) {
+	t.Parallel()
+	api := &batchAPI{}
+	model := &modelsByName{answers: map[string]string{"prod": "synchronous"}}
+	cfg, sink := faultyLaneConfig(t, api, model, time.Hour, onceflow.BatchConfig{MaxItems: 100, MaxAge: 100 * time.Millisecond, PollInterval: time.Hour})
+	env := onceflowtest.New(t, cfg)
+	env.Start() // A: works the default queue; its lane runs once at start, then hourly
+	cfg2 := cfg
+	cfg2.Redis, cfg2.Prefix, cfg2.DB, cfg2.Logger = env.Redis, env.Prefix, env.DB, onceflowtest.Logger(t)
+	cfg2.Queues = map[string]onceflow.QueueConfig{"other": {}}
+	cfg2.Batch.PollInterval = 50 * time.Millisecond
+	c2, err := onceflow.NewClient(cfg2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	time.Sleep(500 * time.Millisecond)
+	go func() { _ = c2.Run(ctx) }() // B: works "other", runs the lane
+	enqueueTickets(t, env, "a", "b")
+	onceflowtest.WaitFor(t, 20*time.Second, "both items recorded", func() bool {
+		return env.Count(`SELECT count(*) FROM batch_items WHERE state = 'done'`) == 2
+	})
+	time.Sleep(5 * time.Second)
+	if sink.Total() != 2 {
+		t.Fatalf("%d emails 5s after both answers were recorded, want 2 (jobs left parked until their 1h waits end)", sink.Total())
+	}
+}
+
+// One model at its EnqueuedTokens limit (its batches in flight for up to 24h) must not
+// keep another model's due requests from being sent.
+func TestBatchLaneSendsOtherModelsWhileOneIsAtItsEnqueuedTokenLimit(t *testing.T) {
+	t.Parallel()
+	api := &batchAPI{hold: true}
+	model := &modelsByName{answers: map[string]string{}}
+	sink := onceflowtest.NewSink(t)
+	ws := onceflow.NewWorkers()
+	onceflow.AddWorker(ws, onceflow.WorkFunc[shadowedTicket](func(ctx context.Context, job *onceflow.Job[shadowedTicket]) error {
+		m, text, _ := strings.Cut(job.Args.Text, "|")
+		st, err := job.Complete(ctx, "summary", &llm.Request{Model: m, Messages: []llm.Message{{Role: llm.RoleUser, Content: text}}}, onceflow.InBatch(time.Hour))
+		if err != nil {
+			return err
+		}
+		return job.Commit(ctx, func(c *onceflow.Commit) error {
+			c.Emit("email", "email:"+job.ID, map[string]string{"summary": st.Response.Content})
+			return nil
+		})
+	}))
+	per := int64(llm.EstimateInputTokens(&llm.Request{Model: "a-busy", Messages: []llm.Message{{Role: llm.RoleUser, Content: "same length 1"}}}))
+	cfg := onceflow.Config{NoLimits: true, Workers: ws, Model: model,
+		Batch: onceflow.BatchConfig{API: api, MaxItems: 100, MaxAge: 50 * time.Millisecond, PollInterval: 50 * time.Millisecond,
+			EnqueuedTokens: map[string]int64{"a-busy": per + per/2}},
+		Queues:  map[string]onceflow.QueueConfig{onceflow.DefaultQueue: {ClaimIdle: time.Second, RetryBase: 5 * time.Millisecond, RetryMax: 20 * time.Millisecond}},
+		Senders: map[string]outbox.Sender{"email": sink.Sender(t, nil)}}
+	env := onceflowtest.New(t, cfg)
+	env.Start()
+	enqueueTickets(t, env, "a-busy|same length 1")
+	onceflowtest.WaitFor(t, 10*time.Second, "a-busy's first batch", func() bool { b, _ := api.counts(); return b == 1 })
+	enqueueTickets(t, env, "a-busy|same length 2") // waits for room: fine
+	time.Sleep(500 * time.Millisecond)
+	enqueueTickets(t, env, numbered("z-free|other model", 5)...)
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		if b, _ := api.counts(); b >= 2 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	b, _ := api.counts()
+	t.Logf("pending by model: a-busy %d, z-free %d", env.Count(`SELECT count(*) FROM batch_items WHERE state='pending' AND model='a-busy'`), env.Count(`SELECT count(*) FROM batch_items WHERE state='pending' AND model='z-free'`))
+	if b < 2 {
+		t.Fatalf("%d batches: z-free's 5 due requests were not sent while a-busy is at its limit", b)
+	}
+}
+
+// One request the adapter cannot encode (here an unknown role; a tool whose
+// parameters are not a JSON object does the same) must fail alone, not stop the lane:
+// later requests are still sent and answered.
+func TestBatchLaneGoesOnPastARequestTheProviderAdapterRefuses(t *testing.T) {
+	t.Parallel()
+	fs, err := fakeserver.New(fakeserver.Config{BatchDelay: 200 * time.Millisecond, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(fs.Close)
+	srv := httptest.NewServer(fs)
+	t.Cleanup(srv.Close)
+	model := openai.New(openai.Config{BaseURL: srv.URL + "/v1", APIKey: "test"})
+	sink := onceflowtest.NewSink(t)
+	ws := onceflow.NewWorkers()
+	onceflow.AddWorker(ws, onceflow.WorkFunc[shadowedTicket](func(ctx context.Context, job *onceflow.Job[shadowedTicket]) error {
+		role := llm.RoleUser
+		if strings.HasPrefix(job.Args.Text, "poison") {
+			role = llm.Role("moderator")
+		}
+		st, err := job.Complete(ctx, "summary", &llm.Request{Model: "gpt-4.1-mini", Messages: []llm.Message{{Role: role, Content: job.Args.Text}}}, onceflow.InBatch(time.Hour))
+		if err != nil {
+			return err
+		}
+		return job.Commit(ctx, func(c *onceflow.Commit) error {
+			c.Emit("email", "email:"+job.ID, map[string]string{"summary": st.Response.Content})
+			return nil
+		})
+	}))
+	env := onceflowtest.New(t, onceflow.Config{Workers: ws, Model: model, Provider: "openai", NoLimits: true,
+		Batch:   onceflow.BatchConfig{API: model.Batches(), MaxItems: 12, MaxAge: 100 * time.Millisecond, PollInterval: 50 * time.Millisecond},
+		Queues:  map[string]onceflow.QueueConfig{onceflow.DefaultQueue: {ClaimIdle: time.Second, RetryBase: 5 * time.Millisecond, RetryMax: 20 * time.Millisecond}},
+		Senders: map[string]outbox.Sender{"email": sink.Sender(t, nil)}})
+	env.Start()
+	enqueueTickets(t, env, "poison")
+	onceflowtest.WaitFor(t, 10*time.Second, "the poison's submission", func() bool {
+		return env.Count(`SELECT count(*) FROM batch_submissions`) == 1
+	})
+	enqueueTickets(t, env, numbered("fine", 3)...)
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) && sink.Total() < 3 {
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Logf("submissions: %d; pending items %d", env.Count(`SELECT count(*) FROM batch_submissions`), env.Count(`SELECT count(*) FROM batch_items WHERE state='pending'`))
+	if sink.Total() < 3 {
+		t.Fatalf("%d emails after 10s, want the 3 fine ones", sink.Total())
+	}
+}
+
+// The provider answers 503 to batch creation for 3 s: the lane sends the submission
+// again only once no process can still be sending it (twice SubmitTimeout), and
+// deletes each input file whose batch was not created, so none is left at the
+// provider but the batch's own.
+func TestBatchLaneDoesNotLeaveAnUploadPerRetriedCreation(t *testing.T) {
+	t.Parallel()
+	fs, err := fakeserver.New(fakeserver.Config{BatchDelay: 200 * time.Millisecond, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(fs.Close)
+	var mu sync.Mutex
+	uploads, creates := 0, 0
+	until := time.Now().Add(3 * time.Second)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			mu.Lock()
+			switch r.URL.Path {
+			case "/v1/files":
+				uploads++
+			case "/v1/batches":
+				creates++
+				if time.Now().Before(until) {
+					mu.Unlock()
+					w.WriteHeader(http.StatusServiceUnavailable)
+					return
+				}
+			}
+			mu.Unlock()
+		}
+		fs.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	model := openai.New(openai.Config{BaseURL: srv.URL + "/v1", APIKey: "test"})
+	cfg, sink := faultyLaneConfig(t, model.Batches(), model, time.Hour, onceflow.BatchConfig{MaxItems: 100, MaxAge: 100 * time.Millisecond, PollInterval: 100 * time.Millisecond})
+	cfg.Provider = "openai"
+	env := onceflowtest.New(t, cfg)
+	env.Start()
+	enqueueTickets(t, env, numbered("t", 3)...)
+	onceflowtest.WaitFor(t, 30*time.Second, "every email", func() bool { return sink.Total() == 3 })
+	mu.Lock()
+	defer mu.Unlock()
+	st := fs.Stats()
+	t.Logf("%d uploads, %d creation attempts, %d batches, %d files held", uploads, creates, st.BatchesCreated["openai"], st.FilesHeld)
+	if uploads > int(3*time.Second/(2*300*time.Millisecond))+2 || st.FilesHeld != 1 || st.BatchesCreated["openai"] != 1 {
+		t.Fatalf("%d uploads over a 3 s outage (a send every 600 ms at most), %d files left at the provider (want the batch's 1), %d batches (want 1)",
+			uploads, st.FilesHeld, st.BatchesCreated["openai"])
+	}
+}
+
+// Redis down when the poller wakes the jobs: the answers stay unrecorded as ended
+// until the wake succeeds, and every job is woken once Redis is back, with no call.
+func TestBatchAnswerIsRecordedAndJobWokenAfterRedisWasDownAtTheWake(t *testing.T) {
+	t.Parallel()
+	rs := testenv.PrivateRedis(t)
+	rdb, err := onceflow.NewRedis(testenv.RedisURLOf(rs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	api := &batchAPI{hold: true}
+	model := &modelsByName{answers: map[string]string{"prod": "synchronous"}}
+	cfg, sink := faultyLaneConfig(t, api, model, time.Hour, onceflow.BatchConfig{MaxItems: 100, MaxAge: 100 * time.Millisecond, PollInterval: 50 * time.Millisecond})
+	cfg.Redis, cfg.Prefix = rdb, "rev"
+	env := onceflowtest.New(t, cfg)
+	env.Start()
+	enqueueTickets(t, env, numbered("t", 4)...)
+	onceflowtest.WaitFor(t, 20*time.Second, "batch", func() bool { _, s := api.counts(); return len(s) == 4 })
+	time.Sleep(500 * time.Millisecond)
+	rs.Stop()
+	api.mu.Lock()
+	api.hold = false
+	api.mu.Unlock()
+	time.Sleep(2 * time.Second)
+	t.Logf("while Redis is down: %d done, %d submitted", env.Count(`SELECT count(*) FROM batch_items WHERE state='done'`), env.Count(`SELECT count(*) FROM batch_items WHERE state='submitted'`))
+	rs.Start()
+	onceflowtest.WaitFor(t, 30*time.Second, "every email", func() bool { return sink.Total() == 4 })
+	if model.count("prod") != 0 {
+		t.Fatalf("%d sync calls", model.count("prod"))
+	}
+}
+
+// PostgreSQL down as a batch's id is to be recorded: the batch is found again by its
+// metadata once it is back, and nothing is sent twice.
+func TestBatchSubmissionIsSentOnceWhenPostgresIsDownAsItsIDIsRecorded(t *testing.T) {
+	t.Parallel()
+	ps, url, pool := testenv.MigratedPrivatePostgres(t, "&connect_timeout=1")
+	_ = url
+	api := &faultyBatchAPI{batchAPI: &batchAPI{}, block: make(chan struct{}), blocked: make(chan struct{})}
+	model := &modelsByName{answers: map[string]string{"prod": "synchronous"}}
+	cfg, sink := faultyLaneConfig(t, api, model, time.Hour, onceflow.BatchConfig{MaxItems: 100, MaxAge: 100 * time.Millisecond, PollInterval: 50 * time.Millisecond})
+	cfg.DB = pool
+	env := onceflowtest.New(t, cfg)
+	env.Start()
+	enqueueTickets(t, env, numbered("t", 4)...)
+	<-api.blocked
+	ps.Stop()
+	close(api.block)
+	time.Sleep(3 * time.Second)
+	ps.Start()
+	onceflowtest.WaitFor(t, 60*time.Second, "every email", func() bool { return sink.Total() == 4 })
+	b, sub := api.counts()
+	t.Logf("%d batches", b)
+	requireOnceEach(t, sub, 4)
+}
+
+// A step whose wait timed out makes its call synchronously; its batch's answer,
+// coming later, causes no second effect.
+func TestBatchAnswerAfterTheStepFellBackIsNotAppliedTwice(t *testing.T) {
+	t.Parallel()
+	api := &batchAPI{hold: true}
+	model := &modelsByName{answers: map[string]string{"prod": "synchronous"}}
+	cfg, sink := faultyLaneConfig(t, api, model, 1500*time.Millisecond, onceflow.BatchConfig{MaxItems: 100, MaxAge: 50 * time.Millisecond, PollInterval: 50 * time.Millisecond})
+	env := onceflowtest.New(t, cfg)
+	env.Start()
+	enqueueTickets(t, env, "x")
+	onceflowtest.WaitFor(t, 20*time.Second, "sync fallback email", func() bool { return sink.Total() == 1 })
+	api.mu.Lock()
+	api.hold = false
+	api.mu.Unlock()
+	onceflowtest.WaitFor(t, 20*time.Second, "batch recorded", func() bool {
+		return env.Count(`SELECT count(*) FROM batch_submissions WHERE state='ended'`) == 1
+	})
+	time.Sleep(time.Second)
+	var prov, content string
+	_ = env.DB.QueryRow(context.Background(), `SELECT provider, response->>'content' FROM llm_calls`).Scan(&prov, &content)
+	t.Logf("sync calls %d, emails %d, ledger rows %d (%s %q), item state: %d done", model.count("prod"), sink.Total(),
+		env.Count(`SELECT count(*) FROM llm_calls`), prov, content, env.Count(`SELECT count(*) FROM batch_items WHERE state='done'`))
+	sink.RequireOncePerKey(t, 1)
+}
+
+// Without ledger.Config.KeepRequests, no request body outlives its batch: not on the
+// ledger's row, not on the lane's.
+func TestBatchLaneKeepsNoRequestBodiesWithoutKeepRequests(t *testing.T) {
+	t.Parallel()
+	api := &batchAPI{}
+	model := &modelsByName{answers: map[string]string{"prod": "synchronous"}}
+	cfg, sink := faultyLaneConfig(t, api, model, time.Hour, onceflow.BatchConfig{MaxItems: 100, MaxAge: 50 * time.Millisecond, PollInterval: 50 * time.Millisecond})
+	env := onceflowtest.New(t, cfg)
+	env.Start()
+	enqueueTickets(t, env, "patient name: Jane Roe")
+	onceflowtest.WaitFor(t, 20*time.Second, "email", func() bool { return sink.Total() == 1 })
+	n := env.Count(`SELECT count(*) FROM llm_calls WHERE request IS NOT NULL`)
+	m := env.Count(`SELECT count(*) FROM batch_items WHERE convert_from(request, 'UTF8') LIKE '%Jane Roe%'`)
+	t.Logf("ledger rows with a request: %d; batch_items rows with the text: %d", n, m)
+	if n != 0 || m != 0 {
+		t.Fatalf("with KeepRequests off, %d ledger rows and %d batch requests keep the request's text", n, m)
+	}
+}
+
+// A job whose step's key is in the lane for another job (the same job id and request
+// on another queue) is not left parked waiting for a wake that is the other job's.
+func TestBatchStepOfAJobWhoseKeyIsInTheLaneForAnotherJobIsNotLeftParked(t *testing.T) {
+	t.Parallel()
+	api := &batchAPI{}
+	model := &modelsByName{answers: map[string]string{"prod": "synchronous"}}
+	cfg, sink := faultyLaneConfig(t, api, model, 6*time.Second, onceflow.BatchConfig{MaxItems: 100, MaxAge: 50 * time.Millisecond, PollInterval: 50 * time.Millisecond})
+	cfg.Queues["q2"] = cfg.Queues[onceflow.DefaultQueue]
+	env := onceflowtest.New(t, cfg)
+	env.Start()
+	ctx := context.Background()
+	if _, err := env.Client.Enqueue(ctx, shadowedTicket{Text: "same"}, &onceflow.EnqueueOpts{Tenant: "a", JobID: "dup-1"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.Client.Enqueue(ctx, shadowedTicket{Text: "same"}, &onceflow.EnqueueOpts{Tenant: "b", JobID: "dup-1", Queue: "q2"}); err != nil {
+		t.Fatal(err)
+	}
+	onceflowtest.WaitFor(t, 20*time.Second, "a's email", func() bool { return sink.Total() >= 1 })
+	time.Sleep(2 * time.Second)
+	st, err := env.Client.JobState(ctx, "b", "dup-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("batch_items rows %d; b's job 2s after a's answer: %s waiting=%q run_at=%v", env.Count(`SELECT count(*) FROM batch_items`), st.Status, st.Waiting, st.RunAt)
+	if st.Waiting != "" {
+		t.Fatalf("b's job still parked on %q until its wait ends", st.Waiting)
 	}
 }

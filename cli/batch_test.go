@@ -87,7 +87,7 @@ func batchRun(t *testing.T, dsn, prefix, base string) (*testenv.Process, string)
 		"ONCEFLOW_REDIS_URL=" + testenv.RedisURL(t), "ONCEFLOW_DATABASE_URL=" + dsn, "ONCEFLOW_PREFIX=" + prefix,
 		"ONCEFLOW_API_KEYS=" + tenantAPIKeys, "ONCEFLOW_HTTP_ADDR=127.0.0.1:0", "ONCEFLOW_CLAIM_IDLE=1s",
 		"ONCEFLOW_LLM=openai", "ONCEFLOW_LLM_BASE_URL=" + base, "OPENAI_API_KEY=sk-test-batch", "ONCEFLOW_SUMMARIES_LANE=batch",
-		"ONCEFLOW_BATCH_MAX_AGE=200ms", "ONCEFLOW_BATCH_POLL_INTERVAL=100ms", "ONCEFLOW_SHUTDOWN_TIMEOUT=5s",
+		"ONCEFLOW_BATCH_MAX_AGE=200ms", "ONCEFLOW_BATCH_POLL_INTERVAL=100ms", "ONCEFLOW_BATCH_SUBMIT_TIMEOUT=1s", "ONCEFLOW_SHUTDOWN_TIMEOUT=5s",
 	}, "run")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -260,7 +260,8 @@ func warnTrialSettings(ctx context.Context, log *slog.Logger, cfg *config.Config
 
 // batchConfig is the batch lane's configuration from the ONCEFLOW_BATCH_* settings.
 func batchConfig(c *config.Config, api onceflow.BatchAPI) onceflow.BatchConfig {
-	b := onceflow.BatchConfig{API: api, MaxItems: c.BatchMaxItems, MaxAge: c.BatchMaxAge, PollInterval: c.BatchPollInterval, MaxBytes: c.BatchMaxBytes}
+	b := onceflow.BatchConfig{API: api, MaxItems: c.BatchMaxItems, MaxAge: c.BatchMaxAge, PollInterval: c.BatchPollInterval, MaxBytes: c.BatchMaxBytes,
+		SubmitTimeout: c.BatchSubmitTimeout}
 	if c.BatchEnqueuedTokens > 0 {
 		b.EnqueuedTokens = map[string]int64{"*": c.BatchEnqueuedTokens}
 	}

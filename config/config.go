@@ -129,6 +129,9 @@ type Config struct {
 	BatchMaxAge       time.Duration
 	BatchPollInterval time.Duration
 	BatchMaxBytes     int64
+	// BatchSubmitTimeout bounds a batch's upload and creation; a submission left
+	// unrecorded is settled after twice it (BatchConfig.SubmitTimeout). Default: 2m.
+	BatchSubmitTimeout time.Duration
 	// BatchEnqueuedTokens bounds the estimated input tokens of the batch lane's batches
 	// in flight, per model (BatchConfig.EnqueuedTokens["*"]). Default: 0, none.
 	BatchEnqueuedTokens int64
@@ -419,6 +422,9 @@ var settings = []setting{
 	{env: "ONCEFLOW_BATCH_MAX_SIZE", def: "104857600", usage: "the most bytes of requests per batch of the batch lane (1024 to 209715200)", parse: func(c *Config, v string) error {
 		return parseInt64(&c.BatchMaxBytes, v, 1024, 200<<20)
 	}},
+	{env: "ONCEFLOW_BATCH_SUBMIT_TIMEOUT", def: "2m", usage: "the longest a batch's upload and creation may take; a submission a crash left unrecorded is settled after twice this", parse: func(c *Config, v string) error {
+		return parseDuration(&c.BatchSubmitTimeout, v)
+	}},
 	{env: "ONCEFLOW_BATCH_ENQUEUED_TOKENS", def: "0", usage: "the most input tokens (estimated) of a model's batches in flight (0: no limit; the provider's batch queue limit)", parse: func(c *Config, v string) error {
 		return parseInt64(&c.BatchEnqueuedTokens, v, 0, 1e15)
 	}},
@@ -651,7 +657,7 @@ var groups = []struct {
 	{GroupWorkers, []string{"ONCEFLOW_WORKER_CONCURRENCY", "ONCEFLOW_CLAIM_IDLE", "ONCEFLOW_MAX_DELIVERIES", "ONCEFLOW_RETRY_BASE",
 		"ONCEFLOW_RETRY_MAX", "ONCEFLOW_MAX_RUN_TIME", "ONCEFLOW_JOB_BUDGET", "ONCEFLOW_DLQ_RETENTION", "ONCEFLOW_RECORD_SUCCESSES",
 		"ONCEFLOW_BREAKER_THRESHOLD", "ONCEFLOW_HEALTH_INTERVAL", "ONCEFLOW_STATS_INTERVAL"}},
-	{GroupModel, []string{"ONCEFLOW_LLM", "ONCEFLOW_LLM_BASE_URL", "ONCEFLOW_LLM_MODEL", "ONCEFLOW_SHADOW", "ONCEFLOW_SUMMARIES_LANE", "ONCEFLOW_BATCH_MAX_ITEMS", "ONCEFLOW_BATCH_MAX_AGE", "ONCEFLOW_BATCH_POLL_INTERVAL", "ONCEFLOW_BATCH_MAX_SIZE", "ONCEFLOW_BATCH_ENQUEUED_TOKENS"}},
+	{GroupModel, []string{"ONCEFLOW_LLM", "ONCEFLOW_LLM_BASE_URL", "ONCEFLOW_LLM_MODEL", "ONCEFLOW_SHADOW", "ONCEFLOW_SUMMARIES_LANE", "ONCEFLOW_BATCH_MAX_ITEMS", "ONCEFLOW_BATCH_MAX_AGE", "ONCEFLOW_BATCH_POLL_INTERVAL", "ONCEFLOW_BATCH_MAX_SIZE", "ONCEFLOW_BATCH_SUBMIT_TIMEOUT", "ONCEFLOW_BATCH_ENQUEUED_TOKENS"}},
 	{GroupModelCalls, []string{"OPENAI_API_KEY", "ANTHROPIC_API_KEY", "ONCEFLOW_LLM_TIMEOUT", "ONCEFLOW_LLM_MAX_ATTEMPTS",
 		"ONCEFLOW_LLM_QUOTA_PROBE"}},
 	{GroupLimits, []string{"ONCEFLOW_LLM_ADMISSION", "ONCEFLOW_LLM_RPM", "ONCEFLOW_LLM_TPM", "ONCEFLOW_LLM_CONCURRENCY",

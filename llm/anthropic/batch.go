@@ -1,8 +1,6 @@
 package anthropic
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -45,13 +43,13 @@ func (b *Batches) Submit(ctx context.Context, s llm.BatchSubmission) (llm.BatchI
 	for _, it := range s.Items {
 		p, err := b.c.params(it.Request)
 		if err != nil {
-			return llm.BatchInfo{}, fmt.Errorf("%s batch: item %s: %w", Provider, it.CustomID, err)
+			return llm.BatchInfo{}, fmt.Errorf("%s batch: %w", Provider, &llm.BatchItemError{CustomID: it.CustomID, Err: err})
 		}
 		// The batch's params type is not MessageNewParams: send the JSON of the one
 		// Complete sends, so that both lanes send the same request.
 		raw, err := json.Marshal(p)
 		if err != nil {
-			return llm.BatchInfo{}, fmt.Errorf("%s batch: item %s: %w", Provider, it.CustomID, err)
+			return llm.BatchInfo{}, fmt.Errorf("%s batch: %w", Provider, &llm.BatchItemError{CustomID: it.CustomID, Err: err})
 		}
 		reqs = append(reqs, asdk.MessageBatchNewParamsRequest{CustomID: it.CustomID,
 			Params: param.Override[asdk.MessageBatchNewParamsRequestParams](json.RawMessage(raw))})
@@ -140,22 +138,13 @@ func (b *Batches) Results(ctx context.Context, id string) iter.Seq2[llm.BatchRes
 			return
 		}
 		defer resp.Body.Close()
-		sc := bufio.NewScanner(resp.Body)
-		sc.Buffer(make([]byte, 64<<10), maxResultLine)
-		for sc.Scan() {
-			if len(bytes.TrimSpace(sc.Bytes())) == 0 {
-				continue
-			}
-			r, err := ParseBatchResult(sc.Bytes())
+		for r, err := range llm.BatchResultLines(resp.Body, maxResultLine, ParseBatchResult) {
 			if err != nil {
 				err = fmt.Errorf("%s batch %s: results: %w", Provider, id, err)
 			}
-			if !yield(r, err) || err != nil {
+			if !yield(r, err) || (err != nil && !errors.Is(err, llm.ErrBatchResult)) {
 				return
 			}
-		}
-		if err := sc.Err(); err != nil {
-			fail(err)
 		}
 	}
 }

@@ -322,14 +322,17 @@ func resultsServer(t *testing.T, resultsURL, resultsPath, body string) (*anthrop
 }
 
 // A results line that is not a result, or one beyond 16 MiB, ends Results with an
-// error after the good lines before it; blank lines are skipped.
-func TestBatchResultsRefuseAMalformedLine(t *testing.T) {
+// A result line Results cannot read (not JSON, an unknown result type, a line over the
+// limit) yields an error matching llm.ErrBatchResult, and the lines after it are still
+// read: one bad line does not hide the batch's other answers.
+func TestBatchResultsGoOnPastAnUnreadableLine(t *testing.T) {
 	t.Parallel()
 	good := `{"custom_id":"a","result":{"type":"expired"}}`
+	last := "\n" + `{"custom_id":"c","result":{"type":"canceled"}}` + "\n"
 	for name, body := range map[string]string{
-		"not json":     good + "\n\n" + `{"custom_id":"b","result":` + "\n" + `{"custom_id":"c","result":{"type":"canceled"}}` + "\n",
-		"unknown type": good + "\n" + `{"custom_id":"b","result":{"type":"pending"}}` + "\n",
-		"too long":     good + "\n" + `{"custom_id":"b","result":{"type":"expired","x":"` + strings.Repeat("x", 17<<20) + `"}}` + "\n",
+		"not json":     good + "\n\n" + `{"custom_id":"b","result":` + last,
+		"unknown type": good + "\n" + `{"custom_id":"b","result":{"type":"pending"}}` + last,
+		"too long":     good + "\n" + `{"custom_id":"b","result":{"type":"expired","x":"` + strings.Repeat("x", 17<<20) + `"}}` + last,
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -343,8 +346,8 @@ func TestBatchResultsRefuseAMalformedLine(t *testing.T) {
 				}
 				ids = append(ids, r.CustomID)
 			}
-			if !slices.Equal(ids, []string{"a"}) || len(errs) != 1 {
-				t.Fatalf("yielded %v and errors %v, want a then one error", ids, errs)
+			if !slices.Equal(ids, []string{"a", "c"}) || len(errs) != 1 || !errors.Is(errs[0], llm.ErrBatchResult) {
+				t.Fatalf("yielded %v and errors %v, want a and c, and one error matching llm.ErrBatchResult", ids, errs)
 			}
 		})
 	}

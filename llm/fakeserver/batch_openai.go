@@ -236,6 +236,9 @@ func (s *Server) uploadFile(w http.ResponseWriter, r *http.Request) {
 	st.files[f.id] = f
 	st.stored += int64(len(data))
 	st.mu.Unlock()
+	s.mu.Lock()
+	s.stats.FilesUploaded++
+	s.mu.Unlock()
 	writeJSON(w, http.StatusOK, f.object())
 }
 
@@ -269,6 +272,23 @@ func (s *Server) getFile(w http.ResponseWriter, r *http.Request) {
 	if f := s.file(w, r); f != nil {
 		writeJSON(w, http.StatusOK, f.object())
 	}
+}
+
+// deleteFile serves DELETE /v1/files/{id}: the file is gone (a batch created from it
+// keeps its requests).
+func (s *Server) deleteFile(w http.ResponseWriter, r *http.Request) {
+	f := s.file(w, r)
+	if f == nil {
+		return
+	}
+	st := &s.batchStore
+	st.mu.Lock()
+	if st.files[f.id] == f {
+		delete(st.files, f.id)
+		st.stored -= int64(len(f.data))
+	}
+	st.mu.Unlock()
+	writeJSON(w, http.StatusOK, map[string]any{"id": f.id, "object": "file", "deleted": true})
 }
 
 // fileContent serves GET /v1/files/{id}/content: the bytes of an uploaded file or of

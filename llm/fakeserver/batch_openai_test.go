@@ -474,3 +474,39 @@ func FuzzBatchInputFile(f *testing.F) {
 		}
 	})
 }
+
+// DELETE /v1/files/{id} deletes an uploaded file for its owner only: it is gone (404)
+// and no longer counted in files_held; another credential's delete is a 404.
+func TestDeletedFileIsGoneAndNoLongerHeld(t *testing.T) {
+	t.Parallel()
+	s, err := fakeserver.New(fakeserver.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	id := upload(t, s, []byte(oaFile("a")))
+	del := func(key string) int {
+		req := httptest.NewRequest(http.MethodDelete, "/v1/files/"+id, nil)
+		if key != "" {
+			req.Header.Set("Authorization", "Bearer "+key)
+		}
+		rec := httptest.NewRecorder()
+		s.ServeHTTP(rec, req)
+		return rec.Code
+	}
+	if st := s.Stats(); st.FilesUploaded != 1 || st.FilesHeld != 1 {
+		t.Fatalf("after an upload: %d uploaded, %d held", st.FilesUploaded, st.FilesHeld)
+	}
+	if code := del("sk-other"); code != http.StatusNotFound {
+		t.Fatalf("another key's delete: %d, want 404", code)
+	}
+	if code := del(""); code != http.StatusOK { // upload's credential: none
+		t.Fatalf("delete: %d", code)
+	}
+	if code := del(""); code != http.StatusNotFound {
+		t.Fatalf("a second delete: %d, want 404", code)
+	}
+	if st := s.Stats(); st.FilesUploaded != 1 || st.FilesHeld != 0 {
+		t.Fatalf("after the delete: %d uploaded, %d held, want 1 and 0", st.FilesUploaded, st.FilesHeld)
+	}
+}

@@ -346,6 +346,7 @@ func New(cfg Config) (*Server, error) {
 	s.mux.HandleFunc("POST /v1/files", s.uploadFile)
 	s.mux.HandleFunc("GET /v1/files/{id}", s.getFile)
 	s.mux.HandleFunc("GET /v1/files/{id}/content", s.fileContent)
+	s.mux.HandleFunc("DELETE /v1/files/{id}", s.deleteFile)
 	s.mux.HandleFunc("POST /v1/batches", s.createBatch)
 	s.mux.HandleFunc("GET /v1/batches", s.listBatches)
 	s.mux.HandleFunc("GET /v1/batches/{id}", s.getBatch)
@@ -499,6 +500,10 @@ type Stats struct {
 	BatchItems map[string]int64 `json:"batch_items"`
 	// BatchesCancelled counts the cancels accepted, of either provider.
 	BatchesCancelled int64 `json:"batches_cancelled"`
+	// FilesUploaded counts the files uploaded with purpose batch (OpenAI), and
+	// FilesHeld those of them not deleted yet: what a client leaves at the provider.
+	FilesUploaded int64 `json:"files_uploaded"`
+	FilesHeld     int64 `json:"files_held"`
 }
 
 func newStats() Stats {
@@ -511,6 +516,15 @@ func newStats() Stats {
 // that have ended (so that their requests count without a client polling).
 func (s *Server) Stats() Stats {
 	s.settleBatches()
+	var held int64
+	st := &s.batchStore
+	st.mu.Lock()
+	for _, f := range st.files {
+		if f.batch == "" {
+			held++
+		}
+	}
+	st.mu.Unlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	c := s.stats
@@ -518,6 +532,7 @@ func (s *Server) Stats() Stats {
 	c.RateLimitedByIdempotencyKey = clone(c.RateLimitedByIdempotencyKey)
 	c.BatchByCustomID, c.BatchBilledByCustomID = clone(c.BatchByCustomID), clone(c.BatchBilledByCustomID)
 	c.BatchesCreated, c.BatchItems = clone(c.BatchesCreated), clone(c.BatchItems)
+	c.FilesHeld = held
 	return c
 }
 

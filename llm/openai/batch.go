@@ -1,7 +1,6 @@
 package openai
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -48,10 +47,10 @@ func (b *Batches) Submit(ctx context.Context, s llm.BatchSubmission) (llm.BatchI
 	for _, it := range s.Items {
 		p, err := b.c.params(it.Request)
 		if err != nil {
-			return llm.BatchInfo{}, fmt.Errorf("%s batch: item %s: %w", Provider, it.CustomID, err)
+			return llm.BatchInfo{}, fmt.Errorf("%s batch: %w", Provider, &llm.BatchItemError{CustomID: it.CustomID, Err: err})
 		}
 		if err := enc.Encode(batchLine{CustomID: it.CustomID, Method: "POST", URL: "/v1/chat/completions", Body: p}); err != nil {
-			return llm.BatchInfo{}, fmt.Errorf("%s batch: item %s: %w", Provider, it.CustomID, err)
+			return llm.BatchInfo{}, fmt.Errorf("%s batch: %w", Provider, &llm.BatchItemError{CustomID: it.CustomID, Err: err})
 		}
 	}
 	f, err := b.c.sdk.Files.New(ctx, oai.FileNewParams{File: oai.File(&file, "onceflow-"+s.ID+".jsonl", "application/jsonl"), Purpose: oai.FilePurposeBatch})
@@ -61,6 +60,12 @@ func (b *Batches) Submit(ctx context.Context, s llm.BatchSubmission) (llm.BatchI
 	bt, err := b.c.sdk.Batches.New(ctx, oai.BatchNewParams{InputFileID: f.ID, Endpoint: oai.BatchNewParamsEndpointV1ChatCompletions,
 		CompletionWindow: oai.BatchNewParamsCompletionWindow24h, Metadata: shared.Metadata{SubmissionKey: s.ID}})
 	if err != nil {
+		// The file is of no use without its batch: delete it, so that retries do not
+		// leave an upload each at the provider (best effort; if the batch was created
+		// after all, the provider has read its file already).
+		if _, derr := b.c.sdk.Files.Delete(context.WithoutCancel(ctx), f.ID); derr != nil {
+			err = errors.Join(err, fmt.Errorf("delete the uploaded file %s: %w", f.ID, derr))
+		}
 		return llm.BatchInfo{}, fmt.Errorf("%s batch: create: %w", Provider, mapError(err, nil))
 	}
 	return batchInfo(bt), nil
@@ -122,7 +127,8 @@ type resultLine struct {
 }
 
 // Results yields the outcome of each item of ended batch id: its output file's answers
-// and its error file's failures (an expired item is llm.BatchExpired).
+// and its error file's failures (an expired item is llm.BatchExpired). A line it cannot
+// read yields an error matching llm.ErrBatchResult, and the results go on.
 func (b *Batches) Results(ctx context.Context, id string) iter.Seq2[llm.BatchResult, error] {
 	return func(yield func(llm.BatchResult, error) bool) {
 		bt, err := b.c.sdk.Batches.Get(ctx, id)
@@ -135,7 +141,7 @@ func (b *Batches) Results(ctx context.Context, id string) iter.Seq2[llm.BatchRes
 				continue
 			}
 			for r, err := range b.file(ctx, file) {
-				if !yield(r, err) || err != nil {
+				if !yield(r, err) || (err != nil && !errors.Is(err, llm.ErrBatchResult)) {
 					return
 				}
 			}
@@ -143,7 +149,8 @@ func (b *Batches) Results(ctx context.Context, id string) iter.Seq2[llm.BatchRes
 	}
 }
 
-// file yields the results in output or error file id.
+// file yields the results in output or error file id (llm.BatchResultLines: a line it
+// cannot read is an error matching llm.ErrBatchResult, and the lines go on).
 func (b *Batches) file(ctx context.Context, id string) iter.Seq2[llm.BatchResult, error] {
 	return func(yield func(llm.BatchResult, error) bool) {
 		resp, err := b.c.sdk.Files.Content(ctx, id)
@@ -152,22 +159,13 @@ func (b *Batches) file(ctx context.Context, id string) iter.Seq2[llm.BatchResult
 			return
 		}
 		defer resp.Body.Close()
-		sc := bufio.NewScanner(resp.Body)
-		sc.Buffer(make([]byte, 64<<10), maxResultLine)
-		for sc.Scan() {
-			if len(bytes.TrimSpace(sc.Bytes())) == 0 {
-				continue
-			}
-			r, err := ParseBatchResult(sc.Bytes())
+		for r, err := range llm.BatchResultLines(resp.Body, maxResultLine, ParseBatchResult) {
 			if err != nil {
 				err = fmt.Errorf("%s batch file %s: %w", Provider, id, err)
 			}
-			if !yield(r, err) || err != nil {
+			if !yield(r, err) || (err != nil && !errors.Is(err, llm.ErrBatchResult)) {
 				return
 			}
-		}
-		if err := sc.Err(); err != nil {
-			yield(llm.BatchResult{}, fmt.Errorf("%s batch file %s: %w", Provider, id, err))
 		}
 	}
 }
