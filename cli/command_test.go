@@ -273,3 +273,32 @@ func TestAppCommands(t *testing.T) {
 		}
 	}
 }
+
+// helpCommands are every command and subcommand with a -h of its own.
+var helpCommands = [][]string{
+	{"migrate"}, {"serve"}, {"work"}, {"run"}, {"audit"}, {"relay"},
+	{"dlq"}, {"dlq", "list"}, {"dlq", "replay"}, {"dlq", "purge"},
+	{"outbox"}, {"outbox", "list"}, {"outbox", "retry"},
+	{"approvals"}, {"approvals", "list"}, {"approvals", "approve"}, {"approvals", "reject"},
+	{"indoubt"}, {"indoubt", "list"}, {"indoubt", "resolve"},
+	{"shadow"}, {"shadow", "report"}, {"eval"},
+	{"tenants"}, {"tenants", "set"}, {"tenants", "delete"}, {"tenants", "list"},
+	{"gateway"}, {"probe"}, {"fake-llm"}, {"webhook-sink"}, {"version"},
+}
+
+// No flag's -h line shows a phrase as its value name: the flag package takes the first
+// back-quoted words of a usage string for the value's name ("-failed onceflow outbox
+// retry"), so a usage string must not quote a command.
+func TestNoFlagShowsAPhraseAsItsValueName(t *testing.T) {
+	t.Parallel()
+	flagLine := regexp.MustCompile(`^  -([a-z0-9-]+)(?: (.*))?$`)
+	for _, args := range helpCommands {
+		usage := help(t, args...)
+		for line := range strings.SplitSeq(usage, "\n") {
+			m := flagLine.FindStringSubmatch(line)
+			if m != nil && strings.ContainsAny(m[2], " `") {
+				t.Errorf("%s -h: -%s has the value name %q", strings.Join(args, " "), m[1], m[2])
+			}
+		}
+	}
+}

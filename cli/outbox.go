@@ -41,7 +41,7 @@ func runOutbox(ctx context.Context, e *env, args []string) error {
 func outboxList(ctx context.Context, e *env, args []string) error {
 	fs := flags(e, "outbox list", "[--failed] [--json] [--limit N] [--topic TOPIC]", config.GroupPostgres)
 	topic := fs.String("topic", "", `only this topic's rows, or a prefix's ending in "." or "*" ("email.")`)
-	failed := fs.Bool("failed", false, "only exhausted rows (they wait for `onceflow outbox retry`)")
+	failed := fs.Bool("failed", false, "only exhausted rows (those that wait for outbox retry)")
 	asJSON := fs.Bool("json", false, "print a JSON array on stdout")
 	limit := fs.Int("limit", 100, "at most this many rows, newest first")
 	cfg, _, err := load(e, fs, config.Register(fs), args)
