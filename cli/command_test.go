@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -300,5 +302,45 @@ func TestNoFlagShowsAPhraseAsItsValueName(t *testing.T) {
 				t.Errorf("%s -h: -%s has the value name %q", strings.Join(args, " "), m[1], m[2])
 			}
 		}
+	}
+}
+
+// docRef matches what help text cites of the repository's documentation: a Markdown
+// file (docs/configuration.md) or the README, with the section after it when one is
+// quoted (README, "Configuration").
+var docRef = regexp.MustCompile(`\b((?:[a-z0-9_-]+/)*[A-Za-z0-9_-]+\.md|README)\b(?:, "([^"]+)")?`)
+
+// Every document `help` and the commands' -h cite exists in the repository, and so does
+// every section they name in it.
+func TestHelpCitesOnlyDocumentsThatExist(t *testing.T) {
+	t.Parallel()
+	var out bytes.Buffer
+	if err := cli.Run(context.Background(), helpApp, []string{"help"}, &out, io.Discard, func(string) string { return "" }); err != nil {
+		t.Fatalf("help: %v", err)
+	}
+	texts := map[string]string{"help": out.String()}
+	for _, args := range helpCommands {
+		texts[strings.Join(args, " ")+" -h"] = help(t, args...)
+	}
+	cited := 0
+	for name, text := range texts {
+		for _, m := range docRef.FindAllStringSubmatch(text, -1) {
+			cited++
+			path := m[1]
+			if path == "README" {
+				path = "README.md"
+			}
+			b, err := os.ReadFile(filepath.Join("..", path)) // the module root, from cli
+			if err != nil {
+				t.Errorf("%s cites %s, which is not in the repository: %v", name, m[0], err)
+				continue
+			}
+			if m[2] != "" && !regexp.MustCompile(`(?m)^#+ `+regexp.QuoteMeta(m[2])+`\s*$`).Match(b) {
+				t.Errorf("%s cites %s, which has no section %q", name, path, m[2])
+			}
+		}
+	}
+	if cited == 0 {
+		t.Error("no help text cites a document: the settings' reference should be cited")
 	}
 }

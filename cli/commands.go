@@ -116,7 +116,7 @@ func printCommands(w io.Writer, app App) {
 		fmt.Fprintf(w, "  %-12s %s\n", c.Name, c.Summary)
 	}
 	fmt.Fprintf(w, "  %-12s %s\n", version.name, version.summary)
-	fmt.Fprintf(w, "\nRun `%s COMMAND -h` for a command's flags. Every setting is also an environment variable (see README).\n", app.Name)
+	fmt.Fprintf(w, "\nRun `%s COMMAND -h` for a command's flags. Every setting is also an environment variable (docs/configuration.md).\n", app.Name)
 }
 
 // usageError marks a usage or configuration mistake: exit status 2.
