@@ -344,3 +344,26 @@ func TestHelpCitesOnlyDocumentsThatExist(t *testing.T) {
 		t.Error("no help text cites a document: the settings' reference should be cited")
 	}
 }
+
+// The -h of a command with subcommands lists them and says how to see each one's flags.
+func TestParentCommandHelpListsItsSubcommandsAndHowToSeeTheirFlags(t *testing.T) {
+	t.Parallel()
+	for parent, subs := range map[string][]string{
+		"dlq":       {"list", "replay", "purge"},
+		"outbox":    {"list", "retry"},
+		"approvals": {"list", "approve", "reject"},
+		"indoubt":   {"list", "resolve"},
+		"shadow":    {"report"},
+		"tenants":   {"set", "delete", "list"},
+	} {
+		usage := help(t, parent)
+		for _, sub := range subs {
+			if !regexp.MustCompile(`\b` + sub + `\b`).MatchString(usage) {
+				t.Errorf("%s -h does not list %s:\n%s", parent, sub, usage)
+			}
+		}
+		if hint := "onceflow " + parent + " SUBCOMMAND -h"; !strings.Contains(usage, hint) {
+			t.Errorf("%s -h does not say %q:\n%s", parent, hint, usage)
+		}
+	}
+}
