@@ -367,3 +367,27 @@ func TestParentCommandHelpListsItsSubcommandsAndHowToSeeTheirFlags(t *testing.T)
 		}
 	}
 }
+
+// The settings of shadows and of the batch lane are listed by the commands that run
+// model steps (work, run), and not by probe and gateway, which make their own calls.
+func TestOnlyTheCommandsRunningModelStepsListTheShadowAndBatchSettings(t *testing.T) {
+	t.Parallel()
+	lane := []string{"shadow", "summaries-lane", "batch-max-items", "batch-max-age", "batch-poll-interval", "batch-max-size",
+		"batch-enqueued-tokens"}
+	for _, cmd := range []string{"work", "run"} {
+		usage := help(t, cmd)
+		for _, f := range lane {
+			if !listed(usage, f) {
+				t.Errorf("%s -h does not list --%s:\n%s", cmd, f, usage)
+			}
+		}
+	}
+	for _, cmd := range []string{"probe", "gateway", "serve", "eval"} {
+		usage := help(t, cmd)
+		for _, f := range lane {
+			if listed(usage, f) {
+				t.Errorf("%s -h lists --%s, which it does not read:\n%s", cmd, f, usage)
+			}
+		}
+	}
+}
