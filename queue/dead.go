@@ -237,6 +237,9 @@ var replayScript = scripts.MustScript("lua/replay.lua", historyLib, enqueueLib)
 // ErrMalformed) and should be purged. Safe for concurrent use: of two concurrent replays
 // of one entry, one succeeds.
 func Replay(ctx context.Context, rdb redis.Cmdable, keys Keys, deadID string) (string, error) {
+	if err := keys.Validate(); err != nil {
+		return "", err
+	}
 	d, err := getDead(ctx, rdb, keys, deadID)
 	if err != nil {
 		return "", err
@@ -268,6 +271,9 @@ var purgeScript = scripts.MustScript("lua/purge.lua", historyLib)
 // more, then expires. A dead letter that does not exist gives an error wrapping
 // ErrDeadLetterNotFound. Safe for concurrent use.
 func Purge(ctx context.Context, rdb redis.Cmdable, keys Keys, deadID string, ttl time.Duration) error {
+	if err := keys.Validate(); err != nil {
+		return err
+	}
 	d, err := getDead(ctx, rdb, keys, deadID)
 	if err != nil {
 		return err
@@ -304,6 +310,9 @@ const trimDeadBatch = 500
 func TrimDead(ctx context.Context, rdb redis.Cmdable, keys Keys, before time.Time, ttl time.Duration) (int64, error) {
 	if ttl <= 0 {
 		return 0, fmt.Errorf("trim dead letters: ttl %v is not positive", ttl)
+	}
+	if err := keys.Validate(); err != nil {
+		return 0, err
 	}
 	if before.UnixMilli() <= 0 {
 		return 0, nil // no dead letter is older than the epoch

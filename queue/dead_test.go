@@ -329,3 +329,28 @@ func TestEnqueueOfFailedJobRetiresItsDeadLetter(t *testing.T) {
 		t.Errorf("replay of the retired dead letter = %v (entry %s), want ErrDeadLetterNotFound", err, id)
 	}
 }
+
+// Replay, Purge and TrimDead refuse keys that cannot name a queue, with Validate's error,
+// before they reach Redis (where a broken hash tag is a CROSSSLOT error on a cluster).
+func TestReplayRefusesAnInvalidQueueName(t *testing.T) {
+	t.Parallel()
+	refusesInvalidKeys(t, func(rdb redis.UniversalClient, keys Keys) error {
+		_, err := Replay(context.Background(), rdb, keys, "1700000000000-0")
+		return err
+	})
+}
+
+func TestPurgeRefusesAnInvalidQueueName(t *testing.T) {
+	t.Parallel()
+	refusesInvalidKeys(t, func(rdb redis.UniversalClient, keys Keys) error {
+		return Purge(context.Background(), rdb, keys, "1700000000000-0", time.Hour)
+	})
+}
+
+func TestTrimDeadRefusesAnInvalidQueueName(t *testing.T) {
+	t.Parallel()
+	refusesInvalidKeys(t, func(rdb redis.UniversalClient, keys Keys) error {
+		_, err := TrimDead(context.Background(), rdb, keys, time.Now(), time.Hour)
+		return err
+	})
+}

@@ -297,3 +297,21 @@ func TestDelayedDuplicateKeepsItsIndexAfterTrim(t *testing.T) {
 		t.Errorf("another tenant's enqueue of a job id still scheduled for %q: %v, want ErrJobIDTaken", m.Tenant, err)
 	}
 }
+
+// Trim and DeleteIdleConsumers refuse keys that cannot name a queue, with Validate's
+// error, before they reach Redis.
+func TestTrimRefusesAnInvalidQueueName(t *testing.T) {
+	t.Parallel()
+	refusesInvalidKeys(t, func(rdb redis.UniversalClient, keys Keys) error {
+		_, err := Trim(context.Background(), rdb, keys, time.Hour)
+		return err
+	})
+}
+
+func TestDeleteIdleConsumersRefusesAnInvalidQueueName(t *testing.T) {
+	t.Parallel()
+	refusesInvalidKeys(t, func(rdb redis.UniversalClient, keys Keys) error {
+		_, err := DeleteIdleConsumers(context.Background(), rdb, keys, "workers", "me", time.Minute)
+		return err
+	})
+}

@@ -306,3 +306,13 @@ func TestPartitionsRecord(t *testing.T) {
 		}
 	})
 }
+
+// RegisterPartitions refuses keys that cannot name a queue, with Validate's error,
+// before it records anything.
+func TestRegisterPartitionsRefusesAnInvalidQueueName(t *testing.T) {
+	t.Parallel()
+	refusesInvalidKeys(t, func(rdb redis.UniversalClient, keys Keys) error {
+		_, err := RegisterPartitions(context.Background(), rdb, keys, 2)
+		return err
+	})
+}
