@@ -268,9 +268,13 @@ func Replay(ctx context.Context, rdb redis.Cmdable, keys Keys, deadID string) (s
 var purgeScript = scripts.MustScript("lua/purge.lua", historyLib)
 
 // Purge deletes the dead letter deadID for good. The job index stays "failed" for ttl
-// more, then expires. A dead letter that does not exist gives an error wrapping
+// more, then expires; a ttl that is not positive is refused (it would delete the index at
+// once). A dead letter that does not exist gives an error wrapping
 // ErrDeadLetterNotFound. Safe for concurrent use.
 func Purge(ctx context.Context, rdb redis.Cmdable, keys Keys, deadID string, ttl time.Duration) error {
+	if ttl <= 0 {
+		return fmt.Errorf("purge %s: ttl %v is not positive", deadID, ttl)
+	}
 	if err := keys.Validate(); err != nil {
 		return err
 	}

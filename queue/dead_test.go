@@ -354,3 +354,27 @@ func TestTrimDeadRefusesAnInvalidQueueName(t *testing.T) {
 		return err
 	})
 }
+
+// Purge refuses a TTL of 0 or less, which would delete the job's index at once (its
+// state, failed, is to be read for the TTL), and leaves the dead letter and the index
+// alone.
+func TestPurgeRefusesANonPositiveTTL(t *testing.T) {
+	t.Parallel()
+	rdb, keys := setup(t)
+	ctx := context.Background()
+	d := deadLetterOne(t, rdb, keys, 1)
+	for _, ttl := range []time.Duration{0, -time.Second} {
+		if err := Purge(ctx, rdb, keys, d.ID, ttl); err == nil || !strings.Contains(err.Error(), "not positive") {
+			t.Errorf("Purge with ttl %v: %v, want a refusal", ttl, err)
+		}
+	}
+	if len(deadLetters(t, rdb, keys)) != 1 {
+		t.Error("the dead letter is gone after refused purges")
+	}
+	if _, state, _, err := JobState(ctx, rdb, keys, jobID(1)); err != nil || state != StateFailed {
+		t.Errorf("JobState after refused purges = %q %v, want failed", state, err)
+	}
+	if ttl := rdb.PTTL(ctx, keys.Job(jobID(1))).Val(); ttl != -1 {
+		t.Errorf("index TTL after refused purges = %v, want none", ttl)
+	}
+}
