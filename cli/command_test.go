@@ -220,7 +220,7 @@ func TestSettingsStillWorkAsFlagsAndVariables(t *testing.T) {
 // A program's own commands (App.Commands) run beside the built-in ones, are listed by
 // help, and their errors map to exit statuses as the built-ins' do; a program without
 // them does not have the onceflow binary's fake-llm and webhook-sink.
-func TestAppCommands(t *testing.T) {
+func TestAppCommandsRunBesideTheBuiltInOnes(t *testing.T) {
 	t.Parallel()
 	greet := cli.Command{Name: "greet", Summary: "say hello", Run: func(ctx context.Context, e cli.Env, args []string) error {
 		fs := e.Flags("greet", "[--to NAME]")

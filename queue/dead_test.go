@@ -145,7 +145,7 @@ func TestConcurrentReplaysEnqueueOnce(t *testing.T) {
 
 // Purge deletes the dead letter; the job stays failed, with a TTL again, and no longer
 // points at a record that is gone.
-func TestPurge(t *testing.T) {
+func TestPurgeDeletesTheDeadLetterAndTheJobReadsFailedForTheTTL(t *testing.T) {
 	t.Parallel()
 	rdb, keys := setup(t)
 	ctx := context.Background()

@@ -169,7 +169,7 @@ func TestDeletingALiveIdleWorkerIsHarmless(t *testing.T) {
 	testenv.WaitFor(t, 5*time.Second, "the ack", func() bool { return len(pendingIDs(t, rdb, keys, DefaultGroup)) == 0 })
 }
 
-func TestReadStats(t *testing.T) {
+func TestReadStatsCountsLengthPendingAndOldestIdle(t *testing.T) {
 	t.Parallel()
 	rdb, keys := setup(t)
 	ctx := context.Background()
@@ -193,7 +193,7 @@ func TestReadStats(t *testing.T) {
 	}
 }
 
-func TestStalePending(t *testing.T) {
+func TestStalePendingListsOnlyEntriesIdleLongerThanAsked(t *testing.T) {
 	t.Parallel()
 	rdb, keys := setup(t)
 	ctx := context.Background()

@@ -19,7 +19,7 @@ import (
 // Partition 0's keys are an unpartitioned queue's (a queue that goes from one partition
 // to several keeps its jobs where they are), and every other partition has a hash tag of
 // its own.
-func TestPartitionKeys(t *testing.T) {
+func TestPartitionZeroIsTheUnpartitionedQueueAndEveryOtherHasItsOwnTag(t *testing.T) {
 	t.Parallel()
 	k := Keys{Prefix: "p", Queue: "q"}
 	if got := k.InPartition(0).Stream(); got != "p:{q}:stream" {
@@ -262,7 +262,7 @@ func TestBudgetSmallerThanThePartitionsDoesNotStarveABacklog(t *testing.T) {
 
 // The P:partitions record, which docs/queue.md tells operators to write by hand (HSET),
 // is read alike by KnownPartitions and RegisterPartitions, whatever it holds.
-func TestPartitionsRecord(t *testing.T) {
+func TestPartitionsRecordIsReadAlikeWhateverItHolds(t *testing.T) {
 	t.Parallel()
 	// A record that is not an integer ("4 " or "") does not make KnownPartitions fail (and
 	// with it `onceflow dlq` and JobState of an id outside its partition): it reads it as
