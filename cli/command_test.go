@@ -283,7 +283,7 @@ var helpCommands = [][]string{
 	{"outbox"}, {"outbox", "list"}, {"outbox", "retry"},
 	{"approvals"}, {"approvals", "list"}, {"approvals", "approve"}, {"approvals", "reject"},
 	{"indoubt"}, {"indoubt", "list"}, {"indoubt", "resolve"},
-	{"shadow"}, {"shadow", "report"}, {"eval"},
+	{"shadow"}, {"shadow", "report"}, {"batches"}, {"batches", "list"}, {"batches", "cancel"}, {"eval"},
 	{"tenants"}, {"tenants", "set"}, {"tenants", "delete"}, {"tenants", "list"},
 	{"gateway"}, {"probe"}, {"fake-llm"}, {"webhook-sink"}, {"version"},
 }
@@ -354,6 +354,7 @@ func TestParentCommandHelpListsItsSubcommandsAndHowToSeeTheirFlags(t *testing.T)
 		"approvals": {"list", "approve", "reject"},
 		"indoubt":   {"list", "resolve"},
 		"shadow":    {"report"},
+		"batches":   {"list", "cancel"},
 		"tenants":   {"set", "delete", "list"},
 	} {
 		usage := help(t, parent)
