@@ -319,7 +319,7 @@ func TestNewRedisRefusesReplicaSentinelURLs(t *testing.T) {
 // PingRedis checks every primary a client talks to: its error names each node that did
 // not answer, and matches ErrSomeRedisNodesDown only when others did (which /readyz
 // reports as degraded, not down).
-func TestPingRedis(t *testing.T) {
+func TestPingRedisNamesEachNodeThatDoesNotAnswer(t *testing.T) {
 	t.Parallel()
 	// A plain client whose Redis is down: an error, not ErrSomeRedisNodesDown.
 	t.Run("a plain client whose Redis is down", func(t *testing.T) {

@@ -9,7 +9,7 @@ import (
 
 // ParseVerdict reads a judge's {"score", "reason"} alone or fenced, and refuses the rest
 // with a reason.
-func TestParseVerdict(t *testing.T) {
+func TestParseVerdictReadsAScoreAndRefusesTheRest(t *testing.T) {
 	for _, tc := range []struct {
 		in    string
 		score float64

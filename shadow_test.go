@@ -326,7 +326,7 @@ func TestShadowRateSamplesByJob(t *testing.T) {
 }
 
 // ONCEFLOW_SHADOW's entries, and what it refuses.
-func TestParseShadows(t *testing.T) {
+func TestParseShadowsReadsEntriesAndRefusesBadOnes(t *testing.T) {
 	got, err := onceflow.ParseShadows(" summary=gpt-4.1-nano@0.25, agent.turn-1=claude-haiku-4-5@1 ,")
 	if err != nil {
 		t.Fatal(err)

@@ -146,7 +146,7 @@ func TestTripWithWait(t *testing.T) {
 
 // Admit returns at once (no limit) while closed, blocks while open, admits one job
 // when a probe is due and wakes when the breaker closes.
-func TestAdmit(t *testing.T) {
+func TestAdmitWaitsWhileOpenAndAdmitsOneJobPerDueProbe(t *testing.T) {
 	b, clk := newBreaker(t, 200*time.Millisecond, nil)
 	ctx := context.Background()
 	if n, err := b.Admit(ctx); n != 0 || err != nil {
@@ -268,7 +268,7 @@ func TestFailureRunTrips(t *testing.T) {
 
 // Watch: Threshold failing checks open the breaker, Admit lets no job through while
 // it is watched (the check probes), and the first passing check closes it.
-func TestWatch(t *testing.T) {
+func TestWatchOpensOnFailingChecksAndClosesOnTheFirstPassingOne(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	b, err := breaker.New(breaker.Config{Name: "redis", Threshold: 2, ProbeInterval: 20 * time.Millisecond, Registerer: reg})
 	if err != nil {
@@ -333,7 +333,7 @@ func TestWatch(t *testing.T) {
 
 // Set admits nothing while any breaker is open and not due a probe, and the smallest
 // limit once all would admit.
-func TestSetAdmit(t *testing.T) {
+func TestSetAdmitsOnlyWhenEveryBreakerWould(t *testing.T) {
 	a, clk := newBreaker(t, time.Minute, nil)
 	b, err := breaker.New(breaker.Config{Name: "postgres", ProbeInterval: time.Minute, Now: clk.Now})
 	if err != nil {

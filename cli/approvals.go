@@ -32,8 +32,8 @@ const maxLookup = 10000
 // runApprovals lists and decides the tool calls waiting for an operator's decision.
 func runApprovals(ctx context.Context, e *env, args []string) error {
 	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
-		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "-help") {
-			fmt.Fprintf(e.stderr, "usage: %s approvals %s\n", e.app.Name, approvalsUsage)
+		if len(args) > 0 && isHelp(args[0]) {
+			printParentUsage(e, "approvals", approvalsUsage)
 			return flag.ErrHelp
 		}
 		return usageErrorf("approvals: missing subcommand; usage: %s approvals %s", e.app.Name, strings.SplitN(approvalsUsage, "\n", 2)[0])

@@ -20,13 +20,13 @@ const batchesUsage = "list [--limit N] [--json] | cancel ID\n\n" +
 	"requests and how many were answered or fell back to the synchronous lane.\n" +
 	"cancel ID asks the provider to cancel the batch ID (the lane's submission id or the\n" +
 	"provider's batch id): what it answered before is recorded, the rest is asked in the\n" +
-	"synchronous lane, once. `batches SUBCOMMAND -h` shows a subcommand's flags."
+	"synchronous lane, once."
 
 // runBatches lists the batch lane or cancels one of its batches.
 func runBatches(ctx context.Context, e *env, args []string) error {
 	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
-		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "-help") {
-			fmt.Fprintf(e.stderr, "usage: %s batches %s\n", e.app.Name, batchesUsage)
+		if len(args) > 0 && isHelp(args[0]) {
+			printParentUsage(e, "batches", batchesUsage)
 			return flag.ErrHelp
 		}
 		return usageErrorf("batches: missing subcommand; usage: %s batches %s", e.app.Name, strings.SplitN(batchesUsage, "\n", 2)[0])

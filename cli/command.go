@@ -104,7 +104,7 @@ func printFlagsUsage(fs *flag.FlagSet, program, name, usage string, groups []con
 			fmt.Fprintf(w, "  -%s %s\n    \t%s\n", f.Name, typ, usage)
 		}
 	}
-	fmt.Fprintf(w, "\nThe other settings (README, \"Configuration\") are accepted as flags too, and checked, though %s does not use them.\n", name)
+	fmt.Fprintf(w, "\nThe other settings (docs/configuration.md) are accepted as flags too, and checked, though %s does not use them.\n", name)
 }
 
 // printFlags prints the flags of fs named, as flag.PrintDefaults does (sorted, with

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -218,7 +220,7 @@ func TestSettingsStillWorkAsFlagsAndVariables(t *testing.T) {
 // A program's own commands (App.Commands) run beside the built-in ones, are listed by
 // help, and their errors map to exit statuses as the built-ins' do; a program without
 // them does not have the onceflow binary's fake-llm and webhook-sink.
-func TestAppCommands(t *testing.T) {
+func TestAppCommandsRunBesideTheBuiltInOnes(t *testing.T) {
 	t.Parallel()
 	greet := cli.Command{Name: "greet", Summary: "say hello", Run: func(ctx context.Context, e cli.Env, args []string) error {
 		fs := e.Flags("greet", "[--to NAME]")
@@ -270,6 +272,123 @@ func TestAppCommands(t *testing.T) {
 	} {
 		if _, errs, code := runApp(cli.App{Commands: bad}, "version"); code != 2 || !strings.Contains(errs, "cli.App.Commands[") {
 			t.Errorf("App.Commands %v: exit %d, want 2; stderr %q", bad, code, errs)
+		}
+	}
+}
+
+// helpCommands are every command and subcommand with a -h of its own.
+var helpCommands = [][]string{
+	{"migrate"}, {"serve"}, {"work"}, {"run"}, {"audit"}, {"relay"},
+	{"dlq"}, {"dlq", "list"}, {"dlq", "replay"}, {"dlq", "purge"},
+	{"outbox"}, {"outbox", "list"}, {"outbox", "retry"},
+	{"approvals"}, {"approvals", "list"}, {"approvals", "approve"}, {"approvals", "reject"},
+	{"indoubt"}, {"indoubt", "list"}, {"indoubt", "resolve"},
+	{"shadow"}, {"shadow", "report"}, {"batches"}, {"batches", "list"}, {"batches", "cancel"}, {"eval"},
+	{"tenants"}, {"tenants", "set"}, {"tenants", "delete"}, {"tenants", "list"},
+	{"gateway"}, {"probe"}, {"fake-llm"}, {"webhook-sink"}, {"version"},
+}
+
+// No flag's -h line shows a phrase as its value name: the flag package takes the first
+// back-quoted words of a usage string for the value's name ("-failed onceflow outbox
+// retry"), so a usage string must not quote a command.
+func TestNoFlagShowsAPhraseAsItsValueName(t *testing.T) {
+	t.Parallel()
+	flagLine := regexp.MustCompile(`^  -([a-z0-9-]+)(?: (.*))?$`)
+	for _, args := range helpCommands {
+		usage := help(t, args...)
+		for line := range strings.SplitSeq(usage, "\n") {
+			m := flagLine.FindStringSubmatch(line)
+			if m != nil && strings.ContainsAny(m[2], " `") {
+				t.Errorf("%s -h: -%s has the value name %q", strings.Join(args, " "), m[1], m[2])
+			}
+		}
+	}
+}
+
+// docRef matches what help text cites of the repository's documentation: a Markdown
+// file (docs/configuration.md) or the README, with the section after it when one is
+// quoted (README, "Configuration").
+var docRef = regexp.MustCompile(`\b((?:[a-z0-9_-]+/)*[A-Za-z0-9_-]+\.md|README)\b(?:, "([^"]+)")?`)
+
+// Every document `help` and the commands' -h cite exists in the repository, and so does
+// every section they name in it.
+func TestHelpCitesOnlyDocumentsThatExist(t *testing.T) {
+	t.Parallel()
+	var out bytes.Buffer
+	if err := cli.Run(context.Background(), helpApp, []string{"help"}, &out, io.Discard, func(string) string { return "" }); err != nil {
+		t.Fatalf("help: %v", err)
+	}
+	texts := map[string]string{"help": out.String()}
+	for _, args := range helpCommands {
+		texts[strings.Join(args, " ")+" -h"] = help(t, args...)
+	}
+	cited := 0
+	for name, text := range texts {
+		for _, m := range docRef.FindAllStringSubmatch(text, -1) {
+			cited++
+			path := m[1]
+			if path == "README" {
+				path = "README.md"
+			}
+			b, err := os.ReadFile(filepath.Join("..", path)) // the module root, from cli
+			if err != nil {
+				t.Errorf("%s cites %s, which is not in the repository: %v", name, m[0], err)
+				continue
+			}
+			if m[2] != "" && !regexp.MustCompile(`(?m)^#+ `+regexp.QuoteMeta(m[2])+`\s*$`).Match(b) {
+				t.Errorf("%s cites %s, which has no section %q", name, path, m[2])
+			}
+		}
+	}
+	if cited == 0 {
+		t.Error("no help text cites a document: the settings' reference should be cited")
+	}
+}
+
+// The -h of a command with subcommands lists them and says how to see each one's flags.
+func TestParentCommandHelpListsItsSubcommandsAndHowToSeeTheirFlags(t *testing.T) {
+	t.Parallel()
+	for parent, subs := range map[string][]string{
+		"dlq":       {"list", "replay", "purge"},
+		"outbox":    {"list", "retry"},
+		"approvals": {"list", "approve", "reject"},
+		"indoubt":   {"list", "resolve"},
+		"shadow":    {"report"},
+		"batches":   {"list", "cancel"},
+		"tenants":   {"set", "delete", "list"},
+	} {
+		usage := help(t, parent)
+		for _, sub := range subs {
+			if !regexp.MustCompile(`\b` + sub + `\b`).MatchString(usage) {
+				t.Errorf("%s -h does not list %s:\n%s", parent, sub, usage)
+			}
+		}
+		if hint := "onceflow " + parent + " SUBCOMMAND -h"; !strings.Contains(usage, hint) {
+			t.Errorf("%s -h does not say %q:\n%s", parent, hint, usage)
+		}
+	}
+}
+
+// The settings of shadows and of the batch lane are listed by the commands that run
+// model steps (work, run), and not by probe and gateway, which make their own calls.
+func TestOnlyTheCommandsRunningModelStepsListTheShadowAndBatchSettings(t *testing.T) {
+	t.Parallel()
+	lane := []string{"shadow", "summaries-lane", "batch-max-items", "batch-max-age", "batch-poll-interval", "batch-max-size",
+		"batch-enqueued-tokens"}
+	for _, cmd := range []string{"work", "run"} {
+		usage := help(t, cmd)
+		for _, f := range lane {
+			if !listed(usage, f) {
+				t.Errorf("%s -h does not list --%s:\n%s", cmd, f, usage)
+			}
+		}
+	}
+	for _, cmd := range []string{"probe", "gateway", "serve", "eval"} {
+		usage := help(t, cmd)
+		for _, f := range lane {
+			if listed(usage, f) {
+				t.Errorf("%s -h lists --%s, which it does not read:\n%s", cmd, f, usage)
+			}
 		}
 	}
 }

@@ -116,7 +116,16 @@ func printCommands(w io.Writer, app App) {
 		fmt.Fprintf(w, "  %-12s %s\n", c.Name, c.Summary)
 	}
 	fmt.Fprintf(w, "  %-12s %s\n", version.name, version.summary)
-	fmt.Fprintf(w, "\nRun `%s COMMAND -h` for a command's flags. Every setting is also an environment variable (see README).\n", app.Name)
+	fmt.Fprintf(w, "\nRun `%s COMMAND -h` for a command's flags. Every setting is also an environment variable (docs/configuration.md).\n", app.Name)
+}
+
+// isHelp reports whether arg asks for help: -h, -help or --help.
+func isHelp(arg string) bool { return arg == "-h" || arg == "-help" || arg == "--help" }
+
+// printParentUsage is the -h of the command name, which has subcommands (dlq, outbox...):
+// its usage, which lists them, then how to see a subcommand's flags.
+func printParentUsage(e *env, name, usage string) {
+	fmt.Fprintf(e.stderr, "usage: %s %s %s\n\nRun `%s %s SUBCOMMAND -h` for a subcommand's flags.\n", e.app.Name, name, usage, e.app.Name, name)
 }
 
 // usageError marks a usage or configuration mistake: exit status 2.

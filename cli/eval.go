@@ -130,12 +130,16 @@ func modelClient(ctx context.Context, e *env, cfg *config.Config) (*onceflow.Cli
 	if err != nil {
 		return nil, nil, err
 	}
+	// An evaluation's calls are made at once, neither shadowed nor batched: eval reads
+	// none of the lanes' settings (config.GroupModelLanes).
+	lanes := *cfg
+	lanes.Shadows, lanes.SummariesLane = nil, "sync"
+	d.cfg = &lanes
 	oc, err := d.clientConfig(e.app, true)
 	if err != nil {
 		d.Close()
 		return nil, nil, err
 	}
-	oc.Shadows = nil // an evaluation is not shadowed
 	c, err := onceflow.NewClient(oc)
 	if err != nil {
 		d.Close()

@@ -83,3 +83,19 @@ func TestEvalWithPostgresDownExitsOne(t *testing.T) {
 		t.Fatalf("eval of a bad candidate name: exit %d, want 2 (usage)\n%s", code, errOut)
 	}
 }
+
+// eval makes its calls at once, neither shadowed nor batched: ONCEFLOW_SUMMARIES_LANE=batch
+// with a provider that has no batch API is none of its concern (it goes on, here to find
+// PostgreSQL down: exit 1, not 2).
+func TestEvalDoesNotBuildTheBatchLane(t *testing.T) {
+	t.Parallel()
+	_, prefix := testenv.Redis(t)
+	getenv := func(k string) string {
+		return map[string]string{"ONCEFLOW_REDIS_URL": testenv.RedisURL(t), "ONCEFLOW_DATABASE_URL": "postgres://onceflow@127.0.0.1:1/onceflow?sslmode=disable&connect_timeout=2",
+			"ONCEFLOW_PREFIX": prefix, "ONCEFLOW_LOG_FORMAT": "text", "ONCEFLOW_LLM": "fake", "ONCEFLOW_SUMMARIES_LANE": "batch"}[k]
+	}
+	_, errOut, code := runCommand(t, cli.App{}, getenv, "eval", "--step", "summary", "--candidate", "gpt-4.1-nano")
+	if code != 1 || strings.Contains(errOut, "batch") {
+		t.Fatalf("eval with ONCEFLOW_SUMMARIES_LANE=batch on the fake provider: exit %d, want 1 (PostgreSQL down) with no word of the batch lane\n%s", code, errOut)
+	}
+}

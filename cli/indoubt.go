@@ -29,8 +29,8 @@ const inDoubtUsage = "list [--json] [--limit N] | resolve JOB KEY [--tenant T] (
 // runInDoubt lists the jobs in doubt and resolves their calls.
 func runInDoubt(ctx context.Context, e *env, args []string) error {
 	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
-		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "-help") {
-			fmt.Fprintf(e.stderr, "usage: %s indoubt %s\n", e.app.Name, inDoubtUsage)
+		if len(args) > 0 && isHelp(args[0]) {
+			printParentUsage(e, "indoubt", inDoubtUsage)
 			return flag.ErrHelp
 		}
 		return usageErrorf("indoubt: missing subcommand; usage: %s indoubt %s", e.app.Name, strings.SplitN(inDoubtUsage, "\n", 2)[0])

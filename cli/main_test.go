@@ -54,7 +54,7 @@ func TestUsageAndConfigErrorsExit2(t *testing.T) {
 	}
 }
 
-func TestVersion(t *testing.T) {
+func TestVersionPrintsTheVersionAndTheGoVersion(t *testing.T) {
 	t.Parallel()
 	p := testenv.Start(t, testenv.Binary(t), nil, "version")
 	if code := p.Wait(10 * time.Second); code != 0 {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"strconv"
 	"strings"
@@ -22,11 +23,11 @@ const outboxUsage = "list [--failed] [--json] [--limit N] [--topic TOPIC] | retr
 // runOutbox inspects outbox rows (list) and makes exhausted rows due again (retry).
 func runOutbox(ctx context.Context, e *env, args []string) error {
 	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
-		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "-help") {
-			fmt.Fprintf(e.stderr, "usage: onceflow outbox %s\n", outboxUsage)
-			return nil
+		if len(args) > 0 && isHelp(args[0]) {
+			printParentUsage(e, "outbox", outboxUsage)
+			return flag.ErrHelp
 		}
-		return usageErrorf("usage: onceflow outbox %s", outboxUsage)
+		return usageErrorf("usage: %s outbox %s", e.app.Name, outboxUsage)
 	}
 	switch args[0] {
 	case "list":
@@ -34,14 +35,14 @@ func runOutbox(ctx context.Context, e *env, args []string) error {
 	case "retry":
 		return outboxRetry(ctx, e, args[1:])
 	default:
-		return usageErrorf("unknown outbox command %q; usage: onceflow outbox %s", args[0], outboxUsage)
+		return usageErrorf("unknown outbox command %q; usage: %s outbox %s", args[0], e.app.Name, outboxUsage)
 	}
 }
 
 func outboxList(ctx context.Context, e *env, args []string) error {
 	fs := flags(e, "outbox list", "[--failed] [--json] [--limit N] [--topic TOPIC]", config.GroupPostgres)
 	topic := fs.String("topic", "", `only this topic's rows, or a prefix's ending in "." or "*" ("email.")`)
-	failed := fs.Bool("failed", false, "only exhausted rows (they wait for `onceflow outbox retry`)")
+	failed := fs.Bool("failed", false, "only exhausted rows (those that wait for outbox retry)")
 	asJSON := fs.Bool("json", false, "print a JSON array on stdout")
 	limit := fs.Int("limit", 100, "at most this many rows, newest first")
 	cfg, _, err := load(e, fs, config.Register(fs), args)

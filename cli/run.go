@@ -14,7 +14,7 @@ import (
 // ONCEFLOW_SHUTDOWN_TIMEOUT.
 func runRun(ctx context.Context, e *env, args []string) error {
 	fs := flags(e, "run", "[--queue NAME[,NAME...]]", config.GroupRedis, config.GroupPostgres, config.GroupAPI, config.GroupUI,
-		config.GroupJobs, config.GroupWorkers, config.GroupModel, config.GroupModelCalls, config.GroupLimits, config.GroupLedger, config.GroupSender, config.GroupRelay,
+		config.GroupJobs, config.GroupWorkers, config.GroupModel, config.GroupModelLanes, config.GroupModelCalls, config.GroupLimits, config.GroupLedger, config.GroupSender, config.GroupRelay,
 		config.GroupHTTP, config.GroupShutdown, config.GroupLogs)
 	loader := config.Register(fs)
 	queues := queueFlag(fs, "work only this queue (repeatable or comma-separated; default: every queue of the program)")

@@ -24,8 +24,8 @@ const shadowUsage = "report [--step S] [--since D] [--worst N] [--json]\n\n" +
 // runShadow reports on the shadow runs.
 func runShadow(ctx context.Context, e *env, args []string) error {
 	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
-		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "-help") {
-			fmt.Fprintf(e.stderr, "usage: %s shadow %s\n", e.app.Name, shadowUsage)
+		if len(args) > 0 && isHelp(args[0]) {
+			printParentUsage(e, "shadow", shadowUsage)
 			return flag.ErrHelp
 		}
 		return usageErrorf("shadow: missing subcommand; usage: %s shadow %s", e.app.Name, strings.SplitN(shadowUsage, "\n", 2)[0])

@@ -35,8 +35,8 @@ var tenantsUsage = "set TENANT --tokens-per-day N | delete TENANT | list [--json
 // pgbudget) and shows their use today (the limiter's counters in Redis).
 func runTenants(ctx context.Context, e *env, args []string) error {
 	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
-		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "-help") {
-			fmt.Fprintf(e.stderr, "usage: %s tenants %s\n", e.app.Name, tenantsUsage)
+		if len(args) > 0 && isHelp(args[0]) {
+			printParentUsage(e, "tenants", tenantsUsage)
 			return flag.ErrHelp
 		}
 		return usageErrorf("tenants: missing subcommand; usage: %s tenants %s", e.app.Name, strings.SplitN(tenantsUsage, "\n", 2)[0])

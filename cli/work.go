@@ -19,7 +19,7 @@ import (
 // ONCEFLOW_SHUTDOWN_TIMEOUT and exits 0.
 func runWork(ctx context.Context, e *env, args []string) error {
 	fs := flags(e, "work", strings.TrimSpace("[--queue NAME[,NAME...]] "+testHandlerUsage), config.GroupRedis, config.GroupPostgres,
-		config.GroupJobs, config.GroupWorkers, config.GroupModel, config.GroupModelCalls, config.GroupLimits, config.GroupLedger, config.GroupMetrics, config.GroupHTTP,
+		config.GroupJobs, config.GroupWorkers, config.GroupModel, config.GroupModelLanes, config.GroupModelCalls, config.GroupLimits, config.GroupLedger, config.GroupMetrics, config.GroupHTTP,
 		config.GroupShutdown, config.GroupLogs)
 	loader := config.Register(fs)
 	queues := queueFlag(fs, "work only this queue (repeatable or comma-separated; default: every queue of the program)")

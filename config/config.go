@@ -630,6 +630,7 @@ const (
 	GroupJobs       Group = "jobs"
 	GroupWorkers    Group = "workers"
 	GroupModel      Group = "model"
+	GroupModelLanes Group = "model lanes (shadows, batch)"
 	GroupModelCalls Group = "model calls"
 	GroupLimits     Group = "model limits and budgets"
 	GroupLedger     Group = "ledger (llm_calls)"
@@ -657,7 +658,11 @@ var groups = []struct {
 	{GroupWorkers, []string{"ONCEFLOW_WORKER_CONCURRENCY", "ONCEFLOW_CLAIM_IDLE", "ONCEFLOW_MAX_DELIVERIES", "ONCEFLOW_RETRY_BASE",
 		"ONCEFLOW_RETRY_MAX", "ONCEFLOW_MAX_RUN_TIME", "ONCEFLOW_JOB_BUDGET", "ONCEFLOW_DLQ_RETENTION", "ONCEFLOW_RECORD_SUCCESSES",
 		"ONCEFLOW_BREAKER_THRESHOLD", "ONCEFLOW_HEALTH_INTERVAL", "ONCEFLOW_STATS_INTERVAL"}},
-	{GroupModel, []string{"ONCEFLOW_LLM", "ONCEFLOW_LLM_BASE_URL", "ONCEFLOW_LLM_MODEL", "ONCEFLOW_SHADOW", "ONCEFLOW_SUMMARIES_LANE", "ONCEFLOW_BATCH_MAX_ITEMS", "ONCEFLOW_BATCH_MAX_AGE", "ONCEFLOW_BATCH_POLL_INTERVAL", "ONCEFLOW_BATCH_MAX_SIZE", "ONCEFLOW_BATCH_SUBMIT_TIMEOUT", "ONCEFLOW_BATCH_ENQUEUED_TOKENS"}},
+	{GroupModel, []string{"ONCEFLOW_LLM", "ONCEFLOW_LLM_BASE_URL", "ONCEFLOW_LLM_MODEL"}},
+	// The lanes the workers' model steps take besides the synchronous one: read by the
+	// commands that run the steps (work, run), not by those that make calls of their own.
+	{GroupModelLanes, []string{"ONCEFLOW_SHADOW", "ONCEFLOW_SUMMARIES_LANE", "ONCEFLOW_BATCH_MAX_ITEMS", "ONCEFLOW_BATCH_MAX_AGE",
+		"ONCEFLOW_BATCH_POLL_INTERVAL", "ONCEFLOW_BATCH_MAX_SIZE", "ONCEFLOW_BATCH_SUBMIT_TIMEOUT", "ONCEFLOW_BATCH_ENQUEUED_TOKENS"}},
 	{GroupModelCalls, []string{"OPENAI_API_KEY", "ANTHROPIC_API_KEY", "ONCEFLOW_LLM_TIMEOUT", "ONCEFLOW_LLM_MAX_ATTEMPTS",
 		"ONCEFLOW_LLM_QUOTA_PROBE"}},
 	{GroupLimits, []string{"ONCEFLOW_LLM_ADMISSION", "ONCEFLOW_LLM_RPM", "ONCEFLOW_LLM_TPM", "ONCEFLOW_LLM_CONCURRENCY",

@@ -341,7 +341,7 @@ func TestConfigurationPageDocumentsEverySetting(t *testing.T) {
 	}
 }
 
-func TestAdminKeys(t *testing.T) {
+func TestAdminKeysAreReadCheckedAndNeverATenantsKey(t *testing.T) {
 	t.Parallel()
 	c, err := load(t, nil)
 	if err != nil || len(c.AdminKeys) != 0 || c.UISecureCookies {
@@ -448,7 +448,7 @@ func TestEverySettingIsInOneGroup(t *testing.T) {
 }
 
 // ONCEFLOW_SHADOW gives the shadow runs; a bad entry names the variable and the entry.
-func TestShadowSetting(t *testing.T) {
+func TestShadowSettingIsReadAndABadEntryNamesTheVariable(t *testing.T) {
 	t.Parallel()
 	c, err := load(t, map[string]string{"ONCEFLOW_SHADOW": "summary=gpt-4.1-nano@0.25"})
 	if err != nil || len(c.Shadows) != 1 || c.Shadows[0].Step != "summary" || c.Shadows[0].Model != "gpt-4.1-nano" || c.Shadows[0].Rate != 0.25 {

@@ -9,7 +9,7 @@ import (
 
 const key16 = "0123456789abcdef"
 
-func TestParseKey(t *testing.T) {
+func TestParseKeyAcceptsBareAndQuotedKeys(t *testing.T) {
 	long := strings.Repeat("k", MaxKeyLen)
 	cases := []struct {
 		in, want string
@@ -91,7 +91,7 @@ func TestKeyFromRequest(t *testing.T) {
 	}
 }
 
-func TestQuoteKey(t *testing.T) {
+func TestQuoteKeyEscapesQuotesAndBackslashes(t *testing.T) {
 	if got := QuoteKey(`a"b\c`); got != `"a\"b\\c"` {
 		t.Fatalf("QuoteKey = %s", got)
 	}

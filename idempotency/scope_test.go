@@ -5,7 +5,7 @@ import (
 	"testing"
 )
 
-func TestScopeEncode(t *testing.T) {
+func TestScopeEncodingCannotCollideAcrossFields(t *testing.T) {
 	s := Scope{Tenant: "acme", Method: "POST", Path: "/v1/summaries", Key: key16}
 	want := "idem1;4:acme,4:POST,13:/v1/summaries,16:" + key16 + ","
 	if got := string(s.Encode()); got != want {

@@ -17,7 +17,7 @@ import (
 	"github.com/onceflow/onceflow/retry"
 )
 
-func TestIsAmbiguous(t *testing.T) {
+func TestIsAmbiguousWhenTheProviderMayHaveProcessedTheCall(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name string

@@ -10,7 +10,7 @@ import (
 	"github.com/onceflow/onceflow/llm"
 )
 
-func TestStats(t *testing.T) {
+func TestReadStatsCountsCallsByProviderModelAndState(t *testing.T) {
 	t.Parallel()
 	l, pool := newLedger(t, ledger.Config{Wait: -1})
 	ctx := ctxT(t)

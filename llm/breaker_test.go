@@ -82,7 +82,7 @@ func quotaError() error {
 }
 
 // WithBreaker stops a model's calls while the provider's quota is out, and lets one probe find out when it is back.
-func TestWithBreaker(t *testing.T) {
+func TestWithBreakerStopsCallsWhileTheQuotaIsOut(t *testing.T) {
 	t.Parallel()
 	// An answer a layer below replays from a record (MarkReplayed: the ledger) reaches no
 	// provider: it does not end a run of failures, and it does not close an open breaker

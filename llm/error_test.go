@@ -124,25 +124,31 @@ func TestMalformedIsPermanent(t *testing.T) {
 	}
 }
 
-func TestCollect(t *testing.T) {
+func TestCollectJoinsAStreamIntoOneResponse(t *testing.T) {
 	t.Parallel()
-	seq := func(yield func(llm.Chunk, error) bool) {
-		_ = yield(llm.Chunk{Content: "Hel", ID: "c1", Raw: []byte(`{"a":1}`)}, nil) &&
-			yield(llm.Chunk{Content: "lo", ID: "c1", Raw: []byte(`{"a":2}`)}, nil) &&
-			yield(llm.Chunk{Done: true, FinishReason: llm.FinishStop, Usage: &llm.Usage{InputTokens: 3, OutputTokens: 2}, RequestID: "r"}, nil)
-	}
-	resp, err := llm.Collect(seq)
-	if err != nil || resp.Content != "Hello" || resp.ID != "c1" || resp.FinishReason != "stop" || resp.Usage.OutputTokens != 2 ||
-		resp.RequestID != "r" || string(resp.Raw) != "{\"a\":1}\n{\"a\":2}\n" {
-		t.Fatalf("Collect = %+v, %v", resp, err)
-	}
-	boom := errors.New("boom")
-	resp, err = llm.Collect(func(yield func(llm.Chunk, error) bool) {
-		_ = yield(llm.Chunk{Content: "par"}, nil) && yield(llm.Chunk{}, boom)
+	t.Run("the chunks' content, raw lines and the last chunk's finish and usage", func(t *testing.T) {
+		t.Parallel()
+		seq := func(yield func(llm.Chunk, error) bool) {
+			_ = yield(llm.Chunk{Content: "Hel", ID: "c1", Raw: []byte(`{"a":1}`)}, nil) &&
+				yield(llm.Chunk{Content: "lo", ID: "c1", Raw: []byte(`{"a":2}`)}, nil) &&
+				yield(llm.Chunk{Done: true, FinishReason: llm.FinishStop, Usage: &llm.Usage{InputTokens: 3, OutputTokens: 2}, RequestID: "r"}, nil)
+		}
+		resp, err := llm.Collect(seq)
+		if err != nil || resp.Content != "Hello" || resp.ID != "c1" || resp.FinishReason != "stop" || resp.Usage.OutputTokens != 2 ||
+			resp.RequestID != "r" || string(resp.Raw) != "{\"a\":1}\n{\"a\":2}\n" {
+			t.Fatalf("Collect = %+v, %v", resp, err)
+		}
 	})
-	if !errors.Is(err, boom) || resp.Content != "par" {
-		t.Fatalf("Collect with error = %+v, %v", resp, err)
-	}
+	t.Run("an error returned with the content before it", func(t *testing.T) {
+		t.Parallel()
+		boom := errors.New("boom")
+		resp, err := llm.Collect(func(yield func(llm.Chunk, error) bool) {
+			_ = yield(llm.Chunk{Content: "par"}, nil) && yield(llm.Chunk{}, boom)
+		})
+		if !errors.Is(err, boom) || resp.Content != "par" {
+			t.Fatalf("Collect with error = %+v, %v", resp, err)
+		}
+	})
 }
 
 func TestNewHTTPClientKeepsConnectionsForConcurrentCalls(t *testing.T) {

@@ -82,7 +82,7 @@ func FuzzParseRateLimit(f *testing.F) {
 	})
 }
 
-func TestEstimateTokens(t *testing.T) {
+func TestEstimateTokensCountsMessagesToolsAndTheOutput(t *testing.T) {
 	req := &llm.Request{Messages: []llm.Message{
 		{Role: llm.RoleSystem, Content: "You summarise."},               // 14 chars: 4 tokens
 		{Role: llm.RoleUser, Content: "Ünïcödé counts code points, ok"}, // 30 code points: 8

@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-func TestClassOf(t *testing.T) {
+func TestClassOfSortsFailuresIntoPermanentTimeoutRetryableAndUnavailable(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	expired, cancel := context.WithTimeout(ctx, -time.Second)

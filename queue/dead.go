@@ -237,6 +237,9 @@ var replayScript = scripts.MustScript("lua/replay.lua", historyLib, enqueueLib)
 // ErrMalformed) and should be purged. Safe for concurrent use: of two concurrent replays
 // of one entry, one succeeds.
 func Replay(ctx context.Context, rdb redis.Cmdable, keys Keys, deadID string) (string, error) {
+	if err := keys.Validate(); err != nil {
+		return "", err
+	}
 	d, err := getDead(ctx, rdb, keys, deadID)
 	if err != nil {
 		return "", err
@@ -265,9 +268,16 @@ func Replay(ctx context.Context, rdb redis.Cmdable, keys Keys, deadID string) (s
 var purgeScript = scripts.MustScript("lua/purge.lua", historyLib)
 
 // Purge deletes the dead letter deadID for good. The job index stays "failed" for ttl
-// more, then expires. A dead letter that does not exist gives an error wrapping
+// more, then expires; a ttl that is not positive is refused (it would delete the index at
+// once). A dead letter that does not exist gives an error wrapping
 // ErrDeadLetterNotFound. Safe for concurrent use.
 func Purge(ctx context.Context, rdb redis.Cmdable, keys Keys, deadID string, ttl time.Duration) error {
+	if ttl <= 0 {
+		return fmt.Errorf("purge %s: ttl %v is not positive", deadID, ttl)
+	}
+	if err := keys.Validate(); err != nil {
+		return err
+	}
 	d, err := getDead(ctx, rdb, keys, deadID)
 	if err != nil {
 		return err
@@ -304,6 +314,9 @@ const trimDeadBatch = 500
 func TrimDead(ctx context.Context, rdb redis.Cmdable, keys Keys, before time.Time, ttl time.Duration) (int64, error) {
 	if ttl <= 0 {
 		return 0, fmt.Errorf("trim dead letters: ttl %v is not positive", ttl)
+	}
+	if err := keys.Validate(); err != nil {
+		return 0, err
 	}
 	if before.UnixMilli() <= 0 {
 		return 0, nil // no dead letter is older than the epoch

@@ -145,7 +145,7 @@ func TestConcurrentReplaysEnqueueOnce(t *testing.T) {
 
 // Purge deletes the dead letter; the job stays failed, with a TTL again, and no longer
 // points at a record that is gone.
-func TestPurge(t *testing.T) {
+func TestPurgeDeletesTheDeadLetterAndTheJobReadsFailedForTheTTL(t *testing.T) {
 	t.Parallel()
 	rdb, keys := setup(t)
 	ctx := context.Background()
@@ -327,5 +327,54 @@ func TestEnqueueOfFailedJobRetiresItsDeadLetter(t *testing.T) {
 	}
 	if _, err := Replay(ctx, rdb, keys, d.ID); !errors.Is(err, ErrDeadLetterNotFound) {
 		t.Errorf("replay of the retired dead letter = %v (entry %s), want ErrDeadLetterNotFound", err, id)
+	}
+}
+
+// Replay, Purge and TrimDead refuse keys that cannot name a queue, with Validate's error,
+// before they reach Redis (where a broken hash tag is a CROSSSLOT error on a cluster).
+func TestReplayRefusesAnInvalidQueueName(t *testing.T) {
+	t.Parallel()
+	refusesInvalidKeys(t, func(rdb redis.UniversalClient, keys Keys) error {
+		_, err := Replay(context.Background(), rdb, keys, "1700000000000-0")
+		return err
+	})
+}
+
+func TestPurgeRefusesAnInvalidQueueName(t *testing.T) {
+	t.Parallel()
+	refusesInvalidKeys(t, func(rdb redis.UniversalClient, keys Keys) error {
+		return Purge(context.Background(), rdb, keys, "1700000000000-0", time.Hour)
+	})
+}
+
+func TestTrimDeadRefusesAnInvalidQueueName(t *testing.T) {
+	t.Parallel()
+	refusesInvalidKeys(t, func(rdb redis.UniversalClient, keys Keys) error {
+		_, err := TrimDead(context.Background(), rdb, keys, time.Now(), time.Hour)
+		return err
+	})
+}
+
+// Purge refuses a TTL of 0 or less, which would delete the job's index at once (its
+// state, failed, is to be read for the TTL), and leaves the dead letter and the index
+// alone.
+func TestPurgeRefusesANonPositiveTTL(t *testing.T) {
+	t.Parallel()
+	rdb, keys := setup(t)
+	ctx := context.Background()
+	d := deadLetterOne(t, rdb, keys, 1)
+	for _, ttl := range []time.Duration{0, -time.Second} {
+		if err := Purge(ctx, rdb, keys, d.ID, ttl); err == nil || !strings.Contains(err.Error(), "not positive") {
+			t.Errorf("Purge with ttl %v: %v, want a refusal", ttl, err)
+		}
+	}
+	if len(deadLetters(t, rdb, keys)) != 1 {
+		t.Error("the dead letter is gone after refused purges")
+	}
+	if _, state, _, err := JobState(ctx, rdb, keys, jobID(1)); err != nil || state != StateFailed {
+		t.Errorf("JobState after refused purges = %q %v, want failed", state, err)
+	}
+	if ttl := rdb.PTTL(ctx, keys.Job(jobID(1))).Val(); ttl != -1 {
+		t.Errorf("index TTL after refused purges = %v, want none", ttl)
 	}
 }

@@ -237,3 +237,19 @@ func privateRedis(t testing.TB) (*testenv.Server, *redis.Client) {
 	t.Cleanup(func() { _ = rdb.Close() })
 	return srv, rdb
 }
+
+// refusesInvalidKeys checks that call refuses keys that Validate refuses (an empty queue
+// name, and one holding the brace that closes the hash tag) with Validate's error,
+// before it reaches Redis: call gets a client of no server, whose connection error
+// would show that it tried.
+func refusesInvalidKeys(t *testing.T, call func(rdb redis.UniversalClient, keys Keys) error) {
+	t.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
+	t.Cleanup(func() { _ = rdb.Close() })
+	for _, keys := range []Keys{{Prefix: "onceflow", Queue: ""}, {Prefix: "onceflow", Queue: "a}b"}, {Prefix: "", Queue: "summaries"}} {
+		want := keys.Validate()
+		if err := call(rdb, keys); err == nil || !strings.Contains(err.Error(), want.Error()) {
+			t.Errorf("keys %+v: %v, want %q", keys, err, want)
+		}
+	}
+}

@@ -133,6 +133,9 @@ func clipTo(s string, n int) string {
 // history (written before histories were kept), has none. One round trip. A line it
 // cannot read is skipped: the history is for reading, never a reason to fail.
 func ReadHistory(ctx context.Context, rdb redis.Cmdable, keys Keys, jobID string) (events []HistoryEvent, dropped int64, err error) {
+	if err := keys.Validate(); err != nil {
+		return nil, 0, err
+	}
 	if !ValidJobID(jobID) {
 		return nil, 0, nil
 	}

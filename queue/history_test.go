@@ -537,3 +537,13 @@ func TestHistoryHostileDetailsReadBack(t *testing.T) {
 		t.Errorf("retry detail %q", ev[0].Detail)
 	}
 }
+
+// ReadHistory refuses keys that cannot name a queue, with Validate's error, before it
+// reaches Redis.
+func TestReadHistoryRefusesAnInvalidQueueName(t *testing.T) {
+	t.Parallel()
+	refusesInvalidKeys(t, func(rdb redis.UniversalClient, keys Keys) error {
+		_, _, err := ReadHistory(context.Background(), rdb, keys, jobID(1))
+		return err
+	})
+}

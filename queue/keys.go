@@ -101,7 +101,11 @@ func (k Keys) Name() string {
 
 // Validate reports whether k can name keys: Prefix and Queue must be non-empty and free
 // of braces, colons and whitespace (a brace would break the hash tag), and Partition
-// within 0 to MaxPartitions-1.
+// within 0 to MaxPartitions-1. The functions of this package that run a script on a
+// queue's keys (Enqueue, EnqueueAt, Replay, Purge, TrimDead, Trim, MoveDue, Wake,
+// WakeFor, DeleteIdleConsumers, ReadHistory, RegisterPartitions) and NewWorker return its
+// error before they reach Redis, where a broken hash tag is a CROSSSLOT error on a Redis
+// Cluster.
 func (k Keys) Validate() error {
 	if k.Partition < 0 || k.Partition >= MaxPartitions {
 		return fmt.Errorf("queue keys: partition %d is outside 0 to %d", k.Partition, MaxPartitions-1)

@@ -55,6 +55,9 @@ const trimBatch = 500
 // releases their indexes and trims them), off the jobs' path. Safe for concurrent use
 // and to run from several workers.
 func Trim(ctx context.Context, rdb redis.Cmdable, keys Keys, jobTTL time.Duration) (int64, error) {
+	if err := keys.Validate(); err != nil {
+		return 0, err
+	}
 	if err := sweepSuccesses(ctx, rdb, keys); err != nil {
 		return 0, fmt.Errorf("trim %s: %w", keys.Stream(), err)
 	}
@@ -120,6 +123,9 @@ var deleteConsumersScript = scripts.MustScript("lua/delete_consumers.lua")
 // their names. A consumer with pending entries is never deleted. One round trip; safe
 // for concurrent use.
 func DeleteIdleConsumers(ctx context.Context, rdb redis.Scripter, keys Keys, group, keep string, maxIdle time.Duration) ([]string, error) {
+	if err := keys.Validate(); err != nil {
+		return nil, err
+	}
 	names, err := deleteConsumersScript.Run(ctx, rdb, []string{keys.Stream()}, group, keep, maxIdle.Milliseconds()).StringSlice()
 	if err != nil {
 		return nil, fmt.Errorf("delete idle consumers of %s: %w", group, err)

@@ -169,7 +169,7 @@ func TestDeletingALiveIdleWorkerIsHarmless(t *testing.T) {
 	testenv.WaitFor(t, 5*time.Second, "the ack", func() bool { return len(pendingIDs(t, rdb, keys, DefaultGroup)) == 0 })
 }
 
-func TestReadStats(t *testing.T) {
+func TestReadStatsCountsLengthPendingAndOldestIdle(t *testing.T) {
 	t.Parallel()
 	rdb, keys := setup(t)
 	ctx := context.Background()
@@ -193,7 +193,7 @@ func TestReadStats(t *testing.T) {
 	}
 }
 
-func TestStalePending(t *testing.T) {
+func TestStalePendingListsOnlyEntriesIdleLongerThanAsked(t *testing.T) {
 	t.Parallel()
 	rdb, keys := setup(t)
 	ctx := context.Background()
@@ -296,4 +296,22 @@ func TestDelayedDuplicateKeepsItsIndexAfterTrim(t *testing.T) {
 	if _, err := Enqueue(ctx, rdb, keys, evil); !errors.Is(err, ErrJobIDTaken) {
 		t.Errorf("another tenant's enqueue of a job id still scheduled for %q: %v, want ErrJobIDTaken", m.Tenant, err)
 	}
+}
+
+// Trim and DeleteIdleConsumers refuse keys that cannot name a queue, with Validate's
+// error, before they reach Redis.
+func TestTrimRefusesAnInvalidQueueName(t *testing.T) {
+	t.Parallel()
+	refusesInvalidKeys(t, func(rdb redis.UniversalClient, keys Keys) error {
+		_, err := Trim(context.Background(), rdb, keys, time.Hour)
+		return err
+	})
+}
+
+func TestDeleteIdleConsumersRefusesAnInvalidQueueName(t *testing.T) {
+	t.Parallel()
+	refusesInvalidKeys(t, func(rdb redis.UniversalClient, keys Keys) error {
+		_, err := DeleteIdleConsumers(context.Background(), rdb, keys, "workers", "me", time.Minute)
+		return err
+	})
 }

@@ -130,7 +130,7 @@ func TestMessageVersion2(t *testing.T) {
 	}
 }
 
-func TestPermanent(t *testing.T) {
+func TestPermanentWrapsItsErrorAndNilStaysNil(t *testing.T) {
 	t.Parallel()
 	base := errors.New("400 bad request")
 	err := fmt.Errorf("summarise: %w", Permanent(base))
@@ -142,7 +142,7 @@ func TestPermanent(t *testing.T) {
 	}
 }
 
-func TestKeys(t *testing.T) {
+func TestKeysCarryTheQueuesHashTagAndValidateRefusesBadNames(t *testing.T) {
 	t.Parallel()
 	k := Keys{Prefix: "onceflow", Queue: "summaries"}
 	if k.Stream() != "onceflow:{summaries}:stream" || k.Dead() != "onceflow:{summaries}:dead" || k.Job("j") != "onceflow:{summaries}:job:j" {

@@ -60,6 +60,9 @@ func RegisterPartitions(ctx context.Context, rdb redis.Scripter, keys Keys, n in
 	if n < 1 || n > MaxPartitions {
 		return 0, fmt.Errorf("queue: %d partitions: want 1 to %d", n, MaxPartitions)
 	}
+	if err := keys.Validate(); err != nil {
+		return 0, err
+	}
 	got, err := registerPartitionsScript.Run(ctx, rdb, []string{PartitionsKey(keys.Prefix)}, keys.Queue, n).Int()
 	if err != nil {
 		return 0, fmt.Errorf("queue: register the partitions of %s: %w", keys.Queue, err)

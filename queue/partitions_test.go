@@ -19,7 +19,7 @@ import (
 // Partition 0's keys are an unpartitioned queue's (a queue that goes from one partition
 // to several keeps its jobs where they are), and every other partition has a hash tag of
 // its own.
-func TestPartitionKeys(t *testing.T) {
+func TestPartitionZeroIsTheUnpartitionedQueueAndEveryOtherHasItsOwnTag(t *testing.T) {
 	t.Parallel()
 	k := Keys{Prefix: "p", Queue: "q"}
 	if got := k.InPartition(0).Stream(); got != "p:{q}:stream" {
@@ -262,7 +262,7 @@ func TestBudgetSmallerThanThePartitionsDoesNotStarveABacklog(t *testing.T) {
 
 // The P:partitions record, which docs/queue.md tells operators to write by hand (HSET),
 // is read alike by KnownPartitions and RegisterPartitions, whatever it holds.
-func TestPartitionsRecord(t *testing.T) {
+func TestPartitionsRecordIsReadAlikeWhateverItHolds(t *testing.T) {
 	t.Parallel()
 	// A record that is not an integer ("4 " or "") does not make KnownPartitions fail (and
 	// with it `onceflow dlq` and JobState of an id outside its partition): it reads it as
@@ -304,5 +304,15 @@ func TestPartitionsRecord(t *testing.T) {
 		if v, _ := rdb.HGet(ctx, PartitionsKey(prefix), "q").Result(); v != "3" {
 			t.Fatalf("record after registering 3 over -1: %q", v)
 		}
+	})
+}
+
+// RegisterPartitions refuses keys that cannot name a queue, with Validate's error,
+// before it records anything.
+func TestRegisterPartitionsRefusesAnInvalidQueueName(t *testing.T) {
+	t.Parallel()
+	refusesInvalidKeys(t, func(rdb redis.UniversalClient, keys Keys) error {
+		_, err := RegisterPartitions(context.Background(), rdb, keys, 2)
+		return err
 	})
 }

@@ -254,6 +254,9 @@ const moveBatch = 256
 // own (WorkerConfig.ScheduleInterval); it is exported for tools and tests. Safe for
 // concurrent use and to run from many processes: each job moves once.
 func MoveDue(ctx context.Context, rdb redis.Scripter, keys Keys, limit int) (moved int, next time.Duration, err error) {
+	if err := keys.Validate(); err != nil {
+		return 0, -1, err
+	}
 	if limit <= 0 {
 		limit = moveBatch
 	}
@@ -337,6 +340,9 @@ func Wake(ctx context.Context, rdb redis.Scripter, keys Keys, tenant, jobID stri
 // the scheduled set for something else is left alone (WakeFor reports false); "" wakes
 // whatever it waits for, as Wake does.
 func WakeFor(ctx context.Context, rdb redis.Scripter, keys Keys, tenant, jobID, waiting string) (bool, error) {
+	if err := keys.Validate(); err != nil {
+		return false, err
+	}
 	if !ValidJobID(jobID) {
 		return false, ErrUnknownJob
 	}

@@ -622,3 +622,25 @@ func TestWakeEndsAWaitAndIsNotLostWhileTheJobRuns(t *testing.T) {
 		t.Fatalf("index %+v: still waiting", ix)
 	}
 }
+
+// Wake, WakeFor and MoveDue refuse keys that cannot name a queue, with Validate's error,
+// before they reach Redis.
+func TestWakeForRefusesAnInvalidQueueName(t *testing.T) {
+	t.Parallel()
+	refusesInvalidKeys(t, func(rdb redis.UniversalClient, keys Keys) error {
+		_, err := WakeFor(context.Background(), rdb, keys, "acme", jobID(1), "signal payment")
+		return err
+	})
+	refusesInvalidKeys(t, func(rdb redis.UniversalClient, keys Keys) error {
+		_, err := Wake(context.Background(), rdb, keys, "acme", jobID(1))
+		return err
+	})
+}
+
+func TestMoveDueRefusesAnInvalidQueueName(t *testing.T) {
+	t.Parallel()
+	refusesInvalidKeys(t, func(rdb redis.UniversalClient, keys Keys) error {
+		_, _, err := MoveDue(context.Background(), rdb, keys, 10)
+		return err
+	})
+}

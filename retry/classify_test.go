@@ -353,7 +353,7 @@ func assertClass(t *testing.T, err error, retryable bool, class retry.Class) {
 	}
 }
 
-func TestIsQuota(t *testing.T) {
+func TestIsQuotaRecognisesQuotaCodesNotRateLimits(t *testing.T) {
 	t.Parallel()
 	for _, s := range []string{"insufficient_quota", "INSUFFICIENT_QUOTA", "billing_hard_limit_reached", "contract_spend_limit_reached", "daily_quota_exceeded", "billing_error"} {
 		if !retry.IsQuota("", s) || !retry.IsQuota(s, "") {

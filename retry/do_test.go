@@ -219,7 +219,7 @@ func TestDoCallerContextDeadlineIsADeliveryDeadline(t *testing.T) {
 	}
 }
 
-func TestDeadline(t *testing.T) {
+func TestDeadlineCountsDownOnItsClockAndTheZeroOneHasNoLimit(t *testing.T) {
 	t.Parallel()
 	clock := retrytest.NewClock(t0)
 	d := retry.AfterOn(clock, 10*time.Second)

@@ -10,7 +10,7 @@ import (
 	"testing"
 )
 
-func TestDecodeRequest(t *testing.T) {
+func TestDecodeRequestRefusesABadBodyNamingTheField(t *testing.T) {
 	t.Parallel()
 	long := strings.Repeat("é", MaxTextChars) // 100k characters, 200k bytes: allowed
 	cases := []struct {

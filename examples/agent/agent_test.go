@@ -383,7 +383,7 @@ func TestRoutesRefuseWhatTheyMust(t *testing.T) {
 
 // The program's keys: a known bearer token gives its tenant, anything else is
 // unauthenticated.
-func TestBearer(t *testing.T) {
+func TestBearerGivesAKnownTokensTenantAndRefusesAnyOther(t *testing.T) {
 	tenant := bearer("k1=acme, k2=globex")
 	for header, want := range map[string]string{"Bearer k1": "acme", "Bearer k2": "globex", "Bearer k3": "", "": "", "k1": ""} {
 		r := httptest.NewRequest(http.MethodGet, "/v1/approvals", nil)

@@ -198,7 +198,7 @@ func TestTicketRouteRefusesAndReportsState(t *testing.T) {
 }
 
 // The program's bearer authentication: no token or an unknown one is 401.
-func TestBearer(t *testing.T) {
+func TestBearerGivesAKnownTokensTenantAndRefusesAnyOther(t *testing.T) {
 	tenant := bearer("k1=acme,k2=globex")
 	for header, want := range map[string]string{"Bearer k1": "acme", "Bearer k2": "globex", "Bearer k3": "", "": "", "k1": ""} {
 		r := httptest.NewRequest(http.MethodPost, "/v1/tickets", nil)

@@ -237,7 +237,7 @@ func TestAcceptWrongTypeWritesNothing(t *testing.T) {
 	}
 }
 
-func TestHashTag(t *testing.T) {
+func TestHashTagFollowsRedisClusterRules(t *testing.T) {
 	for key, want := range map[string]string{
 		"p:{summaries}:stream": "summaries",
 		"{a}{b}":               "a",

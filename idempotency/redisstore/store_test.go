@@ -32,7 +32,7 @@ func newTestStore(t *testing.T, cfg Config) (*Store, *roundtrip.Counter) {
 	return s, &c
 }
 
-func TestConformance(t *testing.T) {
+func TestRedisStorePassesTheStoreConformanceSuite(t *testing.T) {
 	t.Parallel()
 	storetest.Run(t, func(t *testing.T) idempotency.Store {
 		s, _ := newTestStore(t, Config{})

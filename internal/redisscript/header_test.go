@@ -8,7 +8,7 @@ import (
 	"testing"
 )
 
-func TestParseHeader(t *testing.T) {
+func TestParseHeaderReadsTheArityOfKeysAndArgs(t *testing.T) {
 	const tail = "-- Returns 1.\n-- Invariant: x.\nreturn 1\n"
 	for _, tc := range []struct {
 		name       string

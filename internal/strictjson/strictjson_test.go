@@ -20,7 +20,7 @@ type doc struct {
 	List  []address `json:"list"`
 }
 
-func TestDecode(t *testing.T) {
+func TestDecodeRefusesUnknownDuplicateAndMistypedFieldsNamingThem(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
 		name  string
@@ -83,7 +83,7 @@ func TestDecode(t *testing.T) {
 	}
 }
 
-func TestDecodeValues(t *testing.T) {
+func TestDecodeFillsEveryFieldOfAValidDocument(t *testing.T) {
 	t.Parallel()
 	var d doc
 	if err := strictjson.Decode([]byte(`{"text":"héllo","count":3,"tags":["a","b"],"home":{"city":"Oslo"},"list":[{"city":"x"}]}`), &d); err != nil {

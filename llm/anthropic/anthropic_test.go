@@ -21,7 +21,7 @@ func newClient(base string, hc *http.Client) llm.Client {
 // The Anthropic adapter passes the suite every llm.Client adapter passes, against
 // fake-llm's Messages wire format: an overloaded provider answers 529 with Retry-After,
 // an error event mid-stream is overloaded_error, and Request.Temperature is not sent.
-func TestConformance(t *testing.T) {
+func TestAnthropicAdapterPassesTheAdapterConformanceSuite(t *testing.T) {
 	t.Parallel()
 	llmtest.Run(t, llmtest.Adapter{
 		New:                  newClient,

@@ -15,7 +15,7 @@ func req(text string) *llm.Request {
 	return &llm.Request{Messages: []llm.Message{{Role: llm.RoleSystem, Content: "be brief"}, {Role: llm.RoleUser, Content: text}}}
 }
 
-func TestDeterministic(t *testing.T) {
+func TestFakeAnswersTheSameRequestAlikeAndAnotherDifferently(t *testing.T) {
 	t.Parallel()
 	c := fake.New()
 	ctx := context.Background()
@@ -59,7 +59,7 @@ func TestStreamMatchesComplete(t *testing.T) {
 	}
 }
 
-func TestToolCall(t *testing.T) {
+func TestFakeCallsTheFirstToolWithArgumentsFittingItsSchema(t *testing.T) {
 	t.Parallel()
 	r := req("Refund order 42 for jane@example.com")
 	r.Tools = []llm.Tool{{Name: "issue_refund", Parameters: json.RawMessage(`{"type":"object","properties":{"order":{"type":"integer"},"email":{"type":"string"},"notify":{"type":"boolean"}}}`)},

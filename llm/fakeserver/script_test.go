@@ -75,7 +75,7 @@ func conversation(n int) *llm.Request {
 	return req
 }
 
-func TestParseScript(t *testing.T) {
+func TestParseScriptReadsTurnsAndRefusesABadFile(t *testing.T) {
 	t.Parallel()
 	t.Run("reads tool-call and text turns, arguments compacted and absent ones {}", func(t *testing.T) {
 		t.Parallel()

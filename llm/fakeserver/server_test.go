@@ -386,7 +386,7 @@ func TestBadRequests(t *testing.T) {
 	resp.Body.Close()
 }
 
-func TestModels(t *testing.T) {
+func TestModelsListsTheDefaultModel(t *testing.T) {
 	t.Parallel()
 	_, url := start(t, fakeserver.Config{})
 	resp, err := http.Get(url + "/v1/models")
@@ -575,7 +575,7 @@ func TestProbabilitiesAreSeeded(t *testing.T) {
 	}
 }
 
-func TestConfigValidate(t *testing.T) {
+func TestNewRefusesAnInvalidConfig(t *testing.T) {
 	t.Parallel()
 	for _, c := range []fakeserver.Config{{Fail429: 1.5}, {Hang: -0.1}, {ToolCallIDs: "sometimes"}, {MaxInputChars: -1}, {Latency: -time.Second}, {Fault: "teapot"}} {
 		if _, err := fakeserver.New(c); err == nil {

@@ -18,7 +18,7 @@ func newClient(base string, hc *http.Client) llm.Client {
 
 // The OpenAI adapter passes the suite every llm.Client adapter passes, against
 // fake-llm's OpenAI wire format.
-func TestConformance(t *testing.T) {
+func TestOpenAIAdapterPassesTheAdapterConformanceSuite(t *testing.T) {
 	t.Parallel()
 	llmtest.Run(t, llmtest.Adapter{
 		New:                   newClient,

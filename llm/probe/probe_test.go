@@ -25,7 +25,7 @@ func fakeLLM(t *testing.T, cfg fakeserver.Config) (*fakeserver.Server, string) {
 	return srv, hs.URL + "/v1"
 }
 
-func TestVerdicts(t *testing.T) {
+func TestProbeTellsHonouredIgnoredAndInconclusiveApart(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name   string

@@ -75,7 +75,7 @@ func TestCRLFSplitAcrossChunks(t *testing.T) {
 	}
 }
 
-func TestFields(t *testing.T) {
+func TestParserReadsFieldsAsTheSSEStandardSays(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
 		name, stream string
@@ -121,7 +121,7 @@ func TestFields(t *testing.T) {
 	}
 }
 
-func TestRetry(t *testing.T) {
+func TestRetryIsTheLatestValidRetryFieldInMilliseconds(t *testing.T) {
 	t.Parallel()
 	for s, want := range map[string]time.Duration{
 		"retry: 3000\n":                 3 * time.Second,

@@ -12,7 +12,7 @@ import (
 	"github.com/onceflow/onceflow/llm/toolkey"
 )
 
-func TestCanonicalNumber(t *testing.T) {
+func TestCanonicalNumberSpellsEachNumberOneWayAndRefusesInvalidOnes(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct{ in, want string }{
 		{"0", "0"}, {"-0", "0"}, {"0.000", "0"}, {"0e99", "0"}, {"-0.0e-5", "0"},
@@ -82,43 +82,55 @@ func TestCanonicalJSONIgnoresSpelling(t *testing.T) {
 	}
 }
 
-func TestKeys(t *testing.T) {
+func TestToolKeysTellCallsApart(t *testing.T) {
 	t.Parallel()
 	a := llm.ToolCall{ID: "call_1", Name: "refund", Arguments: `{"order":"A-17","amount":10}`}
 	b := llm.ToolCall{ID: "call_2", Name: "refund", Arguments: `{ "amount": 1e1, "order": "A-17" }`}
-	if toolkey.ArgsKey("req-1", a) != toolkey.ArgsKey("req-1", b) {
-		t.Error("ArgsKey differs for the same call spelled differently with another id")
-	}
-	if toolkey.ArgsKey("req-1", a) == toolkey.ArgsKey("req-2", a) {
-		t.Error("ArgsKey ignores the request key: two jobs' identical calls would collapse")
-	}
-	if toolkey.ArgsKey("req-1", a) == toolkey.ArgsKey("req-1", llm.ToolCall{Name: "charge", Arguments: a.Arguments}) {
-		t.Error("ArgsKey ignores the tool name")
-	}
-	if toolkey.IDKey("req-1", a.ID) == toolkey.IDKey("req-1", b.ID) {
-		t.Error("IDKey equal for two ids")
-	}
-	// Length-prefixing: shifting characters between parts changes the key.
-	if toolkey.IDKey("ab", "c") == toolkey.IDKey("a", "bc") {
-		t.Error("IDKey is ambiguous across its parts")
-	}
-	if toolkey.Key("r", a, true) != toolkey.IDKey("r", "call_1") || toolkey.Key("r", a, false) != toolkey.ArgsKey("r", a) ||
-		toolkey.Key("r", llm.ToolCall{Name: "x", Arguments: "{}"}, true) != toolkey.ArgsKey("r", llm.ToolCall{Name: "x", Arguments: "{}"}) {
-		t.Error("Key does not choose as documented")
-	}
-	// Invalid JSON arguments still get a key, matching only an identical repeat.
-	bad := llm.ToolCall{Name: "refund", Arguments: `{"order": A-17}`}
-	again := llm.ToolCall{ID: "other", Name: "refund", Arguments: `{"order": A-17}`}
-	if toolkey.ArgsKey("r", bad) != toolkey.ArgsKey("r", again) || toolkey.ArgsKey("r", bad) == toolkey.ArgsKey("r", llm.ToolCall{Name: "refund", Arguments: `{"order":  A-17}`}) {
-		t.Error("invalid arguments are not keyed by their exact bytes")
-	}
-	key := toolkey.IDKey("r", "x")
-	if !regexp.MustCompile(`^tool-[0-9a-f]{64}$`).MatchString(key) {
-		t.Errorf("key %q", key)
-	}
+	t.Run("ArgsKey is one for a call spelled differently with another id", func(t *testing.T) {
+		if toolkey.ArgsKey("req-1", a) != toolkey.ArgsKey("req-1", b) {
+			t.Error("ArgsKey differs for the same call spelled differently with another id")
+		}
+	})
+	t.Run("ArgsKey differs by request and by tool", func(t *testing.T) {
+		if toolkey.ArgsKey("req-1", a) == toolkey.ArgsKey("req-2", a) {
+			t.Error("ArgsKey ignores the request key: two jobs' identical calls would collapse")
+		}
+		if toolkey.ArgsKey("req-1", a) == toolkey.ArgsKey("req-1", llm.ToolCall{Name: "charge", Arguments: a.Arguments}) {
+			t.Error("ArgsKey ignores the tool name")
+		}
+	})
+	t.Run("IDKey differs by id and is unambiguous across its parts", func(t *testing.T) {
+		if toolkey.IDKey("req-1", a.ID) == toolkey.IDKey("req-1", b.ID) {
+			t.Error("IDKey equal for two ids")
+		}
+		// Length-prefixing: shifting characters between parts changes the key.
+		if toolkey.IDKey("ab", "c") == toolkey.IDKey("a", "bc") {
+			t.Error("IDKey is ambiguous across its parts")
+		}
+	})
+	t.Run("Key takes the id only when ids are stable and the call has one", func(t *testing.T) {
+		if toolkey.Key("r", a, true) != toolkey.IDKey("r", "call_1") || toolkey.Key("r", a, false) != toolkey.ArgsKey("r", a) ||
+			toolkey.Key("r", llm.ToolCall{Name: "x", Arguments: "{}"}, true) != toolkey.ArgsKey("r", llm.ToolCall{Name: "x", Arguments: "{}"}) {
+			t.Error("Key does not choose as documented")
+		}
+	})
+	t.Run("invalid arguments are keyed by their exact bytes", func(t *testing.T) {
+		// Invalid JSON arguments still get a key, matching only an identical repeat.
+		bad := llm.ToolCall{Name: "refund", Arguments: `{"order": A-17}`}
+		again := llm.ToolCall{ID: "other", Name: "refund", Arguments: `{"order": A-17}`}
+		if toolkey.ArgsKey("r", bad) != toolkey.ArgsKey("r", again) || toolkey.ArgsKey("r", bad) == toolkey.ArgsKey("r", llm.ToolCall{Name: "refund", Arguments: `{"order":  A-17}`}) {
+			t.Error("invalid arguments are not keyed by their exact bytes")
+		}
+	})
+	t.Run("a key is tool- and 64 hex digits", func(t *testing.T) {
+		key := toolkey.IDKey("r", "x")
+		if !regexp.MustCompile(`^tool-[0-9a-f]{64}$`).MatchString(key) {
+			t.Errorf("key %q", key)
+		}
+	})
 }
 
-func TestCompare(t *testing.T) {
+func TestCompareTellsWhetherAProvidersToolCallIDsAreStable(t *testing.T) {
 	t.Parallel()
 	call := func(id, args string) llm.ToolCall { return llm.ToolCall{ID: id, Name: "refund", Arguments: args} }
 	for _, tc := range []struct {

@@ -8,7 +8,7 @@ import (
 	"github.com/onceflow/onceflow/retry/retrytest"
 )
 
-func TestManualClock(t *testing.T) {
+func TestManualClockMovesOnlyWhenSleptOrAdvanced(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	c := retrytest.NewClock(t0)
 	if err := c.Sleep(context.Background(), 3*time.Second); err != nil {
@@ -25,7 +25,7 @@ func TestManualClock(t *testing.T) {
 	}
 }
 
-func TestSkipClock(t *testing.T) {
+func TestSkipClockSkipsSleepsWithoutWaiting(t *testing.T) {
 	c := retrytest.NewSkipClock()
 	before := c.Now()
 	start := time.Now()
@@ -41,7 +41,7 @@ func TestSkipClock(t *testing.T) {
 	}
 }
 
-func TestRand(t *testing.T) {
+func TestSeededRandsAgreeAndMaxGivesTheHighestValue(t *testing.T) {
 	a, b := retrytest.NewRand(1), retrytest.NewRand(1)
 	for range 100 {
 		if x, y := a.Int64N(1000), b.Int64N(1000); x != y || x < 0 || x >= 1000 {

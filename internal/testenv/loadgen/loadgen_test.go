@@ -78,7 +78,7 @@ func TestHistogramMerge(t *testing.T) {
 	}
 }
 
-func TestRun(t *testing.T) {
+func TestRunCountsEveryRequestAndItsStatusForItsDuration(t *testing.T) {
 	var served atomic.Int64
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		n := served.Add(1)
