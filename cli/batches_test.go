@@ -80,3 +80,16 @@ VALUES ('k1', 'c1', 'w', 'h', 'gpt-4.1-nano', '{}', 'job-1', 'pending', 5)`); er
 		t.Fatalf("batches cancel without an id: exit %d, want 2", code)
 	}
 }
+
+// `batches cancel` under a provider without a batch API says so, naming ONCEFLOW_LLM
+// (the setting to change), not the summaries' lane, which it does not read (exit 2).
+func TestBatchesCancelNamesAProviderWithoutABatchAPI(t *testing.T) {
+	t.Parallel()
+	_, prefix := testenv.Redis(t)
+	_, dsn := testenv.Postgres(t)
+	vars := map[string]string{"ONCEFLOW_REDIS_URL": testenv.RedisURL(t), "ONCEFLOW_DATABASE_URL": dsn, "ONCEFLOW_PREFIX": prefix, "ONCEFLOW_LLM": "fake"}
+	_, errOut, code := runCommand(t, cli.App{Name: "onceflow"}, func(k string) string { return vars[k] }, "batches", "cancel", "batch_1")
+	if code != 2 || !strings.Contains(errOut, "ONCEFLOW_LLM") || !strings.Contains(errOut, "no batch API") || strings.Contains(errOut, "SUMMARIES_LANE") {
+		t.Fatalf("batches cancel on the fake provider: exit %d\n%s", code, errOut)
+	}
+}

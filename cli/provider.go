@@ -101,7 +101,6 @@ func (app App) checkProvider(cfg *config.Config) error {
 	return &config.Error{Name: "ONCEFLOW_LLM", Value: cfg.LLM, Err: errors.New(msg)}
 }
 
-// newLLMClient returns the model client of the provider ONCEFLOW_LLM selects.
 // newBatchAPI returns the batch API of the provider ONCEFLOW_LLM names.
 func (app App) newBatchAPI(cfg *config.Config) (onceflow.BatchAPI, error) {
 	p, ok := app.provider(cfg.LLM)
@@ -109,8 +108,8 @@ func (app App) newBatchAPI(cfg *config.Config) (onceflow.BatchAPI, error) {
 		return nil, app.checkProvider(cfg)
 	}
 	if p.NewBatch == nil {
-		return nil, &config.Error{Name: "ONCEFLOW_SUMMARIES_LANE", Value: cfg.SummariesLane,
-			Err: fmt.Errorf("the model provider %s has no batch API (openai and anthropic have)", p.Name)}
+		return nil, &config.Error{Name: "ONCEFLOW_LLM", Value: cfg.LLM,
+			Err: fmt.Errorf("the model provider %s has no batch API, which the batch lane needs (openai and anthropic have)", p.Name)}
 	}
 	b, err := p.NewBatch(cfg)
 	if err != nil {
@@ -119,6 +118,7 @@ func (app App) newBatchAPI(cfg *config.Config) (onceflow.BatchAPI, error) {
 	return b, nil
 }
 
+// newLLMClient returns the model client of the provider ONCEFLOW_LLM selects.
 func (app App) newLLMClient(cfg *config.Config) (llm.Client, error) {
 	p, ok := app.provider(cfg.LLM)
 	if !ok {
