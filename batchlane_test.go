@@ -163,6 +163,15 @@ func batchEnv(t *testing.T, api *batchAPI, model llm.Client, within time.Duratio
 // the step's options.
 func batchEnvWith(t *testing.T, api *batchAPI, model llm.Client, cfg onceflow.Config, opts ...onceflow.StepOption) (*onceflowtest.Env, *onceflowtest.Sink) {
 	t.Helper()
+	cfg, sink := laneConfig(t, api, model, cfg, opts...)
+	return onceflowtest.New(t, cfg), sink
+}
+
+// laneConfig is cfg with ticket workers whose step "summary" is made with opts and
+// whose answer is emailed, the lane of api (SubmitTimeout 300 ms unless set: a cut-short
+// submission is settled 600 ms on), model, a fast default queue and the email sink.
+func laneConfig(t *testing.T, api onceflow.BatchAPI, model llm.Client, cfg onceflow.Config, opts ...onceflow.StepOption) (onceflow.Config, *onceflowtest.Sink) {
+	t.Helper()
 	sink := onceflowtest.NewSink(t)
 	ws := onceflow.NewWorkers()
 	onceflow.AddWorker(ws, onceflow.WorkFunc[shadowedTicket](func(ctx context.Context, job *onceflow.Job[shadowedTicket]) error {
@@ -176,11 +185,11 @@ func batchEnvWith(t *testing.T, api *batchAPI, model llm.Client, cfg onceflow.Co
 		})
 	}))
 	cfg.Batch.API = api
-	cfg.Batch.SubmitTimeout = cmp.Or(cfg.Batch.SubmitTimeout, 300*time.Millisecond) // a cut-short submission is settled 600 ms on
+	cfg.Batch.SubmitTimeout = cmp.Or(cfg.Batch.SubmitTimeout, 300*time.Millisecond)
 	cfg.Workers, cfg.Model = ws, model
 	cfg.Queues = map[string]onceflow.QueueConfig{onceflow.DefaultQueue: {ClaimIdle: time.Second, RetryBase: 5 * time.Millisecond, RetryMax: 20 * time.Millisecond}}
 	cfg.Senders = map[string]outbox.Sender{"email": sink.Sender(t, nil)}
-	return onceflowtest.New(t, cfg), sink
+	return cfg, sink
 }
 
 // ticketRequest is the request of a ticket's step "summary".
@@ -790,24 +799,8 @@ func (a *faultyBatchAPI) Results(ctx context.Context, id string) iter.Seq2[llm.B
 
 // faultyLaneConfig is the Config of ticket jobs whose step takes api's lane.
 func faultyLaneConfig(t *testing.T, api onceflow.BatchAPI, model llm.Client, within time.Duration, bc onceflow.BatchConfig) (onceflow.Config, *onceflowtest.Sink) {
-	sink := onceflowtest.NewSink(t)
-	ws := onceflow.NewWorkers()
-	onceflow.AddWorker(ws, onceflow.WorkFunc[shadowedTicket](func(ctx context.Context, job *onceflow.Job[shadowedTicket]) error {
-		st, err := job.Complete(ctx, "summary", ticketRequest(job.Args.Text), onceflow.InBatch(within))
-		if err != nil {
-			return err
-		}
-		return job.Commit(ctx, func(c *onceflow.Commit) error {
-			c.Emit("email", "email:"+job.ID, map[string]string{"summary": st.Response.Content})
-			return nil
-		})
-	}))
-	bc.API = api
-	bc.SubmitTimeout = cmp.Or(bc.SubmitTimeout, 300*time.Millisecond)
-	cfg := onceflow.Config{NoLimits: true, Batch: bc, Workers: ws, Model: model,
-		Queues:  map[string]onceflow.QueueConfig{onceflow.DefaultQueue: {ClaimIdle: time.Second, RetryBase: 5 * time.Millisecond, RetryMax: 20 * time.Millisecond}},
-		Senders: map[string]outbox.Sender{"email": sink.Sender(t, nil)}}
-	return cfg, sink
+	t.Helper()
+	return laneConfig(t, api, model, onceflow.Config{NoLimits: true, Batch: bc}, onceflow.InBatch(within))
 }
 
 // One batch whose results cannot be read (a malformed line, a line over 16 MiB, an
