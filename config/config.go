@@ -43,6 +43,7 @@ type Config struct {
 	RedisClusterAddrs []string
 	// RedisWaitReplicas, above 0, makes an accept wait for that many replicas to have
 	// its write (WAIT) before answering 202; RedisWaitTimeout bounds the wait.
+	// Defaults: 0 (no WAIT), 250ms.
 	RedisWaitReplicas int
 	RedisWaitTimeout  time.Duration
 	// DatabaseURL is the PostgreSQL server.
@@ -303,7 +304,7 @@ var settings = []setting{
 	{env: "ONCEFLOW_REDIS_WAIT_REPLICAS", def: "0", usage: "replicas that must confirm an accepted job's write (WAIT) before the API answers 202; fewer in time answers 503 (0: no WAIT)", parse: func(c *Config, v string) error {
 		return parseInt(&c.RedisWaitReplicas, v, 0, 16)
 	}},
-	{env: "ONCEFLOW_REDIS_WAIT_TIMEOUT", def: "1s", usage: "how long an accept waits for ONCEFLOW_REDIS_WAIT_REPLICAS replicas (at most 2s: under the Redis read timeout)", parse: func(c *Config, v string) error {
+	{env: "ONCEFLOW_REDIS_WAIT_TIMEOUT", def: "250ms", usage: "how long an accept waits for ONCEFLOW_REDIS_WAIT_REPLICAS replicas (at most 2s: under the Redis read timeout)", parse: func(c *Config, v string) error {
 		if err := parseDuration(&c.RedisWaitTimeout, v); err != nil {
 			return err
 		}

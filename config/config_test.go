@@ -70,6 +70,9 @@ func TestDefaultsMatchContract(t *testing.T) {
 		{"LogFormat", c.LogFormat, "json"},
 		{"APIKeys", len(c.APIKeys), 0},
 		{"GatewayCredentialHeaders", len(c.GatewayCredentialHeaders), 0},
+		{"RedisWaitReplicas", c.RedisWaitReplicas, 0},
+		{"RedisWaitTimeout", c.RedisWaitTimeout, 250 * time.Millisecond},
+		{"SummariesLane", c.SummariesLane, "sync"},
 	}
 	for _, ch := range checks {
 		if ch.got != ch.want {
