@@ -126,14 +126,18 @@ func ExampleClient_Release() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	var held []onceflow.Held
-	for len(held) == 0 {
+	// The hold is recorded, then the job parks: wait until its state says held.
+	st := &onceflow.JobState{}
+	for st.Status != onceflow.StatusHeld {
 		time.Sleep(10 * time.Millisecond)
-		if held, err = client.Inspector().Held(context.Background(), "", false, 10); err != nil {
+		if st, err = client.JobState(context.Background(), "", res.JobID); err != nil {
 			log.Fatal(err)
 		}
 	}
-	st, _ := client.JobState(context.Background(), "", res.JobID)
+	held, err := client.Inspector().Held(context.Background(), "", false, 10)
+	if err != nil || len(held) != 1 {
+		log.Fatal(held, err)
+	}
 	fmt.Println(st.Status, held[0].Gate, strings.SplitN(held[0].Reason, ":", 2)[0])
 	if err := client.Release(context.Background(), "", res.JobID, held[0].Key, "ops@example.com", "a one-word label is fine"); err != nil {
 		log.Fatal(err)
