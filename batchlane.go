@@ -444,13 +444,14 @@ LEFT JOIN (SELECT model, sum(tokens)::bigint AS tokens FROM batch_submissions WH
 		return err
 	}
 	for _, d := range dues {
-		var room *int64 // tokens the model may still enqueue; nil: no limit
-		if limit, ok := b.enqueuedLimit(d.model); ok {
-			r := max(limit-d.inFlight, 0)
-			room = &r
-		}
+		limit, limited := b.enqueuedLimit(d.model)
 		full := d.n >= b.cfg.MaxItems || d.bytes >= b.cfg.MaxBytes
 		for n := d.n; n > 0 && (full || d.old); {
+			var room *int64 // tokens the model may still enqueue; nil: no limit
+			if limited {
+				r := max(limit-d.inFlight, 0)
+				room = &r
+			}
 			taken, tokens, err := b.take(ctx, d.model, room, d.inFlight == 0)
 			if err != nil {
 				b.log.WarnContext(ctx, "onceflow: batch lane: send a batch", "model", d.model, "err", err)
@@ -460,9 +461,6 @@ LEFT JOIN (SELECT model, sum(tokens)::bigint AS tokens FROM batch_submissions WH
 			}
 			n -= taken
 			d.inFlight += tokens
-			if room != nil {
-				*room = max(*room-tokens, 0)
-			}
 			full = n >= b.cfg.MaxItems // bytes: the next take sees what is left
 		}
 	}
@@ -644,15 +642,7 @@ func (b *batchLane) record(ctx context.Context, id, batchID string) error {
 	if err != nil {
 		return err
 	}
-	var keys, states, whys []string
-	settle := func(it batchItem, why string) error {
-		state := "done"
-		if why != "" {
-			state = "failed"
-		}
-		keys, states, whys = append(keys, it.key), append(states, state), append(whys, why)
-		return b.wake(ctx, it, batchSignal{OK: why == "", Error: why})
-	}
+	var e ending
 	c := b.c
 	for r, err := range b.cfg.API.Results(ctx, batchID) {
 		if errors.Is(err, llm.ErrBatchResult) { // its item, if ours, ends "no result" below
@@ -684,16 +674,36 @@ func (b *batchLane) record(ctx context.Context, id, batchID string) error {
 		} else {
 			why = cmp.Or(r.Error, r.Outcome)
 		}
-		if err := settle(it, why); err != nil {
+		if err := b.settle(ctx, &e, it, why); err != nil {
 			return err
 		}
 	}
 	for _, it := range items { // no result: the provider dropped it
-		if err := settle(it, "no result in its batch"); err != nil {
+		if err := b.settle(ctx, &e, it, "no result in its batch"); err != nil {
 			return err
 		}
 	}
-	_, err = b.db.Exec(ctx, endSQL, id, keys, states, whys)
+	return b.finish(ctx, id, &e)
+}
+
+// ending collects the items of a submission that ends, as they settle, for endSQL.
+type ending struct{ keys, states, whys []string }
+
+// settle settles item it: answered (why "") or failed with why; its job is woken.
+func (b *batchLane) settle(ctx context.Context, e *ending, it batchItem, why string) error {
+	why = clipRunes(why, 500)
+	state := "done"
+	if why != "" {
+		state = "failed"
+	}
+	e.keys, e.states, e.whys = append(e.keys, it.key), append(e.states, state), append(e.whys, why)
+	return b.wake(ctx, it, batchSignal{OK: why == "", Error: why})
+}
+
+// finish marks submission id's settled items and the submission ended, in one
+// statement.
+func (b *batchLane) finish(ctx context.Context, id string, e *ending) error {
+	_, err := b.db.Exec(ctx, endSQL, id, e.keys, e.states, e.whys)
 	return PostgresError(err)
 }
 
@@ -720,24 +730,19 @@ func (b *batchLane) end(ctx context.Context, id, why string) error {
 	if err != nil {
 		return err
 	}
-	why = clipRunes(why, 500)
-	var keys, states, whys []string
+	var e ending
 	for _, it := range items {
-		keys, states, whys = append(keys, it.key), append(states, "failed"), append(whys, why)
-		if err := b.wake(ctx, it, batchSignal{Error: why}); err != nil {
+		if err := b.settle(ctx, &e, it, why); err != nil {
 			return err
 		}
 	}
-	_, err = b.db.Exec(ctx, endSQL, id, keys, states, whys)
-	return PostgresError(err)
+	return b.finish(ctx, id, &e)
 }
 
-// wake wakes item it's job with sig, on its queue whether or not this process works it.
+// wake wakes item it's job with sig, on its queue (read from the item, whether or not
+// this process works it: no search through the Client's queues).
 func (b *batchLane) wake(ctx context.Context, it batchItem, sig batchSignal) error {
-	if it.queue != "" {
-		b.c.noteQueue(it.queue)
-	}
-	err := b.c.Signal(ctx, it.tenant, it.jobID, batchPrefix+it.key, sig)
+	err := b.c.signalOn(ctx, it.queue, it.tenant, it.jobID, batchPrefix+it.key, sig)
 	switch {
 	case err == nil, errors.Is(err, ErrAlreadySignalled):
 		return nil

@@ -176,10 +176,22 @@ func (c *Client) Signal(ctx context.Context, tenant, id, name string, payload an
 	return err
 }
 
+// signalOn is Signal of a job known to run on queue name (its index is read there
+// alone, not looked for in every queue the Client knows); "" is any.
+func (c *Client) signalOn(ctx context.Context, name, tenant, id, signal string, payload any) error {
+	_, err := c.signalIn(ctx, name, tenant, id, signal, payload)
+	return err
+}
+
 // signal is Signal, reporting whether the signal was a retry of one recorded with the
 // same payload (answered as the first: the job is woken again, in case the first wake
 // failed).
 func (c *Client) signal(ctx context.Context, tenant, id, name string, payload any) (replayed bool, err error) {
+	return c.signalIn(ctx, "", tenant, id, name, payload)
+}
+
+// signalIn is signal of a job on queue in ("": any the Client knows).
+func (c *Client) signalIn(ctx context.Context, in, tenant, id, name string, payload any) (replayed bool, err error) {
 	if err := checkStepName(name); err != nil {
 		return false, err
 	}
@@ -187,7 +199,7 @@ func (c *Client) signal(ctx context.Context, tenant, id, name string, payload an
 	if err != nil {
 		return false, fmt.Errorf("onceflow: signal %q: encode the payload: %w", clipText(name), err)
 	}
-	keys, err := c.locate(ctx, tenant, id)
+	keys, err := c.locate(ctx, tenant, id, in)
 	if err != nil {
 		return false, err
 	}
@@ -216,15 +228,20 @@ func jsonEqual(a, b []byte) bool {
 	return bytes.Equal(ca.Bytes(), cb.Bytes())
 }
 
-// locate returns the queue keys of tenant's job id, from its index.
-func (c *Client) locate(ctx context.Context, tenant, id string) (queue.Keys, error) {
+// locate returns the queue keys of tenant's job id, from its index: in queue in, or
+// ("") in each queue the Client knows until found.
+func (c *Client) locate(ctx context.Context, tenant, id, in string) (queue.Keys, error) {
 	if c.steps == nil {
 		return queue.Keys{}, errors.New("onceflow: signals need Config.DB (the job_steps table is in PostgreSQL)")
 	}
 	if !queue.ValidJobID(id) {
 		return queue.Keys{}, ErrJobNotFound
 	}
-	for _, name := range c.stateQueues() {
+	queues := []string{in}
+	if in == "" {
+		queues = c.stateQueues()
+	}
+	for _, name := range queues {
 		keys, _, err := c.findIndex(ctx, name, tenant, id)
 		if err == nil {
 			return keys, nil
@@ -387,7 +404,7 @@ func (c *Client) decideOn(ctx context.Context, tenant, id, prefix, key string, d
 	if !queue.ValidJobID(id) || !validKey {
 		return nil, false, fmt.Errorf("%w: job %s, call %s", ErrNotWaiting, id, clipText(key))
 	}
-	keys, err := c.locate(ctx, tenant, id)
+	keys, err := c.locate(ctx, tenant, id, "")
 	if err != nil {
 		if errors.Is(err, ErrJobNotFound) { // another tenant's, or on a queue this client does not know
 			return nil, false, fmt.Errorf("%w: job %s, call %s: the tenant has no such job on this client's queues (%s): %w",
