@@ -31,12 +31,8 @@ const maxLookup = 10000
 
 // runApprovals lists and decides the tool calls waiting for an operator's decision.
 func runApprovals(ctx context.Context, e *env, args []string) error {
-	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
-		if len(args) > 0 && isHelp(args[0]) {
-			printParentUsage(e, "approvals", approvalsUsage)
-			return flag.ErrHelp
-		}
-		return usageErrorf("approvals: missing subcommand; usage: %s approvals %s", e.app.Name, strings.SplitN(approvalsUsage, "\n", 2)[0])
+	if err := checkSubcommand(e, "approvals", approvalsUsage, args); err != nil {
+		return err
 	}
 	switch args[0] {
 	case "list":

@@ -3,10 +3,8 @@ package cli
 import (
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"slices"
-	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -24,12 +22,8 @@ const batchesUsage = "list [--limit N] [--json] | cancel ID\n\n" +
 
 // runBatches lists the batch lane or cancels one of its batches.
 func runBatches(ctx context.Context, e *env, args []string) error {
-	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
-		if len(args) > 0 && isHelp(args[0]) {
-			printParentUsage(e, "batches", batchesUsage)
-			return flag.ErrHelp
-		}
-		return usageErrorf("batches: missing subcommand; usage: %s batches %s", e.app.Name, strings.SplitN(batchesUsage, "\n", 2)[0])
+	if err := checkSubcommand(e, "batches", batchesUsage, args); err != nil {
+		return err
 	}
 	switch args[0] {
 	case "list":

@@ -122,6 +122,20 @@ func printCommands(w io.Writer, app App) {
 // isHelp reports whether arg asks for help: -h, -help or --help.
 func isHelp(arg string) bool { return arg == "-h" || arg == "-help" || arg == "--help" }
 
+// checkSubcommand checks that args, those of the command name with subcommands
+// (usage lists them), start with a subcommand: -h prints the command's usage
+// (flag.ErrHelp), none is a usage error.
+func checkSubcommand(e *env, name, usage string, args []string) error {
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		return nil
+	}
+	if len(args) > 0 && isHelp(args[0]) {
+		printParentUsage(e, name, usage)
+		return flag.ErrHelp
+	}
+	return usageErrorf("%s: missing subcommand; usage: %s %s %s", name, e.app.Name, name, strings.SplitN(usage, "\n", 2)[0])
+}
+
 // printParentUsage is the -h of the command name, which has subcommands (dlq, outbox...):
 // its usage, which lists them, then how to see a subcommand's flags.
 func printParentUsage(e *env, name, usage string) {

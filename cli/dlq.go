@@ -32,12 +32,8 @@ var streamID = regexp.MustCompile(`^[0-9]{1,20}-[0-9]{1,20}$`)
 
 // runDLQ inspects and acts on the service queue's dead letters.
 func runDLQ(ctx context.Context, e *env, args []string) error {
-	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
-		if len(args) > 0 && isHelp(args[0]) {
-			printParentUsage(e, "dlq", dlqUsage)
-			return flag.ErrHelp
-		}
-		return usageErrorf("dlq: missing subcommand; usage: %s dlq %s", e.app.Name, strings.SplitN(dlqUsage, "\n", 2)[0])
+	if err := checkSubcommand(e, "dlq", dlqUsage, args); err != nil {
+		return err
 	}
 	sub := args[0]
 	if sub != "list" && sub != "replay" && sub != "purge" {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"slices"
 	"strings"
@@ -28,12 +27,8 @@ const inDoubtUsage = "list [--json] [--limit N] | resolve JOB KEY [--tenant T] (
 
 // runInDoubt lists the jobs in doubt and resolves their calls.
 func runInDoubt(ctx context.Context, e *env, args []string) error {
-	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
-		if len(args) > 0 && isHelp(args[0]) {
-			printParentUsage(e, "indoubt", inDoubtUsage)
-			return flag.ErrHelp
-		}
-		return usageErrorf("indoubt: missing subcommand; usage: %s indoubt %s", e.app.Name, strings.SplitN(inDoubtUsage, "\n", 2)[0])
+	if err := checkSubcommand(e, "indoubt", inDoubtUsage, args); err != nil {
+		return err
 	}
 	switch args[0] {
 	case "list":

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"strconv"
 	"strings"
@@ -22,12 +21,8 @@ const outboxUsage = "list [--failed] [--json] [--limit N] [--topic TOPIC] | retr
 
 // runOutbox inspects outbox rows (list) and makes exhausted rows due again (retry).
 func runOutbox(ctx context.Context, e *env, args []string) error {
-	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
-		if len(args) > 0 && isHelp(args[0]) {
-			printParentUsage(e, "outbox", outboxUsage)
-			return flag.ErrHelp
-		}
-		return usageErrorf("usage: %s outbox %s", e.app.Name, outboxUsage)
+	if err := checkSubcommand(e, "outbox", outboxUsage, args); err != nil {
+		return err
 	}
 	switch args[0] {
 	case "list":

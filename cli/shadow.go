@@ -3,7 +3,6 @@ package cli
 import (
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"strings"
 	"text/tabwriter"
@@ -23,12 +22,8 @@ const shadowUsage = "report [--step S] [--since D] [--worst N] [--json]\n\n" +
 
 // runShadow reports on the shadow runs.
 func runShadow(ctx context.Context, e *env, args []string) error {
-	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
-		if len(args) > 0 && isHelp(args[0]) {
-			printParentUsage(e, "shadow", shadowUsage)
-			return flag.ErrHelp
-		}
-		return usageErrorf("shadow: missing subcommand; usage: %s shadow %s", e.app.Name, strings.SplitN(shadowUsage, "\n", 2)[0])
+	if err := checkSubcommand(e, "shadow", shadowUsage, args); err != nil {
+		return err
 	}
 	if args[0] != "report" {
 		return usageErrorf("shadow: unknown subcommand %q; want report", args[0])

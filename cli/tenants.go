@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -34,12 +33,8 @@ var tenantsUsage = "set TENANT --tokens-per-day N | delete TENANT | list [--json
 // runTenants manages the tenants' own daily token budgets (tenant_budgets, package
 // pgbudget) and shows their use today (the limiter's counters in Redis).
 func runTenants(ctx context.Context, e *env, args []string) error {
-	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
-		if len(args) > 0 && isHelp(args[0]) {
-			printParentUsage(e, "tenants", tenantsUsage)
-			return flag.ErrHelp
-		}
-		return usageErrorf("tenants: missing subcommand; usage: %s tenants %s", e.app.Name, strings.SplitN(tenantsUsage, "\n", 2)[0])
+	if err := checkSubcommand(e, "tenants", tenantsUsage, args); err != nil {
+		return err
 	}
 	switch args[0] {
 	case "set":
