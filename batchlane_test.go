@@ -1198,3 +1198,30 @@ func TestBatchStepOfAJobWhoseKeyIsInTheLaneForAnotherJobIsNotLeftParked(t *testi
 		t.Fatalf("b's job still parked on %q until its wait ends", st.Waiting)
 	}
 }
+
+// A request whose estimated tokens alone pass the model's enqueued-token limit is sent
+// in a batch of its own once nothing of the model is in flight, instead of waiting for
+// ever; the requests behind it wait for room.
+func TestBatchLaneSendsARequestOverTheTokenLimitAloneWhenNothingIsInFlight(t *testing.T) {
+	t.Parallel()
+	big := strings.Repeat("a long ticket ", 200)
+	limit := int64(llm.EstimateInputTokens(ticketRequest(big))) / 2
+	api := &batchAPI{hold: true}
+	model := &modelsByName{answers: map[string]string{"prod": "synchronous"}}
+	env, sink := batchEnv(t, api, model, time.Hour, onceflow.BatchConfig{MaxItems: 100, MaxAge: 50 * time.Millisecond,
+		PollInterval: 50 * time.Millisecond, EnqueuedTokens: map[string]int64{"prod": limit}})
+	env.Start()
+	enqueueTickets(t, env, big)
+	onceflowtest.WaitFor(t, 20*time.Second, "the oversized request in a batch", func() bool { b, _ := api.counts(); return b == 1 })
+	enqueueTickets(t, env, "small")
+	time.Sleep(300 * time.Millisecond) // six rounds: the small one waits while the big one is in flight
+	if b, sub := api.counts(); b != 1 || len(sub) != 1 {
+		t.Fatalf("%d batches holding %d requests while the oversized one is in flight, want 1 holding 1", b, len(sub))
+	}
+	api.mu.Lock()
+	api.hold = false
+	api.mu.Unlock()
+	onceflowtest.WaitFor(t, 20*time.Second, "both emails", func() bool { return sink.Total() == 2 })
+	_, sub := api.counts()
+	requireOnceEach(t, sub, 2)
+}
