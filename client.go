@@ -422,6 +422,7 @@ func (c *Client) handler(name string, qc QueueConfig) queue.Handler {
 			rt:  &runtime{client: c, queue: name, delivery: j, deadline: retry.After(c.cfg.JobBudget)},
 		}
 		err := run(ctx, info)
+		info.rt.flushAnswers(ctx)
 		c.observeJob(err)
 		return err
 	}}

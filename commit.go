@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/onceflow/onceflow/ledger"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/outbox/pgoutbox"
 )
@@ -206,6 +207,9 @@ type completion struct {
 	traceparent      string // written on the outbox rows
 	delivery         int
 	committed        *atomic.Bool // set once this delivery's commit wrote the record
+	// answers are the delivery's model answers awaiting a flush: a durable commit of
+	// the job makes them durable (ledger.DeferFlush).
+	answers *ledger.Deferred
 }
 
 // committer returns j's Client and the record of its commit, or an error when j cannot
@@ -222,7 +226,7 @@ func (j *Job[T]) committer(ctx context.Context) (*Client, completion, error) {
 	if tp == "" && j.run.delivery != nil {
 		tp = j.run.delivery.TraceParent
 	}
-	return c, completion{id: j.ID, kind: j.Kind, tenant: j.Tenant, queue: j.Queue, traceparent: tp, delivery: j.Delivery, committed: &j.run.committed}, nil
+	return c, completion{id: j.ID, kind: j.Kind, tenant: j.Tenant, queue: j.Queue, traceparent: tp, delivery: j.Delivery, committed: &j.run.committed, answers: &j.run.answers}, nil
 }
 
 // Commit writes the job's completion record, the statements, effects and result fn
@@ -303,6 +307,7 @@ func (cl *Client) commit(ctx context.Context, rec completion, c *Commit) error {
 	switch {
 	case err == nil:
 		rec.committed.Store(true)
+		rec.answers.Flushed()
 		return nil
 	case isCompletionConflict(err):
 		if err := cl.checkCompletionOwner(ctx, rec); err != nil {
@@ -455,5 +460,6 @@ func (cl *Client) commitTx(ctx context.Context, rec completion, fn func(context.
 		return PostgresError(fmt.Errorf("onceflow: commit job %s: commit: %w", rec.id, err))
 	}
 	rec.committed.Store(true)
+	rec.answers.Flushed()
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/onceflow/onceflow/ledger"
 	"github.com/onceflow/onceflow/queue"
 	"github.com/onceflow/onceflow/retry"
 )
@@ -86,4 +87,8 @@ type runtime struct {
 	// in: the order the job's events stream them in (EventsHandler), which a record
 	// committed late behind a later one would break.
 	writeMu sync.Mutex
+	// answers are the model steps' answers this delivery recorded without waiting for
+	// the WAL flush (Config.DurableAnswers off): the job's Commit flushes them, or
+	// the end of the delivery does (flushAnswers).
+	answers ledger.Deferred
 }

@@ -300,7 +300,7 @@ func (rt *runtime) stream(ctx context.Context, jobID, step string, req *llm.Requ
 		s.seq = func(yield func(llm.Chunk, error) bool) { yield(llm.Chunk{}, err) }
 		return s
 	}
-	ctx = rt.limiterContext(ctx)
+	ctx = rt.answerContext(rt.limiterContext(ctx))
 	s.seq = func(yield func(llm.Chunk, error) bool) {
 		stopped := false
 		start := time.Now()
@@ -412,7 +412,7 @@ func (rt *runtime) complete(ctx context.Context, jobID, step string, req *llm.Re
 	if err != nil {
 		return nil, err
 	}
-	ctx = rt.limiterContext(ctx)
+	ctx = rt.answerContext(rt.limiterContext(ctx))
 	start := time.Now()
 	s, err := retry.Do(ctx, m.policy, rt.deadline, func(ctx context.Context) (*Step, error) {
 		resp, err := m.client.Complete(ctx, out)
@@ -442,6 +442,31 @@ func (rt *runtime) limiterContext(ctx context.Context) context.Context {
 		return ctx
 	}
 	return limiter.WithTenant(ctx, rt.delivery.Tenant)
+}
+
+// answerContext returns ctx under which the ledger records the step's answer without
+// waiting for the WAL flush, for the job's Commit (or the end of the delivery) to flush
+// it (docs/providers.md, "Two commits per model step"); ctx itself under
+// Config.DurableAnswers.
+func (rt *runtime) answerContext(ctx context.Context) context.Context {
+	if rt == nil || rt.delivery == nil || rt.client.cfg.DurableAnswers {
+		return ctx
+	}
+	return ledger.DeferFlush(ctx, &rt.answers)
+}
+
+// flushAnswers makes the answers this delivery recorded without waiting for the WAL
+// flush durable, when no Commit of the delivery did: one durable write, before the
+// queue hears how the delivery ended. A failure is logged: the WAL writer flushes them
+// within a fraction of a second anyway, and only a crash of PostgreSQL in that time
+// loses one (its call is then asked again, counted as ambiguous).
+func (rt *runtime) flushAnswers(ctx context.Context) {
+	if rt == nil || rt.client.model == nil || !rt.answers.Pending() {
+		return
+	}
+	if err := rt.client.model.ledger.Flush(ctx, &rt.answers); err != nil {
+		rt.client.log.WarnContext(ctx, "onceflow: could not flush the model answers of a delivery that did not commit", "job_id", rt.delivery.JobID, "err", err)
+	}
 }
 
 // recordToolKeys records the tool calls of s's answer in the ledger and keeps their

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 	"sync"
 	"time"
@@ -48,6 +49,7 @@ type Attempt struct {
 func (l *Ledger) start(ctx context.Context, c Call, owner string, number, ambiguous int, prevPartial string, prevAttempt int) *Attempt {
 	a := &Attempt{l: l, call: c, owner: owner, number: number, ambiguous: ambiguous,
 		prevPartial: prevPartial, prevAttempt: prevAttempt, stop: make(chan struct{}), done: make(chan struct{})}
+	l.active.Add(1) // until end
 	go a.renew(ctx)
 	return a
 }
@@ -91,7 +93,10 @@ func (a *Attempt) renew(ctx context.Context) {
 
 // end stops the lease renewal and waits for it.
 func (a *Attempt) end() {
-	a.stopOnce.Do(func() { close(a.stop) })
+	a.stopOnce.Do(func() {
+		close(a.stop)
+		a.l.active.Add(-1)
+	})
 	<-a.done
 }
 
@@ -133,10 +138,13 @@ func (a *Attempt) Lost() bool {
 //	$12 tenant, $13 request (JSON, NULL for none)
 //
 // Returns the row's attempt and ambiguous counts when this call recorded the response;
-// no row when a response was already recorded (or the hash differs).
+// no row when a response was already recorded (or the hash differs). %s is where
+// followerWrite goes in the answer that DeferFlush lets commit without waiting for the
+// WAL flush.
 const succeedSQL = `
 INSERT INTO llm_calls AS c (idem_key, work, state, request_hash, provider, model, response, response_raw, response_meta, attempt, expires_at, tenant, request)
-VALUES ($1, $2, 'succeeded', $3, $4, $5, $6, $7, $8, $9, coalesce($10::timestamptz, now()) + $11::bigint * interval '1 microsecond', $12, $13)
+SELECT $1, $2, 'succeeded', $3, $4, $5, $6, $7, $8, $9, coalesce($10::timestamptz, now()) + $11::bigint * interval '1 microsecond', $12, $13
+%s
 ON CONFLICT (idem_key) DO UPDATE SET
 	state = 'succeeded', response = EXCLUDED.response, response_raw = EXCLUDED.response_raw,
 	response_meta = EXCLUDED.response_meta, owner = NULL, lease_until = NULL, partial = NULL,
@@ -181,13 +189,33 @@ func (a *Attempt) succeed(ctx context.Context, db DB, res Result) (*Record, bool
 		meta = string(res.Meta)
 	}
 	rec := &Record{Key: c.Key, Response: res.Response, Raw: res.Raw, Meta: res.Meta}
-	err := db.QueryRow(ctx, succeedSQL, c.Key, c.Work, c.RequestHash, c.Provider, c.Model, response, res.Raw, meta,
-		a.number, a.l.now(), micros(a.l.cfg.Retention), c.Tenant, c.Request).Scan(&rec.Attempt, &rec.Ambiguous)
+	args := []any{c.Key, c.Work, c.RequestHash, c.Provider, c.Model, response, res.Raw, meta,
+		a.number, a.l.now(), micros(a.l.cfg.Retention), c.Tenant, c.Request}
+	scan := func(row pgx.Row) error { return row.Scan(&rec.Attempt, &rec.Ambiguous) }
+	var err error
+	var again bool // written again alone after its group failed
+	switch g, d := a.l.answers, deferredFrom(ctx); {
+	case db != a.l.db: // the caller's transaction: its commit decides
+		err = scan(db.QueryRow(ctx, a.l.sql.succeed, args...))
+	case d != nil:
+		if a.l.relaxedAnswers != nil {
+			again, err = a.l.relaxedAnswers.write(ctx, c.Key, args, scan)
+		} else {
+			err = scan(db.QueryRow(ctx, a.l.sql.relaxedSucceed, args...))
+		}
+		if err == nil && a.l.sql.relaxedSucceed != a.l.sql.succeed {
+			d.add(c.Key)
+		}
+	case g != nil:
+		again, err = g.write(ctx, c.Key, args, scan)
+	default:
+		err = scan(db.QueryRow(ctx, a.l.sql.succeed, args...))
+	}
 	if err == nil {
 		a.l.metrics.attempt(c, resultSucceeded)
 		return rec, true, nil
 	}
-	if !errors.Is(err, pgx.ErrNoRows) {
+	if !isNoRows(err) {
 		return nil, false, dbError("record response of "+c.Key, err)
 	}
 	// Not recorded: another response was, or the key holds another request.
@@ -198,9 +226,31 @@ func (a *Attempt) succeed(ctx context.Context, db DB, res Result) (*Record, bool
 	if other == nil {
 		return nil, false, retry.Permanent(fmt.Errorf("%w: %s", ErrKeyReused, c.Key))
 	}
+	if again && other.Attempt == a.number && bytes.Equal(other.Raw, res.Raw) && sameJSON(other.Response, JSONBSafe(res.Response)) {
+		// This attempt's own answer, recorded by its group transaction, which committed
+		// as its connection dropped (or an identical one: the same either way).
+		a.l.metrics.attempt(c, resultSucceeded)
+		return other, true, nil
+	}
 	a.l.metrics.attempt(c, resultSuperseded)
 	return other, false, nil
 }
+
+// sameJSON reports whether a and b are the same JSON value (jsonb reorders keys and
+// drops whitespace); two empty documents are the same.
+func sameJSON(a, b []byte) bool {
+	if len(a) == 0 || len(b) == 0 {
+		return len(a) == len(b)
+	}
+	var va, vb any
+	if json.Unmarshal(a, &va) != nil || json.Unmarshal(b, &vb) != nil {
+		return false
+	}
+	return reflect.DeepEqual(va, vb)
+}
+
+// isNoRows reports whether err says a statement returned no row.
+func isNoRows(err error) bool { return errors.Is(err, pgx.ErrNoRows) }
 
 // JSONBSafe returns b, a JSON document, in a form PostgreSQL's jsonb accepts: jsonb has
 // no room for U+0000 (a "\u0000" escape is refused, SQLSTATE 22P05), which a model's

@@ -140,20 +140,33 @@ func (l *Ledger) Begin(ctx context.Context, c Call) (*Attempt, *Record, error) {
 	var state, hash *string
 	var attempt *int
 	var p peeked
-	qctx, cancel := context.WithTimeout(ctx, l.cfg.WriteTimeout)
-	err := l.db.QueryRow(qctx, sql, c.Key, c.Work, c.RequestHash, c.Provider, c.Model, owner,
-		l.now(), micros(l.cfg.Lease), micros(l.cfg.Retention), c.Tenant, c.Request).
-		Scan(&inserted, &state, &hash, &attempt, &p.owner, &p.leaseUntil)
-	cancel()
+	args := []any{c.Key, c.Work, c.RequestHash, c.Provider, c.Model, owner,
+		l.now(), micros(l.cfg.Lease), micros(l.cfg.Retention), c.Tenant, c.Request}
+	scan := func(row pgx.Row) error {
+		return row.Scan(&inserted, &state, &hash, &attempt, &p.owner, &p.leaseUntil)
+	}
+	l.active.Add(1) // a call in progress (start counts its attempt)
+	defer l.active.Add(-1)
+	var err error
+	if l.inserts != nil {
+		_, err = l.inserts.write(ctx, c.Key, args, scan)
+	} else {
+		qctx, cancel := context.WithTimeout(ctx, l.cfg.WriteTimeout)
+		err = scan(l.db.QueryRow(qctx, sql, args...))
+		cancel()
+	}
 	if err != nil {
 		return nil, nil, dbError("insert "+c.Key, err)
 	}
 	if state != nil && hash != nil && attempt != nil {
 		p.state, p.hash, p.attempt = *state, *hash, *attempt
 	}
-	if inserted {
+	if inserted || (p.owner != nil && *p.owner == owner && p.state == StateInFlight) {
+		// Inserted; or inserted by an earlier write of this very Begin whose outcome
+		// was lost (a group transaction that committed as its connection dropped,
+		// written again alone): the owner is this attempt's own random token.
 		l.metrics.begin(c, outcomeNew)
-		return l.start(ctx, c, owner, 1, 0, "", 0), nil, nil
+		return l.start(ctx, c, owner, max(p.attempt, 1), 0, "", 0), nil, nil
 	}
 
 	for polls := 0; ; polls++ {

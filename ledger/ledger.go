@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -124,6 +125,19 @@ type Config struct {
 	// (PostgreSQL's clock for rows, so processes with skewed clocks agree; the system
 	// clock for waiting).
 	Clock retry.Clock
+	// GroupLinger and GroupMax drive group commit: the in-flight rows and answers of
+	// concurrent calls in this process share one transaction, one round trip and one
+	// WAL flush when they arrive together, with the same guarantees per call (a call
+	// goes out only after its own row committed; a group that fails is written again
+	// call by call, so each call gets its own outcome). While a group is in flight the
+	// next one collects what arrives; the first write of a group also waits GroupLinger
+	// for others when other calls of the ledger are in progress (a call alone waits
+	// none). GroupLinger: 0 takes DefaultGroupLinger (100µs), at most MaxGroupLinger
+	// (5ms); negative turns group commit off (every write commits alone, as on a
+	// pgx.Tx or a DB that cannot send batches). GroupMax bounds the writes of one group
+	// (default 64). See docs/providers.md, "Group commit".
+	GroupLinger time.Duration
+	GroupMax    int
 	// Rand draws the jitter of waits. Default: math/rand/v2.
 	Rand retry.Rand
 	// Models are the model names expected in Call.Model, initialised as metric labels.
@@ -145,6 +159,12 @@ type Ledger struct {
 	cfg     Config
 	log     *slog.Logger
 	metrics *ledgerMetrics
+	// active counts the calls between Begin and the end of their attempt: a group's
+	// first write lingers only when others may join it.
+	active atomic.Int64
+	// inserts, answers and relaxedAnswers group the writes of Begin and Succeed (nil:
+	// group commit off).
+	inserts, answers, relaxedAnswers *group
 }
 
 // New returns a Ledger over db, a PostgreSQL database migrated by onceflow (the
@@ -155,9 +175,14 @@ func New(db DB, cfg Config) (*Ledger, error) {
 		return nil, errors.New("ledger: DB is required")
 	}
 	if cfg.Lease < 0 || cfg.Retention < 0 || cfg.WriteTimeout < 0 || cfg.StreamFlushBytes < 0 ||
-		cfg.StreamFlushInterval < 0 || cfg.PurgeInterval < 0 || cfg.PurgeBatch < 0 {
+		cfg.StreamFlushInterval < 0 || cfg.PurgeInterval < 0 || cfg.PurgeBatch < 0 || cfg.GroupMax < 0 {
 		return nil, errors.New("ledger: negative setting")
 	}
+	if cfg.GroupLinger > MaxGroupLinger {
+		return nil, fmt.Errorf("ledger: GroupLinger %s is more than %s", cfg.GroupLinger, MaxGroupLinger)
+	}
+	cfg.GroupLinger = cmp.Or(cfg.GroupLinger, DefaultGroupLinger)
+	cfg.GroupMax = cmp.Or(cfg.GroupMax, DefaultGroupMax)
 	cfg.Lease = cmp.Or(cfg.Lease, DefaultLease)
 	cfg.Retention = cmp.Or(cfg.Retention, DefaultRetention)
 	cfg.Wait = cmp.Or(cfg.Wait, DefaultWait)
@@ -173,12 +198,19 @@ func New(db DB, cfg Config) (*Ledger, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Ledger{db: db, sql: statementsFor(db, cfg), cfg: cfg, log: cfg.Logger, metrics: newMetrics(cfg.Registerer, cfg.Models)}, nil
+	l := &Ledger{db: db, sql: statementsFor(db, cfg), cfg: cfg, log: cfg.Logger, metrics: newMetrics(cfg.Registerer, cfg.Models)}
+	l.inserts = l.newGroup(l.sql.insert, 1)
+	l.answers = l.newGroup(l.sql.succeed, 0)
+	l.relaxedAnswers = l.newGroup(l.sql.relaxedSucceed, 0)
+	return l, nil
 }
 
 // statements are the ledger's SQL whose text depends on its configuration, built once.
 type statements struct {
 	insert, announce, appendPartial string
+	// succeed records an answer durably; relaxedSucceed without waiting for the WAL
+	// flush (DeferFlush), the same as succeed on a pgx.Tx.
+	succeed, relaxedSucceed string
 }
 
 // statementsFor splices the relaxed commits into the statements that may have them
@@ -194,9 +226,11 @@ func statementsFor(db DB, cfg Config) statements {
 		follower = ""
 	}
 	return statements{
-		insert:        fmt.Sprintf(insertSQL, insert),
-		announce:      fmt.Sprintf(announceSQL, follower),
-		appendPartial: fmt.Sprintf(appendPartialSQL, follower),
+		insert:         fmt.Sprintf(insertSQL, insert),
+		announce:       fmt.Sprintf(announceSQL, follower),
+		appendPartial:  fmt.Sprintf(appendPartialSQL, follower),
+		succeed:        fmt.Sprintf(succeedSQL, ""),
+		relaxedSucceed: fmt.Sprintf(succeedSQL, follower),
 	}
 }
 

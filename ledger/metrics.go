@@ -38,9 +38,12 @@ const maxModels = 32
 //	onceflow_llm_ledger_partial_flushes_total              batched writes of streamed output
 //	onceflow_llm_ledger_purged_total                       expired rows deleted
 //	onceflow_llm_tool_call_ids_total{provider, stability}  tool calls keyed, by what their ids proved
+//	onceflow_llm_ledger_group_writes                       writes per group transaction (group commit)
+//	onceflow_llm_ledger_group_failures_total               group transactions that failed and were written call by call
 type ledgerMetrics struct {
-	begins, attempts, ambiguous, toolIDs *prometheus.CounterVec
-	partialFlushes, purged               prometheus.Counter
+	begins, attempts, ambiguous, toolIDs  *prometheus.CounterVec
+	partialFlushes, purged, groupFailures prometheus.Counter
+	groupWrites                           prometheus.Histogram
 
 	mu     sync.Mutex
 	models map[string]bool
@@ -71,6 +74,15 @@ func newMetrics(reg prometheus.Registerer, models []string) *ledgerMetrics {
 		purged: metrics.Register(reg, prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: metrics.Namespace, Subsystem: "llm_ledger", Name: "purged_total",
 			Help: "Expired ledger rows (calls and tool calls) deleted.",
+		})),
+		groupWrites: metrics.Register(reg, prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: metrics.Namespace, Subsystem: "llm_ledger", Name: "group_writes",
+			Help:    "Writes (in-flight rows, answers) per group transaction of the ledger: concurrent calls' writes sharing one commit.",
+			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128},
+		})),
+		groupFailures: metrics.Register(reg, prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: metrics.Namespace, Subsystem: "llm_ledger", Name: "group_failures_total",
+			Help: "Group transactions of the ledger that failed as a whole and were written again call by call.",
 		})),
 		models: map[string]bool{},
 	}
@@ -126,4 +138,12 @@ func (m *ledgerMetrics) attempt(c Call, result string) {
 
 func (m *ledgerMetrics) ambiguousFailure(c Call) {
 	m.ambiguous.WithLabelValues(c.Provider, m.model(c.Model)).Inc()
+}
+
+// groupCommit counts a group transaction of n writes, and whether it failed as a whole.
+func (m *ledgerMetrics) groupCommit(n int, ok bool) {
+	m.groupWrites.Observe(float64(n))
+	if !ok {
+		m.groupFailures.Inc()
+	}
 }

@@ -199,6 +199,9 @@ type handlerConfig struct {
 	Registerer prometheus.Registerer
 	// NoLimits turns the model's limiter off (Config.NoLimits).
 	NoLimits bool
+	// DurableAnswers records each model answer with a durable commit of its own
+	// (Config.DurableAnswers).
+	DurableAnswers bool
 }
 
 // testHandler runs summary jobs through an onceflow.Client with the summaries workflow
@@ -240,7 +243,7 @@ func newHandler(t testing.TB, pool *pgxpool.Pool, client llm.Client, cfg handler
 				*p = outcome
 			}
 		}}
-	cc := onceflow.Config{Redis: rdb, DB: pool, Logger: cfg.Logger, Registerer: cfg.Registerer, NoLimits: cfg.NoLimits}
+	cc := onceflow.Config{Redis: rdb, DB: pool, Logger: cfg.Logger, Registerer: cfg.Registerer, NoLimits: cfg.NoLimits, DurableAnswers: cfg.DurableAnswers}
 	if cfg.Ledger != nil {
 		cc.Model, cc.Provider, cc.ModelRetry, cc.Ledger = client, cfg.Provider, cfg.Retry, cfg.LedgerConfig
 		cc.Ledger.Logger = cfg.Logger

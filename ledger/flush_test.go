@@ -1,0 +1,123 @@
+package ledger_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/ledger"
+	"github.com/onceflow/onceflow/llm"
+	"github.com/onceflow/onceflow/retry/retrytest"
+)
+
+// TestDeferredAnswerIsDurableOnceALaterCommitFlushedIt crashes PostgreSQL (kill -9,
+// wal_writer_delay 10s so that nothing but a commit flushes the WAL) after three
+// answers recorded under DeferFlush: one followed by a durable commit of another row
+// (the job's Commit), one by Flush, one by nothing. The first two survive; the third
+// is lost, and its row is back in_flight as the durable Begin left it: the next
+// attempt takes it over after the lease, counted as ambiguous.
+func TestDeferredAnswerIsDurableOnceALaterCommitFlushedIt(t *testing.T) {
+	t.Parallel()
+	pg, open := crashablePostgres(t, "")
+	ctx := ctxT(t)
+	pool := open()
+	if _, err := pool.Exec(ctx, `CREATE TABLE effects (job text PRIMARY KEY)`); err != nil {
+		t.Fatal(err)
+	}
+	clock := retrytest.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	cfg := ledger.Config{Lease: time.Minute, Wait: -1, Clock: clock, Logger: testenv.Logger(t)}
+	l, err := ledger.New(pool, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	answer := func(name string) (ledger.Call, *ledger.Deferred) {
+		c := callOf(name+"/summarise", request("job "+name))
+		att, _, err := l.Begin(ctx, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var d ledger.Deferred
+		if _, ours, err := att.Succeed(ledger.DeferFlush(ctx, &d), ledger.ResultOf(&llm.Response{Content: "answer " + name})); err != nil || !ours {
+			t.Fatalf("answer %s: %v %v", name, ours, err)
+		}
+		if !d.Pending() {
+			t.Fatalf("answer %s recorded under DeferFlush is not pending", name)
+		}
+		return c, &d
+	}
+	committed, _ := answer("committed")
+	if _, err := pool.Exec(ctx, `INSERT INTO effects VALUES ('committed')`); err != nil { // the job's Commit
+		t.Fatal(err)
+	}
+	flushed, d := answer("flushed")
+	if err := l.Flush(ctx, d); err != nil || d.Pending() {
+		t.Fatalf("Flush: %v, pending after it: %v", err, d.Pending())
+	}
+	lost, _ := answer("lost")
+
+	pg.Kill()
+	pg.Start()
+	pool = open()
+	if l, err = ledger.New(pool, cfg); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []ledger.Call{committed, flushed} {
+		if r := mustGet(t, l, c.Key); r.State != ledger.StateSucceeded {
+			t.Errorf("%s after the crash: %s, want succeeded (flushed by a later durable commit)", c.Work, r.State)
+		}
+	}
+	r := mustGet(t, l, lost.Key)
+	if r.State != ledger.StateInFlight || r.Owner == "" {
+		t.Fatalf("%s after the crash: %s owned by %q; want the durable in-flight row (with wal_writer_delay 10s the unflushed answer is lost)", lost.Work, r.State, r.Owner)
+	}
+	if _, _, err := l.Begin(ctx, lost); !errors.Is(err, ledger.ErrInFlight) {
+		t.Fatalf("Begin of the lost answer's call within the lease: %v, want ErrInFlight", err)
+	}
+	clock.Advance(2 * time.Minute)
+	att, rec, err := l.Begin(ctx, lost)
+	if err != nil || rec != nil || att == nil || att.Number() != 2 || att.Ambiguous() != 1 {
+		t.Fatalf("Begin after the lease: attempt %v, record %v, %v; want attempt 2 taking over, 1 ambiguous", att, rec, err)
+	}
+}
+
+func TestFlushWithoutPendingAnswersWritesNothing(t *testing.T) {
+	t.Parallel()
+	l, _, w := countedLedger(t, ledger.Config{})
+	var d ledger.Deferred
+	if err := l.Flush(ctxT(t), &d); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Flush(ctxT(t), nil); err != nil {
+		t.Fatal(err)
+	}
+	if w.alone.Load()+w.batches.Load() != 0 {
+		t.Fatal("Flush with nothing pending wrote")
+	}
+}
+
+func TestAnswerOnATransactionIgnoresDeferFlush(t *testing.T) {
+	t.Parallel()
+	l, pool := newLedger(t, ledger.Config{})
+	ctx := ctxT(t)
+	att, _, err := l.Begin(ctx, callOf("job-1/s", request("x")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	var d ledger.Deferred
+	if _, _, err := att.SucceedTx(ledger.DeferFlush(ctx, &d), tx, ledger.ResultOf(&llm.Response{Content: "a"})); err != nil {
+		t.Fatal(err)
+	}
+	var setting string
+	if err := tx.QueryRow(ctx, `SHOW synchronous_commit`).Scan(&setting); err != nil || setting != "on" {
+		t.Fatalf("synchronous_commit in the caller's transaction after SucceedTx: %q %v, want on", setting, err)
+	}
+	if d.Pending() {
+		t.Fatal("an answer in the caller's transaction was counted as deferred")
+	}
+}
