@@ -18,7 +18,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/internal/connect"
 	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/internal/testenv/roundtrip"
 	"github.com/onceflow/onceflow/ledger"
 	"github.com/onceflow/onceflow/limiter"
 	"github.com/onceflow/onceflow/llm"
@@ -74,6 +76,10 @@ func newModelEnv(t *testing.T, fcfg fakeserver.Config, cfg onceflow.Config, work
 		e.runs.add(run{delivery: j.Delivery, err: err, at: time.Now()})
 		return err
 	}))
+	if cfg.DB != nil { // the test's own pool on the same schema (a traced one)
+		pool = cfg.DB
+		e.pool = pool
+	}
 	cfg.Redis, cfg.DB, cfg.Prefix, cfg.Workers, cfg.Logger = rdb, pool, prefix, ws, testenv.Logger(t)
 	if cfg.Model == nil {
 		cfg.Model = openai.New(openai.Config{BaseURL: srv.URL + "/v1", APIKey: "test-key"})
@@ -163,6 +169,85 @@ func (s *steps) all() []*onceflow.Step {
 }
 
 var errCrash = errors.New("the worker died after the step, before finishing the job")
+
+// commitCountedPool returns a pool on a test schema whose commits c counts.
+func commitCountedPool(t *testing.T, c *roundtrip.Commits) *pgxpool.Pool {
+	t.Helper()
+	_, dsn := testenv.Postgres(t)
+	pool, err := connect.Postgres(context.Background(), dsn, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// jobWrites selects the statements of a job's model step and Commit: the ledger's
+// writes of its call (not the purge's deletes) and the completion record.
+func jobWrites(sql string) bool {
+	return strings.Contains(sql, "job_completions") || strings.Contains(sql, "llm_calls") && !strings.Contains(sql, "DELETE")
+}
+
+// commitsOfAStep runs one job whose worker makes a model step and commits, and returns
+// the durable and relaxed commits of the step and the Commit, counted in the worker.
+func commitsOfAStep(t *testing.T, cfg onceflow.Config, commit bool) (durable, relaxed int64) {
+	t.Helper()
+	pg := &roundtrip.Commits{Only: jobWrites}
+	cfg.DB = commitCountedPool(t, pg)
+	var counted atomic.Bool
+	e := newModelEnv(t, fakeserver.Config{}, cfg, func(ctx context.Context, j *onceflow.Job[supportArgs]) error {
+		pg.Reset()
+		st, err := j.Complete(ctx, "summarise", prompt(j.Args.Text))
+		if err != nil || !commit {
+			return err
+		}
+		err = j.Commit(ctx, func(c *onceflow.Commit) error { c.Result(st.Response.Content); return nil })
+		durable, relaxed = pg.Durable(), pg.Relaxed()
+		counted.Store(true)
+		return err
+	})
+	e.start()
+	e.enqueue("My invoice was charged twice.")
+	if runs := e.waitRuns(1); runs[0].err != nil {
+		t.Fatal(runs[0].err)
+	}
+	if !commit { // the delivery's end flushes: wait for it to be acknowledged
+		testenv.WaitFor(t, 10*time.Second, "the delivery's end", func() bool { return pg.Durable() >= 2 })
+		durable, relaxed = pg.Durable(), pg.Relaxed()
+	} else if !counted.Load() {
+		t.Fatal("the worker did not count")
+	}
+	return durable, relaxed
+}
+
+// A job whose model step is followed by its Commit costs two durable commits: the
+// call's in-flight row, and the Commit, whose flush makes the answer durable with it.
+func TestModelStepThenCommitCostsTwoDurableCommits(t *testing.T) {
+	t.Parallel()
+	durable, relaxed := commitsOfAStep(t, onceflow.Config{}, true)
+	if durable != 2 || relaxed != 1 {
+		t.Fatalf("a model step and the Commit: %d durable commits and %d without a flush; want 2 (the in-flight row, the Commit) and 1 (the answer)", durable, relaxed)
+	}
+}
+
+// With Config.DurableAnswers the answer commits durably on its own: three commits.
+func TestDurableAnswersCommitTheAnswerOnItsOwn(t *testing.T) {
+	t.Parallel()
+	durable, relaxed := commitsOfAStep(t, onceflow.Config{DurableAnswers: true}, true)
+	if durable != 3 || relaxed != 0 {
+		t.Fatalf("DurableAnswers: %d durable commits and %d without a flush; want 3 and 0", durable, relaxed)
+	}
+}
+
+// A delivery that records an answer and ends without a Commit makes it durable with one
+// write before the queue hears how it ended.
+func TestDeliveryWithoutCommitFlushesItsAnswer(t *testing.T) {
+	t.Parallel()
+	durable, relaxed := commitsOfAStep(t, onceflow.Config{}, false)
+	if durable != 2 || relaxed != 1 {
+		t.Fatalf("a model step without a Commit: %d durable commits and %d without a flush; want 2 (the in-flight row, the flush) and 1 (the answer)", durable, relaxed)
+	}
+}
 
 // A redelivered job whose step answer was recorded gets the same answer without a
 // second model call.

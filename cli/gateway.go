@@ -54,7 +54,7 @@ func runGateway(ctx context.Context, e *env, args []string) error {
 		Upstream: upstream,
 		DB:       d.pool,
 		Ledger: ledger.Config{Lease: cfg.LedgerLease, Retention: cfg.LedgerRetention, RelaxedInsert: cfg.LedgerRelaxedInsert,
-			Models: []string{cfg.LLMModel}},
+			GroupLinger: cfg.LedgerGroupLinger, Models: []string{cfg.LLMModel}},
 		Timeout:           cfg.GatewayTimeout,
 		JoinTimeout:       cfg.GatewayJoinTimeout,
 		DeriveKeys:        derive,

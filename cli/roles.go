@@ -166,9 +166,10 @@ func (d *deps) clientConfig(app App, withModel bool) (onceflow.Config, error) {
 	cfg.ModelRetry = retry.Policy{MaxAttempts: d.cfg.LLMMaxAttempts, PerCallTimeout: d.cfg.LLMTimeout}
 	cfg.Ledger = ledger.Config{
 		Lease: d.cfg.LedgerLease, Retention: d.cfg.LedgerRetention, RelaxedInsert: d.cfg.LedgerRelaxedInsert,
-		KeepRequests: d.cfg.LedgerKeepRequests,
-		Models:       []string{d.cfg.LLMModel},
+		KeepRequests: d.cfg.LedgerKeepRequests, GroupLinger: d.cfg.LedgerGroupLinger,
+		Models: []string{d.cfg.LLMModel},
 	}
+	cfg.DurableAnswers = d.cfg.LedgerDurableAnswers
 	return cfg, nil
 }
 

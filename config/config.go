@@ -28,6 +28,7 @@ import (
 	"golang.org/x/net/http/httpguts"
 
 	"github.com/onceflow/onceflow"
+	"github.com/onceflow/onceflow/ledger"
 	"github.com/onceflow/onceflow/limiter"
 	"github.com/onceflow/onceflow/queue"
 )
@@ -208,6 +209,15 @@ type Config struct {
 	// LedgerKeepRequests has the ledger store each model call's request, the inputs
 	// `onceflow eval` replays. Default: false.
 	LedgerKeepRequests bool
+	// LedgerGroupLinger is how long the first ledger write of a group transaction waits
+	// for concurrent calls' writes to join it when other calls are in progress
+	// (ledger.Config.GroupLinger), at most 5ms; negative (the value "off") turns group
+	// commit off. Default: 100µs.
+	LedgerGroupLinger time.Duration
+	// LedgerDurableAnswers commits each model step's answer durably on its own instead
+	// of letting the job's Commit flush it (onceflow.Config.DurableAnswers). Default:
+	// false.
+	LedgerDurableAnswers bool
 	// RelayInterval is the relay's poll interval when idle. Default: 250ms.
 	RelayInterval time.Duration
 	// RelayLease is how long a claimed outbox batch stays claimed. Default: 30s.
@@ -532,6 +542,22 @@ var settings = []setting{
 	{env: "ONCEFLOW_LEDGER_KEEP_REQUESTS", def: "false", usage: "store each model call's request in the ledger: the inputs onceflow eval replays", parse: func(c *Config, v string) error {
 		return parseBool(&c.LedgerKeepRequests, v)
 	}},
+	{env: "ONCEFLOW_LEDGER_GROUP_LINGER", def: "100us", usage: "how long a ledger write waits for concurrent calls' writes to share its commit (at most 5ms; off: each commits alone)", parse: func(c *Config, v string) error {
+		if v == "off" {
+			c.LedgerGroupLinger = -1
+			return nil
+		}
+		if err := parseDuration(&c.LedgerGroupLinger, v); err != nil {
+			return fmt.Errorf("%w (or off)", err)
+		}
+		if c.LedgerGroupLinger > ledger.MaxGroupLinger {
+			return fmt.Errorf("must be at most %s (or off)", ledger.MaxGroupLinger)
+		}
+		return nil
+	}},
+	{env: "ONCEFLOW_LEDGER_DURABLE_ANSWERS", def: "false", usage: "commit each model step's answer durably on its own, not with the job's commit", parse: func(c *Config, v string) error {
+		return parseBool(&c.LedgerDurableAnswers, v)
+	}},
 	{env: "ONCEFLOW_RELAY_INTERVAL", def: "250ms", usage: "relay poll interval when idle", parse: func(c *Config, v string) error {
 		return parseDuration(&c.RelayInterval, v)
 	}},
@@ -669,7 +695,8 @@ var groups = []struct {
 	{GroupLimits, []string{"ONCEFLOW_LLM_ADMISSION", "ONCEFLOW_LLM_RPM", "ONCEFLOW_LLM_TPM", "ONCEFLOW_LLM_CONCURRENCY",
 		"ONCEFLOW_LLM_LIMITS", "ONCEFLOW_LLM_PRICES", "ONCEFLOW_LLM_ADMISSION_WAIT", "ONCEFLOW_TENANT_CONCURRENCY",
 		"ONCEFLOW_TENANT_TOKEN_BUDGET"}},
-	{GroupLedger, []string{"ONCEFLOW_LEDGER_LEASE", "ONCEFLOW_LEDGER_RETENTION", "ONCEFLOW_LEDGER_RELAXED_INSERT", "ONCEFLOW_LEDGER_KEEP_REQUESTS"}},
+	{GroupLedger, []string{"ONCEFLOW_LEDGER_LEASE", "ONCEFLOW_LEDGER_RETENTION", "ONCEFLOW_LEDGER_RELAXED_INSERT", "ONCEFLOW_LEDGER_KEEP_REQUESTS",
+		"ONCEFLOW_LEDGER_GROUP_LINGER", "ONCEFLOW_LEDGER_DURABLE_ANSWERS"}},
 	{GroupSender, []string{"ONCEFLOW_SENDER", "ONCEFLOW_WEBHOOK_URL", "ONCEFLOW_SMTP_URL", "ONCEFLOW_SMTP_FROM"}},
 	{GroupRelay, []string{"ONCEFLOW_RELAY_INTERVAL", "ONCEFLOW_RELAY_LEASE", "ONCEFLOW_RELAY_MAX_ATTEMPTS", "ONCEFLOW_RELAY_BATCH_SIZE",
 		"ONCEFLOW_RELAY_CONCURRENCY", "ONCEFLOW_OUTBOX_RETENTION"}},

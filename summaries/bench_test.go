@@ -94,43 +94,6 @@ type pipelineResult struct {
 	pgCommits, pgRelaxed, pgRoundTrips, redisAPI, redisWorker float64
 }
 
-// commitCounter is a pgx tracer that counts round trips (roundtrip.Counter) and
-// durable commits: every statement that is not a SELECT runs in its own autocommit
-// transaction (the pipeline opens no explicit ones) and writes WAL that the commit
-// flushes; an autocommit SELECT flushes nothing, and neither does a write that sets
-// synchronous_commit off for its own transaction (the ledger's answers that the job's
-// Commit flushes, its partial output), whose commit waits for no flush: relaxed counts
-// those.
-type commitCounter struct {
-	roundtrip.Counter
-	commits, relaxed atomic.Int64
-}
-
-func (c *commitCounter) TraceQueryStart(ctx context.Context, conn *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	c.count(d.SQL)
-	return c.Counter.TraceQueryStart(ctx, conn, d)
-}
-
-// TraceBatchStart counts a batch as one commit: sent outside a transaction (Job.Commit's
-// completion record, summary and outbox row; the ledger's group commits), pgx runs it
-// in one implicit transaction, relaxed when its statements set synchronous_commit off.
-func (c *commitCounter) TraceBatchStart(ctx context.Context, conn *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
-	if len(d.Batch.QueuedQueries) > 0 {
-		c.count(d.Batch.QueuedQueries[0].SQL)
-	}
-	return c.Counter.TraceBatchStart(ctx, conn, d)
-}
-
-func (c *commitCounter) count(sql string) {
-	switch {
-	case strings.HasPrefix(strings.ToUpper(strings.TrimSpace(sql)), "SELECT"):
-	case strings.Contains(sql, "set_config('synchronous_commit', 'off', true)"):
-		c.relaxed.Add(1)
-	default:
-		c.commits.Add(1)
-	}
-}
-
 // runPipeline runs jobs through the pipeline; ledger is "off" (no ledger),
 // "each-write-alone" (the ledger without group commit, answers durable on their own) or
 // "on" (the service's default).
@@ -140,7 +103,7 @@ func runPipeline(b *testing.B, jobs, clients, workers int, ledgerMode string, wi
 	quiet := slog.New(slog.DiscardHandler)
 	_, prefix := testenv.Redis(b)
 	_, dsn := testenv.Postgres(b)
-	var pg commitCounter
+	var pg roundtrip.Commits // durable commits, and those that set synchronous_commit off
 	pool, err := connect.Postgres(ctx, dsn, &pg)
 	if err != nil {
 		b.Fatal(err)
@@ -203,8 +166,6 @@ func runPipeline(b *testing.B, jobs, clients, workers int, ledgerMode string, wi
 	// only what the jobs cost.
 	time.Sleep(300 * time.Millisecond)
 	pg.Reset()
-	pg.commits.Store(0)
-	pg.relaxed.Store(0)
 	apiRT.Reset()
 	workerRT.Reset()
 
@@ -277,7 +238,7 @@ func runPipeline(b *testing.B, jobs, clients, workers int, ledgerMode string, wi
 	elapsed := ds[len(ds)-1].At.Sub(start)
 	b.StopTimer()
 	apiRedisRT, workerRedisRT := apiRT.Redis(), workerRT.Redis()
-	pgRT, pgCommits, pgRelaxed := pg.Postgres(), pg.commits.Load(), pg.relaxed.Load()
+	pgRT, pgCommits, pgRelaxed := pg.Postgres(), pg.Durable(), pg.Relaxed()
 	stopWorker()
 	stopRelay()
 	if err := <-relayDone; err != nil {
