@@ -53,10 +53,14 @@
 //
 // # Costs
 //
-// A new call costs two round trips and two commits: the in-flight insert and the
-// success. Config.RelaxedInsert commits the insert without waiting for the WAL flush
-// (synchronous_commit off for that statement alone): a PostgreSQL crash can then lose
-// the in-flight row, which is an accounting record (one ambiguous attempt not counted),
-// never an effect, because effects wait for the durable Succeed, whose WAL flush also
-// makes the earlier insert durable.
+// A new call alone costs two round trips and two commits: the in-flight insert and the
+// success. Calls that arrive together share them (group commit, Config.GroupLinger):
+// their inserts, and their answers, go to PostgreSQL as one transaction, one round trip
+// and one WAL flush, with the same guarantees per call. An answer recorded under
+// DeferFlush commits without waiting for its flush, for a caller whose durable commit
+// follows (onceflow's job runtime: the job's Commit). Config.RelaxedInsert commits the
+// insert without waiting for the WAL flush (synchronous_commit off for that statement
+// alone): a PostgreSQL crash can then lose the in-flight row, which is an accounting
+// record (one ambiguous attempt not counted), never an effect, because effects wait
+// for the durable Succeed, whose WAL flush also makes the earlier insert durable.
 package ledger

@@ -94,3 +94,38 @@ func ExampleAttempt_SucceedTx() {
 	fmt.Println(row.State, "in attempt", row.Attempt)
 	// Output: succeeded in attempt 1
 }
+
+// A caller whose own durable commit follows the answer lets the answer commit without
+// waiting for its flush: the later commit's flush makes it durable too. A caller that
+// does not commit after all calls Flush.
+func ExampleDeferFlush() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, exampleDSN)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	l, err := ledger.New(pool, ledger.Config{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	client := l.Wrap("fake", fake.New())
+	var answers ledger.Deferred
+	resp, err := client.Complete(ledger.DeferFlush(ctx, &answers), &llm.Request{
+		Model:          "gpt-4.1-mini",
+		Messages:       []llm.Message{{Role: llm.RoleUser, Content: "Summarise: the quarter went well."}},
+		IdempotencyKey: ledger.Work("job-43", "summarise"),
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("answered:", resp.Content != "", "waiting for a flush:", answers.Pending())
+	// The job's own commit would come here and then answers.Flushed(); without one:
+	if err := l.Flush(ctx, &answers); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("waiting for a flush:", answers.Pending())
+	// Output:
+	// answered: true waiting for a flush: true
+	// waiting for a flush: false
+}
