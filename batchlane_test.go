@@ -570,8 +570,10 @@ func TestBatchLaneKeepsAModelsEnqueuedTokensUnderItsLimit(t *testing.T) {
 		return env.Count(`SELECT count(*) FROM batch_items WHERE state = 'pending'`) == len(texts)-3
 	})
 	time.Sleep(300 * time.Millisecond) // six rounds of the submitter, none of which may send more
-	if batches, sub := api.counts(); batches != 1 || len(sub) != 3 {
-		t.Fatalf("%d batches with %d requests in flight, want 1 with 3 (%d tokens each, limit %d)", batches, len(sub), per, limit)
+	// How many batches carry the three depends on how many jobs one MaxAge gathered
+	// (the machine's load); what the limit decides is the requests in flight.
+	if batches, sub := api.counts(); len(sub) != 3 {
+		t.Fatalf("%d batches with %d requests in flight, want 3 (%d tokens each, limit %d)", batches, len(sub), per, limit)
 	}
 	api.mu.Lock()
 	api.hold = false
