@@ -3,10 +3,12 @@ package ledger_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -196,5 +198,139 @@ func TestGroupLingerIsBounded(t *testing.T) {
 	}
 	if _, err := ledger.New(pool, ledger.Config{GroupMax: -1}); err == nil {
 		t.Fatal("a negative GroupMax was accepted")
+	}
+}
+
+// holdRow gives key's row to a transaction that stays open until release: an attempt
+// recording its answer with SucceedTx inside the caller's transaction, whose commit
+// comes later (docs/providers.md, "Tool calls"). A write of that key waits for it.
+func holdRow(t *testing.T, l *ledger.Ledger, pool *pgxpool.Pool, c ledger.Call) (release func()) {
+	t.Helper()
+	ctx := ctxT(t)
+	att, _, err := l.Begin(ctx, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := att.SucceedTx(ctx, tx, ledger.ResultOf(&llm.Response{Content: "held"})); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	release = func() { once.Do(func() { _ = tx.Commit(context.Background()) }) }
+	t.Cleanup(release)
+	return release
+}
+
+// waitForLockWait waits until a statement of the test's PostgreSQL waits for a lock.
+func waitForLockWait(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	testenv.WaitFor(t, 10*time.Second, "a ledger write waiting for a row lock", func() bool {
+		var n int
+		err := pool.QueryRow(context.Background(),
+			`SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%INSERT INTO llm_calls%'`).Scan(&n)
+		return err == nil && n > 0
+	})
+}
+
+// A call's Begin does not wait for another call's row: a key whose row another
+// transaction holds (its caller's SucceedTx, not committed yet) delays the Begins of
+// that key only, as it did before group commit; the calls that arrive meanwhile are
+// written at once.
+func TestBeginDoesNotWaitForAnotherCallsRowLock(t *testing.T) {
+	t.Parallel()
+	l, pool := newLedger(t, ledger.Config{WriteTimeout: 5 * time.Second, Wait: -1})
+	ctx := ctxT(t)
+	held := callOf("job-held/s", request("x"))
+	release := holdRow(t, l, pool, held)
+	go func() { _, _, _ = l.Begin(ctx, held) }() // a redelivery of the held call
+	waitForLockWait(t, pool)
+
+	start := time.Now()
+	att, _, err := l.Begin(ctx, callOf("job-other/s", request("y")))
+	took := time.Since(start)
+	release()
+	if err != nil || att == nil {
+		t.Fatalf("Begin of another key while one key's row is held: %v", err)
+	}
+	if took > time.Second {
+		t.Fatalf("Begin of another key took %v while one key's row was held (WriteTimeout 5s): it waited for that key's write", took)
+	}
+}
+
+// One call whose row is held by another transaction fails (at worst) that call alone:
+// the calls grouped with it are written, each on its own, within their own bound, not
+// failed by the time their group spent waiting for the held row.
+func TestCallsGroupedWithAHeldRowAreWritten(t *testing.T) {
+	t.Parallel()
+	l, pool := newLedger(t, ledger.Config{WriteTimeout: time.Second, Wait: -1})
+	ctx := ctxT(t)
+	first, second := callOf("job-first/s", request("x")), callOf("job-second/s", request("x"))
+	releaseFirst := holdRow(t, l, pool, first)
+	releaseSecond := holdRow(t, l, pool, second)
+	defer releaseSecond()
+
+	// The redelivery of first holds the statement's group in flight; second's and the
+	// innocent calls queue behind it and go in the next group together.
+	go func() { _, _, _ = l.Begin(ctx, first) }()
+	waitForLockWait(t, pool)
+	go func() { _, _, _ = l.Begin(ctx, second) }()
+	const n = 8
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, _, errs[i] = l.Begin(ctx, callOf(fmt.Sprintf("job-innocent-%d/s", i), request("y")))
+		}()
+	}
+	time.Sleep(200 * time.Millisecond) // let them queue
+	releaseFirst()
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("Begin %d, grouped with a call whose row another transaction held: %v", i, err)
+		}
+	}
+}
+
+// Begin returns when its ctx ends (with ctx's error), however long the write it
+// waits for takes: its caller's deadline bounds it, as documented, not WriteTimeout.
+func TestBeginReturnsWhenItsContextEnds(t *testing.T) {
+	t.Parallel()
+	l, pool := newLedger(t, ledger.Config{WriteTimeout: 5 * time.Second, Wait: -1})
+	held := callOf("job-held/s", request("x"))
+	release := holdRow(t, l, pool, held)
+	defer release()
+
+	ctx, cancel := context.WithTimeout(ctxT(t), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, _, err := l.Begin(ctx, held)
+	if took := time.Since(start); took > 1500*time.Millisecond {
+		t.Fatalf("Begin under a 300ms deadline returned after %v (%v): it waited for WriteTimeout, not its ctx", took, err)
+	}
+	if err == nil {
+		t.Fatal("Begin whose deadline passed while its write waited: no error")
+	}
+}
+
+// A Begin whose ctx has already ended writes nothing and returns ctx's error: no
+// in-flight row for a caller that went away.
+func TestBeginUnderAnEndedContextWritesNothing(t *testing.T) {
+	t.Parallel()
+	l, _ := newLedger(t, ledger.Config{})
+	ctx, cancel := context.WithCancel(ctxT(t))
+	cancel()
+	c := callOf("job-gone/s", request("x"))
+	att, _, err := l.Begin(ctx, c)
+	if err == nil || att != nil {
+		t.Fatalf("Begin under a cancelled ctx: attempt %v, err %v; want ctx's error", att != nil, err)
+	}
+	if _, err := l.Get(ctxT(t), c.Key); !errors.Is(err, ledger.ErrNotFound) {
+		t.Fatalf("the row of a Begin under a cancelled ctx: %v, want none", err)
 	}
 }
