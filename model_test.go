@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
@@ -961,5 +962,61 @@ func TestModelCallsAreCountedOnTheRegisterer(t *testing.T) {
 	}
 	if got := value("onceflow_breaker_open", nil); got != 0 {
 		t.Errorf("onceflow_breaker_open = %v, want 0 (exported, closed)", got)
+	}
+}
+
+// A model step's answer that a Do step acts on is durable before the step's fn runs: a
+// crash of PostgreSQL after the effect (fn ran with the answer's content, downstream
+// under the job's key) cannot take the answer back, or the next delivery would ask the
+// model again and commit a different answer than the one the effect carried, under
+// the same key (Do's own record has no flush of its own).
+func TestAnswerADoStepActedOnSurvivesAPostgresCrash(t *testing.T) {
+	t.Parallel()
+	pg, url, pool := testenv.MigratedPrivatePostgres(t, "")
+	ctx := context.Background()
+	// Only a durable commit flushes the WAL within the test (as ledger's crashablePostgres).
+	for _, sql := range []string{`ALTER SYSTEM SET wal_writer_delay = '10s'`, `ALTER SYSTEM SET autovacuum = off`, `SELECT pg_reload_conf()`} {
+		if _, err := pool.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(200 * time.Millisecond)
+	type outcome struct {
+		state string
+		err   error
+	}
+	after := make(chan outcome, 1)
+	var once sync.Once
+	e := newModelEnv(t, fakeserver.Config{}, onceflow.Config{DB: pool}, func(ctx context.Context, j *onceflow.Job[supportArgs]) error {
+		st, err := j.Complete(ctx, "summarise", prompt(j.Args.Text))
+		if err != nil {
+			return err
+		}
+		_, err = onceflow.Do(ctx, j, "notify", func(ctx context.Context) (string, error) {
+			// The effect went out with st's content (under the key Job.ID + "notify").
+			once.Do(func() {
+				pg.Kill()
+				pg.Start()
+				var o outcome
+				conn, err := pgx.Connect(context.Background(), url)
+				if o.err = err; err == nil {
+					o.err = conn.QueryRow(context.Background(), `SELECT state FROM llm_calls WHERE idem_key = $1`, st.Key).Scan(&o.state)
+					_ = conn.Close(context.Background())
+				}
+				after <- o
+			})
+			return st.Response.Content, nil
+		})
+		return err
+	})
+	e.start()
+	e.enqueue("My invoice was charged twice.")
+	select {
+	case o := <-after:
+		if o.err != nil || o.state != ledger.StateSucceeded {
+			t.Fatalf("the answer a Do step acted on, after a crash of PostgreSQL: state %q (%v); want succeeded", o.state, o.err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("the Do step did not run")
 	}
 }
