@@ -3,8 +3,11 @@ package ledger_test
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -423,5 +426,169 @@ func TestBeginsFailWithinWriteTimeoutWhilePostgresHangs(t *testing.T) {
 		if err != nil {
 			t.Errorf("Begin %d after PostgreSQL answered again: %v", i, err)
 		}
+	}
+}
+
+// cutAfterCommit is a connection to PostgreSQL that, once armed, lets the next
+// pipeline of two or more statements (a group transaction) reach PostgreSQL whole and
+// then drops the connection before its answer is read: the group committed, and its
+// callers see a lost connection.
+type cutAfterCommit struct {
+	net.Conn
+	armed *atomic.Bool
+	buf   []byte
+	start bool // the startup message was passed
+	execs int
+	cut   bool
+}
+
+func (c *cutAfterCommit) Write(p []byte) (int, error) {
+	c.buf = append(c.buf, p...)
+	for {
+		if !c.start {
+			if len(c.buf) < 4 {
+				break
+			}
+			n := int(binary.BigEndian.Uint32(c.buf))
+			if len(c.buf) < n {
+				break
+			}
+			c.buf, c.start = c.buf[n:], true
+			continue
+		}
+		if len(c.buf) < 5 {
+			break
+		}
+		n := 1 + int(binary.BigEndian.Uint32(c.buf[1:]))
+		if len(c.buf) < n {
+			break
+		}
+		switch c.buf[0] {
+		case 'E':
+			c.execs++
+		case 'S':
+			if c.execs >= 2 && c.armed.CompareAndSwap(true, false) {
+				c.cut = true
+			}
+			c.execs = 0
+		}
+		c.buf = c.buf[n:]
+	}
+	return c.Conn.Write(p)
+}
+
+func (c *cutAfterCommit) Read(p []byte) (int, error) {
+	if c.cut {
+		time.Sleep(300 * time.Millisecond) // PostgreSQL runs the group and commits it
+		c.Conn.Close()
+		return 0, io.ErrUnexpectedEOF
+	}
+	return c.Conn.Read(p)
+}
+
+// A group transaction that committed as its connection dropped leaves each call its own
+// outcome: every Begin of the group gets its attempt (found by its owner token), every
+// answer of the group is its own (ours), none waits for a lease or counts as ambiguous.
+func TestGroupCommittedAsItsConnectionDroppedGivesEachCallItsOwnRow(t *testing.T) {
+	t.Parallel()
+	_, dsn := testenv.Postgres(t)
+	pcfg, err := connect.PostgresConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var armed atomic.Bool
+	dialer := &net.Dialer{}
+	pcfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dialer.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &cutAfterCommit{Conn: c, armed: &armed}, nil
+	}
+	ctx := ctxT(t)
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	reg := prometheus.NewRegistry()
+	l, err := ledger.New(pool, ledger.Config{GroupLinger: ledger.MaxGroupLinger, Wait: -1, Registerer: reg, Logger: testenv.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A call in progress makes every group's first write wait for the others.
+	other, _, err := l.Begin(ctx, callOf("job-other/s", request("x")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Fail(ctx, nil, false)
+
+	const n = 8
+	atts := make([]*ledger.Attempt, n)
+	errs := make([]error, n)
+	armed.Store(true)
+	together(n, func(i int) {
+		atts[i], _, errs[i] = l.Begin(ctx, callOf(fmt.Sprintf("job-%d/s", i), request("x")))
+	})
+	if armed.Load() {
+		t.Fatal("no group transaction was cut: the test proves nothing")
+	}
+	for i := range n {
+		if errs[i] != nil || atts[i] == nil {
+			t.Fatalf("Begin %d, whose group committed as its connection dropped: %v", i, errs[i])
+		}
+		if atts[i].Number() != 1 || atts[i].Ambiguous() != 0 {
+			t.Fatalf("Begin %d: attempt %d, %d ambiguous; want 1 and 0", i, atts[i].Number(), atts[i].Ambiguous())
+		}
+	}
+
+	armed.Store(true)
+	ours := make([]bool, n)
+	together(n, func(i int) {
+		_, ours[i], errs[i] = atts[i].Succeed(ctx, ledger.ResultOf(&llm.Response{Content: fmt.Sprintf("answer %d", i)}))
+	})
+	if armed.Load() {
+		t.Fatal("no answers' group transaction was cut: the test proves nothing")
+	}
+	for i := range n {
+		if errs[i] != nil || !ours[i] {
+			t.Fatalf("Succeed %d, whose group committed as its connection dropped: ours %v, %v; want its own answer", i, ours[i], errs[i])
+		}
+		if r := mustGet(t, l, atts[i].Key()); r.State != ledger.StateSucceeded {
+			t.Fatalf("row %d: %s", i, r.State)
+		}
+	}
+	if got := counterValue(t, reg, "onceflow_llm_ledger_group_failures_total", nil); got < 2 {
+		t.Fatalf("group failures counted: %v, want 2 (the groups cut)", got)
+	}
+}
+
+// onceflow_llm_ledger_group_writes counts every transaction of in-flight rows and
+// answers by its writes (docs/operations.md: "writes ... per group transaction"), one
+// of one write included: its mean is the sharing group commit achieves.
+func TestGroupWritesCountsAWriteAloneAsAGroupOfOne(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	l, _ := newLedger(t, ledger.Config{Registerer: reg})
+	ctx := ctxT(t)
+	att, _, err := l.Begin(ctx, callOf("job-alone/s", request("x")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := att.Succeed(ctx, ledger.ResultOf(&llm.Response{Content: "a"})); err != nil {
+		t.Fatal(err)
+	}
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var count uint64
+	for _, f := range families {
+		if f.GetName() == "onceflow_llm_ledger_group_writes" {
+			count = f.GetMetric()[0].GetHistogram().GetSampleCount()
+		}
+	}
+	if count != 2 {
+		t.Fatalf("onceflow_llm_ledger_group_writes observed %d transactions for a call alone (its in-flight row, its answer), want 2", count)
 	}
 }
