@@ -486,31 +486,39 @@ func (c *cutAfterCommit) Read(p []byte) (int, error) {
 	return c.Conn.Read(p)
 }
 
-// A group transaction that committed as its connection dropped leaves each call its own
-// outcome: every Begin of the group gets its attempt (found by its owner token), every
-// answer of the group is its own (ours), none waits for a lease or counts as ambiguous.
-func TestGroupCommittedAsItsConnectionDroppedGivesEachCallItsOwnRow(t *testing.T) {
-	t.Parallel()
+// cutPool returns a pool on a test schema whose connections are cutAfterCommit, and
+// the switch that arms them.
+func cutPool(t *testing.T) (*pgxpool.Pool, *atomic.Bool) {
+	t.Helper()
 	_, dsn := testenv.Postgres(t)
 	pcfg, err := connect.PostgresConfig(dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var armed atomic.Bool
+	armed := &atomic.Bool{}
 	dialer := &net.Dialer{}
 	pcfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
 		c, err := dialer.DialContext(ctx, network, addr)
 		if err != nil {
 			return nil, err
 		}
-		return &cutAfterCommit{Conn: c, armed: &armed}, nil
+		return &cutAfterCommit{Conn: c, armed: armed}, nil
 	}
-	ctx := ctxT(t)
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	pool, err := pgxpool.NewWithConfig(ctxT(t), pcfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
+	return pool, armed
+}
+
+// A group transaction that committed as its connection dropped leaves each call its own
+// outcome: every Begin of the group gets its attempt (found by its owner token), every
+// answer of the group is its own (ours), none waits for a lease or counts as ambiguous.
+func TestGroupCommittedAsItsConnectionDroppedGivesEachCallItsOwnRow(t *testing.T) {
+	t.Parallel()
+	ctx := ctxT(t)
+	pool, armed := cutPool(t)
 	reg := prometheus.NewRegistry()
 	l, err := ledger.New(pool, ledger.Config{GroupLinger: ledger.MaxGroupLinger, Wait: -1, Registerer: reg, Logger: testenv.Logger(t)})
 	if err != nil {
