@@ -2,6 +2,7 @@ package ledger_test
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -119,5 +120,49 @@ func TestAnswerOnATransactionIgnoresDeferFlush(t *testing.T) {
 	}
 	if d.Pending() {
 		t.Fatal("an answer in the caller's transaction was counted as deferred")
+	}
+}
+
+// An answer recorded under DeferFlush is pending until a durable commit flushed it,
+// also when its group transaction committed as its connection dropped and the answer
+// was found recorded afterwards (ours): Flush, or the caller's Commit, is what makes it
+// durable, and a delivery flushes only what is pending.
+func TestDeferredAnswerFoundAfterALostConnectionIsPending(t *testing.T) {
+	t.Parallel()
+	ctx := ctxT(t)
+	pool, armed := cutPool(t)
+	l, err := ledger.New(pool, ledger.Config{GroupLinger: ledger.MaxGroupLinger, Wait: -1, Logger: testenv.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, _, err := l.Begin(ctx, callOf("job-other/s", request("x"))) // makes groups wait for each other's writes
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Fail(ctx, nil, false)
+	const n = 8
+	atts := make([]*ledger.Attempt, n)
+	for i := range n {
+		if atts[i], _, err = l.Begin(ctx, callOf(fmt.Sprintf("job-%d/s", i), request("x"))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ds := make([]ledger.Deferred, n)
+	ours := make([]bool, n)
+	errs := make([]error, n)
+	armed.Store(true)
+	together(n, func(i int) {
+		_, ours[i], errs[i] = atts[i].Succeed(ledger.DeferFlush(ctx, &ds[i]), ledger.ResultOf(&llm.Response{Content: fmt.Sprintf("answer %d", i)}))
+	})
+	if armed.Load() {
+		t.Fatal("no group transaction was cut: the test proves nothing")
+	}
+	for i := range n {
+		if errs[i] != nil || !ours[i] {
+			t.Fatalf("answer %d: ours %v, %v", i, ours[i], errs[i])
+		}
+		if !ds[i].Pending() {
+			t.Errorf("answer %d, recorded without a flush by a group that committed as its connection dropped: not pending", i)
+		}
 	}
 }
