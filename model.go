@@ -461,12 +461,24 @@ func (rt *runtime) answerContext(ctx context.Context) context.Context {
 // within a fraction of a second anyway, and only a crash of PostgreSQL in that time
 // loses one (its call is then asked again, counted as ambiguous).
 func (rt *runtime) flushAnswers(ctx context.Context) {
-	if rt == nil || rt.client.model == nil || !rt.answers.Pending() {
-		return
-	}
-	if err := rt.client.model.ledger.Flush(ctx, &rt.answers); err != nil {
+	if err := rt.flushBeforeEffect(ctx); err != nil {
 		rt.client.log.WarnContext(ctx, "onceflow: could not flush the model answers of a delivery that did not commit", "job_id", rt.delivery.JobID, "err", err)
 	}
+}
+
+// flushBeforeEffect makes the delivery's pending answers durable before an effect that
+// may carry one of them leaves onceflow's transactions (Do's fn, Tool's fn): a crash of
+// PostgreSQL after the effect must not take the answer back, or the next delivery would
+// ask again and act on another answer under the same keys. One durable write when an
+// answer is pending, nothing otherwise. Its error is PostgreSQL's (PostgresError).
+func (rt *runtime) flushBeforeEffect(ctx context.Context) error {
+	if rt == nil || rt.client.model == nil || !rt.answers.Pending() {
+		return nil
+	}
+	if err := rt.client.model.ledger.Flush(ctx, &rt.answers); err != nil {
+		return PostgresError(fmt.Errorf("onceflow: make the job's model answers durable: %w", err))
+	}
+	return nil
 }
 
 // recordToolKeys records the tool calls of s's answer in the ledger and keeps their

@@ -272,6 +272,9 @@ func Do[R any, T JobArgs](ctx context.Context, job *Job[T], name string, fn func
 	if r, ok := js.lookup(name); ok && r.state == stepDone {
 		return decodeStep[R](name, r.result)
 	}
+	if err := job.run.flushBeforeEffect(ctx); err != nil {
+		return zero, err
+	}
 	out, err := fn(ctx)
 	if err != nil {
 		return zero, err

@@ -103,6 +103,9 @@ func (j *Job[T]) Tool(ctx context.Context, call ToolCall, fn ToolFunc) (string, 
 		}
 		return "", retry.Permanent(&InDoubtError{Tool: call.Name, Arguments: call.Arguments, Key: call.Key})
 	}
+	if err := j.run.flushBeforeEffect(ctx); err != nil {
+		return "", err
+	}
 	out, err := fn(ctx, call.Key)
 	if err != nil {
 		return "", err

@@ -199,7 +199,7 @@ func (a *Attempt) succeed(ctx context.Context, db DB, res Result) (*Record, bool
 		err = scan(db.QueryRow(ctx, a.l.sql.succeed, args...))
 	case d != nil:
 		if a.l.relaxedAnswers != nil {
-			again, err = a.l.relaxedAnswers.write(ctx, c.Key, args, scan)
+			again, err = a.l.relaxedAnswers.write(ctx, c.Key, args, scan, nil)
 		} else {
 			err = scan(db.QueryRow(ctx, a.l.sql.relaxedSucceed, args...))
 		}
@@ -207,7 +207,7 @@ func (a *Attempt) succeed(ctx context.Context, db DB, res Result) (*Record, bool
 			d.add(c.Key)
 		}
 	case g != nil:
-		again, err = g.write(ctx, c.Key, args, scan)
+		again, err = g.write(ctx, c.Key, args, scan, nil)
 	default:
 		err = scan(db.QueryRow(ctx, a.l.sql.succeed, args...))
 	}
@@ -229,6 +229,9 @@ func (a *Attempt) succeed(ctx context.Context, db DB, res Result) (*Record, bool
 	if again && other.Attempt == a.number && bytes.Equal(other.Raw, res.Raw) && sameJSON(other.Response, JSONBSafe(res.Response)) {
 		// This attempt's own answer, recorded by its group transaction, which committed
 		// as its connection dropped (or an identical one: the same either way).
+		if d := deferredFrom(ctx); d != nil && db == a.l.db && a.l.sql.relaxedSucceed != a.l.sql.succeed {
+			d.add(c.Key) // written relaxed, like any answer under DeferFlush
+		}
 		a.l.metrics.attempt(c, resultSucceeded)
 		return other, true, nil
 	}

@@ -145,17 +145,30 @@ func (l *Ledger) Begin(ctx context.Context, c Call) (*Attempt, *Record, error) {
 	scan := func(row pgx.Row) error {
 		return row.Scan(&inserted, &state, &hash, &attempt, &p.owner, &p.leaseUntil)
 	}
+	if err := ctx.Err(); err != nil { // the caller went away: write nothing
+		return nil, nil, err
+	}
 	l.active.Add(1) // a call in progress (start counts its attempt)
 	defer l.active.Add(-1)
+	qctx, cancel := context.WithTimeout(ctx, l.cfg.WriteTimeout)
 	var err error
 	if l.inserts != nil {
-		_, err = l.inserts.write(ctx, c.Key, args, scan)
+		// A write its caller abandoned (ctx ended while its group ran) that committed
+		// after all is released at once: no request went out.
+		undo := func() {
+			if inserted || (p.owner != nil && *p.owner == owner) {
+				l.release(c, owner)
+			}
+		}
+		_, err = l.inserts.write(qctx, c.Key, args, scan, undo)
 	} else {
-		qctx, cancel := context.WithTimeout(ctx, l.cfg.WriteTimeout)
 		err = scan(l.db.QueryRow(qctx, sql, args...))
-		cancel()
 	}
+	cancel()
 	if err != nil {
+		if cerr := ctx.Err(); cerr != nil && errors.Is(err, cerr) {
+			return nil, nil, err // the caller's own deadline or cancellation
+		}
 		return nil, nil, dbError("insert "+c.Key, err)
 	}
 	if state != nil && hash != nil && attempt != nil {
@@ -222,6 +235,17 @@ func (l *Ledger) Begin(ctx context.Context, c Call) (*Attempt, *Record, error) {
 		if err := l.peek(ctx, c.Key, &p); err != nil {
 			return nil, nil, err
 		}
+	}
+}
+
+// release ends the attempt owner began on c's row without making the request (its
+// caller went away before Begin returned): the row becomes failed, claimable at once,
+// and not counted as ambiguous.
+func (l *Ledger) release(c Call, owner string) {
+	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.WriteTimeout)
+	defer cancel()
+	if _, err := l.db.Exec(ctx, failClearSQL, c.Key, owner, "abandoned before the request was sent"); err != nil {
+		l.log.Warn("ledger: could not release a call whose caller went away; its lease will expire", "key", c.Key, "err", err)
 	}
 }
 

@@ -62,5 +62,6 @@
 // insert without waiting for the WAL flush (synchronous_commit off for that statement
 // alone): a PostgreSQL crash can then lose the in-flight row, which is an accounting
 // record (one ambiguous attempt not counted), never an effect, because effects wait
-// for the durable Succeed, whose WAL flush also makes the earlier insert durable.
+// for a durable commit after the answer (Succeed's own, or the caller's under
+// DeferFlush), whose WAL flush also makes the earlier insert durable.
 package ledger

@@ -3,6 +3,7 @@ package ledger
 import (
 	"context"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,11 +20,20 @@ const (
 	MaxGroupLinger = 5 * time.Millisecond
 	// DefaultGroupMax is the most writes one group transaction carries.
 	DefaultGroupMax = 64
-	// groupsInFlight is how many group transactions of one statement may be in flight
-	// at once: while one is, writes queue up and the next group takes them all. One
-	// gave the most jobs per second in BenchmarkPipeline (docs/BENCHMARKS.md): two or
-	// four split the same writes into more, smaller transactions.
-	groupsInFlight = 1
+	// groupStall is how long a group may be in flight before the writes queued behind
+	// it start a group of their own: while groups commit in time, one at a time takes
+	// every write that queued meanwhile (the fewest, largest transactions: two or four
+	// at a time gave fewer jobs per second in BenchmarkPipeline, docs/BENCHMARKS.md);
+	// one that waits (a row another transaction holds, a slow disk, a PostgreSQL that
+	// hangs) holds up the writes behind it no longer than this.
+	groupStall = 20 * time.Millisecond
+	// maxGroupsInFlight bounds the groups of one statement in flight at once.
+	maxGroupsInFlight = 8
+	// groupLockTimeout bounds how long a group transaction waits for a row lock
+	// (lock_timeout, for that transaction only): a row another transaction holds fails
+	// the group at once, and each of its writes is then made alone, so that only the
+	// write of that row waits for it.
+	groupLockTimeout = "50ms"
 )
 
 // batcher is what group commit needs from the database besides DB: *pgxpool.Pool and
@@ -32,6 +42,13 @@ const (
 type batcher interface {
 	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
+
+// States of a groupWrite's outcome (groupWrite.state).
+const (
+	writeWaiting   = iota // its caller waits for the outcome
+	writeDelivered        // the outcome was handed to its caller
+	writeAbandoned        // its caller went away (ctx ended) while its group ran
+)
 
 // groupWrite is one call's statement waiting for its group: its key orders the group
 // (so that concurrent groups lock rows in one order and cannot deadlock each other),
@@ -45,21 +62,38 @@ type groupWrite struct {
 	// have committed it before failing (a connection lost after the commit), so what
 	// the write finds may be its own earlier outcome.
 	alone bool
+	// state is writeWaiting until the outcome is delivered or the caller abandons the
+	// write; undo, when set, takes back a write that succeeded after its caller went.
+	state atomic.Int32
+	undo  func()
+}
+
+// deliver hands w its outcome, or undoes a successful write whose caller went away.
+func (w *groupWrite) deliver(err error) {
+	if w.state.CompareAndSwap(writeWaiting, writeDelivered) {
+		w.done <- err
+		return
+	}
+	if err == nil && w.undo != nil {
+		w.undo()
+	}
 }
 
 // group is the queue of one statement's writes (group commit): concurrent calls'
 // writes of that statement share one transaction, one round trip and one WAL flush.
 //
-// A write is queued; when fewer than groupsInFlight groups of the statement are in
-// flight, the writer leads a new group: it waits the linger when other calls of the
-// ledger are in progress (a call alone pays none), takes up to max queued writes,
-// sorts them by key and sends them as one pgx batch, which PostgreSQL runs as one
-// implicit transaction. When the group ends, queued writes start the next one. Each
-// write's outcome is its own row: a write that finds nothing (pgx.ErrNoRows) does not
-// fail the others. A group that fails as a whole (a statement's error aborts the
-// transaction; a lost connection) is written again call by call, each alone as
-// without group commit, so that one call's bad input or a deadlock fails that call
-// only, and every call gets its own error.
+// A write is queued; when no group of the statement is in flight (or the last one has
+// been in flight for groupStall), a runner starts: it waits the linger when other calls
+// of the ledger are in progress (a call alone pays none), takes up to max queued
+// writes, sorts them by key and sends them as one pgx batch, which PostgreSQL runs as
+// one implicit transaction, and goes on with what queued meanwhile until the queue is
+// empty. Each write's outcome is its own row: a write that finds nothing
+// (pgx.ErrNoRows) does not fail the others. A group that fails as a whole (a
+// statement's error aborts the transaction; a row lock it would wait for; a lost
+// connection) is written again call by call, each alone as without group commit, so
+// that one call's bad input or held row fails or delays that call only, and every call
+// gets its own outcome. A caller whose ctx ends stops waiting: its write is dropped
+// when still queued, and undone when its group commits it after all.
 type group struct {
 	l      *Ledger
 	db     batcher
@@ -73,7 +107,8 @@ type group struct {
 
 	mu      sync.Mutex
 	queue   []*groupWrite
-	running int
+	running int       // runners in flight
+	started time.Time // when the last group was taken
 	// lingered counts the lingers (for tests: a call alone must pay none).
 	lingered atomic.Int64
 }
@@ -90,133 +125,101 @@ func (l *Ledger) newGroup(sql string, self int64) *group {
 
 // write runs sql with args in a group transaction and scans its one row with scan, and
 // reports whether it ran again alone after its group failed (see groupWrite.alone). It
-// returns when the group committed (or failed), within Config.WriteTimeout of the group
-// starting: the group runs under its own context, since other calls depend on it, and
-// ctx bounds only how long this call waits to join one. A call whose ctx ends while its
-// group runs still gets the group's outcome, so that what committed is known.
-func (g *group) write(ctx context.Context, key string, args []any, scan func(pgx.Row) error) (again bool, err error) {
-	w := &groupWrite{key: key, args: args, scan: scan, done: make(chan error, 1)}
+// returns when the write committed or failed, or when ctx ends: then with ctx's error,
+// having written nothing when the write was still queued, and with undo (if not nil)
+// run on the write's success when its group had already taken it. A write under an
+// ended ctx is not made.
+func (g *group) write(ctx context.Context, key string, args []any, scan func(pgx.Row) error, undo func()) (again bool, err error) {
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	w := &groupWrite{key: key, args: args, scan: scan, done: make(chan error, 1), undo: undo}
 	g.mu.Lock()
 	g.queue = append(g.queue, w)
-	lead := g.running < groupsInFlight
-	if lead {
+	start := g.running == 0 || (g.running < maxGroupsInFlight && time.Since(g.started) >= groupStall)
+	if start {
 		g.running++
 	}
 	g.mu.Unlock()
-	if lead {
-		g.lead(ctx)
+	if start {
+		go g.run()
 	}
-	err = <-w.done
-	return w.alone, err
+	select {
+	case err := <-w.done:
+		return w.alone, err
+	case <-ctx.Done():
+	}
+	g.mu.Lock()
+	if i := slices.Index(g.queue, w); i >= 0 { // not taken: never written
+		g.queue = slices.Delete(g.queue, i, i+1)
+		g.mu.Unlock()
+		return false, ctx.Err()
+	}
+	g.mu.Unlock()
+	if !w.state.CompareAndSwap(writeWaiting, writeAbandoned) {
+		err := <-w.done // delivered meanwhile
+		return w.alone, err
+	}
+	return false, ctx.Err()
 }
 
-// lead runs groups until the queue is empty or another leader has it: the first with
-// the writes queued now, after the linger; then, from a goroutine of its own, one with
-// whatever queued meanwhile, so that the writer that led returns with its outcome.
-func (g *group) lead(ctx context.Context) {
+// run sends groups of the queued writes until the queue is empty.
+func (g *group) run() {
 	if g.linger > 0 && g.l.active.Load() > g.self {
-		g.wait(ctx)
+		g.lingered.Add(1)
+		time.Sleep(g.linger)
 	}
-	batch := g.take()
-	if batch == nil {
-		g.done()
-		return
-	}
-	g.run(batch)
-	if g.more() {
-		go g.follow()
-	}
-}
-
-// follow runs the groups of writes that queued while a group was in flight.
-func (g *group) follow() {
 	for {
 		batch := g.take()
 		if batch == nil {
-			g.done()
 			return
 		}
-		g.run(batch)
-		if !g.more() {
-			return
-		}
+		g.send(batch)
 	}
 }
 
-// wait sleeps the linger, cut short when ctx ends.
-func (g *group) wait(ctx context.Context) {
-	g.lingered.Add(1)
-	t := time.NewTimer(g.linger)
-	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-ctx.Done():
-	}
-}
-
-// take removes up to max writes from the queue; nil when it is empty.
+// take removes up to max writes from the queue; when it is empty, it ends the runner
+// (nil).
 func (g *group) take() []*groupWrite {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	n := min(len(g.queue), g.max)
 	if n == 0 {
+		g.running--
 		return nil
 	}
 	batch := slices.Clone(g.queue[:n])
 	g.queue = slices.Delete(g.queue, 0, n)
+	g.started = time.Now()
 	return batch
 }
 
-// more reports whether writes are queued, keeping this group's slot when they are and
-// giving it up when not.
-func (g *group) more() bool {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if len(g.queue) > 0 {
-		return true
-	}
-	g.running--
-	return false
-}
-
-// done gives up this group's slot.
-func (g *group) done() {
-	g.mu.Lock()
-	g.running--
-	g.mu.Unlock()
-}
-
-// run sends batch as one transaction and hands each write its outcome; when the
+// send writes batch as one transaction and hands each write its outcome; when the
 // transaction fails it writes them again one by one.
-func (g *group) run(batch []*groupWrite) {
-	slices.SortStableFunc(batch, func(a, b *groupWrite) int {
-		switch {
-		case a.key < b.key:
-			return -1
-		case a.key > b.key:
-			return 1
-		}
-		return 0
-	})
-	ctx, cancel := context.WithTimeout(context.Background(), g.l.cfg.WriteTimeout)
-	defer cancel()
+func (g *group) send(batch []*groupWrite) {
 	if len(batch) == 1 {
-		w := batch[0]
-		w.done <- w.scan(g.l.db.QueryRow(ctx, g.sql, w.args...))
+		g.l.metrics.groupCommit(1, true)
+		g.alone(batch[0])
 		return
 	}
+	slices.SortStableFunc(batch, func(a, b *groupWrite) int { return strings.Compare(a.key, b.key) })
+	ctx, cancel := context.WithTimeout(context.Background(), g.l.cfg.WriteTimeout)
+	defer cancel()
 	b := &pgx.Batch{}
+	b.Queue(`SELECT set_config('lock_timeout', '` + groupLockTimeout + `', true)`)
 	for _, w := range batch {
 		b.Queue(g.sql, w.args...)
 	}
 	br := g.db.SendBatch(ctx, b)
+	_, failed := br.Exec()
 	errs := make([]error, len(batch))
-	var failed error
 	for i, w := range batch {
+		if failed != nil {
+			break
+		}
 		errs[i] = w.scan(br.QueryRow())
 		if errs[i] != nil && !isNoRows(errs[i]) {
 			failed = errs[i]
-			break
 		}
 	}
 	if err := br.Close(); failed == nil {
@@ -225,16 +228,26 @@ func (g *group) run(batch []*groupWrite) {
 	g.l.metrics.groupCommit(len(batch), failed == nil)
 	if failed == nil {
 		for i, w := range batch {
-			w.done <- errs[i]
+			w.deliver(errs[i])
 		}
 		return
 	}
-	// The transaction did not commit (or may not have: a lost connection). Each write
-	// alone decides its own outcome; the statements are written to find what an
-	// earlier commit of theirs left (Begin's insert reads its own row, Succeed's upsert
-	// the recorded answer).
+	// The transaction did not commit (or may have, as its connection dropped). Each
+	// write alone decides its own outcome: the statements find what an earlier commit
+	// of theirs left (Begin's insert its own row, Succeed's upsert the recorded answer).
+	// Concurrently, each on a connection of its own, so that one that waits (its row
+	// held by another transaction) holds up no other.
+	var wg sync.WaitGroup
 	for _, w := range batch {
 		w.alone = true
-		w.done <- w.scan(g.l.db.QueryRow(ctx, g.sql, w.args...))
+		wg.Go(func() { g.alone(w) })
 	}
+	wg.Wait()
+}
+
+// alone writes w in a transaction of its own, within Config.WriteTimeout.
+func (g *group) alone(w *groupWrite) {
+	ctx, cancel := context.WithTimeout(context.Background(), g.l.cfg.WriteTimeout)
+	defer cancel()
+	w.deliver(w.scan(g.l.db.QueryRow(ctx, g.sql, w.args...)))
 }

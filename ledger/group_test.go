@@ -48,7 +48,13 @@ func (c *writeCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.T
 func (c *writeCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
 func (c *writeCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
-	if n := len(d.Batch.QueuedQueries); n > 0 && ledgerWrite(d.Batch.QueuedQueries[0].SQL) {
+	n := 0
+	for _, q := range d.Batch.QueuedQueries {
+		if ledgerWrite(q.SQL) {
+			n++
+		}
+	}
+	if n > 0 {
 		c.batches.Add(1)
 		c.batched.Add(int64(n))
 	}

@@ -12,15 +12,16 @@ import (
 // whose users open no explicit transactions: every statement that is not a SELECT, and
 // every batch (pgx runs a batch sent outside a transaction as one implicit
 // transaction), commits once. A commit is durable when it waits for its WAL flush, and
-// relaxed when its statement (a batch's: its first) sets synchronous_commit off for its
+// relaxed when its statement (a batch's: any) sets synchronous_commit off for its
 // own transaction (set_config('synchronous_commit', 'off', true), as the ledger's
 // answers that a job's Commit flushes and its streamed output do). An autocommit
 // SELECT writes nothing and flushes nothing. The zero value is ready; it is safe for
 // concurrent use.
 type Commits struct {
 	Counter
-	// Only, when set, restricts the commits counted to the statements (a batch: its
-	// first) it reports true for; round trips are all counted.
+	// Only, when set, restricts the commits counted to the statements it reports true
+	// for (a batch counts when one of its statements does); round trips are all
+	// counted.
 	Only func(sql string) bool
 
 	durable, relaxed atomic.Int64
@@ -52,8 +53,8 @@ func (c *Commits) TraceQueryStart(ctx context.Context, conn *pgx.Conn, d pgx.Tra
 
 // TraceBatchStart implements pgx.BatchTracer: one batch, one commit.
 func (c *Commits) TraceBatchStart(ctx context.Context, conn *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
-	if d.Batch != nil && len(d.Batch.QueuedQueries) > 0 {
-		c.count(d.Batch.QueuedQueries[0].SQL)
+	if d.Batch != nil {
+		c.countBatch(d.Batch.QueuedQueries)
 	}
 	return c.Counter.TraceBatchStart(ctx, conn, d)
 }
@@ -61,6 +62,30 @@ func (c *Commits) TraceBatchStart(ctx context.Context, conn *pgx.Conn, d pgx.Tra
 // RelaxedCommit is the SQL by which a statement's transaction commits without waiting
 // for its WAL flush.
 const RelaxedCommit = "set_config('synchronous_commit', 'off', true)"
+
+// countBatch counts a batch's one commit: relaxed when a statement sets
+// synchronous_commit off for the transaction, durable when a statement writes, none
+// when every statement is a SELECT.
+func (c *Commits) countBatch(qs []*pgx.QueuedQuery) {
+	kind := ""
+	for _, q := range qs {
+		if c.Only != nil && !c.Only(q.SQL) {
+			continue
+		}
+		switch {
+		case strings.Contains(q.SQL, RelaxedCommit):
+			kind = "relaxed"
+		case kind == "" && !strings.HasPrefix(strings.ToUpper(strings.TrimSpace(q.SQL)), "SELECT"):
+			kind = "durable"
+		}
+	}
+	switch kind {
+	case "relaxed":
+		c.relaxed.Add(1)
+	case "durable":
+		c.durable.Add(1)
+	}
+}
 
 func (c *Commits) count(sql string) {
 	switch {
