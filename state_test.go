@@ -1,18 +1,12 @@
 package onceflow_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
-	"strconv"
-	"strings"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -265,49 +259,6 @@ func TestJobStateOfADeliverySettledBetweenItsReadsIsNotDone(t *testing.T) {
 	}
 }
 
-// pausePostgres stops (SIGSTOP) the PostgreSQL server listening on port and its
-// backends, the way a hung host or a network partition without resets looks to a
-// client: connections stay open and nothing answers. It returns the resume func, also
-// run at cleanup.
-func pausePostgres(t *testing.T, port int) func() {
-	t.Helper()
-	want := []byte("\x00-p\x00" + strconv.Itoa(port) + "\x00")
-	var postmaster int
-	dirs, _ := filepath.Glob("/proc/[0-9]*")
-	for _, d := range dirs {
-		cmd, err := os.ReadFile(d + "/cmdline")
-		if err == nil && bytes.Contains(cmd, want) && strings.HasSuffix(string(bytes.SplitN(cmd, []byte{0}, 2)[0]), "postgres") {
-			postmaster, _ = strconv.Atoi(filepath.Base(d))
-		}
-	}
-	if postmaster == 0 {
-		t.Fatalf("no postgres on port %d", port)
-	}
-	pids := []int{postmaster}
-	for _, d := range dirs {
-		stat, err := os.ReadFile(d + "/stat")
-		if err != nil {
-			continue
-		}
-		// pid (comm) state ppid ...
-		f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
-		if len(f) > 1 && f[1] == strconv.Itoa(postmaster) {
-			pid, _ := strconv.Atoi(filepath.Base(d))
-			pids = append(pids, pid)
-		}
-	}
-	for _, pid := range pids {
-		_ = syscall.Kill(pid, syscall.SIGSTOP)
-	}
-	resume := func() {
-		for _, pid := range pids {
-			_ = syscall.Kill(pid, syscall.SIGCONT)
-		}
-	}
-	t.Cleanup(resume)
-	return resume
-}
-
 // StateHandler answers "503 with Retry-After when a store does not answer" within a
 // bound like Route's (RouteConfig.Timeout), even with PostgreSQL hung (paused, as a hung
 // host or a partition looks), on which pgx would wait for ever on an established
@@ -339,7 +290,7 @@ func TestStateHandlerAnswersWhilePostgresHangs(t *testing.T) {
 	if code, err := get(); err != nil || code != http.StatusNotFound {
 		t.Fatalf("before the hang: %d %v, want 404", code, err)
 	}
-	resume := pausePostgres(t, pg.Port())
+	resume := pg.Pause()
 	code, err := get()
 	resume()
 	if err != nil || code != http.StatusServiceUnavailable {

@@ -1,20 +1,15 @@
 package ledger_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"net"
-	"os"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -349,50 +344,6 @@ func TestBeginUnderAnEndedContextWritesNothing(t *testing.T) {
 	}
 }
 
-// pausePostgres stops (SIGSTOP) the private PostgreSQL on port, postmaster and
-// backends, as a hung host or a partition looks to a client: connections stay open and
-// nothing answers. It returns the resume func, also run at cleanup.
-func pausePostgres(t *testing.T, port int) (resume func()) {
-	t.Helper()
-	want := []byte("\x00-p\x00" + strconv.Itoa(port) + "\x00")
-	var postmaster int
-	dirs, _ := filepath.Glob("/proc/[0-9]*")
-	for _, d := range dirs {
-		cmd, err := os.ReadFile(d + "/cmdline")
-		if err == nil && bytes.Contains(cmd, want) && strings.HasSuffix(string(bytes.SplitN(cmd, []byte{0}, 2)[0]), "postgres") {
-			postmaster, _ = strconv.Atoi(filepath.Base(d))
-		}
-	}
-	if postmaster == 0 {
-		t.Fatalf("no postgres on port %d", port)
-	}
-	pids := []int{postmaster}
-	for _, d := range dirs {
-		stat, err := os.ReadFile(d + "/stat")
-		if err != nil {
-			continue
-		}
-		f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
-		if len(f) > 1 && f[1] == strconv.Itoa(postmaster) {
-			pid, _ := strconv.Atoi(filepath.Base(d))
-			pids = append(pids, pid)
-		}
-	}
-	for _, pid := range pids {
-		_ = syscall.Kill(pid, syscall.SIGSTOP)
-	}
-	var once sync.Once
-	resume = func() {
-		once.Do(func() {
-			for _, pid := range pids {
-				_ = syscall.Kill(pid, syscall.SIGCONT)
-			}
-		})
-	}
-	t.Cleanup(resume)
-	return resume
-}
-
 // While PostgreSQL hangs, every Begin returns its error within about WriteTimeout,
 // however many calls queued behind one another's groups (not GroupMax at a time, one
 // WriteTimeout per group); and once PostgreSQL answers again the ledger writes.
@@ -407,7 +358,7 @@ func TestBeginsFailWithinWriteTimeoutWhilePostgresHangs(t *testing.T) {
 	if _, _, err := l.Begin(ctx, callOf("job-warm/s", request("x"))); err != nil { // a connection to hang on
 		t.Fatal(err)
 	}
-	resume := pausePostgres(t, pg.Port())
+	resume := pg.Pause()
 	const n = 16
 	took := make([]time.Duration, n)
 	errs := make([]error, n)

@@ -1,10 +1,15 @@
 package testenv
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -39,6 +44,52 @@ func (s *Server) Stop() { s.s.Down() }
 
 // Kill sends SIGKILL, the crash a power cut or the OOM killer would cause.
 func (s *Server) Kill() { s.s.Kill() }
+
+// Pause stops (SIGSTOP) a PostgreSQL server (found by its -p port) and its
+// backends, the way a hung host or a network partition without resets looks to a
+// client: connections stay open and nothing answers. It returns the resume func
+// (SIGCONT), also run at cleanup.
+func (s *Server) Pause() (resume func()) {
+	s.t.Helper()
+	want := []byte("\x00-p\x00" + strconv.Itoa(s.Port()) + "\x00")
+	var parent int
+	dirs, _ := filepath.Glob("/proc/[0-9]*")
+	for _, d := range dirs {
+		cmd, err := os.ReadFile(d + "/cmdline")
+		if err == nil && bytes.Contains(cmd, want) {
+			parent, _ = strconv.Atoi(filepath.Base(d))
+		}
+	}
+	if parent == 0 {
+		s.t.Fatalf("no server process with -p %d", s.Port())
+	}
+	pids := []int{parent}
+	for _, d := range dirs {
+		stat, err := os.ReadFile(d + "/stat")
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...
+		f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+		if len(f) > 1 && f[1] == strconv.Itoa(parent) {
+			pid, _ := strconv.Atoi(filepath.Base(d))
+			pids = append(pids, pid)
+		}
+	}
+	for _, pid := range pids {
+		_ = syscall.Kill(pid, syscall.SIGSTOP)
+	}
+	var once sync.Once
+	resume = func() {
+		once.Do(func() {
+			for _, pid := range pids {
+				_ = syscall.Kill(pid, syscall.SIGCONT)
+			}
+		})
+	}
+	s.t.Cleanup(resume)
+	return resume
+}
 
 // PrivateRedis starts a redis-server of this test's own on a free port, with AOF on and
 // appendfsync always like the dev server, and returns it running. Its URL is
