@@ -315,6 +315,7 @@ func (rt *runtime) stream(ctx context.Context, jobID, step string, req *llm.Requ
 				if err == nil && ch.Done {
 					st := &Step{Name: step, Key: key, Response: resp}
 					if err = m.recordToolKeys(ctx, st); err == nil {
+						rt.toolKeysRecorded(st)
 						rt.shadow(ctx, jobID, step, out, st, time.Since(start))
 						// A gate that holds the job ends the stream with its error, before
 						// the final chunk: the Worker returns it, and the job parks.
@@ -420,7 +421,11 @@ func (rt *runtime) complete(ctx context.Context, jobID, step string, req *llm.Re
 			return nil, err
 		}
 		s := &Step{Name: step, Key: key, Response: resp}
-		return s, m.recordToolKeys(ctx, s)
+		if err := m.recordToolKeys(ctx, s); err != nil {
+			return nil, err
+		}
+		rt.toolKeysRecorded(s)
+		return s, nil
 	})
 	if err != nil {
 		if rt.delivery != nil && rt.delivery.Kind == ShadowKind && providerFailure(err) {
@@ -479,6 +484,19 @@ func (rt *runtime) flushBeforeEffect(ctx context.Context) error {
 		return PostgresError(fmt.Errorf("onceflow: make the job's model answers durable: %w", err))
 	}
 	return nil
+}
+
+// toolKeysRecorded notes that recording s's tool keys made the delivery's answers
+// durable: a tool call seen for the first time (an id, and nothing known yet of its
+// stability) was inserted, and that insert's commit waited for its flush, which covers
+// the answer committed before it. Then Do and Tool need no flush of their own.
+func (rt *runtime) toolKeysRecorded(s *Step) {
+	for _, tk := range s.toolKeys {
+		if tk.Call.ID != "" && tk.Stability == toolkey.Unknown {
+			rt.answers.Flushed()
+			return
+		}
+	}
 }
 
 // recordToolKeys records the tool calls of s's answer in the ledger and keeps their
