@@ -245,8 +245,16 @@ func (g *group) send(batch []*groupWrite) {
 	wg.Wait()
 }
 
-// alone writes w in a transaction of its own, within Config.WriteTimeout.
+// alone writes w in a transaction of its own, within Config.WriteTimeout. A write
+// whose caller went away is not made again: after an outage every caller that gave up
+// would otherwise be written once more, and hold the connections the calls after the
+// outage need. (A group that did commit as its connection dropped then leaves such a
+// caller's row in flight until its lease ends, as a statement cancelled after its
+// commit would: no request went out, and the next attempt takes it over.)
 func (g *group) alone(w *groupWrite) {
+	if w.state.Load() == writeAbandoned {
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), g.l.cfg.WriteTimeout)
 	defer cancel()
 	w.deliver(w.scan(g.l.db.QueryRow(ctx, g.sql, w.args...)))
