@@ -458,14 +458,20 @@ func retryAfterHonoured(t *testing.T, a Adapter) {
 	}{
 		{"delta-seconds", http.Header{"Retry-After": {"3"}}, 0, func(d time.Duration) bool { return d == 3*time.Second }, "3s"},
 		{"retry-after-ms wins", http.Header{"Retry-After": {"3"}, "Retry-After-Ms": {"1500"}}, 0, func(d time.Duration) bool { return d == 1500*time.Millisecond }, "1.5s"},
-		{"HTTP-date", http.Header{"Retry-After": {time.Now().Add(6 * time.Second).UTC().Format(http.TimeFormat)}}, 0,
+		// The date is written when the subtest runs (below), not here: a parallel subtest
+		// can start seconds later on a loaded machine.
+		{"HTTP-date", http.Header{"Retry-After": {"in 6s"}}, 0,
 			func(d time.Duration) bool { return d > 4*time.Second && d <= 6*time.Second }, "about 5s (second resolution)"},
 		{"capped", http.Header{"Retry-After": {"120"}}, 10 * time.Second, func(d time.Duration) bool { return d == 10*time.Second }, "the 10s cap"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			s, base, c := server(t, a, fakeserver.Config{})
-			s.Script(fakeserver.Fault{Kind: fakeserver.Fault429, Header: tc.header})
+			header := tc.header
+			if header.Get("Retry-After") == "in 6s" {
+				header = http.Header{"Retry-After": {time.Now().Add(6 * time.Second).UTC().Format(http.TimeFormat)}}
+			}
+			s.Script(fakeserver.Fault{Kind: fakeserver.Fault429, Header: header})
 			clock := retrytest.NewClock(t0)
 			_, retries, err := retried(retry.Policy{RetryAfterCap: tc.cap, Clock: clock}, 10*time.Minute, completeCall(c, summarise("")))
 			if err != nil {
