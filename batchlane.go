@@ -742,7 +742,7 @@ func (b *batchLane) end(ctx context.Context, id, why string) error {
 // wake wakes item it's job with sig, on its queue (read from the item, whether or not
 // this process works it: no search through the Client's queues).
 func (b *batchLane) wake(ctx context.Context, it batchItem, sig batchSignal) error {
-	err := b.c.signalOn(ctx, it.queue, it.tenant, it.jobID, batchPrefix+it.key, sig)
+	_, err := b.c.signalIn(ctx, it.queue, it.tenant, it.jobID, batchPrefix+it.key, sig)
 	switch {
 	case err == nil, errors.Is(err, ErrAlreadySignalled):
 		return nil

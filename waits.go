@@ -176,13 +176,6 @@ func (c *Client) Signal(ctx context.Context, tenant, id, name string, payload an
 	return err
 }
 
-// signalOn is Signal of a job known to run on queue name (its index is read there
-// alone, not looked for in every queue the Client knows); "" is any.
-func (c *Client) signalOn(ctx context.Context, name, tenant, id, signal string, payload any) error {
-	_, err := c.signalIn(ctx, name, tenant, id, signal, payload)
-	return err
-}
-
 // signal is Signal, reporting whether the signal was a retry of one recorded with the
 // same payload (answered as the first: the job is woken again, in case the first wake
 // failed).
@@ -190,7 +183,8 @@ func (c *Client) signal(ctx context.Context, tenant, id, name string, payload an
 	return c.signalIn(ctx, "", tenant, id, name, payload)
 }
 
-// signalIn is signal of a job on queue in ("": any the Client knows).
+// signalIn is signal of a job on queue in ("": any the Client knows): a caller that
+// knows the job's queue has its index read there alone.
 func (c *Client) signalIn(ctx context.Context, in, tenant, id, name string, payload any) (replayed bool, err error) {
 	if err := checkStepName(name); err != nil {
 		return false, err

@@ -192,26 +192,28 @@ func (a *Attempt) succeed(ctx context.Context, db DB, res Result) (*Record, bool
 	args := []any{c.Key, c.Work, c.RequestHash, c.Provider, c.Model, response, res.Raw, meta,
 		a.number, a.l.now(), micros(a.l.cfg.Retention), c.Tenant, c.Request}
 	scan := func(row pgx.Row) error { return row.Scan(&rec.Attempt, &rec.Ambiguous) }
+	// The statement and its group: durable; without waiting for the flush under
+	// DeferFlush (pending is then told of the answer); alone in the caller's transaction.
+	sql, g := a.l.sql.succeed, a.l.answers
+	var pending *Deferred
+	switch d := deferredFrom(ctx); {
+	case db != a.l.db: // the caller's transaction: its commit decides
+		g = nil
+	case d != nil:
+		sql, g = a.l.sql.relaxedSucceed, a.l.relaxedAnswers
+		if sql != a.l.sql.succeed { // not a ledger over a pgx.Tx
+			pending = d
+		}
+	}
 	var err error
 	var again bool // written again alone after its group failed
-	switch g, d := a.l.answers, deferredFrom(ctx); {
-	case db != a.l.db: // the caller's transaction: its commit decides
-		err = scan(db.QueryRow(ctx, a.l.sql.succeed, args...))
-	case d != nil:
-		if a.l.relaxedAnswers != nil {
-			again, err = a.l.relaxedAnswers.write(ctx, c.Key, args, scan, nil)
-		} else {
-			err = scan(db.QueryRow(ctx, a.l.sql.relaxedSucceed, args...))
-		}
-		if err == nil && a.l.sql.relaxedSucceed != a.l.sql.succeed {
-			d.add(c.Key)
-		}
-	case g != nil:
+	if g != nil {
 		again, err = g.write(ctx, c.Key, args, scan, nil)
-	default:
-		err = scan(db.QueryRow(ctx, a.l.sql.succeed, args...))
+	} else {
+		err = scan(db.QueryRow(ctx, sql, args...))
 	}
 	if err == nil {
+		pending.add(c.Key)
 		a.l.metrics.attempt(c, resultSucceeded)
 		return rec, true, nil
 	}
@@ -229,9 +231,7 @@ func (a *Attempt) succeed(ctx context.Context, db DB, res Result) (*Record, bool
 	if again && other.Attempt == a.number && bytes.Equal(other.Raw, res.Raw) && sameJSON(other.Response, JSONBSafe(res.Response)) {
 		// This attempt's own answer, recorded by its group transaction, which committed
 		// as its connection dropped (or an identical one: the same either way).
-		if d := deferredFrom(ctx); d != nil && db == a.l.db && a.l.sql.relaxedSucceed != a.l.sql.succeed {
-			d.add(c.Key) // written relaxed, like any answer under DeferFlush
-		}
+		pending.add(c.Key)
 		a.l.metrics.attempt(c, resultSucceeded)
 		return other, true, nil
 	}

@@ -39,7 +39,12 @@ func deferredFrom(ctx context.Context) *Deferred {
 	return d
 }
 
+// add notes the answer of key, written without waiting for its flush; a nil d does
+// nothing.
 func (d *Deferred) add(key string) {
+	if d == nil {
+		return
+	}
 	d.mu.Lock()
 	d.key = key
 	d.mu.Unlock()
