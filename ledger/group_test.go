@@ -148,8 +148,13 @@ func TestConcurrentCallsShareGroupTransactions(t *testing.T) {
 func TestOneFailingWriteOfAGroupFailsOnlyItsCall(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
-	l, _, w := countedLedger(t, ledger.Config{Registerer: reg})
+	// The longest linger, and a call in progress so that every group lingers: the call
+	// whose row cannot be written shares a group with the others.
+	l, _, w := countedLedger(t, ledger.Config{Registerer: reg, GroupLinger: ledger.MaxGroupLinger})
 	ctx := ctxT(t)
+	if _, _, err := l.Begin(ctx, callOf("job-in-progress/s", request("x"))); err != nil {
+		t.Fatal(err)
+	}
 	const n = 16
 	errs := make([]error, n)
 	atts := make([]*ledger.Attempt, n)
