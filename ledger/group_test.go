@@ -279,7 +279,7 @@ func TestBeginDoesNotWaitForAnotherCallsRowLock(t *testing.T) {
 // failed by the time their group spent waiting for the held row.
 func TestCallsGroupedWithAHeldRowAreWritten(t *testing.T) {
 	t.Parallel()
-	l, pool := newLedger(t, ledger.Config{WriteTimeout: time.Second, Wait: -1})
+	l, pool := newLedger(t, ledger.Config{WriteTimeout: 3 * time.Second, Wait: -1}) // room for setup on a loaded machine (-race)
 	ctx := ctxT(t)
 	first, second := callOf("job-first/s", request("x")), callOf("job-second/s", request("x"))
 	releaseFirst := holdRow(t, l, pool, first)
