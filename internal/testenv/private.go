@@ -4,8 +4,8 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io/fs"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -52,12 +52,17 @@ func (s *Server) Kill() { s.s.Kill() }
 func (s *Server) Pause() (resume func()) {
 	s.t.Helper()
 	want := []byte("\x00-p\x00" + strconv.Itoa(s.Port()) + "\x00")
+	proc, err := os.OpenRoot("/proc")
+	if err != nil {
+		s.t.Fatalf("open /proc: %v", err)
+	}
+	defer proc.Close()
 	var parent int
-	dirs, _ := filepath.Glob("/proc/[0-9]*")
+	dirs, _ := fs.Glob(proc.FS(), "[0-9]*")
 	for _, d := range dirs {
-		cmd, err := os.ReadFile(d + "/cmdline")
+		cmd, err := proc.ReadFile(d + "/cmdline")
 		if err == nil && bytes.Contains(cmd, want) {
-			parent, _ = strconv.Atoi(filepath.Base(d))
+			parent, _ = strconv.Atoi(d)
 		}
 	}
 	if parent == 0 {
@@ -65,14 +70,14 @@ func (s *Server) Pause() (resume func()) {
 	}
 	pids := []int{parent}
 	for _, d := range dirs {
-		stat, err := os.ReadFile(d + "/stat")
+		stat, err := proc.ReadFile(d + "/stat")
 		if err != nil {
 			continue
 		}
 		// pid (comm) state ppid ...
 		f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
 		if len(f) > 1 && f[1] == strconv.Itoa(parent) {
-			pid, _ := strconv.Atoi(filepath.Base(d))
+			pid, _ := strconv.Atoi(d)
 			pids = append(pids, pid)
 		}
 	}
