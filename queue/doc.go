@@ -13,13 +13,15 @@
 //
 // # How a Worker runs
 //
-// One loop per Worker:
+// One loop per Worker and Redis node (a Worker of several partitions reads those one
+// node holds in one round trip; see WorkerConfig.Partitions):
 //
 //  1. wait for at least one free slot (at most Concurrency handlers run at once);
 //  2. XAUTOCLAIM entries idle longer than ClaimIdle (keeping the cursor between calls;
 //     entries Redis reports as deleted while pending are logged and counted);
-//  3. XREADGROUP ">" with COUNT = the remaining free slots and a finite BLOCK, so the
-//     worker never holds more messages than it can run;
+//  3. XREADGROUP ">" with COUNT = the remaining free slots (divided between the
+//     partitions read) and a finite BLOCK, so the worker never holds more messages than
+//     it can run;
 //  4. one XPENDING range call for the delivery counts of the reclaimed entries (a new
 //     entry read with ">" has been delivered exactly once);
 //  5. each job runs in its own goroutine. A nil error is acknowledged through a batching

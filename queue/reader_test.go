@@ -599,3 +599,105 @@ func TestAWorkerOnAClusterReadsEachNodesPartitionsTogether(t *testing.T) {
 		t.Errorf("%d of %d new entries came in reads naming every partition of their node (%v), want most of %d", carried, total, owners, n-dead)
 	}
 }
+
+// When a resharding moves a partition's slot to another node, the worker reads that
+// partition with its new node's partitions, one round trip to that node, within
+// regroupInterval, and every job before and after the move runs once.
+func TestAWorkerRegroupsItsReadsWhenASlotMovesToAnotherNode(t *testing.T) {
+	// Not parallel: it shortens regroupInterval, which every running worker reads. The
+	// interval is restored after the worker stopped (cleanups run last first).
+	was := regroupInterval
+	t.Cleanup(func() { regroupInterval = was })
+	regroupInterval = 100 * time.Millisecond
+	c := testenv.PrivateRedisCluster(t, 3, 0)
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	rdb, err := connect.RedisCluster("redis://" + c.Addrs()[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.Close()
+	rec := newReadRecorder()
+	recordNodes(t, rdb, rec)
+	keys := Keys{Prefix: testenv.Prefix(t), Queue: "moves"}
+	const parts = 6
+	owners := partsOfCluster(t, c.Addrs(), keys, parts)
+	// Move a partition from a node holding two or more to one holding one or more.
+	from, to, moved := "", "", -1
+	for a, ps := range owners {
+		if len(ps) >= 2 && moved < 0 {
+			from, moved = a, ps[0]
+		}
+	}
+	for a, ps := range owners {
+		if a != from && len(ps) >= 1 {
+			to = a
+		}
+	}
+	if moved < 0 || to == "" {
+		t.Fatalf("no partition to move between nodes: %v", owners)
+	}
+	var (
+		mu  sync.Mutex
+		ran = map[string]int{}
+	)
+	start(t, WorkerConfig{Redis: rdb, Keys: keys, Partitions: parts, Concurrency: 8, Logger: slog.New(slog.DiscardHandler),
+		Handler: HandlerFunc(func(_ context.Context, j *Job) error {
+			time.Sleep(2 * time.Millisecond)
+			mu.Lock()
+			ran[j.JobID]++
+			mu.Unlock()
+			return nil
+		})})
+	ranAll := func(n int) func() bool {
+		return func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return len(ran) == n && settled(t, rdb, keys, parts)
+		}
+	}
+	enqueueSpread(t, rdb, keys, parts, 300, nil)
+	testenv.WaitFor(t, 30*time.Second, "the jobs before the move run", ranAll(300))
+
+	stream := keys.InPartition(moved).Stream()
+	slot, err := rdb.ClusterKeySlot(ctx, stream).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.MoveSlot(ctx, int(slot), to); err != nil {
+		t.Fatal(err)
+	}
+	rdb.ReloadState(ctx)
+	testenv.WaitFor(t, 10*time.Second, "the client's slot map to say the partition moved", func() bool {
+		node, err := rdb.MasterForKey(ctx, stream)
+		return err == nil && node.Options().Addr == to
+	})
+	time.Sleep(5 * regroupInterval) // the worker's next look at the map
+	rec.reset()
+	const after = 2000
+	for i := 301; i <= 300+after; i++ {
+		k := keys.InPartition(PartitionOf(jobID(i), parts))
+		enqueue(t, rdb, k, message(i, nil))
+	}
+	testenv.WaitFor(t, 60*time.Second, "the jobs after the move run", ranAll(300+after))
+	mu.Lock()
+	for id, n := range ran {
+		if n != 1 {
+			t.Errorf("job %s ran %d times", id, n)
+		}
+	}
+	mu.Unlock()
+	want := append(slices.Clone(owners[to]), moved)
+	together := false
+	for _, tr := range rec.trips() {
+		if tr.node == to && len(tr.streams) == len(want) && slices.Contains(tr.streams, stream) {
+			together = true
+		}
+		if tr.node == from && slices.Contains(tr.streams, stream) {
+			t.Errorf("after the move a read to its old node %s named the moved partition %d: %v", from, moved, tr.streams)
+		}
+	}
+	if !together {
+		t.Errorf("no read to %s named the moved partition %d with its partitions %v", to, moved, owners[to])
+	}
+}
