@@ -19,17 +19,22 @@ import (
 // Redis node that serves their hash slot (groupByNode) and runs one reader per node: every
 // read of a reader carries all of its node's partitions in one round trip, and one
 // acknowledger per node acknowledges their finished entries in one round trip (acker), so
-// the round trips per job do not grow with the partitions a node holds.
+// the round trips per job do not grow with the partitions a node holds. One Worker of
+// several partitions, rather than one per partition under a coordinator, because a read
+// that serves several partitions must decide how to divide its slots between them, and
+// the one that holds the slots is the one that can: a coordinator merging the reads of
+// independent workers would batch only those that happened to ask at the same moment.
 //
 //   - On a single Redis (any client but a cluster client) one node holds every partition,
 //     and one XREADGROUP may name all their streams: the reader's read is one XREADGROUP
 //     over them, blocking (BLOCK) like a one-partition worker's when every partition was
 //     empty at its last read. COUNT applies to each stream, so such a read asks for the
 //     same count of each, its free slots divided between them. Once a partition filled
-//     what it was asked for (more may wait), the next read is non-blocking and gives it
-//     a larger share (shareReads): the partitions that came back short are asked for one
-//     each, the full ones share the rest; that is two XREADGROUPs (one per count) in one
-//     pipeline.
+//     what it was asked for (more may wait), the next read gives it a larger share
+//     (shareReads): the partitions that came back short are asked for one each, the full
+//     ones share the rest; that is two XREADGROUPs (one per count) in one pipeline, which
+//     do not block (a blocking first one would hold up the second), or one XREADGROUP
+//     when every count is the same, which blocks like the idle read.
 //   - On a Redis Cluster an XREADGROUP over streams of several hash slots is refused
 //     (CROSSSLOT), even when one node serves them all. The reader sends one XREADGROUP per
 //     partition in one pipeline, which the cluster client sends to the node as one round
@@ -51,7 +56,7 @@ import (
 // it is loaded); a worker looks at it every regroupInterval and, when partitions moved
 // between nodes (a resharding), stops its readers after their read in progress and starts
 // them again on the new groups. A stale grouping is never wrong, only slower: the cluster
-// client routes every command by its own map and follows MOVED.
+// client routes every command by its own map (reloaded when a node answers MOVED).
 
 // part is one partition a Worker consumes: its keys, its logger, the acknowledger of its
 // node, and the state of its reads and of its scheduled jobs' mover.
