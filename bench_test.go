@@ -15,6 +15,7 @@ import (
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/internal/testenv/roundtrip"
+	"github.com/onceflow/onceflow/queue"
 )
 
 // Run with (docs/BENCHMARKS.md, "Partitions on a Redis Cluster"):
@@ -74,12 +75,14 @@ func benchPartitions(b *testing.B, rdb redis.UniversalClient, nodes []string, pa
 		}
 		return nil
 	}))
-	c, err := onceflow.NewClient(onceflow.Config{Redis: rdb, Prefix: testenv.Prefix(b), Workers: ws, Logger: slog.New(slog.DiscardHandler),
+	prefix := testenv.Prefix(b)
+	c, err := onceflow.NewClient(onceflow.Config{Redis: rdb, Prefix: prefix, Workers: ws, Logger: slog.New(slog.DiscardHandler),
 		Queues: map[string]onceflow.QueueConfig{onceflow.DefaultQueue: {Partitions: parts, Concurrency: 64}}})
 	if err != nil {
 		b.Fatal(err)
 	}
 	ctx := context.Background()
+	b.ReportMetric(float64(busiestNodePartitions(b, rdb, queue.Keys{Prefix: prefix, Queue: onceflow.DefaultQueue}, parts)), "partitions-on-busiest-node")
 	trips := &roundtrip.Counter{}
 	countRoundTrips(b, rdb, trips)
 	cpu0 := redisCPU(b, nodes)
@@ -157,6 +160,30 @@ func countRoundTrips(b *testing.B, rdb redis.UniversalClient, trips *roundtrip.C
 	if err != nil {
 		b.Fatal(err)
 	}
+}
+
+// busiestNodePartitions returns the most partitions of keys' queue of parts one node
+// holds: parts on a single Redis, and on a cluster as its slot map spreads them (the
+// prefix, new every run, decides the spread).
+func busiestNodePartitions(b *testing.B, rdb redis.UniversalClient, keys queue.Keys, parts int) int {
+	b.Helper()
+	cc, ok := rdb.(*redis.ClusterClient)
+	if !ok {
+		return parts
+	}
+	per := map[string]int{}
+	for _, k := range keys.Partitions(parts) {
+		node, err := cc.MasterForKey(context.Background(), k.Stream())
+		if err != nil {
+			b.Fatal(err)
+		}
+		per[node.Options().Addr]++
+	}
+	m := 0
+	for _, n := range per {
+		m = max(m, n)
+	}
+	return m
 }
 
 // total returns the CPU seconds all nodes used between two redisCPU readings.
