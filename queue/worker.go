@@ -358,11 +358,10 @@ func NewWorker(cfg WorkerConfig) (*Worker, error) {
 func (w *Worker) Consumer() string { return w.cfg.Consumer }
 
 // Run creates the consumer group of each partition if needed and runs jobs until ctx is
-// cancelled, then
-// shuts down: it stops reading, waits up to ShutdownTimeout for running handlers (then
-// cancels their context and waits a little more), acknowledges the jobs that finished,
-// stops renewing leases and returns nil. Unfinished jobs are never acknowledged: they
-// stay pending and another worker reclaims them after ClaimIdle.
+// cancelled, then shuts down: it stops reading, waits up to ShutdownTimeout for running
+// handlers (then cancels their context and waits a little more), acknowledges the jobs
+// that finished, stops renewing leases and returns nil. Unfinished jobs are never
+// acknowledged: they stay pending and another worker reclaims them after ClaimIdle.
 //
 // Redis errors do not stop Run: it logs them, counts them and retries with backoff.
 // Run may be called once; a second call returns ErrWorkerStarted.
