@@ -74,6 +74,7 @@ type part struct {
 	lastScan time.Time // when its last XAUTOCLAIM scan reached the end
 	full     bool      // its last read returned all it asked for: more may be waiting
 	waiting  bool      // a blocking read of it alone is outstanding (reader.wait)
+	got      int       // the entries of the read under way (reader.read)
 
 	// wake tells the partition's mover that the worker scheduled one of its jobs
 	// (buffered 1); wakeAt is the earliest due time (Unix ns) the mover was woken for, 0
@@ -232,8 +233,10 @@ type reader struct {
 	// one partition).
 	multiKey bool
 	byStream map[string]*part
-	// next rotates which partitions a read short of slots serves first.
+	// next rotates which partitions a read short of slots serves first; rot is the
+	// rotated order's buffer (rotated).
 	next int
+	rot  []*part
 	// woke receives the end of each blocking read of one partition (wait); buffered for
 	// one per partition, and a partition has at most one outstanding.
 	woke    chan wakeup
@@ -325,11 +328,12 @@ func (r *reader) reclaimDue(now time.Time) bool {
 }
 
 // rotated returns the group's partitions from the rotation's next one on, and advances
-// the rotation.
+// the rotation. The slice is reused by the next call.
 func (r *reader) rotated() []*part {
 	k := r.next % len(r.parts)
 	r.next++
-	return append(slices.Clone(r.parts[k:]), r.parts[:k]...)
+	r.rot = append(append(r.rot[:0], r.parts[k:]...), r.parts[:k]...)
+	return r.rot
 }
 
 // fetch returns up to n deliveries of the group's partitions: reclaimed entries first
@@ -470,7 +474,9 @@ func (r *reader) read(ctx context.Context, n int, noBlock bool) ([]delivery, err
 		}
 		cmds = r.send(ctx, args)
 	}
-	got := make(map[*part]int, len(parts))
+	for _, p := range parts {
+		p.got = 0
+	}
 	var out []delivery
 	var first error
 	for _, cmd := range cmds {
@@ -491,7 +497,7 @@ func (r *reader) read(ctx context.Context, n int, noBlock bool) ([]delivery, err
 			if p == nil {
 				continue // not one of ours: cannot happen
 			}
-			got[p] += len(s.Messages)
+			p.got += len(s.Messages)
 			for _, m := range s.Messages {
 				out = append(out, delivery{p: p, id: m.ID, fields: m.Values, deliveries: 1})
 			}
@@ -500,7 +506,7 @@ func (r *reader) read(ctx context.Context, n int, noBlock bool) ([]delivery, err
 	if first == nil {
 		for j, p := range parts {
 			if counts[j] > 0 {
-				p.full = got[p] >= counts[j]
+				p.full = p.got >= counts[j]
 			}
 		}
 	}
