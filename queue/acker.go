@@ -3,7 +3,6 @@ package queue
 import (
 	"context"
 	"log/slog"
-	"slices"
 	"sync"
 	"time"
 
@@ -127,15 +126,32 @@ type partAcks struct {
 // byPart splits batch by partition, in the order of their first entries.
 func byPart(batch []ack) []partAcks {
 	var out []partAcks
-	for _, e := range batch {
-		i := slices.IndexFunc(out, func(pa partAcks) bool { return pa.p == e.p })
-		if i < 0 {
-			i = len(out)
-			out = append(out, partAcks{p: e.p})
+	index := func(p *part) int {
+		for i := range out {
+			if out[i].p == p {
+				return i
+			}
 		}
-		out[i].ids = append(out[i].ids, e.id)
+		return -1
+	}
+	// Count first, so that each partition's ids take one allocation.
+	counts := make([]int, 0, 1)
+	for _, e := range batch {
+		if i := index(e.p); i >= 0 {
+			counts[i]++
+			continue
+		}
+		out = append(out, partAcks{p: e.p})
+		counts = append(counts, 1)
+	}
+	for i := range out {
+		out[i].ids = make([]string, 0, counts[i])
+	}
+	for _, e := range batch {
+		pa := &out[index(e.p)]
+		pa.ids = append(pa.ids, e.id)
 		if e.history != "" {
-			out[i].recs = append(out[i].recs, e.id, e.history)
+			pa.recs = append(pa.recs, e.id, e.history)
 		}
 	}
 	return out
