@@ -701,3 +701,75 @@ func TestAWorkerRegroupsItsReadsWhenASlotMovesToAnotherNode(t *testing.T) {
 		t.Errorf("no read to %s named the moved partition %d with its partitions %v", to, moved, owners[to])
 	}
 }
+
+// A backlog in one partition does not starve the others: with fewer free slots per read
+// than partitions (Concurrency 1, or a busy worker whose slots come free one at a time),
+// the other partitions are still read in turn, so a job enqueued to an idle partition
+// runs long before the busy partition's backlog drains, as it would with a worker per
+// partition sharing the slots.
+func TestABacklogInOnePartitionDoesNotStarveTheOthers(t *testing.T) {
+	t.Parallel()
+	rdb, keys := setup(t)
+	const backlog = 100 // 20ms each: about 2s for the busy partition alone
+	var mu sync.Mutex
+	var order []string
+	start(t, WorkerConfig{Redis: rdb, Keys: keys, Partitions: 3, Concurrency: 1, Block: 200 * time.Millisecond,
+		Handler: HandlerFunc(func(ctx context.Context, j *Job) error {
+			mu.Lock()
+			order = append(order, j.JobID)
+			mu.Unlock()
+			time.Sleep(20 * time.Millisecond)
+			return nil
+		})})
+	time.Sleep(300 * time.Millisecond) // the worker is reading
+	busy, idle := keys.InPartition(0), keys.InPartition(1)
+	for i := 1; i <= backlog; i++ {
+		enqueue(t, rdb, busy, message(i, nil))
+	}
+	testenv.WaitFor(t, 5*time.Second, "the busy partition's backlog to start", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(order) >= 5
+	})
+	enqueue(t, rdb, idle, message(backlog+1, nil))
+	testenv.WaitFor(t, 15*time.Second, "every job", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(order) == backlog+1
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	at := slices.Index(order, jobID(backlog+1))
+	if at > 20 {
+		t.Fatalf("the idle partition's job ran %dth of %d: it waited for %d jobs of the busy partition's backlog", at+1, len(order), at-5)
+	}
+}
+
+// A worker reads every one of its partitions whatever its Concurrency: with one slot
+// (Concurrency 1) over 2 and over 4 partitions, a job enqueued to each partition runs
+// within a few reads.
+func TestAWorkerOfOneSlotReadsEveryPartition(t *testing.T) {
+	t.Parallel()
+	for _, parts := range []int{2, 4} {
+		t.Run(fmt.Sprintf("%d partitions", parts), func(t *testing.T) {
+			t.Parallel()
+			rdb, keys := setup(t)
+			h := newCountingHandler()
+			start(t, WorkerConfig{Redis: rdb, Keys: keys, Partitions: parts, Concurrency: 1, Handler: h})
+			for p := range parts {
+				enqueue(t, rdb, keys.InPartition(p), message(p+1, nil))
+			}
+			deadline := time.Now().Add(5 * time.Second)
+			for h.jobs() < parts && time.Now().Before(deadline) {
+				time.Sleep(10 * time.Millisecond)
+			}
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			for p := range parts {
+				if h.runs[jobID(p+1)] != 1 {
+					t.Errorf("the job of partition %d ran %d times in 5s, want once", p, h.runs[jobID(p+1)])
+				}
+			}
+		})
+	}
+}
