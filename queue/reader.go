@@ -73,6 +73,7 @@ type part struct {
 	cursor   string    // XAUTOCLAIM cursor
 	lastScan time.Time // when its last XAUTOCLAIM scan reached the end
 	full     bool      // its last read returned all it asked for: more may be waiting
+	lastRead time.Time // when a read last asked it for entries (reader.read)
 	waiting  bool      // a blocking read of it alone is outstanding (reader.wait)
 	got      int       // the entries of the read under way (reader.read)
 
@@ -233,10 +234,11 @@ type reader struct {
 	// one partition).
 	multiKey bool
 	byStream map[string]*part
-	// next rotates which partitions a read short of slots serves first; rot is the
-	// rotated order's buffer (rotated).
-	next int
-	rot  []*part
+	// The rotations of which partitions a read, a reclaim and a wait short of slots
+	// serve first, one each so that every one of them turns through all the partitions
+	// (rotated); rot is the rotated order's buffer.
+	nextRead, nextClaim, nextWait int
+	rot                           []*part
 	// woke receives the end of each blocking read of one partition (wait); buffered for
 	// one per partition, and a partition has at most one outstanding.
 	woke    chan wakeup
@@ -327,11 +329,11 @@ func (r *reader) reclaimDue(now time.Time) bool {
 	return slices.ContainsFunc(r.parts, func(p *part) bool { return p.reclaimDue(r.w.cfg.ClaimInterval, now) })
 }
 
-// rotated returns the group's partitions from the rotation's next one on, and advances
-// the rotation. The slice is reused by the next call.
-func (r *reader) rotated() []*part {
-	k := r.next % len(r.parts)
-	r.next++
+// rotated returns the group's partitions from the rotation next's partition on, and
+// advances next. The slice is reused by the next call.
+func (r *reader) rotated(next *int) []*part {
+	k := *next % len(r.parts)
+	*next = k + 1
 	r.rot = append(append(r.rot[:0], r.parts[k:]...), r.parts[:k]...)
 	return r.rot
 }
@@ -366,7 +368,7 @@ func (r *reader) reclaim(ctx context.Context, n int) ([]delivery, error) {
 	w := r.w
 	now := time.Now()
 	var due []*part
-	for _, p := range r.rotated() {
+	for _, p := range r.rotated(&r.nextClaim) {
 		if p.reclaimDue(w.cfg.ClaimInterval, now) && len(due) < n {
 			due = append(due, p)
 		}
@@ -377,7 +379,7 @@ func (r *reader) reclaim(ctx context.Context, n int) ([]delivery, error) {
 	case 1:
 		return w.reclaim(ctx, due[0], n)
 	}
-	counts := shareReads(n, make([]bool, len(due)), 0)
+	counts := shareReads(n, make([]bool, len(due)), nil, 0)
 	cmds := make([]*redis.Cmd, len(due))
 	for try := 0; try < 2; try++ {
 		_, _ = w.rdb.Pipelined(ctx, func(pipe redis.Pipeliner) error {
@@ -426,10 +428,11 @@ func firstErr(a, b error) error {
 // when reclaimed entries wait to run.
 func (r *reader) read(ctx context.Context, n int, noBlock bool) ([]delivery, error) {
 	w := r.w
-	parts := r.rotated()
-	counts := r.shares(parts, n)
+	parts := r.rotated(&r.nextRead)
+	now := time.Now()
+	counts := r.shares(parts, n, now)
 	block := time.Duration(-1)
-	if r.multiKey && !noBlock && uniform(counts) {
+	if r.multiKey && !noBlock && !r.hot() && uniform(counts) {
 		block = w.cfg.Block
 		switch {
 		case slices.Contains(counts, 0):
@@ -474,8 +477,11 @@ func (r *reader) read(ctx context.Context, n int, noBlock bool) ([]delivery, err
 		}
 		cmds = r.send(ctx, args)
 	}
-	for _, p := range parts {
+	for j, p := range parts {
 		p.got = 0
+		if counts[j] > 0 {
+			p.lastRead = now
+		}
 	}
 	var out []delivery
 	var first error
@@ -542,17 +548,19 @@ func (r *reader) partsOf(cmd redis.Cmder) []*part {
 	return out
 }
 
-// shares returns what a read of n slots asks of each of parts (in that order): on a
-// single Redis, when no partition filled its last read, the same count of as many of
-// them as n allows (one blocking XREADGROUP: COUNT applies to every stream it names);
-// otherwise shareReads.
-func (r *reader) shares(parts []*part, n int) []int {
+// shares returns what a read of n slots at now asks of each of parts (in that order):
+// on a single Redis, when no partition filled its last read, the same count of as many
+// of them as n allows (one blocking XREADGROUP: COUNT applies to every stream it names);
+// otherwise shareReads, with the partitions not read for pollEvery due first.
+func (r *reader) shares(parts []*part, n int, now time.Time) []int {
 	hot := make([]bool, len(parts))
+	due := make([]bool, len(parts))
 	for i, p := range parts {
 		hot[i] = p.full
+		due[i] = now.Sub(p.lastRead) >= pollEvery
 	}
 	if !r.multiKey || slices.Contains(hot, true) {
-		return shareReads(n, hot, 0)
+		return shareReads(n, hot, due, 0)
 	}
 	counts := make([]int, len(parts))
 	m := min(n, len(parts))
@@ -580,14 +588,22 @@ func uniform(counts []int) bool {
 	return true
 }
 
+// pollEvery bounds how long a partition goes unread while a worker with fewer free slots
+// than partitions serves the others' backlogs: a partition not read for pollEvery is
+// read before them (shareReads' due), so a backlog in one partition delays a job of
+// another by about pollEvery rather than by the backlog.
+const pollEvery = contendedBlock
+
 // shareReads divides n slots between the partitions of a read, whose last reads filled
 // what they asked (hot[i]: more may wait) or did not; the partitions are in the order
-// that gets any remainder first. It returns what to ask of each, summing to n (0 means
-// not read this time). When no partition is hot, each gets an equal share. When some
-// are, each other one gets 1 (enough to see that work arrived, and to be asked for a
-// share next time) and the hot ones share the rest. With fewer slots than partitions
-// the hot ones get one each first.
-func shareReads(n int, hot []bool, start int) []int {
+// that gets any remainder first, starting at start. It returns what to ask of each,
+// summing to n (0 means not read this time). When no partition is hot, each gets an
+// equal share. When some are, each other one gets 1 (enough to see that work arrived,
+// and to be asked for a share next time) and the hot ones share the rest. With fewer
+// slots than partitions each read one gets 1: first the due ones (due[i]: not read for
+// a while; due may be nil), then the hot ones, then the others, each in order, so a
+// backlog in some partitions does not starve the others.
+func shareReads(n int, hot, due []bool, start int) []int {
 	m := len(hot)
 	counts := make([]int, m)
 	if n <= 0 || m == 0 {
@@ -604,10 +620,19 @@ func shareReads(n int, hot []bool, start int) []int {
 		}
 	}
 	if n < m {
-		// One each, hot ones first.
-		for _, want := range []bool{true, false} {
+		// One each: the due ones, then the hot ones, then the others.
+		rank := func(i int) int {
+			switch {
+			case due != nil && due[i]:
+				return 0
+			case hot[i]:
+				return 1
+			}
+			return 2
+		}
+		for want := range 3 {
 			for _, i := range order {
-				if hot[i] == want && n > 0 {
+				if rank(i) == want && n > 0 && counts[i] == 0 {
 					counts[i] = 1
 					n--
 				}
@@ -651,7 +676,7 @@ func shareReads(n int, hot []bool, start int) []int {
 func (r *reader) await(ctx, hctx context.Context, limit int) (bool, error) {
 	w := r.w
 	var need []*part
-	for _, p := range r.rotated() {
+	for _, p := range r.rotated(&r.nextWait) {
 		if !p.waiting {
 			need = append(need, p)
 		}

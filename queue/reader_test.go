@@ -397,63 +397,75 @@ func TestShutdownHandsBackTheJobsOfEveryPartition(t *testing.T) {
 
 // shareReads divides a read's slots: all of them, equally when no partition was full,
 // one to each partition that was not and the rest to those that were; with fewer slots
-// than partitions, one each to the full ones first.
+// than partitions, one each to the partitions due first, then to the full ones.
 func TestShareReadsGivesTheSlotsToThePartitionsWithABacklog(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		n     int
 		hot   []bool
+		due   []bool
 		start int
 		want  []int
 	}{
-		{64, []bool{false}, 0, []int{64}},
-		{64, []bool{true}, 0, []int{64}},
-		{64, []bool{false, false, false}, 0, []int{22, 21, 21}},
-		{64, []bool{false, false, false}, 2, []int{21, 21, 22}},
-		{64, []bool{true, true, true, true, true, true}, 0, []int{11, 11, 11, 11, 10, 10}},
-		{64, []bool{true, false, false, false, false, false}, 0, []int{59, 1, 1, 1, 1, 1}},
-		{64, []bool{false, true, false, true, false, false}, 0, []int{1, 30, 1, 30, 1, 1}},
-		{2, []bool{false, false, true, false}, 0, []int{1, 0, 1, 0}},
-		{2, []bool{false, false, false, false}, 3, []int{1, 0, 0, 1}},
-		{0, []bool{true, false}, 0, []int{0, 0}},
+		{64, []bool{false}, nil, 0, []int{64}},
+		{64, []bool{true}, nil, 0, []int{64}},
+		{64, []bool{false, false, false}, nil, 0, []int{22, 21, 21}},
+		{64, []bool{false, false, false}, nil, 2, []int{21, 21, 22}},
+		{64, []bool{true, true, true, true, true, true}, nil, 0, []int{11, 11, 11, 11, 10, 10}},
+		{64, []bool{true, false, false, false, false, false}, nil, 0, []int{59, 1, 1, 1, 1, 1}},
+		{64, []bool{false, true, false, true, false, false}, nil, 0, []int{1, 30, 1, 30, 1, 1}},
+		{2, []bool{false, false, true, false}, nil, 0, []int{1, 0, 1, 0}},
+		{2, []bool{false, false, false, false}, nil, 3, []int{1, 0, 0, 1}},
+		{0, []bool{true, false}, nil, 0, []int{0, 0}},
+		{2, []bool{true, false, false, false}, []bool{false, false, true, false}, 0, []int{1, 0, 1, 0}},
+		{1, []bool{true, false, false}, []bool{false, true, false}, 0, []int{0, 1, 0}},
+		{1, []bool{true, false, false}, []bool{false, true, true}, 2, []int{0, 0, 1}},
+		{64, []bool{true, false, false}, []bool{false, true, true}, 0, []int{62, 1, 1}},
 	} {
-		if got := shareReads(tc.n, tc.hot, tc.start); !slices.Equal(got, tc.want) {
-			t.Errorf("shareReads(%d, %v, %d) = %v, want %v", tc.n, tc.hot, tc.start, got, tc.want)
+		if got := shareReads(tc.n, tc.hot, tc.due, tc.start); !slices.Equal(got, tc.want) {
+			t.Errorf("shareReads(%d, %v, %v, %d) = %v, want %v", tc.n, tc.hot, tc.due, tc.start, got, tc.want)
 		}
 	}
 }
 
 // shareReads never asks for more than the slots it is given, gives all of them, asks
-// every partition for one at least when there are enough, and never asks a partition
-// that was full for less than one that was not.
+// every partition for one at least when there are enough, never asks a partition that
+// was full for less than one that was not (with fewer slots than partitions, when
+// neither was due), and with fewer slots than partitions reads every due one before any
+// that is not.
 func FuzzShareReads(f *testing.F) {
-	f.Add(64, uint64(0b101), 6, 0)
-	f.Add(3, uint64(0), 5, 2)
-	f.Add(1, uint64(1), 1, 0)
-	f.Fuzz(func(t *testing.T, n int, bits uint64, m, start int) {
+	f.Add(64, uint64(0b101), uint64(0), 6, 0)
+	f.Add(3, uint64(0), uint64(0b10), 5, 2)
+	f.Add(1, uint64(1), uint64(0b110), 3, 0)
+	f.Fuzz(func(t *testing.T, n int, bits, dueBits uint64, m, start int) {
 		n, m = n%2000, max(m%MaxPartitions, 1)
 		if start < 0 {
 			start = -start
 		}
 		hot := make([]bool, m)
+		due := make([]bool, m)
 		for i := range hot {
 			hot[i] = bits>>(i%64)&1 == 1
+			due[i] = dueBits>>(i%64)&1 == 1
 		}
-		counts := shareReads(n, hot, start)
+		counts := shareReads(n, hot, due, start)
 		sum := 0
 		for i, c := range counts {
 			sum += c
 			if c < 0 || (n >= m && c < 1) {
-				t.Fatalf("shareReads(%d, %v, %d) = %v: partition %d asked for %d", n, hot, start, counts, i, c)
+				t.Fatalf("shareReads(%d, %v, %v, %d) = %v: partition %d asked for %d", n, hot, due, start, counts, i, c)
 			}
 			for j, d := range counts {
-				if hot[i] && !hot[j] && c < d {
-					t.Fatalf("shareReads(%d, %v, %d) = %v: full partition %d asked for less than partition %d", n, hot, start, counts, i, j)
+				if hot[i] && !hot[j] && c < d && (n >= m || (!due[i] && !due[j])) {
+					t.Fatalf("shareReads(%d, %v, %v, %d) = %v: full partition %d asked for less than partition %d", n, hot, due, start, counts, i, j)
+				}
+				if n < m && due[i] && !due[j] && c < d {
+					t.Fatalf("shareReads(%d, %v, %v, %d) = %v: due partition %d not read before partition %d", n, hot, due, start, counts, i, j)
 				}
 			}
 		}
 		if sum != max(n, 0) {
-			t.Fatalf("shareReads(%d, %v, %d) = %v: %d slots asked for, want %d", n, hot, start, counts, sum, max(n, 0))
+			t.Fatalf("shareReads(%d, %v, %v, %d) = %v: %d slots asked for, want %d", n, hot, due, start, counts, sum, max(n, 0))
 		}
 	})
 }
