@@ -278,12 +278,13 @@ func (c *Client) Run(ctx context.Context) error {
 	return runParts(ctx, append(parts, c.background...))
 }
 
-// queueRunner returns the part of Run that works queue name: one queue worker per
-// partition, running the registered workers; a partitioned queue's workers share one
-// budget of Concurrency. It consumes the partitions a higher count recorded before
-// (queue.RegisterPartitions), and every partitionsCheck looks again, so that partitions
-// recorded later (by a process configured with more, or while Redis did not answer at
-// start) get their workers too.
+// queueRunner returns the part of Run that works queue name: one queue worker over its
+// partitions (queue.WorkerConfig.Partitions: it reads the partitions one Redis node
+// holds in one round trip), running the registered workers. It consumes the partitions a
+// higher count recorded before (queue.RegisterPartitions), and every partitionsCheck
+// looks again, so that partitions recorded later (by a process configured with more, or
+// while Redis did not answer at start) get a worker too, sharing the first one's budget
+// of Concurrency when it has several partitions.
 func (c *Client) queueRunner(ctx context.Context, name string) (func(context.Context) error, error) {
 	qc := c.queues[name]
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -297,11 +298,11 @@ func (c *Client) queueRunner(ctx context.Context, name string) (func(context.Con
 	if n > 1 {
 		q.budget = queue.NewBudget(cmp.Or(qc.Concurrency, queue.DefaultConcurrency))
 	}
-	ws, err := q.workers(0, n)
+	w, err := q.worker(0, n)
 	if err != nil {
 		return nil, err
 	}
-	return func(ctx context.Context) error { return q.run(ctx, ws) }, nil
+	return func(ctx context.Context) error { return q.run(ctx, w, n) }, nil
 }
 
 // partitionsCheck is how often a running queue looks for partitions recorded since it
@@ -314,33 +315,29 @@ type queueRun struct {
 	name   string
 	qc     QueueConfig
 	h      queue.Handler
-	budget *queue.Budget // shared by the partitions' workers; nil for one partition
+	budget *queue.Budget // shared by the queue's workers; nil for one partition
 }
 
-// workers returns the workers of partitions from to to-1.
-func (q *queueRun) workers(from, to int) ([]*queue.Worker, error) {
+// worker returns the worker of partitions from to to-1.
+func (q *queueRun) worker(from, to int) (*queue.Worker, error) {
 	qc := q.qc
-	var ws []*queue.Worker
-	for p := from; p < to; p++ {
-		w, err := queue.NewWorker(queue.WorkerConfig{
-			Redis: q.c.rdb, Keys: q.c.keys(q.name).InPartition(p), Handler: q.h, Budget: q.budget,
-			Concurrency: qc.Concurrency, ClaimIdle: qc.ClaimIdle, MaxDeliveries: qc.MaxDeliveries,
-			ShutdownTimeout: qc.ShutdownTimeout, StatsInterval: qc.StatsInterval, Gate: qc.Gate,
-			JobTTL: q.c.cfg.ResultTTL, DeadLetterRetention: qc.DeadLetterRetention,
-			RetryBase: qc.RetryBase, RetryMax: qc.RetryMax, MaxRunTime: qc.MaxRunTime, RecordSuccesses: qc.RecordSuccesses,
-			Logger: q.c.log, Registerer: q.c.cfg.Registerer,
-		})
-		if err != nil {
-			return nil, fmt.Errorf("onceflow: queue %q: %w", q.name, err)
-		}
-		ws = append(ws, w)
+	w, err := queue.NewWorker(queue.WorkerConfig{
+		Redis: q.c.rdb, Keys: q.c.keys(q.name).InPartition(from), Partitions: to - from, Handler: q.h, Budget: q.budget,
+		Concurrency: qc.Concurrency, ClaimIdle: qc.ClaimIdle, MaxDeliveries: qc.MaxDeliveries,
+		ShutdownTimeout: qc.ShutdownTimeout, StatsInterval: qc.StatsInterval, Gate: qc.Gate,
+		JobTTL: q.c.cfg.ResultTTL, DeadLetterRetention: qc.DeadLetterRetention,
+		RetryBase: qc.RetryBase, RetryMax: qc.RetryMax, MaxRunTime: qc.MaxRunTime, RecordSuccesses: qc.RecordSuccesses,
+		Logger: q.c.log, Registerer: q.c.cfg.Registerer,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("onceflow: queue %q: %w", q.name, err)
 	}
-	return ws, nil
+	return w, nil
 }
 
-// run runs ws, and the workers of partitions recorded later, until ctx ends; it returns
-// the first worker's error.
-func (q *queueRun) run(ctx context.Context, ws []*queue.Worker) error {
+// run runs w (of partitions 0 to n-1), and a worker of the partitions recorded later,
+// until ctx ends; it returns the first worker's error.
+func (q *queueRun) run(ctx context.Context, w *queue.Worker, n int) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -356,10 +353,7 @@ func (q *queueRun) run(ctx context.Context, ws []*queue.Worker) error {
 			}
 		})
 	}
-	for _, w := range ws {
-		start(w)
-	}
-	n := len(ws)
+	start(w)
 	t := time.NewTicker(partitionsCheck)
 	defer t.Stop()
 	for {
@@ -383,14 +377,12 @@ func (q *queueRun) run(ctx context.Context, ws []*queue.Worker) error {
 		} else {
 			q.c.log.InfoContext(ctx, "onceflow: the queue has more partitions than when this process started: working them too", "queue", q.name, "partitions", got)
 		}
-		more, err := q.workers(n, got)
+		more, err := q.worker(n, got)
 		if err != nil {
 			q.c.log.ErrorContext(ctx, "onceflow: cannot work the queue's new partitions", "queue", q.name, "err", err)
 			continue
 		}
-		for _, w := range more {
-			start(w)
-		}
+		start(more)
 		n = got
 	}
 }

@@ -231,8 +231,9 @@ type QueueConfig struct {
 	// queue.MaxPartitions: each has a hash tag of its own (queue.Keys), so on a Redis
 	// Cluster the queue's jobs spread over the nodes. A job's partition is
 	// queue.PartitionOf its id, derived from its idempotency key when it has one. Run
-	// consumes every partition, with one reader per partition sharing Concurrency, and
-	// also those a higher count recorded before (queue.RegisterPartitions); ordering
+	// consumes every partition with one queue worker of Concurrency slots, which reads
+	// the partitions one Redis node holds in one round trip, and also those a higher
+	// count recorded before (queue.RegisterPartitions); ordering
 	// holds within a partition only. Set in QueueDefaults, it holds for every queue,
 	// also those the Client only enqueues to. See docs/queue.md, "Partitions".
 	// Default: 1.

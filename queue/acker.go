@@ -9,20 +9,19 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// acker acknowledges finished entries in batches: one XACK carries every id that
+// acker acknowledges finished entries in batches: one round trip carries every id that
 // finished while the previous one was on the wire, up to max ids, so under load the
 // acknowledgement costs a fraction of a round trip per job, and when idle an id is
-// acknowledged at once (after linger, when set). Their success records go in the same
-// round trip (flush).
+// acknowledged at once (after linger, when set). A Worker has one per Redis node
+// (reader.go): a batch holds the entries of any of the node's partitions, one XACK per
+// partition, sent as one pipeline with their success records (flush).
 type acker struct {
-	rdb       redis.Cmdable
-	stream    string
-	successes string
-	group     string
-	max       int
-	linger    time.Duration
-	log       *slog.Logger
-	m         *workerMetrics
+	rdb    redis.Cmdable
+	group  string
+	max    int
+	linger time.Duration
+	log    *slog.Logger
+	m      *workerMetrics
 
 	ch   chan ack
 	done chan struct{}
@@ -31,16 +30,17 @@ type acker struct {
 	closed bool
 }
 
-func newAcker(rdb redis.Cmdable, keys Keys, group string, max int, linger time.Duration, log *slog.Logger, m *workerMetrics) *acker {
+func newAcker(rdb redis.Cmdable, group string, max int, linger time.Duration, log *slog.Logger, m *workerMetrics) *acker {
 	return &acker{
-		rdb: rdb, stream: keys.Stream(), successes: keys.Successes(), group: group, max: max, linger: linger, log: log, m: m,
+		rdb: rdb, group: group, max: max, linger: linger, log: log, m: m,
 		ch: make(chan ack, max), done: make(chan struct{}),
 	}
 }
 
-// ack is one entry to acknowledge, with the success record of its delivery
-// (historyRecord; "" for none).
+// ack is one entry of partition p to acknowledge, with the success record of its
+// delivery (historyRecord; "" for none).
 type ack struct {
+	p           *part
 	id, history string
 }
 
@@ -115,51 +115,112 @@ func (a *acker) collect(batch *[]ack) bool {
 	return true
 }
 
-// flush sends one XACK for batch and, in the same round trip (a pipeline), one HSET of
-// the batch's success records into the queue's successes hash (Keys.Successes),
-// retrying a failed round trip twice: both are idempotent. Entries whose XACK fails
-// stay pending and are redelivered after ClaimIdle: the handler ran, so the redelivery
-// is a duplicate its idempotency absorbs. A lost success record loses only a line of
-// the job's history.
-func (a *acker) flush(batch []ack) {
-	ids := make([]string, len(batch))
-	recs := make([]any, 0, 2*len(batch))
-	for i, e := range batch {
-		ids[i] = e.id
+// partAcks is what one flush acknowledges of one partition: its ids and success records
+// (id, record, id, record...).
+type partAcks struct {
+	p    *part
+	ids  []string
+	recs []any
+}
+
+// byPart splits batch by partition, in the order of their first entries.
+func byPart(batch []ack) []partAcks {
+	var out []partAcks
+	index := func(p *part) int {
+		for i := range out {
+			if out[i].p == p {
+				return i
+			}
+		}
+		return -1
+	}
+	// Count first, so that each partition's ids take one allocation.
+	counts := make([]int, 0, 1)
+	for _, e := range batch {
+		if i := index(e.p); i >= 0 {
+			counts[i]++
+			continue
+		}
+		out = append(out, partAcks{p: e.p})
+		counts = append(counts, 1)
+	}
+	for i := range out {
+		out[i].ids = make([]string, 0, counts[i])
+	}
+	for _, e := range batch {
+		pa := &out[index(e.p)]
+		pa.ids = append(pa.ids, e.id)
 		if e.history != "" {
-			recs = append(recs, e.id, e.history)
+			pa.recs = append(pa.recs, e.id, e.history)
 		}
 	}
+	return out
+}
+
+// flush sends, in one round trip, one XACK per partition of batch and, for those with
+// success records, one HSET of them into the partition's successes hash
+// (Keys.Successes): a lone XACK when the batch is one partition's without records, else
+// a pipeline. A failed XACK is retried twice (XACK and HSET are idempotent), the
+// partitions acknowledged meanwhile not again. Entries whose XACK fails stay pending and
+// are redelivered after ClaimIdle: the handler ran, so the redelivery is a duplicate its
+// idempotency absorbs. A lost success record loses only a line of the job's history.
+func (a *acker) flush(batch []ack) {
+	parts := byPart(batch)
 	var err error
 	for attempt := range 3 {
 		if attempt > 0 {
 			time.Sleep(time.Duration(attempt) * 50 * time.Millisecond)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		var n int64
-		if len(recs) == 0 {
-			n, err = a.rdb.XAck(ctx, a.stream, a.group, ids...).Result()
-		} else {
-			var acked *redis.IntCmd
-			var recorded *redis.IntCmd
-			_, _ = a.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-				acked = p.XAck(ctx, a.stream, a.group, ids...)
-				recorded = p.HSet(ctx, a.successes, recs...)
-				return nil
-			})
-			// The acknowledgement is the XACK's: a refused record (Redis out of memory,
-			// say) loses only a line of history, and is not retried.
-			n, err = acked.Result()
-			if err == nil && recorded.Err() != nil {
-				a.log.Debug("recording successes failed; their jobs' histories lack them", "entries", len(batch), "err", recorded.Err())
-			}
-		}
+		parts, err = a.send(ctx, parts)
 		cancel()
 		if err == nil {
-			a.m.acks.Add(float64(n))
 			return
 		}
 		a.m.redisError("ack")
 	}
-	a.log.Error("acknowledge failed; the entries stay pending and will be redelivered", "entries", len(batch), "first", batch[0].id, "err", err)
+	for _, pa := range parts {
+		pa.p.log.Error("acknowledge failed; the entries stay pending and will be redelivered", "entries", len(pa.ids), "first", pa.ids[0], "err", err)
+	}
+}
+
+// send acknowledges parts in one round trip and returns those whose XACK failed, with
+// the first error.
+func (a *acker) send(ctx context.Context, parts []partAcks) ([]partAcks, error) {
+	if len(parts) == 1 && len(parts[0].recs) == 0 {
+		n, err := a.rdb.XAck(ctx, parts[0].p.stream, a.group, parts[0].ids...).Result()
+		if err != nil {
+			return parts, err
+		}
+		a.m.acks.Add(float64(n))
+		return nil, nil
+	}
+	acked := make([]*redis.IntCmd, len(parts))
+	recorded := make([]*redis.IntCmd, len(parts))
+	_, _ = a.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, pa := range parts {
+			acked[i] = p.XAck(ctx, pa.p.stream, a.group, pa.ids...)
+			if len(pa.recs) > 0 {
+				recorded[i] = p.HSet(ctx, pa.p.keys.Successes(), pa.recs...)
+			}
+		}
+		return nil
+	})
+	var failed []partAcks
+	var first error
+	for i, pa := range parts {
+		n, err := acked[i].Result()
+		if err != nil {
+			failed = append(failed, pa)
+			first = firstErr(first, err)
+			continue
+		}
+		a.m.acks.Add(float64(n))
+		// The acknowledgement is the XACK's: a refused record (Redis out of memory,
+		// say) loses only a line of history, and is not retried.
+		if recorded[i] != nil && recorded[i].Err() != nil {
+			pa.p.log.Debug("recording successes failed; their jobs' histories lack them", "entries", len(pa.ids), "err", recorded[i].Err())
+		}
+	}
+	return failed, first
 }

@@ -13,16 +13,18 @@
 //
 // # How a Worker runs
 //
-// One loop per Worker:
+// One loop per Worker and Redis node (a Worker of several partitions reads those one
+// node holds in one round trip; see WorkerConfig.Partitions):
 //
 //  1. wait for at least one free slot (at most Concurrency handlers run at once);
-//  2. XAUTOCLAIM entries idle longer than ClaimIdle (keeping the cursor between calls;
-//     entries Redis reports as deleted while pending are logged and counted);
-//  3. XREADGROUP ">" with COUNT = the remaining free slots and a finite BLOCK, so the
-//     worker never holds more messages than it can run;
-//  4. one XPENDING range call for the delivery counts of the reclaimed entries (a new
-//     entry read with ">" has been delivered exactly once);
-//  5. each job runs in its own goroutine. A nil error is acknowledged through a batching
+//  2. reclaim entries idle longer than ClaimIdle of the partitions whose scan is due:
+//     one script per partition (XAUTOCLAIM, keeping the cursor between calls, and the
+//     XPENDING delivery counts of what it claimed), all in one round trip; entries Redis
+//     reports as deleted while pending are logged and counted;
+//  3. XREADGROUP ">" with COUNT = the remaining free slots (divided between the
+//     partitions read) and a finite BLOCK, so the worker never holds more messages than
+//     it can run (a new entry read with ">" has been delivered exactly once);
+//  4. each job runs in its own goroutine. A nil error is acknowledged through a batching
 //     acknowledger (many ids per XACK; the maintenance trim later starts the TTL of
 //     the jobs' indexes); an error wrapping ErrPermanent, a malformed
 //     message or a delivery count above MaxDeliveries moves the entry to the dead-letter

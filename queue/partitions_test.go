@@ -88,16 +88,33 @@ func TestRegisterPartitionsKeepsTheMost(t *testing.T) {
 	}
 }
 
-// partitionWorkers starts one worker per partition of keys sharing a budget of size
-// slots, running h, reads blocking for block, and stops them at the end of the test.
-func partitionWorkers(t *testing.T, rdb redis.UniversalClient, keys Keys, parts, size int, block time.Duration, h HandlerFunc) {
+// The two ways a process's workers share a queue's budget: one worker of all the
+// partitions (as the Client starts them), and one worker per partition on a shared Budget
+// (as the Client adds partitions recorded after it started).
+var budgetShapes = []struct {
+	name         string
+	perPartition bool
+}{{"one worker", false}, {"a worker per partition", true}}
+
+// partitionWorkers starts workers of the parts partitions of keys with a budget of size
+// slots (one worker of them all, or one per partition sharing a Budget), running h,
+// reads blocking for block, and stops them at the end of the test.
+func partitionWorkers(t *testing.T, rdb redis.UniversalClient, keys Keys, parts, size int, perPartition bool, block time.Duration, h HandlerFunc) {
 	t.Helper()
 	budget := NewBudget(size)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	for _, k := range keys.Partitions(parts) {
-		w, err := NewWorker(WorkerConfig{Redis: rdb, Keys: k, Budget: budget, Handler: h, Block: block,
-			Logger: slog.New(slog.DiscardHandler)})
+	cfgs := []WorkerConfig{{Keys: keys, Partitions: parts, Budget: budget}}
+	if perPartition {
+		cfgs = nil
+		for _, k := range keys.Partitions(parts) {
+			cfgs = append(cfgs, WorkerConfig{Keys: k, Budget: budget})
+		}
+	}
+	for _, cfg := range cfgs {
+		k := cfg.Keys
+		cfg.Redis, cfg.Handler, cfg.Block, cfg.Logger = rdb, h, block, slog.New(slog.DiscardHandler)
+		w, err := NewWorker(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -110,21 +127,30 @@ func partitionWorkers(t *testing.T, rdb redis.UniversalClient, keys Keys, parts,
 	t.Cleanup(func() { cancel(); wg.Wait() })
 }
 
-// The workers of a queue's partitions share one budget: together they never run more
-// than its size at once, and a backlog in one partition uses the slots the idle
-// partitions do not: each idle one waits for work holding one slot. (A reader that took
-// every free slot into its blocking read of an idle stream held them for the whole
-// Block, 5s here, while the backlog waited: the busy partition reached its share
-// within 2.5s in 4 of 6 runs.)
+// The partitions of a queue share one budget: together they never run more than its
+// size at once, and a backlog in one partition uses the slots the idle partitions do
+// not: each idle one waits for work holding one slot at most. (A reader that took every
+// free slot into its blocking read of an idle stream held them for the whole Block, 5s
+// here, while the backlog waited: the busy partition reached its share within 2.5s in 4
+// of 6 runs.)
 func TestPartitionsShareOneBudget(t *testing.T) {
 	t.Parallel()
+	for _, shape := range budgetShapes {
+		t.Run(shape.name, func(t *testing.T) {
+			t.Parallel()
+			testPartitionsShareOneBudget(t, shape.perPartition)
+		})
+	}
+}
+
+func testPartitionsShareOneBudget(t *testing.T, perPartition bool) {
 	rdb, prefix := testenv.Redis(t)
 	ctx := context.Background()
 	keys := Keys{Prefix: prefix, Queue: "shared"}
 	const parts, size = 3, 8
 	var running, peak, ran atomic.Int64
 	release := make(chan struct{})
-	partitionWorkers(t, rdb, keys, parts, size, 5*time.Second, func(ctx context.Context, j *Job) error {
+	partitionWorkers(t, rdb, keys, parts, size, perPartition, 5*time.Second, func(ctx context.Context, j *Job) error {
 		n := running.Add(1)
 		for {
 			p := peak.Load()
@@ -170,7 +196,7 @@ func TestPartitionsShareOneBudget(t *testing.T) {
 }
 
 // On a Redis Cluster (3 primaries) the partitions of a queue land on different nodes,
-// and one set of partition workers runs every job of every partition.
+// and one worker of them all runs every job of every partition.
 func TestPartitionsSpreadOverARedisCluster(t *testing.T) {
 	t.Parallel()
 	c := testenv.PrivateRedisCluster(t, 3, 0)
@@ -203,7 +229,7 @@ func TestPartitionsSpreadOverARedisCluster(t *testing.T) {
 	}
 	var mu sync.Mutex
 	seen := map[string]int{}
-	partitionWorkers(t, rdb, keys, parts, 16, 200*time.Millisecond, func(_ context.Context, j *Job) error {
+	partitionWorkers(t, rdb, keys, parts, 16, false, 200*time.Millisecond, func(_ context.Context, j *Job) error {
 		mu.Lock()
 		seen[j.JobID]++
 		mu.Unlock()
@@ -227,18 +253,27 @@ func TestPartitionsSpreadOverARedisCluster(t *testing.T) {
 }
 
 // A shared Budget smaller than (or equal to) the number of partitions does not starve a
-// backlog: the idle partitions' readers do not hold the budget's slots in their blocking
+// backlog: the idle partitions' reads do not hold the budget's slots in their blocking
 // XREADGROUP (4 partitions, a budget of 2: 20 instant jobs run in well under a Block each,
 // as one unpartitioned worker of Concurrency 2 runs them).
 func TestBudgetSmallerThanThePartitionsDoesNotStarveABacklog(t *testing.T) {
 	t.Parallel()
+	for _, shape := range budgetShapes {
+		t.Run(shape.name, func(t *testing.T) {
+			t.Parallel()
+			testBudgetSmallerThanThePartitions(t, shape.perPartition)
+		})
+	}
+}
+
+func testBudgetSmallerThanThePartitions(t *testing.T, perPartition bool) {
 	rdb, prefix := testenv.Redis(t)
 	ctx := context.Background()
 	keys := Keys{Prefix: prefix, Queue: "starve"}
 	const parts, size, jobs = 4, 2, 20
 	var ran atomic.Int64
 	// The Client's workers use DefaultBlock (1s).
-	partitionWorkers(t, rdb, keys, parts, size, DefaultBlock, func(ctx context.Context, j *Job) error {
+	partitionWorkers(t, rdb, keys, parts, size, perPartition, DefaultBlock, func(ctx context.Context, j *Job) error {
 		ran.Add(1)
 		return nil
 	})

@@ -35,3 +35,7 @@ func CreateGroup(ctx context.Context, rdb redis.Cmdable, keys Keys, group string
 	}
 	return nil
 }
+
+// isNoScript reports whether err is Redis's reply to an EVALSHA of a script it has not
+// cached (the script did not run).
+func isNoScript(err error) bool { return hasReplyPrefix(err, "NOSCRIPT") }

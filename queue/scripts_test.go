@@ -48,7 +48,7 @@ func TestScriptsRunWithTheKeysTheirHeadersName(t *testing.T) {
 	w, err := NewWorker(WorkerConfig{Redis: rdb, Keys: keys, Consumer: "c", Logger: quiet,
 		Handler: HandlerFunc(func(context.Context, *Job) error { return nil })})
 	must("NewWorker", err)
-	_, err = w.reclaim(ctx, 10)
+	_, err = w.reclaim(ctx, w.parts[0], 10)
 	must("reclaim", err)
 	res, err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: DefaultGroup, Consumer: "c", Streams: []string{keys.Stream(), ">"}, Count: 5}).Result()
 	must("XREADGROUP", err)

@@ -57,8 +57,16 @@ type WorkerConfig struct {
 	// pool must allow a few connections at once: the read loop, the acknowledger, the
 	// lease renewer, maintenance and dead-lettering handlers each hold one while busy.
 	Redis redis.UniversalClient
-	// Keys names the queue.
+	// Keys names the queue, and its partition the first the worker consumes.
 	Keys Keys
+	// Partitions is how many partitions of the queue the worker consumes, from
+	// Keys.Partition on (Keys.InPartition(Keys.Partition) to
+	// Keys.InPartition(Keys.Partition+Partitions-1)), with one budget of Concurrency
+	// slots: a partition with a backlog uses the slots the others do not. It reads the
+	// partitions one Redis node holds in one round trip, and acknowledges their entries in
+	// one (see reader.go and docs/queue.md, "Partitions"); each partition keeps its own
+	// reclaim, scheduler and maintenance. Default: 1.
+	Partitions int
 	// Handler runs the jobs.
 	Handler Handler
 
@@ -71,8 +79,8 @@ type WorkerConfig struct {
 	// Concurrency is the most handlers that run at once; the worker never reads more
 	// messages than it has free slots. Default: 64, or Budget's size.
 	Concurrency int
-	// Budget, when set, is the concurrency budget this worker shares with the workers of
-	// the queue's other partitions (Keys.Partition): its handlers take their slots from
+	// Budget, when set, is the concurrency budget this worker shares with other workers
+	// of the queue (those of other partitions of it): its handlers take their slots from
 	// it, and Concurrency, when set, must be its size. Default: nil, a budget of its own
 	// of Concurrency slots.
 	Budget *Budget
@@ -104,8 +112,8 @@ type WorkerConfig struct {
 	// ClaimIdle even if the handler ignores its context), and the run counts as a failed
 	// attempt. Negative: no bound. Default: 15m.
 	MaxRunTime time.Duration
-	// Block is how long one XREADGROUP waits for new messages; it bounds how late the
-	// worker notices cancellation. Default: 1s.
+	// Block is how long one blocking XREADGROUP waits for new messages; it bounds how
+	// late the worker notices cancellation. Default: 1s.
 	Block time.Duration
 	// ClaimInterval is how often the worker looks for entries to reclaim when its last
 	// XAUTOCLAIM scan reached the end of the pending list (while a scan is under way it
@@ -179,6 +187,7 @@ func (c WorkerConfig) withDefaults() WorkerConfig {
 		c.Concurrency = cmp.Or(c.Concurrency, c.Budget.Size())
 	}
 	c.Concurrency = cmp.Or(c.Concurrency, DefaultConcurrency)
+	c.Partitions = cmp.Or(c.Partitions, 1)
 	c.ClaimIdle = cmp.Or(c.ClaimIdle, DefaultClaimIdle)
 	c.MaxDeliveries = cmp.Or(c.MaxDeliveries, DefaultMaxDeliveries)
 	c.Block = cmp.Or(c.Block, DefaultBlock)
@@ -215,6 +224,8 @@ func (c WorkerConfig) validate() error {
 		return fmt.Errorf("queue: Concurrency %d must be the shared Budget's size %d", c.Concurrency, c.Budget.Size())
 	case c.Keys.Validate() != nil:
 		return fmt.Errorf("queue: WorkerConfig.Keys: %w", c.Keys.Validate())
+	case c.Partitions < 1 || c.Keys.Partition+c.Partitions > MaxPartitions:
+		return fmt.Errorf("queue: Partitions %d from partition %d: want 1 to %d in all", c.Partitions, c.Keys.Partition, MaxPartitions)
 	case c.ClaimIdle < time.Millisecond:
 		return fmt.Errorf("queue: ClaimIdle %v must be at least 1ms", c.ClaimIdle)
 	case c.MaxDeliveries < 1:
@@ -264,45 +275,48 @@ func ConsumerName() string {
 // ErrWorkerStarted is returned by a second call of Worker.Run.
 var ErrWorkerStarted = errors.New("queue: worker already started")
 
-// Worker runs the jobs of one queue with up to Concurrency handlers at once; see the
-// package documentation for its loop. Create it with NewWorker and call Run once. Its
-// methods are safe for concurrent use.
+// Worker runs the jobs of one queue, or of some of its partitions (Partitions), with up
+// to Concurrency handlers at once; see the package documentation for its loop. Create
+// it with NewWorker and call Run once. Its methods are safe for concurrent use.
 type Worker struct {
-	cfg  WorkerConfig
-	keys Keys
-	rdb  redis.UniversalClient
-	log  *slog.Logger
-	m    *workerMetrics
+	cfg   WorkerConfig
+	parts []*part // the partitions it consumes, in order
+	rdb   redis.UniversalClient
+	log   *slog.Logger
+	m     *workerMetrics
 
 	slots    chan struct{} // one token per busy slot
 	jobs     chan delivery // to idle handler goroutines
 	idle     atomic.Int64  // handler goroutines waiting on jobs, minus jobs sent
 	spawned  atomic.Int64  // handler goroutines started
 	handlers sync.WaitGroup
-	acks     *acker
 	started  atomic.Bool
 	cut      atomic.Bool // the shutdown timeout passed: in-flight handlers are cancelled
+	// shared: other readers take from the slots too (another node's reader of this
+	// worker, or another worker's on the same Budget), set by readLoop.
+	shared atomic.Bool
+
+	ackMu  sync.Mutex
+	ackers map[string]*acker // one per node group (nodeGroup.key), started on first use
 
 	mu       sync.Mutex
-	inFlight map[string]jobRef // entries whose handler runs, with their job for logs
+	inFlight map[entryKey]jobRef // entries whose handler runs, with their job for logs
 
 	// unavailable counts the runs in a row that reported a dependency down, for the
 	// hand-back delay; a successful run resets it.
 	unavailable atomic.Int64
-	// wake tells the mover that this worker scheduled a job (buffered 1).
-	wake chan struct{}
-	// wakeAt is the earliest due time (Unix ns) the mover was woken for, 0 for none.
-	wakeAt atomic.Int64
 	// life ends when Run returns: settlements retry until then. Set by Run before any
 	// handler starts.
 	life context.Context
 	// epoch is the current run epoch (epochFor), created under epochMu.
 	epoch   atomic.Pointer[runEpoch]
 	epochMu sync.Mutex
+}
 
-	// Owned by the read loop.
-	cursor   string    // XAUTOCLAIM cursor
-	lastScan time.Time // when the last XAUTOCLAIM scan reached the end
+// entryKey names an entry of one of the worker's partitions (entry ids are per stream).
+type entryKey struct {
+	p  *part
+	id string
 }
 
 // NewWorker checks cfg, applies its defaults and returns a Worker ready to Run. It
@@ -313,30 +327,41 @@ func NewWorker(cfg WorkerConfig) (*Worker, error) {
 		return nil, err
 	}
 	log := cfg.Logger.With("queue", cfg.Keys.Name(), "consumer", cfg.Consumer)
+	if cfg.Partitions > 1 {
+		log = cfg.Logger.With("queue", cfg.Keys.Queue, "partitions",
+			fmt.Sprintf("%d-%d", cfg.Keys.Partition, cfg.Keys.Partition+cfg.Partitions-1), "consumer", cfg.Consumer)
+	}
 	m := newWorkerMetrics(cfg.Registerer, cfg.Keys.Queue)
 	slots := make(chan struct{}, cfg.Concurrency)
 	if cfg.Budget != nil {
 		slots = cfg.Budget.slots
 	}
+	parts := make([]*part, cfg.Partitions)
+	for i := range parts {
+		k := cfg.Keys.InPartition(cfg.Keys.Partition + i)
+		plog := log
+		if cfg.Partitions > 1 {
+			plog = cfg.Logger.With("queue", k.Name(), "consumer", cfg.Consumer)
+		}
+		parts[i] = newPart(k, plog)
+	}
 	return &Worker{
-		cfg: cfg, keys: cfg.Keys, rdb: cfg.Redis, log: log, m: m,
+		cfg: cfg, parts: parts, rdb: cfg.Redis, log: log, m: m,
 		slots:    slots,
 		jobs:     make(chan delivery, cfg.Concurrency),
-		acks:     newAcker(cfg.Redis, cfg.Keys, cfg.Group, cfg.AckBatch, cfg.AckLinger, log, m),
-		inFlight: make(map[string]jobRef),
-		cursor:   "0-0",
-		wake:     make(chan struct{}, 1),
+		ackers:   make(map[string]*acker),
+		inFlight: make(map[entryKey]jobRef),
 	}, nil
 }
 
 // Consumer returns the worker's consumer name.
 func (w *Worker) Consumer() string { return w.cfg.Consumer }
 
-// Run creates the consumer group if needed and runs jobs until ctx is cancelled, then
-// shuts down: it stops reading, waits up to ShutdownTimeout for running handlers (then
-// cancels their context and waits a little more), acknowledges the jobs that finished,
-// stops renewing leases and returns nil. Unfinished jobs are never acknowledged: they
-// stay pending and another worker reclaims them after ClaimIdle.
+// Run creates the consumer group of each partition if needed and runs jobs until ctx is
+// cancelled, then shuts down: it stops reading, waits up to ShutdownTimeout for running
+// handlers (then cancels their context and waits a little more), acknowledges the jobs
+// that finished, stops renewing leases and returns nil. Unfinished jobs are never
+// acknowledged: they stay pending and another worker reclaims them after ClaimIdle.
 //
 // Redis errors do not stop Run: it logs them, counts them and retries with backoff.
 // Run may be called once; a second call returns ErrWorkerStarted.
@@ -344,9 +369,8 @@ func (w *Worker) Run(ctx context.Context) error {
 	if !w.started.CompareAndSwap(false, true) {
 		return ErrWorkerStarted
 	}
-	go w.acks.run()
-	defer w.acks.close() // idempotent; on the normal path it already ran below
-	if !w.createGroup(ctx) {
+	defer w.closeAckers() // idempotent; on the normal path they closed below
+	if !w.createGroups(ctx, w.parts...) {
 		return nil
 	}
 	w.log.InfoContext(ctx, "worker started", "concurrency", w.cfg.Concurrency, "claim_idle", w.cfg.ClaimIdle,
@@ -365,7 +389,9 @@ func (w *Worker) Run(ctx context.Context) error {
 		background.Go(func() { w.renewLoop(bg) })
 	}
 	background.Go(func() { w.maintainLoop(ctx) })
-	background.Go(func() { w.moveLoop(bg) })
+	for _, p := range w.parts {
+		background.Go(func() { w.moveLoop(bg, p) })
+	}
 
 	// The shutdown timeout counts from the signal, not from the end of the read in
 	// progress (up to Block later): a timer started at the signal cuts the handlers.
@@ -401,68 +427,44 @@ func (w *Worker) Run(ctx context.Context) error {
 		}
 	}
 	stopBG()
-	w.acks.close()
+	w.closeAckers()
 	background.Wait()
 	w.log.Info("worker stopped")
 	return nil
 }
 
-// createGroup creates the consumer group, retrying with backoff until it succeeds
-// (true) or ctx is cancelled (false).
-func (w *Worker) createGroup(ctx context.Context) bool {
-	var b backoff
-	for {
-		err := CreateGroup(ctx, w.rdb, w.keys, w.cfg.Group)
-		if err == nil {
-			return true
-		}
-		if ctx.Err() != nil {
-			return false
-		}
-		w.m.redisError("group")
-		w.log.Warn("cannot create consumer group; retrying", "err", err)
-		if !b.sleep(ctx) {
-			return false
-		}
-	}
+// recreateGroups creates the consumer groups of parts again after Redis said one is
+// missing (someone deleted a stream), for at most recreateTimeout.
+func (w *Worker) recreateGroups(parts ...*part) {
+	ctx, cancel := context.WithTimeout(context.Background(), recreateTimeout)
+	defer cancel()
+	w.createGroups(ctx, parts...)
 }
 
-// readLoop reads messages and hands them to handler goroutines until ctx is cancelled.
-func (w *Worker) readLoop(ctx, hctx context.Context) {
+// recreateTimeout bounds recreateGroups.
+const recreateTimeout = 10 * time.Second
+
+// createGroups creates the consumer group of each of parts, retrying with backoff until
+// every one succeeded (true) or ctx is cancelled (false).
+func (w *Worker) createGroups(ctx context.Context, parts ...*part) bool {
 	var b backoff
-	backlog := false
-	for {
-		limit, ok := w.admit(ctx)
-		if !ok {
-			return
-		}
-		n := w.acquire(ctx, backlog)
-		if n == 0 {
-			return
-		}
-		if limit > 0 && n > limit {
-			w.release(n - limit)
-			n = limit
-		}
-		batch, err := w.fetch(ctx, n)
-		backlog = len(batch) == n
-		w.release(n - len(batch))
-		for _, d := range batch {
-			w.m.deliveries.Inc()
-			if d.deliveries > 1 {
-				w.m.redeliveries.Inc()
+	for _, p := range parts {
+		for {
+			err := CreateGroup(ctx, w.rdb, p.keys, w.cfg.Group)
+			if err == nil {
+				break
 			}
-			w.dispatch(hctx, d)
-		}
-		if err != nil {
-			w.log.Warn("reading the queue failed; retrying", "err", err)
+			if ctx.Err() != nil {
+				return false
+			}
+			w.m.redisError("group")
+			p.log.Warn("cannot create consumer group; retrying", "err", err)
 			if !b.sleep(ctx) {
-				return
+				return false
 			}
-			continue
 		}
-		b.reset()
 	}
+	return true
 }
 
 // admit waits for the Gate, if any, and returns how many jobs it admits (0: no limit);
@@ -485,18 +487,18 @@ func (w *Worker) admit(ctx context.Context) (limit int, ok bool) {
 // acquire waits for a free slot and takes every free slot; it returns how many it took,
 // 0 when ctx was cancelled. When the last read was full (a backlog is waiting) and some
 // slots are still busy, it waits up to batchWait for them, so that a busy worker reads in
-// large batches instead of spending a round trip on every few messages. A worker that
-// shares its Budget with other partitions takes one slot only when its last read was
-// not full: it would hold them through a blocking read of an idle stream, while another
-// partition's backlog waits for them.
-func (w *Worker) acquire(ctx context.Context, backlog bool) int {
+// large batches instead of spending a round trip on every few messages. A reader that
+// shares the slots with others (shared) takes one slot per stream it reads, at most,
+// when its last read was not full: it would hold them through a blocking read of idle
+// streams, while another reader's backlog waits for them.
+func (w *Worker) acquire(ctx context.Context, backlog bool, streams int) int {
 	select {
 	case w.slots <- struct{}{}:
 	case <-ctx.Done():
 		return 0
 	}
-	if w.cfg.Budget != nil && !backlog {
-		return 1
+	if w.shared.Load() && !backlog {
+		return 1 + w.takeUpTo(streams-1)
 	}
 	n := 1 + w.takeFree()
 	if !backlog || n == w.cfg.Concurrency {
@@ -537,14 +539,27 @@ func (w *Worker) takeFree() int {
 	}
 }
 
+// takeUpTo takes up to n slots free right now and returns how many.
+func (w *Worker) takeUpTo(n int) int {
+	for i := range n {
+		select {
+		case w.slots <- struct{}{}:
+		default:
+			return i
+		}
+	}
+	return n
+}
+
 func (w *Worker) release(n int) {
 	for range n {
 		<-w.slots
 	}
 }
 
-// delivery is one entry handed to the worker.
+// delivery is one entry of partition p handed to the worker.
 type delivery struct {
+	p          *part
 	id         string
 	fields     map[string]any
 	deliveries int64
@@ -552,83 +567,51 @@ type delivery struct {
 	started time.Time
 }
 
-// fetch returns up to n deliveries: reclaimed entries first (when a reclaim scan is
-// due), then new ones. It returns what it got even with an error.
-func (w *Worker) fetch(ctx context.Context, n int) ([]delivery, error) {
-	// A read in progress completes even if ctx is cancelled meanwhile: the entries it
-	// returns are pending to this consumer, and are run within the shutdown timeout.
-	rctx := context.WithoutCancel(ctx)
-	var out []delivery
-	if w.cursor != "0-0" || time.Since(w.lastScan) >= w.cfg.ClaimInterval {
-		claimed, err := w.reclaim(rctx, n)
-		if err != nil {
-			return nil, err
-		}
-		out = claimed
-	}
-	rest := n - len(out)
-	if rest == 0 || ctx.Err() != nil {
-		return out, nil
-	}
-	block := w.cfg.Block
-	switch {
-	case len(out) > 0:
-		block = -1 // jobs are waiting: do not block
-	case w.cfg.Budget != nil && len(w.slots) == cap(w.slots):
-		// Every slot of the shared budget is taken: the other partitions may have a
-		// backlog waiting for the slot this read holds. Give it back soon.
-		block = min(block, contendedBlock)
-	}
-	res, err := w.rdb.XReadGroup(rctx, &redis.XReadGroupArgs{
-		Group: w.cfg.Group, Consumer: w.cfg.Consumer, Streams: []string{w.keys.Stream(), ">"},
-		Count: int64(rest), Block: block,
-	}).Result()
-	if errors.Is(err, redis.Nil) {
-		return out, nil
-	}
-	if err != nil {
-		w.m.redisError("read")
-		if isNoGroup(err) {
-			w.createGroup(ctx)
-		}
-		return out, fmt.Errorf("read new messages: %w", err)
-	}
-	for _, s := range res {
-		for _, m := range s.Messages {
-			out = append(out, delivery{id: m.ID, fields: m.Values, deliveries: 1})
-		}
-	}
-	return out, nil
-}
-
 // reclaimScript claims idle entries and reads their delivery counts in one step
 // (lua/reclaim.lua).
 var reclaimScript = scripts.MustScript("lua/reclaim.lua")
 
-// reclaim claims up to n entries idle for ClaimIdle with their delivery counts, in one
-// round trip (reclaimScript).
-func (w *Worker) reclaim(ctx context.Context, n int) ([]delivery, error) {
-	res, err := reclaimScript.Run(ctx, w.rdb, []string{w.keys.Stream()},
-		w.cfg.Group, w.cfg.Consumer, w.cfg.ClaimIdle.Milliseconds(), w.cursor, n).Slice()
+// reclaimCall returns the keys and arguments of reclaimScript for up to n entries of p.
+func (w *Worker) reclaimCall(p *part, n int) ([]string, []any) {
+	return []string{p.stream}, []any{w.cfg.Group, w.cfg.Consumer, w.cfg.ClaimIdle.Milliseconds(), p.cursor, n}
+}
+
+// reclaim claims up to n entries of p idle for ClaimIdle with their delivery counts, in
+// one round trip (reclaimScript).
+func (w *Worker) reclaim(ctx context.Context, p *part, n int) ([]delivery, error) {
+	keys, args := w.reclaimCall(p, n)
+	res, err := reclaimScript.Run(ctx, w.rdb, keys, args...).Slice()
 	if err != nil {
-		w.m.redisError("reclaim")
-		if isNoGroup(err) {
-			w.createGroup(ctx)
-		}
-		return nil, fmt.Errorf("reclaim idle messages: %w", err)
+		return nil, w.reclaimFailed(p, err)
 	}
+	return w.claimed(ctx, p, res)
+}
+
+// reclaimFailed counts and returns the error of p's reclaim, recreating its group when
+// it is gone.
+func (w *Worker) reclaimFailed(p *part, err error) error {
+	w.m.redisError("reclaim")
+	if isNoGroup(err) {
+		w.recreateGroups(p)
+	}
+	return fmt.Errorf("reclaim idle messages of %s: %w", p.keys.Name(), err)
+}
+
+// claimed returns the deliveries of reclaimScript's reply res for p, and moves p's
+// cursor on.
+func (w *Worker) claimed(ctx context.Context, p *part, res []any) ([]delivery, error) {
 	cursor, msgs, deleted, counts, err := parseReclaim(res)
 	if err != nil {
 		w.m.redisError("reclaim")
-		return nil, fmt.Errorf("reclaim idle messages: %w", err)
+		return nil, fmt.Errorf("reclaim idle messages of %s: %w", p.keys.Name(), err)
 	}
-	w.cursor = cursor
+	p.cursor = cursor
 	if cursor == "0-0" {
-		w.lastScan = time.Now()
+		p.lastScan = time.Now()
 	}
 	for _, id := range deleted {
 		w.m.deletedPending.Inc()
-		w.log.Error("a pending entry was deleted from the stream before it was acknowledged (XDEL or MAXLEN trimming outside the worker); its job is lost", "entry", id)
+		p.log.Error("a pending entry was deleted from the stream before it was acknowledged (XDEL or MAXLEN trimming outside the worker); its job is lost", "entry", id)
 	}
 	if len(msgs) == 0 {
 		return nil, nil
@@ -636,27 +619,27 @@ func (w *Worker) reclaim(ctx context.Context, n int) ([]delivery, error) {
 	w.m.reclaimed.Add(float64(len(msgs)))
 	out := make([]delivery, 0, len(msgs))
 	for i, m := range msgs {
-		if w.isInFlight(m.ID) {
+		if w.isInFlight(p, m.ID) {
 			// Our own run of it is still going (renewal off or late, or the run overran
 			// MaxRunTime): do not start a second. Undo the claim's delivery and leave the
 			// entry reclaimable, so that another worker may take it over.
-			w.log.Warn("reclaimed an entry this worker is still running; not running it twice", append(refOf(m.Values).attrs(), "entry", m.ID)...)
-			w.unclaim(ctx, m.ID, counts[i]-1)
+			p.log.Warn("reclaimed an entry this worker is still running; not running it twice", append(refOf(m.Values).attrs(), "entry", m.ID)...)
+			w.unclaim(ctx, p, m.ID, counts[i]-1)
 			continue
 		}
-		out = append(out, delivery{id: m.ID, fields: m.Values, deliveries: max(counts[i], 1)})
+		out = append(out, delivery{p: p, id: m.ID, fields: m.Values, deliveries: max(counts[i], 1)})
 	}
 	return out, nil
 }
 
 // unclaim sets entry id back to delivery count count and idle ClaimIdle (reclaimable at
 // once), undoing this worker's reclaim of its own in-flight entry.
-func (w *Worker) unclaim(ctx context.Context, id string, count int64) {
-	err := w.rdb.Do(ctx, "XCLAIM", w.keys.Stream(), w.cfg.Group, w.cfg.Consumer, 0, id,
+func (w *Worker) unclaim(ctx context.Context, p *part, id string, count int64) {
+	err := w.rdb.Do(ctx, "XCLAIM", p.stream, w.cfg.Group, w.cfg.Consumer, 0, id,
 		"IDLE", w.cfg.ClaimIdle.Milliseconds(), "RETRYCOUNT", max(count, 0), "JUSTID").Err()
 	if err != nil {
 		w.m.redisError("reclaim")
-		w.log.Warn("could not undo the reclaim of an in-flight entry; its delivery count stays one higher", "entry", id, "err", err)
+		p.log.Warn("could not undo the reclaim of an in-flight entry; its delivery count stays one higher", "entry", id, "err", err)
 	}
 }
 
@@ -694,6 +677,15 @@ func parseReclaim(res []any) (cursor string, msgs []redis.XMessage, deleted []st
 		}
 	}
 	return cursor, msgs, deleted, counts, nil
+}
+
+// deliver counts d and dispatches it.
+func (w *Worker) deliver(hctx context.Context, d delivery) {
+	w.m.deliveries.Inc()
+	if d.deliveries > 1 {
+		w.m.redeliveries.Inc()
+	}
+	w.dispatch(hctx, d)
 }
 
 // dispatch hands d to an idle handler goroutine, or starts one. The goroutines stay for
@@ -738,11 +730,11 @@ func (w *Worker) process(ctx context.Context, d delivery) {
 	job := &run.job
 	started := time.Now()
 	d.started = started
-	w.track(d.id, jobRef{jobID: msg.JobID, tenant: msg.Tenant, start: started, deliveries: d.deliveries, run: run, d: d})
+	w.track(d.p, d.id, jobRef{jobID: msg.JobID, tenant: msg.Tenant, start: started, deliveries: d.deliveries, run: run, d: d})
 	// Tracked until its fate is settled: a reclaim scan in between must not take the
 	// entry and run it again while this run still acknowledges, buries or hands it back.
 	// A run whose lease was renewed has its start in the runs hash: forget it then.
-	defer w.untrackRun(d.id)
+	defer w.untrackRun(d.p, d.id)
 	// Deliveries of this entry before this one never reported (their worker died): each
 	// spent an attempt.
 	if spent := int64(msg.Attempts) + d.deliveries - 1; spent >= int64(w.cfg.MaxDeliveries) {
@@ -757,10 +749,10 @@ func (w *Worker) process(ctx context.Context, d delivery) {
 		ep = w.epochFor(ctx, started)
 		rctx = ep.ctx
 	}
-	outcome, err := w.run(rctx, job, started)
+	outcome, err := w.run(rctx, d.p, job, started)
 	overran := ep != nil && errors.Is(context.Cause(ep.ctx), errRunTime)
 	if !run.settle.CompareAndSwap(runRunning, runSettling) {
-		w.log.Warn("an abandoned run returned; its job was already handed on", "job_id", job.JobID, "tenant", job.Tenant, "entry", d.id, "err", err)
+		d.p.log.Warn("an abandoned run returned; its job was already handed on", "job_id", job.JobID, "tenant", job.Tenant, "entry", d.id, "err", err)
 		return
 	}
 	var snooze *SnoozeError
@@ -768,8 +760,8 @@ func (w *Worker) process(ctx context.Context, d delivery) {
 	switch {
 	case outcome == outcomeOK:
 		w.unavailable.Store(0)
-		if !w.acks.add(w.ackOf(d, OutcomeSucceeded)) {
-			w.log.Warn("job finished after shutdown; it stays pending and will run again", "job_id", job.JobID, "tenant", job.Tenant, "entry", d.id)
+		if !d.p.acks.Load().add(w.ackOf(d, OutcomeSucceeded)) {
+			d.p.log.Warn("job finished after shutdown; it stays pending and will run again", "job_id", job.JobID, "tenant", job.Tenant, "entry", d.id)
 		}
 	case outcome == outcomePermanent:
 		w.bury(d, &msg, reasonPermanent, "permanent: "+err.Error(), 0)
@@ -800,9 +792,9 @@ func (w *Worker) process(ctx context.Context, d delivery) {
 // record when RecordSuccesses is set.
 func (w *Worker) ackOf(d delivery, outcome string) ack {
 	if !w.cfg.RecordSuccesses {
-		return ack{id: d.id}
+		return ack{p: d.p, id: d.id}
 	}
-	return ack{id: d.id, history: w.historyOf(d, outcome, "")}
+	return ack{p: d.p, id: d.id, history: w.historyOf(d, outcome, "")}
 }
 
 // historyOf is the history event of d, whose run ends now with outcome (detail: the
@@ -811,13 +803,13 @@ func (w *Worker) historyOf(d delivery, outcome, detail string) string {
 	return historyRecord(d, w.cfg.Consumer, outcome, detail, time.Now())
 }
 
-// forgetRun deletes entry id's start from the runs hash (LongRuns). One round trip, for
-// runs long enough to have been renewed only; maintenance deletes what a failure here
+// forgetRun deletes entry id of p's start from its runs hash (LongRuns). One round trip,
+// for runs long enough to have been renewed only; maintenance deletes what a failure here
 // leaves.
-func (w *Worker) forgetRun(id string) {
+func (w *Worker) forgetRun(p *part, id string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := w.rdb.HDel(ctx, w.keys.Runs(), id).Err(); err != nil {
+	if err := w.rdb.HDel(ctx, p.keys.Runs(), id).Err(); err != nil {
 		w.m.redisError("renew")
 	}
 }
@@ -883,7 +875,7 @@ func (w *Worker) retry(ctx context.Context, d delivery, job *Job, cause error) {
 		return
 	}
 	w.m.retries.Inc()
-	w.log.Warn("job failed; its next attempt is scheduled", "job_id", job.JobID, "tenant", job.Tenant, "entry", d.id,
+	d.p.log.Warn("job failed; its next attempt is scheduled", "job_id", job.JobID, "tenant", job.Tenant, "entry", d.id,
 		"in", res.delay, "attempts_spent_now", d.deliveries, "max_attempts", w.cfg.MaxDeliveries, "err", cause)
 }
 
@@ -902,7 +894,7 @@ func (w *Worker) handBackWaiting(d delivery, job *Job, wait *retry.WaitError) {
 	res, ok := w.settle(d, job, settlement{spend: max(d.deliveries-1, 0), delay: max(wait.Delay, 0), waiting: wait.Reason,
 		history: w.historyOf(d, OutcomeWaiting, wait.Reason)})
 	if ok {
-		w.log.Debug("job waits for capacity without spending an attempt", "job_id", job.JobID, "tenant", job.Tenant,
+		d.p.log.Debug("job waits for capacity without spending an attempt", "job_id", job.JobID, "tenant", job.Tenant,
 			"entry", d.id, "in", res.delay, "reason", wait.Reason)
 	}
 }
@@ -923,7 +915,7 @@ func (w *Worker) handBackSpending(ctx context.Context, d delivery, job *Job, spe
 	if cause != nil {
 		attrs = append(attrs, "err", cause)
 	}
-	w.log.Info("job handed back without spending an attempt", attrs...)
+	d.p.log.Info("job handed back without spending an attempt", attrs...)
 }
 
 // settle runs scheduleScript for d, retrying Redis errors with a backoff of at most a
@@ -942,7 +934,7 @@ func (w *Worker) settleWithin(ctx context.Context, d delivery, job *Job, s settl
 		actx, acancel := context.WithTimeout(ctx, 5*time.Second)
 		var err error
 		reach("settle.before")
-		res, err = settle(actx, w.rdb, w.keys, w.cfg.Group, w.cfg.Consumer, d.id, &job.Message, s)
+		res, err = settle(actx, w.rdb, d.p.keys, w.cfg.Group, w.cfg.Consumer, d.id, &job.Message, s)
 		acancel()
 		if err == nil {
 			reach("settle.after")
@@ -950,28 +942,28 @@ func (w *Worker) settleWithin(ctx context.Context, d delivery, job *Job, s settl
 		}
 		w.m.redisError("hand_back")
 		if n == 0 {
-			w.log.Warn("settling a job failed; retrying until Redis answers", "job_id", job.JobID, "tenant", job.Tenant, "entry", d.id, "err", err)
+			d.p.log.Warn("settling a job failed; retrying until Redis answers", "job_id", job.JobID, "tenant", job.Tenant, "entry", d.id, "err", err)
 		}
 		t := time.NewTimer(min(100*time.Millisecond<<min(n, 4), time.Second))
 		select {
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
-			w.log.Error("settling a job failed; it stays pending and is reclaimed after ClaimIdle", "job_id", job.JobID, "tenant", job.Tenant, "entry", d.id, "err", err)
+			d.p.log.Error("settling a job failed; it stays pending and is reclaimed after ClaimIdle", "job_id", job.JobID, "tenant", job.Tenant, "entry", d.id, "err", err)
 			return res, false
 		}
 	}
 	switch {
 	case !res.owned:
-		w.log.Warn("not settling an entry another worker now owns", "job_id", job.JobID, "tenant", job.Tenant, "entry", d.id)
+		d.p.log.Warn("not settling an entry another worker now owns", "job_id", job.JobID, "tenant", job.Tenant, "entry", d.id)
 		return res, false
 	case res.gone:
 		w.m.deletedPending.Inc()
-		w.log.Error("a pending entry was deleted from the stream (XDEL or MAXLEN trimming outside the worker); its job is lost", "job_id", job.JobID, "tenant", job.Tenant, "entry", d.id)
+		d.p.log.Error("a pending entry was deleted from the stream (XDEL or MAXLEN trimming outside the worker); its job is lost", "job_id", job.JobID, "tenant", job.Tenant, "entry", d.id)
 		return res, false
 	}
 	if res.delay > 0 {
-		w.wakeMover(res.delay)
+		w.wakeMover(d.p, res.delay)
 	}
 	return res, true
 }
@@ -990,14 +982,14 @@ func (w *Worker) exhausted(ctx context.Context, d delivery, job *Job, attempts i
 			// Every attempt it spent is recorded (the failure that spent the last one
 			// included), so the job does not run again: its next delivery asks again.
 			n := w.unavailable.Add(1)
-			w.log.Warn("a job's budget is spent but whether it completed is unknown; handing it back", "job_id", job.JobID, "tenant", job.Tenant, "entry", d.id, "err", err)
+			d.p.log.Warn("a job's budget is spent but whether it completed is unknown; handing it back", "job_id", job.JobID, "tenant", job.Tenant, "entry", d.id, "err", err)
 			w.handBackSpending(ctx, d, job, attempts-int64(job.Attempts), w.handBackDelay(err, n), "completion unknown", err)
 			return
 		case done:
 			w.m.completedNotBuried.Inc()
-			w.log.Warn("a job whose budget is spent had completed; acknowledged, not dead-lettered", "job_id", job.JobID, "tenant", job.Tenant, "entry", d.id, "attempts", attempts)
-			if !w.acks.add(w.ackOf(d, OutcomeCompleted)) {
-				w.log.Warn("job finished after shutdown; it stays pending and will run again", "job_id", job.JobID, "tenant", job.Tenant, "entry", d.id)
+			d.p.log.Warn("a job whose budget is spent had completed; acknowledged, not dead-lettered", "job_id", job.JobID, "tenant", job.Tenant, "entry", d.id, "attempts", attempts)
+			if !d.p.acks.Load().add(w.ackOf(d, OutcomeCompleted)) {
+				d.p.log.Warn("job finished after shutdown; it stays pending and will run again", "job_id", job.JobID, "tenant", job.Tenant, "entry", d.id)
 			}
 			return
 		}
@@ -1006,7 +998,7 @@ func (w *Worker) exhausted(ctx context.Context, d delivery, job *Job, attempts i
 	if cause != nil {
 		reason += "; last error: " + cause.Error()
 	} else {
-		reason += " (the last never reported: its worker died)" + w.lastError(job.JobID)
+		reason += " (the last never reported: its worker died)" + w.lastError(d.p, job.JobID)
 	}
 	w.bury(d, &job.Message, reasonMaxDeliveries, reason, attempts)
 }
@@ -1018,26 +1010,27 @@ const maxLastErrorLen = 512
 // and the job index, returned by JobState and logged.
 const maxReasonLen = 2 * maxLastErrorLen
 
-// lastError returns "; last error: ..." with the error the index keeps for the job's
+// lastError returns "; last error: ..." with the error p's index keeps for the job's
 // last failed attempt, or "" when there is none.
-func (w *Worker) lastError(jobID string) string {
+func (w *Worker) lastError(p *part, jobID string) string {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	v, err := w.rdb.HGet(ctx, w.keys.Job(jobID), "last_error").Result()
+	v, err := w.rdb.HGet(ctx, p.keys.Job(jobID), "last_error").Result()
 	if err != nil || v == "" {
 		return ""
 	}
 	return "; last error: " + v
 }
 
-// run calls the handler, turning a panic into an error; start is when the run began.
-func (w *Worker) run(ctx context.Context, job *Job, start time.Time) (outcome string, err error) {
+// run calls the handler on job of p, turning a panic into an error; start is when the
+// run began.
+func (w *Worker) run(ctx context.Context, p *part, job *Job, start time.Time) (outcome string, err error) {
 	w.m.inFlight.Inc()
 	defer func() {
-		if p := recover(); p != nil {
-			outcome, err = outcomePanic, fmt.Errorf("handler panic: %v", p)
-			w.log.Error("job handler panicked", "job_id", job.JobID, "tenant", job.Tenant, "entry", job.ID,
-				"panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+		if v := recover(); v != nil {
+			outcome, err = outcomePanic, fmt.Errorf("handler panic: %v", v)
+			p.log.Error("job handler panicked", "job_id", job.JobID, "tenant", job.Tenant, "entry", job.ID,
+				"panic", fmt.Sprint(v), "stack", string(debug.Stack()))
 		}
 		w.m.inFlight.Dec()
 		w.m.handlerDuration[outcome].Observe(time.Since(start).Seconds())
@@ -1063,18 +1056,18 @@ func (w *Worker) bury(d delivery, msg *Message, label, reason string, attempts i
 	reason = clipTo(reason, maxReasonLen)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	deadID, ok, err := deadLetter(ctx, w.rdb, w.keys, w.cfg.Group, w.cfg.Consumer, d.id, d.fields, msg, reason, attempts, time.Now(),
+	deadID, ok, err := deadLetter(ctx, w.rdb, d.p.keys, w.cfg.Group, w.cfg.Consumer, d.id, d.fields, msg, reason, attempts, time.Now(),
 		w.historyOf(d, OutcomeDeadLettered, reason))
 	job := refOf(d.fields).attrs()
 	switch {
 	case err != nil:
 		w.m.redisError("dead_letter")
-		w.log.Error("dead-lettering failed; the entry stays pending and is retried after ClaimIdle", append(job, "entry", d.id, "reason", reason, "err", err)...)
+		d.p.log.Error("dead-lettering failed; the entry stays pending and is retried after ClaimIdle", append(job, "entry", d.id, "reason", reason, "err", err)...)
 	case !ok:
-		w.log.Warn("not dead-lettering an entry another worker now owns", append(job, "entry", d.id, "reason", reason)...)
+		d.p.log.Warn("not dead-lettering an entry another worker now owns", append(job, "entry", d.id, "reason", reason)...)
 	default:
 		w.m.deadLettered[label].Inc()
-		w.log.Warn("job dead-lettered", append(job, "entry", d.id, "dead_id", deadID, "deliveries", d.deliveries, "reason", reason)...)
+		d.p.log.Warn("job dead-lettered", append(job, "entry", d.id, "dead_id", deadID, "deliveries", d.deliveries, "reason", reason)...)
 	}
 }
 
@@ -1083,20 +1076,21 @@ func (w *Worker) bury(d delivery, msg *Message, label, reason string, attempts i
 // before the process exits: the handler's idempotency absorbs the second run.
 func (w *Worker) handBackAbandoned() {
 	w.mu.Lock()
-	refs := make(map[string]jobRef, len(w.inFlight))
+	refs := make(map[entryKey]jobRef, len(w.inFlight))
 	maps.Copy(refs, w.inFlight)
 	w.mu.Unlock()
 	// In parallel and bounded: during a Redis outage each would wait for Redis.
 	ctx, cancel := context.WithTimeout(context.Background(), abandonTimeout)
 	defer cancel()
 	var wg sync.WaitGroup
-	for id, ref := range refs {
+	for key, ref := range refs {
 		wg.Go(func() {
-			d := delivery{id: id, deliveries: ref.deliveries, started: ref.start}
+			id := key.id
+			d := delivery{p: key.p, id: id, deliveries: ref.deliveries, started: ref.start}
 			job := &Job{Message: Message{JobID: ref.jobID, Tenant: ref.tenant}, ID: id, Deliveries: ref.deliveries}
 			hist := w.historyOf(d, OutcomeHandedBack, "shutdown (handler ignored cancellation)")
 			if _, ok := w.settleWithin(ctx, d, job, settlement{spend: max(ref.deliveries-1, 0), history: hist}); ok {
-				w.log.Info("job handed back without spending an attempt", "job_id", job.JobID, "tenant", job.Tenant, "entry", id, "why", "shutdown (handler ignored cancellation)")
+				key.p.log.Info("job handed back without spending an attempt", "job_id", job.JobID, "tenant", job.Tenant, "entry", id, "why", "shutdown (handler ignored cancellation)")
 			}
 		})
 	}
@@ -1106,28 +1100,28 @@ func (w *Worker) handBackAbandoned() {
 // abandonTimeout bounds the hand-back of the jobs whose handlers ignored the shutdown.
 const abandonTimeout = 5 * time.Second
 
-// wakeMover tells the mover that a job this worker scheduled is due in d.
-func (w *Worker) wakeMover(d time.Duration) {
+// wakeMover tells p's mover that a job of p this worker scheduled is due in d.
+func (w *Worker) wakeMover(p *part, d time.Duration) {
 	at := time.Now().Add(d).UnixNano()
 	for {
-		cur := w.wakeAt.Load()
+		cur := p.wakeAt.Load()
 		if cur != 0 && cur <= at {
 			return
 		}
-		if w.wakeAt.CompareAndSwap(cur, at) {
+		if p.wakeAt.CompareAndSwap(cur, at) {
 			break
 		}
 	}
 	select {
-	case w.wake <- struct{}{}:
+	case p.wake <- struct{}{}:
 	default:
 	}
 }
 
-// moveLoop moves due scheduled jobs to the stream until ctx is cancelled: it waits
+// moveLoop moves due scheduled jobs of p to its stream until ctx is cancelled: it waits
 // until the earliest scheduled job is due, at most ScheduleInterval, or until this
 // worker schedules one due sooner.
-func (w *Worker) moveLoop(ctx context.Context) {
+func (w *Worker) moveLoop(ctx context.Context, p *part) {
 	var b backoff
 	t := time.NewTimer(time.Duration(rand.Int64N(int64(w.cfg.ScheduleInterval))) + 1) // #nosec G404 -- spreads workers' polls, not a secret
 	defer t.Stop()
@@ -1137,16 +1131,16 @@ func (w *Worker) moveLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-		case <-w.wake:
+		case <-p.wake:
 			t.Stop()
 			woken = true
 		}
 		wait := w.cfg.ScheduleInterval
-		if at := w.wakeAt.Load(); at != 0 {
+		if at := p.wakeAt.Load(); at != 0 {
 			until := time.Until(time.Unix(0, at))
 			switch {
 			case until <= 0:
-				w.wakeAt.Store(0)
+				p.wakeAt.Store(0)
 			case woken:
 				// This worker scheduled a job due later: wait for it, at most
 				// ScheduleInterval. The timer's own expiry always polls, so a job that
@@ -1157,11 +1151,11 @@ func (w *Worker) moveLoop(ctx context.Context) {
 			}
 		}
 		mctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		moved, next, err := MoveDue(mctx, w.rdb, w.keys, moveBatch)
+		moved, next, err := MoveDue(mctx, w.rdb, p.keys, moveBatch)
 		cancel()
 		if err != nil {
 			w.m.redisError("move")
-			w.log.Warn("moving due scheduled jobs failed; retrying", "err", err)
+			p.log.Warn("moving due scheduled jobs failed; retrying", "err", err)
 			if !b.sleep(ctx) {
 				return
 			}
@@ -1173,7 +1167,7 @@ func (w *Worker) moveLoop(ctx context.Context) {
 		if next >= 0 {
 			wait = min(wait, next)
 		}
-		if at := w.wakeAt.Load(); at != 0 {
+		if at := p.wakeAt.Load(); at != 0 {
 			wait = min(wait, max(time.Until(time.Unix(0, at)), 0))
 		}
 		t.Reset(wait)
@@ -1258,7 +1252,7 @@ func (w *Worker) abandon(from, to time.Time) {
 	}
 	w.mu.Unlock()
 	for _, ref := range refs {
-		w.log.Error("a run ignored the end of its MaxRunTime; abandoning it: its job's next attempt is scheduled (the handler may still complete, and its idempotency absorb it)",
+		ref.d.p.log.Error("a run ignored the end of its MaxRunTime; abandoning it: its job's next attempt is scheduled (the handler may still complete, and its idempotency absorb it)",
 			"job_id", ref.jobID, "tenant", ref.tenant, "entry", ref.d.id, "max_run_time", w.cfg.MaxRunTime)
 		w.retry(w.life, ref.d, &ref.run.job, fmt.Errorf("%w (%v), and the handler did not return", errRunTime, w.cfg.MaxRunTime))
 	}
@@ -1275,33 +1269,33 @@ func refOf(fields map[string]any) jobRef {
 // attrs returns the job_id and tenant log attributes.
 func (j jobRef) attrs() []any { return []any{"job_id", j.jobID, "tenant", j.tenant} }
 
-func (w *Worker) track(id string, job jobRef) {
+func (w *Worker) track(p *part, id string, job jobRef) {
 	w.mu.Lock()
-	w.inFlight[id] = job
+	w.inFlight[entryKey{p, id}] = job
 	w.mu.Unlock()
 }
 
-// untrackRun untracks entry id and, when its lease was renewed, deletes its start from
-// the runs hash.
-func (w *Worker) untrackRun(id string) {
+// untrackRun untracks entry id of p and, when its lease was renewed, deletes its start
+// from the runs hash.
+func (w *Worker) untrackRun(p *part, id string) {
 	w.mu.Lock()
-	ref := w.inFlight[id]
-	delete(w.inFlight, id)
+	ref := w.inFlight[entryKey{p, id}]
+	delete(w.inFlight, entryKey{p, id})
 	w.mu.Unlock()
 	if ref.renewed {
-		w.forgetRun(id)
+		w.forgetRun(p, id)
 	}
 }
 
-func (w *Worker) isInFlight(id string) bool {
-	_, ok := w.inFlightJob(id)
+func (w *Worker) isInFlight(p *part, id string) bool {
+	_, ok := w.inFlightJob(p, id)
 	return ok
 }
 
-func (w *Worker) inFlightJob(id string) (jobRef, bool) {
+func (w *Worker) inFlightJob(p *part, id string) (jobRef, bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	j, ok := w.inFlight[id]
+	j, ok := w.inFlight[entryKey{p, id}]
 	return j, ok
 }
 
@@ -1311,27 +1305,38 @@ func (w *Worker) inFlightCount() int {
 	return len(w.inFlight)
 }
 
-// renewable returns the in-flight entries whose lease is renewed: all of them, but for
-// runs older than MaxRunTime, whose lease is let go so that another worker takes the
-// job over after ClaimIdle even when its handler ignores its context.
-func (w *Worker) renewable() ([]string, []time.Time) {
+// leases are the in-flight entries of one partition whose lease the renewer renews, with
+// their runs' starts.
+type leases struct {
+	ids    []string
+	starts []time.Time
+}
+
+// renewable returns, by partition, the in-flight entries whose lease is renewed: all of
+// them, but for runs older than MaxRunTime, whose lease is let go so that another worker
+// takes the job over after ClaimIdle even when its handler ignores its context.
+func (w *Worker) renewable() map[*part]*leases {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	ids := make([]string, 0, len(w.inFlight))
-	starts := make([]time.Time, 0, len(w.inFlight))
+	out := make(map[*part]*leases)
 	now := time.Now()
-	for id, j := range w.inFlight {
+	for k, j := range w.inFlight {
 		if w.cfg.MaxRunTime > 0 && now.Sub(j.start) > w.cfg.MaxRunTime {
 			continue
 		}
-		ids = append(ids, id)
-		starts = append(starts, j.start)
+		l := out[k.p]
+		if l == nil {
+			l = &leases{}
+			out[k.p] = l
+		}
+		l.ids = append(l.ids, k.id)
+		l.starts = append(l.starts, j.start)
 		if !j.renewed {
 			j.renewed = true
-			w.inFlight[id] = j
+			w.inFlight[k] = j
 		}
 	}
-	return ids, starts
+	return out
 }
 
 // renewLoop resets the idle time of in-flight entries every RenewInterval until ctx is
@@ -1345,35 +1350,37 @@ func (w *Worker) renewLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		ids, starts := w.renewable()
-		for len(ids) > 0 {
-			n := min(len(ids), renewChunk)
-			w.renewChunk(ctx, ids[:n], starts[:n])
-			ids, starts = ids[n:], starts[n:]
+		for p, l := range w.renewable() {
+			ids, starts := l.ids, l.starts
+			for len(ids) > 0 {
+				n := min(len(ids), renewChunk)
+				w.renewChunk(ctx, p, ids[:n], starts[:n])
+				ids, starts = ids[n:], starts[n:]
+			}
 		}
 	}
 }
 
-func (w *Worker) renewChunk(ctx context.Context, ids []string, starts []time.Time) {
+func (w *Worker) renewChunk(ctx context.Context, p *part, ids []string, starts []time.Time) {
 	rctx, cancel := context.WithTimeout(ctx, w.cfg.RenewInterval)
 	defer cancel()
-	lost, deleted, err := renew(rctx, w.rdb, w.keys, w.cfg.Group, w.cfg.Consumer, ids, starts)
+	lost, deleted, err := renew(rctx, w.rdb, p.keys, w.cfg.Group, w.cfg.Consumer, ids, starts)
 	if err != nil {
 		w.m.redisError("renew")
-		w.log.Warn("lease renewal failed", "entries", len(ids), "err", err)
+		p.log.Warn("lease renewal failed", "entries", len(ids), "err", err)
 		return
 	}
 	w.m.leaseRenewals.Add(float64(len(ids) - len(lost) - len(deleted)))
 	for _, id := range lost {
-		if job, ok := w.inFlightJob(id); ok { // else it finished and was acknowledged meanwhile
+		if job, ok := w.inFlightJob(p, id); ok { // else it finished and was acknowledged meanwhile
 			w.m.leasesLost.Inc()
-			w.log.Warn("lease lost: an entry this worker is still running is no longer pending to it (another worker reclaimed or acknowledged it); both runs may complete", append(job.attrs(), "entry", id)...)
+			p.log.Warn("lease lost: an entry this worker is still running is no longer pending to it (another worker reclaimed or acknowledged it); both runs may complete", append(job.attrs(), "entry", id)...)
 		}
 	}
 	for _, id := range deleted {
 		w.m.deletedPending.Inc()
-		job, _ := w.inFlightJob(id)
-		w.log.Error("an in-flight entry was deleted from the stream (XDEL or MAXLEN trimming outside the worker)", append(job.attrs(), "entry", id)...)
+		job, _ := w.inFlightJob(p, id)
+		p.log.Error("an in-flight entry was deleted from the stream (XDEL or MAXLEN trimming outside the worker)", append(job.attrs(), "entry", id)...)
 	}
 }
 
@@ -1405,44 +1412,54 @@ func (w *Worker) maintainLoop(ctx context.Context) {
 }
 
 // maintain trims acknowledged entries and expired dead letters and deletes idle
-// consumers.
+// consumers, of each partition in turn.
 func (w *Worker) maintain(ctx context.Context) {
+	for _, p := range w.parts {
+		if ctx.Err() != nil {
+			return
+		}
+		w.maintainPart(ctx, p)
+	}
+}
+
+// maintainPart is maintain for partition p.
+func (w *Worker) maintainPart(ctx context.Context, p *part) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	n, err := Trim(ctx, w.rdb, w.keys, w.cfg.JobTTL)
+	n, err := Trim(ctx, w.rdb, p.keys, w.cfg.JobTTL)
 	if err != nil {
 		w.m.redisError("trim")
-		w.log.Warn("trim failed", "err", err)
+		p.log.Warn("trim failed", "err", err)
 	} else if n > 0 {
 		w.m.trimmed.Add(float64(n))
-		w.log.Debug("trimmed acknowledged entries", "entries", n)
+		p.log.Debug("trimmed acknowledged entries", "entries", n)
 	}
 	if w.cfg.DeadLetterRetention > 0 {
-		n, err := TrimDead(ctx, w.rdb, w.keys, time.Now().Add(-w.cfg.DeadLetterRetention), w.cfg.JobTTL)
+		n, err := TrimDead(ctx, w.rdb, p.keys, time.Now().Add(-w.cfg.DeadLetterRetention), w.cfg.JobTTL)
 		w.m.deadTrimmed.Add(float64(n))
 		if err != nil {
 			w.m.redisError("trim_dead")
-			w.log.Warn("trimming old dead letters failed", "err", err)
+			p.log.Warn("trimming old dead letters failed", "err", err)
 		} else if n > 0 {
-			w.log.Info("deleted dead letters older than the retention", "dead_letters", n, "retention", w.cfg.DeadLetterRetention)
+			p.log.Info("deleted dead letters older than the retention", "dead_letters", n, "retention", w.cfg.DeadLetterRetention)
 		}
 	}
-	if _, err := forgetRuns(ctx, w.rdb, w.keys, w.cfg.Group); err != nil {
+	if _, err := forgetRuns(ctx, w.rdb, p.keys, w.cfg.Group); err != nil {
 		w.m.redisError("trim")
-		w.log.Warn("deleting the starts of finished runs failed", "err", err)
+		p.log.Warn("deleting the starts of finished runs failed", "err", err)
 	}
 	if w.cfg.ConsumerMaxIdle < 0 {
 		return
 	}
-	names, err := DeleteIdleConsumers(ctx, w.rdb, w.keys, w.cfg.Group, w.cfg.Consumer, w.cfg.ConsumerMaxIdle)
+	names, err := DeleteIdleConsumers(ctx, w.rdb, p.keys, w.cfg.Group, w.cfg.Consumer, w.cfg.ConsumerMaxIdle)
 	if err != nil {
 		w.m.redisError("consumers")
-		w.log.Warn("deleting idle consumers failed", "err", err)
+		p.log.Warn("deleting idle consumers failed", "err", err)
 		return
 	}
 	w.m.consumersDeleted.Add(float64(len(names)))
 	for _, n := range names {
-		w.log.Info("deleted idle consumer with no pending entries", "deleted", n, "idle_over", w.cfg.ConsumerMaxIdle)
+		p.log.Info("deleted idle consumer with no pending entries", "deleted", n, "idle_over", w.cfg.ConsumerMaxIdle)
 	}
 }
 
@@ -1450,14 +1467,18 @@ func (w *Worker) maintain(ctx context.Context) {
 func (w *Worker) sample(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	s, err := ReadStats(ctx, w.rdb, w.keys, w.cfg.Group)
+	keys := make([]Keys, len(w.parts))
+	for i, p := range w.parts {
+		keys[i] = p.keys
+	}
+	s, err := ReadStatsOf(ctx, w.rdb, keys, w.cfg.Group)
 	if err != nil {
 		w.m.redisError("stats")
 		w.log.Debug("sampling queue stats failed", "err", err)
 		return
 	}
 	if w.cfg.Budget != nil {
-		s = w.cfg.Budget.report(w.keys.Partition, s)
+		s = w.cfg.Budget.report(w.cfg.Keys.Partition, s)
 	}
 	w.m.streamLength.Set(float64(s.Length))
 	w.m.pending.Set(float64(s.Pending))

@@ -932,3 +932,51 @@ func TestShutdownDuringRedisOutageIsBounded(t *testing.T) {
 		t.Errorf("Run has not returned %v after the signal with 4 jobs in flight and Redis down; want about one abandonTimeout (%v)", time.Since(start).Round(time.Second), abandonTimeout)
 	}
 }
+
+// replyTree decodes fuzz bytes into a Redis reply as go-redis returns a script's: nested
+// []any of strings, int64s and nils.
+func replyTree(data []byte, depth int) (any, []byte) {
+	if len(data) == 0 {
+		return nil, data
+	}
+	b, data := data[0], data[1:]
+	switch b % 4 {
+	case 0:
+		n := min(int(b>>2)%8, len(data))
+		return string(data[:n]), data[n:]
+	case 1:
+		return int64(b>>2) - 20, data
+	case 2:
+		if depth > 4 {
+			return nil, data
+		}
+		out := make([]any, int(b>>2)%6)
+		for i := range out {
+			out[i], data = replyTree(data, depth+1)
+		}
+		return out, data
+	}
+	return nil, data
+}
+
+// parseReclaim takes any reply without panicking, and what it accepts pairs each
+// claimed entry with one delivery count.
+func FuzzParseReclaim(f *testing.F) {
+	f.Add([]byte{4*4 + 2, 0, 2 + 4, 4*2 + 2, 4 + 0, 'a', 4*2 + 2, 4 * 3, '1', '-', '1', 2, 2, 4*1 + 2, 5})
+	f.Add([]byte{2})
+	f.Add([]byte{4*4 + 2, 1, 3, 3, 3})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		tree, _ := replyTree(data, 0)
+		res, _ := tree.([]any)
+		cursor, msgs, deleted, counts, err := parseReclaim(res)
+		if err != nil {
+			if cursor != "" || msgs != nil || deleted != nil || counts != nil {
+				t.Fatalf("parseReclaim failed (%v) but returned %q %v %v %v", err, cursor, msgs, deleted, counts)
+			}
+			return
+		}
+		if len(msgs) != len(counts) {
+			t.Fatalf("%d entries with %d counts", len(msgs), len(counts))
+		}
+	})
+}
