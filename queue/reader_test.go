@@ -227,7 +227,7 @@ func TestAWorkerOfSeveralPartitionsRunsEveryJobOnce(t *testing.T) {
 // trips of its own would take about 6 times as many.
 func TestOneRoundTripReadsEveryPartitionOfASingleRedis(t *testing.T) {
 	t.Parallel()
-	const jobs = 1200
+	const jobs = 1600
 	drain := func(parts int) (reads, acks int64, trips []readTrip) {
 		rdb, prefix := testenv.Redis(t)
 		keys := Keys{Prefix: prefix, Queue: "trips"}
@@ -783,5 +783,147 @@ func TestAWorkerOfOneSlotReadsEveryPartition(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A backlog of entries to reclaim in one partition (a dead consumer's) does not starve
+// the others' new entries: a job enqueued to an idle partition runs long before the
+// reclaim backlog drains, as it would with a worker per partition sharing the slots
+// (and as a backlog of new entries does not starve them:
+// TestABacklogInOnePartitionDoesNotStarveTheOthers). ClaimInterval is 5s, so the idle
+// partitions' own reclaim scans (which, finding nothing, leave a slot to a read) do not
+// fall due while the backlog drains.
+func TestAReclaimBacklogInOnePartitionDoesNotStarveTheOthers(t *testing.T) {
+	t.Parallel()
+	rdb, keys := setup(t)
+	ctx := context.Background()
+	const backlog = 100 // 20ms each: about 2s for the reclaim backlog alone
+	dead := keys.InPartition(0)
+	for i := 1; i <= backlog; i++ {
+		enqueue(t, rdb, dead, message(i, nil))
+	}
+	if err := CreateGroup(ctx, rdb, dead, DefaultGroup); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.XReadGroup(ctx, readArgs(dead, "dead", backlog)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	const claimIdle = 200 * time.Millisecond
+	time.Sleep(2 * claimIdle) // the consumer "died" holding them: all reclaimable
+	var mu sync.Mutex
+	var order []string
+	start(t, WorkerConfig{Redis: rdb, Keys: keys, Partitions: 3, Concurrency: 2, Block: 200 * time.Millisecond,
+		ClaimIdle: claimIdle, ClaimInterval: 5 * time.Second,
+		Handler: HandlerFunc(func(ctx context.Context, j *Job) error {
+			mu.Lock()
+			order = append(order, j.JobID)
+			mu.Unlock()
+			time.Sleep(20 * time.Millisecond)
+			return nil
+		})})
+	testenv.WaitFor(t, 5*time.Second, "the reclaim backlog to start", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(order) >= 5
+	})
+	enqueue(t, rdb, keys.InPartition(1), message(backlog+1, nil))
+	testenv.WaitFor(t, 15*time.Second, "every job", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(order) == backlog+1
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if at := slices.Index(order, jobID(backlog+1)); at > 30 {
+		t.Fatalf("the idle partition's new job ran %dth of %d: it waited for %d jobs of another partition's reclaim backlog", at+1, len(order), at-5)
+	}
+}
+
+// A worker with fewer slots than partitions still reads each of them within a few
+// reads: on a single Redis, with MaxPartitions partitions and the default Concurrency,
+// an idle worker's reads (each naming as many partitions as it has slots, and blocking
+// 20ms) turn through all the partitions in about MaxPartitions/Concurrency reads, so a
+// job enqueued to any partition runs within a fraction of a second, as it did with a
+// reader per partition sharing the slots (each got a slot for 20ms in turn).
+func TestAWorkerOfFewerSlotsThanPartitionsReadsEachWithinAFewReads(t *testing.T) {
+	t.Parallel()
+	rdb, keys := setup(t)
+	ran := make(chan string, 1)
+	start(t, WorkerConfig{Redis: rdb, Keys: keys, Partitions: MaxPartitions, Logger: slog.New(slog.DiscardHandler),
+		Handler: HandlerFunc(func(_ context.Context, j *Job) error {
+			ran <- j.JobID
+			return nil
+		})})
+	time.Sleep(time.Second) // the worker is reading
+	const jobs = 16
+	var total, worst time.Duration
+	for i := 1; i <= jobs; i++ {
+		p := (i * 37) % MaxPartitions
+		begin := time.Now()
+		enqueue(t, rdb, keys.InPartition(p), message(i, nil))
+		select {
+		case id := <-ran:
+			if id != jobID(i) {
+				t.Fatalf("job %s ran, want %s", id, jobID(i))
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("the job of partition %d did not run in 30s", p)
+		}
+		took := time.Since(begin)
+		total += took
+		worst = max(worst, took)
+	}
+	// MaxPartitions/DefaultConcurrency = 4 reads of 20ms: 80ms for a turn, about half of
+	// it on average. Allow several times that for a loaded machine.
+	if mean := total / jobs; mean > 300*time.Millisecond {
+		t.Errorf("a job enqueued to one of %d idle partitions waited %v on average (worst %v) before it ran, want under 300ms: the reads do not turn through the partitions %d at a time",
+			MaxPartitions, mean.Round(time.Millisecond), worst.Round(time.Millisecond), DefaultConcurrency)
+	}
+}
+
+// On a Redis Cluster a worker's readers of different nodes share its slots, and an idle
+// node's reader that holds the last free slot gives it back within about 20ms
+// (contendedBlock; docs/queue.md, Partitions: "while every slot is taken, such a wait
+// lasts at most 20 ms before its slot goes back"), however idle the node: a slot taken
+// by a handler of the worker (here, taken by the test as a handler would) comes free for
+// the next job after about 20ms. With one slot (Concurrency 1) and partitions on two
+// nodes or more, a backlog in one partition drains at one job per run and such wait.
+func TestAnIdleNodesReaderGivesBackAContendedSlotWithin20ms(t *testing.T) {
+	t.Parallel()
+	c := testenv.PrivateRedisCluster(t, 3, 0)
+	rdb, err := connect.RedisCluster("redis://" + c.Addrs()[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.Close()
+	const parts = 3
+	var keys Keys
+	for i := 0; ; i++ { // a queue whose partitions are on two nodes or more
+		if i == 50 {
+			t.Fatal("no queue name spreads 3 partitions over 2 nodes")
+		}
+		keys = Keys{Prefix: testenv.Prefix(t), Queue: fmt.Sprintf("idle%d", i)}
+		if len(partsOfCluster(t, c.Addrs(), keys, parts)) >= 2 {
+			break
+		}
+	}
+	w := start(t, WorkerConfig{Redis: rdb, Keys: keys, Partitions: parts, Concurrency: 1, Logger: slog.New(slog.DiscardHandler),
+		Handler: HandlerFunc(func(context.Context, *Job) error { return nil })})
+	time.Sleep(time.Second) // the worker is reading, every partition idle
+	const takes = 30
+	var total, worst time.Duration
+	for range takes {
+		begin := time.Now()
+		w.slots <- struct{}{} // as a handler's run takes the slot
+		waited := time.Since(begin)
+		<-w.slots
+		total += waited
+		worst = max(worst, waited)
+		time.Sleep(2 * time.Millisecond)
+	}
+	// 20ms and a round trip at most; allow 2.5 times that on average for a loaded machine.
+	if mean := total / takes; mean > 50*time.Millisecond {
+		t.Errorf("the worker's one slot came free after %v on average (worst %v) while its readers of idle nodes held it, want about 20ms at most",
+			mean.Round(time.Millisecond), worst.Round(time.Millisecond))
 	}
 }
