@@ -51,6 +51,13 @@ import (
 //     node costs what it did (one blocking read per partition per Block), and a busy one
 //     a round trip per read whatever its partitions.
 //
+// With fewer free slots than partitions, a read serves the partitions not read for
+// pollEvery first, then the full ones (shareReads), and the next read starts after the
+// last one it served; a fetch keeps slots from its reclaim for the partitions due a read
+// (reserved). While every slot of a shared budget (another node's reader, or another
+// Worker's) is taken, a read or wait that would block does not: it reads once, and
+// finding nothing gives its slots back for pollEvery (pauseRead).
+//
 // Reclaim scans of the node's partitions that are due are one pipeline too, before the
 // read. The slot map a grouping comes from is the cluster client's (no round trip once
 // it is loaded); a worker looks at it every regroupInterval and, when partitions moved
@@ -239,6 +246,10 @@ type reader struct {
 	// (rotated); rot is the rotated order's buffer.
 	nextRead, nextClaim, nextWait int
 	rot                           []*part
+	// pause: the last read did not block because every slot of a shared budget was
+	// taken; when it returned nothing, the loop waits pollEvery without its slots before
+	// reading again (pauseRead). claimed: the last fetch reclaimed entries.
+	pause, claimed bool
 	// woke receives the end of each blocking read of one partition (wait); buffered for
 	// one per partition, and a partition has at most one outstanding.
 	woke    chan wakeup
@@ -303,6 +314,9 @@ func (r *reader) loop(ctx, hctx context.Context) {
 		for _, d := range batch {
 			w.deliver(hctx, d)
 		}
+		if len(batch) == 0 && err == nil && r.pause && !pauseRead(ctx) {
+			return
+		}
 		if err != nil {
 			if !r.retry(ctx, &b, err) {
 				return
@@ -310,6 +324,22 @@ func (r *reader) loop(ctx, hctx context.Context) {
 			continue
 		}
 		b.reset()
+	}
+}
+
+// pauseRead waits pollEvery, or returns false when ctx ends first. A read that would
+// block while every slot of a shared budget is taken waits here instead, holding no
+// slot: a blocking read's timeout is only as precise as the server's clock tick (hz: 100
+// ms by default), and the slot it held would be out of reach of the other readers and
+// workers for that long.
+func pauseRead(ctx context.Context) bool {
+	t := time.NewTimer(pollEvery)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
 	}
 }
 
@@ -345,7 +375,8 @@ func (r *reader) fetch(ctx context.Context, n int) ([]delivery, error) {
 	// A read in progress completes even if ctx is cancelled meanwhile: the entries it
 	// returns are pending to this consumer, and are run within the shutdown timeout.
 	rctx := context.WithoutCancel(ctx)
-	out, err := r.reclaim(rctx, n)
+	out, err := r.reclaim(rctx, n-r.reserved(n, time.Now()))
+	r.claimed = len(out) > 0
 	if err != nil {
 		return out, err
 	}
@@ -360,12 +391,39 @@ func (r *reader) fetch(ctx context.Context, n int) ([]delivery, error) {
 	return append(out, got...), err
 }
 
+// reserved returns how many of n slots a fetch at now keeps from its reclaim for the
+// partitions due a read (not read for pollEvery): one each, up to half of them, and all
+// of a single slot when the last fetch reclaimed. So a partition working through a
+// backlog of entries to reclaim (due again at every fetch until its scan reaches the
+// end) does not hold back the other partitions' new entries.
+func (r *reader) reserved(n int, now time.Time) int {
+	due := 0
+	for _, p := range r.parts {
+		if now.Sub(p.lastRead) >= pollEvery {
+			due++
+		}
+	}
+	switch {
+	case due == 0:
+		return 0
+	case n == 1:
+		if r.claimed {
+			return 1
+		}
+		return 0
+	}
+	return min(due, n/2)
+}
+
 // reclaim claims up to n entries idle for ClaimIdle of the partitions whose scan is due,
 // in one round trip (a pipeline of reclaimScript, one per partition; a script Redis has
 // not cached is sent again with its text). n is divided between them; those that get
 // no share are due again next time.
 func (r *reader) reclaim(ctx context.Context, n int) ([]delivery, error) {
 	w := r.w
+	if n <= 0 {
+		return nil, nil
+	}
 	now := time.Now()
 	var due []*part
 	for _, p := range r.rotated(&r.nextClaim) {
@@ -431,16 +489,29 @@ func (r *reader) read(ctx context.Context, n int, noBlock bool) ([]delivery, err
 	parts := r.rotated(&r.nextRead)
 	now := time.Now()
 	counts := r.shares(parts, n, now)
+	// A read that serves some of the partitions only: the next one starts after them
+	// (rotated moved on by one), so that a turn takes as many reads as it needs.
+	served := 0
+	for _, c := range counts {
+		if c > 0 {
+			served++
+		}
+	}
+	if served < len(parts) {
+		r.nextRead += max(served, 1) - 1
+	}
 	block := time.Duration(-1)
+	r.pause = false
 	if r.multiKey && !noBlock && !r.hot() && uniform(counts) {
 		block = w.cfg.Block
 		switch {
-		case slices.Contains(counts, 0):
-			// Too few slots for every partition: the others are read within this.
-			block = min(block, contendedBlock)
 		case w.shared.Load() && len(w.slots) == cap(w.slots):
 			// Every slot of the shared budget is taken: another reader may have a
-			// backlog waiting for the slots this read holds. Give them back soon.
+			// backlog waiting for the slots this read holds. Do not block on them.
+			block = -1
+			r.pause = true
+		case slices.Contains(counts, 0):
+			// Too few slots for every partition: the others are read within this.
 			block = min(block, contendedBlock)
 		}
 	}
@@ -728,7 +799,12 @@ func (r *reader) await(ctx, hctx context.Context, limit int) (bool, error) {
 func (r *reader) start(hctx context.Context, need []*part, n int) []*part {
 	w := r.w
 	block := w.cfg.Block
-	if n < len(need) || (w.shared.Load() && len(w.slots) == cap(w.slots)) {
+	switch {
+	case w.shared.Load() && len(w.slots) == cap(w.slots):
+		// Every slot is taken, and other readers share them: do not block on one
+		// (pauseRead says why); wait restarts after pollEvery.
+		block = -1
+	case n < len(need):
 		block = min(block, contendedBlock)
 	}
 	for _, p := range need[:n] {
@@ -739,7 +815,9 @@ func (r *reader) start(hctx context.Context, need []*part, n int) []*part {
 }
 
 // wait is one blocking XREADGROUP of p alone (COUNT 1), holding one slot: it dispatches
-// the entry it returns, or gives the slot back, and reports its end on r.woke.
+// the entry it returns, or gives the slot back, and reports its end on r.woke. A wait
+// that does not block (block < 0) and got nothing reports its end pollEvery after giving
+// the slot back, so that the partition is read again only then.
 func (r *reader) wait(hctx context.Context, p *part, block time.Duration) {
 	w := r.w
 	ctx := context.WithoutCancel(hctx)
@@ -756,6 +834,9 @@ func (r *reader) wait(hctx context.Context, p *part, block time.Duration) {
 	}
 	if !got {
 		w.release(1)
+		if block < 0 {
+			pauseRead(hctx)
+		}
 	}
 	switch {
 	case errors.Is(err, redis.Nil):
