@@ -375,7 +375,8 @@ func (r *reader) fetch(ctx context.Context, n int) ([]delivery, error) {
 	// A read in progress completes even if ctx is cancelled meanwhile: the entries it
 	// returns are pending to this consumer, and are run within the shutdown timeout.
 	rctx := context.WithoutCancel(ctx)
-	out, err := r.reclaim(rctx, n-r.reserved(n, time.Now()))
+	keep := r.reserved(n, time.Now())
+	out, err := r.reclaim(rctx, n-keep)
 	r.claimed = len(out) > 0
 	if err != nil {
 		return out, err
@@ -384,7 +385,7 @@ func (r *reader) fetch(ctx context.Context, n int) ([]delivery, error) {
 	if rest == 0 || ctx.Err() != nil {
 		return out, nil
 	}
-	if !r.multiKey && !r.hot() && len(out) == 0 {
+	if !r.multiKey && !r.hot() && len(out) == 0 && keep == 0 {
 		return out, nil // nothing waits that a blocking read (await) would not see
 	}
 	got, err := r.read(rctx, rest, len(out) > 0)
@@ -399,7 +400,7 @@ func (r *reader) fetch(ctx context.Context, n int) ([]delivery, error) {
 func (r *reader) reserved(n int, now time.Time) int {
 	due := 0
 	for _, p := range r.parts {
-		if now.Sub(p.lastRead) >= pollEvery {
+		if !p.waiting && now.Sub(p.lastRead) >= pollEvery { // a waiting one sees new entries
 			due++
 		}
 	}
