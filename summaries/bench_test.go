@@ -54,7 +54,10 @@ import (
 // Knobs (environment): ONCEFLOW_BENCH_JOBS (default 20000), ONCEFLOW_BENCH_CONCURRENCY
 // (HTTP clients, default 64), ONCEFLOW_BENCH_PGBENCH_CLIENTS (default 32, the pipeline's
 // pool size), ONCEFLOW_BENCH_PGBENCH_TIME (default 10s), ONCEFLOW_WORKER_CONCURRENCY
-// (default 64), ONCEFLOW_BENCH_LIMITER (off: the model calls without the limiter).
+// (default 64), ONCEFLOW_BENCH_LIMITER (off: the model calls without the limiter),
+// ONCEFLOW_BENCH_ROUNDS (default 1: how many times the three configurations run, one
+// after the other in turn, so that a ratio between them is taken from neighbouring runs
+// rather than from runs minutes apart, as -count would place them).
 // Everything runs on one machine: the Go process (clients, API, worker,
 // relay, sink), Redis and PostgreSQL share its cores.
 func BenchmarkPipeline(b *testing.B) {
@@ -69,22 +72,30 @@ func BenchmarkPipeline(b *testing.B) {
 	// was before group commit (every ledger write commits alone, the answer durably in a
 	// commit of its own); and the service's default, whose ledger writes share group
 	// transactions and whose answer the job's Commit flushes.
-	for _, mode := range []string{"off", "each-write-alone", "on"} {
-		b.Run("ledger="+mode, func(b *testing.B) {
-			r := runPipeline(b, jobs, clients, workers, mode, false)
-			b.ReportMetric(ceiling, "pgbench-tps")
-			b.ReportMetric(r.jobsPerSec, "jobs/s")
-			b.ReportMetric(r.acceptPerSec, "accepted/s")
-			b.ReportMetric(r.jobsPerSec/ceiling, "jobs/pgbench")
-			b.ReportMetric(r.pgCommits, "pg-commits/job")
-			b.ReportMetric(r.pgRelaxed, "pg-relaxed-commits/job")
-			b.ReportMetric(r.pgRoundTrips, "pg-rt/job")
-			b.ReportMetric(r.redisAPI, "redis-api-rt/job")
-			b.ReportMetric(r.redisWorker, "redis-worker-rt/job")
-			b.Logf("ledger %s: pgbench ceiling %.0f tps (%d clients, %ds); pipeline %d jobs: %.0f accepted/s, %.0f jobs/s end to end (%.2f of the ceiling); per job: %.3f durable PostgreSQL commits (%.3f without a flush), %.3f PostgreSQL round trips, %.3f Redis round trips at the API, %.3f at the worker",
-				mode, ceiling, pgClients, pgTime, jobs, r.acceptPerSec, r.jobsPerSec, r.jobsPerSec/ceiling, r.pgCommits, r.pgRelaxed, r.pgRoundTrips, r.redisAPI, r.redisWorker)
-		})
+	rounds := benchEnvInt(b, "ONCEFLOW_BENCH_ROUNDS", 1)
+	for range rounds {
+		for _, mode := range []string{"off", "each-write-alone", "on"} {
+			pipelineMode(b, mode, jobs, clients, workers, ceiling, pgClients, pgTime)
+		}
 	}
+}
+
+// pipelineMode runs BenchmarkPipeline's configuration mode as a sub-benchmark.
+func pipelineMode(b *testing.B, mode string, jobs, clients, workers int, ceiling float64, pgClients, pgTime int) {
+	b.Run("ledger="+mode, func(b *testing.B) {
+		r := runPipeline(b, jobs, clients, workers, mode, false)
+		b.ReportMetric(ceiling, "pgbench-tps")
+		b.ReportMetric(r.jobsPerSec, "jobs/s")
+		b.ReportMetric(r.acceptPerSec, "accepted/s")
+		b.ReportMetric(r.jobsPerSec/ceiling, "jobs/pgbench")
+		b.ReportMetric(r.pgCommits, "pg-commits/job")
+		b.ReportMetric(r.pgRelaxed, "pg-relaxed-commits/job")
+		b.ReportMetric(r.pgRoundTrips, "pg-rt/job")
+		b.ReportMetric(r.redisAPI, "redis-api-rt/job")
+		b.ReportMetric(r.redisWorker, "redis-worker-rt/job")
+		b.Logf("ledger %s: pgbench ceiling %.0f tps (%d clients, %ds); pipeline %d jobs: %.0f accepted/s, %.0f jobs/s end to end (%.2f of the ceiling); per job: %.3f durable PostgreSQL commits (%.3f without a flush), %.3f PostgreSQL round trips, %.3f Redis round trips at the API, %.3f at the worker",
+			mode, ceiling, pgClients, pgTime, jobs, r.acceptPerSec, r.jobsPerSec, r.jobsPerSec/ceiling, r.pgCommits, r.pgRelaxed, r.pgRoundTrips, r.redisAPI, r.redisWorker)
+	})
 }
 
 // pipelineResult is one measured run.
