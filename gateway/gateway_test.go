@@ -1199,7 +1199,9 @@ func TestInvalidCredentialHeaderIsRefused(t *testing.T) {
 // Every recorded protocol (OpenAI Chat Completions and Responses, Anthropic Messages),
 // unary and streaming: requests that arrive while the call runs, on its process and on
 // another, join it; later ones replay it; all get the first answer byte for byte, from
-// one upstream call. The same key under another credential is another call.
+// one upstream call. The same key under another credential is another call. The
+// upstream takes 3s, so that the joiners reach the gateway while it runs even on a
+// loaded machine under -race (700ms was not always enough).
 func TestEveryProtocolJoinsAndReplays(t *testing.T) {
 	t.Parallel()
 	for _, p := range protocols {
@@ -1210,7 +1212,7 @@ func TestEveryProtocolJoinsAndReplays(t *testing.T) {
 			}
 			t.Run(name, func(t *testing.T) {
 				t.Parallel()
-				fs, err := fakeserver.New(fakeserver.Config{Latency: 700 * time.Millisecond, Logger: testenv.Logger(t)})
+				fs, err := fakeserver.New(fakeserver.Config{Latency: 3 * time.Second, Logger: testenv.Logger(t)})
 				if err != nil {
 					t.Fatal(err)
 				}

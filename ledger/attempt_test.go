@@ -274,7 +274,7 @@ func TestPartialBufferKeepsWhatAFailedWriteHeld(t *testing.T) {
 func TestPartialBufferWriteIsBoundedByWriteTimeout(t *testing.T) {
 	t.Parallel()
 	ctx := ctxT(t)
-	const writeTimeout = 300 * time.Millisecond
+	const writeTimeout = 2 * time.Second // also the setup Begin's bound: 300ms failed it under -race on a loaded machine
 	l, pool := newLedger(t, ledger.Config{Wait: -1, WriteTimeout: writeTimeout, StreamFlushBytes: 1 << 20, StreamFlushInterval: time.Hour})
 	call := ledger.Call{Key: "partial-hung", Work: "POST /v1/chat/completions", RequestHash: "h", Provider: "openai", Model: "m"}
 	att := announcedAttempt(ctx, t, l, call)
