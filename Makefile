@@ -28,7 +28,7 @@ TEST_PACKAGES ?= 4
 # linking each test binary.
 TEST_FLAGS = -race -count=1 -p $(TEST_PACKAGES) -parallel $(TEST_PARALLEL) -ldflags=-w -timeout $(TEST_TIMEOUT)
 # The root module's long tests (testenv.Long): make test skips them, make test-long runs them.
-LONG_TESTS = TestRunOnARedisClusterFromANodeWithoutTheQueue|TestBatchLaneKilledAtEachPointAnswersEverySummaryOnce|TestShadowsLeaveProductionTheProvidersLimit
+LONG_TESTS = TestRunOnARedisClusterFromANodeWithoutTheQueue|TestOne429PausesEveryWorkProcess|TestBatchLaneKilledAtEachPointAnswersEverySummaryOnce|TestShadowsLeaveProductionTheProvidersLimit
 # Build tag of the test aids compiled only into the binary the tests run
 # (internal/testenv.Binary): `onceflow work --test-handler`. `make build` leaves them out.
 TEST_TAGS := onceflowtest

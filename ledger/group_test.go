@@ -401,7 +401,7 @@ type cutAfterCommit struct {
 	buf   []byte
 	start bool // the startup message was passed
 	execs int
-	cut   bool
+	cut   atomic.Bool // set by Write, read by pgx's background reader
 }
 
 func (c *cutAfterCommit) Write(p []byte) (int, error) {
@@ -430,7 +430,7 @@ func (c *cutAfterCommit) Write(p []byte) (int, error) {
 			c.execs++
 		case 'S':
 			if c.execs >= 2 && c.armed.CompareAndSwap(true, false) {
-				c.cut = true
+				c.cut.Store(true)
 			}
 			c.execs = 0
 		}
@@ -440,7 +440,7 @@ func (c *cutAfterCommit) Write(p []byte) (int, error) {
 }
 
 func (c *cutAfterCommit) Read(p []byte) (int, error) {
-	if c.cut {
+	if c.cut.Load() {
 		time.Sleep(300 * time.Millisecond) // PostgreSQL runs the group and commits it
 		c.Conn.Close()
 		return 0, io.ErrUnexpectedEOF
