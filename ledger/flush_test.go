@@ -154,7 +154,7 @@ func TestAnswerOnATransactionIgnoresDeferFlush(t *testing.T) {
 func TestDeferredAnswerFoundAfterALostConnectionIsPending(t *testing.T) {
 	t.Parallel()
 	ctx := ctxT(t)
-	pool, armed := cutPool(t)
+	pool, armed, _ := cutPool(t)
 	l, err := ledger.New(pool, ledger.Config{GroupLinger: ledger.MaxGroupLinger, Wait: -1, Logger: testenv.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
