@@ -65,7 +65,9 @@ func TestHelperServer(t *testing.T) {
 func TestCrashMidHandler(t *testing.T) {
 	t.Parallel()
 	rdb, prefix := testenv.Redis(t)
-	const lockTTL = 2 * time.Second
+	// Long enough for a second server to start and answer before it ends: under make
+	// test's load a start took 2.4s, and a 2s TTL had already freed the key.
+	const lockTTL = 6 * time.Second
 	env := []string{
 		"IDEM_HELPER=1", "IDEM_PREFIX=" + prefix, "IDEM_LOCK_TTL=" + lockTTL.String(),
 		"ONCEFLOW_REDIS_URL=" + testenv.RedisURL(t),
