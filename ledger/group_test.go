@@ -155,25 +155,29 @@ func TestOneFailingWriteOfAGroupFailsOnlyItsCall(t *testing.T) {
 	if _, _, err := l.Begin(ctx, callOf("job-in-progress/s", request("x"))); err != nil {
 		t.Fatal(err)
 	}
+	// The calls start together, but on a loaded machine the one that cannot be written
+	// may still be taken alone: up to three rounds, until it shared a group.
 	const n = 16
-	errs := make([]error, n)
-	atts := make([]*ledger.Attempt, n)
-	together(n, func(i int) {
-		c := callOf("job-"+string(rune('a'+i))+"/s", request("x"))
-		if i == 7 {
-			c.Work = "job-\x00/s" // PostgreSQL's text holds no NUL: this row cannot be written
-		}
-		atts[i], _, errs[i] = l.Begin(ctx, c)
-	})
-	for i, err := range errs {
-		switch {
-		case i == 7 && !errors.Is(err, ledger.ErrUnavailable):
-			t.Fatalf("the call whose row cannot be written: %v, want its own database error", err)
-		case i != 7 && (err != nil || atts[i] == nil):
-			t.Fatalf("Begin %d, grouped with a call whose row cannot be written: %v", i, err)
-		case i != 7:
-			if r := mustGet(t, l, atts[i].Key()); r.State != ledger.StateInFlight {
-				t.Fatalf("row %d: %s", i, r.State)
+	for round := 0; round < 3 && counterValue(t, reg, "onceflow_llm_ledger_group_failures_total", nil) == 0; round++ {
+		errs := make([]error, n)
+		atts := make([]*ledger.Attempt, n)
+		together(n, func(i int) {
+			c := callOf(fmt.Sprintf("job-%d-%c/s", round, 'a'+i), request("x"))
+			if i == 7 {
+				c.Work = "job-\x00/s" // PostgreSQL's text holds no NUL: this row cannot be written
+			}
+			atts[i], _, errs[i] = l.Begin(ctx, c)
+		})
+		for i, err := range errs {
+			switch {
+			case i == 7 && !errors.Is(err, ledger.ErrUnavailable):
+				t.Fatalf("the call whose row cannot be written: %v, want its own database error", err)
+			case i != 7 && (err != nil || atts[i] == nil):
+				t.Fatalf("Begin %d, grouped with a call whose row cannot be written: %v", i, err)
+			case i != 7:
+				if r := mustGet(t, l, atts[i].Key()); r.State != ledger.StateInFlight {
+					t.Fatalf("row %d: %s", i, r.State)
+				}
 			}
 		}
 	}
@@ -181,7 +185,7 @@ func TestOneFailingWriteOfAGroupFailsOnlyItsCall(t *testing.T) {
 		t.Fatal("no group transaction was tried: the test proves nothing")
 	}
 	if got := counterValue(t, reg, "onceflow_llm_ledger_group_failures_total", nil); got < 1 {
-		t.Fatalf("group failures counted: %v, want at least 1", got)
+		t.Fatalf("group failures counted: %v, want at least 1 (the call that cannot be written never shared a group in three rounds)", got)
 	}
 }
 
