@@ -332,16 +332,7 @@ func (r *reader) loop(ctx, hctx context.Context) {
 // slot: a blocking read's timeout is only as precise as the server's clock tick (hz: 100
 // ms by default), and the slot it held would be out of reach of the other readers and
 // workers for that long.
-func pauseRead(ctx context.Context) bool {
-	t := time.NewTimer(pollEvery)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
-}
+func pauseRead(ctx context.Context) bool { return sleepFor(ctx, pollEvery) }
 
 // retry logs a failed read and sleeps its backoff; false when ctx was cancelled.
 func (r *reader) retry(ctx context.Context, b *backoff, err error) bool {

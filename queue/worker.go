@@ -1527,6 +1527,11 @@ func (b *backoff) sleep(ctx context.Context) bool {
 	d := min(100*time.Millisecond<<min(b.n, 6), 5*time.Second)
 	b.n++
 	d = d/2 + time.Duration(rand.Int64N(int64(d/2)+1)) // #nosec G404 -- backoff jitter, not a secret
+	return sleepFor(ctx, d)
+}
+
+// sleepFor waits d, or returns false when ctx ends first.
+func sleepFor(ctx context.Context, d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
