@@ -44,7 +44,7 @@ func TestAcceptWaitsForTheReplicaOnACluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer rdb.Close()
-	s, err := New(rdb, Config{Prefix: testenv.Prefix(t), WaitReplicas: 1, WaitTimeout: 200 * time.Millisecond})
+	s, err := New(rdb, Config{Prefix: testenv.Prefix(t), WaitReplicas: 1, WaitTimeout: 2 * time.Second}) // 200ms was not always enough for a live replica under make test's load
 	if err != nil {
 		t.Fatal(err)
 	}
