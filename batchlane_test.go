@@ -1070,9 +1070,14 @@ func TestBatchLaneDoesNotLeaveAnUploadPerRetriedCreation(t *testing.T) {
 	defer mu.Unlock()
 	st := fs.Stats()
 	t.Logf("%d uploads, %d creation attempts, %d batches, %d files held", uploads, creates, st.BatchesCreated["openai"], st.FilesHeld)
-	if uploads > int(3*time.Second/(2*300*time.Millisecond))+2 || st.FilesHeld != 1 || st.BatchesCreated["openai"] != 1 {
-		t.Fatalf("%d uploads over a 3 s outage (a send every 600 ms at most), %d files left at the provider (want the batch's 1), %d batches (want 1)",
-			uploads, st.FilesHeld, st.BatchesCreated["openai"])
+	// The three jobs usually share one batch; on a loaded machine one may arrive after
+	// the first batch's MaxAge and form a second. The property holds per batch: each
+	// submission uploads at most once per send (every 600 ms at most over the 3 s
+	// outage, plus the one that succeeds), and leaves only its batch's file behind.
+	batches := int(st.BatchesCreated["openai"])
+	if batches < 1 || batches > 3 || uploads > batches*(int(3*time.Second/(2*300*time.Millisecond))+2) || int(st.FilesHeld) != batches {
+		t.Fatalf("%d uploads over a 3 s outage (a send every 600 ms at most per batch), %d files left at the provider (want one per batch), %d batches",
+			uploads, st.FilesHeld, batches)
 	}
 }
 
