@@ -413,7 +413,7 @@ func (c *Client) handler(name string, qc QueueConfig) queue.Handler {
 			msg: j.Message,
 			rt:  &runtime{client: c, queue: name, delivery: j, deadline: retry.After(c.cfg.JobBudget)},
 		}
-		err := run(ctx, info)
+		err := run(withRuntime(ctx, info.rt), info)
 		info.rt.flushAnswers(ctx)
 		c.observeJob(err)
 		return err

@@ -102,15 +102,16 @@ type Config struct {
 	// Registerer default to the client's. Default: ledger's defaults.
 	Ledger ledger.Config
 	// DurableAnswers records every model step's answer with a durable commit of its
-	// own, as the ledger does for direct callers. Off (the default), a job's step
-	// records its answer without waiting for the WAL flush, and the job's Commit right
-	// after it (or, when the delivery does not commit, one write at its end) makes it
-	// durable: a job with a model step costs two durable commits instead of three. A
-	// crash of PostgreSQL (not of a worker) between the two can then lose the answer:
-	// the job's Commit did not happen either, and the next delivery asks again, counted
-	// as ambiguous (docs/providers.md, "Two commits per model step"). Set it when a
-	// Worker acts on an answer outside onceflow (an HTTP call of its own) before its
-	// Commit. Default: false.
+	// own before the step returns, as the ledger does for direct callers. Off (the
+	// default), a job's step holds its answer, and the job's Commit right after it
+	// records it in its own transaction (anything else the delivery does first records
+	// it on its own, made durable by the next durable commit; a delivery that does not
+	// commit records it at its end): a job with a model step costs two commits instead
+	// of three. A crash of the worker or of PostgreSQL before the Commit then loses the
+	// answer: the Commit did not happen either, and the next delivery asks again,
+	// counted as ambiguous (docs/providers.md, "Two commits per model step"). Set it
+	// when a Worker acts on an answer outside onceflow (an HTTP call of its own) before
+	// its Commit. Default: false.
 	DurableAnswers bool
 	// Shadows run candidates beside production model steps, a sampled share of their
 	// calls each, never causing an effect, and record the comparison in shadow_runs

@@ -24,8 +24,11 @@ func ExampleInspector_Ledger() {
 		if err != nil {
 			return err
 		}
+		// The answer is recorded with the job's Commit (or, without one, when the
+		// delivery ends).
+		err = job.Commit(ctx, func(c *onceflow.Commit) error { c.Result(step.Response.Content); return nil })
 		keys <- step.Key
-		return nil
+		return err
 	}))
 	client, err := onceflow.NewClient(onceflow.Config{Redis: env.rdb, DB: env.db, Prefix: env.prefix, Workers: workers,
 		Model: openai.New(openai.Config{BaseURL: env.modelURL, APIKey: "fake"}), Provider: "openai"})

@@ -1,6 +1,7 @@
 package onceflow
 
 import (
+	"context"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -91,4 +92,26 @@ type runtime struct {
 	// the WAL flush (Config.DurableAnswers off): the job's Commit flushes them, or
 	// the end of the delivery does (flushAnswers).
 	answers ledger.Deferred
+	// held are the model steps' answers not recorded yet (Config.DurableAnswers off):
+	// the job's Commit records them in its own transaction when it follows the step;
+	// anything else the delivery does first records them (releaseHeld).
+	held ledger.Held
+	// modelCalls counts the delivery's model steps in progress: a step that ends
+	// beside another records its answer instead of holding it, since the other may be
+	// a concurrent call of the same step, waiting for it.
+	modelCalls atomic.Int32
+}
+
+// runtimeKey is the context key of the runtime of the delivery a Worker runs in.
+type runtimeKey struct{}
+
+// withRuntime returns ctx carrying rt, the runtime of the delivery it runs.
+func withRuntime(ctx context.Context, rt *runtime) context.Context {
+	return context.WithValue(ctx, runtimeKey{}, rt)
+}
+
+// runtimeFrom returns the runtime of the delivery ctx runs in, or nil.
+func runtimeFrom(ctx context.Context) *runtime {
+	rt, _ := ctx.Value(runtimeKey{}).(*runtime)
+	return rt
 }

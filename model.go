@@ -302,15 +302,24 @@ func (rt *runtime) stream(ctx context.Context, jobID, step string, req *llm.Requ
 	}
 	ctx = rt.answerContext(rt.limiterContext(ctx))
 	s.seq = func(yield func(llm.Chunk, error) bool) {
+		rt.modelCalls.Add(1)
+		defer rt.modelCalls.Add(-1)
+		if err := rt.releaseHeld(ctx); err != nil {
+			yield(llm.Chunk{}, err)
+			return
+		}
 		stopped := false
 		start := time.Now()
 		_, err := retry.Do(ctx, m.streamPolicy(), rt.deadline, func(ctx context.Context) (struct{}, error) {
 			yielded := false
 			var content strings.Builder
 			resp := &llm.Response{Model: out.Model}
-			for ch, err := range m.client.Stream(ctx, out) {
+			for ch, err := range m.client.Stream(rt.holdContext(ctx), out) {
 				if err == nil {
 					collect(resp, &content, ch)
+				}
+				if err == nil && ch.Done && (len(resp.ToolCalls) > 0 || rt.modelCalls.Load() > 1) {
+					err = rt.releaseHeld(ctx) // as Complete's: for tools, later turns, a concurrent call
 				}
 				if err == nil && ch.Done {
 					st := &Step{Name: step, Key: key, Response: resp}
@@ -414,13 +423,28 @@ func (rt *runtime) complete(ctx context.Context, jobID, step string, req *llm.Re
 		return nil, err
 	}
 	ctx = rt.answerContext(rt.limiterContext(ctx))
+	if rt != nil {
+		rt.modelCalls.Add(1)
+		defer rt.modelCalls.Add(-1)
+	}
+	if err := rt.releaseHeld(ctx); err != nil {
+		return nil, err
+	}
 	start := time.Now()
 	s, err := retry.Do(ctx, m.policy, rt.deadline, func(ctx context.Context) (*Step, error) {
-		resp, err := m.client.Complete(ctx, out)
+		resp, err := m.client.Complete(rt.holdContext(ctx), out)
 		if err != nil {
 			return nil, err
 		}
 		s := &Step{Name: step, Key: key, Response: resp}
+		if len(resp.ToolCalls) > 0 || rt.modelCalls.Load() > 1 {
+			// Tool calls go on to tools and later turns, and another step of the
+			// delivery may be waiting for this answer: it is recorded now (before the
+			// tool keys, whose durable insert then flushes it).
+			if err := rt.releaseHeld(ctx); err != nil {
+				return nil, err
+			}
+		}
 		if err := m.recordToolKeys(ctx, s); err != nil {
 			return nil, err
 		}
@@ -460,6 +484,51 @@ func (rt *runtime) answerContext(ctx context.Context) context.Context {
 	return ledger.DeferFlush(ctx, &rt.answers)
 }
 
+// holdContext returns ctx under which the ledger holds a step's new answer unrecorded
+// for the job's Commit to record in its own transaction (docs/providers.md, "Two
+// commits per model step"); ctx itself under Config.DurableAnswers.
+func (rt *runtime) holdContext(ctx context.Context) context.Context {
+	if rt == nil || rt.delivery == nil || rt.client.cfg.DurableAnswers {
+		return ctx
+	}
+	return ledger.HoldAnswers(ctx, &rt.held)
+}
+
+// releaseHeld records the answers the delivery holds, before anything but the job's
+// Commit: a later step, a recorded step or tool, a wait, an enqueue, CommitTx. They are
+// written as answers are without a hold (under ctx's DeferFlush, without waiting for
+// the flush). An answer another attempt recorded first is an error to retry (the
+// delivery acted on an answer that is not the recorded one; the repeat replays it);
+// one PostgreSQL could not record stays held, logged, for the Commit or the end of the
+// delivery to record.
+func (rt *runtime) releaseHeld(ctx context.Context) error {
+	if rt == nil || rt.client.model == nil || !rt.held.Pending() {
+		return nil
+	}
+	err := rt.client.model.ledger.RecordHeld(ctx, &rt.held)
+	if err := heldError(err); err != nil {
+		return err
+	}
+	if err != nil {
+		rt.client.log.WarnContext(ctx, "onceflow: could not record a model answer yet; it stays held for the job's commit", "job_id", rt.delivery.JobID, "err", err)
+	}
+	return nil
+}
+
+// heldError returns the error of ledger.RecordHeld the delivery must return: an
+// answer superseded (retryable) or a key reused (permanent); nil for a database error
+// (the answers stay held) and for none.
+func heldError(err error) error {
+	var sup *ledger.SupersededError
+	switch {
+	case errors.As(err, &sup):
+		return err
+	case errors.Is(err, ledger.ErrKeyReused):
+		return retry.Permanent(err)
+	}
+	return nil
+}
+
 // flushAnswers makes the answers this delivery recorded without waiting for the WAL
 // flush durable, when no Commit of the delivery did: one durable write, before the
 // queue hears how the delivery ended. A failure is logged: the WAL writer flushes them
@@ -477,7 +546,22 @@ func (rt *runtime) flushAnswers(ctx context.Context) {
 // ask again and act on another answer under the same keys. One durable write when an
 // answer is pending, nothing otherwise. Its error is PostgreSQL's (PostgresError).
 func (rt *runtime) flushBeforeEffect(ctx context.Context) error {
-	if rt == nil || rt.client.model == nil || !rt.answers.Pending() {
+	if rt == nil || rt.client.model == nil {
+		return nil
+	}
+	if rt.held.Pending() {
+		// Recorded durably: the write's flush covers the answers recorded before it.
+		err := rt.client.model.ledger.RecordHeld(context.WithoutCancel(ctx), &rt.held)
+		if herr := heldError(err); herr != nil {
+			return herr
+		}
+		if err != nil {
+			return PostgresError(fmt.Errorf("onceflow: record the job's model answers: %w", err))
+		}
+		rt.answers.Flushed()
+		return nil
+	}
+	if !rt.answers.Pending() {
 		return nil
 	}
 	if err := rt.client.model.ledger.Flush(ctx, &rt.answers); err != nil {

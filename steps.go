@@ -105,6 +105,10 @@ func (rt *runtime) steps(ctx context.Context) (*jobSteps, error) {
 	if rt == nil || rt.client == nil || rt.client.steps == nil {
 		return nil, retry.Permanent(errors.New("onceflow: recorded steps need Config.DB (the job_steps table is in PostgreSQL)"))
 	}
+	// What the steps record may carry a held model answer: it is recorded first.
+	if err := rt.releaseHeld(rt.answerContext(ctx)); err != nil {
+		return nil, err
+	}
 	js := &rt.recorded
 	js.mu.Lock()
 	defer js.mu.Unlock()

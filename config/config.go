@@ -214,9 +214,9 @@ type Config struct {
 	// (ledger.Config.GroupLinger), at most 5ms; negative (the value "off") turns group
 	// commit off. Default: 100µs.
 	LedgerGroupLinger time.Duration
-	// LedgerDurableAnswers commits each model step's answer durably on its own instead
-	// of letting the job's Commit flush it (onceflow.Config.DurableAnswers). Default:
-	// false.
+	// LedgerDurableAnswers commits each model step's answer durably on its own before
+	// the step returns, instead of recording it with the job's Commit
+	// (onceflow.Config.DurableAnswers). Default: false.
 	LedgerDurableAnswers bool
 	// RelayInterval is the relay's poll interval when idle. Default: 250ms.
 	RelayInterval time.Duration

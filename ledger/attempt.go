@@ -178,7 +178,8 @@ func (a *Attempt) SucceedTx(ctx context.Context, tx DB, res Result) (rec *Record
 	return a.succeed(ctx, tx, res)
 }
 
-func (a *Attempt) succeed(ctx context.Context, db DB, res Result) (*Record, bool, error) {
+// succeedArgs are succeedSQL's arguments recording res as this attempt's answer.
+func (a *Attempt) succeedArgs(res Result) []any {
 	c := a.call
 	var response any // nil Response: SQL NULL, not the JSON text "null"
 	if len(res.Response) > 0 {
@@ -188,9 +189,21 @@ func (a *Attempt) succeed(ctx context.Context, db DB, res Result) (*Record, bool
 	if len(res.Meta) > 0 {
 		meta = string(res.Meta)
 	}
-	rec := &Record{Key: c.Key, Response: res.Response, Raw: res.Raw, Meta: res.Meta}
-	args := []any{c.Key, c.Work, c.RequestHash, c.Provider, c.Model, response, res.Raw, meta,
+	return []any{c.Key, c.Work, c.RequestHash, c.Provider, c.Model, response, res.Raw, meta,
 		a.number, a.l.now(), micros(a.l.cfg.Retention), c.Tenant, c.Request}
+}
+
+// sameAnswer reports whether rec, the recorded answer, is res as this attempt
+// recorded it: a write of this attempt's that committed although its writer did not
+// learn so (or an identical answer: the same either way).
+func (a *Attempt) sameAnswer(rec *Record, res Result) bool {
+	return rec.Attempt == a.number && bytes.Equal(rec.Raw, res.Raw) && sameJSON(rec.Response, JSONBSafe(res.Response))
+}
+
+func (a *Attempt) succeed(ctx context.Context, db DB, res Result) (*Record, bool, error) {
+	c := a.call
+	rec := &Record{Key: c.Key, Response: res.Response, Raw: res.Raw, Meta: res.Meta}
+	args := a.succeedArgs(res)
 	scan := func(row pgx.Row) error { return row.Scan(&rec.Attempt, &rec.Ambiguous) }
 	// The statement and its group: durable; without waiting for the flush under
 	// DeferFlush (pending is then told of the answer); alone in the caller's transaction.
@@ -228,7 +241,7 @@ func (a *Attempt) succeed(ctx context.Context, db DB, res Result) (*Record, bool
 	if other == nil {
 		return nil, false, retry.Permanent(fmt.Errorf("%w: %s", ErrKeyReused, c.Key))
 	}
-	if again && other.Attempt == a.number && bytes.Equal(other.Raw, res.Raw) && sameJSON(other.Response, JSONBSafe(res.Response)) {
+	if again && a.sameAnswer(other, res) {
 		// This attempt's own answer, recorded by its group transaction, which committed
 		// as its connection dropped (or an identical one: the same either way).
 		pending.add(c.Key)

@@ -60,6 +60,8 @@ func (c *Client) call(ctx context.Context, req *llm.Request) (Call, *llm.Request
 // attempt was recorded as failed or ambiguous (IsAmbiguous). If the response cannot be
 // recorded (PostgreSQL down), it is still returned, and the failure logged: a later
 // retry may then call the model again, which costs money but no duplicate effect.
+// Under HoldAnswers a new response is returned unrecorded, held for the caller to
+// record (Held).
 func (c *Client) Complete(ctx context.Context, req *llm.Request) (*llm.Response, error) {
 	call, out, err := c.call(ctx, req)
 	if err != nil {
@@ -93,6 +95,10 @@ func (c *Client) fail(ctx context.Context, att *Attempt, cause error, ambiguous 
 
 func (c *Client) succeed(ctx context.Context, att *Attempt, resp *llm.Response) (*llm.Response, error) {
 	res := ResultOf(resp)
+	if h := heldFrom(ctx); h != nil {
+		h.hold(att, res)
+		return replayShape(att.Key(), res, resp)
+	}
 	rec, ours, err := att.Succeed(ctx, res)
 	switch {
 	case errors.Is(err, ErrKeyReused):
@@ -100,14 +106,19 @@ func (c *Client) succeed(ctx context.Context, att *Attempt, resp *llm.Response) 
 	case err != nil:
 		c.l.log.WarnContext(ctx, "ledger: could not record a model response; returning it unrecorded", "key", att.Key(), "err", err)
 		return resp, nil
-	case ours && bytes.Contains(res.Response, []byte(`\u0000`)):
-		// Recorded with U+FFFD for each U+0000 (jsonb holds none): return what a replay
-		// will, so that every delivery acts on the same answer.
-		return (&Record{Key: att.Key(), Response: JSONBSafe(res.Response), Raw: res.Raw}).LLMResponse()
 	case ours:
-		return resp, nil
+		return replayShape(att.Key(), res, resp)
 	}
 	return rec.LLMResponse()
+}
+
+// replayShape returns resp as a replay of its record res will: recorded with U+FFFD
+// for each U+0000 (jsonb holds none), so that every delivery acts on the same answer.
+func replayShape(key string, res Result, resp *llm.Response) (*llm.Response, error) {
+	if bytes.Contains(res.Response, []byte(`\u0000`)) {
+		return (&Record{Key: key, Response: JSONBSafe(res.Response), Raw: res.Raw}).LLMResponse()
+	}
+	return resp, nil
 }
 
 // SupersededError is what Client.Stream yields when another attempt recorded a
@@ -214,6 +225,11 @@ func (c *Client) stream(ctx context.Context, att *Attempt, req *llm.Request, yie
 			FinishReason: ch.FinishReason, RequestID: requestID, Raw: raw}
 		if ch.Usage != nil {
 			resp.Usage = *ch.Usage
+		}
+		if h := heldFrom(ctx); h != nil { // the caller records it (HoldAnswers)
+			h.hold(att, ResultOf(resp))
+			yield(ch, nil)
+			return
 		}
 		rec, ours, err := att.Succeed(ctx, ResultOf(resp))
 		switch {

@@ -71,7 +71,7 @@ func BenchmarkPipeline(b *testing.B) {
 	// The configurations in the same run: the handler without the ledger; with it as it
 	// was before group commit (every ledger write commits alone, the answer durably in a
 	// commit of its own); and the service's default, whose ledger writes share group
-	// transactions and whose answer the job's Commit flushes.
+	// transactions and whose answer the job's Commit records in its transaction.
 	rounds := benchEnvInt(b, "ONCEFLOW_BENCH_ROUNDS", 1)
 	for range rounds {
 		for _, mode := range []string{"off", "each-write-alone", "on"} {
@@ -352,8 +352,8 @@ func benchEnvInt(b *testing.B, name string, def int) int {
 // handler until every job's summary is committed, with a zero-latency in-process model
 // (llm/fake), against the dev Redis and PostgreSQL (synchronous_commit on). Modes, in
 // one run: without the ledger, with it, with it and RelaxedInsert. Metrics: jobs/s and,
-// per job, PostgreSQL round trips, durable commits and commits without a flush (the
-// answer the Commit flushes), Redis round trips.
+// per job, PostgreSQL round trips, durable commits and commits without a flush (an
+// answer recorded before a later durable commit), Redis round trips.
 //
 //	go test -run '^$' -bench BenchmarkWorkerLedger -benchtime 5000x -count 3 ./summaries/
 //

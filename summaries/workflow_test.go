@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -664,6 +665,96 @@ func TestCrashBetweenCommitAndXACK(t *testing.T) {
 	}
 	if calls := model.requests.Load() + int64(client.Calls()); calls != 1 {
 		t.Fatalf("%d model calls, want 1: the pre-check skipped the model on redelivery", calls)
+	}
+	p.effects(jobID, 1, 1, 1)
+}
+
+// A worker is killed (kill -9) after the model answered and before its Commit
+// committed: the answer, recorded only with the Commit, is gone with it, and the call's
+// row is in_flight as the worker's insert left it. The next worker takes the row over
+// once its lease ends, counts the lost attempt as ambiguous, asks again and commits
+// once: two model calls, one summary, one outbox row, one email.
+//
+// To put the kill there without racing, a trigger makes the Commit's summary insert
+// wait for an advisory lock the test holds; the test kills the worker, then ends its
+// PostgreSQL session (as PostgreSQL does when it finds the client gone), so the
+// transaction rolls back.
+func TestWorkerKilledBetweenTheAnswerAndItsCommitAsksAgainOnce(t *testing.T) {
+	t.Parallel()
+	srvRedis := testenv.PrivateRedis(t)
+	rdb, err := connect.Redis(testenv.RedisURLOf(srvRedis))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rdb.Close() })
+	p := newPipelineOn(t, rdb, "onceflow")
+	ctx := context.Background()
+	lock, err := p.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Release()
+	if _, err := lock.Exec(ctx, `
+		CREATE FUNCTION wait_for_the_test() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN PERFORM pg_advisory_xact_lock(hashtext(current_schema())); RETURN NEW; END $$;
+		CREATE TRIGGER wait_for_the_test BEFORE INSERT ON summaries FOR EACH ROW EXECUTE FUNCTION wait_for_the_test();
+		SELECT pg_advisory_lock(hashtext(current_schema()));`); err != nil {
+		t.Fatal(err)
+	}
+	fs, err := fakeserver.New(fakeserver.Config{Logger: testenv.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	modelSrv := httptest.NewServer(fs)
+	t.Cleanup(modelSrv.Close)
+	env := []string{
+		"ONCEFLOW_REDIS_URL=" + testenv.RedisURLOf(srvRedis), "ONCEFLOW_DATABASE_URL=" + p.dsn,
+		"ONCEFLOW_LLM=openai", "ONCEFLOW_LLM_BASE_URL=" + modelSrv.URL + "/v1", "OPENAI_API_KEY=test-key",
+		"ONCEFLOW_LEDGER_LEASE=1s", "ONCEFLOW_CLAIM_IDLE=1s",
+	}
+
+	const jobID = "00000000-0000-4000-8000-00000000c0a2"
+	p.enqueue(jobID, "Incident review: the cache expired at 09:12 and the database took the load.")
+	a := testenv.Start(t, testenv.Binary(t), env, "work")
+	var backend int
+	testenv.WaitFor(t, 30*time.Second, "worker a's Commit to wait in the trigger", func() bool {
+		// Only this test's schema has the trigger: no other summary insert waits so.
+		err := p.pool.QueryRow(ctx, `SELECT pid FROM pg_stat_activity
+			WHERE wait_event = 'advisory' AND query LIKE '%INSERT INTO summaries%' AND datname = current_database()`).Scan(&backend)
+		return err == nil
+	})
+	var state string
+	var attempt, ambiguous int
+	if err := p.pool.QueryRow(ctx, `SELECT state, attempt, ambiguous FROM llm_calls`).Scan(&state, &attempt, &ambiguous); err != nil || state != ledger.StateInFlight {
+		t.Fatalf("while the Commit waits: the call's row %s (%v), want in_flight (its answer goes in with the Commit)", state, err)
+	}
+	a.Kill()
+	if _, err := p.pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, backend); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lock.Exec(ctx, `SELECT pg_advisory_unlock(hashtext(current_schema()))`); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(t, p.pool, `SELECT count(*) FROM summaries`); n != 0 {
+		t.Fatalf("%d summaries after the kill, want 0: the Commit did not happen", n)
+	}
+
+	b := testenv.Start(t, testenv.Binary(t), env, "work")
+	testenv.WaitFor(t, 60*time.Second, "worker b's summary", func() bool {
+		return count(t, p.pool, `SELECT count(*) FROM summaries WHERE job_id = $1`, jobID) == 1 && len(p.pending()) == 0
+	})
+	b.Signal(syscall.SIGTERM)
+	b.Wait(30 * time.Second)
+	if err := p.pool.QueryRow(ctx, `SELECT state, attempt, ambiguous FROM llm_calls`).Scan(&state, &attempt, &ambiguous); err != nil ||
+		state != ledger.StateSucceeded || attempt != 2 || ambiguous != 1 {
+		t.Fatalf("the call's row: %s attempt %d ambiguous %d (%v); want succeeded in attempt 2 after 1 ambiguous", state, attempt, ambiguous, err)
+	}
+	if n := fs.Stats().Requests; n != 2 {
+		t.Fatalf("%d model calls, want 2: the answer lost with the worker is asked again", n)
+	}
+	relay := p.relay(outbox.Config{})
+	if r := p.pass(relay); r.Sent != 1 {
+		t.Fatalf("relay pass %+v, want one sent", r)
 	}
 	p.effects(jobID, 1, 1, 1)
 }

@@ -1,0 +1,187 @@
+package ledger
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Held is the answers of calls made through a Client under HoldAnswers: received from
+// the provider and returned to the caller, not yet recorded. Each stays unrecorded
+// until the caller records it, in a transaction of its own (Queue, then Committed:
+// one commit for the answer and what the caller writes with it) or alone (Ledger.RecordHeld).
+// Until then a crash of the caller leaves the call's row in_flight, as a crash during
+// the call would: the next attempt takes it over once the lease ends, counted as
+// ambiguous, and asks again. Its zero value is ready to use; it is safe for concurrent
+// use.
+type Held struct {
+	mu     sync.Mutex
+	items  []heldAnswer
+	queued int // items[:queued] went into a batch whose commit is not known yet
+}
+
+// heldAnswer is one answer held: the attempt that owns the row and its result.
+type heldAnswer struct {
+	att *Attempt
+	res Result
+}
+
+// heldKey is the context key of a *Held.
+type heldKey struct{}
+
+// HoldAnswers returns ctx under which Client.Complete returns a new answer without
+// recording it: the answer is held in h for the caller to record with its own writes
+// (onceflow's job runtime: the job's Commit right after its last model step, so that
+// the answer, the job's rows and its effects are one commit). A replayed answer, a
+// stream's, and Attempt.Succeed's are recorded as without it. The caller must record
+// or RecordHeld every held answer before it acts on one outside that transaction.
+func HoldAnswers(ctx context.Context, h *Held) context.Context {
+	return context.WithValue(ctx, heldKey{}, h)
+}
+
+// heldFrom returns ctx's Held, or nil.
+func heldFrom(ctx context.Context) *Held {
+	h, _ := ctx.Value(heldKey{}).(*Held)
+	return h
+}
+
+// hold keeps att's answer res unrecorded in h, ending the attempt's lease renewal:
+// the row keeps the lease of its last renewal.
+func (h *Held) hold(att *Attempt, res Result) {
+	att.end()
+	h.mu.Lock()
+	h.items = append(h.items, heldAnswer{att: att, res: res})
+	h.mu.Unlock()
+}
+
+// Pending reports whether h holds an answer not yet recorded.
+func (h *Held) Pending() bool {
+	if h == nil {
+		return false
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.items) > 0
+}
+
+// heldSQL records a held answer inside the caller's batch: succeedSQL, made to fail the
+// transaction with division_by_zero (IsSuperseded) when it records nothing because
+// another attempt's answer was recorded first (or the key holds another request), so
+// that nothing the caller wrote with this answer commits.
+var heldSQL = `WITH s AS (` + fmt.Sprintf(succeedSQL, "") + `) SELECT 1 / count(*) FROM s`
+
+// supersededCode is the SQLSTATE heldSQL fails with when it records nothing.
+const supersededCode = "22012" // division_by_zero
+
+// Queue queues on b, in the order they were held, one statement per held answer that
+// records it, and returns how many. A statement that cannot record its answer, since
+// another attempt's was recorded first, fails the batch's transaction (IsSuperseded).
+// Call Committed once the batch committed; until then, or when it did not, the
+// answers stay held (RecordHeld records them, or finds another answer recorded).
+func (h *Held) Queue(b *pgx.Batch) int {
+	if h == nil {
+		return 0
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, it := range h.items {
+		b.Queue(heldSQL, it.att.succeedArgs(it.res)...)
+	}
+	h.queued = len(h.items)
+	return h.queued
+}
+
+// KeyAt returns the ledger key of the i-th answer the last Queue queued ("" when
+// there is none).
+func (h *Held) KeyAt(i int) string {
+	if h == nil {
+		return ""
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if i < 0 || i >= len(h.items) {
+		return ""
+	}
+	return h.items[i].att.Key()
+}
+
+// Committed tells h that the batch of its last Queue committed: its answers are
+// recorded.
+func (h *Held) Committed() {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	n := min(h.queued, len(h.items))
+	done := h.items[:n]
+	h.items = append([]heldAnswer(nil), h.items[n:]...)
+	h.queued = 0
+	h.mu.Unlock()
+	for _, it := range done {
+		it.att.l.metrics.attempt(it.att.call, resultSucceeded)
+	}
+}
+
+// IsSuperseded reports whether err, from a statement Queue queued, says that another
+// attempt's answer was recorded first: the caller's transaction did not commit, and a
+// repeat of the call replays the recorded answer.
+func IsSuperseded(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == supersededCode
+}
+
+// RecordHeld records h's held answers each in a write of its own (under ctx's DeferFlush,
+// without waiting for its flush; otherwise durably), within Config.WriteTimeout under
+// context.WithoutCancel(ctx), and empties h. An answer already recorded as this
+// attempt's (a batch of Queue's that committed although its caller did not learn so)
+// counts as recorded. It returns a *SupersededError when another attempt's answer was
+// recorded first (the caller acted on an answer that is not the recorded one: retry, to
+// replay it), ErrKeyReused, or a database error (ErrUnavailable: those answers stay
+// held, for a later Queue or RecordHeld).
+func (l *Ledger) RecordHeld(ctx context.Context, h *Held) error {
+	if h == nil {
+		return nil
+	}
+	h.mu.Lock()
+	items := h.items
+	h.items, h.queued = nil, 0
+	h.mu.Unlock()
+	var first error
+	var failed []heldAnswer
+	for _, it := range items {
+		err := it.att.record(ctx, it.res)
+		if err != nil && errors.Is(err, ErrUnavailable) {
+			failed = append(failed, it)
+		}
+		if first == nil {
+			first = err
+		}
+	}
+	if len(failed) > 0 {
+		h.mu.Lock()
+		h.items = append(failed, h.items...)
+		h.mu.Unlock()
+	}
+	return first
+}
+
+// record is Succeed for a held answer: its own recorded earlier counts as ours.
+func (a *Attempt) record(ctx context.Context, res Result) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.l.cfg.WriteTimeout)
+	defer cancel()
+	rec, ours, err := a.succeed(ctx, a.l.db, res)
+	switch {
+	case err != nil:
+		return err
+	case ours:
+		return nil
+	case a.sameAnswer(rec, res):
+		a.l.metrics.attempt(a.call, resultSucceeded)
+		return nil
+	}
+	return &SupersededError{Key: a.call.Key}
+}

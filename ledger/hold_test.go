@@ -1,0 +1,161 @@
+package ledger_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/ledger"
+	"github.com/onceflow/onceflow/llm"
+	"github.com/onceflow/onceflow/llm/fakeserver"
+)
+
+// heldCall makes one call through a Client under HoldAnswers and returns the ledger,
+// its pool, the hold, the call's key and the answer the caller got.
+func heldCall(t *testing.T) (*ledger.Ledger, *pgxpool.Pool, *ledger.Held, string, *llm.Response) {
+	t.Helper()
+	_, adapter := fakeLLM(t, fakeserver.Config{})
+	l, pool := newLedger(t, ledger.Config{})
+	var h ledger.Held
+	req := request("Summarise the refund policy")
+	req.IdempotencyKey = "job-1:summarise"
+	resp, err := l.Wrap("openai", adapter).Complete(ledger.HoldAnswers(ctxT(t), &h), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l, pool, &h, ledger.Key(req.IdempotencyKey, req), resp
+}
+
+// sideTable creates a table of the test's own for what a caller writes with an answer.
+func sideTable(t *testing.T, pool *pgxpool.Pool) string {
+	t.Helper()
+	name := fmt.Sprintf("held_side_%d", time.Now().UnixNano())
+	if _, err := pool.Exec(ctxT(t), `CREATE TABLE `+name+` (answer text)`); err != nil {
+		t.Fatal(err)
+	}
+	return name
+}
+
+// commitWithHeld sends h's answers and one row of the caller's as one batch: one
+// implicit transaction, as onceflow's job Commit does.
+func commitWithHeld(t *testing.T, pool *pgxpool.Pool, h *ledger.Held, table, answer string) (queued int, err error) {
+	t.Helper()
+	b := &pgx.Batch{}
+	queued = h.Queue(b)
+	b.Queue(`INSERT INTO `+table+` VALUES ($1)`, answer)
+	return queued, pool.SendBatch(ctxT(t), b).Close()
+}
+
+// A held answer is not recorded until the caller's batch commits, and then it is,
+// with the caller's own row in the same commit.
+func TestHeldAnswerIsRecordedWithTheCallersCommit(t *testing.T) {
+	t.Parallel()
+	l, pool, h, key, resp := heldCall(t)
+	if r := mustGet(t, l, key); r.State != ledger.StateInFlight || !h.Pending() {
+		t.Fatalf("after the call: row %s, held %v; want in_flight and held", r.State, h.Pending())
+	}
+	table := sideTable(t, pool)
+	queued, err := commitWithHeld(t, pool, h, table, resp.Content)
+	if err != nil || queued != 1 {
+		t.Fatalf("batch: %d queued, %v", queued, err)
+	}
+	h.Committed()
+	r := mustGet(t, l, key)
+	if r.State != ledger.StateSucceeded || r.Attempt != 1 || h.Pending() {
+		t.Fatalf("after the commit: row %s attempt %d, held %v; want succeeded in attempt 1, nothing held", r.State, r.Attempt, h.Pending())
+	}
+	rec, err := l.Wrap("openai", nil).Complete(ctxT(t), &llm.Request{Model: "gpt-4.1-mini", IdempotencyKey: "job-1:summarise",
+		Messages: []llm.Message{{Role: llm.RoleUser, Content: "Summarise the refund policy"}}})
+	if err != nil || rec.Content != resp.Content {
+		t.Fatalf("replay: %v, %q; want the held answer %q", err, rec.Content, resp.Content)
+	}
+}
+
+// When another attempt recorded the call's answer first, the held answer's statement
+// fails the caller's transaction: nothing the caller wrote with it commits, and
+// RecordHeld says the answer was superseded.
+func TestHeldAnswerSupersededFailsTheCallersTransaction(t *testing.T) {
+	t.Parallel()
+	l, pool, h, key, resp := heldCall(t)
+	r := mustGet(t, l, key)
+	other := ledger.Result{Response: []byte(`{"content":"another answer"}`), Raw: []byte(`{}`)}
+	call := ledger.Call{Key: key, Work: r.Work, RequestHash: r.RequestHash, Provider: r.Provider, Model: r.Model}
+	if ok, err := l.Record(ctxT(t), nil, call, other); err != nil || !ok {
+		t.Fatalf("another attempt's record: %v, %v", ok, err)
+	}
+	table := sideTable(t, pool)
+	_, err := commitWithHeld(t, pool, h, table, resp.Content)
+	if !ledger.IsSuperseded(err) {
+		t.Fatalf("batch: %v, want a superseded answer", err)
+	}
+	var n int
+	if err := pool.QueryRow(ctxT(t), `SELECT count(*) FROM `+table).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("the caller's rows: %d (%v), want 0", n, err)
+	}
+	var sup *ledger.SupersededError
+	if err := l.RecordHeld(ctxT(t), h); !errors.As(err, &sup) || sup.Key != key || h.Pending() {
+		t.Fatalf("RecordHeld: %v, held %v; want a SupersededError for %s, nothing held", err, h.Pending(), key)
+	}
+}
+
+// A batch that committed although its caller did not learn so (the connection lost
+// with the COMMIT's reply) recorded the answer: RecordHeld then finds it as this
+// attempt's own and succeeds.
+func TestRecordHeldFindsItsOwnAnswerACommitRecordedUnseen(t *testing.T) {
+	t.Parallel()
+	l, pool, h, key, resp := heldCall(t)
+	if _, err := commitWithHeld(t, pool, h, sideTable(t, pool), resp.Content); err != nil {
+		t.Fatal(err)
+	}
+	// No Committed: the caller does not know.
+	if err := l.RecordHeld(ctxT(t), h); err != nil || h.Pending() {
+		t.Fatalf("RecordHeld: %v, held %v; want nil and nothing held", err, h.Pending())
+	}
+	if r := mustGet(t, l, key); r.State != ledger.StateSucceeded || r.Attempt != 1 {
+		t.Fatalf("row %s attempt %d", r.State, r.Attempt)
+	}
+}
+
+// RecordHeld records alone, and an answer PostgreSQL could not record stays held for
+// a later try.
+func TestRecordHeldKeepsWhatPostgresCouldNotRecord(t *testing.T) {
+	t.Parallel()
+	_, adapter := fakeLLM(t, fakeserver.Config{})
+	_, dsn := testenv.Postgres(t)
+	pool, err := pgxpool.New(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := ledger.New(pool, ledger.Config{Logger: testenv.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var h ledger.Held
+	req := request("Summarise the outage report")
+	req.IdempotencyKey = "job-2:summarise"
+	if _, err := l.Wrap("openai", adapter).Complete(ledger.HoldAnswers(ctxT(t), &h), req); err != nil {
+		t.Fatal(err)
+	}
+	pool.Close() // PostgreSQL out of reach
+	if err := l.RecordHeld(ctxT(t), &h); !errors.Is(err, ledger.ErrUnavailable) || !h.Pending() {
+		t.Fatalf("RecordHeld without PostgreSQL: %v, held %v; want ErrUnavailable and the answer still held", err, h.Pending())
+	}
+	pool2, err := pgxpool.New(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool2.Close)
+	l2, err := ledger.New(pool2, ledger.Config{Logger: testenv.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := mustGet(t, l2, ledger.Key(req.IdempotencyKey, req)); r.State != ledger.StateInFlight {
+		t.Fatalf("row %s, want in_flight (the answer unrecorded)", r.State)
+	}
+}
