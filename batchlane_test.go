@@ -735,7 +735,9 @@ func TestBatchLaneGoesOnPastAnAmbiguousSubmission(t *testing.T) {
 	api.batches = append(api.batches, &memBatch{info: llm.BatchInfo{ID: "batch_foreign", Status: "in_progress", Items: 2, CreatedAt: time.Now()},
 		items: []llm.BatchItem{{CustomID: "f1", Request: ticketRequest("x")}, {CustomID: "f2", Request: ticketRequest("y")}}})
 	model := &modelsByName{answers: map[string]string{"prod": "synchronous"}}
-	env, sink := batchEnv(t, api, model, 4*time.Second, onceflow.BatchConfig{MaxAge: 100 * time.Millisecond, PollInterval: 50 * time.Millisecond})
+	// MaxAge 1 s: the two first tickets share the first batch even when make test's
+	// load runs their jobs far apart (100 ms split them once).
+	env, sink := batchEnv(t, api, model, 4*time.Second, onceflow.BatchConfig{MaxAge: time.Second, PollInterval: 50 * time.Millisecond})
 	env.Start()
 	enqueueTickets(t, env, "first 1", "first 2")
 	onceflowtest.WaitFor(t, 20*time.Second, "the first batch created, its answer lost", func() bool { b, _ := api.counts(); return b == 2 })

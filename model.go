@@ -205,8 +205,13 @@ func (s *Step) ToolKeys() []ledger.ToolKey { return append([]ledger.ToolKey(nil)
 //     sleeps between them, within the delivery's deadline: JobBudget from the start of
 //     the delivery, shared by every step of it. Retryable failures (429, 5xx, timeouts,
 //     resets) are retried with backoff that honours Retry-After.
-//   - If the answer has tool calls, their keys are recorded in the same step (one more
-//     round trip): see Step.ToolKey.
+//   - The answer is recorded with the job's Commit when the Commit follows the step (in
+//     its transaction: no write of its own), and otherwise before anything else the
+//     delivery does: the next step, Do, a tool, a wait, an Enqueue, CommitTx, or the
+//     end of the delivery (docs/providers.md, "Two commits per model step";
+//     Config.DurableAnswers records it before the step returns).
+//   - If the answer has tool calls, it is recorded at once, and their keys in the same
+//     step (one more round trip): see Step.ToolKey.
 //
 // The error is made to be returned as is by the Worker: an outage of the provider (an
 // exhausted quota, the breaker open because of one or because Config.BreakerThreshold
@@ -244,8 +249,9 @@ func (j *Job[T]) Complete(ctx context.Context, step string, req *llm.Request, op
 // starts.
 //
 // Through the ledger, the text is persisted on the call's row as it arrives (in
-// batches) and the answer is recorded before the final chunk is yielded, so a Worker
-// that acts on the final chunk acts only on complete, recorded answers; a redelivered
+// batches) and the complete answer is recorded as Complete's is (with the job's
+// Commit, or before anything else the delivery does), so effects made through the
+// Commit rest only on complete, recorded answers; a redelivered
 // job whose answer was recorded gets it replayed (one text chunk and the final chunk)
 // without a call. The policy's per-call timeout bounds each whole attempt, first byte
 // to final chunk, and the delivery's deadline all of them.
