@@ -664,3 +664,133 @@ func TestPostgresOutageDuringCommitSpendsNoDelivery(t *testing.T) {
 		})
 	}
 }
+
+// CommitTx commits the job's effects only with its model step's answer recorded: when
+// the ledger cannot write the held answer first, CommitTx fails (the job is delivered
+// again) rather than committing effects that rest on an answer a worker's crash before
+// the end of the delivery loses.
+func TestCommitTxCommitsOnlyWithTheStepsAnswerRecorded(t *testing.T) {
+	t.Parallel()
+	pool, _ := testenv.Postgres(t)
+	refuse := refuseAnswers(t, pool)
+	type outcome struct {
+		err   error
+		state string
+	}
+	after := make(chan outcome, 1)
+	e := newModelEnv(t, fakeserver.Config{}, onceflow.Config{DB: pool}, func(ctx context.Context, j *onceflow.Job[supportArgs]) error {
+		st, err := j.Complete(ctx, "summarise", prompt(j.Args.Text))
+		if err != nil {
+			return err
+		}
+		if j.Delivery > 1 {
+			return j.Commit(ctx, nil)
+		}
+		refuse(true) // the answer's write fails now; the transaction below does not touch it
+		err = j.CommitTx(ctx, func(ctx context.Context, tx pgx.Tx, c *onceflow.Commit) error {
+			c.Emit("support.reply", "reply:"+j.ID, map[string]string{"text": st.Response.Content})
+			return nil
+		})
+		refuse(false)
+		after <- outcome{err: err, state: answerState(t, pool, st.Key)}
+		return err
+	})
+	e.start()
+	e.enqueue("My invoice was charged twice.")
+	select {
+	case o := <-after:
+		if o.err == nil && o.state != "succeeded" {
+			t.Fatalf("CommitTx committed the job and its effect while its step's answer reads %q: a worker killed now loses the answer its effect carries", o.state)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the worker did not reach CommitTx")
+	}
+}
+
+// A Commit whose statement fails after the step's answer in its batch rolls the answer
+// back with it; the answer stays held and the end of the delivery records it, so the
+// next delivery replays it without a second model call.
+func TestCommitAfterAFailedStatementStillRecordsTheAnswer(t *testing.T) {
+	t.Parallel()
+	var contents sync.Map
+	e := newModelEnv(t, fakeserver.Config{}, onceflow.Config{}, func(ctx context.Context, j *onceflow.Job[supportArgs]) error {
+		st, err := j.Complete(ctx, "summarise", prompt(j.Args.Text))
+		if err != nil {
+			return err
+		}
+		contents.Store(j.Delivery, st.Response.Content)
+		return j.Commit(ctx, func(c *onceflow.Commit) error {
+			if j.Delivery == 1 {
+				c.Exec(`INSERT INTO no_such_table VALUES (1)`)
+			}
+			return nil
+		})
+	})
+	e.start()
+	e.enqueue("My invoice was charged twice.")
+	runs := e.waitRuns(2)
+	if runs[0].err == nil || runs[1].err != nil {
+		t.Fatalf("runs %+v: want a failed Commit, then one that commits", runs)
+	}
+	a, _ := contents.Load(1)
+	b, _ := contents.Load(2)
+	if n := e.calls(); n != 1 || a != b {
+		t.Fatalf("%d model calls, answers %q / %q: want 1 call, the answer of the failed Commit replayed", n, a, b)
+	}
+}
+
+// A Commit that queued the step's held answer, while another goroutine of the Worker
+// records that same answer first (an Enqueue beside the Commit), commits: the answer
+// recorded is the Commit's own, not another attempt's, so it is no SupersededError.
+func TestCommitBesideAnEnqueueThatRecordsTheSameAnswerCommits(t *testing.T) {
+	t.Parallel()
+	pool, _ := testenv.Postgres(t)
+	ctx := context.Background()
+	lock, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = lock.Rollback(ctx) }()
+	if _, err := lock.Exec(ctx, `LOCK TABLE job_completions IN EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	var unlocked atomic.Bool
+	first := make(chan error, 1)
+	var e *modelEnv
+	e = newModelEnv(t, fakeserver.Config{}, onceflow.Config{DB: pool}, func(ctx context.Context, j *onceflow.Job[supportArgs]) error {
+		if strings.HasPrefix(j.Args.Text, "child:") {
+			return nil
+		}
+		st, err := j.Complete(ctx, "summarise", prompt(j.Args.Text))
+		if err != nil {
+			return err
+		}
+		committed := make(chan error, 1)
+		go func() {
+			committed <- j.Commit(ctx, func(c *onceflow.Commit) error { c.Result(st.Response.Content); return nil })
+		}()
+		time.Sleep(300 * time.Millisecond) // the Commit's batch waits on the completion record
+		if _, err := e.client.Enqueue(ctx, supportArgs{Text: "child:" + st.Response.Content}, &onceflow.EnqueueOpts{Key: "child-of-" + j.ID}); err != nil {
+			return err
+		}
+		if unlocked.CompareAndSwap(false, true) {
+			_ = lock.Rollback(context.Background())
+		}
+		err = <-committed
+		select {
+		case first <- err:
+		default:
+		}
+		return err
+	})
+	e.start()
+	e.enqueue("My invoice was charged twice.")
+	select {
+	case err := <-first:
+		if err != nil {
+			t.Fatalf("the Commit beside an Enqueue recording its own answer: %v; want it committed", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the Worker did not commit")
+	}
+}

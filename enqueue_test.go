@@ -7,15 +7,19 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/idempotency"
 	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/ledger"
+	"github.com/onceflow/onceflow/llm/fakeserver"
 	"github.com/onceflow/onceflow/queue"
 )
 
@@ -333,5 +337,105 @@ func TestRedisDownAtAPartitionedEnqueueIsUnavailable(t *testing.T) {
 	if errors.Is(e1, onceflow.ErrUnavailable) != errors.Is(e2, onceflow.ErrUnavailable) {
 		t.Errorf("Redis down: Enqueue of 1 partition %v (ErrUnavailable %v), of 2 partitions %v (ErrUnavailable %v)",
 			e1, errors.Is(e1, onceflow.ErrUnavailable), e2, errors.Is(e2, onceflow.ErrUnavailable))
+	}
+}
+
+// A job a Worker enqueues may carry its model step's answer: Enqueue from the Worker
+// sends it only once the answer is recorded, and fails (the job is delivered again)
+// when the ledger cannot write it, as Do does before its function.
+func TestEnqueueFromAWorkerFailsWhenItsStepsAnswerCannotBeRecorded(t *testing.T) {
+	t.Parallel()
+	pool, _ := testenv.Postgres(t)
+	refuse := refuseAnswers(t, pool)
+	type outcome struct {
+		err   error
+		state string
+	}
+	after := make(chan outcome, 1)
+	var e *modelEnv
+	e = newModelEnv(t, fakeserver.Config{}, onceflow.Config{DB: pool}, func(ctx context.Context, j *onceflow.Job[supportArgs]) error {
+		if strings.HasPrefix(j.Args.Text, "child:") {
+			return nil
+		}
+		st, err := j.Complete(ctx, "summarise", prompt(j.Args.Text))
+		if err != nil {
+			return err
+		}
+		if j.Delivery > 1 {
+			return j.Commit(ctx, nil)
+		}
+		refuse(true)
+		_, err = e.client.Enqueue(ctx, supportArgs{Text: "child:" + st.Response.Content}, &onceflow.EnqueueOpts{Key: "child-of-" + j.ID})
+		refuse(false)
+		after <- outcome{err: err, state: answerState(t, pool, st.Key)}
+		return err
+	})
+	e.start()
+	e.enqueue("My invoice was charged twice.")
+	select {
+	case o := <-after:
+		if o.err == nil && o.state != "succeeded" {
+			t.Fatalf("Enqueue sent a child job carrying the step's answer while the answer reads %q: a worker killed now loses it, and the next delivery acts on another", o.state)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the worker did not reach Enqueue")
+	}
+}
+
+// A model step's answer that a job enqueued from the Worker carries is durable before
+// Enqueue sends the job, as before Do's function: a crash of PostgreSQL after the
+// enqueue cannot take the answer back, or the next delivery would ask the model again
+// and act on another answer than the one the enqueued job carries.
+func TestAnswerAnEnqueuedJobCarriesSurvivesAPostgresCrash(t *testing.T) {
+	t.Parallel()
+	pg, url, pool := testenv.MigratedPrivatePostgres(t, "")
+	ctx := context.Background()
+	// Only a durable commit flushes the WAL within the test (as ledger's crashablePostgres).
+	for _, sql := range []string{`ALTER SYSTEM SET wal_writer_delay = '10s'`, `ALTER SYSTEM SET autovacuum = off`, `SELECT pg_reload_conf()`} {
+		if _, err := pool.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(200 * time.Millisecond)
+	type outcome struct {
+		state string
+		err   error
+	}
+	after := make(chan outcome, 1)
+	var once sync.Once
+	var e *modelEnv
+	e = newModelEnv(t, fakeserver.Config{}, onceflow.Config{DB: pool}, func(ctx context.Context, j *onceflow.Job[supportArgs]) error {
+		if strings.HasPrefix(j.Args.Text, "child:") {
+			return nil
+		}
+		st, err := j.Complete(ctx, "summarise", prompt(j.Args.Text))
+		if err != nil {
+			return err
+		}
+		if _, err := e.client.Enqueue(ctx, supportArgs{Text: "child:" + st.Response.Content}, &onceflow.EnqueueOpts{Key: "child-of-" + j.ID}); err != nil {
+			return err
+		}
+		once.Do(func() { // the child job is in Redis with st's content
+			pg.Kill()
+			pg.Start()
+			var o outcome
+			conn, err := pgx.Connect(context.Background(), url)
+			if o.err = err; err == nil {
+				o.err = conn.QueryRow(context.Background(), `SELECT state FROM llm_calls WHERE idem_key = $1`, st.Key).Scan(&o.state)
+				_ = conn.Close(context.Background())
+			}
+			after <- o
+		})
+		return nil
+	})
+	e.start()
+	e.enqueue("My invoice was charged twice.")
+	select {
+	case o := <-after:
+		if o.err != nil || o.state != ledger.StateSucceeded {
+			t.Fatalf("the answer an enqueued job carries, after a crash of PostgreSQL: state %q (%v); want succeeded", o.state, o.err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("the Worker did not enqueue")
 	}
 }

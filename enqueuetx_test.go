@@ -14,6 +14,7 @@ import (
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/idempotency"
 	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/llm/fakeserver"
 	"github.com/onceflow/onceflow/outbox"
 	"github.com/onceflow/onceflow/outbox/pgoutbox"
 )
@@ -299,4 +300,54 @@ func TestRedisOutageNeverExhaustsEnqueueTx(t *testing.T) {
 			completions, refunds, effects, sent, runs.Load(), e.added())
 	}
 	t.Logf("%v failed sends during the outage", during)
+}
+
+// A job a Worker enqueues in a transaction of its own may carry its model step's
+// answer, as one it enqueues with Enqueue: EnqueueTx from the Worker records the answer
+// first, so that the job cannot exist (once tx commits) while the answer it carries
+// reads in flight and a worker killed before its Commit loses it.
+func TestEnqueueTxFromAWorkerRecordsTheStepsAnswerFirst(t *testing.T) {
+	t.Parallel()
+	pool, _ := testenv.Postgres(t)
+	type outcome struct {
+		err   error
+		state string
+	}
+	after := make(chan outcome, 1)
+	var e *modelEnv
+	e = newModelEnv(t, fakeserver.Config{}, onceflow.Config{DB: pool}, func(ctx context.Context, j *onceflow.Job[supportArgs]) error {
+		if j.Args.Text != "My invoice was charged twice." {
+			return nil
+		}
+		st, err := j.Complete(ctx, "summarise", prompt(j.Args.Text))
+		if err != nil {
+			return err
+		}
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = tx.Rollback(context.Background()) }()
+		if _, err := e.client.EnqueueTx(ctx, tx, supportArgs{Text: "child: " + st.Response.Content}, &onceflow.EnqueueOpts{Key: "child-of-" + j.ID}); err != nil {
+			return err
+		}
+		if err := tx.Commit(ctx); err != nil {
+			return err
+		}
+		select {
+		case after <- outcome{state: answerState(t, pool, st.Key)}:
+		default:
+		}
+		return j.Commit(ctx, nil)
+	})
+	e.start()
+	e.enqueue("My invoice was charged twice.")
+	select {
+	case o := <-after:
+		if o.state != "succeeded" {
+			t.Fatalf("a job enqueued with EnqueueTx carrying the step's answer committed while the answer reads %q; want succeeded", o.state)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the Worker did not enqueue")
+	}
 }

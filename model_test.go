@@ -1037,3 +1037,106 @@ func TestAnswerADoStepActedOnSurvivesAPostgresCrash(t *testing.T) {
 		t.Fatal("the Do step did not run")
 	}
 }
+
+// refuseAnswers installs on pool's schema a trigger that, while switched on, makes
+// PostgreSQL refuse to record a model answer (a llm_calls row going to succeeded): the
+// ledger's answer write fails as in a failover or a lock timeout, while other writes
+// (the job's Commit, its outbox) still commit. It returns the switch.
+func refuseAnswers(t *testing.T, pool *pgxpool.Pool) func(on bool) {
+	t.Helper()
+	ctx := context.Background()
+	for _, sql := range []string{
+		`CREATE TABLE refuse_answers (on_ boolean NOT NULL)`,
+		`INSERT INTO refuse_answers VALUES (false)`,
+		`CREATE FUNCTION refuse_answers() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	IF NEW.state = 'succeeded' AND (SELECT on_ FROM refuse_answers) THEN
+		RAISE EXCEPTION 'the answer cannot be written now';
+	END IF;
+	RETURN NEW;
+END $$`,
+		`CREATE TRIGGER refuse_answers BEFORE INSERT OR UPDATE ON llm_calls FOR EACH ROW EXECUTE FUNCTION refuse_answers()`,
+	} {
+		if _, err := pool.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return func(on bool) {
+		if _, err := pool.Exec(context.Background(), `UPDATE refuse_answers SET on_ = $1`, on); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+// answerState returns the state of the ledger row of key, read apart from the client.
+func answerState(t *testing.T, pool *pgxpool.Pool, key string) string {
+	t.Helper()
+	var state string
+	if err := pool.QueryRow(context.Background(), `SELECT state FROM llm_calls WHERE idem_key = $1`, key).Scan(&state); err != nil {
+		t.Error(err)
+	}
+	return state
+}
+
+// Job.Stream's contract (its doc comment, docs/workflows-models.md): the answer is
+// recorded before the final chunk is yielded, so a Worker that acts on the final chunk
+// acts only on a complete, recorded answer.
+func TestStreamRecordsTheAnswerBeforeTheFinalChunk(t *testing.T) {
+	t.Parallel()
+	pool, _ := testenv.Postgres(t)
+	seen := make(chan string, 1)
+	e := newModelEnv(t, fakeserver.Config{}, onceflow.Config{DB: pool}, func(ctx context.Context, j *onceflow.Job[supportArgs]) error {
+		s := j.Stream(ctx, "summarise", prompt(j.Args.Text))
+		for ch, err := range s.All() {
+			if err != nil {
+				return err
+			}
+			if ch.Done {
+				select {
+				case seen <- answerState(t, pool, s.Key()):
+				default:
+				}
+			}
+		}
+		return j.Commit(ctx, nil)
+	})
+	e.start()
+	e.enqueue("My invoice was charged twice.")
+	select {
+	case state := <-seen:
+		if state != ledger.StateSucceeded {
+			t.Fatalf("the ledger row when the final chunk was yielded: %q; want %q (Job.Stream: \"the answer is recorded before the final chunk is yielded\")", state, ledger.StateSucceeded)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("no final chunk")
+	}
+}
+
+// A Worker that panics after its model step (recovered by the queue, the job delivered
+// again) does not lose the step's answer: the delivery still records it at its end, as
+// one that returns an error does, and the next delivery replays it without a second
+// model call.
+func TestWorkerPanicAfterAStepKeepsItsAnswer(t *testing.T) {
+	t.Parallel()
+	got := &steps{}
+	e := newModelEnv(t, fakeserver.Config{}, onceflow.Config{Ledger: ledger.Config{Lease: time.Second}}, func(ctx context.Context, j *onceflow.Job[supportArgs]) error {
+		st, err := j.Complete(ctx, "summarise", prompt(j.Args.Text))
+		if err != nil {
+			return err
+		}
+		got.add(st)
+		if j.Delivery == 1 {
+			panic("a bug in the Worker, after the step")
+		}
+		return j.Commit(ctx, nil)
+	})
+	e.start()
+	e.enqueue("My invoice was charged twice.")
+	if runs := e.waitRuns(1); runs[0].err != nil || runs[0].delivery != 2 {
+		t.Fatalf("runs %+v: want the second delivery to finish", runs)
+	}
+	all := got.all()
+	if n := e.calls(); n != 1 || len(all) != 2 || all[0].Response.Content != all[1].Response.Content {
+		t.Fatalf("%d model calls, %d steps; want 1 call, the second delivery replaying the answer the first got before its panic", n, len(all))
+	}
+}

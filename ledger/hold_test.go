@@ -159,3 +159,46 @@ func TestRecordHeldKeepsWhatPostgresCouldNotRecord(t *testing.T) {
 		t.Fatalf("row %s, want in_flight (the answer unrecorded)", r.State)
 	}
 }
+
+// RecordHeld reports an answer another attempt recorded first (a *SupersededError: the
+// caller acted on an answer that is not the recorded one) even when PostgreSQL could
+// not write another held answer before it: the database error must not mask the
+// supersession, which the caller has to act on (retry), and which the hold forgets.
+func TestRecordHeldReportsASupersededAnswerBesideAnUnavailableOne(t *testing.T) {
+	t.Parallel()
+	_, adapter := fakeLLM(t, fakeserver.Config{})
+	l, pool := newLedger(t, ledger.Config{})
+	var h ledger.Held
+	var keys []string
+	for _, step := range []string{"first", "second"} {
+		req := request("Summarise the refund policy")
+		req.IdempotencyKey = "job-1:" + step
+		if _, err := l.Wrap("openai", adapter).Complete(ledger.HoldAnswers(ctxT(t), &h), req); err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, ledger.Key(req.IdempotencyKey, req))
+	}
+	// The first answer's write fails (the database refuses it); the second's row holds
+	// another attempt's answer already.
+	for _, sql := range []string{
+		`CREATE FUNCTION refuse_first() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	IF NEW.idem_key = '` + keys[0] + `' AND NEW.state = 'succeeded' THEN RAISE EXCEPTION 'the answer cannot be written now'; END IF;
+	RETURN NEW;
+END $$`,
+		`CREATE TRIGGER refuse_first BEFORE INSERT OR UPDATE ON llm_calls FOR EACH ROW EXECUTE FUNCTION refuse_first()`,
+	} {
+		if _, err := pool.Exec(ctxT(t), sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := pool.Exec(ctxT(t), `UPDATE llm_calls SET state = 'succeeded', attempt = 2, owner = NULL, lease_until = NULL,
+	response = '{"content": "another attempt''s answer"}', response_raw = 'other' WHERE idem_key = $1`, keys[1]); err != nil {
+		t.Fatal(err)
+	}
+	err := l.RecordHeld(ctxT(t), &h)
+	var sup *ledger.SupersededError
+	if !errors.As(err, &sup) {
+		t.Fatalf("RecordHeld: %v; want a *SupersededError for %s (the first answer's database error aside)", err, keys[1])
+	}
+}
