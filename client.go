@@ -413,8 +413,10 @@ func (c *Client) handler(name string, qc QueueConfig) queue.Handler {
 			msg: j.Message,
 			rt:  &runtime{client: c, queue: name, delivery: j, deadline: retry.After(c.cfg.JobBudget)},
 		}
+		// A Worker that panics still has its step's answers recorded (the queue
+		// recovers the panic): the next delivery replays them instead of asking again.
+		defer info.rt.flushAnswers(ctx)
 		err := run(withRuntime(ctx, info.rt), info)
-		info.rt.flushAnswers(ctx)
 		c.observeJob(err)
 		return err
 	}}

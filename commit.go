@@ -389,7 +389,7 @@ func (j *Job[T]) CommitTx(ctx context.Context, fn func(ctx context.Context, tx p
 const rollbackTimeout = 5 * time.Second
 
 func (cl *Client) commitTx(ctx context.Context, rec completion, fn func(context.Context, pgx.Tx, *Commit) error) error {
-	if err := rec.rt.releaseHeld(rec.rt.answerContext(ctx)); err != nil { // fn may read them in tx
+	if err := rec.rt.releaseHeld(rec.rt.answerContext(ctx)); err != nil { // fn may read them in tx; tx's commit flushes them
 		return err
 	}
 	b := &pgx.Batch{}

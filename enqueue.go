@@ -114,12 +114,8 @@ func (c *Client) Enqueue(ctx context.Context, args JobArgs, opts *EnqueueOpts) (
 	if err != nil {
 		return nil, err
 	}
-	// From a Worker: the job may carry a model answer of its delivery, which is then
-	// recorded first.
-	if rt := runtimeFrom(ctx); rt != nil {
-		if err := rt.releaseHeld(rt.answerContext(ctx)); err != nil {
-			return nil, err
-		}
+	if err := answersBeforeLeaving(ctx); err != nil {
+		return nil, err
 	}
 	keys, err := c.enqueueKeys(ctx, o.Queue, m.JobID)
 	if err != nil {

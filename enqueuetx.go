@@ -60,6 +60,9 @@ func (c *Client) EnqueueTx(ctx context.Context, tx pgx.Tx, args JobArgs, opts *E
 	if err != nil {
 		return nil, err
 	}
+	if err := answersBeforeLeaving(ctx); err != nil {
+		return nil, err
+	}
 	c.noteQueue(o.Queue)
 	payload, err := json.Marshal(enqueueIntent{
 		Queue: o.Queue, Key: o.Key, JobID: m.JobID, Kind: m.Kind, Tenant: m.Tenant, Args: string(m.Payload),

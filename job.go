@@ -115,3 +115,14 @@ func runtimeFrom(ctx context.Context) *runtime {
 	rt, _ := ctx.Value(runtimeKey{}).(*runtime)
 	return rt
 }
+
+// answersBeforeLeaving makes the model answers of the delivery ctx runs in (when it
+// runs in one: Enqueue, EnqueueTx, Signal from a Worker) recorded and durable before
+// what may carry one leaves the delivery: a job in Redis, another transaction, a
+// signal. Its error is the ledger's (PostgresError, or an answer superseded).
+func answersBeforeLeaving(ctx context.Context) error {
+	if rt := runtimeFrom(ctx); rt != nil {
+		return rt.flushBeforeEffect(ctx)
+	}
+	return nil
+}

@@ -501,22 +501,22 @@ func (rt *runtime) holdContext(ctx context.Context) context.Context {
 }
 
 // releaseHeld records the answers the delivery holds, before anything but the job's
-// Commit: a later step, a recorded step or tool, a wait, an enqueue, CommitTx. They are
-// written as answers are without a hold (under ctx's DeferFlush, without waiting for
-// the flush). An answer another attempt recorded first is an error to retry (the
-// delivery acted on an answer that is not the recorded one; the repeat replays it);
-// one PostgreSQL could not record stays held, logged, for the Commit or the end of the
-// delivery to record.
+// Commit: a later step, a recorded step or tool, a wait, CommitTx. They are written as
+// answers are without a hold (under ctx's DeferFlush, without waiting for the flush;
+// the next durable commit on PostgreSQL makes them durable). An answer another attempt
+// recorded first is an error to retry (the delivery acted on an answer that is not the
+// recorded one; the repeat replays it); one PostgreSQL could not record stays held and
+// the write's error is returned (PostgresError): nothing that may carry it goes on.
 func (rt *runtime) releaseHeld(ctx context.Context) error {
 	if rt == nil || rt.client.model == nil || !rt.held.Pending() {
 		return nil
 	}
 	err := rt.client.model.ledger.RecordHeld(ctx, &rt.held)
-	if err := heldError(err); err != nil {
-		return err
+	if herr := heldError(err); herr != nil {
+		return herr
 	}
 	if err != nil {
-		rt.client.log.WarnContext(ctx, "onceflow: could not record a model answer yet; it stays held for the job's commit", "job_id", rt.delivery.JobID, "err", err)
+		return PostgresError(fmt.Errorf("onceflow: record the job's model answers: %w", err))
 	}
 	return nil
 }

@@ -1078,40 +1078,6 @@ func answerState(t *testing.T, pool *pgxpool.Pool, key string) string {
 	return state
 }
 
-// Job.Stream's contract (its doc comment, docs/workflows-models.md): the answer is
-// recorded before the final chunk is yielded, so a Worker that acts on the final chunk
-// acts only on a complete, recorded answer.
-func TestStreamRecordsTheAnswerBeforeTheFinalChunk(t *testing.T) {
-	t.Parallel()
-	pool, _ := testenv.Postgres(t)
-	seen := make(chan string, 1)
-	e := newModelEnv(t, fakeserver.Config{}, onceflow.Config{DB: pool}, func(ctx context.Context, j *onceflow.Job[supportArgs]) error {
-		s := j.Stream(ctx, "summarise", prompt(j.Args.Text))
-		for ch, err := range s.All() {
-			if err != nil {
-				return err
-			}
-			if ch.Done {
-				select {
-				case seen <- answerState(t, pool, s.Key()):
-				default:
-				}
-			}
-		}
-		return j.Commit(ctx, nil)
-	})
-	e.start()
-	e.enqueue("My invoice was charged twice.")
-	select {
-	case state := <-seen:
-		if state != ledger.StateSucceeded {
-			t.Fatalf("the ledger row when the final chunk was yielded: %q; want %q (Job.Stream: \"the answer is recorded before the final chunk is yielded\")", state, ledger.StateSucceeded)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("no final chunk")
-	}
-}
-
 // A Worker that panics after its model step (recovered by the queue, the job delivered
 // again) does not lose the step's answer: the delivery still records it at its end, as
 // one that returns an error does, and the next delivery replays it without a second

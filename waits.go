@@ -172,6 +172,9 @@ func Sleep[T JobArgs](ctx context.Context, job *Job[T], name string, d time.Dura
 // finds the signal when it asks for it. An unknown id or another tenant's job is
 // ErrJobNotFound. It needs Config.DB.
 func (c *Client) Signal(ctx context.Context, tenant, id, name string, payload any) error {
+	if err := answersBeforeLeaving(ctx); err != nil {
+		return err
+	}
 	_, err := c.signal(ctx, tenant, id, name, payload)
 	return err
 }

@@ -21,7 +21,8 @@ import (
 type Held struct {
 	mu     sync.Mutex
 	items  []heldAnswer
-	queued int // items[:queued] went into a batch whose commit is not known yet
+	queued int      // items[:queued] went into a batch whose commit is not known yet
+	keys   []string // the keys of the last Queue's answers, in order
 }
 
 // heldAnswer is one answer held: the attempt that owns the row and its result.
@@ -88,8 +89,10 @@ func (h *Held) Queue(b *pgx.Batch) int {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.keys = h.keys[:0]
 	for _, it := range h.items {
 		b.Queue(heldSQL, it.att.succeedArgs(it.res)...)
+		h.keys = append(h.keys, it.att.Key())
 	}
 	h.queued = len(h.items)
 	return h.queued
@@ -103,10 +106,10 @@ func (h *Held) KeyAt(i int) string {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if i < 0 || i >= len(h.items) {
+	if i < 0 || i >= len(h.keys) {
 		return ""
 	}
-	return h.items[i].att.Key()
+	return h.keys[i]
 }
 
 // Committed tells h that the batch of its last Queue committed: its answers are
@@ -157,7 +160,9 @@ func (l *Ledger) RecordHeld(ctx context.Context, h *Held) error {
 		if err != nil && errors.Is(err, ErrUnavailable) {
 			failed = append(failed, it)
 		}
-		if first == nil {
+		// A superseded answer or a reused key says more than a database error: the
+		// caller must not go on with the answer it holds.
+		if first == nil || err != nil && !errors.Is(err, ErrUnavailable) && errors.Is(first, ErrUnavailable) {
 			first = err
 		}
 	}
