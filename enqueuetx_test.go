@@ -310,7 +310,6 @@ func TestEnqueueTxFromAWorkerRecordsTheStepsAnswerFirst(t *testing.T) {
 	t.Parallel()
 	pool, _ := testenv.Postgres(t)
 	type outcome struct {
-		err   error
 		state string
 	}
 	after := make(chan outcome, 1)
