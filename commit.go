@@ -210,10 +210,8 @@ type completion struct {
 	// answers are the delivery's model answers awaiting a flush: a durable commit of
 	// the job makes them durable (ledger.DeferFlush).
 	answers *ledger.Deferred
-	// held are its model answers not recorded yet (ledger.HoldAnswers): Commit
-	// records them in its transaction.
-	held *ledger.Held
-	// rt is the delivery's runtime (CommitTx records held answers first).
+	// rt is the delivery's runtime: Commit records the model answers it holds in its
+	// transaction, CommitTx before it begins.
 	rt *runtime
 }
 
@@ -231,7 +229,7 @@ func (j *Job[T]) committer(ctx context.Context) (*Client, completion, error) {
 	if tp == "" && j.run.delivery != nil {
 		tp = j.run.delivery.TraceParent
 	}
-	return c, completion{id: j.ID, kind: j.Kind, tenant: j.Tenant, queue: j.Queue, traceparent: tp, delivery: j.Delivery, committed: &j.run.committed, answers: &j.run.answers, held: &j.run.held, rt: j.run}, nil
+	return c, completion{id: j.ID, kind: j.Kind, tenant: j.Tenant, queue: j.Queue, traceparent: tp, delivery: j.Delivery, committed: &j.run.committed, answers: &j.run.answers, rt: j.run}, nil
 }
 
 // Commit writes the job's completion record, the statements, effects and result fn
@@ -288,7 +286,7 @@ func (j *Job[T]) Commit(ctx context.Context, fn func(c *Commit) error) error {
 func (cl *Client) commit(ctx context.Context, rec completion, c *Commit) error {
 	b := &pgx.Batch{}
 	b.Queue(completeSQL, rec.id, rec.kind, rec.tenant, c.resultArg(), rec.queue)
-	held := rec.held.Queue(b) // the step's answer, when the Commit follows it
+	held := rec.rt.held.Queue(b) // the step's answer, when the Commit follows it
 	for _, s := range c.stmts {
 		b.Queue(s.sql, s.args...)
 	}
@@ -313,13 +311,13 @@ func (cl *Client) commit(ctx context.Context, rec completion, c *Commit) error {
 	switch {
 	case err == nil:
 		rec.committed.Store(true)
-		rec.held.Committed()
+		rec.rt.held.Committed()
 		rec.answers.Flushed()
 		return nil
-	case failed >= 1 && failed <= held && ledger.IsSuperseded(err):
+	case failed >= 1 && failed <= len(held) && ledger.IsSuperseded(err):
 		// Another attempt recorded the step's answer first: the job acted on one that
 		// is not the recorded one. Nothing committed; the next delivery replays it.
-		return fmt.Errorf("onceflow: commit job %s: %w", rec.id, &ledger.SupersededError{Key: rec.held.KeyAt(failed - 1)})
+		return fmt.Errorf("onceflow: commit job %s: %w", rec.id, &ledger.SupersededError{Key: held[failed-1]})
 	case isCompletionConflict(err):
 		if err := cl.checkCompletionOwner(ctx, rec); err != nil {
 			return err
@@ -335,7 +333,7 @@ func (cl *Client) commit(ctx context.Context, rec completion, c *Commit) error {
 		return Permanent(fmt.Errorf("onceflow: commit job %s: effect %s exists without the job's completion: %w: %w",
 			rec.id, key, pgoutbox.ErrDuplicate, err))
 	}
-	return PostgresError(fmt.Errorf("onceflow: commit job %s: %s: %w", rec.id, batchStep(failed, held, firstEffect, c), err))
+	return PostgresError(fmt.Errorf("onceflow: commit job %s: %s: %w", rec.id, batchStep(failed, len(held), firstEffect, c), err))
 }
 
 // batchStep names the statement failed is the index of in a commit batch whose
@@ -389,7 +387,7 @@ func (j *Job[T]) CommitTx(ctx context.Context, fn func(ctx context.Context, tx p
 const rollbackTimeout = 5 * time.Second
 
 func (cl *Client) commitTx(ctx context.Context, rec completion, fn func(context.Context, pgx.Tx, *Commit) error) error {
-	if err := rec.rt.releaseHeld(rec.rt.answerContext(ctx)); err != nil { // fn may read them in tx; tx's commit flushes them
+	if err := rec.rt.releaseHeld(ctx, false); err != nil { // fn may read them in tx; tx's commit flushes them
 		return err
 	}
 	b := &pgx.Batch{}

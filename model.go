@@ -310,7 +310,7 @@ func (rt *runtime) stream(ctx context.Context, jobID, step string, req *llm.Requ
 	s.seq = func(yield func(llm.Chunk, error) bool) {
 		rt.modelCalls.Add(1)
 		defer rt.modelCalls.Add(-1)
-		if err := rt.releaseHeld(ctx); err != nil {
+		if err := rt.releaseHeld(ctx, false); err != nil {
 			yield(llm.Chunk{}, err)
 			return
 		}
@@ -324,8 +324,8 @@ func (rt *runtime) stream(ctx context.Context, jobID, step string, req *llm.Requ
 				if err == nil {
 					collect(resp, &content, ch)
 				}
-				if err == nil && ch.Done && (len(resp.ToolCalls) > 0 || rt.modelCalls.Load() > 1) {
-					err = rt.releaseHeld(ctx) // as Complete's: for tools, later turns, a concurrent call
+				if err == nil && ch.Done {
+					err = rt.releaseForLater(ctx, resp)
 				}
 				if err == nil && ch.Done {
 					st := &Step{Name: step, Key: key, Response: resp}
@@ -429,11 +429,9 @@ func (rt *runtime) complete(ctx context.Context, jobID, step string, req *llm.Re
 		return nil, err
 	}
 	ctx = rt.answerContext(rt.limiterContext(ctx))
-	if rt != nil {
-		rt.modelCalls.Add(1)
-		defer rt.modelCalls.Add(-1)
-	}
-	if err := rt.releaseHeld(ctx); err != nil {
+	rt.modelCalls.Add(1)
+	defer rt.modelCalls.Add(-1)
+	if err := rt.releaseHeld(ctx, false); err != nil {
 		return nil, err
 	}
 	start := time.Now()
@@ -443,13 +441,8 @@ func (rt *runtime) complete(ctx context.Context, jobID, step string, req *llm.Re
 			return nil, err
 		}
 		s := &Step{Name: step, Key: key, Response: resp}
-		if len(resp.ToolCalls) > 0 || rt.modelCalls.Load() > 1 {
-			// Tool calls go on to tools and later turns, and another step of the
-			// delivery may be waiting for this answer: it is recorded now (before the
-			// tool keys, whose durable insert then flushes it).
-			if err := rt.releaseHeld(ctx); err != nil {
-				return nil, err
-			}
+		if err := rt.releaseForLater(ctx, resp); err != nil {
+			return nil, err
 		}
 		if err := m.recordToolKeys(ctx, s); err != nil {
 			return nil, err
@@ -501,24 +494,44 @@ func (rt *runtime) holdContext(ctx context.Context) context.Context {
 }
 
 // releaseHeld records the answers the delivery holds, before anything but the job's
-// Commit: a later step, a recorded step or tool, a wait, CommitTx. They are written as
-// answers are without a hold (under ctx's DeferFlush, without waiting for the flush;
-// the next durable commit on PostgreSQL makes them durable). An answer another attempt
-// recorded first is an error to retry (the delivery acted on an answer that is not the
-// recorded one; the repeat replays it); one PostgreSQL could not record stays held and
-// the write's error is returned (PostgresError): nothing that may carry it goes on.
-func (rt *runtime) releaseHeld(ctx context.Context) error {
+// Commit: a later step, a recorded step or tool, a wait, CommitTx (durable false: they
+// commit without waiting for the flush, and the next durable commit on PostgreSQL makes
+// them durable), or what may carry one out of the delivery (durable true:
+// flushBeforeEffect). An answer another attempt recorded first is an error to retry
+// (the delivery acted on an answer that is not the recorded one; the repeat replays
+// it); one PostgreSQL could not record stays held and the write's error is returned
+// (PostgresError): nothing that may carry it goes on.
+func (rt *runtime) releaseHeld(ctx context.Context, durable bool) error {
 	if rt == nil || rt.client.model == nil || !rt.held.Pending() {
 		return nil
 	}
-	err := rt.client.model.ledger.RecordHeld(ctx, &rt.held)
+	d := &rt.answers
+	if durable {
+		d = nil // whatever ctx says (a gate's or shadow's context defers)
+	}
+	err := rt.client.model.ledger.RecordHeld(ledger.DeferFlush(ctx, d), &rt.held)
 	if herr := heldError(err); herr != nil {
 		return herr
 	}
 	if err != nil {
 		return PostgresError(fmt.Errorf("onceflow: record the job's model answers: %w", err))
 	}
+	if durable {
+		rt.answers.Flushed() // the write's flush covers the answers recorded before it
+	}
 	return nil
+}
+
+// releaseForLater records resp's held answer at once when something after the step
+// depends on it before the job's Commit: its tool calls (tools and later turns), or
+// another model step of the delivery in progress, which may be a concurrent call of
+// the same step waiting for it. Recorded before the tool keys, whose durable insert
+// then flushes it.
+func (rt *runtime) releaseForLater(ctx context.Context, resp *llm.Response) error {
+	if len(resp.ToolCalls) == 0 && rt.modelCalls.Load() <= 1 {
+		return nil
+	}
+	return rt.releaseHeld(ctx, false)
 }
 
 // heldError returns the error of ledger.RecordHeld the delivery must return: an
@@ -556,16 +569,7 @@ func (rt *runtime) flushBeforeEffect(ctx context.Context) error {
 		return nil
 	}
 	if rt.held.Pending() {
-		// Recorded durably: the write's flush covers the answers recorded before it.
-		err := rt.client.model.ledger.RecordHeld(context.WithoutCancel(ctx), &rt.held)
-		if herr := heldError(err); herr != nil {
-			return herr
-		}
-		if err != nil {
-			return PostgresError(fmt.Errorf("onceflow: record the job's model answers: %w", err))
-		}
-		rt.answers.Flushed()
-		return nil
+		return rt.releaseHeld(ctx, true)
 	}
 	if !rt.answers.Pending() {
 		return nil

@@ -15,6 +15,7 @@ import (
 
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/internal/testenv/roundtrip"
 	"github.com/onceflow/onceflow/ledger"
 	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/onceflowtest"
@@ -525,4 +526,25 @@ func TestShadowOfAFailingCandidateLeavesProductionsBreakerClosed(t *testing.T) {
 		t.Fatalf("the candidate was asked %d times, want 3 (one per delivery)", n)
 	}
 	onceflowtest.WaitFor(t, 10*time.Second, "production's email", func() bool { return sink.Total() == 1 })
+}
+
+// A shadow run carries production's answer out of the delivery (a job in Redis): the
+// answer is recorded durably before the shadow is enqueued, not left to a later
+// commit's flush, although the step's own context defers its writes' flushes.
+func TestShadowedAnswerIsDurableBeforeItsShadowIsEnqueued(t *testing.T) {
+	t.Parallel()
+	pg := &roundtrip.Commits{Only: func(sql string) bool { return strings.Contains(sql, "llm_calls") && !strings.Contains(sql, "DELETE") }}
+	model := &modelsByName{answers: map[string]string{"prod": "The order shipped.", "same": "The order shipped."}}
+	env, sink := shadowEnvWith(t, model, []onceflow.Shadow{{Step: "summary", Model: "same", Rate: 1}}, false, false,
+		func(c *onceflow.Config) { c.DB = commitCountedPool(t, pg) })
+	env.Start()
+	if _, err := env.Client.Enqueue(context.Background(), shadowedTicket{Text: "ticket 1"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	onceflowtest.WaitFor(t, 20*time.Second, "the shadow recorded", func() bool {
+		return env.Count(`SELECT count(*) FROM shadow_runs`) == 1 && sink.Total() == 1
+	})
+	if n := pg.Relaxed(); n != 0 {
+		t.Fatalf("%d ledger writes committed without waiting for their flush, want 0: production's answer left the delivery in a shadow job before it was durable", n)
+	}
 }

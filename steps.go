@@ -106,7 +106,7 @@ func (rt *runtime) steps(ctx context.Context) (*jobSteps, error) {
 		return nil, retry.Permanent(errors.New("onceflow: recorded steps need Config.DB (the job_steps table is in PostgreSQL)"))
 	}
 	// What the steps record may carry a held model answer: it is recorded first.
-	if err := rt.releaseHeld(rt.answerContext(ctx)); err != nil {
+	if err := rt.releaseHeld(ctx, false); err != nil {
 		return nil, err
 	}
 	js := &rt.recorded

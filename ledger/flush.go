@@ -20,15 +20,17 @@ type deferredKey struct{}
 
 // DeferFlush returns ctx under which the answers Attempt.Succeed records (and so
 // Client's) commit without waiting for the WAL flush, collected in d (its zero value is
-// ready to use). It is for a caller whose next step is a durable commit of its own on
-// the same PostgreSQL (onceflow's job runtime: an answer it held records so when the
-// delivery does something before its Commit), which then makes the answer durable with
-// it: the answer costs no durable commit of its own. Until then a crash of PostgreSQL (not of the caller) can lose the
-// answer, which leaves the call's row in_flight with its durable in-flight record: the
-// next attempt takes it over once the lease ends, counted as ambiguous, and asks
-// again. The caller must not act on the answer outside that commit before it (or Flush)
-// returns, and calls Flush if it does not commit after all. SucceedTx and a Ledger over
-// a pgx.Tx ignore it (the transaction's commit is the caller's).
+// ready to use); a nil d makes them durable again under ctx (a caller that must have an
+// answer durable whatever its context). It is for a caller whose next step is a durable
+// commit of its own on the same PostgreSQL (onceflow's job runtime: an answer it held,
+// recorded when the delivery does something before its Commit), which then makes the
+// answer durable with it: the answer costs no durable commit of its own. Until then a
+// crash of PostgreSQL (not of the caller) can lose the answer, which leaves the call's
+// row in_flight with its durable in-flight record: the next attempt takes it over once
+// the lease ends, counted as ambiguous, and asks again. The caller must not act on the
+// answer outside that commit before it (or Flush) returns, and calls Flush if it does
+// not commit after all. SucceedTx and a Ledger over a pgx.Tx ignore it (the
+// transaction's commit is the caller's).
 func DeferFlush(ctx context.Context, d *Deferred) context.Context {
 	return context.WithValue(ctx, deferredKey{}, d)
 }

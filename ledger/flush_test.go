@@ -1,6 +1,7 @@
 package ledger_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"testing"
@@ -187,6 +188,43 @@ func TestDeferredAnswerFoundAfterALostConnectionIsPending(t *testing.T) {
 		}
 		if !ds[i].Pending() {
 			t.Errorf("answer %d, recorded without a flush by a group that committed as its connection dropped: not pending", i)
+		}
+	}
+}
+
+// DeferFlush with a nil Deferred makes answers durable again under a context that
+// deferred them: the answer commits waiting for its flush, and nothing is pending.
+func TestDeferFlushOfNilMakesTheAnswerDurableAgain(t *testing.T) {
+	t.Parallel()
+	_, dsn := testenv.Postgres(t)
+	commits := &roundtrip.Commits{}
+	pool, err := connect.Postgres(ctxT(t), dsn, commits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	l, err := ledger.New(pool, ledger.Config{Logger: testenv.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d ledger.Deferred
+	deferred := ledger.DeferFlush(ctxT(t), &d)
+	for _, c := range []struct {
+		name             string
+		ctx              context.Context
+		durable, relaxed int64
+	}{{"deferred", deferred, 0, 1}, {"deferred, then nil", ledger.DeferFlush(deferred, nil), 1, 0}} {
+		att, _, err := l.Begin(ctxT(t), callOf("job-"+c.name+"/s", request("x")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		d.Flushed()
+		commits.Reset()
+		if _, _, err := att.Succeed(c.ctx, ledger.ResultOf(&llm.Response{Content: "a"})); err != nil {
+			t.Fatal(err)
+		}
+		if commits.Durable() != c.durable || commits.Relaxed() != c.relaxed || d.Pending() != (c.relaxed == 1) {
+			t.Fatalf("%s: %d durable and %d relaxed commits, pending %v; want %d and %d", c.name, commits.Durable(), commits.Relaxed(), d.Pending(), c.durable, c.relaxed)
 		}
 	}
 }

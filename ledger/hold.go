@@ -13,16 +13,15 @@ import (
 // Held is the answers of calls made through a Client under HoldAnswers: received from
 // the provider and returned to the caller, not yet recorded. Each stays unrecorded
 // until the caller records it, in a transaction of its own (Queue, then Committed:
-// one commit for the answer and what the caller writes with it) or alone (Ledger.RecordHeld).
-// Until then a crash of the caller leaves the call's row in_flight, as a crash during
+// one commit for the answer and what the caller writes with it) or alone
+// (Ledger.RecordHeld). Until then a crash of the caller leaves the call's row in_flight, as a crash during
 // the call would: the next attempt takes it over once the lease ends, counted as
 // ambiguous, and asks again. Its zero value is ready to use; it is safe for concurrent
 // use.
 type Held struct {
 	mu     sync.Mutex
 	items  []heldAnswer
-	queued int      // items[:queued] went into a batch whose commit is not known yet
-	keys   []string // the keys of the last Queue's answers, in order
+	queued int // items[:queued] went into a batch whose commit is not known yet
 }
 
 // heldAnswer is one answer held: the attempt that owns the row and its result.
@@ -34,12 +33,12 @@ type heldAnswer struct {
 // heldKey is the context key of a *Held.
 type heldKey struct{}
 
-// HoldAnswers returns ctx under which Client.Complete returns a new answer without
-// recording it: the answer is held in h for the caller to record with its own writes
-// (onceflow's job runtime: the job's Commit right after its last model step, so that
-// the answer, the job's rows and its effects are one commit). A replayed answer, a
-// stream's, and Attempt.Succeed's are recorded as without it. The caller must record
-// or RecordHeld every held answer before it acts on one outside that transaction.
+// HoldAnswers returns ctx under which Client.Complete and Client.Stream return a new
+// answer without recording it: the answer is held in h for the caller to record with
+// its own writes (onceflow's job runtime: the job's Commit right after its last model
+// step, so that the answer, the job's rows and its effects are one commit).
+// Attempt.Succeed records as without it. The caller must record every held answer
+// (Queue, or Ledger.RecordHeld) before it acts on one outside that transaction.
 func HoldAnswers(ctx context.Context, h *Held) context.Context {
 	return context.WithValue(ctx, heldKey{}, h)
 }
@@ -79,37 +78,24 @@ var heldSQL = `WITH s AS (` + fmt.Sprintf(succeedSQL, "") + `) SELECT 1 / count(
 const supersededCode = "22012" // division_by_zero
 
 // Queue queues on b, in the order they were held, one statement per held answer that
-// records it, and returns how many. A statement that cannot record its answer, since
-// another attempt's was recorded first, fails the batch's transaction (IsSuperseded).
-// Call Committed once the batch committed; until then, or when it did not, the
-// answers stay held (RecordHeld records them, or finds another answer recorded).
-func (h *Held) Queue(b *pgx.Batch) int {
+// records it, and returns their keys in that order. A statement that cannot record its
+// answer, since another attempt's was recorded first, fails the batch's transaction
+// (IsSuperseded). Call Committed once the batch committed; until then, or when it did
+// not, the answers stay held (RecordHeld records them, or finds another answer
+// recorded).
+func (h *Held) Queue(b *pgx.Batch) []string {
 	if h == nil {
-		return 0
+		return nil
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.keys = h.keys[:0]
-	for _, it := range h.items {
+	keys := make([]string, len(h.items))
+	for i, it := range h.items {
 		b.Queue(heldSQL, it.att.succeedArgs(it.res)...)
-		h.keys = append(h.keys, it.att.Key())
+		keys[i] = it.att.Key()
 	}
 	h.queued = len(h.items)
-	return h.queued
-}
-
-// KeyAt returns the ledger key of the i-th answer the last Queue queued ("" when
-// there is none).
-func (h *Held) KeyAt(i int) string {
-	if h == nil {
-		return ""
-	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if i < 0 || i >= len(h.keys) {
-		return ""
-	}
-	return h.keys[i]
+	return keys
 }
 
 // Committed tells h that the batch of its last Queue committed: its answers are
@@ -137,9 +123,9 @@ func IsSuperseded(err error) bool {
 	return errors.As(err, &pe) && pe.Code == supersededCode
 }
 
-// RecordHeld records h's held answers each in a write of its own (under ctx's DeferFlush,
-// without waiting for its flush; otherwise durably), within Config.WriteTimeout under
-// context.WithoutCancel(ctx), and empties h. An answer already recorded as this
+// RecordHeld records h's held answers each in a write of its own, as Attempt.Succeed
+// does (under ctx's DeferFlush without waiting for its flush; otherwise durably), and
+// empties h. An answer already recorded as this
 // attempt's (a batch of Queue's that committed although its caller did not learn so)
 // counts as recorded. It returns a *SupersededError when another attempt's answer was
 // recorded first (the caller acted on an answer that is not the recorded one: retry, to
@@ -156,13 +142,16 @@ func (l *Ledger) RecordHeld(ctx context.Context, h *Held) error {
 	var first error
 	var failed []heldAnswer
 	for _, it := range items {
-		err := it.att.record(ctx, it.res)
-		if err != nil && errors.Is(err, ErrUnavailable) {
+		switch err := it.att.record(ctx, it.res); {
+		case err == nil:
+		case errors.Is(err, ErrUnavailable):
 			failed = append(failed, it)
-		}
-		// A superseded answer or a reused key says more than a database error: the
-		// caller must not go on with the answer it holds.
-		if first == nil || err != nil && !errors.Is(err, ErrUnavailable) && errors.Is(first, ErrUnavailable) {
+			if first == nil {
+				first = err
+			}
+		case first == nil || errors.Is(first, ErrUnavailable):
+			// A superseded answer or a reused key says more than a database error: the
+			// caller must not go on with the answer it holds.
 			first = err
 		}
 	}
@@ -176,9 +165,7 @@ func (l *Ledger) RecordHeld(ctx context.Context, h *Held) error {
 
 // record is Succeed for a held answer: its own recorded earlier counts as ours.
 func (a *Attempt) record(ctx context.Context, res Result) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.l.cfg.WriteTimeout)
-	defer cancel()
-	rec, ours, err := a.succeed(ctx, a.l.db, res)
+	rec, ours, err := a.Succeed(ctx, res)
 	switch {
 	case err != nil:
 		return err

@@ -47,7 +47,7 @@ func sideTable(t *testing.T, pool *pgxpool.Pool) string {
 func commitWithHeld(t *testing.T, pool *pgxpool.Pool, h *ledger.Held, table, answer string) (queued int, err error) {
 	t.Helper()
 	b := &pgx.Batch{}
-	queued = h.Queue(b)
+	queued = len(h.Queue(b))
 	b.Queue(`INSERT INTO `+table+` VALUES ($1)`, answer)
 	return queued, pool.SendBatch(ctxT(t), b).Close()
 }
