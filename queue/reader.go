@@ -327,6 +327,11 @@ func (r *reader) loop(ctx, hctx context.Context) {
 	}
 }
 
+// sharedBudgetFull reports whether every slot is taken of a budget other readers share
+// (another node's reader, or another Worker's): a read or wait must then not block on
+// the slots it holds (pauseRead).
+func (w *Worker) sharedBudgetFull() bool { return w.shared.Load() && len(w.slots) == cap(w.slots) }
+
 // pauseRead waits pollEvery, or returns false when ctx ends first. A read that would
 // block while every slot of a shared budget is taken waits here instead, holding no
 // slot: a blocking read's timeout is only as precise as the server's clock tick (hz: 100
@@ -497,7 +502,7 @@ func (r *reader) read(ctx context.Context, n int, noBlock bool) ([]delivery, err
 	if r.multiKey && !noBlock && !r.hot() && uniform(counts) {
 		block = w.cfg.Block
 		switch {
-		case w.shared.Load() && len(w.slots) == cap(w.slots):
+		case w.sharedBudgetFull():
 			// Every slot of the shared budget is taken: another reader may have a
 			// backlog waiting for the slots this read holds. Do not block on them.
 			block = -1
@@ -792,7 +797,7 @@ func (r *reader) start(hctx context.Context, need []*part, n int) []*part {
 	w := r.w
 	block := w.cfg.Block
 	switch {
-	case w.shared.Load() && len(w.slots) == cap(w.slots):
+	case w.sharedBudgetFull():
 		// Every slot is taken, and other readers share them: do not block on one
 		// (pauseRead says why); wait restarts after pollEvery.
 		block = -1
