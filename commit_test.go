@@ -673,11 +673,7 @@ func TestCommitTxCommitsOnlyWithTheStepsAnswerRecorded(t *testing.T) {
 	t.Parallel()
 	pool, _ := testenv.Postgres(t)
 	refuse := refuseAnswers(t, pool)
-	type outcome struct {
-		err   error
-		state string
-	}
-	after := make(chan outcome, 1)
+	after := make(chan answerOutcome, 1)
 	e := newModelEnv(t, fakeserver.Config{}, onceflow.Config{DB: pool}, func(ctx context.Context, j *onceflow.Job[supportArgs]) error {
 		st, err := j.Complete(ctx, "summarise", prompt(j.Args.Text))
 		if err != nil {
@@ -692,18 +688,13 @@ func TestCommitTxCommitsOnlyWithTheStepsAnswerRecorded(t *testing.T) {
 			return nil
 		})
 		refuse(false)
-		after <- outcome{err: err, state: answerState(t, pool, st.Key)}
+		after <- answerOutcome{err: err, state: answerState(t, pool, st.Key)}
 		return err
 	})
 	e.start()
 	e.enqueue("My invoice was charged twice.")
-	select {
-	case o := <-after:
-		if o.err == nil && o.state != "succeeded" {
-			t.Fatalf("CommitTx committed the job and its effect while its step's answer reads %q: a worker killed now loses the answer its effect carries", o.state)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("the worker did not reach CommitTx")
+	if o := awaitOutcome(t, after, 30*time.Second, "CommitTx"); o.err == nil && o.state != "succeeded" {
+		t.Fatalf("CommitTx committed the job and its effect while its step's answer reads %q: a worker killed now loses the answer its effect carries", o.state)
 	}
 }
 

@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/onceflow/onceflow"
@@ -347,11 +346,7 @@ func TestEnqueueFromAWorkerFailsWhenItsStepsAnswerCannotBeRecorded(t *testing.T)
 	t.Parallel()
 	pool, _ := testenv.Postgres(t)
 	refuse := refuseAnswers(t, pool)
-	type outcome struct {
-		err   error
-		state string
-	}
-	after := make(chan outcome, 1)
+	after := make(chan answerOutcome, 1)
 	var e *modelEnv
 	e = newModelEnv(t, fakeserver.Config{}, onceflow.Config{DB: pool}, func(ctx context.Context, j *onceflow.Job[supportArgs]) error {
 		if strings.HasPrefix(j.Args.Text, "child:") {
@@ -367,18 +362,13 @@ func TestEnqueueFromAWorkerFailsWhenItsStepsAnswerCannotBeRecorded(t *testing.T)
 		refuse(true)
 		_, err = e.client.Enqueue(ctx, supportArgs{Text: "child:" + st.Response.Content}, &onceflow.EnqueueOpts{Key: "child-of-" + j.ID})
 		refuse(false)
-		after <- outcome{err: err, state: answerState(t, pool, st.Key)}
+		after <- answerOutcome{err: err, state: answerState(t, pool, st.Key)}
 		return err
 	})
 	e.start()
 	e.enqueue("My invoice was charged twice.")
-	select {
-	case o := <-after:
-		if o.err == nil && o.state != "succeeded" {
-			t.Fatalf("Enqueue sent a child job carrying the step's answer while the answer reads %q: a worker killed now loses it, and the next delivery acts on another", o.state)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("the worker did not reach Enqueue")
+	if o := awaitOutcome(t, after, 30*time.Second, "Enqueue"); o.err == nil && o.state != "succeeded" {
+		t.Fatalf("Enqueue sent a child job carrying the step's answer while the answer reads %q: a worker killed now loses it, and the next delivery acts on another", o.state)
 	}
 }
 
@@ -388,20 +378,8 @@ func TestEnqueueFromAWorkerFailsWhenItsStepsAnswerCannotBeRecorded(t *testing.T)
 // and act on another answer than the one the enqueued job carries.
 func TestAnswerAnEnqueuedJobCarriesSurvivesAPostgresCrash(t *testing.T) {
 	t.Parallel()
-	pg, url, pool := testenv.MigratedPrivatePostgres(t, "")
-	ctx := context.Background()
-	// Only a durable commit flushes the WAL within the test (as ledger's crashablePostgres).
-	for _, sql := range []string{`ALTER SYSTEM SET wal_writer_delay = '10s'`, `ALTER SYSTEM SET autovacuum = off`, `SELECT pg_reload_conf()`} {
-		if _, err := pool.Exec(ctx, sql); err != nil {
-			t.Fatal(err)
-		}
-	}
-	time.Sleep(200 * time.Millisecond)
-	type outcome struct {
-		state string
-		err   error
-	}
-	after := make(chan outcome, 1)
+	pg, url, pool := crashablePostgres(t)
+	after := make(chan answerOutcome, 1)
 	var once sync.Once
 	var e *modelEnv
 	e = newModelEnv(t, fakeserver.Config{}, onceflow.Config{DB: pool}, func(ctx context.Context, j *onceflow.Job[supportArgs]) error {
@@ -415,27 +393,13 @@ func TestAnswerAnEnqueuedJobCarriesSurvivesAPostgresCrash(t *testing.T) {
 		if _, err := e.client.Enqueue(ctx, supportArgs{Text: "child:" + st.Response.Content}, &onceflow.EnqueueOpts{Key: "child-of-" + j.ID}); err != nil {
 			return err
 		}
-		once.Do(func() { // the child job is in Redis with st's content
-			pg.Kill()
-			pg.Start()
-			var o outcome
-			conn, err := pgx.Connect(context.Background(), url)
-			if o.err = err; err == nil {
-				o.err = conn.QueryRow(context.Background(), `SELECT state FROM llm_calls WHERE idem_key = $1`, st.Key).Scan(&o.state)
-				_ = conn.Close(context.Background())
-			}
-			after <- o
-		})
+		// The child job is in Redis with st's content.
+		once.Do(func() { after <- crashAndReadState(pg, url, st.Key) })
 		return nil
 	})
 	e.start()
 	e.enqueue("My invoice was charged twice.")
-	select {
-	case o := <-after:
-		if o.err != nil || o.state != ledger.StateSucceeded {
-			t.Fatalf("the answer an enqueued job carries, after a crash of PostgreSQL: state %q (%v); want succeeded", o.state, o.err)
-		}
-	case <-time.After(60 * time.Second):
-		t.Fatal("the Worker did not enqueue")
+	if o := awaitOutcome(t, after, 60*time.Second, "Enqueue"); o.err != nil || o.state != ledger.StateSucceeded {
+		t.Fatalf("the answer an enqueued job carries, after a crash of PostgreSQL: state %q (%v); want succeeded", o.state, o.err)
 	}
 }

@@ -309,10 +309,7 @@ func TestRedisOutageNeverExhaustsEnqueueTx(t *testing.T) {
 func TestEnqueueTxFromAWorkerRecordsTheStepsAnswerFirst(t *testing.T) {
 	t.Parallel()
 	pool, _ := testenv.Postgres(t)
-	type outcome struct {
-		state string
-	}
-	after := make(chan outcome, 1)
+	after := make(chan answerOutcome, 1)
 	var e *modelEnv
 	e = newModelEnv(t, fakeserver.Config{}, onceflow.Config{DB: pool}, func(ctx context.Context, j *onceflow.Job[supportArgs]) error {
 		if j.Args.Text != "My invoice was charged twice." {
@@ -334,19 +331,14 @@ func TestEnqueueTxFromAWorkerRecordsTheStepsAnswerFirst(t *testing.T) {
 			return err
 		}
 		select {
-		case after <- outcome{state: answerState(t, pool, st.Key)}:
+		case after <- answerOutcome{state: answerState(t, pool, st.Key)}:
 		default:
 		}
 		return j.Commit(ctx, nil)
 	})
 	e.start()
 	e.enqueue("My invoice was charged twice.")
-	select {
-	case o := <-after:
-		if o.state != "succeeded" {
-			t.Fatalf("a job enqueued with EnqueueTx carrying the step's answer committed while the answer reads %q; want succeeded", o.state)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("the Worker did not enqueue")
+	if o := awaitOutcome(t, after, 30*time.Second, "EnqueueTx"); o.state != "succeeded" {
+		t.Fatalf("a job enqueued with EnqueueTx carrying the step's answer committed while the answer reads %q; want succeeded", o.state)
 	}
 }

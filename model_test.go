@@ -989,20 +989,8 @@ func TestModelCallsAreCountedOnTheRegisterer(t *testing.T) {
 // the same key (Do's own record has no flush of its own).
 func TestAnswerADoStepActedOnSurvivesAPostgresCrash(t *testing.T) {
 	t.Parallel()
-	pg, url, pool := testenv.MigratedPrivatePostgres(t, "")
-	ctx := context.Background()
-	// Only a durable commit flushes the WAL within the test (as ledger's crashablePostgres).
-	for _, sql := range []string{`ALTER SYSTEM SET wal_writer_delay = '10s'`, `ALTER SYSTEM SET autovacuum = off`, `SELECT pg_reload_conf()`} {
-		if _, err := pool.Exec(ctx, sql); err != nil {
-			t.Fatal(err)
-		}
-	}
-	time.Sleep(200 * time.Millisecond)
-	type outcome struct {
-		state string
-		err   error
-	}
-	after := make(chan outcome, 1)
+	pg, url, pool := crashablePostgres(t)
+	after := make(chan answerOutcome, 1)
 	var once sync.Once
 	e := newModelEnv(t, fakeserver.Config{}, onceflow.Config{DB: pool}, func(ctx context.Context, j *onceflow.Job[supportArgs]) error {
 		st, err := j.Complete(ctx, "summarise", prompt(j.Args.Text))
@@ -1011,31 +999,65 @@ func TestAnswerADoStepActedOnSurvivesAPostgresCrash(t *testing.T) {
 		}
 		_, err = onceflow.Do(ctx, j, "notify", func(ctx context.Context) (string, error) {
 			// The effect went out with st's content (under the key Job.ID + "notify").
-			once.Do(func() {
-				pg.Kill()
-				pg.Start()
-				var o outcome
-				conn, err := pgx.Connect(context.Background(), url)
-				if o.err = err; err == nil {
-					o.err = conn.QueryRow(context.Background(), `SELECT state FROM llm_calls WHERE idem_key = $1`, st.Key).Scan(&o.state)
-					_ = conn.Close(context.Background())
-				}
-				after <- o
-			})
+			once.Do(func() { after <- crashAndReadState(pg, url, st.Key) })
 			return st.Response.Content, nil
 		})
 		return err
 	})
 	e.start()
 	e.enqueue("My invoice was charged twice.")
-	select {
-	case o := <-after:
-		if o.err != nil || o.state != ledger.StateSucceeded {
-			t.Fatalf("the answer a Do step acted on, after a crash of PostgreSQL: state %q (%v); want succeeded", o.state, o.err)
-		}
-	case <-time.After(60 * time.Second):
-		t.Fatal("the Do step did not run")
+	if o := awaitOutcome(t, after, 60*time.Second, "the Do step"); o.err != nil || o.state != ledger.StateSucceeded {
+		t.Fatalf("the answer a Do step acted on, after a crash of PostgreSQL: state %q (%v); want succeeded", o.state, o.err)
 	}
+}
+
+// answerOutcome is what a test's Worker saw after acting on its step's answer: the
+// act's error, and the answer's ledger state (or the error reading it).
+type answerOutcome struct {
+	err   error
+	state string
+}
+
+// awaitOutcome returns the Worker's outcome from ch; the test fails when none came
+// within timeout (what names the act the Worker did not reach).
+func awaitOutcome(t *testing.T, ch <-chan answerOutcome, timeout time.Duration, what string) answerOutcome {
+	t.Helper()
+	select {
+	case o := <-ch:
+		return o
+	case <-time.After(timeout):
+		t.Fatalf("the Worker did not reach %s within %v", what, timeout)
+		return answerOutcome{}
+	}
+}
+
+// crashablePostgres returns a private, migrated PostgreSQL on which only a durable
+// commit flushes the WAL within a test (as ledger's crashablePostgres): its URL and a
+// pool on it.
+func crashablePostgres(t *testing.T) (*testenv.Server, string, *pgxpool.Pool) {
+	t.Helper()
+	pg, url, pool := testenv.MigratedPrivatePostgres(t, "")
+	for _, sql := range []string{`ALTER SYSTEM SET wal_writer_delay = '10s'`, `ALTER SYSTEM SET autovacuum = off`, `SELECT pg_reload_conf()`} {
+		if _, err := pool.Exec(context.Background(), sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(200 * time.Millisecond)
+	return pg, url, pool
+}
+
+// crashAndReadState crashes pg (kill -9), starts it again and reads the state of the
+// ledger row key on a connection of its own.
+func crashAndReadState(pg *testenv.Server, url, key string) answerOutcome {
+	pg.Kill()
+	pg.Start()
+	var o answerOutcome
+	conn, err := pgx.Connect(context.Background(), url)
+	if o.err = err; err == nil {
+		o.err = conn.QueryRow(context.Background(), `SELECT state FROM llm_calls WHERE idem_key = $1`, key).Scan(&o.state)
+		_ = conn.Close(context.Background())
+	}
+	return o
 }
 
 // refuseAnswers installs on pool's schema a trigger that, while switched on, makes

@@ -723,38 +723,50 @@ func TestABacklogInOnePartitionDoesNotStarveTheOthers(t *testing.T) {
 	t.Parallel()
 	rdb, keys := setup(t)
 	const backlog = 100 // 20ms each: about 2s for the busy partition alone
-	var mu sync.Mutex
-	var order []string
-	start(t, WorkerConfig{Redis: rdb, Keys: keys, Partitions: 3, Concurrency: 1, Block: 200 * time.Millisecond,
-		Handler: HandlerFunc(func(ctx context.Context, j *Job) error {
-			mu.Lock()
-			order = append(order, j.JobID)
-			mu.Unlock()
-			time.Sleep(20 * time.Millisecond)
-			return nil
-		})})
+	order := &runOrder{}
+	start(t, WorkerConfig{Redis: rdb, Keys: keys, Partitions: 3, Concurrency: 1, Block: 200 * time.Millisecond, Handler: order})
 	time.Sleep(300 * time.Millisecond) // the worker is reading
 	busy, idle := keys.InPartition(0), keys.InPartition(1)
 	for i := 1; i <= backlog; i++ {
 		enqueue(t, rdb, busy, message(i, nil))
 	}
-	testenv.WaitFor(t, 5*time.Second, "the busy partition's backlog to start", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return len(order) >= 5
-	})
-	enqueue(t, rdb, idle, message(backlog+1, nil))
-	testenv.WaitFor(t, 15*time.Second, "every job", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return len(order) == backlog+1
-	})
-	mu.Lock()
-	defer mu.Unlock()
-	at := slices.Index(order, jobID(backlog+1))
+	at, ran := order.placeOfOneAfterABacklog(t, backlog, func() { enqueue(t, rdb, idle, message(backlog+1, nil)) })
 	if at > 20 {
-		t.Fatalf("the idle partition's job ran %dth of %d: it waited for %d jobs of the busy partition's backlog", at+1, len(order), at-5)
+		t.Fatalf("the idle partition's job ran %dth of %d: it waited for %d jobs of the busy partition's backlog", at+1, ran, at-5)
 	}
+}
+
+// runOrder is a Handler that records the order jobs run in; each takes 20ms.
+type runOrder struct {
+	mu  sync.Mutex
+	ids []string
+}
+
+func (o *runOrder) Handle(ctx context.Context, j *Job) error {
+	o.mu.Lock()
+	o.ids = append(o.ids, j.JobID)
+	o.mu.Unlock()
+	time.Sleep(20 * time.Millisecond)
+	return nil
+}
+
+func (o *runOrder) len() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return len(o.ids)
+}
+
+// placeOfOneAfterABacklog waits for a backlog of jobs to start running (5 of them),
+// enqueues one more job with enqueue (jobID(backlog+1)), waits for all backlog+1, and
+// returns the index the last job ran at and how many ran.
+func (o *runOrder) placeOfOneAfterABacklog(t *testing.T, backlog int, enqueue func()) (at, ran int) {
+	t.Helper()
+	testenv.WaitFor(t, 5*time.Second, "the backlog to start", func() bool { return o.len() >= 5 })
+	enqueue()
+	testenv.WaitFor(t, 15*time.Second, "every job", func() bool { return o.len() == backlog+1 })
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return slices.Index(o.ids, jobID(backlog+1)), len(o.ids)
 }
 
 // A worker reads every one of its partitions whatever its Concurrency: with one slot
@@ -810,32 +822,12 @@ func TestAReclaimBacklogInOnePartitionDoesNotStarveTheOthers(t *testing.T) {
 	}
 	const claimIdle = 200 * time.Millisecond
 	time.Sleep(2 * claimIdle) // the consumer "died" holding them: all reclaimable
-	var mu sync.Mutex
-	var order []string
+	order := &runOrder{}
 	start(t, WorkerConfig{Redis: rdb, Keys: keys, Partitions: 3, Concurrency: 2, Block: 200 * time.Millisecond,
-		ClaimIdle: claimIdle, ClaimInterval: 5 * time.Second,
-		Handler: HandlerFunc(func(ctx context.Context, j *Job) error {
-			mu.Lock()
-			order = append(order, j.JobID)
-			mu.Unlock()
-			time.Sleep(20 * time.Millisecond)
-			return nil
-		})})
-	testenv.WaitFor(t, 5*time.Second, "the reclaim backlog to start", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return len(order) >= 5
-	})
-	enqueue(t, rdb, keys.InPartition(1), message(backlog+1, nil))
-	testenv.WaitFor(t, 15*time.Second, "every job", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return len(order) == backlog+1
-	})
-	mu.Lock()
-	defer mu.Unlock()
-	if at := slices.Index(order, jobID(backlog+1)); at > 30 {
-		t.Fatalf("the idle partition's new job ran %dth of %d: it waited for %d jobs of another partition's reclaim backlog", at+1, len(order), at-5)
+		ClaimIdle: claimIdle, ClaimInterval: 5 * time.Second, Handler: order})
+	at, ran := order.placeOfOneAfterABacklog(t, backlog, func() { enqueue(t, rdb, keys.InPartition(1), message(backlog+1, nil)) })
+	if at > 30 {
+		t.Fatalf("the idle partition's new job ran %dth of %d: it waited for %d jobs of another partition's reclaim backlog", at+1, ran, at-5)
 	}
 }
 

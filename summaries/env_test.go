@@ -318,6 +318,19 @@ func newPipeline(t *testing.T) *pipeline {
 	return newPipelineOn(t, rdb, prefix)
 }
 
+// privateRedis starts a Redis of the test's own (one it may pause, stop, or point a
+// process at) and returns it with a client.
+func privateRedis(t *testing.T) (*testenv.Server, *redis.Client) {
+	t.Helper()
+	srv := testenv.PrivateRedis(t)
+	rdb, err := connect.Redis(testenv.RedisURLOf(srv))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rdb.Close() })
+	return srv, rdb
+}
+
 // newPipelineOn is newPipeline on a Redis of the test's choosing.
 func newPipelineOn(t *testing.T, rdb *redis.Client, prefix string) *pipeline {
 	t.Helper()

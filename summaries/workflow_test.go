@@ -313,12 +313,7 @@ func TestHandlerRefusesALoosePayload(t *testing.T) {
 // finished job is read from PostgreSQL alone.
 func TestPostAndGetWithRedisDown(t *testing.T) {
 	t.Parallel()
-	srvRedis := testenv.PrivateRedis(t)
-	rdb, err := connect.Redis(testenv.RedisURLOf(srvRedis))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { rdb.Close() })
+	srvRedis, rdb := privateRedis(t)
 	pool, _ := testenv.Postgres(t)
 	const prefix = "onceflow"
 	keys := queue.Keys{Prefix: prefix, Queue: summaries.QueueName}
@@ -602,12 +597,7 @@ func (g *gatedModel) await(t *testing.T, timeout time.Duration) {
 // and blocks on its XACK, and is killed once its commit is visible.
 func TestCrashBetweenCommitAndXACK(t *testing.T) {
 	t.Parallel()
-	srvRedis := testenv.PrivateRedis(t)
-	rdb, err := connect.Redis(testenv.RedisURLOf(srvRedis))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { rdb.Close() })
+	srvRedis, rdb := privateRedis(t)
 	p := newPipelineOn(t, rdb, "onceflow")
 	model, modelSrv := newGatedModel(t)
 	ctx := context.Background()
@@ -681,12 +671,7 @@ func TestCrashBetweenCommitAndXACK(t *testing.T) {
 // transaction rolls back.
 func TestWorkerKilledBetweenTheAnswerAndItsCommitAsksAgainOnce(t *testing.T) {
 	t.Parallel()
-	srvRedis := testenv.PrivateRedis(t)
-	rdb, err := connect.Redis(testenv.RedisURLOf(srvRedis))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { rdb.Close() })
+	srvRedis, rdb := privateRedis(t)
 	p := newPipelineOn(t, rdb, "onceflow")
 	ctx := context.Background()
 	lock, err := p.pool.Acquire(ctx)
