@@ -80,6 +80,25 @@ func newLedger(t *testing.T, cfg ledger.Config) (*ledger.Ledger, *pgxpool.Pool) 
 	return l, pool
 }
 
+// tracedLedger is newLedger over a pool whose statements tracer sees.
+func tracedLedger(t *testing.T, cfg ledger.Config, tracer pgx.QueryTracer) (*ledger.Ledger, *pgxpool.Pool) {
+	t.Helper()
+	_, dsn := testenv.Postgres(t)
+	pool, err := connect.Postgres(ctxT(t), dsn, tracer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if cfg.Logger == nil {
+		cfg.Logger = testenv.Logger(t)
+	}
+	l, err := ledger.New(pool, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l, pool
+}
+
 func ctxT(t *testing.T) context.Context {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)

@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/onceflow/onceflow/internal/connect"
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/internal/testenv/roundtrip"
 	"github.com/onceflow/onceflow/ledger"
@@ -87,17 +86,8 @@ func TestDeferredAnswerIsDurableOnceALaterCommitFlushedIt(t *testing.T) {
 
 func TestFlushWithoutPendingAnswersWritesNothing(t *testing.T) {
 	t.Parallel()
-	_, dsn := testenv.Postgres(t)
 	var rt roundtrip.Counter
-	pool, err := connect.Postgres(ctxT(t), dsn, &rt)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	l, err := ledger.New(pool, ledger.Config{Logger: testenv.Logger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	l, _ := tracedLedger(t, ledger.Config{}, &rt)
 	var d ledger.Deferred
 	if err := l.Flush(ctxT(t), &d); err != nil {
 		t.Fatal(err)
@@ -196,17 +186,8 @@ func TestDeferredAnswerFoundAfterALostConnectionIsPending(t *testing.T) {
 // deferred them: the answer commits waiting for its flush, and nothing is pending.
 func TestDeferFlushOfNilMakesTheAnswerDurableAgain(t *testing.T) {
 	t.Parallel()
-	_, dsn := testenv.Postgres(t)
 	commits := &roundtrip.Commits{}
-	pool, err := connect.Postgres(ctxT(t), dsn, commits)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	l, err := ledger.New(pool, ledger.Config{Logger: testenv.Logger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	l, _ := tracedLedger(t, ledger.Config{}, commits)
 	var d ledger.Deferred
 	deferred := ledger.DeferFlush(ctxT(t), &d)
 	for _, c := range []struct {

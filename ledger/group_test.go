@@ -62,20 +62,8 @@ func (c *writeCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchE
 // countedLedger returns a ledger over a pool whose ledger writes w counts.
 func countedLedger(t *testing.T, cfg ledger.Config) (*ledger.Ledger, *pgxpool.Pool, *writeCounter) {
 	t.Helper()
-	_, dsn := testenv.Postgres(t)
 	w := &writeCounter{}
-	pool, err := connect.Postgres(ctxT(t), dsn, w)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	if cfg.Logger == nil {
-		cfg.Logger = testenv.Logger(t)
-	}
-	l, err := ledger.New(pool, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	l, pool := tracedLedger(t, cfg, w)
 	return l, pool, w
 }
 
