@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -206,13 +205,19 @@ type completion struct {
 	queue            string // the queue the job ran on
 	traceparent      string // written on the outbox rows
 	delivery         int
-	committed        *atomic.Bool // set once this delivery's commit wrote the record
-	// answers are the delivery's model answers awaiting a flush: a durable commit of
-	// the job makes them durable (ledger.DeferFlush).
-	answers *ledger.Deferred
 	// rt is the delivery's runtime: Commit records the model answers it holds in its
-	// transaction, CommitTx before it begins.
+	// transaction (CommitTx before it begins), and a commit that wrote the record marks
+	// it (committed).
 	rt *runtime
+}
+
+// committedJob marks rt's delivery as having committed its job: the completion record is
+// written, and with it the answers Queue put in the transaction; its durable commit
+// made the answers recorded before it durable too.
+func (rt *runtime) committedJob() {
+	rt.committed.Store(true)
+	rt.held.Committed()
+	rt.answers.Flushed()
 }
 
 // committer returns j's Client and the record of its commit, or an error when j cannot
@@ -229,7 +234,7 @@ func (j *Job[T]) committer(ctx context.Context) (*Client, completion, error) {
 	if tp == "" && j.run.delivery != nil {
 		tp = j.run.delivery.TraceParent
 	}
-	return c, completion{id: j.ID, kind: j.Kind, tenant: j.Tenant, queue: j.Queue, traceparent: tp, delivery: j.Delivery, committed: &j.run.committed, answers: &j.run.answers, rt: j.run}, nil
+	return c, completion{id: j.ID, kind: j.Kind, tenant: j.Tenant, queue: j.Queue, traceparent: tp, delivery: j.Delivery, rt: j.run}, nil
 }
 
 // Commit writes the job's completion record, the statements, effects and result fn
@@ -310,9 +315,7 @@ func (cl *Client) commit(ctx context.Context, rec completion, c *Commit) error {
 	}
 	switch {
 	case err == nil:
-		rec.committed.Store(true)
-		rec.rt.held.Committed()
-		rec.answers.Flushed()
+		rec.rt.committedJob()
 		return nil
 	case failed >= 1 && failed <= len(held) && ledger.IsSuperseded(err):
 		// Another attempt recorded the step's answer first: the job acted on one that
@@ -474,7 +477,6 @@ func (cl *Client) commitTx(ctx context.Context, rec completion, fn func(context.
 	if err := tx.Commit(ctx); err != nil {
 		return PostgresError(fmt.Errorf("onceflow: commit job %s: commit: %w", rec.id, err))
 	}
-	rec.committed.Store(true)
-	rec.answers.Flushed()
+	rec.rt.committedJob()
 	return nil
 }
