@@ -280,7 +280,7 @@ func (j *Job[T]) Commit(ctx context.Context, fn func(c *Commit) error) error {
 	if c.err != nil {
 		return Permanent(fmt.Errorf("onceflow: commit job %s: %w", rec.id, c.err))
 	}
-	err = cl.commit(ctx, rec, c)
+	err = cl.commit(ctx, rec, c, true)
 	if err == nil {
 		cl.postgresWorked()
 	}
@@ -288,10 +288,15 @@ func (j *Job[T]) Commit(ctx context.Context, fn func(c *Commit) error) error {
 }
 
 // commit sends rec's completion record and c as one batch and classifies the outcome.
-func (cl *Client) commit(ctx context.Context, rec completion, c *Commit) error {
+// With again, a held answer found recorded since it was queued, by the delivery itself,
+// sends the batch once more, without it.
+func (cl *Client) commit(ctx context.Context, rec completion, c *Commit, again bool) error {
 	b := &pgx.Batch{}
 	b.Queue(completeSQL, rec.id, rec.kind, rec.tenant, c.resultArg(), rec.queue)
-	held := rec.rt.held.Queue(b) // the step's answer, when the Commit follows it
+	held, err := rec.rt.held.Queue(b) // the step's answer, when the Commit follows it
+	if err != nil {
+		return fmt.Errorf("onceflow: commit job %s: %w", rec.id, heldError(err))
+	}
 	for _, s := range c.stmts {
 		b.Queue(s.sql, s.args...)
 	}
@@ -303,7 +308,7 @@ func (cl *Client) commit(ctx context.Context, rec completion, c *Commit) error {
 		}
 	}
 	br := cl.cfg.DB.SendBatch(ctx, b)
-	failed, err := -1, error(nil)
+	failed := -1
 	for i := range b.Len() {
 		if _, err = br.Exec(); err != nil {
 			failed = i
@@ -318,9 +323,19 @@ func (cl *Client) commit(ctx context.Context, rec completion, c *Commit) error {
 		rec.rt.committedJob()
 		return nil
 	case failed >= 1 && failed <= len(held) && ledger.IsSuperseded(err):
-		// Another attempt recorded the step's answer first: the job acted on one that
-		// is not the recorded one. Nothing committed; the next delivery replays it.
-		return fmt.Errorf("onceflow: commit job %s: %w", rec.id, &ledger.SupersededError{Key: held[failed-1]})
+		// A held answer was recorded before this batch could: by another attempt (the
+		// job acted on an answer that is not the recorded one: nothing committed, and
+		// the next delivery replays the recorded one), or by this delivery since Queue
+		// (another of its goroutines, an Enqueue beside the Commit). Recording what is
+		// still held tells which, and in the second case the batch goes again.
+		rerr := rec.rt.releaseHeld(ctx, false)
+		if rerr == nil && again {
+			return cl.commit(ctx, rec, c, false)
+		}
+		if rerr == nil {
+			rerr = &ledger.SupersededError{Key: held[failed-1]}
+		}
+		return fmt.Errorf("onceflow: commit job %s: %w", rec.id, rerr)
 	case isCompletionConflict(err):
 		if err := cl.checkCompletionOwner(ctx, rec); err != nil {
 			return err

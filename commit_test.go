@@ -729,3 +729,57 @@ func TestCommitAfterAFailedStatementStillRecordsTheAnswer(t *testing.T) {
 		t.Fatalf("%d model calls, answers %q / %q: want 1 call, the answer of the failed Commit replayed", n, a, b)
 	}
 }
+
+// A Commit that queued the step's held answer, while another goroutine of the Worker
+// records that same answer first (an Enqueue beside the Commit), commits: the answer
+// recorded is the Commit's own, not another attempt's, so it is no SupersededError.
+func TestCommitBesideAnEnqueueThatRecordsTheSameAnswerCommits(t *testing.T) {
+	t.Parallel()
+	pool, _ := testenv.Postgres(t)
+	ctx := context.Background()
+	lock, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = lock.Rollback(ctx) }()
+	if _, err := lock.Exec(ctx, `LOCK TABLE job_completions IN EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	var unlocked atomic.Bool
+	first := make(chan error, 1)
+	var e *modelEnv
+	e = newModelEnv(t, fakeserver.Config{}, onceflow.Config{DB: pool}, func(ctx context.Context, j *onceflow.Job[supportArgs]) error {
+		if strings.HasPrefix(j.Args.Text, "child:") {
+			return nil
+		}
+		st, err := j.Complete(ctx, "summarise", prompt(j.Args.Text))
+		if err != nil {
+			return err
+		}
+		committed := make(chan error, 1)
+		go func() { committed <- j.Commit(ctx, func(c *onceflow.Commit) error { c.Result(st.Response.Content); return nil }) }()
+		time.Sleep(300 * time.Millisecond) // the Commit's batch waits on the completion record
+		if _, err := e.client.Enqueue(ctx, supportArgs{Text: "child:" + st.Response.Content}, &onceflow.EnqueueOpts{Key: "child-of-" + j.ID}); err != nil {
+			return err
+		}
+		if unlocked.CompareAndSwap(false, true) {
+			_ = lock.Rollback(context.Background())
+		}
+		err = <-committed
+		select {
+		case first <- err:
+		default:
+		}
+		return err
+	})
+	e.start()
+	e.enqueue("My invoice was charged twice.")
+	select {
+	case err := <-first:
+		if err != nil {
+			t.Fatalf("the Commit beside an Enqueue recording its own answer: %v; want it committed", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the Worker did not commit")
+	}
+}

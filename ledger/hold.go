@@ -19,9 +19,17 @@ import (
 // ambiguous, and asks again. Its zero value is ready to use; it is safe for concurrent
 // use.
 type Held struct {
-	mu     sync.Mutex
-	items  []heldAnswer
+	// recording is held by RecordHeld for its whole run: one at a time, and a second
+	// one learns how the first ended (err).
+	recording sync.Mutex
+	mu        sync.Mutex
+	running   int // RecordHeld calls started and not ended
+	items     []heldAnswer
 	queued int // items[:queued] went into a batch whose commit is not known yet
+	// err is the first *SupersededError or ErrKeyReused RecordHeld met: the caller
+	// acted on an answer that is not the recorded one, and Queue and RecordHeld go on
+	// returning it, so that nothing written with h commits after it.
+	err error
 }
 
 // heldAnswer is one answer held: the attempt that owns the row and its result.
@@ -58,14 +66,15 @@ func (h *Held) hold(att *Attempt, res Result) {
 	h.mu.Unlock()
 }
 
-// Pending reports whether h holds an answer not yet recorded.
+// Pending reports whether h holds an answer not yet recorded, or a RecordHeld is
+// recording one.
 func (h *Held) Pending() bool {
 	if h == nil {
 		return false
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return len(h.items) > 0
+	return len(h.items) > 0 || h.running > 0
 }
 
 // heldSQL records a held answer inside the caller's batch: succeedSQL, made to fail the
@@ -79,23 +88,27 @@ const supersededCode = "22012" // division_by_zero
 
 // Queue queues on b, in the order they were held, one statement per held answer that
 // records it, and returns their keys in that order. A statement that cannot record its
-// answer, since another attempt's was recorded first, fails the batch's transaction
-// (IsSuperseded). Call Committed once the batch committed; until then, or when it did
-// not, the answers stay held (RecordHeld records them, or finds another answer
-// recorded).
-func (h *Held) Queue(b *pgx.Batch) []string {
+// answer, since another attempt's was recorded first (or RecordHeld recorded it since
+// Queue), fails the batch's transaction (IsSuperseded): RecordHeld then tells which.
+// Call Committed once the batch committed; until then, or when it did not, the answers
+// stay held (RecordHeld records them, or finds another answer recorded). Once
+// RecordHeld found an answer superseded, Queue queues nothing and returns its error.
+func (h *Held) Queue(b *pgx.Batch) ([]string, error) {
 	if h == nil {
-		return nil
+		return nil, nil
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if h.err != nil {
+		return nil, h.err
+	}
 	keys := make([]string, len(h.items))
 	for i, it := range h.items {
 		b.Queue(heldSQL, it.att.succeedArgs(it.res)...)
 		keys[i] = it.att.Key()
 	}
 	h.queued = len(h.items)
-	return keys
+	return keys, nil
 }
 
 // Committed tells h that the batch of its last Queue committed: its answers are
@@ -130,11 +143,17 @@ func IsSuperseded(err error) bool {
 // counts as recorded. It returns a *SupersededError when another attempt's answer was
 // recorded first (the caller acted on an answer that is not the recorded one: retry, to
 // replay it), ErrKeyReused, or a database error (ErrUnavailable: those answers stay
-// held, for a later Queue or RecordHeld).
+// held, for a later Queue or RecordHeld). The first two stay h's: every later
+// RecordHeld and Queue returns it. A RecordHeld waits for one in progress.
 func (l *Ledger) RecordHeld(ctx context.Context, h *Held) error {
 	if h == nil {
 		return nil
 	}
+	h.mu.Lock()
+	h.running++
+	h.mu.Unlock()
+	h.recording.Lock()
+	defer h.recording.Unlock()
 	h.mu.Lock()
 	items := h.items
 	h.items, h.queued = nil, 0
@@ -155,10 +174,15 @@ func (l *Ledger) RecordHeld(ctx context.Context, h *Held) error {
 			first = err
 		}
 	}
-	if len(failed) > 0 {
-		h.mu.Lock()
-		h.items = append(failed, h.items...)
-		h.mu.Unlock()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.running--
+	h.items = append(failed, h.items...)
+	switch {
+	case h.err != nil:
+		return h.err
+	case first != nil && !errors.Is(first, ErrUnavailable):
+		h.err = first
 	}
 	return first
 }

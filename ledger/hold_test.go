@@ -47,7 +47,11 @@ func sideTable(t *testing.T, pool *pgxpool.Pool) string {
 func commitWithHeld(t *testing.T, pool *pgxpool.Pool, h *ledger.Held, table, answer string) (queued int, err error) {
 	t.Helper()
 	b := &pgx.Batch{}
-	queued = len(h.Queue(b))
+	keys, err := h.Queue(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	queued = len(keys)
 	b.Queue(`INSERT INTO `+table+` VALUES ($1)`, answer)
 	return queued, pool.SendBatch(ctxT(t), b).Close()
 }
@@ -101,6 +105,15 @@ func TestHeldAnswerSupersededFailsTheCallersTransaction(t *testing.T) {
 	var sup *ledger.SupersededError
 	if err := l.RecordHeld(ctxT(t), h); !errors.As(err, &sup) || sup.Key != key || h.Pending() {
 		t.Fatalf("RecordHeld: %v, held %v; want a SupersededError for %s, nothing held", err, h.Pending(), key)
+	}
+	// The holder acted on an answer that is not the recorded one: whatever it writes
+	// with the hold from then on fails with the same error.
+	b := &pgx.Batch{}
+	if keys, err := h.Queue(b); !errors.As(err, &sup) || len(keys) != 0 || b.Len() != 0 {
+		t.Errorf("Queue after the superseded answer: %v queued (%d statements), %v; want the SupersededError", keys, b.Len(), err)
+	}
+	if err := l.RecordHeld(ctxT(t), h); !errors.As(err, &sup) || sup.Key != key {
+		t.Errorf("RecordHeld again: %v; want the SupersededError for %s", err, key)
 	}
 }
 
