@@ -29,6 +29,10 @@ TEST_PACKAGES ?= 2
 # no DWARF (-ldflags=-w), which nothing in a test run reads and which is a good part of
 # linking each test binary.
 TEST_FLAGS = -race -count=1 -p $(TEST_PACKAGES) -parallel $(TEST_PARALLEL) -ldflags=-w -timeout $(TEST_TIMEOUT)
+# The binaries the tests run as processes, built before them (internal/testenv.Binary,
+# ProductionBinary): linked alone, a few seconds; linked by the first test that needs
+# one while the other test binaries ran, over a minute.
+TEST_BINARIES = ONCEFLOW_TEST_BINARY=$(CURDIR)/.dev/bin/onceflow-test ONCEFLOW_TEST_PRODUCTION_BINARY=$(CURDIR)/.dev/bin/onceflow
 # The root module's long tests (testenv.Long): make test skips them, make test-long runs them.
 LONG_TESTS = TestRunOnARedisClusterFromANodeWithoutTheQueue|TestOne429PausesEveryWorkProcess|TestBatchLaneKilledAtEachPointAnswersEverySummaryOnce|TestShadowsLeaveProductionTheProvidersLimit
 # Build tag of the test aids compiled only into the binary the tests run
@@ -50,7 +54,9 @@ build:
 ## the product's tests (the root module) with -race
 test:
 	scripts/dev-services up
-	eval "$$(scripts/dev-services env)" && $(GO) test $(TEST_FLAGS) ./...
+	$(GO) build -ldflags=-w -tags $(TEST_TAGS) -o .dev/bin/onceflow-test ./cmd/onceflow
+	$(GO) build -ldflags "-w $(LDFLAGS)" -o .dev/bin/onceflow ./cmd/onceflow
+	eval "$$(scripts/dev-services env)" && $(TEST_BINARIES) $(GO) test $(TEST_FLAGS) ./...
 
 ## test-long: the long profiles: the queue's and the idempotency store's suites again on a
 ## local Redis Cluster they start (3 primaries on loopback; docs/operations.md, "Redis
@@ -61,7 +67,8 @@ test-long:
 	scripts/dev-services up
 	scripts/install-chromium || echo "chromium not installed: the browser tests will be skipped"
 	eval "$$(scripts/dev-services env)" && ONCEFLOW_TEST_REDIS_CLUSTER=local $(GO) test -count=1 -parallel $(TEST_PARALLEL) -ldflags=-w -timeout $(TEST_TIMEOUT) ./queue ./idempotency/redisstore
-	eval "$$(scripts/dev-services env)" && ONCEFLOW_TEST_LONG=1 $(GO) test $(TEST_FLAGS) -run '$(LONG_TESTS)' ./cli
+	$(GO) build -ldflags=-w -tags $(TEST_TAGS) -o .dev/bin/onceflow-test ./cmd/onceflow
+	eval "$$(scripts/dev-services env)" && ONCEFLOW_TEST_LONG=1 ONCEFLOW_TEST_BINARY=$(CURDIR)/.dev/bin/onceflow-test $(GO) test $(TEST_FLAGS) -run '$(LONG_TESTS)' ./cli
 	eval "$$(scripts/dev-services env)" && cd lab && CHAOS_DURATION=$${CHAOS_DURATION:-45s} CHAOS_OUTAGE_GAP=$${CHAOS_OUTAGE_GAP:-5s} \
 	  $(GO) test -race -count=1 -p $(TEST_PACKAGES) -ldflags=-w -timeout $(TEST_TIMEOUT) ./...
 

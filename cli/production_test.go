@@ -3,8 +3,6 @@ package cli
 import (
 	"bytes"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -18,11 +16,7 @@ import (
 // the binary has (none is hidden).
 func TestProductionBuildHasNoTestAids(t *testing.T) {
 	t.Parallel()
-	bin := filepath.Join(t.TempDir(), "onceflow")
-	build := exec.Command("go", "build", "-o", bin, "../cmd/onceflow")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/onceflow: %v\n%s", err, out)
-	}
+	bin := testenv.ProductionBinary(t)
 
 	work := testenv.Start(t, bin, nil, "work", "--test-handler=noop")
 	if code := work.Wait(10 * time.Second); code != 2 || !strings.Contains(work.Stderr(), "flag provided but not defined: -test-handler") {

@@ -31,15 +31,26 @@ var (
 // Binary builds with it, the production build (`make build`) without.
 const TestTags = "onceflowtest"
 
+// BinaryEnv names the variable that gives Binary a binary built already: `make test`
+// builds ./cmd/onceflow with -tags TestTags before the tests start, so that no test
+// package links it while the others run (a link of a few seconds on an idle machine
+// took a minute amid the test binaries).
+const BinaryEnv = "ONCEFLOW_TEST_BINARY"
+
 // Binary builds ./cmd/onceflow with the test aids (-tags TestTags) once per test binary
 // and returns its path, for tests that run real processes (kill -9, signals, concurrent
 // migrate). The binary lives in a directory of the checkout's own under the temporary
 // directory, shared by every test binary of the checkout: go build leaves an up-to-date
 // binary as it is (a fraction of a second, against several of linking it again), and a
-// file lock keeps two test binaries from building it at once.
+// file lock keeps two test binaries from building it at once. With BinaryEnv set, it
+// is that file, built by the caller from the same checkout.
 func Binary(t testing.TB) string {
 	t.Helper()
 	buildOnce.Do(func() {
+		if bin := os.Getenv(BinaryEnv); bin != "" {
+			buildPath, buildErr = prebuilt(BinaryEnv, bin)
+			return
+		}
 		root, err := ModuleRoot()
 		if err != nil {
 			buildErr = err
@@ -51,6 +62,48 @@ func Binary(t testing.TB) string {
 		t.Fatal(buildErr)
 	}
 	return buildPath
+}
+
+// ProductionBinaryEnv names the variable that gives ProductionBinary a binary built
+// already, as BinaryEnv does Binary's.
+const ProductionBinaryEnv = "ONCEFLOW_TEST_PRODUCTION_BINARY"
+
+// ProductionBinary returns ./cmd/onceflow built as `make build` builds it, without the
+// test aids: the file ProductionBinaryEnv names, or else a build of its own in t's
+// temporary directory.
+func ProductionBinary(t testing.TB) string {
+	t.Helper()
+	if bin := os.Getenv(ProductionBinaryEnv); bin != "" {
+		bin, err := prebuilt(ProductionBinaryEnv, bin)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return bin
+	}
+	root, err := ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(t.TempDir(), "onceflow")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/onceflow") // #nosec G204 -- a path of our own
+	build.Dir = root
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/onceflow: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// prebuilt returns bin, named by the variable name, once it is sure it is an
+// executable file.
+func prebuilt(name, bin string) (string, error) {
+	st, err := os.Stat(bin)
+	switch {
+	case err != nil:
+		return "", fmt.Errorf("%s: %w", name, err)
+	case !st.Mode().IsRegular() || st.Mode().Perm()&0o100 == 0:
+		return "", fmt.Errorf("%s: %s is not an executable file", name, bin)
+	}
+	return bin, nil
 }
 
 // buildShared builds pkg of the module at root with tags into a directory of the
