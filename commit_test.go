@@ -757,7 +757,9 @@ func TestCommitBesideAnEnqueueThatRecordsTheSameAnswerCommits(t *testing.T) {
 			return err
 		}
 		committed := make(chan error, 1)
-		go func() { committed <- j.Commit(ctx, func(c *onceflow.Commit) error { c.Result(st.Response.Content); return nil }) }()
+		go func() {
+			committed <- j.Commit(ctx, func(c *onceflow.Commit) error { c.Result(st.Response.Content); return nil })
+		}()
 		time.Sleep(300 * time.Millisecond) // the Commit's batch waits on the completion record
 		if _, err := e.client.Enqueue(ctx, supportArgs{Text: "child:" + st.Response.Content}, &onceflow.EnqueueOpts{Key: "child-of-" + j.ID}); err != nil {
 			return err

@@ -25,7 +25,7 @@ type Held struct {
 	mu        sync.Mutex
 	running   int // RecordHeld calls started and not ended
 	items     []heldAnswer
-	queued int // items[:queued] went into a batch whose commit is not known yet
+	queued    int // items[:queued] went into a batch whose commit is not known yet
 	// err is the first *SupersededError or ErrKeyReused RecordHeld met: the caller
 	// acted on an answer that is not the recorded one, and Queue and RecordHeld go on
 	// returning it, so that nothing written with h commits after it.
