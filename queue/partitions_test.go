@@ -272,7 +272,7 @@ func testBudgetSmallerThanThePartitions(t *testing.T, perPartition bool) {
 	keys := Keys{Prefix: prefix, Queue: "starve"}
 	const parts, size, jobs = 4, 2, 20
 	var ran atomic.Int64
-	// The Client's workers use DefaultBlock (1s).
+	// The Client's workers use DefaultBlock.
 	partitionWorkers(t, rdb, keys, parts, size, perPartition, DefaultBlock, func(ctx context.Context, j *Job) error {
 		ran.Add(1)
 		return nil

@@ -30,7 +30,7 @@ const (
 	DefaultConcurrency     = 64
 	DefaultClaimIdle       = 2 * time.Minute
 	DefaultMaxDeliveries   = 5
-	DefaultBlock           = time.Second
+	DefaultBlock           = 250 * time.Millisecond
 	DefaultShutdownTimeout = 30 * time.Second
 	DefaultAckBatch        = 512
 	DefaultAckLinger       = 500 * time.Microsecond
@@ -113,7 +113,10 @@ type WorkerConfig struct {
 	// attempt. Negative: no bound. Default: 15m.
 	MaxRunTime time.Duration
 	// Block is how long one blocking XREADGROUP waits for new messages; it bounds how
-	// late the worker notices cancellation. Default: 1s.
+	// late the worker notices cancellation (a read in progress is not cut: its entries
+	// would be delivered to no one until reclaimed), and an idle partition costs one
+	// read per Block. Default: 250ms, so that a stopped worker (SIGTERM, a rolling
+	// deploy, a test's Client) is gone within a quarter of a second.
 	Block time.Duration
 	// ClaimInterval is how often the worker looks for entries to reclaim when its last
 	// XAUTOCLAIM scan reached the end of the pending list (while a scan is under way it

@@ -710,12 +710,13 @@ func (h *msgCounter) count(prefix string) int {
 }
 
 // A handler reports its dependency down (ErrUnavailable, which spends no attempt) and
-// Redis stays down longer than a hand-back's settleTimeout (30s): the outage still
-// spends no attempt, however long. With MaxDeliveries 1 the job runs again once Redis
-// is back and is not dead-lettered as "failed 1 attempts (the last never reported)".
+// Redis stays down longer than a settlement attempt's 5 s timeout, through several of
+// its retries and many times ClaimIdle: the outage spends no attempt. With
+// MaxDeliveries 1 the job runs again once Redis is back and is not dead-lettered as
+// "failed 1 attempts (the last never reported)".
 func TestLongRedisOutageDuringHandBackSpendsNoAttempt(t *testing.T) {
 	if testing.Short() {
-		t.Skip("waits out a 35s Redis outage")
+		t.Skip("waits out an 8 s Redis outage")
 	}
 	t.Parallel()
 	srv, rdb := privateRedis(t)
@@ -736,7 +737,7 @@ func TestLongRedisOutageDuringHandBackSpendsNoAttempt(t *testing.T) {
 	testenv.WaitFor(t, 10*time.Second, "the first run", func() bool { return runs.Load() == 1 })
 	srv.Stop()
 	close(down)
-	time.Sleep(35 * time.Second) // longer than a hand-back retries its settlement (settleTimeout, 30s)
+	time.Sleep(8 * time.Second) // settle's retries go on as long as the worker runs
 	srv.Start()
 	testenv.WaitFor(t, 60*time.Second, "the job to run again or be dead-lettered", func() bool {
 		if runs.Load() >= 2 {
@@ -893,13 +894,13 @@ func TestDeadLetterReasonIsClipped(t *testing.T) {
 }
 
 // SIGTERM while Redis is down: at the shutdown timeout the handlers are cancelled and
-// each returning job is handed back, a settlement that retries for up to settleTimeout
-// while Redis does not answer. Run returns within about ShutdownTimeout + grace + one
-// settleTimeout however many jobs were in flight (not one settleTimeout after another),
-// their entries left pending to be reclaimed.
+// each returning job is handed back, a settlement that retries while Redis does not
+// answer. Run returns within about ShutdownTimeout + grace + one abandonTimeout however
+// many jobs were in flight (not one after another), their entries left pending to be
+// reclaimed.
 func TestShutdownDuringRedisOutageIsBounded(t *testing.T) {
 	if testing.Short() {
-		t.Skip("waits out a 35s Redis outage")
+		t.Skip("waits out a Redis outage of seconds")
 	}
 	t.Parallel()
 	srv, rdb := privateRedis(t)
