@@ -258,6 +258,9 @@ func (j *Job[T]) committer(ctx context.Context) (*Client, completion, error) {
 //     holds when the outcome is unknown too (the connection was lost after the COMMIT
 //     was sent): the next delivery is safe, because if the commit did land its
 //     completion record makes that delivery's commit a no-op that returns nil;
+//   - a *ledger.SupersededError (errors.As) when another attempt recorded the answer of
+//     a model step the job acted on before this delivery did: nothing is written, and
+//     the next delivery replays the recorded answer (transient);
 //   - any other database error, a failing statement of fn's included (a constraint, a
 //     syntax error): transient, wrapping the *pgconn.PgError (errors.As), so the job is
 //     delivered again and spends a delivery.
@@ -289,7 +292,7 @@ func (j *Job[T]) Commit(ctx context.Context, fn func(c *Commit) error) error {
 
 // commit sends rec's completion record and c as one batch and classifies the outcome.
 // With again, a held answer found recorded since it was queued, by the delivery itself,
-// sends the batch once more, without it.
+// sends the batch once more, with whatever is held by then.
 func (cl *Client) commit(ctx context.Context, rec completion, c *Commit, again bool) error {
 	b := &pgx.Batch{}
 	b.Queue(completeSQL, rec.id, rec.kind, rec.tenant, c.resultArg(), rec.queue)
@@ -327,7 +330,8 @@ func (cl *Client) commit(ctx context.Context, rec completion, c *Commit, again b
 		// job acted on an answer that is not the recorded one: nothing committed, and
 		// the next delivery replays the recorded one), or by this delivery since Queue
 		// (another of its goroutines, an Enqueue beside the Commit). Recording what is
-		// still held tells which, and in the second case the batch goes again.
+		// still held, or the error a recording found (Held.Err), tells which; in the
+		// second case the batch goes again.
 		rerr := rec.rt.releaseHeld(ctx, false)
 		if rerr == nil && again {
 			return cl.commit(ctx, rec, c, false)

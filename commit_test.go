@@ -785,3 +785,137 @@ func TestCommitBesideAnEnqueueThatRecordsTheSameAnswerCommits(t *testing.T) {
 		t.Fatal("the Worker did not commit")
 	}
 }
+
+// supersede records another attempt's answer on the row of the step's key, in tx.
+func supersede(ctx context.Context, tx interface {
+	Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+}, key string) error {
+	_, err := tx.Exec(ctx, `UPDATE llm_calls SET state = 'succeeded', attempt = attempt + 1, owner = NULL, lease_until = NULL,
+	response = '{"content": "another attempt''s answer"}', response_raw = 'other' WHERE idem_key = $1`, key)
+	return err
+}
+
+// A Commit beside an Enqueue of the same delivery that is recording the step's held
+// answer, and finds another attempt's answer recorded first, commits nothing: the job
+// acted on an answer that is not the recorded one.
+func TestCommitBesideAnEnqueueThatFindsTheAnswerSupersededCommitsNothing(t *testing.T) {
+	t.Parallel()
+	pool, _ := testenv.Postgres(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `CREATE TABLE side_effects (answer text)`); err != nil {
+		t.Fatal(err)
+	}
+	first := make(chan error, 1)
+	var e *modelEnv
+	e = newModelEnv(t, fakeserver.Config{}, onceflow.Config{DB: pool}, func(ctx context.Context, j *onceflow.Job[supportArgs]) error {
+		if strings.HasPrefix(j.Args.Text, "child:") || j.Delivery > 1 {
+			return nil
+		}
+		st, err := j.Complete(ctx, "summarise", prompt(j.Args.Text))
+		if err != nil {
+			return err
+		}
+		other, err := pool.Begin(ctx) // another attempt records its answer; its commit waits
+		if err != nil {
+			return err
+		}
+		if err := supersede(ctx, other, st.Key); err != nil {
+			_ = other.Rollback(ctx)
+			return err
+		}
+		enqueued := make(chan error, 1)
+		go func() {
+			_, err := e.client.Enqueue(ctx, supportArgs{Text: "child:" + st.Response.Content}, &onceflow.EnqueueOpts{Key: "child-of-" + j.ID})
+			enqueued <- err
+		}()
+		testenv.WaitFor(t, 10*time.Second, "the Enqueue recording the answer", func() bool {
+			var n int
+			_ = pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%INSERT INTO llm_calls%'`).Scan(&n)
+			return n > 0
+		})
+		released := make(chan struct{})
+		go func() {
+			defer close(released)
+			time.Sleep(300 * time.Millisecond)
+			_ = other.Commit(context.Background())
+		}()
+		err = j.Commit(ctx, func(c *onceflow.Commit) error {
+			c.Exec(`INSERT INTO side_effects VALUES ($1)`, st.Response.Content)
+			return nil
+		})
+		<-released
+		<-enqueued
+		first <- err
+		return err
+	})
+	e.start()
+	e.enqueue("My invoice was charged twice.")
+	var err error
+	select {
+	case err = <-first:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the Worker did not commit")
+	}
+	var n int
+	if qerr := pool.QueryRow(ctx, `SELECT count(*) FROM side_effects`).Scan(&n); qerr != nil || n != 0 {
+		t.Fatalf("the Commit beside the superseded answer: %v; its rows committed: %d (%v), want 0", err, n, qerr)
+	}
+	if err == nil {
+		t.Fatal("the Commit beside the superseded answer returned nil")
+	}
+}
+
+// Once the delivery learned that another attempt's answer was recorded before its
+// own (an Enqueue's RecordHeld said so), nothing the delivery writes commits after
+// it: a CommitTx, another Enqueue.
+func TestAnAnswerFoundSupersededStopsTheDeliverysLaterCommitTxAndEnqueue(t *testing.T) {
+	t.Parallel()
+	pool, _ := testenv.Postgres(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `CREATE TABLE side_effects (answer text)`); err != nil {
+		t.Fatal(err)
+	}
+	type outcome struct{ enqueue, again, commit error }
+	first := make(chan outcome, 1)
+	var e *modelEnv
+	e = newModelEnv(t, fakeserver.Config{}, onceflow.Config{DB: pool}, func(ctx context.Context, j *onceflow.Job[supportArgs]) error {
+		if strings.HasPrefix(j.Args.Text, "child:") || j.Delivery > 1 {
+			return nil
+		}
+		st, err := j.Complete(ctx, "summarise", prompt(j.Args.Text))
+		if err != nil {
+			return err
+		}
+		if err := supersede(ctx, pool, st.Key); err != nil {
+			return err
+		}
+		var o outcome
+		// A best-effort notification whose error the Worker only logs.
+		_, o.enqueue = e.client.Enqueue(ctx, supportArgs{Text: "child:1"}, &onceflow.EnqueueOpts{Key: "child-1-of-" + j.ID})
+		_, o.again = e.client.Enqueue(ctx, supportArgs{Text: "child:2"}, &onceflow.EnqueueOpts{Key: "child-2-of-" + j.ID})
+		o.commit = j.CommitTx(ctx, func(ctx context.Context, tx pgx.Tx, c *onceflow.Commit) error {
+			c.Exec(`INSERT INTO side_effects VALUES ($1)`, st.Response.Content)
+			return nil
+		})
+		first <- o
+		return o.commit
+	})
+	e.start()
+	e.enqueue("My invoice was charged twice.")
+	var o outcome
+	select {
+	case o = <-first:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the Worker did not commit")
+	}
+	if o.enqueue == nil {
+		t.Fatal("the first Enqueue after the superseded answer returned nil")
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM side_effects`).Scan(&n); err != nil || n != 0 {
+		t.Errorf("CommitTx after the superseded answer: %v; its rows committed: %d (%v), want 0", o.commit, n, err)
+	}
+	if o.again == nil {
+		t.Error("a second Enqueue after the superseded answer returned nil; want the SupersededError")
+	}
+}

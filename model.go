@@ -502,8 +502,11 @@ func (rt *runtime) holdContext(ctx context.Context) context.Context {
 // it); one PostgreSQL could not record stays held and the write's error is returned
 // (PostgresError): nothing that may carry it goes on.
 func (rt *runtime) releaseHeld(ctx context.Context, durable bool) error {
-	if rt == nil || rt.client.model == nil || !rt.held.Pending() {
+	if rt == nil || rt.client.model == nil {
 		return nil
+	}
+	if !rt.held.Pending() {
+		return heldError(rt.held.Err()) // an answer found superseded stays the delivery's error
 	}
 	d := &rt.answers
 	if durable {
@@ -568,7 +571,7 @@ func (rt *runtime) flushBeforeEffect(ctx context.Context) error {
 	if rt == nil || rt.client.model == nil {
 		return nil
 	}
-	if rt.held.Pending() {
+	if rt.held.Pending() || rt.held.Err() != nil {
 		return rt.releaseHeld(ctx, true)
 	}
 	if !rt.answers.Pending() {

@@ -77,6 +77,17 @@ func (h *Held) Pending() bool {
 	return len(h.items) > 0 || h.running > 0
 }
 
+// Err returns the *SupersededError or ErrKeyReused a RecordHeld of h met, or nil:
+// whatever the caller writes with h must fail with it.
+func (h *Held) Err() error {
+	if h == nil {
+		return nil
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.err
+}
+
 // heldSQL records a held answer inside the caller's batch: succeedSQL, made to fail the
 // transaction with division_by_zero (IsSuperseded) when it records nothing because
 // another attempt's answer was recorded first (or the key holds another request), so
@@ -91,12 +102,15 @@ const supersededCode = "22012" // division_by_zero
 // answer, since another attempt's was recorded first (or RecordHeld recorded it since
 // Queue), fails the batch's transaction (IsSuperseded): RecordHeld then tells which.
 // Call Committed once the batch committed; until then, or when it did not, the answers
-// stay held (RecordHeld records them, or finds another answer recorded). Once
-// RecordHeld found an answer superseded, Queue queues nothing and returns its error.
+// stay held (RecordHeld records them, or finds another answer recorded). Queue waits
+// for a RecordHeld in progress. Once RecordHeld found an answer superseded (or its key
+// reused), Queue queues nothing and returns that error (Err).
 func (h *Held) Queue(b *pgx.Batch) ([]string, error) {
 	if h == nil {
 		return nil, nil
 	}
+	h.recording.Lock() // a RecordHeld in progress took answers out of items: wait for how it ends
+	defer h.recording.Unlock()
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.err != nil {

@@ -215,3 +215,55 @@ END $$`,
 		t.Fatalf("RecordHeld: %v; want a *SupersededError for %s (the first answer's database error aside)", err, keys[1])
 	}
 }
+
+// A Queue while a RecordHeld is recording the answers (taken out of the hold) must
+// not let the caller's batch commit without them: it waits for that RecordHeld, and
+// when the answer turns out superseded, returns its error, so nothing the caller
+// wrote with the answer commits.
+func TestQueueBesideARecordHeldInProgressReturnsItsSupersededError(t *testing.T) {
+	t.Parallel()
+	l, pool, h, key, resp := heldCall(t)
+	// Another attempt's answer, in a transaction not committed yet: RecordHeld's write
+	// of the held answer waits on its row lock.
+	other, err := pool.Begin(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.Exec(ctxT(t), `UPDATE llm_calls SET state = 'succeeded', attempt = 2, owner = NULL, lease_until = NULL,
+	response = '{"content": "another attempt''s answer"}', response_raw = 'other' WHERE idem_key = $1`, key); err != nil {
+		_ = other.Rollback(context.Background())
+		t.Fatal(err)
+	}
+	recorded := make(chan error, 1)
+	go func() { recorded <- l.RecordHeld(ctxT(t), h) }()
+	testenv.WaitFor(t, 10*time.Second, "RecordHeld waiting on the row", func() bool {
+		var n int
+		_ = pool.QueryRow(ctxT(t), `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%INSERT INTO llm_calls%'`).Scan(&n)
+		return n > 0
+	})
+	released := make(chan struct{})
+	go func() {
+		defer close(released)
+		time.Sleep(300 * time.Millisecond) // Queue runs meanwhile
+		_ = other.Commit(context.Background())
+	}()
+	defer func() { <-released }()
+	table := sideTable(t, pool)
+	b := &pgx.Batch{}
+	keys, qerr := h.Queue(b)
+	if qerr == nil {
+		b.Queue(`INSERT INTO `+table+` VALUES ($1)`, resp.Content)
+		qerr = pool.SendBatch(ctxT(t), b).Close()
+	}
+	var sup *ledger.SupersededError
+	if err := <-recorded; !errors.As(err, &sup) {
+		t.Fatalf("RecordHeld: %v; want a SupersededError for %s", err, key)
+	}
+	var n int
+	if err := pool.QueryRow(ctxT(t), `SELECT count(*) FROM `+table).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("Queue beside the RecordHeld: %d keys, %v; the caller's rows committed: %d (%v), want 0", len(keys), qerr, n, err)
+	}
+	if !errors.As(qerr, &sup) {
+		t.Errorf("Queue beside the RecordHeld: %v; want its SupersededError", qerr)
+	}
+}
