@@ -736,8 +736,10 @@ func TestBatchLaneGoesOnPastAnAmbiguousSubmission(t *testing.T) {
 		items: []llm.BatchItem{{CustomID: "f1", Request: ticketRequest("x")}, {CustomID: "f2", Request: ticketRequest("y")}}})
 	model := &modelsByName{answers: map[string]string{"prod": "synchronous"}}
 	// MaxAge 1 s: the two first tickets share the first batch even when make test's
-	// load runs their jobs far apart (100 ms split them once).
-	env, sink := batchEnv(t, api, model, 4*time.Second, onceflow.BatchConfig{MaxAge: time.Second, PollInterval: 50 * time.Millisecond})
+	// load runs their jobs far apart (100 ms split them once). Waits of 10 s: the later
+	// tickets' batch is answered within them even under make test's load (with 4 s
+	// they once fell back to the synchronous lane too).
+	env, sink := batchEnv(t, api, model, 10*time.Second, onceflow.BatchConfig{MaxAge: time.Second, PollInterval: 50 * time.Millisecond})
 	env.Start()
 	enqueueTickets(t, env, "first 1", "first 2")
 	onceflowtest.WaitFor(t, 20*time.Second, "the first batch created, its answer lost", func() bool { b, _ := api.counts(); return b == 2 })
@@ -1144,10 +1146,14 @@ func TestBatchAnswerAfterTheStepFellBackIsNotAppliedTwice(t *testing.T) {
 	t.Parallel()
 	api := &batchAPI{hold: true}
 	model := &modelsByName{answers: map[string]string{"prod": "synchronous"}}
-	cfg, sink := faultyLaneConfig(t, api, model, 1500*time.Millisecond, onceflow.BatchConfig{MaxItems: 100, MaxAge: 50 * time.Millisecond, PollInterval: 50 * time.Millisecond})
+	// A wait of 3 s: the request is in a submitted batch well before it ends, even under
+	// make test's load (with 1.5 s the step once fell back before its batch was created,
+	// and no batch answer ever came).
+	cfg, sink := faultyLaneConfig(t, api, model, 3*time.Second, onceflow.BatchConfig{MaxItems: 100, MaxAge: 50 * time.Millisecond, PollInterval: 50 * time.Millisecond})
 	env := onceflowtest.New(t, cfg)
 	env.Start()
 	enqueueTickets(t, env, "x")
+	onceflowtest.WaitFor(t, 20*time.Second, "the batch created", func() bool { b, _ := api.counts(); return b == 1 })
 	onceflowtest.WaitFor(t, 20*time.Second, "sync fallback email", func() bool { return sink.Total() == 1 })
 	api.mu.Lock()
 	api.hold = false
