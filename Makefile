@@ -33,8 +33,11 @@ TEST_FLAGS = -race -count=1 -p $(TEST_PACKAGES) -parallel $(TEST_PARALLEL) -ldfl
 # ProductionBinary): linked alone, a few seconds; linked by the first test that needs
 # one while the other test binaries ran, over a minute.
 TEST_BINARIES = ONCEFLOW_TEST_BINARY=$(CURDIR)/.dev/bin/onceflow-test ONCEFLOW_TEST_PRODUCTION_BINARY=$(CURDIR)/.dev/bin/onceflow
-# The root module's long tests (testenv.Long): make test skips them, make test-long runs them.
-LONG_TESTS = TestRunOnARedisClusterFromANodeWithoutTheQueue|TestOne429PausesEveryWorkProcess|TestBatchLaneKilledAtEachPointAnswersEverySummaryOnce|TestShadowsLeaveProductionTheProvidersLimit
+# The root module's long tests (testenv.Long, or testing.Short in the examples, whose
+# code users copy): make test skips them (-short), make test-long runs them, in the
+# packages of LONG_PKGS.
+LONG_TESTS = ^(TestRunOnARedisClusterFromANodeWithoutTheQueue|TestOne429PausesEveryWorkProcess|TestBatchLaneKilledAtEachPointAnswersEverySummaryOnce|TestShadowsLeaveProductionTheProvidersLimit|TestRedisNodeUpGaugeFollowsFailover|TestSentinelFailoverLosesNoAcceptedJob|TestAnswerArrivingDuringALongOutageIsRecordedOnceItIsBack|TestRetryRightAfterAnOutageLongerThanTheLeaseJoinsTheLiveCall|TestRedisClusterKitFailsOver|TestWorkerKilledBetweenCommitAndAck|TestRelayKilledBetweenSendAndMark|TestHeldTicketKilledWhileHeldThenReleasedSendsOnce|TestRejectedTicketSendsNothingAcrossAKill|TestReleasedTicketKilledInItsCommitSendsOnce|TestRestartAfterTheRefundReplaysTheChangingReadAndRefundsOnce|TestEventsResumeAcrossAKillWithoutRepeats)$$
+LONG_PKGS = . ./cli ./gateway ./internal/testenv/cluster ./examples/triage ./examples/agent
 # Build tag of the test aids compiled only into the binary the tests run
 # (internal/testenv.Binary): `onceflow work --test-handler`. `make build` leaves them out.
 TEST_TAGS := onceflowtest
@@ -56,7 +59,7 @@ test:
 	scripts/dev-services up
 	$(GO) build -ldflags=-w -tags $(TEST_TAGS) -o .dev/bin/onceflow-test ./cmd/onceflow
 	$(GO) build -ldflags "-w $(LDFLAGS)" -o .dev/bin/onceflow ./cmd/onceflow
-	eval "$$(scripts/dev-services env)" && $(TEST_BINARIES) $(GO) test $(TEST_FLAGS) ./...
+	eval "$$(scripts/dev-services env)" && $(TEST_BINARIES) $(GO) test -short $(TEST_FLAGS) ./...
 
 ## test-long: the long profiles: the queue's and the idempotency store's suites again on a
 ## local Redis Cluster they start (3 primaries on loopback; docs/operations.md, "Redis
@@ -68,7 +71,7 @@ test-long:
 	scripts/install-chromium || echo "chromium not installed: the browser tests will be skipped"
 	eval "$$(scripts/dev-services env)" && ONCEFLOW_TEST_REDIS_CLUSTER=local $(GO) test -count=1 -parallel $(TEST_PARALLEL) -ldflags=-w -timeout $(TEST_TIMEOUT) ./queue ./idempotency/redisstore
 	$(GO) build -ldflags=-w -tags $(TEST_TAGS) -o .dev/bin/onceflow-test ./cmd/onceflow
-	eval "$$(scripts/dev-services env)" && ONCEFLOW_TEST_LONG=1 ONCEFLOW_TEST_BINARY=$(CURDIR)/.dev/bin/onceflow-test $(GO) test $(TEST_FLAGS) -run '$(LONG_TESTS)' ./cli
+	eval "$$(scripts/dev-services env)" && ONCEFLOW_TEST_BINARY=$(CURDIR)/.dev/bin/onceflow-test $(GO) test $(TEST_FLAGS) -run '$(LONG_TESTS)' $(LONG_PKGS)
 	eval "$$(scripts/dev-services env)" && cd lab && CHAOS_DURATION=$${CHAOS_DURATION:-45s} CHAOS_OUTAGE_GAP=$${CHAOS_OUTAGE_GAP:-5s} \
 	  $(GO) test -race -count=1 -p $(TEST_PACKAGES) -ldflags=-w -timeout $(TEST_TIMEOUT) ./...
 

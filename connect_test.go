@@ -419,6 +419,7 @@ func nodeUp(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 // primary; a primary killed is 0 until its replica takes over, and then the old
 // primary's series is dropped and the promoted replica's is 1.
 func TestRedisNodeUpGaugeFollowsFailover(t *testing.T) {
+	testenv.Long(t) // a Redis Cluster of six processes and a failover
 	t.Parallel()
 	c := testenv.PrivateRedisCluster(t, 3, 1)
 	rdb, err := onceflow.NewRedisCluster("redis://" + c.Addrs()[0])
@@ -497,6 +498,7 @@ func TestRedisNodeUpGaugeFollowsFailover(t *testing.T) {
 // every job the client saw accepted (each retried with its key until it was) runs and
 // commits once: no accepted job lost, no effect twice.
 func TestSentinelFailoverLosesNoAcceptedJob(t *testing.T) {
+	testenv.Long(t) // Redis primaries, replicas and sentinels as processes, and a failover
 	t.Parallel()
 	dir, err := os.MkdirTemp("", "onceflow-sentinel-")
 	if err != nil {

@@ -680,6 +680,7 @@ func TestCloseLeavesNoStreamGoroutines(t *testing.T) {
 // was generated (and billed) must be recorded, so that the client's retry, on either
 // process, is a replay: one upstream call in all.
 func TestAnswerArrivingDuringALongOutageIsRecordedOnceItIsBack(t *testing.T) {
+	testenv.Long(t) // a PostgreSQL outage of 19 s
 	t.Parallel()
 	up := newHeldUnary()
 	pg, urls := privateFleet(t, up, gateway.Config{Ledger: ledger.Config{Lease: 3 * time.Second}})

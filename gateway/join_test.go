@@ -886,6 +886,7 @@ func (c *collector) end(d time.Duration) (string, error) {
 // retry-after-ms), must join the live call, not take it over: one upstream call.
 // (Lease 9 s here, renewed every 3 s; the retry is timed between two renewals.)
 func TestRetryRightAfterAnOutageLongerThanTheLeaseJoinsTheLiveCall(t *testing.T) {
+	testenv.Long(t) // an outage longer than the lease
 	t.Parallel()
 	up := newHeldUnary()
 	const lease = 9 * time.Second

@@ -35,6 +35,9 @@ func stop(t *testing.T, p *onceflowtest.Process) {
 // the same key (its first answer comes back), asks the model its last turn and commits:
 // one read, three model calls, one refund key, one reply row, one email.
 func TestRestartAfterTheRefundReplaysTheChangingReadAndRefundsOnce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("kills and restarts processes: make test-long runs it (go test without -short)")
+	}
 	t.Parallel()
 	w := newWorld(t, fakeserver.Config{ToolCallIDs: fakeserver.ToolCallIDsRandom}, "A-17", 1299)
 	redisURL, prefix, db, dsn := stores(t)
@@ -211,6 +214,9 @@ func TestApprovalAcrossAKill(t *testing.T) {
 // restart (the dead attempt's text is to be dropped), the new attempt's text, the end
 // with status done. The text after the restart is the reply committed and emailed.
 func TestEventsResumeAcrossAKillWithoutRepeats(t *testing.T) {
+	if testing.Short() {
+		t.Skip("kills and restarts processes: make test-long runs it (go test without -short)")
+	}
 	t.Parallel()
 	w := newWorld(t, fakeserver.Config{DripInterval: time.Millisecond}, "C-3", 1299)
 	w.model.Server.Script(fakeserver.Fault{}, fakeserver.Fault{}, fakeserver.Fault{Kind: fakeserver.FaultDrip}) // the last turn, a byte a millisecond

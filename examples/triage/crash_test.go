@@ -41,6 +41,9 @@ func stop(t *testing.T, p *onceflowtest.Process) {
 // acknowledgement. Its relay cannot reach the receivers, so nothing is sent before the
 // kill (its failed sends are retried by the next process).
 func TestWorkerKilledBetweenCommitAndAck(t *testing.T) {
+	if testing.Short() {
+		t.Skip("kills and restarts processes: make test-long runs it (go test without -short)")
+	}
 	t.Parallel()
 	s := newStores(t)
 	r := onceflowtest.PrivateRedis(t)
@@ -80,6 +83,9 @@ func TestWorkerKilledBetweenCommitAndAck(t *testing.T) {
 // so a payments API that honours Idempotency-Key refunds once. One model call, one row
 // of each, one refund key, one email key.
 func TestRelayKilledBetweenSendAndMark(t *testing.T) {
+	if testing.Short() {
+		t.Skip("kills and restarts processes: make test-long runs it (go test without -short)")
+	}
 	t.Parallel()
 	s := newStores(t)
 	_, prefix := onceflowtest.Redis(t)
@@ -222,6 +228,9 @@ func startHeld(t *testing.T, key string) (*heldRun, onceflow.Held) {
 // ledger replays it), one row of each, one refund key, one email. A second release is a
 // retry (200) and a rejection after it 409: no second effect.
 func TestHeldTicketKilledWhileHeldThenReleasedSendsOnce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("kills and restarts processes: make test-long runs it (go test without -short)")
+	}
 	t.Parallel()
 	run, _ := startHeld(t, "ticket-crash-held")
 	s, db, env, id := run.s, run.db, run.env, run.id
@@ -264,6 +273,9 @@ func TestHeldTicketKilledWhileHeldThenReleasedSendsOnce(t *testing.T) {
 // started again: still failed, and nothing of it is sent, while a question posted after
 // the restart gets its reply (the new process works and relays).
 func TestRejectedTicketSendsNothingAcrossAKill(t *testing.T) {
+	if testing.Short() {
+		t.Skip("kills and restarts processes: make test-long runs it (go test without -short)")
+	}
 	t.Parallel()
 	run, h := startHeld(t, "ticket-crash-rejected")
 	s, db, env, a, api, id := run.s, run.db, run.env, run.p, run.api, run.id
@@ -311,6 +323,9 @@ func TestRejectedTicketSendsNothingAcrossAKill(t *testing.T) {
 // on the refunds table, which the commit reads first, and kills the process once its
 // commit waits for the lock.
 func TestReleasedTicketKilledInItsCommitSendsOnce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("kills and restarts processes: make test-long runs it (go test without -short)")
+	}
 	t.Parallel()
 	run, h := startHeld(t, "ticket-crash-released")
 	s, r, prefix, db, env, a, api, id := run.s, run.rdb, run.prefix, run.db, run.env, run.p, run.api, run.id

@@ -217,12 +217,12 @@ func randomHex(n int) string {
 	return strings.ToLower(hex.EncodeToString(b))
 }
 
-// Long skips t unless ONCEFLOW_TEST_LONG is set: a test of the long profile, which
-// `make test-long` runs (Makefile: LONG_TESTS) and `make test` leaves out, to keep within
-// its budget (docs/development.md).
+// Long skips t under -short: a test of the long profile, which `make test-long` runs
+// (Makefile: LONG_TESTS) and `make test` (go test -short) leaves out, to keep within its
+// budget (docs/development.md). A plain `go test` runs it.
 func Long(t testing.TB) {
 	t.Helper()
-	if os.Getenv("ONCEFLOW_TEST_LONG") == "" {
-		t.Skip("a long test: make test-long runs it (ONCEFLOW_TEST_LONG=1)")
+	if testing.Short() {
+		t.Skip("a long test: make test-long runs it (go test without -short)")
 	}
 }

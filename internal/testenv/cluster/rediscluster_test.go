@@ -18,6 +18,9 @@ import (
 // replica is promoted, a key replicated before is still there). Restarting the killed
 // node brings it back as a replica.
 func TestRedisClusterKitFailsOver(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a failover of six processes: make test-long runs it")
+	}
 	t.Parallel()
 	dir, err := os.MkdirTemp("", "onceflow-cluster-kit-")
 	if err != nil {
