@@ -747,15 +747,7 @@ func TestCommitBesideAnEnqueueThatRecordsTheSameAnswerCommits(t *testing.T) {
 	}
 	var unlocked atomic.Bool
 	first := make(chan error, 1)
-	var e *modelEnv
-	e = newModelEnv(t, fakeserver.Config{}, onceflow.Config{DB: pool}, func(ctx context.Context, j *onceflow.Job[supportArgs]) error {
-		if strings.HasPrefix(j.Args.Text, "child:") {
-			return nil
-		}
-		st, err := j.Complete(ctx, "summarise", prompt(j.Args.Text))
-		if err != nil {
-			return err
-		}
+	e := newParentEnv(t, pool, func(ctx context.Context, e *modelEnv, j *onceflow.Job[supportArgs], st *onceflow.Step) error {
 		committed := make(chan error, 1)
 		go func() {
 			committed <- j.Commit(ctx, func(c *onceflow.Commit) error { c.Result(st.Response.Content); return nil })
@@ -806,14 +798,9 @@ func TestCommitBesideAnEnqueueThatFindsTheAnswerSupersededCommitsNothing(t *test
 		t.Fatal(err)
 	}
 	first := make(chan error, 1)
-	var e *modelEnv
-	e = newModelEnv(t, fakeserver.Config{}, onceflow.Config{DB: pool}, func(ctx context.Context, j *onceflow.Job[supportArgs]) error {
-		if strings.HasPrefix(j.Args.Text, "child:") || j.Delivery > 1 {
+	e := newParentEnv(t, pool, func(ctx context.Context, e *modelEnv, j *onceflow.Job[supportArgs], st *onceflow.Step) error {
+		if j.Delivery > 1 {
 			return nil
-		}
-		st, err := j.Complete(ctx, "summarise", prompt(j.Args.Text))
-		if err != nil {
-			return err
 		}
 		other, err := pool.Begin(ctx) // another attempt records its answer; its commit waits
 		if err != nil {
@@ -850,12 +837,7 @@ func TestCommitBesideAnEnqueueThatFindsTheAnswerSupersededCommitsNothing(t *test
 	})
 	e.start()
 	e.enqueue("My invoice was charged twice.")
-	var err error
-	select {
-	case err = <-first:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the Worker did not commit")
-	}
+	err := awaitOutcome(t, first, 30*time.Second, "its Commit")
 	var n int
 	if qerr := pool.QueryRow(ctx, `SELECT count(*) FROM side_effects`).Scan(&n); qerr != nil || n != 0 {
 		t.Fatalf("the Commit beside the superseded answer: %v; its rows committed: %d (%v), want 0", err, n, qerr)
@@ -877,14 +859,9 @@ func TestAnAnswerFoundSupersededStopsTheDeliverysLaterCommitTxAndEnqueue(t *test
 	}
 	type outcome struct{ enqueue, again, commit error }
 	first := make(chan outcome, 1)
-	var e *modelEnv
-	e = newModelEnv(t, fakeserver.Config{}, onceflow.Config{DB: pool}, func(ctx context.Context, j *onceflow.Job[supportArgs]) error {
-		if strings.HasPrefix(j.Args.Text, "child:") || j.Delivery > 1 {
+	e := newParentEnv(t, pool, func(ctx context.Context, e *modelEnv, j *onceflow.Job[supportArgs], st *onceflow.Step) error {
+		if j.Delivery > 1 {
 			return nil
-		}
-		st, err := j.Complete(ctx, "summarise", prompt(j.Args.Text))
-		if err != nil {
-			return err
 		}
 		if err := supersede(ctx, pool, st.Key); err != nil {
 			return err
@@ -902,12 +879,7 @@ func TestAnAnswerFoundSupersededStopsTheDeliverysLaterCommitTxAndEnqueue(t *test
 	})
 	e.start()
 	e.enqueue("My invoice was charged twice.")
-	var o outcome
-	select {
-	case o = <-first:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the Worker did not commit")
-	}
+	o := awaitOutcome(t, first, 30*time.Second, "its CommitTx")
 	if o.enqueue == nil {
 		t.Fatal("the first Enqueue after the superseded answer returned nil")
 	}

@@ -18,7 +18,6 @@ import (
 	"github.com/onceflow/onceflow/idempotency"
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/ledger"
-	"github.com/onceflow/onceflow/llm/fakeserver"
 	"github.com/onceflow/onceflow/queue"
 )
 
@@ -347,20 +346,12 @@ func TestEnqueueFromAWorkerFailsWhenItsStepsAnswerCannotBeRecorded(t *testing.T)
 	pool, _ := testenv.Postgres(t)
 	refuse := refuseAnswers(t, pool)
 	after := make(chan answerOutcome, 1)
-	var e *modelEnv
-	e = newModelEnv(t, fakeserver.Config{}, onceflow.Config{DB: pool}, func(ctx context.Context, j *onceflow.Job[supportArgs]) error {
-		if strings.HasPrefix(j.Args.Text, "child:") {
-			return nil
-		}
-		st, err := j.Complete(ctx, "summarise", prompt(j.Args.Text))
-		if err != nil {
-			return err
-		}
+	e := newParentEnv(t, pool, func(ctx context.Context, e *modelEnv, j *onceflow.Job[supportArgs], st *onceflow.Step) error {
 		if j.Delivery > 1 {
 			return j.Commit(ctx, nil)
 		}
 		refuse(true)
-		_, err = e.client.Enqueue(ctx, supportArgs{Text: "child:" + st.Response.Content}, &onceflow.EnqueueOpts{Key: "child-of-" + j.ID})
+		_, err := e.client.Enqueue(ctx, supportArgs{Text: "child:" + st.Response.Content}, &onceflow.EnqueueOpts{Key: "child-of-" + j.ID})
 		refuse(false)
 		after <- answerOutcome{err: err, state: answerState(t, pool, st.Key)}
 		return err
@@ -381,15 +372,7 @@ func TestAnswerAnEnqueuedJobCarriesSurvivesAPostgresCrash(t *testing.T) {
 	pg, url, pool := crashablePostgres(t)
 	after := make(chan answerOutcome, 1)
 	var once sync.Once
-	var e *modelEnv
-	e = newModelEnv(t, fakeserver.Config{}, onceflow.Config{DB: pool}, func(ctx context.Context, j *onceflow.Job[supportArgs]) error {
-		if strings.HasPrefix(j.Args.Text, "child:") {
-			return nil
-		}
-		st, err := j.Complete(ctx, "summarise", prompt(j.Args.Text))
-		if err != nil {
-			return err
-		}
+	e := newParentEnv(t, pool, func(ctx context.Context, e *modelEnv, j *onceflow.Job[supportArgs], st *onceflow.Step) error {
 		if _, err := e.client.Enqueue(ctx, supportArgs{Text: "child:" + st.Response.Content}, &onceflow.EnqueueOpts{Key: "child-of-" + j.ID}); err != nil {
 			return err
 		}

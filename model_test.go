@@ -99,6 +99,25 @@ func newModelEnv(t *testing.T, fcfg fakeserver.Config, cfg onceflow.Config, work
 	return e
 }
 
+// newParentEnv is a modelEnv on pool whose Worker leaves the jobs it enqueues (their
+// text starts with "child:") alone and, for the others, takes the "summarise" step's
+// answer and runs then with it.
+func newParentEnv(t *testing.T, pool *pgxpool.Pool, then func(ctx context.Context, e *modelEnv, j *onceflow.Job[supportArgs], st *onceflow.Step) error) *modelEnv {
+	t.Helper()
+	var e *modelEnv
+	e = newModelEnv(t, fakeserver.Config{}, onceflow.Config{DB: pool}, func(ctx context.Context, j *onceflow.Job[supportArgs]) error {
+		if strings.HasPrefix(j.Args.Text, "child:") {
+			return nil
+		}
+		st, err := j.Complete(ctx, "summarise", prompt(j.Args.Text))
+		if err != nil {
+			return err
+		}
+		return then(ctx, e, j, st)
+	})
+	return e
+}
+
 func (e *modelEnv) start() { e.t.Helper(); runClient(e.t, e.client) }
 
 func (e *modelEnv) enqueue(text string) string {
@@ -1027,14 +1046,15 @@ type answerOutcome struct {
 
 // awaitOutcome returns the Worker's outcome from ch; the test fails when none came
 // within timeout (what names the act the Worker did not reach).
-func awaitOutcome(t *testing.T, ch <-chan answerOutcome, timeout time.Duration, what string) answerOutcome {
+func awaitOutcome[T any](t *testing.T, ch <-chan T, timeout time.Duration, what string) T {
 	t.Helper()
 	select {
 	case o := <-ch:
 		return o
 	case <-time.After(timeout):
 		t.Fatalf("the Worker did not reach %s within %v", what, timeout)
-		return answerOutcome{}
+		var zero T
+		return zero
 	}
 }
 
