@@ -65,11 +65,16 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// newLedger returns a ledger on a migrated schema of the test's own, with cfg's Logger
-// and Registerer filled in when unset.
+// newLedger returns a ledger on a migrated schema of the test's own (ledgerOn).
 func newLedger(t *testing.T, cfg ledger.Config) (*ledger.Ledger, *pgxpool.Pool) {
 	t.Helper()
 	pool, _ := testenv.Postgres(t)
+	return ledgerOn(t, pool, cfg), pool
+}
+
+// ledgerOn returns a ledger on pool, with cfg's Logger filled in when unset.
+func ledgerOn(t *testing.T, pool *pgxpool.Pool, cfg ledger.Config) *ledger.Ledger {
+	t.Helper()
 	if cfg.Logger == nil {
 		cfg.Logger = testenv.Logger(t)
 	}
@@ -77,7 +82,7 @@ func newLedger(t *testing.T, cfg ledger.Config) (*ledger.Ledger, *pgxpool.Pool) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	return l, pool
+	return l
 }
 
 // tracedLedger is newLedger over a pool whose statements tracer sees.
@@ -89,14 +94,7 @@ func tracedLedger(t *testing.T, cfg ledger.Config, tracer pgx.QueryTracer) (*led
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	if cfg.Logger == nil {
-		cfg.Logger = testenv.Logger(t)
-	}
-	l, err := ledger.New(pool, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return l, pool
+	return ledgerOn(t, pool, cfg), pool
 }
 
 func ctxT(t *testing.T) context.Context {
