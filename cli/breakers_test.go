@@ -32,9 +32,7 @@ func TestWorkReportsAnOpenStoreBreakerSince(t *testing.T) {
 		defer cancel()
 		base := "http://" + fmt.Sprint(p.WaitLog(ctx, "http listening")["addr"])
 		series := fmt.Sprintf(`onceflow_breaker_open{dependency=%q}`, down)
-		if code, body, _ := getJSON(t, base+"/readyz"); code != 200 {
-			t.Fatalf("readyz with the stores up: %d %v", code, body)
-		}
+		awaitReady(t, base)
 		if _, metrics := httpGet(t, base+"/metrics", ""); !strings.Contains(metrics, series+" 0") {
 			t.Fatalf("/metrics lacks %s 0:\n%s", series, grepLines(metrics, "breaker_open"))
 		}

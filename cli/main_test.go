@@ -120,6 +120,17 @@ func startServe(t *testing.T, env ...string) (*testenv.Process, string) {
 	return p, "http://" + fmt.Sprint(line["addr"])
 }
 
+// awaitReady waits for base's /readyz to answer 200, as a readiness probe retries: a
+// process just started may not have its first store connections yet, and on a loaded
+// machine the first may take longer than the check's own timeout.
+func awaitReady(t *testing.T, base string) {
+	t.Helper()
+	testenv.WaitFor(t, 20*time.Second, "/readyz 200 with the stores up", func() bool {
+		code, _, _ := getJSON(t, base+"/readyz")
+		return code == http.StatusOK
+	})
+}
+
 func getJSON(t *testing.T, url string) (int, map[string]any, time.Duration) {
 	t.Helper()
 	c := &http.Client{Timeout: 10 * time.Second}
@@ -142,9 +153,7 @@ func TestReadyzFollowsRedisWithoutRestart(t *testing.T) {
 	_, dsn := testenv.Postgres(t)
 	_, base := startServe(t, "ONCEFLOW_REDIS_URL="+testenv.RedisURLOf(redisSrv), "ONCEFLOW_DATABASE_URL="+dsn)
 
-	if code, body, _ := getJSON(t, base+"/readyz"); code != 200 {
-		t.Fatalf("readyz with both up: %d %v", code, body)
-	}
+	awaitReady(t, base)
 	redisSrv.Stop()
 	code, body, took := getJSON(t, base+"/readyz")
 	if code != http.StatusServiceUnavailable {
@@ -178,9 +187,7 @@ func TestReadyzReportsPostgresDown(t *testing.T) {
 	t.Parallel()
 	pg := testenv.PrivatePostgres(t)
 	_, base := startServe(t, "ONCEFLOW_REDIS_URL="+testenv.RedisURL(t), "ONCEFLOW_DATABASE_URL="+testenv.PostgresURLOf(pg))
-	if code, body, _ := getJSON(t, base+"/readyz"); code != 200 {
-		t.Fatalf("readyz with both up: %d %v", code, body)
-	}
+	awaitReady(t, base)
 	pg.Stop()
 	code, body, took := getJSON(t, base+"/readyz")
 	checks, _ := body["checks"].(map[string]any)

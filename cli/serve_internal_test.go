@@ -25,9 +25,7 @@ func TestServeReadyzOnAClusterWithSilentPrimaries(t *testing.T) {
 		"ONCEFLOW_SHUTDOWN_TIMEOUT=5s",
 	}, "serve")
 	base := fmt.Sprintf("http://%v", p.WaitLog(ctx, "http listening")["addr"])
-	if code, body := httpGet(t, base+"/readyz", ""); code != http.StatusOK {
-		t.Fatalf("all up: /readyz %d %s", code, body)
-	}
+	awaitReady(t, base)
 	dead := c.Addrs()[1]
 	c.Nodes[1].Kill()
 	var code int

@@ -322,12 +322,7 @@ func TestWorkAndRelayListenersReportTheStoreThatIsDown(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
 		base := "http://" + fmt.Sprint(p.WaitLog(ctx, "http listening")["addr"])
-		// A process just started may not have its first connections yet: readiness with
-		// the stores up is waited for (a probe retries), not asked once.
-		testenv.WaitFor(t, 10*time.Second, "readyz 200 with the stores up", func() bool {
-			code, _, _ := getJSON(t, base+"/readyz")
-			return code == 200
-		})
+		awaitReady(t, base)
 		stop()
 		code, body, _ := getJSON(t, base+"/readyz")
 		checks, _ := body["checks"].(map[string]any)

@@ -38,10 +38,28 @@ func RedisURL(t testing.TB) string {
 	return mustGetenv(t, "ONCEFLOW_REDIS_URL")
 }
 
-// DatabaseURL returns ONCEFLOW_DATABASE_URL or fails the test.
+// testConnectTimeout is the connect_timeout (seconds) DatabaseURL gives the shared test
+// PostgreSQL when ONCEFLOW_DATABASE_URL sets none: make test runs some sixty test
+// processes on two cores, and there a connection's handshake has taken longer than
+// the product's 3 s default, which no test of the shared server is about (tests of
+// connect timeouts use a private server, PrivatePostgres).
+const testConnectTimeout = "10"
+
+// DatabaseURL returns ONCEFLOW_DATABASE_URL, with connect_timeout=10 unless it sets one,
+// or fails the test.
 func DatabaseURL(t testing.TB) string {
 	t.Helper()
-	return mustGetenv(t, "ONCEFLOW_DATABASE_URL")
+	dsn := mustGetenv(t, "ONCEFLOW_DATABASE_URL")
+	u, err := url.Parse(dsn)
+	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		return dsn // a keyword/value string, or not a URL: as given
+	}
+	q := u.Query()
+	if q.Get("connect_timeout") == "" {
+		q.Set("connect_timeout", testConnectTimeout)
+		u.RawQuery = q.Encode()
+	}
+	return u.String()
 }
 
 func mustGetenv(t testing.TB, name string) string {
