@@ -37,6 +37,37 @@ SELECT EXISTS (SELECT 1 FROM ins), c.state, c.request_hash, c.attempt, c.owner, 
 FROM (SELECT 1) AS one
 LEFT JOIN llm_calls c ON c.idem_key = $1 AND NOT EXISTS (SELECT 1 FROM ins)`
 
+// insertManySQL is insertSQL for the writes of a group (manyRows): an array of each of
+// insertSQL's $1 to $11; it returns insertSQL's row for each write, in their order, after
+// a first column that is always true. An existing row is read by a subquery on its key
+// for each write that found one (not a join: a generic plan made while the table was
+// small would scan the whole table for every group as it grows); OFFSET 0 keeps the
+// subquery from running once per column.
+const insertManySQL = `
+WITH input AS (
+	SELECT * FROM unnest(%s) WITH ORDINALITY
+		AS v(idem_key, work, request_hash, provider, model, owner, t, lease_us, ttl_us, tenant, request, ord)
+),
+ins AS (
+	INSERT INTO llm_calls (idem_key, work, state, request_hash, provider, model, owner, lease_until, expires_at, tenant, request)
+	SELECT idem_key, work, 'in_flight', request_hash, provider, model, owner,
+		coalesce(t, now()) + lease_us * interval '1 microsecond', coalesce(t, now()) + ttl_us * interval '1 microsecond', tenant, request
+	FROM input ORDER BY ord
+	ON CONFLICT (idem_key) DO NOTHING
+	RETURNING idem_key
+)
+SELECT true, r.inserted, (r.c).state, (r.c).request_hash, (r.c).attempt, (r.c).owner, (r.c).lease_until
+FROM (
+	SELECT i.ord, ins.idem_key IS NOT NULL AS inserted,
+		CASE WHEN ins.idem_key IS NULL THEN (SELECT c FROM llm_calls c WHERE c.idem_key = i.idem_key) END AS c
+	FROM input i LEFT JOIN ins ON ins.idem_key = i.idem_key
+	OFFSET 0
+) r
+ORDER BY r.ord`
+
+// insertCasts are the types of insertSQL's arguments, for insertManySQL.
+var insertCasts = []string{"text", "text", "text", "text", "text", "text", "timestamptz", "bigint", "bigint", "text", "bytea"}
+
 // relaxedCommit is spliced into insertSQL's first CTE when Config.RelaxedInsert is set:
 // set_config(..., true) is SET LOCAL, so only this statement's commit skips the WAL
 // flush.

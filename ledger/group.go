@@ -2,6 +2,8 @@ package ledger
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -85,9 +87,10 @@ func (w *groupWrite) deliver(err error) {
 // A write is queued; when no group of the statement is in flight (or the last one has
 // been in flight for groupStall), a runner starts: it waits the linger when other calls
 // of the ledger are in progress (a call alone pays none), takes up to max queued
-// writes, sorts them by key and sends them as one pgx batch, which PostgreSQL runs as
-// one implicit transaction, and goes on with what queued meanwhile until the queue is
-// empty. Each write's outcome is its own row: a write that finds nothing
+// writes of distinct keys, sorts them by key and sends them as one statement (manyRows)
+// in one pgx batch, which PostgreSQL runs as one implicit transaction, and goes on with
+// what queued meanwhile until the queue is empty. Each write's outcome is its own row:
+// a write that finds nothing
 // (pgx.ErrNoRows) does not fail the others. A group that fails as a whole (a
 // statement's error aborts the transaction; a row lock it would wait for; a lost
 // connection) is written again call by call, each alone as without group commit, so
@@ -95,11 +98,15 @@ func (w *groupWrite) deliver(err error) {
 // gets its own outcome. A caller whose ctx ends stops waiting: its write is dropped
 // when still queued, and undone when its group commits it after all.
 type group struct {
-	l      *Ledger
-	db     batcher
-	sql    string
-	linger time.Duration
-	max    int
+	l    *Ledger
+	db   batcher
+	sql  string
+	many *manyRows // the statement that writes a group's writes at once
+	// relaxed: the statements commit without waiting for the WAL flush
+	// (synchronous_commit off for their own transaction).
+	relaxed bool
+	linger  time.Duration
+	max     int
 	// self is how many of Ledger.active a writer of this statement counts itself
 	// (Begin's insert: 1; an answer, written after its attempt ended: 0): more than
 	// that are other calls, which may join a group.
@@ -113,14 +120,75 @@ type group struct {
 	lingered atomic.Int64
 }
 
-// newGroup returns the group of statement sql, or nil when group commit is off or db
-// cannot send batches (then every call writes alone).
-func (l *Ledger) newGroup(sql string, self int64) *group {
+// newGroup returns the group of statement sql (a write alone) and many (a group's
+// writes in one statement), or nil when group commit is off or db cannot send batches
+// (then every call writes alone).
+func (l *Ledger) newGroup(sql string, many *manyRows, relaxed bool, self int64) *group {
 	db, ok := l.db.(batcher)
 	if _, inTx := l.db.(pgx.Tx); !ok || inTx || l.cfg.GroupLinger < 0 {
 		return nil
 	}
-	return &group{l: l, db: db, sql: sql, linger: l.cfg.GroupLinger, max: l.cfg.GroupMax, self: self}
+	return &group{l: l, db: db, sql: sql, many: many, relaxed: relaxed, linger: l.cfg.GroupLinger, max: l.cfg.GroupMax, self: self}
+}
+
+// manyRows is a statement that makes several writes of one statement at once: one
+// execution instead of one per write. It takes the writes' arguments as arrays, one per
+// argument (the i-th write's in each array's i-th element), where sql has its %s, for
+// unnest(...) WITH ORDINALITY: one statement text whatever the group's size, prepared
+// once per connection. It returns a row per write in the writes' order, whose first
+// column says whether the write found its row (false: pgx.ErrNoRows for that write)
+// and whose other columns are what the write alone returns. The writes of one
+// statement must have distinct keys (take sees to it): a row inserted or updated twice
+// in one statement is an error, or, with DO NOTHING, looks inserted to both.
+type manyRows struct {
+	sql   string
+	casts []string // the SQL type of each argument of a write, in order
+	once  sync.Once
+	text  string
+}
+
+// statement returns the statement's text.
+func (m *manyRows) statement() string {
+	m.once.Do(func() {
+		params := make([]string, len(m.casts))
+		for i, c := range m.casts {
+			params[i] = fmt.Sprintf("$%d::%s[]", i+1, c)
+		}
+		m.text = fmt.Sprintf(m.sql, strings.Join(params, ", "))
+	})
+	return m.text
+}
+
+// args returns the statement's arguments for batch: an array per argument of a write.
+func (m *manyRows) args(batch []*groupWrite) []any {
+	cols := make([]any, len(m.casts))
+	for j := range cols {
+		col := make([]any, len(batch))
+		for i, w := range batch {
+			col[i] = w.args[j]
+		}
+		cols[j] = col
+	}
+	return cols
+}
+
+// foundRow is one write's row of a manyRows statement, as the write alone would have
+// read it: pgx.ErrNoRows when the write found nothing.
+type foundRow struct{ rows pgx.Rows }
+
+// Scan scans the row's columns after the first into dest, or returns pgx.ErrNoRows
+// when the first is false.
+func (r foundRow) Scan(dest ...any) error {
+	var found bool
+	skip := make([]any, 1+len(dest)) // nil destinations skip their columns
+	skip[0] = &found
+	if err := r.rows.Scan(skip...); err != nil {
+		return err
+	}
+	if !found {
+		return pgx.ErrNoRows
+	}
+	return r.rows.Scan(append([]any{nil}, dest...)...)
 }
 
 // write runs sql with args in a group transaction and scans its one row with scan, and
@@ -178,18 +246,29 @@ func (g *group) run() {
 	}
 }
 
-// take removes up to max writes from the queue; when it is empty, it ends the runner
+// take removes up to max writes of distinct keys from the queue (a write whose key is
+// taken already waits for the next group); when the queue is empty, it ends the runner
 // (nil).
 func (g *group) take() []*groupWrite {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	n := min(len(g.queue), g.max)
-	if n == 0 {
+	if len(g.queue) == 0 {
 		g.running--
 		return nil
 	}
-	batch := slices.Clone(g.queue[:n])
-	g.queue = slices.Delete(g.queue, 0, n)
+	batch := make([]*groupWrite, 0, min(len(g.queue), g.max))
+	keys := make(map[string]struct{}, cap(batch))
+	rest := g.queue[:0]
+	for _, w := range g.queue {
+		if _, dup := keys[w.key]; dup || len(batch) == g.max {
+			rest = append(rest, w)
+			continue
+		}
+		keys[w.key] = struct{}{}
+		batch = append(batch, w)
+	}
+	clear(g.queue[len(rest):])
+	g.queue = rest
 	g.started = time.Now()
 	return batch
 }
@@ -205,21 +284,33 @@ func (g *group) send(batch []*groupWrite) {
 	slices.SortStableFunc(batch, func(a, b *groupWrite) int { return strings.Compare(a.key, b.key) })
 	ctx, cancel := context.WithTimeout(context.Background(), g.l.cfg.WriteTimeout)
 	defer cancel()
+	settings := `SELECT set_config('lock_timeout', '` + groupLockTimeout + `', true)`
+	if g.relaxed && g.many != nil {
+		settings += `, set_config('synchronous_commit', 'off', true)`
+	}
 	b := &pgx.Batch{}
-	b.Queue(`SELECT set_config('lock_timeout', '` + groupLockTimeout + `', true)`)
-	for _, w := range batch {
-		b.Queue(g.sql, w.args...)
+	b.Queue(settings)
+	if g.many != nil {
+		b.Queue(g.many.statement(), g.many.args(batch)...)
+	} else {
+		for _, w := range batch {
+			b.Queue(g.sql, w.args...)
+		}
 	}
 	br := g.db.SendBatch(ctx, b)
 	_, failed := br.Exec()
 	errs := make([]error, len(batch))
-	for i, w := range batch {
-		if failed != nil {
-			break
-		}
-		errs[i] = w.scan(br.QueryRow())
-		if errs[i] != nil && !isNoRows(errs[i]) {
-			failed = errs[i]
+	switch {
+	case failed != nil:
+	case g.many != nil:
+		failed = scanMany(br, batch, errs)
+	default:
+		for i, w := range batch {
+			errs[i] = w.scan(br.QueryRow())
+			if errs[i] != nil && !isNoRows(errs[i]) {
+				failed = errs[i]
+				break
+			}
 		}
 	}
 	if err := br.Close(); failed == nil {
@@ -243,6 +334,33 @@ func (g *group) send(batch []*groupWrite) {
 		wg.Go(func() { g.alone(w) })
 	}
 	wg.Wait()
+}
+
+// scanMany reads the rows of a manyRows statement, one per write of batch, into each
+// write's outcome (errs); it returns what fails the group as a whole.
+func scanMany(br pgx.BatchResults, batch []*groupWrite, errs []error) error {
+	rows, err := br.Query()
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for i, w := range batch {
+		if !rows.Next() {
+			if err := rows.Err(); err != nil {
+				return err
+			}
+			return fmt.Errorf("ledger: a group of %d writes returned %d rows", len(batch), i)
+		}
+		errs[i] = w.scan(foundRow{rows})
+		if errs[i] != nil && !isNoRows(errs[i]) {
+			return errs[i]
+		}
+	}
+	if rows.Next() {
+		return errors.New("ledger: a group's statement returned more rows than writes")
+	}
+	rows.Close()
+	return rows.Err()
 }
 
 // alone writes w in a transaction of its own, within Config.WriteTimeout. A write

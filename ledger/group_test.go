@@ -47,6 +47,9 @@ func (c *writeCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.T
 	for _, q := range d.Batch.QueuedQueries {
 		if ledgerWrite(q.SQL) {
 			n++
+			if strings.Contains(q.SQL, "unnest(") { // a group's writes in one statement: an array element each
+				n += len(q.Arguments[0].([]any)) - 1
+			}
 		}
 	}
 	if n > 0 {
@@ -569,5 +572,102 @@ func TestGroupWritesCountsAWriteAloneAsAGroupOfOne(t *testing.T) {
 	}
 	if count != 2 {
 		t.Fatalf("onceflow_llm_ledger_group_writes observed %d transactions for a call alone (its in-flight row, its answer), want 2", count)
+	}
+}
+
+// Concurrent Begins of one key never share a group's statement (a row inserted twice in
+// one statement would look inserted to both): exactly one of them gets the attempt,
+// the others find it live, while calls of other keys beside them are grouped.
+func TestConcurrentBeginsOfOneKeyGiveItsRowToOneWhileOthersAreGrouped(t *testing.T) {
+	t.Parallel()
+	l, _, w := countedLedger(t, ledger.Config{GroupLinger: ledger.MaxGroupLinger, Wait: 300 * time.Millisecond})
+	ctx := ctxT(t)
+	if _, _, err := l.Begin(ctx, callOf("job-in-progress/s", request("x"))); err != nil {
+		t.Fatal(err) // a call in progress: every group lingers, so the calls below share groups
+	}
+	const n = 16
+	for round := range 3 {
+		atts := make([]*ledger.Attempt, n)
+		errs := make([]error, n)
+		together(n, func(i int) {
+			work := fmt.Sprintf("job-%d-same/s", round)
+			if i%2 == 1 {
+				work = fmt.Sprintf("job-%d-%c/s", round, 'a'+i)
+			}
+			atts[i], _, errs[i] = l.Begin(ctx, callOf(work, request("x")))
+		})
+		owners := 0
+		for i := 0; i < n; i += 2 {
+			switch {
+			case atts[i] != nil:
+				owners++
+			case !errors.Is(errs[i], ledger.ErrInFlight):
+				t.Fatalf("round %d: Begin %d of the shared key: %v, want an attempt or ErrInFlight", round, i, errs[i])
+			}
+		}
+		if owners != 1 {
+			t.Fatalf("round %d: %d of %d concurrent Begins of one key got an attempt, want 1", round, owners, n/2)
+		}
+		for i := 1; i < n; i += 2 {
+			if errs[i] != nil || atts[i] == nil {
+				t.Fatalf("round %d: Begin %d of its own key: %v", round, i, errs[i])
+			}
+		}
+	}
+	if w.batched.Load() <= w.batches.Load() {
+		t.Fatalf("no group carried more than one write (%d groups, %d writes): the test proves nothing", w.batches.Load(), w.batched.Load())
+	}
+}
+
+// An answer that finds another attempt's answer recorded, in a group with answers that
+// record theirs, gets that other answer (ours false) and fails none of the others.
+func TestAnAnswerSupersededInAGroupGetsTheRecordedOneAndTheOthersCommit(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	l, pool, w := countedLedger(t, ledger.Config{Registerer: reg, GroupLinger: ledger.MaxGroupLinger})
+	ctx := ctxT(t)
+	if _, _, err := l.Begin(ctx, callOf("job-in-progress/s", request("x"))); err != nil {
+		t.Fatal(err)
+	}
+	const n = 12
+	atts := make([]*ledger.Attempt, n)
+	for i := range n {
+		var err error
+		if atts[i], _, err = l.Begin(ctx, callOf(fmt.Sprintf("job-%c/s", 'a'+i), request("x"))); err != nil || atts[i] == nil {
+			t.Fatalf("Begin %d: %v", i, err)
+		}
+	}
+	// Another attempt's answer for the call of atts[5], recorded before this attempt's.
+	if _, err := pool.Exec(ctx, `UPDATE llm_calls SET state = 'succeeded', response = '{"id":"other"}', owner = NULL, lease_until = NULL
+		WHERE idem_key = $1`, atts[5].Key()); err != nil {
+		t.Fatal(err)
+	}
+	w.batches.Store(0)
+	w.batched.Store(0)
+	recs := make([]*ledger.Record, n)
+	ours := make([]bool, n)
+	errs := make([]error, n)
+	together(n, func(i int) {
+		recs[i], ours[i], errs[i] = atts[i].Succeed(ctx, ledger.ResultOf(&llm.Response{ID: fmt.Sprint("mine-", i), Content: "answer"}))
+	})
+	for i := range n {
+		switch {
+		case errs[i] != nil:
+			t.Fatalf("Succeed %d: %v", i, errs[i])
+		case i == 5 && (ours[i] || !strings.Contains(string(recs[i].Response), `"other"`)):
+			t.Fatalf("the superseded answer: ours %v, record %s; want the other attempt's", ours[i], recs[i].Response)
+		case i != 5 && !ours[i]:
+			t.Fatalf("Succeed %d: not ours beside a superseded answer", i)
+		case i != 5:
+			if r := mustGet(t, l, atts[i].Key()); r.State != ledger.StateSucceeded {
+				t.Fatalf("row %d: %s", i, r.State)
+			}
+		}
+	}
+	if w.batched.Load() <= w.batches.Load() {
+		t.Fatalf("no group carried more than one answer (%d groups, %d writes): the test proves nothing", w.batches.Load(), w.batched.Load())
+	}
+	if got := counterValue(t, reg, "onceflow_llm_ledger_group_failures_total", nil); got != 0 {
+		t.Fatalf("%v groups failed and were written again call by call: the superseded answer should fail no group", got)
 	}
 }
