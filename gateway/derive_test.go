@@ -203,7 +203,9 @@ func TestDerivedRetryNeverCrossesCredentials(t *testing.T) {
 	for _, p := range append(slices.Clone(protocols), azure) {
 		t.Run(p.name, func(t *testing.T) {
 			t.Parallel()
-			fs, err := fakeserver.New(fakeserver.Config{Latency: 700 * time.Millisecond, Logger: testenv.Logger(t)})
+			// Long enough that the retries below reach the gateways while A's first
+			// attempt is still in flight, on a loaded machine too.
+			fs, err := fakeserver.New(fakeserver.Config{Latency: 2 * time.Second, Logger: testenv.Logger(t)})
 			if err != nil {
 				t.Fatal(err)
 			}

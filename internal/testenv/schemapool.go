@@ -19,7 +19,8 @@ import (
 // the same). A pooled schema is named pool_<fingerprint>_<random>, where the fingerprint
 // digests the catalog the migrations leave (fingerprintSQL), so a changed migration gets
 // schemas of its own. A test claims one with a session advisory lock held on a
-// connection of its own until its cleanup, which empties every table (DELETE, the version
+// connection of its own until its cleanup (which then releases the lock and keeps the
+// connection for the process's next claim), which empties every table (DELETE, the version
 // table excepted, and its sequences restarted) and hands it back only if its catalog
 // still has the fingerprint: a test that created, dropped or altered a table, a default,
 // a privilege, a type... has its schema dropped instead. The lock dies with a killed test process, so a schema
@@ -101,6 +102,50 @@ type pool struct {
 	err         error
 	fingerprint string // of a freshly migrated schema
 	prefix      string // pool_<fingerprint[:12]>_
+
+	// idle holds the connections of claims that ended, for the next claims of this
+	// process: a new backend per test, with catalog caches to warm before the claim's
+	// first catalog query, cost more PostgreSQL CPU than the claim itself.
+	mu   sync.Mutex
+	idle []*pgx.Conn
+}
+
+// maxIdleClaimConns bounds the connections a process keeps for its next claims (about
+// the tests it runs at once).
+const maxIdleClaimConns = 16
+
+// connect returns an idle claim connection of this process, or a new one.
+func (p *pool) connect(ctx context.Context, base string) (*pgx.Conn, error) {
+	p.mu.Lock()
+	for len(p.idle) > 0 {
+		c := p.idle[len(p.idle)-1]
+		p.idle = p.idle[:len(p.idle)-1]
+		if !c.IsClosed() {
+			p.mu.Unlock()
+			return c, nil
+		}
+	}
+	p.mu.Unlock()
+	return pgx.Connect(ctx, base)
+}
+
+// reuse hands conn, whose claim ended, to the next claim: with every advisory lock it
+// holds released (the claim ends here, as it would with the connection), or closed
+// when that fails, when it is in a transaction, or when enough are idle.
+func (p *pool) reuse(ctx context.Context, conn *pgx.Conn) {
+	if conn.PgConn().TxStatus() == 'I' {
+		if _, err := conn.Exec(ctx, "SELECT pg_advisory_unlock_all()"); err == nil {
+			p.mu.Lock()
+			if len(p.idle) < maxIdleClaimConns {
+				p.idle = append(p.idle, conn)
+				conn = nil
+			}
+			p.mu.Unlock()
+		}
+	}
+	if conn != nil {
+		_ = conn.Close(ctx)
+	}
 }
 
 var pools sync.Map // database URL -> *pool
@@ -126,7 +171,7 @@ func pooledSchema(t testing.TB, base string) string {
 	if p.err != nil {
 		t.Fatalf("schema pool: %v", p.err)
 	}
-	conn, err := pgx.Connect(ctx, base)
+	conn, err := p.connect(ctx, base)
 	if err != nil {
 		t.Fatalf("postgres: %v", err)
 	}
@@ -138,10 +183,12 @@ func pooledSchema(t testing.TB, base string) string {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		defer conn.Close(ctx) // ends the claim
 		if err := p.release(ctx, conn, schema); err != nil {
+			_ = conn.Close(ctx) // ends the claim
 			t.Errorf("schema pool: hand back %s: %v", schema, err)
+			return
 		}
+		p.reuse(ctx, conn) // ends the claim
 	})
 	return schema
 }

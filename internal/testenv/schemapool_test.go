@@ -278,3 +278,47 @@ func TestASchemaBeingMigratedIsLocked(t *testing.T) {
 		t.Fatalf("%d schemas migrated, want 2", len(seen))
 	}
 }
+
+// A claim's connection is kept for the process's next claim, and its claim still ends
+// at the test's cleanup: another process can lock the schema at once, and the next
+// claim of this process gets the same connection without a lock of the last claim's.
+func TestAnEndedClaimFreesItsSchemaAndItsConnectionServesTheNextClaim(t *testing.T) {
+	ctx := context.Background()
+	p, schema := privatePool(t)
+	conn, err := p.connect(ctx, DatabaseURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := p.claim(ctx, conn, DatabaseURL(t))
+	if err != nil || got != schema {
+		t.Fatalf("claim: %q %v, want the pool's one schema %q", got, err, schema)
+	}
+	if err := p.release(ctx, conn, schema); err != nil {
+		t.Fatal(err)
+	}
+	p.reuse(ctx, conn)
+
+	other, err := pgx.Connect(ctx, DatabaseURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close(ctx)
+	if ok, err := tryLock(ctx, other, schema); err != nil || !ok {
+		t.Fatalf("another process locks the handed-back schema: %v %v, want it free", ok, err)
+	}
+	if err := unlock(ctx, other, schema); err != nil {
+		t.Fatal(err)
+	}
+	next, err := p.connect(ctx, DatabaseURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer next.Close(ctx)
+	if next != conn {
+		t.Fatal("the next claim opened a new connection: the ended claim's was not kept")
+	}
+	var locks int
+	if err := next.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()`).Scan(&locks); err != nil || locks != 0 {
+		t.Fatalf("the kept connection holds %d advisory locks (%v), want none", locks, err)
+	}
+}
