@@ -38,11 +38,12 @@ FROM (SELECT 1) AS one
 LEFT JOIN llm_calls c ON c.idem_key = $1 AND NOT EXISTS (SELECT 1 FROM ins)`
 
 // insertManySQL is insertSQL for the writes of a group (manyRows): an array of each of
-// insertSQL's $1 to $11; it returns insertSQL's row for each write, in their order, after
-// a first column that is always true. An existing row is read by a subquery on its key
-// for each write that found one (not a join: a generic plan made while the table was
-// small would scan the whole table for every group as it grows); OFFSET 0 keeps the
-// subquery from running once per column.
+// insertSQL's $1 to $11; it returns, for each write in their order, a first column that
+// is always true and whether it inserted its row. It reads no existing row: a write that
+// found one gets NULL for the rest of insertSQL's row, and Begin reads the row by its
+// key (peek) as when the insert's snapshot did not show it. (A join, or a subquery, on
+// llm_calls here could keep, in a generic plan made while the table was small, a scan of
+// the whole table for every group as the table grows.)
 const insertManySQL = `
 WITH input AS (
 	SELECT * FROM unnest(%s) WITH ORDINALITY
@@ -56,14 +57,9 @@ ins AS (
 	ON CONFLICT (idem_key) DO NOTHING
 	RETURNING idem_key
 )
-SELECT true, r.inserted, (r.c).state, (r.c).request_hash, (r.c).attempt, (r.c).owner, (r.c).lease_until
-FROM (
-	SELECT i.ord, ins.idem_key IS NOT NULL AS inserted,
-		CASE WHEN ins.idem_key IS NULL THEN (SELECT c FROM llm_calls c WHERE c.idem_key = i.idem_key) END AS c
-	FROM input i LEFT JOIN ins ON ins.idem_key = i.idem_key
-	OFFSET 0
-) r
-ORDER BY r.ord`
+SELECT true, ins.idem_key IS NOT NULL, NULL::text, NULL::text, NULL::int, NULL::text, NULL::timestamptz
+FROM input i LEFT JOIN ins ON ins.idem_key = i.idem_key
+ORDER BY i.ord`
 
 // insertCasts are the types of insertSQL's arguments, for insertManySQL.
 var insertCasts = []string{"text", "text", "text", "text", "text", "text", "timestamptz", "bigint", "bigint", "text", "bytea"}
@@ -155,8 +151,9 @@ type peeked struct {
 //     backoff; an error matching ErrKeyReused (permanent) when the key is recorded
 //     for another request; ctx's error; or a database error.
 //
-// The first round trip both inserts and, on conflict, reads the row, so a new call
-// costs one round trip and one commit. Begin is safe for concurrent use; concurrent
+// The first round trip both inserts and, on conflict, reads the row (a second round
+// trip reads it when the insert went in a group), so a new call costs one round trip and
+// one commit. Begin is safe for concurrent use; concurrent
 // Begins of one key give the row to exactly one of them at a time.
 func (l *Ledger) Begin(ctx context.Context, c Call) (*Attempt, *Record, error) {
 	if c.Key == "" || c.RequestHash == "" {

@@ -31,6 +31,10 @@ const (
 	groupStall = 20 * time.Millisecond
 	// maxGroupsInFlight bounds the groups of one statement in flight at once.
 	maxGroupsInFlight = 8
+	// maxGroupBytes bounds the bytes of the text and bytea arguments of one group's
+	// writes (its first write is taken whatever its size): a group is one message, and
+	// PostgreSQL takes no message of 1 GB or more.
+	maxGroupBytes = 64 << 20
 	// groupLockTimeout bounds how long a group transaction waits for a row lock
 	// (lock_timeout, for that transaction only): a row another transaction holds fails
 	// the group at once, and each of its writes is then made alone, so that only the
@@ -58,6 +62,7 @@ const (
 type groupWrite struct {
 	key  string
 	args []any
+	size int // bytes of its text and bytea arguments
 	scan func(pgx.Row) error
 	done chan error
 	// alone is set when the write ran alone after its group failed: the group may
@@ -101,7 +106,7 @@ type group struct {
 	l    *Ledger
 	db   batcher
 	sql  string
-	many *manyRows // the statement that writes a group's writes at once
+	many *manyRows // the statement that writes a group's writes at once (sql: one alone)
 	// relaxed: the statements commit without waiting for the WAL flush
 	// (synchronous_commit off for their own transaction).
 	relaxed bool
@@ -159,17 +164,68 @@ func (m *manyRows) statement() string {
 	return m.text
 }
 
-// args returns the statement's arguments for batch: an array per argument of a write.
-func (m *manyRows) args(batch []*groupWrite) []any {
+// args returns the statement's arguments for batch: an array per argument of a write,
+// of a Go type pgx encodes without a prepared statement's parameter types too
+// (default_query_exec_mode=exec or simple_protocol, behind PgBouncer): []*string for
+// text and jsonb, [][]byte for bytea, []*time.Time for timestamptz, []int64 for the
+// integers; a nil argument is NULL. An argument of another type is an error (the group
+// is then written call by call, each write with its own arguments).
+func (m *manyRows) args(batch []*groupWrite) ([]any, error) {
 	cols := make([]any, len(m.casts))
-	for j := range cols {
-		col := make([]any, len(batch))
-		for i, w := range batch {
-			col[i] = w.args[j]
+	for j, cast := range m.casts {
+		var bad any
+		switch cast {
+		case "bytea":
+			col := make([][]byte, len(batch))
+			for i, w := range batch {
+				v, ok := w.args[j].([]byte)
+				if !ok && w.args[j] != nil {
+					bad = w.args[j]
+				}
+				col[i] = v
+			}
+			cols[j] = col
+		case "timestamptz":
+			col := make([]*time.Time, len(batch))
+			for i, w := range batch {
+				v, ok := w.args[j].(*time.Time)
+				if !ok && w.args[j] != nil {
+					bad = w.args[j]
+				}
+				col[i] = v
+			}
+			cols[j] = col
+		case "bigint", "int":
+			col := make([]int64, len(batch))
+			for i, w := range batch {
+				switch v := w.args[j].(type) {
+				case int64:
+					col[i] = v
+				case int:
+					col[i] = int64(v)
+				default:
+					bad = v
+				}
+			}
+			cols[j] = col
+		default: // text, jsonb
+			col := make([]*string, len(batch))
+			for i, w := range batch {
+				switch v := w.args[j].(type) {
+				case string:
+					col[i] = &v
+				case nil:
+				default:
+					bad = v
+				}
+			}
+			cols[j] = col
 		}
-		cols[j] = col
+		if bad != nil {
+			return nil, fmt.Errorf("ledger: argument %d of a group write is a %T, not %s", j+1, bad, cast)
+		}
 	}
-	return cols
+	return cols, nil
 }
 
 // foundRow is one write's row of a manyRows statement, as the write alone would have
@@ -201,7 +257,7 @@ func (g *group) write(ctx context.Context, key string, args []any, scan func(pgx
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}
-	w := &groupWrite{key: key, args: args, scan: scan, done: make(chan error, 1), undo: undo}
+	w := &groupWrite{key: key, args: args, size: argBytes(args), scan: scan, done: make(chan error, 1), undo: undo}
 	g.mu.Lock()
 	g.queue = append(g.queue, w)
 	start := g.running == 0 || (g.running < maxGroupsInFlight && time.Since(g.started) >= groupStall)
@@ -246,9 +302,9 @@ func (g *group) run() {
 	}
 }
 
-// take removes up to max writes of distinct keys from the queue (a write whose key is
-// taken already waits for the next group); when the queue is empty, it ends the runner
-// (nil).
+// take removes up to max writes of distinct keys and of at most maxGroupBytes from the
+// queue (a write whose key is taken already, or that would pass the bound, waits for the
+// next group); when the queue is empty, it ends the runner (nil).
 func (g *group) take() []*groupWrite {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -259,12 +315,15 @@ func (g *group) take() []*groupWrite {
 	batch := make([]*groupWrite, 0, min(len(g.queue), g.max))
 	keys := make(map[string]struct{}, cap(batch))
 	rest := g.queue[:0]
+	size := 0
 	for _, w := range g.queue {
-		if _, dup := keys[w.key]; dup || len(batch) == g.max {
+		_, dup := keys[w.key]
+		if dup || len(batch) == g.max || (len(batch) > 0 && size+w.size > maxGroupBytes) {
 			rest = append(rest, w)
 			continue
 		}
 		keys[w.key] = struct{}{}
+		size += w.size
 		batch = append(batch, w)
 	}
 	clear(g.queue[len(rest):])
@@ -285,36 +344,22 @@ func (g *group) send(batch []*groupWrite) {
 	ctx, cancel := context.WithTimeout(context.Background(), g.l.cfg.WriteTimeout)
 	defer cancel()
 	settings := `SELECT set_config('lock_timeout', '` + groupLockTimeout + `', true)`
-	if g.relaxed && g.many != nil {
+	if g.relaxed {
 		settings += `, set_config('synchronous_commit', 'off', true)`
 	}
-	b := &pgx.Batch{}
-	b.Queue(settings)
-	if g.many != nil {
-		b.Queue(g.many.statement(), g.many.args(batch)...)
-	} else {
-		for _, w := range batch {
-			b.Queue(g.sql, w.args...)
-		}
-	}
-	br := g.db.SendBatch(ctx, b)
-	_, failed := br.Exec()
 	errs := make([]error, len(batch))
-	switch {
-	case failed != nil:
-	case g.many != nil:
-		failed = scanMany(br, batch, errs)
-	default:
-		for i, w := range batch {
-			errs[i] = w.scan(br.QueryRow())
-			if errs[i] != nil && !isNoRows(errs[i]) {
-				failed = errs[i]
-				break
-			}
+	args, failed := g.many.args(batch)
+	if failed == nil {
+		b := &pgx.Batch{}
+		b.Queue(settings)
+		b.Queue(g.many.statement(), args...)
+		br := g.db.SendBatch(ctx, b)
+		if _, failed = br.Exec(); failed == nil {
+			failed = scanMany(br, batch, errs)
 		}
-	}
-	if err := br.Close(); failed == nil {
-		failed = err
+		if err := br.Close(); failed == nil {
+			failed = err
+		}
 	}
 	g.l.metrics.groupCommit(len(batch), failed == nil)
 	if failed == nil {
@@ -334,6 +379,20 @@ func (g *group) send(batch []*groupWrite) {
 		wg.Go(func() { g.alone(w) })
 	}
 	wg.Wait()
+}
+
+// argBytes is the size of args' strings and byte slices.
+func argBytes(args []any) int {
+	n := 0
+	for _, a := range args {
+		switch v := a.(type) {
+		case string:
+			n += len(v)
+		case []byte:
+			n += len(v)
+		}
+	}
+	return n
 }
 
 // scanMany reads the rows of a manyRows statement, one per write of batch, into each

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -48,7 +49,7 @@ func (c *writeCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.T
 		if ledgerWrite(q.SQL) {
 			n++
 			if strings.Contains(q.SQL, "unnest(") { // a group's writes in one statement: an array element each
-				n += len(q.Arguments[0].([]any)) - 1
+				n += reflect.ValueOf(q.Arguments[0]).Len() - 1
 			}
 		}
 	}
@@ -669,5 +670,51 @@ func TestAnAnswerSupersededInAGroupGetsTheRecordedOneAndTheOthersCommit(t *testi
 	}
 	if got := counterValue(t, reg, "onceflow_llm_ledger_group_failures_total", nil); got != 0 {
 		t.Fatalf("%v groups failed and were written again call by call: the superseded answer should fail no group", got)
+	}
+}
+
+// Behind PgBouncer in transaction mode the URL carries default_query_exec_mode=exec
+// (docs/operations.md, "PostgreSQL settings"): pgx then prepares nothing and encodes
+// every argument from its Go type alone. A group's writes still commit as one group,
+// not fail every time and be written again call by call.
+func TestGroupsCommitUnderTheExecQueryMode(t *testing.T) {
+	t.Parallel()
+	_, dsn := testenv.Postgres(t)
+	w := &writeCounter{}
+	pool, err := connect.Postgres(ctxT(t), dsn+"&default_query_exec_mode=exec", w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	reg := prometheus.NewRegistry()
+	l := ledgerOn(t, pool, ledger.Config{Registerer: reg, GroupLinger: ledger.MaxGroupLinger})
+	ctx := ctxT(t)
+	if _, _, err := l.Begin(ctx, callOf("job-in-progress/s", request("x"))); err != nil {
+		t.Fatal(err) // a call in progress: every group lingers, so the calls below share groups
+	}
+	const n = 12
+	atts := make([]*ledger.Attempt, n)
+	errs := make([]error, n)
+	together(n, func(i int) {
+		atts[i], _, errs[i] = l.Begin(ctx, callOf(fmt.Sprintf("job-%c/s", 'a'+i), request("x")))
+	})
+	for i, err := range errs {
+		if err != nil || atts[i] == nil {
+			t.Fatalf("Begin %d: %v", i, err)
+		}
+	}
+	together(n, func(i int) {
+		_, _, errs[i] = atts[i].Succeed(ctx, ledger.ResultOf(&llm.Response{ID: fmt.Sprint("mine-", i), Content: "answer"}))
+	})
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("Succeed %d: %v", i, err)
+		}
+	}
+	if w.batched.Load() <= w.batches.Load() {
+		t.Fatalf("no group carried more than one write (%d groups, %d writes): the test proves nothing", w.batches.Load(), w.batched.Load())
+	}
+	if got := counterValue(t, reg, "onceflow_llm_ledger_group_failures_total", nil); got != 0 {
+		t.Fatalf("%v of %d groups failed and were written again call by call under default_query_exec_mode=exec", got, w.batches.Load())
 	}
 }
