@@ -145,39 +145,13 @@ const succeedSQL = `
 INSERT INTO llm_calls AS c (idem_key, work, state, request_hash, provider, model, response, response_raw, response_meta, attempt, expires_at, tenant, request)
 SELECT $1, $2, 'succeeded', $3, $4, $5, $6, $7, $8, $9, coalesce($10::timestamptz, now()) + $11::bigint * interval '1 microsecond', $12, $13
 %s
-` + succeedOnConflict + `
-RETURNING c.attempt, c.ambiguous`
-
-// succeedOnConflict is what succeedSQL and succeedManySQL do with an existing row.
-const succeedOnConflict = `ON CONFLICT (idem_key) DO UPDATE SET
+ON CONFLICT (idem_key) DO UPDATE SET
 	state = 'succeeded', response = EXCLUDED.response, response_raw = EXCLUDED.response_raw,
 	response_meta = EXCLUDED.response_meta, owner = NULL, lease_until = NULL, partial = NULL,
 	partial_attempt = NULL, error = NULL, updated_at = now(),
 	expires_at = greatest(c.expires_at, EXCLUDED.expires_at)
-WHERE c.state <> 'succeeded' AND c.request_hash = EXCLUDED.request_hash`
-
-// succeedManySQL is succeedSQL for the writes of a group (manyRows): an array of each of
-// succeedSQL's $1 to $13; it returns, for each write in their order, whether it recorded
-// its answer and succeedSQL's row when it did.
-const succeedManySQL = `
-WITH input AS (
-	SELECT * FROM unnest(%s) WITH ORDINALITY
-		AS v(idem_key, work, request_hash, provider, model, response, response_raw, response_meta, attempt, t, ttl_us, tenant, request, ord)
-),
-up AS (
-	INSERT INTO llm_calls AS c (idem_key, work, state, request_hash, provider, model, response, response_raw, response_meta, attempt, expires_at, tenant, request)
-	SELECT idem_key, work, 'succeeded', request_hash, provider, model, response, response_raw, response_meta, attempt,
-		coalesce(t, now()) + ttl_us * interval '1 microsecond', tenant, request
-	FROM input ORDER BY ord
-	` + succeedOnConflict + `
-	RETURNING c.idem_key, c.attempt, c.ambiguous
-)
-SELECT up.idem_key IS NOT NULL, up.attempt, up.ambiguous
-FROM input i LEFT JOIN up ON up.idem_key = i.idem_key
-ORDER BY i.ord`
-
-// succeedCasts are the types of succeedSQL's arguments, for succeedManySQL.
-var succeedCasts = []string{"text", "text", "text", "text", "text", "jsonb", "bytea", "jsonb", "int", "timestamptz", "bigint", "text", "bytea"}
+WHERE c.state <> 'succeeded' AND c.request_hash = EXCLUDED.request_hash
+RETURNING c.attempt, c.ambiguous`
 
 // Succeed records res as the call's response in a commit of its own, and returns the
 // recorded Record with ours true; or, when another attempt recorded a response first

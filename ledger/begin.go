@@ -37,33 +37,6 @@ SELECT EXISTS (SELECT 1 FROM ins), c.state, c.request_hash, c.attempt, c.owner, 
 FROM (SELECT 1) AS one
 LEFT JOIN llm_calls c ON c.idem_key = $1 AND NOT EXISTS (SELECT 1 FROM ins)`
 
-// insertManySQL is insertSQL for the writes of a group (manyRows): an array of each of
-// insertSQL's $1 to $11; it returns, for each write in their order, a first column that
-// is always true and whether it inserted its row. It reads no existing row: a write that
-// found one gets NULL for the rest of insertSQL's row, and Begin reads the row by its
-// key (peek) as when the insert's snapshot did not show it. (A join, or a subquery, on
-// llm_calls here could keep, in a generic plan made while the table was small, a scan of
-// the whole table for every group as the table grows.)
-const insertManySQL = `
-WITH input AS (
-	SELECT * FROM unnest(%s) WITH ORDINALITY
-		AS v(idem_key, work, request_hash, provider, model, owner, t, lease_us, ttl_us, tenant, request, ord)
-),
-ins AS (
-	INSERT INTO llm_calls (idem_key, work, state, request_hash, provider, model, owner, lease_until, expires_at, tenant, request)
-	SELECT idem_key, work, 'in_flight', request_hash, provider, model, owner,
-		coalesce(t, now()) + lease_us * interval '1 microsecond', coalesce(t, now()) + ttl_us * interval '1 microsecond', tenant, request
-	FROM input ORDER BY ord
-	ON CONFLICT (idem_key) DO NOTHING
-	RETURNING idem_key
-)
-SELECT true, ins.idem_key IS NOT NULL, NULL::text, NULL::text, NULL::int, NULL::text, NULL::timestamptz
-FROM input i LEFT JOIN ins ON ins.idem_key = i.idem_key
-ORDER BY i.ord`
-
-// insertCasts are the types of insertSQL's arguments, for insertManySQL.
-var insertCasts = []string{"text", "text", "text", "text", "text", "text", "timestamptz", "bigint", "bigint", "text", "bytea"}
-
 // relaxedCommit is spliced into insertSQL's first CTE when Config.RelaxedInsert is set:
 // set_config(..., true) is SET LOCAL, so only this statement's commit skips the WAL
 // flush.
@@ -151,9 +124,8 @@ type peeked struct {
 //     backoff; an error matching ErrKeyReused (permanent) when the key is recorded
 //     for another request; ctx's error; or a database error.
 //
-// The first round trip both inserts and, on conflict, reads the row (a second round
-// trip reads it when the insert went in a group), so a new call costs one round trip and
-// one commit. Begin is safe for concurrent use; concurrent
+// The first round trip both inserts and, on conflict, reads the row, so a new call
+// costs one round trip and one commit. Begin is safe for concurrent use; concurrent
 // Begins of one key give the row to exactly one of them at a time.
 func (l *Ledger) Begin(ctx context.Context, c Call) (*Attempt, *Record, error) {
 	if c.Key == "" || c.RequestHash == "" {

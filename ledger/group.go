@@ -2,8 +2,6 @@ package ledger
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -31,10 +29,6 @@ const (
 	groupStall = 20 * time.Millisecond
 	// maxGroupsInFlight bounds the groups of one statement in flight at once.
 	maxGroupsInFlight = 8
-	// maxGroupBytes bounds the bytes of the text and bytea arguments of one group's
-	// writes (its first write is taken whatever its size): a group is one message, and
-	// PostgreSQL takes no message of 1 GB or more.
-	maxGroupBytes = 64 << 20
 	// groupLockTimeout bounds how long a group transaction waits for a row lock
 	// (lock_timeout, for that transaction only): a row another transaction holds fails
 	// the group at once, and each of its writes is then made alone, so that only the
@@ -62,7 +56,6 @@ const (
 type groupWrite struct {
 	key  string
 	args []any
-	size int // bytes of its text and bytea arguments
 	scan func(pgx.Row) error
 	done chan error
 	// alone is set when the write ran alone after its group failed: the group may
@@ -92,10 +85,9 @@ func (w *groupWrite) deliver(err error) {
 // A write is queued; when no group of the statement is in flight (or the last one has
 // been in flight for groupStall), a runner starts: it waits the linger when other calls
 // of the ledger are in progress (a call alone pays none), takes up to max queued
-// writes of distinct keys, sorts them by key and sends them as one statement (manyRows)
-// in one pgx batch, which PostgreSQL runs as one implicit transaction, and goes on with
-// what queued meanwhile until the queue is empty. Each write's outcome is its own row:
-// a write that finds nothing
+// writes, sorts them by key and sends them as one pgx batch, which PostgreSQL runs as
+// one implicit transaction, and goes on with what queued meanwhile until the queue is
+// empty. Each write's outcome is its own row: a write that finds nothing
 // (pgx.ErrNoRows) does not fail the others. A group that fails as a whole (a
 // statement's error aborts the transaction; a row lock it would wait for; a lost
 // connection) is written again call by call, each alone as without group commit, so
@@ -103,15 +95,11 @@ func (w *groupWrite) deliver(err error) {
 // gets its own outcome. A caller whose ctx ends stops waiting: its write is dropped
 // when still queued, and undone when its group commits it after all.
 type group struct {
-	l    *Ledger
-	db   batcher
-	sql  string
-	many *manyRows // the statement that writes a group's writes at once (sql: one alone)
-	// relaxed: the statements commit without waiting for the WAL flush
-	// (synchronous_commit off for their own transaction).
-	relaxed bool
-	linger  time.Duration
-	max     int
+	l      *Ledger
+	db     batcher
+	sql    string
+	linger time.Duration
+	max    int
 	// self is how many of Ledger.active a writer of this statement counts itself
 	// (Begin's insert: 1; an answer, written after its attempt ended: 0): more than
 	// that are other calls, which may join a group.
@@ -125,126 +113,14 @@ type group struct {
 	lingered atomic.Int64
 }
 
-// newGroup returns the group of statement sql (a write alone) and many (a group's
-// writes in one statement), or nil when group commit is off or db cannot send batches
-// (then every call writes alone).
-func (l *Ledger) newGroup(sql string, many *manyRows, relaxed bool, self int64) *group {
+// newGroup returns the group of statement sql, or nil when group commit is off or db
+// cannot send batches (then every call writes alone).
+func (l *Ledger) newGroup(sql string, self int64) *group {
 	db, ok := l.db.(batcher)
 	if _, inTx := l.db.(pgx.Tx); !ok || inTx || l.cfg.GroupLinger < 0 {
 		return nil
 	}
-	return &group{l: l, db: db, sql: sql, many: many, relaxed: relaxed, linger: l.cfg.GroupLinger, max: l.cfg.GroupMax, self: self}
-}
-
-// manyRows is a statement that makes several writes of one statement at once: one
-// execution instead of one per write. It takes the writes' arguments as arrays, one per
-// argument (the i-th write's in each array's i-th element), where sql has its %s, for
-// unnest(...) WITH ORDINALITY: one statement text whatever the group's size, prepared
-// once per connection. It returns a row per write in the writes' order, whose first
-// column says whether the write found its row (false: pgx.ErrNoRows for that write)
-// and whose other columns are what the write alone returns. The writes of one
-// statement must have distinct keys (take sees to it): a row inserted or updated twice
-// in one statement is an error, or, with DO NOTHING, looks inserted to both.
-type manyRows struct {
-	sql   string
-	casts []string // the SQL type of each argument of a write, in order
-	once  sync.Once
-	text  string
-}
-
-// statement returns the statement's text.
-func (m *manyRows) statement() string {
-	m.once.Do(func() {
-		params := make([]string, len(m.casts))
-		for i, c := range m.casts {
-			params[i] = fmt.Sprintf("$%d::%s[]", i+1, c)
-		}
-		m.text = fmt.Sprintf(m.sql, strings.Join(params, ", "))
-	})
-	return m.text
-}
-
-// args returns the statement's arguments for batch: an array per argument of a write,
-// of a Go type pgx encodes without a prepared statement's parameter types too
-// (default_query_exec_mode=exec or simple_protocol, behind PgBouncer): []*string for
-// text and jsonb, [][]byte for bytea, []*time.Time for timestamptz, []int64 for the
-// integers; a nil argument is NULL. An argument of another type is an error (the group
-// is then written call by call, each write with its own arguments).
-func (m *manyRows) args(batch []*groupWrite) ([]any, error) {
-	cols := make([]any, len(m.casts))
-	for j, cast := range m.casts {
-		var bad any
-		switch cast {
-		case "bytea":
-			col := make([][]byte, len(batch))
-			for i, w := range batch {
-				v, ok := w.args[j].([]byte)
-				if !ok && w.args[j] != nil {
-					bad = w.args[j]
-				}
-				col[i] = v
-			}
-			cols[j] = col
-		case "timestamptz":
-			col := make([]*time.Time, len(batch))
-			for i, w := range batch {
-				v, ok := w.args[j].(*time.Time)
-				if !ok && w.args[j] != nil {
-					bad = w.args[j]
-				}
-				col[i] = v
-			}
-			cols[j] = col
-		case "bigint", "int":
-			col := make([]int64, len(batch))
-			for i, w := range batch {
-				switch v := w.args[j].(type) {
-				case int64:
-					col[i] = v
-				case int:
-					col[i] = int64(v)
-				default:
-					bad = v
-				}
-			}
-			cols[j] = col
-		default: // text, jsonb
-			col := make([]*string, len(batch))
-			for i, w := range batch {
-				switch v := w.args[j].(type) {
-				case string:
-					col[i] = &v
-				case nil:
-				default:
-					bad = v
-				}
-			}
-			cols[j] = col
-		}
-		if bad != nil {
-			return nil, fmt.Errorf("ledger: argument %d of a group write is a %T, not %s", j+1, bad, cast)
-		}
-	}
-	return cols, nil
-}
-
-// foundRow is one write's row of a manyRows statement, as the write alone would have
-// read it: pgx.ErrNoRows when the write found nothing.
-type foundRow struct{ rows pgx.Rows }
-
-// Scan scans the row's columns after the first into dest, or returns pgx.ErrNoRows
-// when the first is false.
-func (r foundRow) Scan(dest ...any) error {
-	var found bool
-	skip := make([]any, 1+len(dest)) // nil destinations skip their columns
-	skip[0] = &found
-	if err := r.rows.Scan(skip...); err != nil {
-		return err
-	}
-	if !found {
-		return pgx.ErrNoRows
-	}
-	return r.rows.Scan(append([]any{nil}, dest...)...)
+	return &group{l: l, db: db, sql: sql, linger: l.cfg.GroupLinger, max: l.cfg.GroupMax, self: self}
 }
 
 // write runs sql with args in a group transaction and scans its one row with scan, and
@@ -257,7 +133,7 @@ func (g *group) write(ctx context.Context, key string, args []any, scan func(pgx
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}
-	w := &groupWrite{key: key, args: args, size: argBytes(args), scan: scan, done: make(chan error, 1), undo: undo}
+	w := &groupWrite{key: key, args: args, scan: scan, done: make(chan error, 1), undo: undo}
 	g.mu.Lock()
 	g.queue = append(g.queue, w)
 	start := g.running == 0 || (g.running < maxGroupsInFlight && time.Since(g.started) >= groupStall)
@@ -302,32 +178,18 @@ func (g *group) run() {
 	}
 }
 
-// take removes up to max writes of distinct keys and of at most maxGroupBytes from the
-// queue (a write whose key is taken already, or that would pass the bound, waits for the
-// next group); when the queue is empty, it ends the runner (nil).
+// take removes up to max writes from the queue; when it is empty, it ends the runner
+// (nil).
 func (g *group) take() []*groupWrite {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if len(g.queue) == 0 {
+	n := min(len(g.queue), g.max)
+	if n == 0 {
 		g.running--
 		return nil
 	}
-	batch := make([]*groupWrite, 0, min(len(g.queue), g.max))
-	keys := make(map[string]struct{}, cap(batch))
-	rest := g.queue[:0]
-	size := 0
-	for _, w := range g.queue {
-		_, dup := keys[w.key]
-		if dup || len(batch) == g.max || (len(batch) > 0 && size+w.size > maxGroupBytes) {
-			rest = append(rest, w)
-			continue
-		}
-		keys[w.key] = struct{}{}
-		size += w.size
-		batch = append(batch, w)
-	}
-	clear(g.queue[len(rest):])
-	g.queue = rest
+	batch := slices.Clone(g.queue[:n])
+	g.queue = slices.Delete(g.queue, 0, n)
 	g.started = time.Now()
 	return batch
 }
@@ -343,23 +205,25 @@ func (g *group) send(batch []*groupWrite) {
 	slices.SortStableFunc(batch, func(a, b *groupWrite) int { return strings.Compare(a.key, b.key) })
 	ctx, cancel := context.WithTimeout(context.Background(), g.l.cfg.WriteTimeout)
 	defer cancel()
-	settings := `SELECT set_config('lock_timeout', '` + groupLockTimeout + `', true)`
-	if g.relaxed {
-		settings += `, set_config('synchronous_commit', 'off', true)`
+	b := &pgx.Batch{}
+	b.Queue(`SELECT set_config('lock_timeout', '` + groupLockTimeout + `', true)`)
+	for _, w := range batch {
+		b.Queue(g.sql, w.args...)
 	}
+	br := g.db.SendBatch(ctx, b)
+	_, failed := br.Exec()
 	errs := make([]error, len(batch))
-	args, failed := g.many.args(batch)
-	if failed == nil {
-		b := &pgx.Batch{}
-		b.Queue(settings)
-		b.Queue(g.many.statement(), args...)
-		br := g.db.SendBatch(ctx, b)
-		if _, failed = br.Exec(); failed == nil {
-			failed = scanMany(br, batch, errs)
+	for i, w := range batch {
+		if failed != nil {
+			break
 		}
-		if err := br.Close(); failed == nil {
-			failed = err
+		errs[i] = w.scan(br.QueryRow())
+		if errs[i] != nil && !isNoRows(errs[i]) {
+			failed = errs[i]
 		}
+	}
+	if err := br.Close(); failed == nil {
+		failed = err
 	}
 	g.l.metrics.groupCommit(len(batch), failed == nil)
 	if failed == nil {
@@ -379,47 +243,6 @@ func (g *group) send(batch []*groupWrite) {
 		wg.Go(func() { g.alone(w) })
 	}
 	wg.Wait()
-}
-
-// argBytes is the size of args' strings and byte slices.
-func argBytes(args []any) int {
-	n := 0
-	for _, a := range args {
-		switch v := a.(type) {
-		case string:
-			n += len(v)
-		case []byte:
-			n += len(v)
-		}
-	}
-	return n
-}
-
-// scanMany reads the rows of a manyRows statement, one per write of batch, into each
-// write's outcome (errs); it returns what fails the group as a whole.
-func scanMany(br pgx.BatchResults, batch []*groupWrite, errs []error) error {
-	rows, err := br.Query()
-	if err != nil {
-		return err
-	}
-	defer rows.Close()
-	for i, w := range batch {
-		if !rows.Next() {
-			if err := rows.Err(); err != nil {
-				return err
-			}
-			return fmt.Errorf("ledger: a group of %d writes returned %d rows", len(batch), i)
-		}
-		errs[i] = w.scan(foundRow{rows})
-		if errs[i] != nil && !isNoRows(errs[i]) {
-			return errs[i]
-		}
-	}
-	if rows.Next() {
-		return errors.New("ledger: a group's statement returned more rows than writes")
-	}
-	rows.Close()
-	return rows.Err()
 }
 
 // alone writes w in a transaction of its own, within Config.WriteTimeout. A write

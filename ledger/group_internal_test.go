@@ -58,37 +58,3 @@ func waitIdle(t *testing.T, g *group) {
 		return g.running == 0
 	})
 }
-
-// A group takes writes of distinct keys, at most max of them and at most maxGroupBytes
-// of arguments (its first write whatever its size); the others wait, in their order, for
-// the next group.
-func TestTakeLeavesDuplicateKeysAndWhatPassesTheBoundsForTheNextGroup(t *testing.T) {
-	big := string(make([]byte, maxGroupBytes/2+1))
-	write := func(key string, args ...any) *groupWrite {
-		return &groupWrite{key: key, args: args, size: argBytes(args)}
-	}
-	g := &group{max: 3, running: 1}
-	g.queue = []*groupWrite{write("a", "x"), write("a", "y"), write("b", big), write("c", big), write("d", []byte("z")), write("e")}
-	keys := func(ws []*groupWrite) (s string) {
-		for _, w := range ws {
-			s += w.key
-		}
-		return s
-	}
-	if got := keys(g.take()); got != "abd" {
-		t.Fatalf("first group %q, want abd (a's second write, and c past the bytes bound, wait)", got)
-	}
-	if got := keys(g.queue); got != "ace" {
-		t.Fatalf("left queued %q, want ace in their order", got)
-	}
-	if got := keys(g.take()); got != "ace" {
-		t.Fatalf("second group %q, want ace", got)
-	}
-	g.queue = []*groupWrite{write("f", big, big)}
-	if got := keys(g.take()); got != "f" {
-		t.Fatalf("a write over the bound alone: group %q, want f", got)
-	}
-	if g.take() != nil || g.running != 0 {
-		t.Fatalf("an empty queue: want no group and the runner ended (running %d)", g.running)
-	}
-}

@@ -199,9 +199,9 @@ func New(db DB, cfg Config) (*Ledger, error) {
 		cfg.Logger = slog.Default()
 	}
 	l := &Ledger{db: db, sql: statementsFor(db, cfg), cfg: cfg, log: cfg.Logger, metrics: newMetrics(cfg.Registerer, cfg.Models)}
-	l.inserts = l.newGroup(l.sql.insert, &manyRows{sql: insertManySQL, casts: insertCasts}, cfg.RelaxedInsert, 1)
-	l.answers = l.newGroup(l.sql.succeed, &manyRows{sql: succeedManySQL, casts: succeedCasts}, false, 0)
-	l.relaxedAnswers = l.newGroup(l.sql.relaxedSucceed, &manyRows{sql: succeedManySQL, casts: succeedCasts}, true, 0)
+	l.inserts = l.newGroup(l.sql.insert, 1)
+	l.answers = l.newGroup(l.sql.succeed, 0)
+	l.relaxedAnswers = l.newGroup(l.sql.relaxedSucceed, 0)
 	return l, nil
 }
 
