@@ -67,6 +67,15 @@ func countedLedger(t *testing.T, cfg ledger.Config) (*ledger.Ledger, *pgxpool.Po
 	return l, pool, w
 }
 
+// callInProgress begins a call of l that stays in progress, so that every group of l
+// lingers for others to join and concurrent calls share groups.
+func callInProgress(t *testing.T, l *ledger.Ledger) {
+	t.Helper()
+	if _, _, err := l.Begin(ctxT(t), callOf("job-in-progress/s", request("x"))); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // together runs f(i) for i in [0, n) on n goroutines released at once.
 func together(n int, f func(i int)) {
 	var ready, done sync.WaitGroup
@@ -140,9 +149,7 @@ func TestOneFailingWriteOfAGroupFailsOnlyItsCall(t *testing.T) {
 	// whose row cannot be written shares a group with the others.
 	l, _, w := countedLedger(t, ledger.Config{Registerer: reg, GroupLinger: ledger.MaxGroupLinger})
 	ctx := ctxT(t)
-	if _, _, err := l.Begin(ctx, callOf("job-in-progress/s", request("x"))); err != nil {
-		t.Fatal(err)
-	}
+	callInProgress(t, l)
 	// The calls start together, but on a loaded machine the one that cannot be written
 	// may still be taken alone: up to three rounds, until it shared a group.
 	const n = 16
@@ -579,9 +586,7 @@ func TestConcurrentBeginsOfOneKeyGiveItsRowToOneWhileOthersAreGrouped(t *testing
 	t.Parallel()
 	l, _, w := countedLedger(t, ledger.Config{GroupLinger: ledger.MaxGroupLinger, Wait: 300 * time.Millisecond})
 	ctx := ctxT(t)
-	if _, _, err := l.Begin(ctx, callOf("job-in-progress/s", request("x"))); err != nil {
-		t.Fatal(err) // a call in progress: every group lingers, so the calls below share groups
-	}
+	callInProgress(t, l)
 	const n = 16
 	for round := range 3 {
 		atts := make([]*ledger.Attempt, n)
@@ -623,9 +628,7 @@ func TestAnAnswerSupersededInAGroupGetsTheRecordedOneAndTheOthersCommit(t *testi
 	reg := prometheus.NewRegistry()
 	l, pool, w := countedLedger(t, ledger.Config{Registerer: reg, GroupLinger: ledger.MaxGroupLinger})
 	ctx := ctxT(t)
-	if _, _, err := l.Begin(ctx, callOf("job-in-progress/s", request("x"))); err != nil {
-		t.Fatal(err)
-	}
+	callInProgress(t, l)
 	const n = 12
 	atts := make([]*ledger.Attempt, n)
 	for i := range n {
@@ -685,9 +688,7 @@ func TestGroupsCommitUnderTheExecQueryMode(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	l := ledgerOn(t, pool, ledger.Config{Registerer: reg, GroupLinger: ledger.MaxGroupLinger})
 	ctx := ctxT(t)
-	if _, _, err := l.Begin(ctx, callOf("job-in-progress/s", request("x"))); err != nil {
-		t.Fatal(err) // a call in progress: every group lingers, so the calls below share groups
-	}
+	callInProgress(t, l)
 	const n = 12
 	atts := make([]*ledger.Attempt, n)
 	errs := make([]error, n)

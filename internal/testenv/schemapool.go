@@ -130,11 +130,12 @@ func (p *pool) connect(ctx context.Context, base string) (*pgx.Conn, error) {
 }
 
 // reuse hands conn, whose claim ended, to the next claim: with every advisory lock it
-// holds released (the claim ends here, as it would with the connection), or closed
-// when that fails, when it is in a transaction, or when enough are idle.
+// holds released (the claim ends here, as it would with the connection) and its
+// session's settings reset (lock_timeout...), or closed when that fails, when it is in
+// a transaction, or when enough are idle.
 func (p *pool) reuse(ctx context.Context, conn *pgx.Conn) {
 	if conn.PgConn().TxStatus() == 'I' {
-		if _, err := conn.Exec(ctx, "SELECT pg_advisory_unlock_all()"); err == nil {
+		if _, err := conn.Exec(ctx, "SELECT pg_advisory_unlock_all(); RESET ALL"); err == nil {
 			p.mu.Lock()
 			if len(p.idle) < maxIdleClaimConns {
 				p.idle = append(p.idle, conn)

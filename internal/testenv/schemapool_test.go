@@ -281,7 +281,8 @@ func TestASchemaBeingMigratedIsLocked(t *testing.T) {
 
 // A claim's connection is kept for the process's next claim, and its claim still ends
 // at the test's cleanup: another process can lock the schema at once, and the next
-// claim of this process gets the same connection without a lock of the last claim's.
+// claim of this process gets the same connection without a lock or a setting of the last
+// claim's.
 func TestAnEndedClaimFreesItsSchemaAndItsConnectionServesTheNextClaim(t *testing.T) {
 	ctx := context.Background()
 	p, schema := privatePool(t)
@@ -320,5 +321,9 @@ func TestAnEndedClaimFreesItsSchemaAndItsConnectionServesTheNextClaim(t *testing
 	var locks int
 	if err := next.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()`).Scan(&locks); err != nil || locks != 0 {
 		t.Fatalf("the kept connection holds %d advisory locks (%v), want none", locks, err)
+	}
+	var lockTimeout string
+	if err := next.QueryRow(ctx, `SHOW lock_timeout`).Scan(&lockTimeout); err != nil || lockTimeout != "0" {
+		t.Fatalf("the kept connection's lock_timeout is %q (%v): the last claim's session settings stayed", lockTimeout, err)
 	}
 }
