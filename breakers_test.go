@@ -105,6 +105,7 @@ func checkSince(t *testing.T, entry, want string, start time.Time) {
 // when, the workers take no job meanwhile, nothing is dead-lettered, and once
 // PostgreSQL is back every job is done once.
 func TestPostgresBreakerHoldsTheWorkersBack(t *testing.T) {
+	testenv.Long(t) // a PostgreSQL of its own down until the breaker opens, then back
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -256,6 +257,7 @@ func (m *unavailableModel) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // dead-lettered although MaxDeliveries is 2, and every job is done once after the
 // window.
 func TestModelOutageTripsTheLLMBreaker(t *testing.T) {
+	testenv.Long(t) // a model outage long enough to trip the breaker, then its probe
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()

@@ -539,6 +539,7 @@ func TestCommitTraceParentPrefersTheWorkContext(t *testing.T) {
 // PostgreSQL is back the job commits once (and calls the model once). It is not
 // dead-lettered.
 func TestPostgresOutageDuringCommitSpendsNoDelivery(t *testing.T) {
+	testenv.Long(t) // a PostgreSQL of its own stopped and started again, three times
 	t.Parallel()
 	for name, commit := range map[string]func(ctx context.Context, j *onceflow.Job[outageArgs]) error{
 		"Complete then Commit": func(ctx context.Context, j *onceflow.Job[outageArgs]) error {

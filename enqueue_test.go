@@ -368,6 +368,7 @@ func TestEnqueueFromAWorkerFailsWhenItsStepsAnswerCannotBeRecorded(t *testing.T)
 // enqueue cannot take the answer back, or the next delivery would ask the model again
 // and act on another answer than the one the enqueued job carries.
 func TestAnswerAnEnqueuedJobCarriesSurvivesAPostgresCrash(t *testing.T) {
+	testenv.Long(t) // a PostgreSQL of its own killed and restarted
 	t.Parallel()
 	pg, url, pool := crashablePostgres(t)
 	after := make(chan answerOutcome, 1)

@@ -1014,6 +1014,7 @@ func TestModelCallsAreCountedOnTheRegisterer(t *testing.T) {
 // model again and commit a different answer than the one the effect carried, under
 // the same key (Do's own record has no flush of its own).
 func TestAnswerADoStepActedOnSurvivesAPostgresCrash(t *testing.T) {
+	testenv.Long(t) // a PostgreSQL of its own killed and restarted
 	t.Parallel()
 	pg, url, pool := crashablePostgres(t)
 	after := make(chan answerOutcome, 1)
