@@ -788,16 +788,30 @@ func supersede(ctx context.Context, tx interface {
 	return err
 }
 
+// sideEffectsTable creates the table side_effects (answer text) on pool, where the jobs
+// of a test write what they acted on, and returns a count of its rows.
+func sideEffectsTable(t *testing.T, pool *pgxpool.Pool) func() int {
+	t.Helper()
+	if _, err := pool.Exec(context.Background(), `CREATE TABLE side_effects (answer text)`); err != nil {
+		t.Fatal(err)
+	}
+	return func() int {
+		t.Helper()
+		var n int
+		if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM side_effects`).Scan(&n); err != nil {
+			t.Fatalf("count side_effects: %v", err)
+		}
+		return n
+	}
+}
+
 // A Commit beside an Enqueue of the same delivery that is recording the step's held
 // answer, and finds another attempt's answer recorded first, commits nothing: the job
 // acted on an answer that is not the recorded one.
 func TestCommitBesideAnEnqueueThatFindsTheAnswerSupersededCommitsNothing(t *testing.T) {
 	t.Parallel()
 	pool, _ := testenv.Postgres(t)
-	ctx := context.Background()
-	if _, err := pool.Exec(ctx, `CREATE TABLE side_effects (answer text)`); err != nil {
-		t.Fatal(err)
-	}
+	sideEffects := sideEffectsTable(t, pool)
 	first := make(chan error, 1)
 	e := newParentEnv(t, pool, func(ctx context.Context, e *modelEnv, j *onceflow.Job[supportArgs], st *onceflow.Step) error {
 		if j.Delivery > 1 {
@@ -839,9 +853,8 @@ func TestCommitBesideAnEnqueueThatFindsTheAnswerSupersededCommitsNothing(t *test
 	e.start()
 	e.enqueue("My invoice was charged twice.")
 	err := awaitOutcome(t, first, 30*time.Second, "its Commit")
-	var n int
-	if qerr := pool.QueryRow(ctx, `SELECT count(*) FROM side_effects`).Scan(&n); qerr != nil || n != 0 {
-		t.Fatalf("the Commit beside the superseded answer: %v; its rows committed: %d (%v), want 0", err, n, qerr)
+	if n := sideEffects(); n != 0 {
+		t.Fatalf("the Commit beside the superseded answer: %v; its rows committed: %d, want 0", err, n)
 	}
 	if err == nil {
 		t.Fatal("the Commit beside the superseded answer returned nil")
@@ -854,10 +867,7 @@ func TestCommitBesideAnEnqueueThatFindsTheAnswerSupersededCommitsNothing(t *test
 func TestAnAnswerFoundSupersededStopsTheDeliverysLaterCommitTxAndEnqueue(t *testing.T) {
 	t.Parallel()
 	pool, _ := testenv.Postgres(t)
-	ctx := context.Background()
-	if _, err := pool.Exec(ctx, `CREATE TABLE side_effects (answer text)`); err != nil {
-		t.Fatal(err)
-	}
+	sideEffects := sideEffectsTable(t, pool)
 	type outcome struct{ enqueue, again, commit error }
 	first := make(chan outcome, 1)
 	e := newParentEnv(t, pool, func(ctx context.Context, e *modelEnv, j *onceflow.Job[supportArgs], st *onceflow.Step) error {
@@ -884,9 +894,8 @@ func TestAnAnswerFoundSupersededStopsTheDeliverysLaterCommitTxAndEnqueue(t *test
 	if o.enqueue == nil {
 		t.Fatal("the first Enqueue after the superseded answer returned nil")
 	}
-	var n int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM side_effects`).Scan(&n); err != nil || n != 0 {
-		t.Errorf("CommitTx after the superseded answer: %v; its rows committed: %d (%v), want 0", o.commit, n, err)
+	if n := sideEffects(); n != 0 {
+		t.Errorf("CommitTx after the superseded answer: %v; its rows committed: %d, want 0", o.commit, n)
 	}
 	if o.again == nil {
 		t.Error("a second Enqueue after the superseded answer returned nil; want the SupersededError")

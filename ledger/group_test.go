@@ -40,6 +40,15 @@ func (c *writeCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.T
 	return ctx
 }
 
+// requireShared fails t when no group carried more than one of the writes counted: a
+// test of what grouped writes do then proved nothing.
+func (c *writeCounter) requireShared(t *testing.T) {
+	t.Helper()
+	if c.batched.Load() <= c.batches.Load() {
+		t.Fatalf("no group carried more than one write (%d groups, %d writes): the test proves nothing", c.batches.Load(), c.batched.Load())
+	}
+}
+
 func (c *writeCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
 func (c *writeCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
@@ -616,9 +625,7 @@ func TestConcurrentBeginsOfOneKeyGiveItsRowToOneWhileOthersAreGrouped(t *testing
 			}
 		}
 	}
-	if w.batched.Load() <= w.batches.Load() {
-		t.Fatalf("no group carried more than one write (%d groups, %d writes): the test proves nothing", w.batches.Load(), w.batched.Load())
-	}
+	w.requireShared(t)
 }
 
 // An answer that finds another attempt's answer recorded, in a group with answers that
@@ -664,9 +671,7 @@ func TestAnAnswerSupersededInAGroupGetsTheRecordedOneAndTheOthersCommit(t *testi
 			}
 		}
 	}
-	if w.batched.Load() <= w.batches.Load() {
-		t.Fatalf("no group carried more than one answer (%d groups, %d writes): the test proves nothing", w.batches.Load(), w.batched.Load())
-	}
+	w.requireShared(t)
 	if got := counterValue(t, reg, "onceflow_llm_ledger_group_failures_total", nil); got != 0 {
 		t.Fatalf("%v groups failed and were written again call by call: the superseded answer should fail no group", got)
 	}
@@ -708,9 +713,7 @@ func TestGroupsCommitUnderTheExecQueryMode(t *testing.T) {
 			t.Fatalf("Succeed %d: %v", i, err)
 		}
 	}
-	if w.batched.Load() <= w.batches.Load() {
-		t.Fatalf("no group carried more than one write (%d groups, %d writes): the test proves nothing", w.batches.Load(), w.batched.Load())
-	}
+	w.requireShared(t)
 	if got := counterValue(t, reg, "onceflow_llm_ledger_group_failures_total", nil); got != 0 {
 		t.Fatalf("%v of %d groups failed and were written again call by call under default_query_exec_mode=exec", got, w.batches.Load())
 	}
