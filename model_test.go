@@ -425,7 +425,9 @@ func TestHungModelCallIsCutByThePerCallTimeout(t *testing.T) {
 	var step *onceflow.Step
 	var took time.Duration
 	policy := fastRetry
-	policy.PerCallTimeout = 400 * time.Millisecond
+	// 1 s: with 400 ms, an answer the provider sent under make test's load once came
+	// after its attempt's deadline, and a third request went out.
+	policy.PerCallTimeout = time.Second
 	e := newModelEnv(t, fakeserver.Config{}, onceflow.Config{ModelRetry: policy}, func(ctx context.Context, j *onceflow.Job[supportArgs]) error {
 		start := time.Now()
 		var err error
@@ -445,7 +447,7 @@ func TestHungModelCallIsCutByThePerCallTimeout(t *testing.T) {
 	if took < policy.PerCallTimeout {
 		t.Fatalf("the step took %v, less than the per-call timeout it had to wait out", took)
 	}
-	// The hang is an ambiguous attempt. On a loaded machine the next attempt's 400 ms
+	// The hang is an ambiguous attempt. On a loaded machine the next attempt's second
 	// can run out before its request goes out (the provider's count above stays 2):
 	// the answer then comes in attempt 3 or later, and an attempt cut after its row
 	// was written and before its request left counts as ambiguous too (the ledger
