@@ -91,8 +91,10 @@ const (
 // batchPrefix names a step's wait for its batch answer: "batch:" and the ledger key.
 const batchPrefix = "batch:"
 
-// batchLockID is the advisory lock that makes one process at a time submit and poll.
-const batchLockID = 0x6f6e6365626174 // "oncebat"
+// batchLockKey is the advisory lock that makes one process at a time submit and poll:
+// one per schema, as the lane's tables are (the migrations' lock is keyed alike), so
+// that deployments sharing a database in schemas of their own do not take turns.
+const batchLockKey = `hashtextextended('onceflow.batch:' || coalesce(current_schema(), ''), 0)`
 
 // StepOption changes how Job.Complete makes a model step.
 type StepOption func(*stepOptions)
@@ -245,11 +247,11 @@ func (b *batchLane) cycle(ctx context.Context) error {
 	}
 	defer conn.Release()
 	var got bool
-	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, int64(batchLockID)).Scan(&got); err != nil || !got {
+	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock(`+batchLockKey+`)`).Scan(&got); err != nil || !got {
 		return PostgresError(err)
 	}
 	defer func() {
-		if _, err := conn.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1)`, int64(batchLockID)); err != nil {
+		if _, err := conn.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock(`+batchLockKey+`)`); err != nil {
 			// The session's end releases the lock: close the connection (a closed one is
 			// dropped from the pool).
 			if cerr := conn.Conn().Close(context.WithoutCancel(ctx)); cerr != nil {

@@ -891,7 +891,9 @@ func TestBatchSubmissionIsNotSentTwiceWhenTheLockHolderLosesItsSession(t *testin
 	time.Sleep(300 * time.Millisecond)
 	// A's session ends (PostgreSQL restarted under it)
 	var n int
-	if err := env.DB.QueryRow(context.Background(), `SELECT count(pg_terminate_backend(pid)) FROM pg_locks WHERE locktype = 'advisory' AND objid = $1`, int64(0x6f6e6365626174)&0xffffffff).Scan(&n); err != nil {
+	if err := env.DB.QueryRow(context.Background(), `WITH k AS (SELECT hashtextextended('onceflow.batch:' || current_schema(), 0) AS key)
+SELECT count(pg_terminate_backend(l.pid)) FROM pg_locks l, k WHERE l.locktype = 'advisory' AND l.objsubid = 1
+	AND l.classid::bigint = (k.key >> 32) & x'ffffffff'::bigint AND l.objid::bigint = k.key & x'ffffffff'::bigint`).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("terminated %d lock-holding sessions", n)
@@ -1247,4 +1249,26 @@ func TestBatchLaneSendsARequestOverTheTokenLimitAloneWhenNothingIsInFlight(t *te
 	onceflowtest.WaitFor(t, 20*time.Second, "both emails", func() bool { return sink.Total() == 2 })
 	_, sub := api.counts()
 	requireOnceEach(t, sub, 2)
+}
+
+// The lane's lock is its schema's: while the lane of a deployment in another schema of
+// the same database holds its lock (here, blocked in an upload), this one still sends.
+func TestBatchLaneIsNotHeldUpByTheLaneOfAnotherSchema(t *testing.T) {
+	t.Parallel()
+	blocked := &faultyBatchAPI{batchAPI: &batchAPI{}, block: make(chan struct{}), blocked: make(chan struct{})}
+	model := &modelsByName{answers: map[string]string{"prod": "synchronous"}}
+	otherCfg, _ := faultyLaneConfig(t, blocked, model, time.Hour, onceflow.BatchConfig{MaxItems: 100, MaxAge: 50 * time.Millisecond, PollInterval: 50 * time.Millisecond,
+		SubmitTimeout: time.Minute}) // its upload holds on until the test ends
+	other := onceflowtest.New(t, otherCfg)
+	other.Start()
+	enqueueTickets(t, other, "held")
+	<-blocked.blocked // the other schema's lane holds its lock, uploading
+	defer close(blocked.block)
+
+	api := &batchAPI{}
+	cfg, _ := faultyLaneConfig(t, api, model, time.Hour, onceflow.BatchConfig{MaxItems: 100, MaxAge: 50 * time.Millisecond, PollInterval: 50 * time.Millisecond})
+	env := onceflowtest.New(t, cfg)
+	env.Start()
+	enqueueTickets(t, env, "mine")
+	onceflowtest.WaitFor(t, 15*time.Second, "this schema's batch, beside the other lane's upload", func() bool { b, _ := api.counts(); return b == 1 })
 }
