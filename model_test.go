@@ -279,6 +279,43 @@ func TestDeliveryWithoutCommitFlushesItsAnswer(t *testing.T) {
 	}
 }
 
+// A delivery that learned that another attempt's answer was recorded before one of its
+// own still makes its other recorded answers durable before it ends: the answer of its
+// first step, recorded without a flush when the second step began, gets the delivery
+// end's flush.
+func TestDeliveryWithASupersededAnswerStillFlushesItsOtherAnswers(t *testing.T) {
+	t.Parallel()
+	flushes := &roundtrip.Commits{Only: func(sql string) bool { return strings.Contains(sql, "updated_at = updated_at") }}
+	pool := commitCountedPool(t, flushes)
+	superseded := make(chan error, 1)
+	var e *modelEnv
+	e = newModelEnv(t, fakeserver.Config{}, onceflow.Config{DB: pool}, func(ctx context.Context, j *onceflow.Job[supportArgs]) error {
+		if strings.HasPrefix(j.Args.Text, "child:") || j.Delivery > 1 {
+			return nil
+		}
+		if _, err := j.Complete(ctx, "first", prompt(j.Args.Text)); err != nil {
+			return err
+		}
+		// The second step's start records the first's answer, without waiting for a flush.
+		st, err := j.Complete(ctx, "second", prompt("And the refund?"))
+		if err != nil {
+			return err
+		}
+		if err := supersede(ctx, pool, st.Key); err != nil {
+			return err
+		}
+		_, err = e.client.Enqueue(ctx, supportArgs{Text: "child:1"}, &onceflow.EnqueueOpts{Key: "child-of-" + j.ID})
+		superseded <- err
+		return err
+	})
+	e.start()
+	e.enqueue("My invoice was charged twice.")
+	if err := awaitOutcome(t, superseded, 30*time.Second, "its Enqueue"); err == nil {
+		t.Fatal("the Enqueue after the superseded answer returned nil")
+	}
+	testenv.WaitFor(t, 10*time.Second, "the delivery's end to flush the first step's answer", func() bool { return flushes.Durable() >= 1 })
+}
+
 // A redelivered job whose step answer was recorded gets the same answer without a
 // second model call.
 func TestRedeliveredStepMakesNoSecondModelCall(t *testing.T) {
