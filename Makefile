@@ -75,7 +75,8 @@ test-long:
 	# to the millisecond), then the other packages' together.
 	eval "$$(scripts/dev-services env)" && ONCEFLOW_TEST_BINARY=$(CURDIR)/.dev/bin/onceflow-test $(GO) test $(TEST_FLAGS) -run '$(LONG_TESTS)' $(firstword $(LONG_PKGS))
 	eval "$$(scripts/dev-services env)" && ONCEFLOW_TEST_BINARY=$(CURDIR)/.dev/bin/onceflow-test $(GO) test $(TEST_FLAGS) -run '$(LONG_TESTS)' $(wordlist 2,99,$(LONG_PKGS))
-	eval "$$(scripts/dev-services env)" && cd lab && CHAOS_DURATION=$${CHAOS_DURATION:-45s} CHAOS_OUTAGE_GAP=$${CHAOS_OUTAGE_GAP:-5s} \
+	eval "$$(scripts/dev-services env)" && cd lab && CHAOS_DURATION=$${CHAOS_DURATION:-30s} CHAOS_OUTAGE_POSTGRES=$${CHAOS_OUTAGE_POSTGRES:-12s} \
+	  CHAOS_OUTAGE_MODEL=$${CHAOS_OUTAGE_MODEL:-12s} CHAOS_OUTAGE_GAP=$${CHAOS_OUTAGE_GAP:-5s} \
 	  $(GO) test -race -count=1 -p $(TEST_PACKAGES) -ldflags=-w -timeout $(TEST_TIMEOUT) ./...
 
 ## ui-screenshots: the operator UI's browser tests, saving their screenshots (1280x800
