@@ -212,12 +212,13 @@ type completion struct {
 }
 
 // committedJob marks rt's delivery as having committed its job: the completion record is
-// written, and with it the answers Queue put in the transaction; its durable commit
-// made the answers recorded before it durable too.
-func (rt *runtime) committedJob() {
+// written, and with it the answers Queue put in the transaction; its durable commit,
+// begun when rt.answers.Mark returned mark, made the answers recorded before it durable
+// too.
+func (rt *runtime) committedJob(mark uint64) {
 	rt.committed.Store(true)
 	rt.held.Committed()
-	rt.answers.Flushed()
+	rt.answers.FlushedSince(mark)
 }
 
 // committer returns j's Client and the record of its commit, or an error when j cannot
@@ -310,6 +311,7 @@ func (cl *Client) commit(ctx context.Context, rec completion, c *Commit, again b
 			return Permanent(fmt.Errorf("onceflow: commit job %s: %w", rec.id, err))
 		}
 	}
+	mark := rec.rt.answers.Mark()
 	br := cl.cfg.DB.SendBatch(ctx, b)
 	failed := -1
 	for i := range b.Len() {
@@ -323,7 +325,7 @@ func (cl *Client) commit(ctx context.Context, rec completion, c *Commit, again b
 	}
 	switch {
 	case err == nil:
-		rec.rt.committedJob()
+		rec.rt.committedJob(mark)
 		return nil
 	case failed >= 1 && failed <= len(held) && ledger.IsSuperseded(err):
 		// A held answer was recorded before this batch could: by another attempt (the
@@ -493,9 +495,10 @@ func (cl *Client) commitTx(ctx context.Context, rec completion, fn func(context.
 			return PostgresError(fmt.Errorf("onceflow: commit job %s: %s: %w", rec.id, step, err))
 		}
 	}
+	mark := rec.rt.answers.Mark()
 	if err := tx.Commit(ctx); err != nil {
 		return PostgresError(fmt.Errorf("onceflow: commit job %s: commit: %w", rec.id, err))
 	}
-	rec.rt.committedJob()
+	rec.rt.committedJob(mark)
 	return nil
 }

@@ -329,8 +329,9 @@ func (rt *runtime) stream(ctx context.Context, jobID, step string, req *llm.Requ
 				}
 				if err == nil && ch.Done {
 					st := &Step{Name: step, Key: key, Response: resp}
+					mark := rt.answers.Mark()
 					if err = m.recordToolKeys(ctx, st); err == nil {
-						rt.toolKeysRecorded(st)
+						rt.toolKeysRecorded(st, mark)
 						rt.shadow(ctx, jobID, step, out, st, time.Since(start))
 						// A gate that holds the job ends the stream with its error, before
 						// the final chunk: the Worker returns it, and the job parks.
@@ -444,10 +445,11 @@ func (rt *runtime) complete(ctx context.Context, jobID, step string, req *llm.Re
 		if err := rt.releaseForLater(ctx, resp); err != nil {
 			return nil, err
 		}
+		mark := rt.answers.Mark()
 		if err := m.recordToolKeys(ctx, s); err != nil {
 			return nil, err
 		}
-		rt.toolKeysRecorded(s)
+		rt.toolKeysRecorded(s, mark)
 		return s, nil
 	})
 	if err != nil {
@@ -505,22 +507,23 @@ func (rt *runtime) releaseHeld(ctx context.Context, durable bool) error {
 	if rt == nil || rt.client.model == nil {
 		return nil
 	}
-	if !rt.held.Pending() {
+	var err error
+	switch l := rt.client.model.ledger; {
+	case durable:
+		// Durable whatever ctx says (a gate's or shadow's context defers), and so are
+		// the answers recorded before, among them those a recording in progress (which
+		// it waits for) made without a flush.
+		err = l.RecordHeldDurably(ctx, &rt.held, &rt.answers)
+	case !rt.held.Pending():
 		return heldError(rt.held.Err()) // an answer found superseded stays the delivery's error
+	default:
+		err = l.RecordHeld(ledger.DeferFlush(ctx, &rt.answers), &rt.held)
 	}
-	d := &rt.answers
-	if durable {
-		d = nil // whatever ctx says (a gate's or shadow's context defers)
-	}
-	err := rt.client.model.ledger.RecordHeld(ledger.DeferFlush(ctx, d), &rt.held)
 	if herr := heldError(err); herr != nil {
 		return herr
 	}
 	if err != nil {
 		return PostgresError(fmt.Errorf("onceflow: record the job's model answers: %w", err))
-	}
-	if durable {
-		rt.answers.Flushed() // the write's flush covers the answers recorded before it
 	}
 	return nil
 }
@@ -567,7 +570,7 @@ func (rt *runtime) flushAnswers(ctx context.Context) {
 		err = rt.flushRecorded(ctx) // the held answers stay unrecorded; the recorded ones need their flush
 	}
 	if err != nil {
-		rt.client.log.WarnContext(ctx, "onceflow: could not flush the model answers of a delivery that did not commit", "job_id", rt.delivery.JobID, "err", err)
+		rt.client.log.WarnContext(ctx, "onceflow: could not make the model answers of a delivery durable at its end", "job_id", rt.delivery.JobID, "err", err)
 	}
 }
 
@@ -599,14 +602,15 @@ func (rt *runtime) flushRecorded(ctx context.Context) error {
 	return nil
 }
 
-// toolKeysRecorded notes that recording s's tool keys made the delivery's answers
-// durable: a tool call seen for the first time (an id, and nothing known yet of its
-// stability) was inserted, and that insert's commit waited for its flush, which covers
-// the answer committed before it. Then Do and Tool need no flush of their own.
-func (rt *runtime) toolKeysRecorded(s *Step) {
+// toolKeysRecorded notes that recording s's tool keys (begun when rt.answers.Mark
+// returned mark) made the delivery's answers recorded before it durable: a tool call
+// seen for the first time (an id, and nothing known yet of its stability) was inserted,
+// and that insert's commit waited for its flush, which covers the answer committed
+// before it. Then Do and Tool need no flush of their own.
+func (rt *runtime) toolKeysRecorded(s *Step, mark uint64) {
 	for _, tk := range s.toolKeys {
 		if tk.Call.ID != "" && tk.Stability == toolkey.Unknown {
-			rt.answers.Flushed()
+			rt.answers.FlushedSince(mark)
 			return
 		}
 	}

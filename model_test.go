@@ -316,6 +316,136 @@ func TestDeliveryWithASupersededAnswerStillFlushesItsOtherAnswers(t *testing.T) 
 	testenv.WaitFor(t, 10*time.Second, "the delivery's end to flush the first step's answer", func() bool { return flushes.Durable() >= 1 })
 }
 
+// A job enqueued from the Worker while another goroutine of the delivery is recording
+// the step's held answer (a CommitTx beside it records the answer without a flush, its
+// own commit to flush it) still has that answer made durable before Enqueue sends it:
+// Enqueue waits for the recording in progress, finds nothing left to record, and must
+// still flush what the recording wrote.
+func TestEnqueueBesideARecordingOfTheAnswerStillFlushesTheAnswer(t *testing.T) {
+	t.Parallel()
+	flushes := &roundtrip.Commits{Only: func(sql string) bool { return strings.Contains(sql, "updated_at = updated_at") }}
+	pool := commitCountedPool(t, flushes)
+	type outcome struct {
+		enqueue error
+		flushed int64 // flushes when the Enqueue returned
+	}
+	first := make(chan outcome, 1)
+	e := newParentEnv(t, pool, func(ctx context.Context, e *modelEnv, j *onceflow.Job[supportArgs], st *onceflow.Step) error {
+		if j.Delivery > 1 {
+			return nil
+		}
+		// A transaction of the test holds the answer's row: recording the answer waits.
+		lock, err := pool.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = lock.Rollback(context.Background()) }()
+		var pid int
+		if err := lock.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+			return err
+		}
+		if _, err := lock.Exec(ctx, `SELECT 1 FROM llm_calls WHERE idem_key = $1 FOR UPDATE`, st.Key); err != nil {
+			return err
+		}
+		release := make(chan struct{})
+		committed := make(chan error, 1)
+		go func() {
+			committed <- j.CommitTx(ctx, func(context.Context, pgx.Tx, *onceflow.Commit) error {
+				<-release // its commit, which would flush the answer, comes after the Enqueue
+				return nil
+			})
+		}()
+		testenv.WaitFor(t, 10*time.Second, "the CommitTx recording the answer", func() bool {
+			var n int
+			_ = pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))`, pid).Scan(&n)
+			return n > 0
+		})
+		enqueued := make(chan outcome, 1)
+		go func() {
+			_, err := e.client.Enqueue(ctx, supportArgs{Text: "child:" + st.Response.Content}, &onceflow.EnqueueOpts{Key: "child-of-" + j.ID})
+			enqueued <- outcome{enqueue: err, flushed: flushes.Durable()}
+		}()
+		time.Sleep(300 * time.Millisecond) // the Enqueue waits for the recording in progress
+		_ = lock.Rollback(ctx)
+		o := <-enqueued
+		close(release)
+		err = <-committed
+		first <- o
+		return err
+	})
+	e.start()
+	e.enqueue("My invoice was charged twice.")
+	o := awaitOutcome(t, first, 30*time.Second, "its Enqueue")
+	if o.enqueue == nil && o.flushed == 0 {
+		t.Fatal("Enqueue sent a job carrying the step's answer, recorded by the CommitTx beside it without a flush, and no flush came before it")
+	}
+}
+
+// The answer a job enqueued from the Worker carries survives a crash of PostgreSQL
+// after the Enqueue even when another goroutine of the delivery was recording it (a
+// CommitTx beside the Enqueue, whose own commit comes later): the Enqueue waited for
+// that recording, and an answer recorded without a flush is not yet durable.
+func TestAnswerAnEnqueuedJobCarriesSurvivesAPostgresCrashWhenACommitTxBesideItRecordedIt(t *testing.T) {
+	testenv.Long(t) // a PostgreSQL of its own killed and restarted
+	t.Parallel()
+	pg, url, pool := crashablePostgres(t)
+	after := make(chan answerOutcome, 1)
+	e := newParentEnv(t, pool, func(ctx context.Context, e *modelEnv, j *onceflow.Job[supportArgs], st *onceflow.Step) error {
+		if j.Delivery > 1 {
+			return nil
+		}
+		// A transaction of the test holds the answer's row: recording the answer waits.
+		lock, err := pool.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = lock.Rollback(context.Background()) }()
+		var pid int
+		if err := lock.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+			return err
+		}
+		if _, err := lock.Exec(ctx, `SELECT 1 FROM llm_calls WHERE idem_key = $1 FOR UPDATE`, st.Key); err != nil {
+			return err
+		}
+		release := make(chan struct{})
+		committed := make(chan error, 1)
+		go func() {
+			committed <- j.CommitTx(ctx, func(context.Context, pgx.Tx, *onceflow.Commit) error {
+				<-release // its commit, which would flush the answer, comes after the crash
+				return nil
+			})
+		}()
+		testenv.WaitFor(t, 10*time.Second, "the CommitTx recording the answer", func() bool {
+			var n int
+			_ = pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))`, pid).Scan(&n)
+			return n > 0
+		})
+		enqueued := make(chan error, 1)
+		go func() {
+			_, err := e.client.Enqueue(ctx, supportArgs{Text: "child:" + st.Response.Content}, &onceflow.EnqueueOpts{Key: "child-of-" + j.ID})
+			enqueued <- err
+		}()
+		time.Sleep(300 * time.Millisecond) // the Enqueue waits for the recording in progress
+		_ = lock.Rollback(ctx)
+		if err := <-enqueued; err != nil {
+			after <- answerOutcome{err: err}
+			close(release)
+			<-committed
+			return err
+		}
+		// The child job is in Redis with st's content.
+		after <- crashAndReadState(pg, url, st.Key)
+		close(release)
+		<-committed
+		return nil
+	})
+	e.start()
+	e.enqueue("My invoice was charged twice.")
+	if o := awaitOutcome(t, after, 60*time.Second, "Enqueue"); o.err != nil || o.state != ledger.StateSucceeded {
+		t.Fatalf("the answer an enqueued job carries, after a crash of PostgreSQL: state %q (%v); want succeeded", o.state, o.err)
+	}
+}
+
 // A redelivered job whose step answer was recorded gets the same answer without a
 // second model call.
 func TestRedeliveredStepMakesNoSecondModelCall(t *testing.T) {

@@ -13,6 +13,9 @@ import (
 type Deferred struct {
 	mu  sync.Mutex
 	key string // the last answer recorded since the last flush
+	// added counts the answers recorded under d, so that a durable write clears only
+	// what was recorded before it began (Mark, FlushedSince).
+	added uint64
 }
 
 // deferredKey is the context key of a *Deferred.
@@ -49,6 +52,33 @@ func (d *Deferred) add(key string) {
 	}
 	d.mu.Lock()
 	d.key = key
+	d.added++
+	d.mu.Unlock()
+}
+
+// Mark returns a mark of the answers recorded under d so far, for FlushedSince: take
+// it before a durable commit, and tell d after it succeeded. A nil d returns 0.
+func (d *Deferred) Mark() uint64 {
+	if d == nil {
+		return 0
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.added
+}
+
+// FlushedSince tells d that a durable commit on the ledger's PostgreSQL, begun after
+// Mark returned mark, succeeded: the answers recorded before it are durable. An answer
+// recorded since the mark (perhaps after that commit) stays pending, for a later flush.
+// A nil d does nothing.
+func (d *Deferred) FlushedSince(mark uint64) {
+	if d == nil {
+		return
+	}
+	d.mu.Lock()
+	if d.added == mark {
+		d.key = ""
+	}
 	d.mu.Unlock()
 }
 

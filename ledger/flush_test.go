@@ -209,3 +209,35 @@ func TestDeferFlushOfNilMakesTheAnswerDurableAgain(t *testing.T) {
 		}
 	}
 }
+
+// FlushedSince clears the answers recorded before the mark, and keeps one recorded
+// after it pending: a durable commit begun at the mark may not cover it.
+func TestFlushedSinceKeepsAnAnswerRecordedAfterTheMark(t *testing.T) {
+	t.Parallel()
+	l, _ := newLedger(t, ledger.Config{})
+	ctx := ctxT(t)
+	var d ledger.Deferred
+	answer := func(work string) {
+		t.Helper()
+		att, _, err := l.Begin(ctx, callOf(work, request(work)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := att.Succeed(ledger.DeferFlush(ctx, &d), ledger.ResultOf(&llm.Response{Content: work})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	answer("job-1/a")
+	mark := d.Mark()
+	d.FlushedSince(mark)
+	if d.Pending() {
+		t.Fatal("an answer recorded before the mark is still pending after FlushedSince")
+	}
+	answer("job-1/b")
+	mark = d.Mark()
+	answer("job-1/c") // recorded after the mark: the commit may have missed it
+	d.FlushedSince(mark)
+	if !d.Pending() {
+		t.Fatal("an answer recorded after the mark was counted flushed")
+	}
+}

@@ -160,8 +160,35 @@ func IsSuperseded(err error) bool {
 // held, for a later Queue or RecordHeld). The first two stay h's: every later
 // RecordHeld and Queue returns it. A RecordHeld waits for one in progress.
 func (l *Ledger) RecordHeld(ctx context.Context, h *Held) error {
+	_, err := l.recordHeld(ctx, h)
+	return err
+}
+
+// RecordHeldDurably records h's held answers as RecordHeld does, each durably whatever
+// ctx says, and makes the answers recorded under d without waiting for their flush
+// durable too: the durable write of an answer it records covers those recorded before
+// it; when it records none (none was held, or a RecordHeld in progress, which it waited
+// for, recorded them, perhaps without a flush), or one was recorded under d meanwhile,
+// one Flush of d does. It is what a caller runs before acting on its answers outside
+// its own transactions (onceflow's job runtime, before an effect). Errors as
+// RecordHeld's, then Flush's.
+func (l *Ledger) RecordHeldDurably(ctx context.Context, h *Held, d *Deferred) error {
+	before := d.Mark()
+	wrote, err := l.recordHeld(DeferFlush(ctx, nil), h)
+	if err != nil {
+		return err
+	}
+	if wrote > 0 {
+		d.FlushedSince(before)
+	}
+	return l.Flush(ctx, d)
+}
+
+// recordHeld is RecordHeld, and also returns how many answers it wrote (not counting
+// one found already recorded as this attempt's).
+func (l *Ledger) recordHeld(ctx context.Context, h *Held) (wrote int, err error) {
 	if h == nil {
-		return nil
+		return 0, nil
 	}
 	h.mu.Lock()
 	h.running++
@@ -175,8 +202,11 @@ func (l *Ledger) RecordHeld(ctx context.Context, h *Held) error {
 	var first error
 	var failed []heldAnswer
 	for _, it := range items {
-		switch err := it.att.record(ctx, it.res); {
+		switch ours, err := it.att.record(ctx, it.res); {
 		case err == nil:
+			if ours {
+				wrote++
+			}
 		case errors.Is(err, ErrUnavailable):
 			failed = append(failed, it)
 			if first == nil {
@@ -194,24 +224,25 @@ func (l *Ledger) RecordHeld(ctx context.Context, h *Held) error {
 	h.items = append(failed, h.items...)
 	switch {
 	case h.err != nil:
-		return h.err
+		return wrote, h.err
 	case first != nil && !errors.Is(first, ErrUnavailable):
 		h.err = first
 	}
-	return first
+	return wrote, first
 }
 
-// record is Succeed for a held answer: its own recorded earlier counts as ours.
-func (a *Attempt) record(ctx context.Context, res Result) error {
+// record is Succeed for a held answer: its own recorded earlier counts as recorded.
+// ours reports whether this call wrote it.
+func (a *Attempt) record(ctx context.Context, res Result) (ours bool, err error) {
 	rec, ours, err := a.Succeed(ctx, res)
 	switch {
 	case err != nil:
-		return err
+		return false, err
 	case ours:
-		return nil
+		return true, nil
 	case a.sameAnswer(rec, res):
 		a.l.metrics.attempt(a.call, resultSucceeded)
-		return nil
+		return false, nil
 	}
-	return &SupersededError{Key: a.call.Key}
+	return false, &SupersededError{Key: a.call.Key}
 }

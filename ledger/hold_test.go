@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -266,4 +268,80 @@ func TestQueueBesideARecordHeldInProgressReturnsItsSupersededError(t *testing.T)
 	if !errors.As(qerr, &sup) {
 		t.Errorf("Queue beside the RecordHeld: %v; want its SupersededError", qerr)
 	}
+}
+
+// RecordHeldDurably with nothing held to record (another RecordHeld recorded it) still
+// makes the answers recorded without a flush durable: one write, nothing pending after.
+// With an answer held, its own durable write covers them: no write besides it.
+func TestRecordHeldDurablyFlushesTheDeferredAnswersWhenItRecordsNothing(t *testing.T) {
+	t.Parallel()
+	var log statements
+	l, _ := tracedLedger(t, ledger.Config{GroupLinger: -1}, &log)
+	ctx := ctxT(t)
+	var d ledger.Deferred
+	att, _, err := l.Begin(ctx, callOf("job-1/a", request("a")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := att.Succeed(ledger.DeferFlush(ctx, &d), ledger.ResultOf(&llm.Response{Content: "a"})); err != nil {
+		t.Fatal(err)
+	}
+	var h ledger.Held
+	log.reset()
+	if err := l.RecordHeldDurably(ctx, &h, &d); err != nil || d.Pending() || log.count("updated_at = updated_at") != 1 {
+		t.Fatalf("RecordHeldDurably with nothing held: %v, pending after: %v, %d flushes; want one flush and nothing pending", err, d.Pending(), log.count("updated_at = updated_at"))
+	}
+
+	// An answer held: its durable write is the flush.
+	att2, _, err := l.Begin(ctx, callOf("job-1/c", request("c")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := att2.Succeed(ledger.DeferFlush(ctx, &d), ledger.ResultOf(&llm.Response{Content: "c"})); err != nil {
+		t.Fatal(err)
+	}
+	_, adapter := fakeLLM(t, fakeserver.Config{})
+	req := request("Summarise the refund policy")
+	req.IdempotencyKey = "job-1:d"
+	if _, err := l.Wrap("openai", adapter).Complete(ledger.HoldAnswers(ctx, &h), req); err != nil {
+		t.Fatal(err)
+	}
+	log.reset()
+	if err := l.RecordHeldDurably(ctx, &h, &d); err != nil || d.Pending() || h.Pending() || log.count("updated_at = updated_at") != 0 {
+		t.Fatalf("RecordHeldDurably of a held answer: %v, deferred pending after: %v, held pending: %v, %d flushes; want none besides its durable write", err, d.Pending(), h.Pending(), log.count("updated_at = updated_at"))
+	}
+}
+
+// statements records the SQL of the statements a pool runs (a pgx.QueryTracer).
+type statements struct {
+	mu   sync.Mutex
+	sqls []string
+}
+
+func (s *statements) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	s.mu.Lock()
+	s.sqls = append(s.sqls, d.SQL)
+	s.mu.Unlock()
+	return ctx
+}
+
+func (s *statements) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (s *statements) reset() {
+	s.mu.Lock()
+	s.sqls = nil
+	s.mu.Unlock()
+}
+
+// count returns how many of the statements contain part.
+func (s *statements) count(part string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, q := range s.sqls {
+		if strings.Contains(q, part) {
+			n++
+		}
+	}
+	return n
 }
