@@ -334,42 +334,9 @@ func TestEnqueueBesideARecordingOfTheAnswerStillFlushesTheAnswer(t *testing.T) {
 		if j.Delivery > 1 {
 			return nil
 		}
-		// A transaction of the test holds the answer's row: recording the answer waits.
-		lock, err := pool.Begin(ctx)
-		if err != nil {
-			return err
-		}
-		defer func() { _ = lock.Rollback(context.Background()) }()
-		var pid int
-		if err := lock.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
-			return err
-		}
-		if _, err := lock.Exec(ctx, `SELECT 1 FROM llm_calls WHERE idem_key = $1 FOR UPDATE`, st.Key); err != nil {
-			return err
-		}
-		release := make(chan struct{})
-		committed := make(chan error, 1)
-		go func() {
-			committed <- j.CommitTx(ctx, func(context.Context, pgx.Tx, *onceflow.Commit) error {
-				<-release // its commit, which would flush the answer, comes after the Enqueue
-				return nil
-			})
-		}()
-		testenv.WaitFor(t, 10*time.Second, "the CommitTx recording the answer", func() bool {
-			var n int
-			_ = pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))`, pid).Scan(&n)
-			return n > 0
-		})
-		enqueued := make(chan outcome, 1)
-		go func() {
-			_, err := e.client.Enqueue(ctx, supportArgs{Text: "child:" + st.Response.Content}, &onceflow.EnqueueOpts{Key: "child-of-" + j.ID})
-			enqueued <- outcome{enqueue: err, flushed: flushes.Durable()}
-		}()
-		time.Sleep(300 * time.Millisecond) // the Enqueue waits for the recording in progress
-		_ = lock.Rollback(ctx)
-		o := <-enqueued
-		close(release)
-		err = <-committed
+		var o outcome
+		var err error
+		o.enqueue, err = enqueueBesideARecording(t, ctx, pool, e, j, st, func() { o.flushed = flushes.Durable() })
 		first <- o
 		return err
 	})
@@ -394,56 +361,66 @@ func TestAnswerAnEnqueuedJobCarriesSurvivesAPostgresCrashWhenACommitTxBesideItRe
 		if j.Delivery > 1 {
 			return nil
 		}
-		// A transaction of the test holds the answer's row: recording the answer waits.
-		lock, err := pool.Begin(ctx)
-		if err != nil {
-			return err
+		// Once the child job is in Redis with st's content, PostgreSQL crashes.
+		enqueueErr, err := enqueueBesideARecording(t, ctx, pool, e, j, st, func() { after <- crashAndReadState(pg, url, st.Key) })
+		if enqueueErr != nil {
+			after <- answerOutcome{err: enqueueErr}
+			return enqueueErr
 		}
-		defer func() { _ = lock.Rollback(context.Background()) }()
-		var pid int
-		if err := lock.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
-			return err
-		}
-		if _, err := lock.Exec(ctx, `SELECT 1 FROM llm_calls WHERE idem_key = $1 FOR UPDATE`, st.Key); err != nil {
-			return err
-		}
-		release := make(chan struct{})
-		committed := make(chan error, 1)
-		go func() {
-			committed <- j.CommitTx(ctx, func(context.Context, pgx.Tx, *onceflow.Commit) error {
-				<-release // its commit, which would flush the answer, comes after the crash
-				return nil
-			})
-		}()
-		testenv.WaitFor(t, 10*time.Second, "the CommitTx recording the answer", func() bool {
-			var n int
-			_ = pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))`, pid).Scan(&n)
-			return n > 0
-		})
-		enqueued := make(chan error, 1)
-		go func() {
-			_, err := e.client.Enqueue(ctx, supportArgs{Text: "child:" + st.Response.Content}, &onceflow.EnqueueOpts{Key: "child-of-" + j.ID})
-			enqueued <- err
-		}()
-		time.Sleep(300 * time.Millisecond) // the Enqueue waits for the recording in progress
-		_ = lock.Rollback(ctx)
-		if err := <-enqueued; err != nil {
-			after <- answerOutcome{err: err}
-			close(release)
-			<-committed
-			return err
-		}
-		// The child job is in Redis with st's content.
-		after <- crashAndReadState(pg, url, st.Key)
-		close(release)
-		<-committed
-		return nil
+		return err
 	})
 	e.start()
 	e.enqueue("My invoice was charged twice.")
 	if o := awaitOutcome(t, after, 60*time.Second, "Enqueue"); o.err != nil || o.state != ledger.StateSucceeded {
 		t.Fatalf("the answer an enqueued job carries, after a crash of PostgreSQL: state %q (%v); want succeeded", o.state, o.err)
 	}
+}
+
+// enqueueBesideARecording enqueues a child of j while a CommitTx of j beside it is
+// recording st's held answer without a flush: a transaction of the test holds the
+// answer's row, so the recording waits, until the Enqueue, started meanwhile, waits for
+// the recording in progress. once runs after the Enqueue returned nil and before the
+// CommitTx may commit (its own commit would flush the answer). It returns the Enqueue's
+// error and the CommitTx's.
+func enqueueBesideARecording(t *testing.T, ctx context.Context, pool *pgxpool.Pool, e *modelEnv, j *onceflow.Job[supportArgs], st *onceflow.Step, once func()) (enqueueErr, commitErr error) {
+	t.Helper()
+	lock, err := pool.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = lock.Rollback(context.Background()) }()
+	var pid int
+	if err := lock.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		return nil, err
+	}
+	if _, err := lock.Exec(ctx, `SELECT 1 FROM llm_calls WHERE idem_key = $1 FOR UPDATE`, st.Key); err != nil {
+		return nil, err
+	}
+	release := make(chan struct{})
+	committed := make(chan error, 1)
+	go func() {
+		committed <- j.CommitTx(ctx, func(context.Context, pgx.Tx, *onceflow.Commit) error {
+			<-release
+			return nil
+		})
+	}()
+	testenv.WaitFor(t, 10*time.Second, "the CommitTx recording the answer", func() bool {
+		var n int
+		_ = pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))`, pid).Scan(&n)
+		return n > 0
+	})
+	enqueued := make(chan error, 1)
+	go func() {
+		_, err := e.client.Enqueue(ctx, supportArgs{Text: "child:" + st.Response.Content}, &onceflow.EnqueueOpts{Key: "child-of-" + j.ID})
+		enqueued <- err
+	}()
+	time.Sleep(300 * time.Millisecond) // the Enqueue waits for the recording in progress
+	_ = lock.Rollback(ctx)
+	if enqueueErr = <-enqueued; enqueueErr == nil {
+		once()
+	}
+	close(release)
+	return enqueueErr, <-committed
 }
 
 // A redelivered job whose step answer was recorded gets the same answer without a
