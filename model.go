@@ -561,15 +561,11 @@ func heldError(err error) error {
 // loses one (its call is then asked again, counted as ambiguous).
 //
 // A delivery that learned that another attempt's answer was recorded before one of its
-// own (or that a step's key holds another request) ends with that error, and the
-// answers it did record are still flushed.
+// own (or that a step's key holds another request) ends with that error, which is not
+// logged here; the answers it did record are flushed all the same
+// (ledger.Ledger.RecordHeldDurably).
 func (rt *runtime) flushAnswers(ctx context.Context) {
-	err := rt.flushBeforeEffect(ctx)
-	var sup *ledger.SupersededError
-	if errors.As(err, &sup) || errors.Is(err, ledger.ErrKeyReused) {
-		err = rt.flushRecorded(ctx) // the held answers stay unrecorded; the recorded ones need their flush
-	}
-	if err != nil {
+	if err := rt.flushBeforeEffect(ctx); err != nil && heldError(err) == nil {
 		rt.client.log.WarnContext(ctx, "onceflow: could not make the model answers of a delivery durable at its end", "job_id", rt.delivery.JobID, "err", err)
 	}
 }
@@ -586,14 +582,7 @@ func (rt *runtime) flushBeforeEffect(ctx context.Context) error {
 	if rt.held.Pending() || rt.held.Err() != nil {
 		return rt.releaseHeld(ctx, true)
 	}
-	return rt.flushRecorded(ctx)
-}
-
-// flushRecorded makes the answers the delivery recorded without waiting for the WAL
-// flush durable: one durable write when one is pending, nothing otherwise. Its error is
-// PostgreSQL's (PostgresError).
-func (rt *runtime) flushRecorded(ctx context.Context) error {
-	if rt == nil || rt.client.model == nil || !rt.answers.Pending() {
+	if !rt.answers.Pending() {
 		return nil
 	}
 	if err := rt.client.model.ledger.Flush(ctx, &rt.answers); err != nil {

@@ -91,7 +91,8 @@ func (d *Deferred) Pending() bool {
 }
 
 // Flushed tells d that a durable commit on the ledger's PostgreSQL succeeded after the
-// answers recorded so far (the job's Commit): they are durable.
+// answers recorded so far: they are durable. A caller whose answers may be recorded
+// while it commits (concurrent steps) uses Mark and FlushedSince instead.
 func (d *Deferred) Flushed() {
 	d.mu.Lock()
 	d.key = ""

@@ -169,19 +169,26 @@ func (l *Ledger) RecordHeld(ctx context.Context, h *Held) error {
 // durable too: the durable write of an answer it records covers those recorded before
 // it; when it records none (none was held, or a RecordHeld in progress, which it waited
 // for, recorded them, perhaps without a flush), or one was recorded under d meanwhile,
-// one Flush of d does. It is what a caller runs before acting on its answers outside
-// its own transactions (onceflow's job runtime, before an effect). Errors as
-// RecordHeld's, then Flush's.
+// one Flush of d does, also when an answer of h was found superseded or its key reused
+// (the answers recorded under d are the caller's all the same). It is what a caller
+// runs before acting on its answers outside its own transactions, and at its end
+// (onceflow's job runtime). Errors as RecordHeld's (first), then Flush's.
 func (l *Ledger) RecordHeldDurably(ctx context.Context, h *Held, d *Deferred) error {
 	before := d.Mark()
 	wrote, err := l.recordHeld(DeferFlush(ctx, nil), h)
-	if err != nil {
-		return err
+	if errors.Is(err, ErrUnavailable) {
+		return err // PostgreSQL could not record: it cannot flush either
 	}
 	if wrote > 0 {
 		d.FlushedSince(before)
 	}
-	return l.Flush(ctx, d)
+	switch ferr := l.Flush(ctx, d); {
+	case err == nil:
+		return ferr
+	case ferr != nil: // the caller hears of the held answer; the flush's failure is logged
+		l.log.WarnContext(ctx, "ledger: could not flush the answers recorded beside one superseded or of a reused key", "err", ferr)
+	}
+	return err
 }
 
 // recordHeld is RecordHeld, and also returns how many answers it wrote (not counting

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -13,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onceflow/onceflow/internal/testenv"
+	"github.com/onceflow/onceflow/internal/testenv/roundtrip"
 	"github.com/onceflow/onceflow/ledger"
 	"github.com/onceflow/onceflow/llm"
 	"github.com/onceflow/onceflow/llm/fakeserver"
@@ -275,8 +275,8 @@ func TestQueueBesideARecordHeldInProgressReturnsItsSupersededError(t *testing.T)
 // With an answer held, its own durable write covers them: no write besides it.
 func TestRecordHeldDurablyFlushesTheDeferredAnswersWhenItRecordsNothing(t *testing.T) {
 	t.Parallel()
-	var log statements
-	l, _ := tracedLedger(t, ledger.Config{GroupLinger: -1}, &log)
+	flushes := &roundtrip.Commits{Only: func(sql string) bool { return strings.Contains(sql, "updated_at = updated_at") }}
+	l, _ := tracedLedger(t, ledger.Config{GroupLinger: -1}, flushes)
 	ctx := ctxT(t)
 	var d ledger.Deferred
 	att, _, err := l.Begin(ctx, callOf("job-1/a", request("a")))
@@ -287,9 +287,9 @@ func TestRecordHeldDurablyFlushesTheDeferredAnswersWhenItRecordsNothing(t *testi
 		t.Fatal(err)
 	}
 	var h ledger.Held
-	log.reset()
-	if err := l.RecordHeldDurably(ctx, &h, &d); err != nil || d.Pending() || log.count("updated_at = updated_at") != 1 {
-		t.Fatalf("RecordHeldDurably with nothing held: %v, pending after: %v, %d flushes; want one flush and nothing pending", err, d.Pending(), log.count("updated_at = updated_at"))
+	flushes.Reset()
+	if err := l.RecordHeldDurably(ctx, &h, &d); err != nil || d.Pending() || flushes.Durable() != 1 {
+		t.Fatalf("RecordHeldDurably with nothing held: %v, pending after: %v, %d flushes; want one flush and nothing pending", err, d.Pending(), flushes.Durable())
 	}
 
 	// An answer held: its durable write is the flush.
@@ -306,42 +306,8 @@ func TestRecordHeldDurablyFlushesTheDeferredAnswersWhenItRecordsNothing(t *testi
 	if _, err := l.Wrap("openai", adapter).Complete(ledger.HoldAnswers(ctx, &h), req); err != nil {
 		t.Fatal(err)
 	}
-	log.reset()
-	if err := l.RecordHeldDurably(ctx, &h, &d); err != nil || d.Pending() || h.Pending() || log.count("updated_at = updated_at") != 0 {
-		t.Fatalf("RecordHeldDurably of a held answer: %v, deferred pending after: %v, held pending: %v, %d flushes; want none besides its durable write", err, d.Pending(), h.Pending(), log.count("updated_at = updated_at"))
+	flushes.Reset()
+	if err := l.RecordHeldDurably(ctx, &h, &d); err != nil || d.Pending() || h.Pending() || flushes.Durable() != 0 {
+		t.Fatalf("RecordHeldDurably of a held answer: %v, deferred pending after: %v, held pending: %v, %d flushes; want none besides its durable write", err, d.Pending(), h.Pending(), flushes.Durable())
 	}
-}
-
-// statements records the SQL of the statements a pool runs (a pgx.QueryTracer).
-type statements struct {
-	mu   sync.Mutex
-	sqls []string
-}
-
-func (s *statements) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	s.mu.Lock()
-	s.sqls = append(s.sqls, d.SQL)
-	s.mu.Unlock()
-	return ctx
-}
-
-func (s *statements) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-
-func (s *statements) reset() {
-	s.mu.Lock()
-	s.sqls = nil
-	s.mu.Unlock()
-}
-
-// count returns how many of the statements contain part.
-func (s *statements) count(part string) int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	n := 0
-	for _, q := range s.sqls {
-		if strings.Contains(q, part) {
-			n++
-		}
-	}
-	return n
 }
