@@ -196,8 +196,10 @@ func (c *Client) postgresWorked() {
 // processes meet it and however fast, dead-letters no job; a job whose own input makes
 // the provider fail spends a delivery each time it fails after another job's success,
 // and is dead-lettered after its deliveries (with no other traffic it holds the breaker
-// open, visibly, until another job's call closes it).
-func (m *model) callError(step string, err error) error {
+// open, visibly, until another job's call closes it). A failure is judged by when its
+// last call started (started): one that went during an outage and failed just after
+// other calls worked again is the outage's (breaker.FailureStarted).
+func (m *model) callError(step string, err error, started time.Time) error {
 	var wait *retry.WaitError
 	if errors.Is(err, limiter.ErrQuotaPaused) && errors.As(err, &wait) && m.breaker.Err() == nil {
 		// The fleet paused the model for an exhausted quota (another process, or this
@@ -208,7 +210,7 @@ func (m *model) callError(step string, err error) error {
 	if !providerFailure(err) {
 		return modelError(step, err)
 	}
-	open, inRun := m.breaker.FailureInRun(err)
+	open, inRun := m.breaker.FailureStarted(err, started)
 	if open {
 		if open := m.breaker.Err(); open != nil {
 			return retry.Unavailable(fmt.Errorf("onceflow: model step %q: %w (%w)", step, err, open))

@@ -62,7 +62,7 @@ func TestConcurrentProviderFailuresSpendOneDelivery(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				<-start
-				if !retry.Outage(m.callError("summarise", failure)) {
+				if !retry.Outage(m.callError("summarise", failure, time.Now())) {
 					spent.Add(1)
 				}
 			}()
@@ -72,5 +72,30 @@ func TestConcurrentProviderFailuresSpendOneDelivery(t *testing.T) {
 		if n := spent.Load(); n != 1 {
 			t.Fatalf("%d of %d concurrent failures after a success spent a delivery, want 1", n, jobs)
 		}
+	}
+}
+
+// A model call sent during an outage whose failure comes back after other calls worked
+// again is the outage's: it spends no delivery. A call sent after the outage ended
+// that fails spends one.
+func TestProviderFailureOfACallSentDuringAnOutageSpendsNoDeliveryAfterIt(t *testing.T) {
+	failure := &retry.ExhaustedError{Attempts: 2, Err: retry.NewStatusError(503, nil, time.Now())}
+	b, err := breaker.New(breaker.Config{Name: "llm", Threshold: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &model{breaker: b}
+	sent := time.Now()
+	if retry.Outage(m.callError("summarise", failure, sent)) {
+		t.Fatal("the failure that starts a run spent no delivery")
+	}
+	time.Sleep(time.Millisecond)
+	b.Success() // another job's call: the provider is back
+	if err := m.callError("summarise", failure, sent); !retry.Outage(err) {
+		t.Fatalf("a call sent during the outage, failing after it: %v, want the outage's (no delivery spent)", err)
+	}
+	time.Sleep(time.Millisecond)
+	if retry.Outage(m.callError("summarise", failure, time.Now())) {
+		t.Fatal("a call sent after the outage ended that failed spent no delivery")
 	}
 }

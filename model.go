@@ -316,7 +316,9 @@ func (rt *runtime) stream(ctx context.Context, jobID, step string, req *llm.Requ
 		}
 		stopped := false
 		start := time.Now()
+		var last time.Time // when the last attempt started, for callError
 		_, err := retry.Do(ctx, m.streamPolicy(), rt.deadline, func(ctx context.Context) (struct{}, error) {
+			last = time.Now()
 			yielded := false
 			var content strings.Builder
 			resp := &llm.Response{Model: out.Model}
@@ -358,7 +360,7 @@ func (rt *runtime) stream(ctx context.Context, jobID, step string, req *llm.Requ
 			return struct{}{}, nil
 		})
 		if err != nil && !stopped {
-			yield(llm.Chunk{}, m.callError(step, err))
+			yield(llm.Chunk{}, m.callError(step, err, last))
 			return
 		}
 		rt.client.postgresWorked() // the ledger wrote the call
@@ -436,7 +438,9 @@ func (rt *runtime) complete(ctx context.Context, jobID, step string, req *llm.Re
 		return nil, err
 	}
 	start := time.Now()
+	var last time.Time // when the last attempt started, for callError
 	s, err := retry.Do(ctx, m.policy, rt.deadline, func(ctx context.Context) (*Step, error) {
+		last = time.Now()
 		resp, err := m.client.Complete(rt.holdContext(ctx), out)
 		if err != nil {
 			return nil, err
@@ -458,7 +462,7 @@ func (rt *runtime) complete(ctx context.Context, jobID, step string, req *llm.Re
 			// no breaker counts it, and the shadow job spends a delivery on it.
 			return nil, modelError(step, err)
 		}
-		return nil, m.callError(step, err)
+		return nil, m.callError(step, err, last)
 	}
 	rt.client.postgresWorked() // the ledger wrote the call
 	rt.shadow(ctx, jobID, step, out, s, time.Since(start))

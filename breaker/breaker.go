@@ -97,6 +97,9 @@ type Breaker struct {
 	failing atomic.Int64
 	// runStart is when the current run of failures began (under mu).
 	runStart time.Time
+	// runEnd is when the last run of failures ended: a call worked again, or the
+	// breaker closed (under mu).
+	runEnd time.Time
 	// interval is the time between probes of the current opening (under mu).
 	interval time.Duration
 	// watchers counts the Watch loops running: while one runs, its checks are the
@@ -236,6 +239,20 @@ func (b *Breaker) Failure(err error) (open bool) {
 // concurrent failures right after a success, exactly one starts the run (inRun false).
 // While the breaker is open, inRun is true.
 func (b *Breaker) FailureInRun(err error) (open, inRun bool) {
+	return b.failure(err, time.Time{})
+}
+
+// FailureStarted is FailureInRun for a call that started at started. A call begun
+// before the last run of failures ended (it went during an outage, and its failure came
+// back after other calls worked again) belongs to that run: it reports inRun true and
+// is not counted in the next run, as SucceedStarted does not count a success of a call
+// begun before a run.
+func (b *Breaker) FailureStarted(err error, started time.Time) (open, inRun bool) {
+	return b.failure(err, started)
+}
+
+// failure is FailureInRun, and FailureStarted when started is not zero.
+func (b *Breaker) failure(err error, started time.Time) (open, inRun bool) {
 	if b.open.Load() {
 		return true, true
 	}
@@ -243,6 +260,10 @@ func (b *Breaker) FailureInRun(err error) (open, inRun bool) {
 	if b.open.Load() {
 		b.mu.Unlock()
 		return true, true
+	}
+	if !started.IsZero() && started.Before(b.runEnd) {
+		b.mu.Unlock()
+		return false, true
 	}
 	n := b.failing.Add(1)
 	inRun = n > 1
@@ -269,7 +290,7 @@ func (b *Breaker) Success() {
 	if !b.open.Load() {
 		if b.failing.Load() != 0 {
 			b.mu.Lock()
-			b.resetRunLocked()
+			b.endRunLocked()
 			b.mu.Unlock()
 		}
 		return
@@ -284,6 +305,15 @@ func (b *Breaker) Success() {
 
 // resetRunLocked ends the run of failures; b.mu is held.
 func (b *Breaker) resetRunLocked() { b.failing.Store(0) }
+
+// endRunLocked ends the run of failures because a call worked, and, when one was under
+// way, notes when it ended (FailureStarted); b.mu is held.
+func (b *Breaker) endRunLocked() {
+	if b.failing.Load() != 0 {
+		b.runEnd = b.cfg.Now()
+	}
+	b.resetRunLocked()
+}
 
 // Ticket identifies a call Allow let through, for Succeed.
 type Ticket uint64
@@ -321,7 +351,7 @@ func (b *Breaker) Succeed(t Ticket) {
 	if !b.open.Load() {
 		if b.failing.Load() != 0 {
 			b.mu.Lock()
-			b.resetRunLocked()
+			b.endRunLocked()
 			b.mu.Unlock()
 		}
 		return
@@ -363,7 +393,7 @@ func (b *Breaker) SucceedStarted(t Ticket, started time.Time) {
 		if b.failing.Load() != 0 {
 			b.mu.Lock()
 			if !started.Before(b.runStart) {
-				b.resetRunLocked()
+				b.endRunLocked()
 			}
 			b.mu.Unlock()
 		}
@@ -378,6 +408,7 @@ func (b *Breaker) close() {
 	since := b.since
 	b.since, b.reason, b.probeAt = time.Time{}, "", time.Time{}
 	b.resetRunLocked()
+	b.runEnd = b.cfg.Now()
 	b.notifyLocked()
 	b.mu.Unlock()
 	b.m.open.Set(0)
@@ -574,7 +605,7 @@ func (b *Breaker) checked(err error) {
 	open := b.open.Load()
 	switch {
 	case !open && err == nil:
-		b.resetRunLocked()
+		b.endRunLocked()
 		b.mu.Unlock()
 	case !open:
 		b.mu.Unlock()

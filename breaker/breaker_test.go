@@ -553,3 +553,49 @@ func TestFailureInRunStartsOneRun(t *testing.T) {
 		t.Fatal("the first failure after a success continued a run")
 	}
 }
+
+// A failure of a call that started before the last run of failures ended (it went
+// during the outage, and came back after other calls worked again) continues that run
+// and is not counted in a new one; a call that started after the run ended starts one.
+func TestFailureOfACallStartedBeforeTheRunEndedContinuesIt(t *testing.T) {
+	c := &clock{now: time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)}
+	b, err := breaker.New(breaker.Config{Name: "llm", Threshold: 3, ProbeInterval: time.Second, Now: c.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	during := c.Now()
+	if _, inRun := b.FailureStarted(errors.New("503 (1)"), during); inRun {
+		t.Fatal("the first failure continued a run")
+	}
+	c.Advance(time.Millisecond)
+	b.SucceedStarted(0, c.Now()) // the provider is back: the run ends
+	c.Advance(time.Millisecond)
+	for i := range 5 { // more than the threshold: none of them may count
+		open, inRun := b.FailureStarted(errors.New("503 of a call sent during the outage"), during)
+		if !inRun || open {
+			t.Fatalf("failure %d of a call begun during the run: inRun %v open %v, want the run's, breaker closed", i, inRun, open)
+		}
+	}
+	if n := b.Failing(); n != 0 {
+		t.Fatalf("%d failures counted in a new run, want 0", n)
+	}
+	if _, inRun := b.FailureStarted(errors.New("503 (2)"), c.Now()); inRun {
+		t.Fatal("the failure of a call begun after the run ended continued it")
+	}
+	// A breaker that closed after a probe ended the run too.
+	b.FailureStarted(errors.New("503 (3)"), c.Now())
+	b.FailureStarted(errors.New("503 (4)"), c.Now())
+	if b.Err() == nil {
+		t.Fatal("three failures in a row did not open the breaker")
+	}
+	sent := c.Now()
+	c.Advance(2 * time.Second)
+	t1, err := b.Allow()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Succeed(t1)
+	if _, inRun := b.FailureStarted(errors.New("503 of a call sent while open"), sent); !inRun {
+		t.Fatal("the failure of a call begun before the breaker closed started a run")
+	}
+}
