@@ -2,12 +2,16 @@ package gatewaybench
 
 import (
 	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -165,5 +169,43 @@ func TestTimelines(t *testing.T) {
 	}
 	if got := quantile([]time.Duration{1, 2, 3, 4}, 0.99); got != 4 {
 		t.Errorf("p99 of 1..4 = %v, want 4", got)
+	}
+}
+
+// The gateway's ledger commits are read from its /metrics: the count of its group
+// transactions; a process that records nothing is not asked, and a gateway whose
+// metrics lack the series is an error, not zero commits.
+func TestLedgerCommitsReadsTheGatewaysGroupTransactions(t *testing.T) {
+	t.Parallel()
+	var metrics atomic.Value
+	metrics.Store("# TYPE onceflow_llm_ledger_group_writes histogram\n" +
+		"onceflow_llm_ledger_group_writes_bucket{le=\"1\"} 3\n" +
+		"onceflow_llm_ledger_group_writes_sum 41\n" +
+		"onceflow_llm_ledger_group_writes_count 12\n")
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/metrics" {
+			http.NotFound(w, r)
+			return
+		}
+		fmt.Fprint(w, metrics.Load())
+	}))
+	t.Cleanup(srv.Close)
+	ctx := context.Background()
+	if n, err := ledgerCommits(ctx, srv.Client(), srv.URL, true); err != nil || n != 12 {
+		t.Fatalf("ledgerCommits = %d, %v; want 12", n, err)
+	}
+	if n, err := ledgerCommits(ctx, srv.Client(), "http://127.0.0.1:1", false); err != nil || n != 0 {
+		t.Fatalf("ledgerCommits of a process that records nothing = %d, %v; want 0 without asking", n, err)
+	}
+	metrics.Store("onceflow_http_requests_total 3\n")
+	if _, err := ledgerCommits(ctx, srv.Client(), srv.URL, true); err == nil {
+		t.Fatal("metrics without the ledger's group series read as zero commits")
+	}
+	rs := &ThroughputResult{Rounds: []Round{{Gateway: RunResult{Requests: 100, Commits: 50}}, {Gateway: RunResult{Requests: 100, Commits: 70}}, {Gateway: RunResult{Requests: 100, Commits: 60}}}}
+	if got := commitsText(rs); got != "0.60" {
+		t.Fatalf("commits per request %s, want the median 0.60", got)
+	}
+	if got := commitsText(&ThroughputResult{Rounds: []Round{{Gateway: RunResult{Requests: 100}}}}); got != "–" {
+		t.Fatalf("commits per request through a process that records nothing: %s, want –", got)
 	}
 }

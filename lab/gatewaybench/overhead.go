@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -284,6 +285,10 @@ type RunResult struct {
 	// benchmark's database and the benchmark's own process, the load generator (10ms
 	// resolution).
 	GatewayCPU, UpstreamCPU, PostgresCPU, ClientCPU time.Duration
+	// Commits are the ledger transactions the gateway committed during the run (its
+	// onceflow_llm_ledger_group_writes_count: a group of writes, or a write alone, is
+	// one commit); 0 through a process that records nothing.
+	Commits int64
 }
 
 // Round is a (direct, gateway) pair of throughput runs.
@@ -351,6 +356,18 @@ func (t *ThroughputResult) Failures() (n int64, first string) {
 	return n, first
 }
 
+// CommitsPerRequest returns the gateway's ledger commits per request of its runs, the
+// median over the rounds.
+func (t *ThroughputResult) CommitsPerRequest() float64 {
+	var v []float64
+	for _, r := range t.Rounds {
+		if r.Gateway.Requests > 0 {
+			v = append(v, float64(r.Gateway.Commits)/float64(r.Gateway.Requests))
+		}
+	}
+	return median(v)
+}
+
 // CPU is the CPU time per request of each process, medians over the rounds.
 type CPU struct {
 	Client, Gateway, Postgres, Upstream time.Duration
@@ -415,6 +432,10 @@ func (b *bench) throughput(ctx context.Context, s *stack, mode string, tg target
 		if err != nil {
 			return RunResult{}, err
 		}
+		c0, err := ledgerCommits(ctx, s.client, base, viaGateway)
+		if err != nil {
+			return RunResult{}, err
+		}
 		gw0, up0, me0 := cluster.CPUTime(tg.proxy.Pid()), cluster.CPUTime(tg.upstream.Pid()), cluster.CPUTime(self)
 		res, err := loadgen.Run(ctx, loadgen.Config{
 			Concurrency: tg.concurrency, Duration: d, Client: s.client,
@@ -432,7 +453,11 @@ func (b *bench) throughput(ctx context.Context, s *stack, mode string, tg target
 		if err != nil {
 			return RunResult{}, err
 		}
-		return RunResult{Requests: res.Requests, Failures: res.Failures, FirstFailure: res.FirstFailure, RPS: res.RPS(),
+		c1, err := ledgerCommits(ctx, s.client, base, viaGateway)
+		if err != nil {
+			return RunResult{}, err
+		}
+		return RunResult{Commits: c1 - c0, Requests: res.Requests, Failures: res.Failures, FirstFailure: res.FirstFailure, RPS: res.RPS(),
 			P50: res.Latency.Quantile(0.5), P99: res.Latency.Quantile(0.99),
 			GatewayCPU: gw1 - gw0, UpstreamCPU: up1 - up0, PostgresCPU: cpuSince(pg0, pg1), ClientCPU: me1 - me0}, nil
 	}
@@ -467,4 +492,37 @@ func (b *bench) throughput(ctx context.Context, s *stack, mode string, tg target
 	}
 	t.Load[1] = cluster.LoadAvg()
 	return t, nil
+}
+
+// ledgerCommits returns the ledger transactions the gateway at base committed so far
+// (onceflow_llm_ledger_group_writes_count on its /metrics), or 0 when keyed is false
+// (a process that records nothing).
+func ledgerCommits(ctx context.Context, c *http.Client, base string, keyed bool) (int64, error) {
+	if !keyed {
+		return 0, nil
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return 0, fmt.Errorf("gateway metrics: %w", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("gateway metrics: %d %w", resp.StatusCode, err)
+	}
+	const name = "onceflow_llm_ledger_group_writes_count "
+	for line := range strings.Lines(string(body)) {
+		if v, ok := strings.CutPrefix(line, name); ok {
+			n, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			if err != nil {
+				return 0, fmt.Errorf("gateway metrics: %s: %w", line, err)
+			}
+			return int64(n), nil
+		}
+	}
+	return 0, fmt.Errorf("gateway metrics: no %s", strings.TrimSpace(name))
 }

@@ -154,8 +154,8 @@ func (r *Report) String() string {
 	if len(r.Throughput) > 0 {
 		fmt.Fprintf(&b, "Throughput: %d rounds per mode and setting, each %v direct and %v through the proxy (the gateway, or the reference proxy; the order swapped every round); medians over the rounds.\n\n",
 			c.Rounds, c.RunDuration, c.RunDuration)
-		b.WriteString("| mode | setting | direct req/s | via req/s | ratio of medians | median of round ratios | round ratios | CPU per request, direct: client + fake-llm | via: client + proxy + PostgreSQL + fake-llm | via p50 / p99 | failed | load |\n")
-		b.WriteString("| --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- |\n")
+		b.WriteString("| mode | setting | direct req/s | via req/s | ratio of medians | median of round ratios | round ratios | CPU per request, direct: client + fake-llm | via: client + proxy + PostgreSQL + fake-llm | ledger commits per request | via p50 / p99 | failed | load |\n")
+		b.WriteString("| --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |\n")
 		for _, t := range r.Throughput {
 			d, g := t.Medians()
 			ratios := t.Ratios()
@@ -165,10 +165,10 @@ func (r *Report) String() string {
 				p50, p99 = append(p50, float64(rd.Gateway.P50)), append(p99, float64(rd.Gateway.P99))
 			}
 			n, _ := t.Failures()
-			fmt.Fprintf(&b, "| %s | %s | %.0f | %.0f | **%.2f** | %.2f | %.2f–%.2f | %.0f + %.0f = %.0f µs | %.0f + %.0f + %.0f + %.0f = %.0f µs | %s / %s | %d | %.1f → %.1f |\n",
+			fmt.Fprintf(&b, "| %s | %s | %.0f | %.0f | **%.2f** | %.2f | %.2f–%.2f | %.0f + %.0f = %.0f µs | %.0f + %.0f + %.0f + %.0f = %.0f µs | %s | %s / %s | %d | %.1f → %.1f |\n",
 				modeNames[t.Mode], settingNames(t), d, g, g/d, median(ratios), ratios[0], ratios[len(ratios)-1],
 				us(dc.Client), us(dc.Upstream), us(dc.Total()), us(gc.Client), us(gc.Gateway), us(gc.Postgres), us(gc.Upstream), us(gc.Total()),
-				ms(time.Duration(median(p50))), ms(time.Duration(median(p99))), n, t.Load[0], t.Load[1])
+				commitsText(t), ms(time.Duration(median(p50))), ms(time.Duration(median(p99))), n, t.Load[0], t.Load[1])
 		}
 		b.WriteString("\n")
 	}
@@ -192,6 +192,17 @@ func (r *Report) String() string {
 		b.WriteString("\nInvariants broken:\n\n- " + strings.Join(v, "\n- ") + "\n")
 	}
 	return b.String()
+}
+
+// commitsText is t's ledger commits per request through the gateway, or "–" when none
+// were counted: through the reference proxy, or a gateway whose group commit is off
+// (ONCEFLOW_LEDGER_GROUP_LINGER=off: every write a transaction of its own, two per
+// keyed request, which the metric does not count).
+func commitsText(t *ThroughputResult) string {
+	if c := t.CommitsPerRequest(); c > 0 {
+		return fmt.Sprintf("%.2f", c)
+	}
+	return "–"
 }
 
 // latencyRow is a row of the latency table: the direct, gateway and per-pair
