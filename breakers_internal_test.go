@@ -76,8 +76,9 @@ func TestConcurrentProviderFailuresSpendOneDelivery(t *testing.T) {
 }
 
 // A model call sent during an outage whose failure comes back after other calls worked
-// again is the outage's: it spends no delivery. A call sent after the outage ended
-// that fails spends one.
+// again is the outage's: it spends no delivery. A call sent before the outage began, or
+// after it ended, that fails spends one: a job whose own input fails beside a flaky
+// provider's short runs is still dead-lettered.
 func TestProviderFailureOfACallSentDuringAnOutageSpendsNoDeliveryAfterIt(t *testing.T) {
 	failure := &retry.ExhaustedError{Attempts: 2, Err: retry.NewStatusError(503, nil, time.Now())}
 	b, err := breaker.New(breaker.Config{Name: "llm", Threshold: 1000})
@@ -85,15 +86,22 @@ func TestProviderFailureOfACallSentDuringAnOutageSpendsNoDeliveryAfterIt(t *test
 		t.Fatal(err)
 	}
 	m := &model{breaker: b}
-	sent := time.Now()
-	if retry.Outage(m.callError("summarise", failure, sent)) {
+	before := time.Now()
+	time.Sleep(time.Millisecond)
+	if retry.Outage(m.callError("summarise", failure, time.Now())) {
 		t.Fatal("the failure that starts a run spent no delivery")
 	}
+	time.Sleep(time.Millisecond)
+	sent := time.Now()
 	time.Sleep(time.Millisecond)
 	b.Success() // another job's call: the provider is back
 	if err := m.callError("summarise", failure, sent); !retry.Outage(err) {
 		t.Fatalf("a call sent during the outage, failing after it: %v, want the outage's (no delivery spent)", err)
 	}
+	if retry.Outage(m.callError("summarise", failure, before)) {
+		t.Fatal("a call sent before the outage began that failed after it ended spent no delivery")
+	}
+	b.Success()
 	time.Sleep(time.Millisecond)
 	if retry.Outage(m.callError("summarise", failure, time.Now())) {
 		t.Fatal("a call sent after the outage ended that failed spent no delivery")

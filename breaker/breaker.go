@@ -97,9 +97,12 @@ type Breaker struct {
 	failing atomic.Int64
 	// runStart is when the current run of failures began (under mu).
 	runStart time.Time
-	// runEnd is when the last run of failures ended: a call worked again, or the
-	// breaker closed (under mu).
-	runEnd time.Time
+	// endedRun is the last run of failures that ended, from its first failure to the
+	// call that worked again or the breaker's closing (under mu; FailureStarted).
+	endedRun struct{ start, end time.Time }
+	// openedRun is when the outage the open breaker stands for began: the first failure
+	// of the run that opened it, or its opening (under mu).
+	openedRun time.Time
 	// interval is the time between probes of the current opening (under mu).
 	interval time.Duration
 	// watchers counts the Watch loops running: while one runs, its checks are the
@@ -195,6 +198,10 @@ func (b *Breaker) trip(reason string, wait time.Duration, quiet bool, interval t
 	wasOpen := b.open.Load()
 	if !wasOpen {
 		b.since = now
+		b.openedRun = now
+		if b.failing.Load() > 0 {
+			b.openedRun = b.runStart
+		}
 		b.open.Store(true)
 	}
 	b.reason = reason
@@ -243,10 +250,11 @@ func (b *Breaker) FailureInRun(err error) (open, inRun bool) {
 }
 
 // FailureStarted is FailureInRun for a call that started at started. A call begun
-// before the last run of failures ended (it went during an outage, and its failure came
-// back after other calls worked again) belongs to that run: it reports inRun true and
-// is not counted in the next run, as SucceedStarted does not count a success of a call
-// begun before a run.
+// during the last run of failures that ended (after its first failure, before a call
+// worked again or the breaker closed: it went during an outage, and its failure came
+// back after the outage) belongs to that run: it reports inRun true and is not counted
+// in the next run, as SucceedStarted does not count a success of a call begun before
+// a run. A call begun while no run was under way is judged as FailureInRun judges it.
 func (b *Breaker) FailureStarted(err error, started time.Time) (open, inRun bool) {
 	return b.failure(err, started)
 }
@@ -261,7 +269,7 @@ func (b *Breaker) failure(err error, started time.Time) (open, inRun bool) {
 		b.mu.Unlock()
 		return true, true
 	}
-	if !started.IsZero() && started.Before(b.runEnd) {
+	if !started.IsZero() && !started.Before(b.endedRun.start) && started.Before(b.endedRun.end) {
 		b.mu.Unlock()
 		return false, true
 	}
@@ -307,10 +315,10 @@ func (b *Breaker) Success() {
 func (b *Breaker) resetRunLocked() { b.failing.Store(0) }
 
 // endRunLocked ends the run of failures because a call worked, and, when one was under
-// way, notes when it ended (FailureStarted); b.mu is held.
+// way, notes it as the last run that ended (FailureStarted); b.mu is held.
 func (b *Breaker) endRunLocked() {
 	if b.failing.Load() != 0 {
-		b.runEnd = b.cfg.Now()
+		b.endedRun.start, b.endedRun.end = b.runStart, b.cfg.Now()
 	}
 	b.resetRunLocked()
 }
@@ -408,7 +416,7 @@ func (b *Breaker) close() {
 	since := b.since
 	b.since, b.reason, b.probeAt = time.Time{}, "", time.Time{}
 	b.resetRunLocked()
-	b.runEnd = b.cfg.Now()
+	b.endedRun.start, b.endedRun.end = b.openedRun, b.cfg.Now()
 	b.notifyLocked()
 	b.mu.Unlock()
 	b.m.open.Set(0)

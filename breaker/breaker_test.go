@@ -554,19 +554,23 @@ func TestFailureInRunStartsOneRun(t *testing.T) {
 	}
 }
 
-// A failure of a call that started before the last run of failures ended (it went
+// A failure of a call that started during the last run of failures that ended (it went
 // during the outage, and came back after other calls worked again) continues that run
-// and is not counted in a new one; a call that started after the run ended starts one.
-func TestFailureOfACallStartedBeforeTheRunEndedContinuesIt(t *testing.T) {
+// and is not counted in a new one; a call that started before the run began, or after
+// it ended, is judged as any failure is.
+func TestFailureOfACallStartedDuringTheLastRunContinuesIt(t *testing.T) {
 	c := &clock{now: time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)}
 	b, err := breaker.New(breaker.Config{Name: "llm", Threshold: 3, ProbeInterval: time.Second, Now: c.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
-	during := c.Now()
-	if _, inRun := b.FailureStarted(errors.New("503 (1)"), during); inRun {
+	before := c.Now() // a call sent while the provider worked
+	c.Advance(time.Millisecond)
+	if _, inRun := b.FailureStarted(errors.New("503 (1)"), c.Now()); inRun {
 		t.Fatal("the first failure continued a run")
 	}
+	c.Advance(time.Millisecond)
+	during := c.Now()
 	c.Advance(time.Millisecond)
 	b.SucceedStarted(0, c.Now()) // the provider is back: the run ends
 	c.Advance(time.Millisecond)
@@ -579,23 +583,32 @@ func TestFailureOfACallStartedBeforeTheRunEndedContinuesIt(t *testing.T) {
 	if n := b.Failing(); n != 0 {
 		t.Fatalf("%d failures counted in a new run, want 0", n)
 	}
+	if _, inRun := b.FailureStarted(errors.New("503 of a call sent before the run"), before); inRun {
+		t.Fatal("the failure of a call begun before the run began continued it")
+	}
+	b.Success()
 	if _, inRun := b.FailureStarted(errors.New("503 (2)"), c.Now()); inRun {
 		t.Fatal("the failure of a call begun after the run ended continued it")
 	}
-	// A breaker that closed after a probe ended the run too.
+	// A run that opened the breaker ends when it closes after a probe; a call sent
+	// during that run (before the trip, or while open) belongs to it.
+	c.Advance(time.Millisecond)
+	sentInRun := c.Now()
 	b.FailureStarted(errors.New("503 (3)"), c.Now())
 	b.FailureStarted(errors.New("503 (4)"), c.Now())
 	if b.Err() == nil {
 		t.Fatal("three failures in a row did not open the breaker")
 	}
-	sent := c.Now()
 	c.Advance(2 * time.Second)
 	t1, err := b.Allow()
 	if err != nil {
 		t.Fatal(err)
 	}
 	b.Succeed(t1)
-	if _, inRun := b.FailureStarted(errors.New("503 of a call sent while open"), sent); !inRun {
-		t.Fatal("the failure of a call begun before the breaker closed started a run")
+	if _, inRun := b.FailureStarted(errors.New("503 of a call sent before the trip"), sentInRun); !inRun {
+		t.Fatal("the failure of a call begun during the run that opened the breaker started a run after it closed")
+	}
+	if _, inRun := b.FailureStarted(errors.New("503 of a call sent after the close"), c.Now()); inRun {
+		t.Fatal("the failure of a call begun after the breaker closed continued a run")
 	}
 }
