@@ -612,3 +612,33 @@ func TestFailureOfACallStartedDuringTheLastRunContinuesIt(t *testing.T) {
 		t.Fatal("the failure of a call begun after the breaker closed continued a run")
 	}
 }
+
+// A call sent during a run of failures that fails after that run ended belongs to it
+// however many runs ended since: at the end of an outage, with many jobs, calls that
+// work and calls that fail interleave, and each success ends a short run; a slow 503 of
+// a call sent during the outage is still the outage's.
+func TestFailureOfACallStartedDuringAnEarlierRunContinuesIt(t *testing.T) {
+	c := &clock{now: time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)}
+	b, err := breaker.New(breaker.Config{Name: "llm", Threshold: 1000, Now: c.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.FailureStarted(errors.New("503: the outage begins"), c.Now())
+	c.Advance(time.Millisecond)
+	during := c.Now() // a slow call sent during the outage
+	for range 3 {     // the provider flaps back: short runs, each ended by a success
+		c.Advance(time.Millisecond)
+		b.SucceedStarted(0, c.Now())
+		c.Advance(time.Millisecond)
+		b.FailureStarted(errors.New("503 while it recovers"), c.Now())
+	}
+	c.Advance(time.Millisecond)
+	b.SucceedStarted(0, c.Now())
+	c.Advance(time.Millisecond)
+	if open, inRun := b.FailureStarted(errors.New("503 of the call sent during the outage"), during); !inRun || open {
+		t.Fatalf("the failure of a call sent during the outage, after later runs ended: inRun %v open %v, want the outage's (inRun true)", inRun, open)
+	}
+	if n := b.Failing(); n != 0 {
+		t.Fatalf("%d failures counted in a new run, want 0", n)
+	}
+}
