@@ -35,6 +35,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -97,9 +98,10 @@ type Breaker struct {
 	failing atomic.Int64
 	// runStart is when the current run of failures began (under mu).
 	runStart time.Time
-	// endedRun is the last run of failures that ended, from its first failure to the
-	// call that worked again or the breaker's closing (under mu; FailureStarted).
-	endedRun struct{ start, end time.Time }
+	// endedRuns are the last runs of failures that ended (at most maxEndedRuns), oldest
+	// first, each from its first failure to the call that worked again or the breaker's
+	// closing (under mu; FailureStarted). Runs follow one another, so both ends ascend.
+	endedRuns []span
 	// openedRun is when the outage the open breaker stands for began: the first failure
 	// of the run that opened it, or its opening (under mu).
 	openedRun time.Time
@@ -250,11 +252,12 @@ func (b *Breaker) FailureInRun(err error) (open, inRun bool) {
 }
 
 // FailureStarted is FailureInRun for a call that started at started. A call begun
-// during the last run of failures that ended (after its first failure, before a call
-// worked again or the breaker closed: it went during an outage, and its failure came
-// back after the outage) belongs to that run: it reports inRun true and is not counted
-// in the next run, as SucceedStarted does not count a success of a call begun before
-// a run. A call begun while no run was under way is judged as FailureInRun judges it.
+// during a run of failures that ended (one of the last 256: after its first failure,
+// before a call worked again or the breaker closed; it went during an outage, and its
+// failure came back after the outage) belongs to that run: it reports inRun true and is
+// not counted in the next run, as SucceedStarted does not count a success of a call
+// begun before a run. A call begun while no run was under way is judged as
+// FailureInRun judges it.
 func (b *Breaker) FailureStarted(err error, started time.Time) (open, inRun bool) {
 	return b.failure(err, started)
 }
@@ -269,7 +272,7 @@ func (b *Breaker) failure(err error, started time.Time) (open, inRun bool) {
 		b.mu.Unlock()
 		return true, true
 	}
-	if !started.IsZero() && !started.Before(b.endedRun.start) && started.Before(b.endedRun.end) {
+	if !started.IsZero() && b.startedInEndedRunLocked(started) {
 		b.mu.Unlock()
 		return false, true
 	}
@@ -318,9 +321,33 @@ func (b *Breaker) resetRunLocked() { b.failing.Store(0) }
 // way, notes it as the last run that ended (FailureStarted); b.mu is held.
 func (b *Breaker) endRunLocked() {
 	if b.failing.Load() != 0 {
-		b.endedRun.start, b.endedRun.end = b.runStart, b.cfg.Now()
+		b.runEndedLocked(b.runStart, b.cfg.Now())
 	}
 	b.resetRunLocked()
+}
+
+// span is a run of failures that ended: [start, end).
+type span struct{ start, end time.Time }
+
+// maxEndedRuns is how many ended runs FailureStarted remembers: at the end of an
+// outage, with many jobs, calls that work and calls that fail interleave, each success
+// ending a short run, and a slow call sent during the outage may come back after many.
+const maxEndedRuns = 256
+
+// runEndedLocked notes the run of failures [start, end) as ended; b.mu is held.
+func (b *Breaker) runEndedLocked(start, end time.Time) {
+	if len(b.endedRuns) == maxEndedRuns {
+		b.endedRuns = append(b.endedRuns[:0], b.endedRuns[1:]...)
+	}
+	b.endedRuns = append(b.endedRuns, span{start, end})
+}
+
+// startedInEndedRunLocked reports whether started is within a run of failures that
+// ended; b.mu is held.
+func (b *Breaker) startedInEndedRunLocked(started time.Time) bool {
+	// The last run that began at or before started is the only one it can be in.
+	i := sort.Search(len(b.endedRuns), func(i int) bool { return started.Before(b.endedRuns[i].start) })
+	return i > 0 && started.Before(b.endedRuns[i-1].end)
 }
 
 // Ticket identifies a call Allow let through, for Succeed.
@@ -416,7 +443,7 @@ func (b *Breaker) close() {
 	since := b.since
 	b.since, b.reason, b.probeAt = time.Time{}, "", time.Time{}
 	b.resetRunLocked()
-	b.endedRun.start, b.endedRun.end = b.openedRun, b.cfg.Now()
+	b.runEndedLocked(b.openedRun, b.cfg.Now())
 	b.notifyLocked()
 	b.mu.Unlock()
 	b.m.open.Set(0)
