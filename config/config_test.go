@@ -486,3 +486,23 @@ func TestBatchLaneSettings(t *testing.T) {
 		}
 	}
 }
+
+// ONCEFLOW_LEDGER_GROUP_LINGER takes what docs/configuration.md says: 100us by
+// default, a duration from 1us to 5ms, or off (negative: group commit off); anything
+// else stops the process naming the variable.
+func TestLedgerGroupLingerTakesOneMicrosecondToFiveMillisecondsOrOff(t *testing.T) {
+	t.Parallel()
+	for v, want := range map[string]time.Duration{"": 100 * time.Microsecond, "1us": time.Microsecond, "5ms": 5 * time.Millisecond, "off": -1} {
+		c, err := load(t, map[string]string{"ONCEFLOW_LEDGER_GROUP_LINGER": v})
+		if err != nil || c.LedgerGroupLinger != want {
+			t.Errorf("ONCEFLOW_LEDGER_GROUP_LINGER=%q: %v %v, want %v", v, c.LedgerGroupLinger, err, want)
+		}
+	}
+	for _, v := range []string{"abc", "0", "-1s", "999ns", "1ns", "5001us", "10s", "OFF"} {
+		_, err := load(t, map[string]string{"ONCEFLOW_LEDGER_GROUP_LINGER": v})
+		var ce *Error
+		if !errors.As(err, &ce) || ce.Name != "ONCEFLOW_LEDGER_GROUP_LINGER" {
+			t.Errorf("ONCEFLOW_LEDGER_GROUP_LINGER=%q: %v, want an error naming the variable", v, err)
+		}
+	}
+}
