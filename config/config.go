@@ -211,7 +211,7 @@ type Config struct {
 	LedgerKeepRequests bool
 	// LedgerGroupLinger is how long the first ledger write of a group transaction waits
 	// for concurrent calls' writes to join it when other calls are in progress
-	// (ledger.Config.GroupLinger), at most 5ms; negative (the value "off") turns group
+	// (ledger.Config.GroupLinger), 1µs to 5ms; negative (the value "off") turns group
 	// commit off. Default: 100µs.
 	LedgerGroupLinger time.Duration
 	// LedgerDurableAnswers commits each model step's answer durably on its own before
@@ -542,7 +542,7 @@ var settings = []setting{
 	{env: "ONCEFLOW_LEDGER_KEEP_REQUESTS", def: "false", usage: "store each model call's request in the ledger: the inputs onceflow eval replays", parse: func(c *Config, v string) error {
 		return parseBool(&c.LedgerKeepRequests, v)
 	}},
-	{env: "ONCEFLOW_LEDGER_GROUP_LINGER", def: "100us", usage: "how long a ledger write waits for concurrent calls' writes to share its commit (at most 5ms; off: each commits alone)", parse: func(c *Config, v string) error {
+	{env: "ONCEFLOW_LEDGER_GROUP_LINGER", def: "100us", usage: "how long a ledger write waits for concurrent calls' writes to share its commit (1us to 5ms; off: each commits alone)", parse: func(c *Config, v string) error {
 		if v == "off" {
 			c.LedgerGroupLinger = -1
 			return nil
@@ -550,8 +550,8 @@ var settings = []setting{
 		if err := parseDuration(&c.LedgerGroupLinger, v); err != nil {
 			return fmt.Errorf("%w (or off)", err)
 		}
-		if c.LedgerGroupLinger > ledger.MaxGroupLinger {
-			return fmt.Errorf("must be at most %s (or off)", ledger.MaxGroupLinger)
+		if c.LedgerGroupLinger < time.Microsecond || c.LedgerGroupLinger > ledger.MaxGroupLinger {
+			return fmt.Errorf("must be from 1us to %s (or off)", ledger.MaxGroupLinger)
 		}
 		return nil
 	}},
