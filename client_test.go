@@ -15,6 +15,7 @@ import (
 	"github.com/onceflow/onceflow"
 	"github.com/onceflow/onceflow/internal/testenv"
 	"github.com/onceflow/onceflow/outbox"
+	"github.com/onceflow/onceflow/queue"
 )
 
 // NewClient refuses a Redis client with go-redis's default options (ErrRedisOptions).
@@ -197,5 +198,23 @@ func TestRunRelayNeedsDB(t *testing.T) {
 	c := newClient(t, rdb, prefix, nil, nil)
 	if err := c.RunRelay(context.Background()); err == nil || !strings.Contains(err.Error(), "Config.DB") {
 		t.Fatalf("RunRelay without DB: %v", err)
+	}
+}
+
+// QueueDefaults.Partitions holds for every queue, also those the Client only enqueues
+// to (Config.QueueDefaults, QueueConfig.Partitions: 1 to queue.MaxPartitions), so
+// NewClient refuses one out of range even when every queue it works sets its own:
+// otherwise an enqueue to another queue would go to partition 0 (negative) or fail
+// only then (above the maximum).
+func TestNewClientRefusesQueueDefaultsPartitionsOutOfRange(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testenv.Redis(t)
+	for _, n := range []int{-1, queue.MaxPartitions + 1, 100000} {
+		_, err := onceflow.NewClient(onceflow.Config{Redis: rdb, Prefix: prefix,
+			Queues:        map[string]onceflow.QueueConfig{"worked": {Partitions: 2}},
+			QueueDefaults: onceflow.QueueConfig{Partitions: n}})
+		if err == nil || !strings.Contains(err.Error(), "Partitions") {
+			t.Errorf("QueueDefaults.Partitions %d: NewClient returned %v, want an error naming Partitions", n, err)
+		}
 	}
 }
