@@ -118,3 +118,66 @@ func tidy(rdb *redis.Client, prefix string) {
 		rdb.Del(ctx, keys...)
 	}
 }
+
+// A queue of 3 partitions: every producer puts a job in the partition of its id
+// (PartitionOf), records the count (RegisterPartitions), and one Worker consumes all 3
+// with one budget of slots (WorkerConfig.Partitions), reading the partitions one Redis
+// node holds in one round trip.
+func ExampleWorkerConfig_partitions() {
+	ctx := context.Background()
+	rdb, err := onceflow.NewRedis(os.Getenv("ONCEFLOW_REDIS_URL"))
+	if err != nil {
+		panic(err)
+	}
+	defer rdb.Close()
+	keys := queue.Keys{Prefix: fmt.Sprintf("example%d", time.Now().UnixNano()), Queue: "summaries"}
+	defer tidy(rdb, keys.Prefix)
+
+	const partitions = 3
+	if _, err := queue.RegisterPartitions(ctx, rdb, keys, partitions); err != nil {
+		panic(err)
+	}
+	ids := []string{ // UUIDs, derived from each request's idempotency scope
+		"6f1c3a8e-2b5d-5e7f-9a1b-3c4d5e6f7a81", "6f1c3a8e-2b5d-5e7f-9a1b-3c4d5e6f7a82",
+		"6f1c3a8e-2b5d-5e7f-9a1b-3c4d5e6f7a83", "6f1c3a8e-2b5d-5e7f-9a1b-3c4d5e6f7a84",
+	}
+	var placed []int
+	for _, id := range ids {
+		p := queue.PartitionOf(id, partitions) // the same in every process
+		placed = append(placed, p)
+		if _, err := queue.Enqueue(ctx, rdb, keys.InPartition(p), queue.Message{JobID: id, Tenant: "acme", Payload: json.RawMessage(`{}`)}); err != nil {
+			panic(err)
+		}
+	}
+
+	ran := make(chan string, len(ids))
+	w, err := queue.NewWorker(queue.WorkerConfig{
+		Redis:      rdb,
+		Keys:       keys, // partition 0 and, with Partitions, the ones after it
+		Partitions: partitions,
+		Handler: queue.HandlerFunc(func(ctx context.Context, job *queue.Job) error {
+			ran <- job.JobID
+			return nil
+		}),
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("partitions:", placed)
+	run, cancel := context.WithCancel(ctx)
+	stopped := make(chan error)
+	go func() { stopped <- w.Run(run) }()
+	seen := map[string]bool{}
+	for range ids {
+		seen[<-ran] = true
+	}
+	cancel()
+	fmt.Println("ran:", len(seen), "stopped:", <-stopped)
+	n, err := queue.KnownPartitions(ctx, rdb, keys, 1) // what a worker configured with 1 consumes
+	fmt.Println("known partitions:", n, err)
+	// Output:
+	// partitions: [0 1 2 1]
+	// ran: 4 stopped: <nil>
+	// known partitions: 3 <nil>
+}
