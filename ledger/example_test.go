@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/onceflow/onceflow/ledger"
@@ -128,4 +129,58 @@ func ExampleDeferFlush() {
 	// Output:
 	// answered: true waiting for a flush: true
 	// waiting for a flush: false
+}
+
+// A caller whose own transaction follows the answer holds it (HoldAnswers) and records
+// it in that transaction (Held.Queue on its batch, then Committed): the answer and the
+// caller's writes are one commit, as a job's model step and its Commit are.
+func ExampleHoldAnswers() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, exampleDSN)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	l, err := ledger.New(pool, ledger.Config{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	client := l.Wrap("fake", fake.New())
+	var held ledger.Held
+	req := &llm.Request{
+		Model:          "gpt-4.1-mini",
+		Messages:       []llm.Message{{Role: llm.RoleUser, Content: "Summarise: the quarter went well."}},
+		IdempotencyKey: ledger.Work("job-44", "summarise"),
+	}
+	resp, err := client.Complete(ledger.HoldAnswers(ctx, &held), req)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("answered:", resp.Content != "", "held:", held.Pending())
+	row, _ := l.Get(ctx, ledger.Key(req.IdempotencyKey, req))
+	fmt.Println("row:", row.State) // until the caller's commit, as if still in flight
+
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	b := &pgx.Batch{}
+	// ... the caller's own statements on b, using resp ...
+	if _, err := held.Queue(b); err != nil {
+		log.Fatal(err)
+	}
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		log.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		log.Fatal(err)
+	}
+	held.Committed()
+	row, _ = l.Get(ctx, ledger.Key(req.IdempotencyKey, req))
+	fmt.Println("held:", held.Pending(), "row:", row.State)
+	// Output:
+	// answered: true held: true
+	// row: in_flight
+	// held: false row: succeeded
 }
