@@ -121,6 +121,10 @@ func NewClient(cfg Config) (*Client, error) {
 		}
 		cfg.Queues = queues
 	}
+	// QueueDefaults.Partitions also holds for the queues the Client only enqueues to.
+	if p := cfg.QueueDefaults.Partitions; p < 0 || p > queue.MaxPartitions {
+		return nil, fmt.Errorf("onceflow: QueueDefaults.Partitions %d: want 1 to %d (0: 1)", p, queue.MaxPartitions)
+	}
 	for name, qc := range cfg.Queues {
 		cfg.Queues[name] = qc.withDefaults(cfg.QueueDefaults)
 	}
@@ -136,10 +140,6 @@ func NewClient(cfg Config) (*Client, error) {
 	}
 	c.store = store
 	c.enqueued = newEnqueuedCounter(cfg.Registerer, c.queueNames())
-	// QueueDefaults.Partitions also holds for the queues the Client only enqueues to.
-	if p := cfg.QueueDefaults.Partitions; p < 0 || p > queue.MaxPartitions {
-		return nil, fmt.Errorf("onceflow: QueueDefaults.Partitions %d: want 1 to %d (0: 1)", p, queue.MaxPartitions)
-	}
 	for name, qc := range c.queues {
 		if err := c.keys(name).Validate(); err != nil {
 			return nil, fmt.Errorf("onceflow: queue %q: %w", name, err)
