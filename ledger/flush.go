@@ -114,7 +114,7 @@ func (l *Ledger) Flush(ctx context.Context, d *Deferred) error {
 		return nil
 	}
 	d.mu.Lock()
-	key := d.key
+	key, mark := d.key, d.added
 	d.mu.Unlock()
 	if key == "" {
 		return nil
@@ -124,10 +124,6 @@ func (l *Ledger) Flush(ctx context.Context, d *Deferred) error {
 	if _, err := l.db.Exec(ctx, flushSQL, key); err != nil {
 		return dbError("flush the answer of "+key, err)
 	}
-	d.mu.Lock()
-	if d.key == key {
-		d.key = ""
-	}
-	d.mu.Unlock()
+	d.FlushedSince(mark)
 	return nil
 }
