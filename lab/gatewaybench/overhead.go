@@ -13,11 +13,12 @@ import (
 	"net/http"
 	"os"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/common/expfmt"
+	promodel "github.com/prometheus/common/model"
 
 	"github.com/onceflow/onceflow/internal/testenv/cluster"
 	"github.com/onceflow/onceflow/internal/testenv/loadgen"
@@ -495,8 +496,8 @@ func (b *bench) throughput(ctx context.Context, s *stack, mode string, tg target
 }
 
 // ledgerCommits returns the ledger transactions the gateway at base committed so far
-// (onceflow_llm_ledger_group_writes_count on its /metrics), or 0 when keyed is false
-// (a process that records nothing).
+// (the sample count of onceflow_llm_ledger_group_writes on its /metrics), or 0 when
+// keyed is false (a process that records nothing).
 func ledgerCommits(ctx context.Context, c *http.Client, base string, keyed bool) (int64, error) {
 	if !keyed {
 		return 0, nil
@@ -510,19 +511,18 @@ func ledgerCommits(ctx context.Context, c *http.Client, base string, keyed bool)
 		return 0, fmt.Errorf("gateway metrics: %w", err)
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil || resp.StatusCode != http.StatusOK {
-		return 0, fmt.Errorf("gateway metrics: %d %w", resp.StatusCode, err)
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("gateway metrics: %s", resp.Status)
 	}
-	const name = "onceflow_llm_ledger_group_writes_count "
-	for line := range strings.Lines(string(body)) {
-		if v, ok := strings.CutPrefix(line, name); ok {
-			n, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
-			if err != nil {
-				return 0, fmt.Errorf("gateway metrics: %s: %w", line, err)
-			}
-			return int64(n), nil
-		}
+	parser := expfmt.NewTextParser(promodel.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		return 0, fmt.Errorf("gateway metrics: %w", err)
 	}
-	return 0, fmt.Errorf("gateway metrics: no %s", strings.TrimSpace(name))
+	const name = "onceflow_llm_ledger_group_writes"
+	f := families[name]
+	if f == nil || len(f.GetMetric()) != 1 || f.GetMetric()[0].GetHistogram() == nil {
+		return 0, fmt.Errorf("gateway metrics: no histogram %s", name)
+	}
+	return int64(f.GetMetric()[0].GetHistogram().GetSampleCount()), nil
 }
