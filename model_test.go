@@ -343,7 +343,10 @@ func TestEnqueueBesideARecordingOfTheAnswerStillFlushesTheAnswer(t *testing.T) {
 	e.start()
 	e.enqueue("My invoice was charged twice.")
 	o := awaitOutcome(t, first, 30*time.Second, "its Enqueue")
-	if o.enqueue == nil && o.flushed == 0 {
+	if o.enqueue != nil {
+		t.Fatalf("Enqueue beside the recording: %v, want the job sent once its answer is durable", o.enqueue)
+	}
+	if o.flushed == 0 {
 		t.Fatal("Enqueue sent a job carrying the step's answer, recorded by the CommitTx beside it without a flush, and no flush came before it")
 	}
 }
