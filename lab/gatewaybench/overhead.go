@@ -289,7 +289,7 @@ type RunResult struct {
 	// Commits are the ledger transactions the gateway committed during the run (its
 	// onceflow_llm_ledger_group_writes_count: a group of writes, or a write alone, is
 	// one commit); 0 through a process that records nothing.
-	Commits int64
+	Commits uint64
 }
 
 // Round is a (direct, gateway) pair of throughput runs.
@@ -498,7 +498,7 @@ func (b *bench) throughput(ctx context.Context, s *stack, mode string, tg target
 // ledgerCommits returns the ledger transactions the gateway at base committed so far
 // (the sample count of onceflow_llm_ledger_group_writes on its /metrics), or 0 when
 // keyed is false (a process that records nothing).
-func ledgerCommits(ctx context.Context, c *http.Client, base string, keyed bool) (int64, error) {
+func ledgerCommits(ctx context.Context, c *http.Client, base string, keyed bool) (uint64, error) {
 	if !keyed {
 		return 0, nil
 	}
@@ -524,5 +524,5 @@ func ledgerCommits(ctx context.Context, c *http.Client, base string, keyed bool)
 	if f == nil || len(f.GetMetric()) != 1 || f.GetMetric()[0].GetHistogram() == nil {
 		return 0, fmt.Errorf("gateway metrics: no histogram %s", name)
 	}
-	return int64(f.GetMetric()[0].GetHistogram().GetSampleCount()), nil
+	return f.GetMetric()[0].GetHistogram().GetSampleCount(), nil
 }
