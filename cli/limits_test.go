@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -62,7 +63,11 @@ func TestOne429PausesEveryWorkProcess(t *testing.T) {
 
 // pausedFleet runs the scenario of TestOne429PausesEveryWorkProcess and returns how
 // many requests besides the first met the pause (were refused 429) later than 25ms
-// after it (the ones before left while the 429 was on its way back).
+// after it (the ones before left while the 429 was on its way back). With the limiter
+// on, the count starts 25ms after the pause was announced to the fleet instead (the
+// first "model paused for every process" a process logged, after its write to Redis):
+// a request sent before then could not have known, and under load the 429's way back
+// and the announcement have taken 160ms.
 func pausedFleet(t *testing.T, admission string) int {
 	fs, err := fakeserver.New(fakeserver.Config{Latency: 100 * time.Millisecond, Logger: testenv.Logger(t)})
 	if err != nil {
@@ -74,8 +79,11 @@ func pausedFleet(t *testing.T, admission string) int {
 	var mu sync.Mutex
 	var pausedAt time.Time
 	byKey := map[string]int{}
-	inPause := 0
-	var late []string
+	type refusal struct {
+		key string
+		at  time.Time
+	}
+	var refused []refusal
 	model := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/v1/chat/completions" {
 			fs.ServeHTTP(w, r)
@@ -88,13 +96,7 @@ func pausedFleet(t *testing.T, admission string) int {
 		case pausedAt.IsZero() && byKey["Bearer sk-test-one"] >= 3 && byKey["Bearer sk-test-two"] >= 3:
 			pausedAt = now
 		case !pausedAt.IsZero() && now.Sub(pausedAt) < pause:
-			// A request that arrives within raceAllowance of the 429 left before any
-			// process could have read it (the 429 travels back, the pause is announced):
-			// it is refused like the others but not counted against the limiter.
-			if now.Sub(pausedAt) >= raceAllowance {
-				inPause++
-			}
-			late = append(late, fmt.Sprintf("%s +%v", r.Header.Get("Authorization")[7:], now.Sub(pausedAt).Round(time.Millisecond)))
+			refused = append(refused, refusal{r.Header.Get("Authorization")[7:], now})
 		default:
 			mu.Unlock()
 			fs.ServeHTTP(w, r)
@@ -141,8 +143,58 @@ func pausedFleet(t *testing.T, admission string) int {
 	if pausedAt.IsZero() {
 		t.Fatal("the provider never answered 429: both processes did not call it")
 	}
+	// A request that arrives within raceAllowance of the 429 (with the limiter, of the
+	// pause's announcement) left before any process could have known: it is refused
+	// like the others but not counted against the limiter.
+	from := pausedAt
+	if admission == "on" {
+		announced := firstLogTime(t, "limiter: model paused for every process", one, two)
+		if announced.IsZero() || announced.Sub(pausedAt) >= pause {
+			t.Fatalf("no process announced the pause within its %v (announced at %v, pause at %v)", pause, announced, pausedAt)
+		}
+		from = later(from, announced)
+		t.Logf("the pause was announced %v after the 429", announced.Sub(pausedAt).Round(time.Millisecond))
+	}
+	inPause := 0
+	var late []string
+	for _, r := range refused {
+		if r.at.Sub(from) >= raceAllowance {
+			inPause++
+		}
+		late = append(late, fmt.Sprintf("%s +%v", r.key, r.at.Sub(pausedAt).Round(time.Millisecond)))
+	}
 	t.Logf("admission %s: %d requests in the pause %v; by process %v", admission, inPause, late, byKey)
 	return inPause
+}
+
+// firstLogTime returns the earliest time at which one of ps logged a JSON line whose
+// "msg" is msg, or the zero time when none did.
+func firstLogTime(t *testing.T, msg string, ps ...*testenv.Process) time.Time {
+	t.Helper()
+	var first time.Time
+	for _, p := range ps {
+		for _, line := range strings.Split(p.Stderr(), "\n") {
+			var l struct {
+				Time time.Time `json:"time"`
+				Msg  string    `json:"msg"`
+			}
+			if json.Unmarshal([]byte(line), &l) != nil || l.Msg != msg {
+				continue
+			}
+			if first.IsZero() || l.Time.Before(first) {
+				first = l.Time
+			}
+		}
+	}
+	return first
+}
+
+// later returns the later of a and b.
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 // Shadows take only the capacity production leaves of the provider's limit. `onceflow
