@@ -276,7 +276,7 @@ func TestPagesDuringAStoreOutage(t *testing.T) {
 			t.Errorf("the cause was not logged")
 		}
 		srv.Start()
-		testenv.WaitFor(t, 3*time.Second, "the session after the outage", func() bool {
+		testenv.WaitFor(t, 15*time.Second, "the session after the outage", func() bool {
 			code, _, _ := try(c, http.MethodGet, e.URL+"/ui/", nil)
 			return code == http.StatusOK
 		})
@@ -332,7 +332,7 @@ func TestPagesDuringAStoreOutage(t *testing.T) {
 		}
 		pg.Start()
 		var exhausted int
-		testenv.WaitFor(t, 3*time.Second, "PostgreSQL back", func() bool {
+		testenv.WaitFor(t, 15*time.Second, "PostgreSQL back", func() bool {
 			return pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE exhausted_at IS NOT NULL`).Scan(&exhausted) == nil
 		})
 		if exhausted != 2 {

@@ -277,7 +277,7 @@ func TestBeginDoesNotWaitForAnotherCallsRowLock(t *testing.T) {
 	if err != nil || att == nil {
 		t.Fatalf("Begin of another key while one key's row is held: %v", err)
 	}
-	if took > time.Second {
+	if took > 3*time.Second {
 		t.Fatalf("Begin of another key took %v while one key's row was held (WriteTimeout 5s): it waited for that key's write", took)
 	}
 }
@@ -332,7 +332,7 @@ func TestBeginReturnsWhenItsContextEnds(t *testing.T) {
 	defer cancel()
 	start := time.Now()
 	_, _, err := l.Begin(ctx, held)
-	if took := time.Since(start); took > 1500*time.Millisecond {
+	if took := time.Since(start); took > 3*time.Second { // WriteTimeout is 5s
 		t.Fatalf("Begin under a 300ms deadline returned after %v (%v): it waited for WriteTimeout, not its ctx", took, err)
 	}
 	if err == nil {
@@ -385,7 +385,8 @@ func TestBeginsFailWithinWriteTimeoutWhilePostgresHangs(t *testing.T) {
 		if errs[i] == nil {
 			t.Errorf("Begin %d while PostgreSQL hung: no error", i)
 		}
-		if took[i] > 2500*time.Millisecond {
+		// One WriteTimeout per group of 4 would end the last group at 4s.
+		if took[i] > 3*time.Second {
 			t.Errorf("Begin %d while PostgreSQL hung returned after %v; want about WriteTimeout (1s)", i, took[i])
 		}
 	}
