@@ -20,6 +20,9 @@ import (
 //     when it lost the upstream call (which may have completed);
 //   - permanent errors (a request rejected before it was sent, a malformed answer):
 //     false;
+//   - a wait (retry.ErrWaiting, a *retry.WaitError around no provider answer): false,
+//     the call was put off before it was sent (the limiter below the ledger: a pause
+//     set after the call's admission);
 //   - failures to connect (refused, DNS, any error while dialling): false, the request
 //     never left;
 //   - the server said it did not process the request (retry.NotProcessed): an HTTP/2
@@ -46,7 +49,7 @@ func IsAmbiguous(err error) bool {
 	if errors.As(err, &ife) {
 		return false
 	}
-	if retry.IsPermanent(err) {
+	if retry.IsPermanent(err) || errors.Is(err, retry.ErrWaiting) {
 		return false
 	}
 	if retry.NotProcessed(err) {

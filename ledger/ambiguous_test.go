@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/net/http2"
 
@@ -33,6 +34,9 @@ func TestIsAmbiguousWhenTheProviderMayHaveProcessedTheCall(t *testing.T) {
 		{"stream error event", &llm.APIError{StatusCode: 200, Type: "server_error"}, false},
 		{"malformed answer", llm.Malformed("openai", "", errors.New("bad")), false},
 		{"permanent before sending", retry.Permanent(errors.New("unknown role")), false},
+		{"put off before sending", &retry.WaitError{Delay: time.Second, Reason: "model paused"}, false},
+		{"429 the limiter made a wait", &retry.WaitError{Delay: time.Second, Err: &llm.APIError{StatusCode: 429}}, false},
+		{"504 inside a wait", &retry.WaitError{Delay: time.Second, Err: &llm.APIError{StatusCode: 504}}, true},
 		{"per-call timeout", &retry.AttemptTimeoutError{Err: context.DeadlineExceeded}, true},
 		{"canceled", fmt.Errorf("openai: %w", context.Canceled), true},
 		{"reset", &url.Error{Op: "Post", Err: &net.OpError{Op: "read", Err: syscall.ECONNRESET}}, true},

@@ -225,9 +225,17 @@ func permitFrom(ctx context.Context) *Permit {
 	return p
 }
 
+// Complete sends the call and records what became of it, unless its model was paused
+// after the call's admission (while the layer above, the ledger, wrote its row): then
+// the call is put off as an admission would have been, without reaching the provider.
 func (o *observer) Complete(ctx context.Context, req *llm.Request) (*llm.Response, error) {
+	p := permitFrom(ctx)
+	if err := p.pausedSinceAdmission(); err != nil {
+		p.observed(Result{Err: err})
+		return nil, err
+	}
 	resp, err := o.next.Complete(ctx, req)
-	if p := permitFrom(ctx); p != nil {
+	if p != nil {
 		p.observed(observe(resp, err))
 	}
 	return resp, err
@@ -236,6 +244,11 @@ func (o *observer) Complete(ctx context.Context, req *llm.Request) (*llm.Respons
 func (o *observer) Stream(ctx context.Context, req *llm.Request) iter.Seq2[llm.Chunk, error] {
 	return func(yield func(llm.Chunk, error) bool) {
 		p := permitFrom(ctx)
+		if err := p.pausedSinceAdmission(); err != nil { // as in Complete
+			p.observed(Result{Err: err})
+			yield(llm.Chunk{}, err)
+			return
+		}
 		col := &streamResult{}
 		record := func(r Result) {
 			if p != nil {

@@ -147,3 +147,79 @@ func TestStreamsAreChargedUsageOrTheirReservation(t *testing.T) {
 		t.Fatalf("a stream cut off: used %d reserved %d, want %d more (its reservation)", u.BudgetUsed, u.BudgetReserved, reservation)
 	}
 }
+
+// held is a layer that holds the call of one key before passing it on, as the ledger
+// holds every call while it writes the call's row: entered closes when that call
+// arrives, and it goes on when release closes.
+type held struct {
+	next             llm.Client
+	key              string
+	entered, release chan struct{}
+}
+
+func (h held) wait(req *llm.Request) {
+	if req.IdempotencyKey == h.key {
+		close(h.entered)
+		<-h.release
+	}
+}
+
+func (h held) Complete(ctx context.Context, req *llm.Request) (*llm.Response, error) {
+	h.wait(req)
+	return h.next.Complete(ctx, req)
+}
+
+func (h held) Stream(ctx context.Context, req *llm.Request) iter.Seq2[llm.Chunk, error] {
+	return func(yield func(llm.Chunk, error) bool) {
+		h.wait(req)
+		for ch, err := range h.next.Stream(ctx, req) {
+			if !yield(ch, err) {
+				return
+			}
+		}
+	}
+}
+
+// A call admitted before its model was paused, and held by the layer above the
+// provider (the ledger writing its row) until after the pause, is put off as an
+// admission during the pause is, without reaching the provider: it cannot meet the 429
+// the pause stands for.
+func TestCallAdmittedBeforeAPauseIsNotSentIntoIt(t *testing.T) {
+	for _, stream := range []bool{false, true} {
+		t.Run(fmt.Sprint("stream=", stream), func(t *testing.T) {
+			rdb, prefix := testenv.Redis(t)
+			// A limit of the minute, far from reached: no first-contact probe, and the
+			// admissions go through Redis, as a fleet's do.
+			l := newLimiter(t, rdb, prefix, limiter.Config{Limits: limiter.Limits{RPM: 1000}, MaxWait: time.Millisecond})
+			provider := &rateLimited{}
+			h := held{key: "job:2", entered: make(chan struct{}), release: make(chan struct{})}
+			client := l.WrapAround(func(next llm.Client) llm.Client { h.next = next; return h }, provider)
+			send := func(i int) error {
+				if !stream {
+					_, err := client.Complete(context.Background(), request(i))
+					return err
+				}
+				for _, err := range client.Stream(context.Background(), request(i)) {
+					if err != nil {
+						return err
+					}
+				}
+				return nil
+			}
+			admitted := make(chan error, 1)
+			go func() { admitted <- send(2) }()
+			<-h.entered // admitted, held above the provider
+			if err := send(1); !errors.As(err, new(*llm.APIError)) {
+				t.Fatalf("the first call sent: %v, want the provider's 429", err)
+			}
+			close(h.release)
+			err := <-admitted
+			if we := waitErr(t, err); we.Delay < time.Second || errors.As(err, new(*llm.APIError)) {
+				t.Fatalf("the call admitted before the pause: %v (delay %v), want a wait for the pause that never reached the provider", err, we.Delay)
+			}
+			if provider.calls != 1 {
+				t.Fatalf("the provider had %d calls, want the one that answered 429", provider.calls)
+			}
+		})
+	}
+}

@@ -760,6 +760,21 @@ type Permit struct {
 // model at once when the answer calls for it: the layer (the ledger) may take a
 // PostgreSQL commit to hand the answer up, and every process should stop calling as
 // soon as possible.
+// pausedSinceAdmission returns the wait (a *retry.WaitError, as Acquire's) of a call
+// whose model is paused now, in this process's view: a pause set after the call was
+// admitted, by another call's 429 here or announced by another process. Nil when the
+// model is not paused or p is nil.
+func (p *Permit) pausedSinceAdmission() error {
+	if p == nil {
+		return nil
+	}
+	d, why := p.l.state(p.model).pausedFor(time.Now())
+	if d <= 0 {
+		return nil
+	}
+	return p.l.putOff(p.model, p.tenant, d, "paused", why, 0)
+}
+
 func (p *Permit) observed(r Result) {
 	p.obs.Store(&r)
 	p.pauseOnce(r)
