@@ -227,7 +227,8 @@ func permitFrom(ctx context.Context) *Permit {
 
 // Complete sends the call and records what became of it, unless its model was paused
 // after the call's admission (while the layer above, the ledger, wrote its row): then
-// the call is put off as an admission would have been, without reaching the provider.
+// it returns the pause's wait without reaching the provider
+// (Permit.pausedSinceAdmission).
 func (o *observer) Complete(ctx context.Context, req *llm.Request) (*llm.Response, error) {
 	p := permitFrom(ctx)
 	if err := p.pausedSinceAdmission(); err != nil {

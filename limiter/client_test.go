@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"iter"
 	"net/http"
+	"sync"
 	"testing"
 	"time"
 
@@ -222,4 +223,106 @@ func TestCallAdmittedBeforeAPauseIsNotSentIntoIt(t *testing.T) {
 			}
 		})
 	}
+}
+
+// shortRateLimited answers its first call 429 with retry-after-ms 100, and every call
+// after it.
+type shortRateLimited struct {
+	mu    sync.Mutex
+	calls int
+}
+
+func (r *shortRateLimited) Complete(context.Context, *llm.Request) (*llm.Response, error) {
+	r.mu.Lock()
+	r.calls++
+	first := r.calls == 1
+	r.mu.Unlock()
+	if first {
+		h := http.Header{}
+		h.Set("retry-after-ms", "100")
+		return nil, llm.NewAPIError("openai", 429, h, []byte(`{"error":{"type":"requests","code":"rate_limit_exceeded","message":"slow down"}}`), time.Now(), nil)
+	}
+	return &llm.Response{ID: "answer", Content: "an answer"}, nil
+}
+
+func (r *shortRateLimited) Stream(ctx context.Context, req *llm.Request) iter.Seq2[llm.Chunk, error] {
+	return func(yield func(llm.Chunk, error) bool) {
+		resp, err := r.Complete(ctx, req)
+		if err != nil {
+			yield(llm.Chunk{}, err)
+			return
+		}
+		if yield(llm.Chunk{Content: resp.Content}, nil) {
+			yield(llm.Chunk{Done: true, FinishReason: llm.FinishStop}, nil)
+		}
+	}
+}
+
+func (r *shortRateLimited) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.calls
+}
+
+// A call admitted before a pause and held above the provider until the pause has
+// ended, while the model recovers and its probe is out, waits for the probe like any
+// call admitted then: it is put off for a probe's window, not sent beside the probe.
+func TestCallAdmittedBeforeAShortPauseWaitsForItsProbe(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	l := newLimiter(t, rdb, prefix, limiter.Config{Limits: limiter.Limits{RPM: 1000}, MaxWait: time.Millisecond})
+	provider := &shortRateLimited{}
+	h := held{key: "job:2", entered: make(chan struct{}), release: make(chan struct{})}
+	client := l.WrapAround(func(next llm.Client) llm.Client { h.next = next; return h }, provider)
+	admitted := make(chan error, 1)
+	go func() { _, err := client.Complete(context.Background(), request(2)); admitted <- err }()
+	<-h.entered
+	if _, err := client.Complete(context.Background(), request(1)); !errors.As(err, new(*llm.APIError)) {
+		t.Fatalf("the first call: %v, want the provider's 429", err)
+	}
+	time.Sleep(200 * time.Millisecond) // the 100ms pause has ended; the model recovers
+	probe, err := l.Acquire(context.Background(), limiter.CallFor("", request(3)))
+	if err != nil {
+		t.Fatalf("the probe after the pause: %v", err)
+	}
+	defer probe.Done(limiter.Result{})
+	if _, err := l.Acquire(context.Background(), limiter.CallFor("", request(4))); !errors.Is(err, retry.ErrWaiting) {
+		t.Fatalf("an admission while the probe is out: %v, want a wait for its answer", err)
+	}
+	close(h.release)
+	err = <-admitted
+	if n := provider.count(); n != 1 || !errors.Is(err, retry.ErrWaiting) {
+		t.Fatalf("the call the pause caught above the provider: %v, provider calls %d; want a wait, and only the 429's call at the provider", err, n)
+	}
+}
+
+// A pause that began and ended before a call's admission does not put the call off:
+// only a pause set after it does.
+func TestCallAdmittedAfterAPauseEndedIsSent(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	l := newLimiter(t, rdb, prefix, limiter.Config{Limits: limiter.Limits{RPM: 1000}, MaxWait: 2 * time.Second})
+	provider := &shortRateLimited{}
+	client := l.WrapAround(func(next llm.Client) llm.Client { return passThrough{next} }, provider)
+	if _, err := client.Complete(context.Background(), request(1)); !errors.As(err, new(*llm.APIError)) {
+		t.Fatalf("the first call: %v, want the provider's 429", err)
+	}
+	// The next calls wait in Acquire for the pause and for the probe's answer, then go.
+	for i := range 3 {
+		if _, err := client.Complete(context.Background(), request(2+i)); err != nil {
+			t.Fatalf("call %d after the pause: %v", i, err)
+		}
+	}
+	if n := provider.count(); n != 4 {
+		t.Fatalf("the provider had %d calls, want the 429's and the three after it", n)
+	}
+}
+
+// passThrough is a layer that calls the provider below it for every call.
+type passThrough struct{ next llm.Client }
+
+func (p passThrough) Complete(ctx context.Context, req *llm.Request) (*llm.Response, error) {
+	return p.next.Complete(ctx, req)
+}
+
+func (p passThrough) Stream(ctx context.Context, req *llm.Request) iter.Seq2[llm.Chunk, error] {
+	return p.next.Stream(ctx, req)
 }

@@ -264,6 +264,7 @@ type modelState struct {
 	maxPause   time.Duration
 	pauseUntil atomic.Int64
 	pauseWhy   atomic.Pointer[string]
+	pauses     atomic.Uint64 // how many times setPause set or lengthened the pause
 	lrpm, ltpm atomic.Int64 // learnt limits
 	recovering atomic.Bool  // new, or a pause was set: calls go through Redis until one admission finds no recovery
 	wmu        sync.Mutex
@@ -336,6 +337,7 @@ func (s *modelState) setPause(until int64, why string) {
 		if s.pauseUntil.CompareAndSwap(cur, until) {
 			s.pauseWhy.Store(&why)
 			s.recovering.Store(true)
+			s.pauses.Add(1)
 			return
 		}
 	}
@@ -507,6 +509,9 @@ func (l *Limiter) Acquire(ctx context.Context, c Call) (*Permit, error) {
 		retry.ExtendDeadline(ctx, waited)
 	}()
 	for {
+		// Taken before the admission's checks: a pause set while they run counts as
+		// set after it (Permit.pausedSinceAdmission).
+		p.pauseGen = st.pauses.Load()
 		now := time.Now()
 		if d, why := st.pausedFor(now); d > 0 {
 			if l.mayWait(ctx, waited, d) {
@@ -749,6 +754,7 @@ type Permit struct {
 	tokens    int64     // tokens taken from the model's token bucket
 	budgetRes int64     // tokens reserved from the tenant's budget
 	probe     string    // the pause this call probes, "" none (admitScript)
+	pauseGen  uint64    // the model's pause count (modelState.pauses) at admission
 	day       time.Time // the budget's day
 
 	obs    atomic.Pointer[Result] // what the inner observer saw (WrapAround)
@@ -756,25 +762,33 @@ type Permit struct {
 	done   atomic.Bool
 }
 
-// observed records what the observer below a layer saw of the call, and pauses the
-// model at once when the answer calls for it: the layer (the ledger) may take a
-// PostgreSQL commit to hand the answer up, and every process should stop calling as
-// soon as possible.
 // pausedSinceAdmission returns the wait (a *retry.WaitError, as Acquire's) of a call
-// whose model is paused now, in this process's view: a pause set after the call was
-// admitted, by another call's 429 here or announced by another process. Nil when the
-// model is not paused or p is nil.
+// whose model this process has seen paused since the call was admitted (another
+// call's answer here, or a pause another process announced): for what is left of the
+// pause, or, when it has ended and the model is recovering, for a probe's window
+// (RateLimitPause), since the call must go back through Acquire and its one-probe rule
+// rather than join the probe. Nil when no pause was set since, or p is nil.
 func (p *Permit) pausedSinceAdmission() error {
 	if p == nil {
 		return nil
 	}
-	d, why := p.l.state(p.model).pausedFor(time.Now())
-	if d <= 0 {
+	st := p.l.state(p.model)
+	if st.pauses.Load() == p.pauseGen {
 		return nil
 	}
-	return p.l.putOff(p.model, p.tenant, d, "paused", why, 0)
+	if d, why := st.pausedFor(time.Now()); d > 0 {
+		return p.l.putOff(p.model, p.tenant, d, "paused", why, 0)
+	}
+	if !st.recovering.Load() {
+		return nil // a pause with no probe after it (a window the answers said was empty) has ended
+	}
+	return p.l.putOff(p.model, p.tenant, p.l.cfg.RateLimitPause, "recovering", "", 0)
 }
 
+// observed records what the observer below a layer saw of the call, and pauses the
+// model at once when the answer calls for it: the layer (the ledger) may take a
+// PostgreSQL commit to hand the answer up, and every process should stop calling as
+// soon as possible.
 func (p *Permit) observed(r Result) {
 	p.obs.Store(&r)
 	p.pauseOnce(r)
