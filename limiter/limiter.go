@@ -265,8 +265,8 @@ type modelState struct {
 	pauseUntil atomic.Int64
 	pauseWhy   atomic.Pointer[string]
 	pauses     atomic.Uint64 // how many times setPause set or lengthened the pause
-	lrpm, ltpm atomic.Int64 // learnt limits
-	recovering atomic.Bool  // new, or a pause was set: calls go through Redis until one admission finds no recovery
+	lrpm, ltpm atomic.Int64  // learnt limits
+	recovering atomic.Bool   // new, or a pause was set: calls go through Redis until one admission finds no recovery
 	wmu        sync.Mutex
 	wake       chan struct{} // closed when a probe's answer ends the recovery (resume)
 	learntAt   atomic.Int64  // when the provider last said them, Unix ms
