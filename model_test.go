@@ -407,11 +407,20 @@ func enqueueBesideARecording(t *testing.T, ctx context.Context, pool *pgxpool.Po
 			return nil
 		})
 	}()
-	testenv.WaitFor(t, 10*time.Second, "the CommitTx recording the answer", func() bool {
+	// Polled here, not with testenv.WaitFor: this runs in the worker's handler, where
+	// t.FailNow would end the handler's goroutine instead of the test.
+	for waited := time.Duration(0); ; waited += 20 * time.Millisecond {
 		var n int
 		_ = pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))`, pid).Scan(&n)
-		return n > 0
-	})
+		if n > 0 {
+			break
+		}
+		if waited >= 30*time.Second {
+			close(release)
+			return fmt.Errorf("the CommitTx did not wait for the test's lock on the answer's row within %v: it did not record the held answer", waited), nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	enqueued := make(chan error, 1)
 	go func() {
 		_, err := e.client.Enqueue(ctx, supportArgs{Text: "child:" + st.Response.Content}, &onceflow.EnqueueOpts{Key: "child-of-" + j.ID})

@@ -704,6 +704,15 @@ func (w *Worker) dispatch(hctx context.Context, d delivery) {
 	w.idle.Add(1)
 	w.spawned.Add(1)
 	w.handlers.Go(func() {
+		returned := false
+		defer func() {
+			if !returned {
+				// A handler ended this goroutine without returning (runtime.Goexit,
+				// as t.FailNow in a test's handler): its slot is freed here, and the
+				// next delivery starts a goroutine of its own.
+				w.release(1)
+			}
+		}()
 		for {
 			w.process(hctx, d)
 			// Idle before the slot is free: whoever takes the slot finds this
@@ -712,6 +721,7 @@ func (w *Worker) dispatch(hctx context.Context, d delivery) {
 			w.release(1)
 			var ok bool
 			if d, ok = <-w.jobs; !ok {
+				returned = true
 				return
 			}
 		}
@@ -1034,6 +1044,12 @@ func (w *Worker) run(ctx context.Context, p *part, job *Job, start time.Time) (o
 			outcome, err = outcomePanic, fmt.Errorf("handler panic: %v", v)
 			p.log.Error("job handler panicked", "job_id", job.JobID, "tenant", job.Tenant, "entry", job.ID,
 				"panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+		} else if outcome == "" {
+			// Neither a return nor a panic: the handler called runtime.Goexit. Its
+			// goroutine ends after this; the job stays pending and is reclaimed.
+			outcome = outcomePanic
+			p.log.Error("job handler ended its goroutine without returning (runtime.Goexit, as t.FailNow does); the job stays pending until it is reclaimed",
+				"job_id", job.JobID, "tenant", job.Tenant, "entry", job.ID)
 		}
 		w.m.inFlight.Dec()
 		w.m.handlerDuration[outcome].Observe(time.Since(start).Seconds())

@@ -9,6 +9,7 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -272,6 +273,39 @@ func TestPanicIsRecoveredAndRetried(t *testing.T) {
 	}
 	if len(deadLetters(t, rdb, keys)) != 0 {
 		t.Error("a panic dead-lettered the job")
+	}
+}
+
+// A handler that ends its goroutine without returning (runtime.Goexit, which t.FailNow
+// calls in a test's handler) neither crashes the worker nor costs it a slot: the job
+// stays pending and is run again once reclaimed, and the worker, of one slot, goes on
+// to the next job.
+func TestHandlerThatExitsItsGoroutineLosesNeitherTheJobNorTheSlot(t *testing.T) {
+	t.Parallel()
+	rdb, keys := setup(t)
+	reg := prometheus.NewRegistry()
+	var runs atomic.Int32
+	start(t, WorkerConfig{Redis: rdb, Keys: keys, Concurrency: 1, ClaimIdle: 150 * time.Millisecond, ClaimInterval: 20 * time.Millisecond, Registerer: reg,
+		Handler: HandlerFunc(func(_ context.Context, j *Job) error {
+			runs.Add(1)
+			if j.JobID == message(1, nil).JobID && j.Deliveries == 1 {
+				runtime.Goexit()
+			}
+			return nil
+		})})
+	enqueue(t, rdb, keys, message(1, nil))
+	enqueue(t, rdb, keys, message(2, nil))
+	testenv.WaitFor(t, 10*time.Second, "both jobs acknowledged, the first after its run again", func() bool {
+		return runs.Load() == 3 && metricValue(t, reg, "onceflow_queue_acks_total") == 2
+	})
+	if p := pendingIDs(t, rdb, keys, DefaultGroup); len(p) != 0 {
+		t.Errorf("still pending: %v", p)
+	}
+	if got := metricValue(t, reg, "onceflow_queue_handler_duration_seconds", "outcome", "panic"); got != 1 {
+		t.Errorf("panic outcomes = %v, want 1 (the run that exited)", got)
+	}
+	if len(deadLetters(t, rdb, keys)) != 0 {
+		t.Error("a run that exited its goroutine dead-lettered the job")
 	}
 }
 
