@@ -141,7 +141,9 @@ func TestDevServicesReportsAPortInUse(t *testing.T) {
 	src, _ := os.ReadFile("dev-services")
 	script := filepath.Join(checkout, "scripts", "dev-services")
 	_ = os.WriteFile(script, src, 0o755)
-	cmd := exec.Command(script, "up")
+	// Run through bash, not exec'd: a fork of a parallel test may still hold the file
+	// open for writing, and exec then fails with "text file busy".
+	cmd := exec.Command("bash", script, "up")
 	cmd.Env = append(os.Environ(), "ONCEFLOW_DEV_REDIS_PORT="+port, fmt.Sprintf("ONCEFLOW_DEV_PG_PORT=%d", testenv.FreePort(t)))
 	out, err := cmd.CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "port "+port+" is in use by another program") || !strings.Contains(string(out), "redis.log") {
