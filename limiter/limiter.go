@@ -498,7 +498,7 @@ func (l *Limiter) Acquire(ctx context.Context, c Call) (*Permit, error) {
 	if budget > 0 && need > budget {
 		return nil, retry.Permanent(fmt.Errorf("%w: the call needs %d tokens (estimate), tenant %s has %d a day", ErrTooLarge, need, c.Tenant, budget))
 	}
-	p := &Permit{l: l, model: mk, name: name, tenant: c.Tenant, need: need, lim: lim, start: time.Now()}
+	p := &Permit{l: l, st: st, model: mk, name: name, tenant: c.Tenant, need: need, lim: lim, start: time.Now()}
 	p.id = newID()
 	work := c.Work
 	if work == "" {
@@ -742,6 +742,7 @@ func newID() string {
 // Permit is an admitted call. End it with Done, once, when the call is over.
 type Permit struct {
 	l      *Limiter
+	st     *modelState // the model's state in this process (Acquire's permits)
 	id     string
 	model  string // provider/model
 	name   string
@@ -769,10 +770,10 @@ type Permit struct {
 // (RateLimitPause), since the call must go back through Acquire and its one-probe rule
 // rather than join the probe. Nil when no pause was set since, or p is nil.
 func (p *Permit) pausedSinceAdmission() error {
-	if p == nil {
+	if p == nil || p.st == nil {
 		return nil
 	}
-	st := p.l.state(p.model)
+	st := p.st
 	if st.pauses.Load() == p.pauseGen {
 		return nil
 	}
