@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -152,7 +151,9 @@ func pausedFleet(t *testing.T, admission string) int {
 		if announced.IsZero() || announced.Sub(pausedAt) >= pause {
 			t.Fatalf("no process announced the pause within its %v (announced at %v, pause at %v)", pause, announced, pausedAt)
 		}
-		from = later(from, announced)
+		if announced.After(from) {
+			from = announced
+		}
 		t.Logf("the pause was announced %v after the 429", announced.Sub(pausedAt).Round(time.Millisecond))
 	}
 	inPause := 0
@@ -173,28 +174,18 @@ func firstLogTime(t *testing.T, msg string, ps ...*testenv.Process) time.Time {
 	t.Helper()
 	var first time.Time
 	for _, p := range ps {
-		for _, line := range strings.Split(p.Stderr(), "\n") {
-			var l struct {
-				Time time.Time `json:"time"`
-				Msg  string    `json:"msg"`
+		for _, l := range p.Logs(msg) {
+			s, _ := l["time"].(string)
+			at, err := time.Parse(time.RFC3339Nano, s)
+			if err != nil {
+				t.Fatalf("%q logged with a time of %q: %v", msg, s, err)
 			}
-			if json.Unmarshal([]byte(line), &l) != nil || l.Msg != msg {
-				continue
-			}
-			if first.IsZero() || l.Time.Before(first) {
-				first = l.Time
+			if first.IsZero() || at.Before(first) {
+				first = at
 			}
 		}
 	}
 	return first
-}
-
-// later returns the later of a and b.
-func later(a, b time.Time) time.Time {
-	if b.After(a) {
-		return b
-	}
-	return a
 }
 
 // Shadows take only the capacity production leaves of the provider's limit. `onceflow

@@ -268,6 +268,19 @@ func (p *Process) Stdout() string {
 	return p.stdout.String()
 }
 
+// Logs returns the JSON lines the process logged so far whose "msg" is msg, in order.
+func (p *Process) Logs(msg string) []map[string]any {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []map[string]any
+	for _, l := range p.lines {
+		if l["msg"] == msg {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
 // WaitLog waits until the process logs a JSON line whose "msg" is msg and returns it.
 func (p *Process) WaitLog(ctx context.Context, msg string) map[string]any {
 	p.t.Helper()
